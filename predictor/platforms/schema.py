@@ -1,0 +1,131 @@
+"""Pydantic schema of one accelerator entry in the catalog (``catalog.yaml``).
+
+Every number carries its unit in its field name (``_bytes``, ``_bytes_per_s``, ``_s``,
+``_flops``) and its provenance in ``sources`` (field path -> citation). Prices are dated and
+can be overridden by the user's own YAML (:func:`predictor.platforms.load_catalog`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+
+#: Where each tensor category of the Centimani memory model lives (§4.2 of the paper).
+#: ``offchip_all``: everything in device DRAM/HBM (GPUs, TPUs, Gaudi);
+#: ``weights_on_chip``: weights and optimizer state on-chip, activations streamed (Cerebras weight streaming
+#: inverts this: see the entry's notes);
+#: ``onchip_first``: fill on-chip SRAM first, spill the rest off-chip (SambaNova, Graphcore).
+MemoryPolicy = Literal["offchip_all", "weights_on_chip", "onchip_first"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MemoryLevel(_Strict):
+    """One level of the memory hierarchy, innermost (fastest) first in :attr:`Platform.memory`."""
+
+    name: str = Field(description="e.g. 'l2', 'sram', 'hbm', 'ddr'")
+    capacity_bytes: float = Field(gt=0, description="capacity per device, bytes")
+    bandwidth_bytes_per_s: float = Field(gt=0, description="sustainable peak bandwidth per device, bytes/s")
+    on_chip: bool = Field(description="True for on-die SRAM/cache levels")
+
+
+class Interconnect(_Strict):
+    """Links between devices. Bandwidths are per device, one direction, bytes/s."""
+
+    intra_node_bandwidth_bytes_per_s: float = Field(gt=0)
+    intra_node_latency_s: float = Field(ge=0)
+    inter_node_bandwidth_bytes_per_s: float = Field(gt=0)
+    inter_node_latency_s: float = Field(ge=0)
+    name: str = Field(default="", description="e.g. 'NVLink 4 + 400G InfiniBand'")
+
+
+class CpuOverheads(_Strict):
+    """Host-side overheads of Lin et al. 2022 §III-C, seconds (means over ops)."""
+
+    t1_s: float = Field(ge=0, description="between two top-level ops")
+    t2_s: float = Field(ge=0, description="op start to first kernel launch")
+    t3_s: float = Field(ge=0, description="last kernel launch to op end")
+    t4_s: float = Field(ge=0, description="one CUDA runtime call (cudaLaunchKernel ...)")
+    t5_s: float = Field(ge=0, description="between two kernel launches of one op")
+
+
+class Platform(_Strict):
+    """One accelerator: compute peaks, memory hierarchy, interconnect, price, overheads."""
+
+    key: str = Field(description="catalog key, lower-case, e.g. 'a100-80gb'")
+    name: str
+    vendor: str
+    kind: Literal["gpu", "tpu", "hpu", "rdu", "ipu", "wse", "cpu"]
+    peak_flops: dict[Dtype, float] = Field(description="dense peak FLOP/s per dtype (no sparsity)")
+    memory: list[MemoryLevel] = Field(min_length=1, description="innermost first; last = main device memory")
+    interconnect: Interconnect
+    devices_per_node: int = Field(ge=1)
+    memory_policy: MemoryPolicy = "offchip_all"
+    overheads: CpuOverheads
+    price_per_device_hour_usd: float | None = Field(default=None, ge=0)
+    price_date: str | None = Field(default=None, description="when the price was published, YYYY-MM")
+    price_note: str = ""
+    #: fraction of peak FLOP/s a large GEMM reaches (analytic model's ceiling), 0..1
+    gemm_efficiency_max: float = Field(default=0.8, gt=0, le=1)
+    #: fraction of peak memory bandwidth a streaming kernel reaches, 0..1
+    memory_efficiency: float = Field(default=0.85, gt=0, le=1)
+    #: smallest time any kernel takes (launch/tail latency on the device), seconds
+    kernel_floor_s: float = Field(default=3e-6, ge=0)
+    sources: dict[str, str] = Field(default_factory=dict, description="field path -> citation")
+    notes: str = ""
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _positive_peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("needs at least one dtype")
+        for dt, x in v.items():
+            if x <= 0:
+                raise ValueError(f"peak for {dt} must be > 0")
+        return v
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def main_memory(self) -> MemoryLevel:
+        """The outermost (device DRAM/HBM) level."""
+        return self.memory[-1]
+
+    @property
+    def memory_bytes(self) -> float:
+        """Capacity of device main memory, bytes."""
+        return self.main_memory.capacity_bytes
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Bandwidth of device main memory, bytes/s."""
+        return self.main_memory.bandwidth_bytes_per_s
+
+    @property
+    def last_level_cache_bytes(self) -> float:
+        """Largest on-chip level (L2 on GPUs), bytes; 0 if none is listed."""
+        on = [m.capacity_bytes for m in self.memory if m.on_chip]
+        return max(on) if on else 0.0
+
+    @property
+    def on_chip_bytes(self) -> float:
+        """Total on-chip capacity, bytes."""
+        return float(sum(m.capacity_bytes for m in self.memory if m.on_chip))
+
+    def flops_for(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; falls back to fp32, then the smallest listed peak."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]  # type: ignore[index]
+        if dtype in ("tf32",) and "fp32" in self.peak_flops:
+            return self.peak_flops["fp32"]
+        if dtype in ("bf16", "fp16"):
+            for alt in ("bf16", "fp16"):
+                if alt in self.peak_flops:
+                    return self.peak_flops[alt]  # type: ignore[index]
+        if "fp32" in self.peak_flops:
+            return self.peak_flops["fp32"]
+        return min(self.peak_flops.values())
