@@ -96,6 +96,9 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "msg_bytes",  # per-rank message size of a collective (max of sent/received)
     "world",  # ranks taking part in a collective
     "dtype_bytes",  # bytes per element
+    # reuse-factor histogram of an embedding lookup's batch (Lin et al. 2024 §III-E): fraction of
+    # lookups whose row is accessed 1, 2, 3-4, 5-8, ... times in the batch
+    *(f"rf{i}" for i in range(17)),
 )
 
 _CATEGORY_OF_COMM = int(Category.COMMUNICATION)

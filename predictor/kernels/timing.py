@@ -1,0 +1,77 @@
+"""ModelTiming: durations for every task of a graph from kernel models and CPU overheads.
+
+* CPU tasks with an overhead type (T1..T5) take the platform's overhead (Lin et al. 2022);
+* tasks of a kind some kernel model claims are predicted by it, one vectorised call per kind;
+* any other GPU task falls back to the roofline on its FLOPs/bytes;
+* with ``keep_measured=True`` a task that has a measured duration keeps it (replay of the
+  unchanged parts of a captured graph), otherwise every task is predicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from predictor.graph import Category, ExecutionGraph, Overhead
+from predictor.kernels.base import KernelModel, TaskView
+from predictor.kernels.collective import PiecewiseCollective
+from predictor.kernels.elementwise import Roofline
+from predictor.kernels.embedding import AnalyticEmbedding
+from predictor.kernels.gemm import AnalyticGemm
+from predictor.platforms.schema import CpuOverheads, Platform
+
+
+def analytic_models() -> list[KernelModel]:
+    """The analytic model of each kernel family (used when a platform has no asset pack)."""
+    return [AnalyticGemm(), AnalyticEmbedding(), PiecewiseCollective(), Roofline()]
+
+
+class ModelTiming:
+    """A :class:`predictor.simulate.Timing` backed by kernel models on one platform."""
+
+    def __init__(
+        self,
+        platform: Platform,
+        models: Iterable[KernelModel] | None = None,
+        *,
+        overheads: CpuOverheads | None = None,
+        keep_measured: bool = False,
+        source: str = "analytic",
+    ) -> None:
+        self.platform = platform
+        self.models = list(models) if models is not None else analytic_models()
+        self.overheads = overheads or platform.overheads
+        self.keep_measured = keep_measured
+        #: which model family produced the numbers ("analytic", or an asset pack's name)
+        self.source = source
+        self._by_kind: dict[str, KernelModel] = {}
+        for model in self.models:
+            for kind in model.kinds:
+                self._by_kind.setdefault(kind, model)
+        self._fallback = next((m for m in self.models if isinstance(m, Roofline)), Roofline())
+
+    def model_for(self, kind: str) -> KernelModel:
+        return self._by_kind.get(kind, self._fallback)
+
+    def overhead_seconds(self) -> np.ndarray:
+        """Seconds of each :class:`Overhead` type, indexed by its value."""
+        o = self.overheads
+        return np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s])
+
+    def durations(self, graph: ExecutionGraph) -> np.ndarray:
+        out = np.zeros(graph.n_tasks)
+        has_overhead = graph.overhead != Overhead.NONE
+        out[has_overhead] = self.overhead_seconds()[graph.overhead[has_overhead]]
+        todo = ~has_overhead
+        if self.keep_measured:
+            measured = np.isfinite(graph.duration) & todo
+            out[measured] = graph.duration[measured]
+            todo &= ~measured
+        # CPU-side tasks without an overhead type and without a measurement cost nothing
+        on_device = todo & (graph.is_gpu() | (graph.category != Category.CPU))
+        for kid in np.unique(graph.kind[on_device]):
+            kind = graph.kinds[kid]
+            idx = np.flatnonzero(on_device & (graph.kind == kid))
+            out[idx] = self.model_for(kind).predict(TaskView.from_graph(graph, idx, kind), self.platform)
+        return out

@@ -1,0 +1,224 @@
+"""Search outputs a person reads first: the terminal table, ``results.json``/``.csv``, Chrome traces
+of the best plans, and ``report.md`` with one PNG bar chart per task.
+
+``results.json`` is written last and atomically (temporary file + rename): a run that is
+killed never leaves one that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from tuner.search import SearchOutcome
+
+__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "atomic_write_text"]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _best(cands: list[dict]) -> dict | None:
+    ok = [c for c in cands if c.get("status") == "ok"]
+    return min(ok, key=lambda c: c["predicted_iteration_s"]) if ok else None
+
+
+def sharding_payload(outcome: SearchOutcome) -> dict:
+    """The ``results.json`` document."""
+    ctx = outcome.ctx
+    tasks = []
+    wins: dict[str, int] = {}
+    gains = []
+    for (ti, b), cands in outcome.results.items():
+        best = _best(cands)
+        if best:
+            wins[best["sharder"]] = wins.get(best["sharder"], 0) + 1
+        by = {c["sharder"]: c for c in cands}
+        heur = [c["predicted_iteration_s"] for c in cands if c["sharder"] != "model_guided" and c.get("status") == "ok"]
+        mg = by.get("model_guided")
+        if mg and mg.get("status") == "ok" and heur:
+            gains.append(1.0 - mg["predicted_iteration_s"] / min(heur))
+        t = ctx.tasks[ti]
+        tasks.append(
+            {
+                "task": t.label,
+                "batch_size": b,
+                "n_tables": len(t),
+                "heavy_tables": int(t.heavy_mask().sum()),
+                "candidates": cands,
+                "best": best["sharder"] if best else None,
+                "best_predicted_iteration_s": best["predicted_iteration_s"] if best else None,
+            }
+        )
+    return {
+        "space": "sharding",
+        "platform": ctx.platform.key,
+        "platform_name": ctx.platform.name,
+        "n_gpus": ctx.space.n_gpus,
+        "timing_source": "analytic kernel models from the catalog (no asset pack)",
+        "study": {"name": outcome.study_name, "storage": outcome.storage, "evaluated": outcome.evaluated,
+                  "reused_from_study": outcome.reused},
+        "summary": {
+            "wins": wins,
+            "model_guided_gain_vs_best_heuristic_mean": float(np.mean(gains)) if gains else None,
+            "model_guided_gain_vs_best_heuristic_max": float(np.max(gains)) if gains else None,
+        },
+        "tasks": tasks,
+    }
+
+
+def _frame(payload: dict) -> pd.DataFrame:
+    rows = []
+    for t in payload["tasks"]:
+        for c in t["candidates"]:
+            mem = c.get("memory_bytes_per_rank") or []
+            rows.append(
+                {
+                    "task": t["task"],
+                    "batch_size": t["batch_size"],
+                    "sharder": c["sharder"],
+                    "status": c["status"],
+                    "predicted_iteration_ms": None if c["predicted_iteration_s"] is None else c["predicted_iteration_s"] * 1e3,
+                    "slowest_rank_ms": max(c["per_rank_s"]) * 1e3 if c.get("per_rank_s") else None,
+                    "max_memory_gib": max(mem) / 2**30 if mem else None,
+                    "feasible": c["feasible"],
+                    "best": c["sharder"] == t["best"],
+                    "reason": c.get("reason", ""),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def print_sharding_table(payload: dict, console: Console | None = None) -> None:
+    """Task x sharder predicted milliseconds, the best of each row marked."""
+    console = console or Console()
+    sharders = [c["sharder"] for c in payload["tasks"][0]["candidates"]] if payload["tasks"] else []
+    table = Table(title=f"Predicted iteration time (ms) — {payload['platform_name']} x {payload['n_gpus']}",
+                  show_lines=False, header_style="bold")
+    table.add_column("task", no_wrap=True)
+    table.add_column("batch", justify="right")
+    for s in sharders:
+        table.add_column(s.replace("_greedy", "").replace("_", " "), justify="right", no_wrap=True)
+    table.add_column("use", style="bold green", no_wrap=True)
+    for t in payload["tasks"]:
+        cells = []
+        for c in t["candidates"]:
+            if c["status"] == "ok":
+                v = f"{c['predicted_iteration_s'] * 1e3:.2f}"
+                cells.append(f"[bold green]*{v}[/]" if c["sharder"] == t["best"] else v)
+            else:
+                cells.append("[red]OOM[/]" if c["status"] == "infeasible" else "[red]error[/]")
+        table.add_row(t["task"], str(t["batch_size"]), *cells, t["best"] or "[red]none fits[/]")
+    console.print(table)
+    s = payload["summary"]
+    wins = ", ".join(f"{k}: {v}" for k, v in sorted(s["wins"].items(), key=lambda kv: -kv[1]))
+    console.print(f"best sharder per task and batch — {wins}")
+    if s["model_guided_gain_vs_best_heuristic_mean"] is not None:
+        console.print(
+            f"model-guided vs best of the heuristic sharders: {100 * s['model_guided_gain_vs_best_heuristic_mean']:.2f}% "
+            f"faster on average (up to {100 * s['model_guided_gain_vs_best_heuristic_max']:.2f}%)"
+        )
+
+
+def _bar_chart(df: pd.DataFrame, task: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sub = df[df.task == task]
+    batches = sorted(sub.batch_size.unique())
+    sharders = list(dict.fromkeys(sub.sharder))
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
+    width = 0.8 / max(len(sharders), 1)
+    x = np.arange(len(batches))
+    for i, s in enumerate(sharders):
+        vals = [sub[(sub.batch_size == b) & (sub.sharder == s)].predicted_iteration_ms.fillna(0).sum() for b in batches]
+        ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=s)
+    ax.set_xticks(x, [str(b) for b in batches])
+    ax.set_xlabel("global batch size")
+    ax.set_ylabel("predicted iteration (ms)")
+    ax.set_title(task)
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_sharding_outputs(outcome: SearchOutcome, out: Path, console: Console | None = None) -> dict:
+    """Write every output file; ``results.json`` last. Returns the payload."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = sharding_payload(outcome)
+    df = _frame(payload)
+    atomic_write_text(out / "results.csv", df.to_csv(index=False))
+    # Chrome traces of the best plan of every task and batch size
+    traces = out / "traces"
+    traces.mkdir(exist_ok=True)
+    ctx = outcome.ctx
+    for (ti, b), cands in outcome.results.items():
+        best = _best(cands)
+        if not best:
+            continue
+        _, tl = ctx.job(ti, b).evaluate(np.asarray(best["assignment"]))
+        tl.write_chrome_trace(traces / f"{ctx.tasks[ti].label}_b{b}_{best['sharder']}.json")
+    figs = out / "figures"
+    figs.mkdir(exist_ok=True)
+    lines = [
+        f"# Sharding search — {payload['platform_name']} x {payload['n_gpus']}",
+        "",
+        f"Study `{payload['study']['name']}` ({payload['study']['evaluated']} evaluations now, "
+        f"{payload['study']['reused_from_study']} reused). Timing: {payload['timing_source']}.",
+        "",
+    ]
+    s = payload["summary"]
+    lines.append("Best sharder counts: " + ", ".join(f"{k} {v}" for k, v in s["wins"].items()) + ".")
+    if s["model_guided_gain_vs_best_heuristic_mean"] is not None:
+        lines.append(
+            f"Model-guided vs best heuristic: {100 * s['model_guided_gain_vs_best_heuristic_mean']:.2f}% faster on "
+            f"average, {100 * s['model_guided_gain_vs_best_heuristic_max']:.2f}% at most."
+        )
+    lines.append("")
+    for label in dict.fromkeys(df.task):
+        png = figs / f"{label}.png"
+        _bar_chart(df, label, png)
+        sub = df[df.task == label]
+        lines += [f"## {label}", "", f"![{label}](figures/{png.name})", "", "| batch | best | predicted ms |", "|---:|---|---:|"]
+        for t in payload["tasks"]:
+            if t["task"] == label:
+                ms = "—" if t["best_predicted_iteration_s"] is None else f"{t['best_predicted_iteration_s'] * 1e3:.2f}"
+                lines.append(f"| {t['batch_size']} | {t['best'] or 'none fits'} | {ms} |")
+        infeasible = sub[sub.status != "ok"]
+        if len(infeasible):
+            lines.append("")
+            for _, r in infeasible.iterrows():
+                lines.append(f"- batch {r.batch_size}, {r.sharder}: {r.status} — {r.reason}")
+        lines.append("")
+    atomic_write_text(out / "report.md", "\n".join(lines))
+    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=_json_default))
+    return payload
+
+
+def _json_default(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
