@@ -1,0 +1,1 @@
+"""One module per ``tuner`` command; :mod:`tuner.cli` registers them."""
