@@ -7,6 +7,7 @@ message is ``"FILE: field.path: problem"`` — the CLI prints it and exits with 
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -118,7 +119,14 @@ class ShardingSpace(_Strict):
         return self
 
 
-SPACES: dict[str, type[BaseModel]] = {"sharding": ShardingSpace}
+#: space kind -> schema, as "module:Class" (imported when a file of that kind is loaded)
+SPACES: dict[str, str] = {"sharding": "tuner.spaces:ShardingSpace"}
+
+
+def space_schema(kind: str) -> type[BaseModel]:
+    """The pydantic schema registered for a space kind."""
+    module, attr = SPACES[kind].split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def format_validation_error(err: ValidationError) -> str:
@@ -157,6 +165,6 @@ def load_space(path: str | Path) -> BaseModel:
     if kind not in SPACES:
         raise SpaceError(f"{path}: space: must be one of {', '.join(sorted(SPACES))} (got {kind!r})")
     try:
-        return SPACES[kind].model_validate(data)
+        return space_schema(kind).model_validate(data)
     except ValidationError as err:
         raise SpaceError(f"{path}: {format_validation_error(err)}") from None

@@ -24,9 +24,9 @@ def search(
     quiet: Annotated[bool, typer.Option("--quiet", help="no table, no progress bar")] = False,
 ) -> None:
     """Evaluate a search space and rank its candidates."""
-    from tuner.report import print_sharding_table, write_sharding_outputs
-    from tuner.search import default_storage, run_sharding_search
-    from tuner.spaces import ShardingSpace, SpaceError, load_space
+    from tuner.search import default_storage
+    from tuner.search_runners import SearchRequest, get_runner
+    from tuner.spaces import SpaceError, load_space
 
     try:
         spec = load_space(space)
@@ -34,13 +34,11 @@ def search(
         fail(str(exc))
     if workers < 0:
         fail("--workers must be >= 0")
-    if not isinstance(spec, ShardingSpace):  # pragma: no cover - only one space kind so far
-        fail(f"{space}: space {spec.space!r} is not supported by this version")
     if out.exists() and not out.is_dir():
         fail(f"--out {out}: exists and is not a folder")
+    runner = get_runner(spec.space)  # type: ignore[attr-defined]
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").unlink(missing_ok=True)  # a stale one must not look like this run's
-    url = storage or default_storage(out)
     t0 = time.perf_counter()
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -51,25 +49,27 @@ def search(
         disable=quiet,
         transient=False,
     ) as bar:
-        job = bar.add_task("evaluating task x batch units", total=None)
+        job = bar.add_task("evaluating", total=None)
 
         def progress(done: int, total: int) -> None:
             bar.update(job, completed=done, total=total)
 
+        request = SearchRequest(
+            space_path=space,
+            spec=spec,
+            out=out,
+            storage=storage or default_storage(out),
+            workers=workers,
+            address=address,
+            resume=resume,
+            quiet=quiet,
+            console=console,
+            progress=progress,
+        )
         try:
-            outcome = run_sharding_search(spec, storage=url, workers=workers, address=address, resume=resume, progress=progress)
+            summary = runner(request)
         except SpaceError as exc:
             fail(f"{space}: {exc}")
-        except ValueError as exc:  # infeasible generator settings, bad storage URL, ...
+        except ValueError as exc:  # infeasible settings, bad storage URL, ...
             fail(f"{space}: {exc}")
-    payload = write_sharding_outputs(outcome, out)
-    if not quiet:
-        print_sharding_table(payload, console)
-    n_eval = sum(len(c) for c in outcome.results.values())
-    console.print(
-        f"{n_eval} evaluations ({outcome.evaluated} new, {outcome.reused} from the study) in "
-        f"{time.perf_counter() - t0:.1f} s -> {out}/results.json, report.md, traces/",
-        highlight=False,
-    )
-
-
+    console.print(f"{summary} ({time.perf_counter() - t0:.1f} s)", highlight=False)
