@@ -184,10 +184,18 @@ def _trial_for(ctx: ShardingContext, task_index: int, batch: int, cand: dict) ->
 def open_study(name: str, storage: str, resume: bool) -> optuna.Study:
     """Create (or with ``resume`` load) the study; without ``resume`` an old one is replaced."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if not resume:
-        with contextlib.suppress(KeyError):
-            optuna.delete_study(study_name=name, storage=storage)
-    return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+    try:
+        if not resume:
+            with contextlib.suppress(KeyError):
+                optuna.delete_study(study_name=name, storage=storage)
+        return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
+    except (ImportError, ValueError, optuna.exceptions.OptunaError) as exc:
+        raise ValueError(f"storage {storage!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except Exception as exc:  # SQLAlchemy connection and URL errors
+        if type(exc).__module__.startswith("sqlalchemy"):
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"storage {storage!r}: {first}") from None
+        raise
 
 
 def finished_results(study: optuna.Study) -> dict[str, dict]:
@@ -313,5 +321,6 @@ def run_sharding_search(
 
 
 def default_storage(out: Path) -> str:
-    """SQLite study file in the output folder."""
+    """SQLite study file in the output folder (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(out / 'study.db').resolve()}"

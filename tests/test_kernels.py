@@ -1,0 +1,110 @@
+"""Analytic kernel models: units, monotonicity, the piecewise collective's continuity, routing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictor.graph import Category, GraphBuilder, Overhead, ProcKind
+from predictor.kernels import (
+    AnalyticEmbedding,
+    AnalyticGemm,
+    ModelTiming,
+    PiecewiseCollective,
+    PiecewiseSigmoid,
+    Roofline,
+    TaskView,
+)
+from predictor.kernels.collective import analytic_params
+from predictor.kernels.embedding import RF_COLUMNS, repeat_fraction_from_rf
+from predictor.platforms import get_platform
+
+A100 = get_platform("a100-80gb")
+
+
+def test_gemm_large_reaches_its_ceiling_small_does_not():
+    g = AnalyticGemm()
+    big = g.predict_one(A100, m=8192, n=8192, k=8192)
+    flops = 2 * 8192**3
+    achieved = flops / big
+    ceiling = A100.flops_for("fp32") * A100.gemm_efficiency_max
+    assert 0.9 * ceiling < achieved <= ceiling
+    small = g.predict_one(A100, m=64, n=64, k=64)
+    assert 2 * 64**3 / small < 0.05 * ceiling  # tiny GEMMs are far from peak
+    assert small >= A100.kernel_floor_s
+
+
+def test_gemm_time_grows_with_size_and_is_faster_in_bf16():
+    g = AnalyticGemm()
+    sizes = [128, 256, 512, 1024, 2048, 4096]
+    t = [g.predict_one(A100, m=s, n=s, k=s) for s in sizes]
+    assert all(a < b for a, b in zip(t, t[1:], strict=False))
+    assert g.predict_one(A100, m=4096, n=4096, k=4096, dtype_bytes=2) < t[-1] / 5
+
+
+def test_roofline_is_bandwidth_bound_for_elementwise():
+    r = Roofline()
+    t = r.predict(TaskView.single("relu", elements=1e9, dtype_bytes=4), A100)[0]
+    expected = 2 * 4e9 / (A100.memory_bandwidth * A100.memory_efficiency) + A100.kernel_floor_s
+    assert t == pytest.approx(expected)
+
+
+def test_embedding_reuse_lowers_forward_time_and_backward_costs_more():
+    e = AnalyticEmbedding()
+    base = dict(batch=4096, rows=1e6, dim=64, pooling=20, dtype_bytes=4)
+    no_reuse = np.zeros(17)
+    no_reuse[0] = 1.0  # every row looked up once
+    heavy = np.zeros(17)
+    heavy[6] = 1.0  # rows looked up ~48 times
+    def fwd(rf):
+        return e.predict(TaskView.single("embedding_bag_fwd", **base, **dict(zip(RF_COLUMNS, rf, strict=True))), A100)[0]
+    assert fwd(heavy) < 0.5 * fwd(no_reuse)
+    bwd = e.predict(TaskView.single("embedding_bag_bwd", **base, **dict(zip(RF_COLUMNS, no_reuse, strict=True))), A100)[0]
+    assert bwd > fwd(no_reuse)
+    assert repeat_fraction_from_rf(no_reuse[None])[0] == pytest.approx(0.0)
+    assert repeat_fraction_from_rf(heavy[None])[0] == pytest.approx(1 - 1 / 48)
+
+
+def test_piecewise_sigmoid_regions_and_continuity():
+    c = PiecewiseSigmoid.continuous(ts=10e-6, bw_max=100e9, m1=1e4, m2=1e7)
+    assert c(np.array([4.0, 1e3]))== pytest.approx([10e-6, 10e-6])
+    assert c(np.array([1e9]))[0] == pytest.approx(10e-6 + 1e9 / 100e9)
+    for edge in (1e4, 1e7):  # no jump at the region boundaries
+        assert c(np.array([edge * (1 - 1e-9)]))[0] == pytest.approx(c(np.array([edge * (1 + 1e-9)]))[0], rel=1e-6)
+    m = np.logspace(0, 10, 200)
+    t = c(m)
+    assert np.all(np.diff(t) >= -1e-15)  # latency never falls as messages grow
+
+
+def test_collective_depends_on_world_and_node_boundary():
+    model = PiecewiseCollective()
+    def t(world, m=256e6):
+        return model.predict(TaskView.single("all_reduce", msg_bytes=m, world=world), A100)[0]
+    assert t(1) == 0.0
+    assert t(2) < t(8)  # 2(n-1)/n grows with n
+    assert t(16) > 5 * t(8)  # 16 ranks cross nodes: inter-node bandwidth is far lower
+    ring = 2 * 7 / 8 * 256e6 / A100.interconnect.intra_node_bandwidth_bytes_per_s
+    assert t(8) == pytest.approx(analytic_params("all_reduce", 8, A100).ts + ring)
+
+
+def test_model_timing_routes_overheads_and_kinds():
+    b = GraphBuilder()
+    cpu = b.processor(0, ProcKind.CPU_THREAD, "cpu")
+    gpu = b.processor(0, ProcKind.GPU_STREAM, "s")
+    b.task(cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+    b.task(cpu, "launch", "launch", Category.CPU, overhead=Overhead.T4)
+    b.task(gpu, "mm", "gemm", Category.COMPUTE, params={"m": 1024, "n": 1024, "k": 1024})
+    b.task(gpu, "odd", "some_new_kernel", Category.MEMORY, bytes=1e9)
+    b.task(gpu, "measured", "gemm", Category.COMPUTE, duration=1.0, params={"m": 8, "n": 8, "k": 8})
+    g = b.build()
+    d = ModelTiming(A100).durations(g)
+    assert d[0] == A100.overheads.t1_s and d[1] == A100.overheads.t4_s
+    assert d[2] == pytest.approx(AnalyticGemm().predict_one(A100, m=1024, n=1024, k=1024))
+    assert d[3] == pytest.approx(1e9 / (A100.memory_bandwidth * A100.memory_efficiency) + A100.kernel_floor_s)
+    assert d[4] < 1e-3  # predicted, measured value ignored by default
+    assert ModelTiming(A100, keep_measured=True).durations(g)[4] == 1.0
+
+
+def test_taskview_rejects_unknown_parameters():
+    with pytest.raises(ValueError, match="unknown kernel parameter"):
+        TaskView.single("gemm", mm=3)
