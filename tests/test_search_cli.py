@@ -188,3 +188,27 @@ def test_killed_cli_run_leaves_no_complete_looking_results(tmp_path):
     proc.wait()
     assert proc.returncode != 0
     assert not (out / "results.json").exists()  # the stale file was removed, no new one was written
+
+
+def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_search_goes_on(tmp_path, monkeypatch):
+    import optuna
+
+    import tuner.search as search_mod
+
+    real = search_mod.get_sharder
+
+    class Broken:
+        def shard(self, *a, **k):
+            raise RuntimeError("sharder exploded")
+
+    monkeypatch.setattr(search_mod, "get_sharder", lambda name: Broken() if name == "size_greedy" else real(name))
+    space = ShardingSpace.model_validate(SMALL)
+    storage = default_storage(tmp_path / "o")
+    out = run_sharding_search(space, storage=storage, workers=0)
+    for cands in out.results.values():
+        by = {c["sharder"]: c for c in cands}
+        assert by["size_greedy"]["status"] == "failed" and "sharder exploded" in by["size_greedy"]["reason"]
+        assert by["naive"]["status"] == "ok" and by["model_guided"]["status"] == "ok"
+    study = optuna.load_study(study_name=out.study_name, storage=storage)
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert len(failed) == 2 and "sharder exploded" in failed[0].user_attrs["error"]

@@ -147,7 +147,7 @@ def _bar_chart(df: pd.DataFrame, task: str, path: Path) -> None:
     sub = df[df.task == task]
     batches = sorted(sub.batch_size.unique())
     sharders = list(dict.fromkeys(sub.sharder))
-    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(9.5, 3.2), dpi=100)
     width = 0.8 / max(len(sharders), 1)
     x = np.arange(len(batches))
     for i, s in enumerate(sharders):
@@ -157,7 +157,7 @@ def _bar_chart(df: pd.DataFrame, task: str, path: Path) -> None:
     ax.set_xlabel("global batch size")
     ax.set_ylabel("predicted iteration (ms)")
     ax.set_title(task)
-    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
