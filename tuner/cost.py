@@ -91,7 +91,8 @@ class DLRMShardingJob:
 
     def evaluate(self, assignment: np.ndarray) -> tuple[CostResult, Timeline]:
         """Cost of a table -> rank assignment."""
-        graph = build_dlrm_graph(self.spec, assignment, self.n_ranks)
+        mode = "host" if self.platform.kind == "cpu" else "device"
+        graph = build_dlrm_graph(self.spec, assignment, self.n_ranks, mode=mode)
         mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
         return evaluate_graph(graph, self.timing, mem, self.platform)
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
+from predictor.graph import Category, ExecutionGraph, GraphBuilder
 from predictor.kernels.embedding import RF_COLUMNS
 from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.workloads.emit import ExecMode, OpEmitter, eltwise, gemm
 
 __all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes"]
 
@@ -112,60 +113,6 @@ def dlrm_memory_per_rank(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -
     return per_rank_tables + dense + acts + 2 * pooled + a2a
 
 
-class _RankEmitter:
-    """Appends framework ops (CPU overhead tasks + launches + kernels) for one rank."""
-
-    def __init__(self, b: GraphBuilder, rank: int) -> None:
-        self.b = b
-        self.rank = rank
-        self.cpu = b.processor(rank, ProcKind.CPU_THREAD, "cpu")
-        self.compute = b.processor(rank, ProcKind.GPU_STREAM, "stream compute")
-        self.comm = b.processor(rank, ProcKind.GPU_STREAM, "stream comm")
-
-    def op(
-        self,
-        name: str,
-        kernels: Sequence[tuple[str, str, Category, dict]],
-        *,
-        stream: int | None = None,
-        after: Sequence[int] = (),
-        group: int = -1,
-    ) -> list[int]:
-        """One framework op launching ``kernels`` (name, kind, category, params) on ``stream``.
-
-        ``after``: kernels (on another stream) the first kernel must wait for (GPU->GPU edge).
-        Returns the kernel task ids.
-        """
-        b = self.b
-        stream = self.compute if stream is None else stream
-        b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
-        b.task(self.cpu, f"{name}", "cpu_op", Category.CPU, overhead=Overhead.T2)
-        out = []
-        for j, (kname, kind, cat, params) in enumerate(kernels):
-            if j:
-                b.task(self.cpu, "T5", "overhead", Category.CPU, overhead=Overhead.T5)
-            launch = b.task(self.cpu, "cudaLaunchKernel", "launch", Category.CPU, overhead=Overhead.T4)
-            flops = params.pop("flops", float("nan"))
-            nbytes = params.pop("bytes", float("nan"))
-            k = b.task(stream, kname, kind, cat, flops=flops, bytes=nbytes, group=group, params=params)
-            b.edge(launch, k, DepKind.CPU_GPU)
-            if j == 0:
-                for a in after:
-                    b.edge(a, k, DepKind.GPU_GPU)
-            out.append(k)
-        b.task(self.cpu, "T3", "overhead", Category.CPU, overhead=Overhead.T3)
-        return out
-
-    # ---------------------------------------------------------------- kernels
-    @staticmethod
-    def gemm(name: str, m: float, n: float, k: float, dt: int) -> tuple[str, str, Category, dict]:
-        return (name, "gemm", Category.COMPUTE, {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k})
-
-    @staticmethod
-    def eltwise(name: str, kind: str, elements: float, dt: int, rw: float = 2.0) -> tuple[str, str, Category, dict]:
-        return (name, kind, Category.MEMORY, {"elements": elements, "dtype_bytes": dt, "bytes": rw * elements * dt})
-
-
 @dataclass
 class _DDPState:
     """DDP gradient buckets of one rank: which layer closes which bucket, and the kernels so far."""
@@ -180,14 +127,14 @@ class _DDPState:
     all_reduces: list[int]
 
 
-def _backward_layer(e: _RankEmitter, ddp: _DDPState, name: str, i: int, o: int, b_local: float, first: bool) -> None:
+def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_local: float, first: bool) -> None:
     """Activation backward, dgrad (unless ``first`` layer), wgrad + bias grad; launch the DDP
     all-reduce when this layer completes its bucket."""
     dt = ddp.dtype_bytes
-    e.op(f"{name}.act.backward", [e.eltwise(f"{name}.relu_bwd", "relu", b_local * o, dt, rw=3.0)])
-    kernels = [e.gemm(f"{name}.wgrad", o, i, b_local, dt), e.eltwise(f"{name}.bias_grad", "elementwise", b_local * o, dt, rw=1.0)]
+    e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu", b_local * o, dt, rw=3.0)])
+    kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt), eltwise(f"{name}.bias_grad", "elementwise", b_local * o, dt, rw=1.0)]
     if not first:
-        kernels.insert(0, e.gemm(f"{name}.dgrad", b_local, i, o, dt))
+        kernels.insert(0, gemm(f"{name}.dgrad", b_local, i, o, dt))
     ks = e.op(f"{name}.linear.backward", kernels)
     bi = ddp.bucket_of[name]
     ddp.bucket_last[bi] = ks[-1]
@@ -195,12 +142,17 @@ def _backward_layer(e: _RankEmitter, ddp: _DDPState, name: str, i: int, o: int, 
         params = {"msg_bytes": ddp.bucket_bytes[bi], "world": ddp.n_ranks, "dtype_bytes": dt}
         ddp.all_reduces.extend(
             e.op(f"ddp.all_reduce[{bi}]", [("all_reduce", "all_reduce", Category.COMMUNICATION, params)],
-                 stream=e.comm, after=[ddp.bucket_last[bi]], group=ddp.groups[bi])
+                 comm=True, async_op=True, after=[ddp.bucket_last[bi]], group=ddp.groups[bi])
         )
 
 
-def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> ExecutionGraph:
-    """The per-rank ExecutionGraph of one training iteration under ``assignment`` (table -> rank)."""
+def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode: ExecMode = "device") -> ExecutionGraph:
+    """The per-rank ExecutionGraph of one training iteration under ``assignment`` (table -> rank).
+
+    ``mode``: ``"device"`` for accelerators (async kernels on streams), ``"host"`` for CPU
+    platforms (ops run on the calling thread; DDP all-reduce on gloo's thread) — see
+    :mod:`predictor.workloads.emit`.
+    """
     assignment = np.asarray(assignment, dtype=np.int64)
     t = spec.tables
     if assignment.shape != (len(t),):
@@ -238,7 +190,7 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> Ex
     g_a2a_bwd = gb.new_group()
 
     for r in range(n_ranks):
-        e = _RankEmitter(gb, r)
+        e = OpEmitter(gb, r, mode)
         local = np.flatnonzero(assignment == r)
         # ------------------------------------------------------------ forward
         emb_fwd: list[int] = []
@@ -249,10 +201,10 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> Ex
                 p.update({c: float(v) for c, v in zip(RF_COLUMNS, rf[ti], strict=True)})
             emb_fwd += e.op(f"embedding_bag[{ti}]", [(f"embedding_bag_fwd[{ti}]", "embedding_bag_fwd", Category.MEMORY, p)])
         a2a_f = e.op("all_to_all_fwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(comm_params))],
-                     stream=e.comm, after=emb_fwd[-1:], group=g_a2a_fwd if n_ranks > 1 else -1)
+                     comm=True, after=emb_fwd[-1:], group=g_a2a_fwd if n_ranks > 1 else -1)
         for name, i, o in layers[:n_bottom]:
-            e.op(f"{name}.linear", [e.gemm(f"{name}.addmm", b_local, o, i, dt)])
-            e.op(f"{name}.relu", [e.eltwise(f"{name}.relu", "relu", b_local * o, dt)])
+            e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
+            e.op(f"{name}.relu", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
         width = spec.interaction_width()
         if spec.interaction == "dot":
             tt = len(t) + 1
@@ -260,16 +212,16 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> Ex
             e.op("interaction", [("interaction.bmm", "gemm", Category.COMPUTE,
                                   {"m": tt, "n": tt, "k": d, "batch": b_local, "dtype_bytes": dt,
                                    "flops": 2.0 * tt * tt * d * b_local}),
-                                 e.eltwise("interaction.tril", "interaction", b_local * width, dt)],
+                                 eltwise("interaction.tril", "interaction", b_local * width, dt)],
                  after=a2a_f)
         else:
-            e.op("interaction", [e.eltwise("interaction.cat", "concat", b_local * width, dt)], after=a2a_f)
+            e.op("interaction", [eltwise("interaction.cat", "concat", b_local * width, dt)], after=a2a_f)
         for name, i, o in layers[n_bottom:]:
-            e.op(f"{name}.linear", [e.gemm(f"{name}.addmm", b_local, o, i, dt)])
-            e.op(f"{name}.act", [e.eltwise(f"{name}.relu", "relu", b_local * o, dt)])
-        e.op("loss", [e.eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
+            e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
+            e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
+        e.op("loss", [eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
         # ------------------------------------------------------------ backward
-        e.op("loss.backward", [e.eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
+        e.op("loss.backward", [eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
         bucket_last: dict[int, int] = {}
         ar_kernels: list[int] = []
         a2a_b: list[int] = []
@@ -277,10 +229,10 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> Ex
         ddp = _DDPState(buckets, bucket_of, bucket_bytes, g_buckets, n_ranks, dt, bucket_last, ar_kernels)
         for name, i, o in reversed(layers[n_bottom:]):
             _backward_layer(e, ddp, name, i, o, b_local, first=False)
-        inter_b = e.op("interaction.backward", [e.eltwise("interaction_bwd", "interaction", b_local * width, dt, rw=3.0)])
+        inter_b = e.op("interaction.backward", [eltwise("interaction_bwd", "interaction", b_local * width, dt, rw=3.0)])
         if n_ranks > 1:
             a2a_b = e.op("all_to_all_bwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(comm_params))],
-                         stream=e.comm, after=inter_b, group=g_a2a_bwd)
+                         comm=True, after=inter_b, group=g_a2a_bwd)
         for li, (name, i, o) in enumerate(reversed(layers[:n_bottom])):
             _backward_layer(e, ddp, name, i, o, b_local, first=li == n_bottom - 1)
         first_emb = True
@@ -295,6 +247,6 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> Ex
             first_emb = False
         n_params = spec.mlp_param_count()
         rw = 5.0 if spec.optimizer == "adagrad" else 3.0
-        e.op("optimizer.step", [e.eltwise("sgd_update", "optimizer", n_params, dt, rw=rw)], after=ar_kernels)
+        e.op("optimizer.step", [eltwise("sgd_update", "optimizer", n_params, dt, rw=rw)], after=ar_kernels)
     gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
     return gb.build()

@@ -1,0 +1,124 @@
+"""OpEmitter: how one framework op becomes tasks of an ExecutionGraph, for every synthesiser.
+
+Two execution modes, chosen by the platform kind:
+
+``device`` (GPUs and other accelerators)
+    the CPU thread pays T1 (gap since the previous op) and T2 (op start to first launch), then
+    per kernel one runtime call T4 (T5 between launches) whose CPU_GPU edge releases the kernel
+    on its stream, then T3; kernels run asynchronously on the compute or communication stream
+    (Lin et al. 2022 overhead types; Lin et al. 2024 Algorithm 1).
+
+``host`` (CPU platforms: PyTorch on CPU runs each op synchronously on the calling thread)
+    the thread pays T1, then runs the op's kernels itself, one after another. Blocking
+    collectives (gloo all-to-all) run on the calling thread too; collectives issued with
+    ``async_op`` (DDP's gradient all-reduce) run on a separate communication thread that the
+    next dependent op waits for (CPU_CPU edge).
+
+Either way each call returns the task ids of the op's kernels, so a synthesiser can add data
+dependencies (``after=``) without knowing the mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from predictor.graph import Category, DepKind, GraphBuilder, Overhead, ProcKind
+
+__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "ExecMode"]
+
+#: (name, op kind, category, params incl. optional "flops" and "bytes")
+Kernel = tuple[str, str, Category, dict]
+ExecMode = Literal["device", "host"]
+
+
+def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0) -> Kernel:
+    """A GEMM kernel: (batch x) [m x k] @ [k x n], ``dt`` bytes per element."""
+    params = {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k * batch}
+    if batch != 1.0:
+        params["batch"] = batch
+    return (name, "gemm", Category.COMPUTE, params)
+
+
+def eltwise(name: str, kind: str, elements: float, dt: int, rw: float = 2.0) -> Kernel:
+    """A bandwidth-bound kernel touching ``elements`` elements ``rw`` times (reads + writes)."""
+    return (name, kind, Category.MEMORY, {"elements": elements, "dtype_bytes": dt, "bytes": rw * elements * dt})
+
+
+class OpEmitter:
+    """Appends framework ops of one rank to a :class:`GraphBuilder`."""
+
+    def __init__(self, b: GraphBuilder, rank: int, mode: ExecMode = "device") -> None:
+        self.b = b
+        self.rank = rank
+        self.mode = mode
+        self.cpu = b.processor(rank, ProcKind.CPU_THREAD, "cpu")
+        if mode == "device":
+            self.compute = b.processor(rank, ProcKind.GPU_STREAM, "stream compute")
+            self.comm = b.processor(rank, ProcKind.GPU_STREAM, "stream comm")
+        else:
+            self.compute = self.cpu
+            self.comm = b.processor(rank, ProcKind.CPU_THREAD, "comm thread")
+
+    # ------------------------------------------------------------------ ops
+    def op(
+        self,
+        name: str,
+        kernels: Sequence[Kernel],
+        *,
+        comm: bool = False,
+        async_op: bool = False,
+        after: Sequence[int] = (),
+        group: int = -1,
+    ) -> list[int]:
+        """One framework op running ``kernels``; returns their task ids.
+
+        ``comm``: a collective (communication stream on devices). ``async_op``: in host mode,
+        run it on the communication thread instead of blocking the calling thread.
+        ``after``: tasks on another processor the first kernel must wait for.
+        """
+        if self.mode == "device":
+            return self._device_op(name, kernels, stream=self.comm if comm else self.compute, after=after, group=group)
+        return self._host_op(name, kernels, comm=comm, async_op=async_op, after=after, group=group)
+
+    def _device_op(self, name: str, kernels: Sequence[Kernel], *, stream: int, after: Sequence[int], group: int) -> list[int]:
+        b = self.b
+        b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+        b.task(self.cpu, name, "cpu_op", Category.CPU, overhead=Overhead.T2)
+        out = []
+        for j, (kname, kind, cat, params) in enumerate(kernels):
+            if j:
+                b.task(self.cpu, "T5", "overhead", Category.CPU, overhead=Overhead.T5)
+            launch = b.task(self.cpu, "cudaLaunchKernel", "launch", Category.CPU, overhead=Overhead.T4)
+            k = self._kernel(stream, kname, kind, cat, params, group)
+            b.edge(launch, k, DepKind.CPU_GPU)
+            if j == 0:
+                for a in after:
+                    b.edge(a, k, DepKind.GPU_GPU)
+            out.append(k)
+        b.task(self.cpu, "T3", "overhead", Category.CPU, overhead=Overhead.T3)
+        return out
+
+    def _host_op(
+        self, name: str, kernels: Sequence[Kernel], *, comm: bool, async_op: bool, after: Sequence[int], group: int
+    ) -> list[int]:
+        b = self.b
+        gap = b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+        proc = self.comm if (comm and async_op) else self.cpu
+        out = []
+        for j, (kname, kind, cat, params) in enumerate(kernels):
+            k = self._kernel(proc, kname, kind, cat, params, group)
+            if j == 0:
+                if proc != self.cpu:
+                    b.edge(gap, k, DepKind.CPU_CPU)  # issued by the calling thread
+                for a in after:
+                    if a != k:
+                        b.edge(a, k, DepKind.CPU_CPU)
+            out.append(k)
+        return out
+
+    def _kernel(self, proc: int, name: str, kind: str, cat: Category, params: dict, group: int) -> int:
+        params = dict(params)
+        flops = params.pop("flops", float("nan"))
+        nbytes = params.pop("bytes", float("nan"))
+        return self.b.task(proc, name, kind, cat, flops=flops, bytes=nbytes, group=group, params=params)
