@@ -1,0 +1,207 @@
+"""A real DLRM training job on this machine: table-wise sharded embeddings, gloo, K local processes.
+
+This is the *measured* side of the sharding experiment (Lin et al. 2024 §IV-B, Table IV):
+each rank owns whole ``nn.EmbeddingBag`` tables (sparse gradients, SGD), looks them up for the
+global batch, exchanges the pooled vectors with ``all_to_all_single`` (and their gradients
+backward), runs the bottom and top MLPs data-parallel under DDP (gloo), and steps SGD. It
+mirrors :func:`predictor.workloads.dlrm.build_dlrm_graph` op for op, so prediction and
+measurement describe the same program.
+
+:func:`measure_dlrm` spawns the processes and returns the per-iteration wall time (seconds;
+median over timed iterations, max over ranks) and the reuse-factor histogram of each
+table's real batch, which the predictor takes as input, as the paper does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+__all__ = ["DLRMJobSpec", "measure_dlrm", "batch_reuse_histogram", "table_batch"]
+
+
+@dataclass(frozen=True)
+class DLRMJobSpec:
+    """What to run. ``batch_size`` is global; tables are (rows, dim, pooling)."""
+
+    rows: tuple[int, ...]
+    dim: tuple[int, ...]
+    pooling: tuple[float, ...]
+    assignment: tuple[int, ...]
+    n_ranks: int
+    batch_size: int
+    dense_features: int = 13
+    bottom_mlp: tuple[int, ...] = (512, 256, 128)
+    top_mlp: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    warmup: int = 3
+    iters: int = 10
+    threads: int = 1
+    seed: int = 0
+
+
+def batch_reuse_histogram(indices: np.ndarray, bins: int = 17) -> np.ndarray:
+    """Lookup-weighted reuse-factor histogram of one batch of indices (Lin et al. 2024 Fig. 6):
+    fraction of lookups whose row is accessed (0,1], (1,2], (2,4], ... times in the batch."""
+    if indices.size == 0:
+        h = np.zeros(bins)
+        h[0] = 1.0
+        return h
+    _, counts = np.unique(indices, return_counts=True)
+    edges = [0, 1, 2] + [2**j for j in range(2, bins)]
+    b = np.searchsorted(np.asarray(edges[1:], dtype=float), counts, side="left")
+    b = np.minimum(b, bins - 1)
+    h = np.bincount(b, weights=counts.astype(float), minlength=bins)
+    return h / h.sum()
+
+
+def _lookups(rng: np.random.Generator, batch: int, rows: int, pooling: float) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and offsets of one batch: per-sample counts with mean ``pooling`` (at least one
+    lookup per ``1/pooling`` samples), rows drawn from a Zipf-like popularity (real tables are
+    skewed), so the batch has the reuse such tables have."""
+    lo = int(np.floor(pooling))
+    counts = lo + (rng.random(batch) < (pooling - lo)).astype(np.int64)
+    total = int(counts.sum())
+    # popularity ~ rank^-1.05 over a random permutation of the rows
+    ranks = np.minimum(rng.zipf(1.05, size=total), rows) - 1
+    perm_seed = rows * 7919 % (2**31)
+    idx = (ranks * 2654435761 + perm_seed) % rows  # a fixed pseudo-random row for each popularity rank
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return idx.astype(np.int64), offsets.astype(np.int64)
+
+
+def table_batch(spec: DLRMJobSpec, table: int, which: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Batch ``which`` of table ``table``: the same whichever rank owns the table."""
+    rng = np.random.default_rng([spec.seed, table, which])
+    return _lookups(rng, spec.batch_size, int(spec.rows[table]), float(spec.pooling[table]))
+
+
+class _AllToAll(torch.autograd.Function):
+    """Pooled embeddings of my tables for the global batch -> every table's vectors for my local batch."""
+
+    @staticmethod
+    def forward(ctx, x, send_split, recv_split):  # noqa: D401 - torch signature
+        ctx.send_split, ctx.recv_split = send_split, recv_split
+        out = x.new_empty(sum(recv_split))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv_split, input_split_sizes=send_split)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_empty(sum(ctx.send_split))
+        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=ctx.send_split, input_split_sizes=ctx.recv_split)
+        return out, None, None
+
+
+def _mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        layers.append(nn.Sigmoid() if (sigmoid_last and i == len(sizes) - 2) else nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class _Dense(nn.Module):
+    """Bottom MLP, concatenation with the embeddings, top MLP: the part DDP replicates."""
+
+    def __init__(self, bottom: nn.Module, top: nn.Module) -> None:
+        super().__init__()
+        self.bottom, self.top = bottom, top
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self.top(torch.cat([self.bottom(x), emb], dim=1))
+
+
+def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(spec.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=spec.n_ranks)
+    n = spec.n_ranks
+    b = spec.batch_size // n
+    assignment = np.asarray(spec.assignment)
+    mine = np.flatnonzero(assignment == rank)
+    dims = np.asarray(spec.dim)
+    torch.manual_seed(spec.seed + rank)
+    tables = nn.ModuleList(nn.EmbeddingBag(int(spec.rows[t]), int(dims[t]), mode="sum", sparse=True) for t in mine)
+    bottom = _mlp([spec.dense_features, *spec.bottom_mlp], sigmoid_last=False)
+    width = spec.bottom_mlp[-1] + int(dims.sum())
+    top = _mlp([width, *spec.top_mlp], sigmoid_last=True)
+    ddp = nn.parallel.DistributedDataParallel(_Dense(bottom, top))
+    opt_dense = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    opt_sparse = torch.optim.SGD(tables.parameters(), lr=0.01) if len(mine) else None
+    # order of the received blocks: rank q sends its tables (in table order) for my samples
+    dims_of_rank = [int(dims[assignment == q].sum()) for q in range(n)]
+    my_dims = dims_of_rank[rank]
+    send_split = [b * my_dims] * n
+    recv_split = [b * dims_of_rank[q] for q in range(n)]
+    # column permutation: received layout (rank-major) -> table order
+    order = np.concatenate([np.flatnonzero(assignment == q) for q in range(n)]) if len(assignment) else np.zeros(0, int)
+    col_start = np.concatenate([[0], np.cumsum(dims[order])[:-1]]) if len(order) else np.zeros(0, int)
+    perm = np.concatenate([np.arange(col_start[k], col_start[k] + dims[t]) for k, t in enumerate(np.argsort(order))]) \
+        if len(order) else np.zeros(0, int)
+    perm_t = torch.as_tensor(perm)
+    # fixed batches (inputs are not what we time)
+    batches = []
+    for _ in range(2):
+        lookups = [table_batch(spec, int(t), _) for t in mine]
+        batches.append(([(torch.as_tensor(i), torch.as_tensor(o)) for i, o in lookups],
+                        torch.randn(b, spec.dense_features), torch.rand(b, 1)))
+    loss_fn = nn.BCELoss()
+    times = []
+    for it in range(spec.warmup + spec.iters):
+        lookups, x, y = batches[it % 2]
+        dist.barrier()
+        t0 = time.perf_counter()
+        pooled = [tables[k](i, o) for k, (i, o) in enumerate(lookups)]
+        send = torch.cat(pooled, dim=1) if pooled else torch.zeros(spec.batch_size, 0)
+        # rows q*b:(q+1)*b go to rank q
+        send = send.reshape(n, b, my_dims).reshape(-1)
+        recv = _AllToAll.apply(send, send_split, recv_split)
+        blocks = torch.split(recv, recv_split)
+        emb = torch.cat([blk.reshape(b, dims_of_rank[q]) for q, blk in enumerate(blocks)], dim=1)[:, perm_t]
+        logits = ddp(x, emb)
+        loss = loss_fn(logits, y)
+        opt_dense.zero_grad(set_to_none=True)
+        if opt_sparse:
+            opt_sparse.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_dense.step()
+        if opt_sparse:
+            opt_sparse.step()
+        dt = time.perf_counter() - t0
+        if it >= spec.warmup:
+            times.append(dt)
+    rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)}
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_dlrm(spec: DLRMJobSpec) -> dict:
+    """Run the job; returns ``{"iteration_s", "per_rank_s", "rf"}`` (median iteration per rank, max over ranks)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(spec, _free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
+        per_rank = []
+        rf: dict[int, list[float]] = {}
+        for r in range(spec.n_ranks):
+            d = json.loads((Path(tmp) / f"rank{r}.json").read_text())
+            per_rank.append(float(np.median(d["times"])))
+            rf.update({int(k): v for k, v in d["rf"].items()})
+    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "rf": rf}
