@@ -11,8 +11,11 @@ import sys
 
 import typer
 
+from tuner.commands.calibrate import calibrate
 from tuner.commands.catalog import catalog
 from tuner.commands.common import EXIT_BAD_INPUT, UserError, err_console
+from tuner.commands.predict import predict
+from tuner.commands.replay import replay
 from tuner.commands.search import search
 
 app = typer.Typer(
@@ -24,7 +27,10 @@ app = typer.Typer(
 )
 
 # one line per command; keep the list sorted
+app.command()(calibrate)
 app.command()(catalog)
+app.command()(predict)
+app.command()(replay)
 app.command()(search)
 
 

@@ -42,6 +42,8 @@ class SearchRequest:
 
 RUNNERS: dict[str, str] = {
     "sharding": "tuner.search_runners:run_sharding",
+    "parallel": "tuner.parallel.runner:run",
+    "accelerators": "tuner.accelerators.runner:run",
 }
 
 

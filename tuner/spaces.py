@@ -121,6 +121,8 @@ class ShardingSpace(_Strict):
 
 #: space kind -> schema, as "module:Class" (imported when a file of that kind is loaded)
 SPACES: dict[str, str] = {"sharding": "tuner.spaces:ShardingSpace"}
+SPACES["parallel"] = "tuner.parallel.space:ParallelSpace"
+SPACES["accelerators"] = "tuner.accelerators.space:AcceleratorSpace"
 
 
 def space_schema(kind: str) -> type[BaseModel]:

@@ -22,4 +22,15 @@ __all__ = [
     "analytic_params",
     "ModelTiming",
     "analytic_models",
+    "timing_for",
 ]
+
+
+def timing_for(name_or_path: str, extra=None, keep_measured: bool = False) -> ModelTiming:
+    """ModelTiming for a ``--platform`` value: an asset pack's calibrated models, or the analytic ones.
+
+    ``timing.source`` says which (see :func:`predictor.platforms.assets.resolve_platform`).
+    """
+    from predictor.platforms.assets import timing_for as _timing_for
+
+    return _timing_for(name_or_path, extra, keep_measured)

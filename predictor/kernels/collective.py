@@ -19,6 +19,7 @@ bandwidth-bound regime and chosen so the curve is continuous at ``m1`` and ``m2`
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,3 +124,86 @@ class PiecewiseCollective(KernelModel):
                 continue
             out[sel] = self.curve(kind, int(w), platform)(m[sel])
         return out
+
+
+# ---------------------------------------------------------------------------- fitting (calibration)
+def _log_loss(curve: PiecewiseSigmoid, m: np.ndarray, t: np.ndarray) -> float:
+    with np.errstate(over="ignore", invalid="ignore"):
+        pred = curve(m)
+    if not np.all(np.isfinite(pred)) or np.any(pred <= 0):
+        return float("inf")
+    return float(np.sum((np.log10(pred) - np.log10(t)) ** 2))
+
+
+def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
+    """Fit the 8 parameters of eq. 2-4 to measured (message bytes, seconds) points.
+
+    Every pair of region boundaries ``m1 < m2`` taken from the measured sizes is tried:
+    ``ts`` is the geometric mean of the times at ``m <= m1``; ``1 / bw_max`` the
+    relative-error least-squares slope of ``t - ts`` over ``m >= m2``; the sigmoid of eq. 3-4
+    is fitted (``scipy.optimize.curve_fit``, log10 seconds against log2 bytes) to the points
+    strictly between, starting from the continuous member of the family (with fewer than four
+    such points the continuous member is kept). The pair with the smallest squared log10 error
+    over all points wins.
+
+    Args:
+        m: message sizes, bytes (> 0), at least 4 distinct values.
+        t: seconds (> 0), same length.
+
+    Raises:
+        ValueError: too few points or non-positive values.
+    """
+    from scipy.optimize import curve_fit
+
+    m = np.asarray(m, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
+    if m.shape != t.shape or m.ndim != 1:
+        raise ValueError("m and t must be 1-D arrays of equal length")
+    ok = np.isfinite(m) & np.isfinite(t) & (m > 0) & (t > 0)
+    m, t = m[ok], t[ok]
+    sizes = np.unique(m)
+    if sizes.size < 4:
+        raise ValueError(f"fit_piecewise_sigmoid needs at least 4 distinct message sizes, got {sizes.size}")
+    order = np.argsort(m, kind="stable")
+    m, t = m[order], t[order]
+    x, y = np.log2(m), np.log10(t)
+
+    def sig(xv: np.ndarray, L: float, x0: float, k: float, b: float) -> np.ndarray:
+        return L / (1.0 + np.exp(-np.clip(k * (xv - x0), -60.0, 60.0))) + b
+
+    best: tuple[float, PiecewiseSigmoid] | None = None
+    for i1 in range(0, sizes.size - 2):
+        m1 = float(sizes[i1])
+        low = m <= m1
+        ts = float(10.0 ** y[low].mean())
+        for i2 in range(i1 + 1, sizes.size - 1):
+            m2 = float(sizes[i2])
+            high = m >= m2
+            r = m[high] / t[high]
+            denom = float(np.sum(r * r))
+            u = float(np.sum(r * (1.0 - ts / t[high])) / denom) if denom > 0 else 0.0
+            u = max(u, 1e-18)  # seconds per byte; noise must not make bandwidth negative
+            bw = 1.0 / u
+            try:
+                curve = PiecewiseSigmoid.continuous(ts, bw, m1, m2)
+            except (ValueError, ZeroDivisionError, OverflowError):
+                continue
+            mid = (~low) & (~high)
+            if mid.sum() >= 4:
+                p0 = (curve.L, curve.x0, curve.k, curve.b)
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # OptimizeWarning on flat, well-fitted data
+                        popt, _ = curve_fit(sig, x[mid], y[mid], p0=p0, maxfev=2000)
+                    cand = PiecewiseSigmoid(ts=ts, m1=m1, m2=m2, bw_max=bw, L=float(popt[0]), x0=float(popt[1]),
+                                            k=float(popt[2]), b=float(popt[3]))
+                    if _log_loss(cand, m, t) < _log_loss(curve, m, t):
+                        curve = cand
+                except (RuntimeError, ValueError, FloatingPointError):
+                    pass
+            loss = _log_loss(curve, m, t)
+            if best is None or loss < best[0]:
+                best = (loss, curve)
+    if best is None:
+        raise ValueError("fit_piecewise_sigmoid: no admissible region boundaries")
+    return best[1]

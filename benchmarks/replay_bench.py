@@ -1,0 +1,341 @@
+"""Replay accuracy and speed on the real traces in ../shared/data/traces (issue 3, parts 4 and 6).
+
+Ground truth: the ProfilerStep durations recorded in the traces by their authors (see
+shared/data/SOURCES.md: ResNet-50 DDP on A100 from HolisticTraceAnalysis' tests, DLRM on 8
+V100 and the 21-layer MLP on an RTX 2080 Ti from PARAM's et_replay tests, a recommendation
+model on A100 from HTA's tests). The MLP trace has no ProfilerStep; its iterations are the
+intervals between consecutive ``Optimizer.zero_grad`` annotations. Each prediction is the
+simulated duration of the same step: the graph is rebuilt from the trace, every task keeps
+its measured duration except the waits (syncs, collectives, cross-thread and cross-stream
+dependencies), which the simulator recomputes.
+
+Lumos (Table/Fig. 5) reports a 3.3 % mean replay error, dPRO 14 %; the issue's target is
+under 3 % mean absolute error per step and under 5 % on every step.
+
+Also written: ablations (the same replay with one dependency kind removed, and Lin et al.'s
+kernel-sum baseline), the fidelity of the simulated GPU timeline (median |start error| of GPU
+tasks), and the end-to-end replay speed of the ResNet-50 trace next to HTA's critical-path
+analysis of the same trace (when HolisticTraceAnalysis is installed: ``pip install -e .[bench]``).
+
+Run: ``flock /tmp/tuner-measure.lock python benchmarks/replay_bench.py``
+Writes ``benchmarks/results/replay.md`` and ``replay.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from predictor.graph import DepKind, ExecutionGraph, ProcKind
+from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error
+from predictor.simulate import simulate
+from predictor.traces.build import build_graph
+from predictor.traces.load import load_traces
+from predictor.traces.replay import ReplayResult, replay_graph
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHARED = Path(os.environ.get("TUNER_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+TRACES = SHARED / "data" / "traces"
+#: the four real training traces of the issue's target, then the small HTA unit-test traces
+MAIN = [
+    ("resnet50_ddp_a100_rank0of2.kineto.json.gz", "ResNet-50 DDP, A100, rank 0 of 2 (+ET)"),
+    ("dlrm_v100_8ranks.kineto.tar.gz", "DLRM, 8 x V100 (+ET per rank)"),
+    ("mlp21_rtx2080ti.kineto.json.gz", "21-layer MLP, RTX 2080 Ti (+ET)"),
+    ("recsys_a100_rank3of8.kineto.json.gz", "recommendation model, A100, rank 3 of 8"),
+]
+SMALL = [
+    ("event_sync.kineto.json.gz", "HTA unit test: event sync"),
+    ("event_sync_multistream.kineto.json.gz", "HTA unit test: multi-stream event sync"),
+    ("simple_add_a100.kineto.json.gz", "HTA unit test: simple add (whole trace)"),
+    ("alexnet_a100.kineto.json.gz", "HTA unit test: AlexNet (whole trace)"),
+]
+SPEED_TRACE = "resnet50_ddp_a100_rank0of2.kineto.json.gz"
+
+
+# ----------------------------------------------------------------------------- ablations
+def _without_edges(g: ExecutionGraph, kinds: tuple[DepKind, ...]) -> ExecutionGraph:
+    keep = ~np.isin(g.edge_kind, np.asarray([int(k) for k in kinds], dtype=g.edge_kind.dtype))
+    meta = {k: v for k, v in g.meta.items() if k != "_topology"}
+    return dataclasses.replace(g, edge_src=g.edge_src[keep], edge_dst=g.edge_dst[keep], edge_kind=g.edge_kind[keep],
+                               meta=meta)
+
+
+def _cross_thread_mask(g: ExecutionGraph) -> np.ndarray:
+    return (g.edge_kind == DepKind.CPU_CPU) & (g.proc[g.edge_src] != g.proc[g.edge_dst])
+
+
+def _ablation_errors(res: ReplayResult) -> dict[str, float]:
+    """Mean |error| % per step with one dependency kind removed (same durations)."""
+    rg = res.graph
+    g = rg.graph
+    df = res.steps()
+    meas = df["measured_s"].to_numpy()
+    out: dict[str, float] = {"full": mean_abs_pct_error(df["predicted_s"], meas)}
+
+    def steps_of(tl) -> np.ndarray:
+        pred = []
+        for _, row in rg.steps.iterrows():
+            if row["start_task"] >= 0:
+                pred.append(tl.start[int(row["end_task"])] - tl.start[int(row["start_task"])])
+            else:
+                on = g.rank == row["rank"]
+                pred.append(tl.end[on].max() - tl.start[on].min())
+        return np.asarray(pred)
+
+    variants = {
+        "no GPU->GPU cross-stream edges": _without_edges(g, (DepKind.GPU_GPU,)),
+        "no GPU->CPU sync edges": _without_edges(g, (DepKind.GPU_CPU,)),
+    }
+    meta = {k: v for k, v in g.meta.items() if k != "_topology"}
+    keep = ~_cross_thread_mask(g)
+    variants["no inter-thread CPU->CPU edges"] = dataclasses.replace(
+        g, edge_src=g.edge_src[keep], edge_dst=g.edge_dst[keep], edge_kind=g.edge_kind[keep], meta=meta)
+    if g.n_groups:
+        dur = g.duration.copy()
+        grouped = g.group >= 0
+        dur[grouped] = (rg.measured_end - rg.measured_start)[grouped]
+        variants["collectives not grouped (own measured durations)"] = dataclasses.replace(
+            g, group=np.full(g.n_tasks, -1, dtype=g.group.dtype), duration=dur, meta=dict(meta))
+    for label, gv in variants.items():
+        try:
+            tl = simulate(gv, launch_fraction=rg.launch_fraction)
+            out[label] = mean_abs_pct_error(steps_of(tl), meas)
+        except ValueError as exc:  # a variant can deadlock (e.g. groups without their waits)
+            out[label] = float("nan")
+            print(f"  ablation {label!r}: {exc}")
+    # Lin et al.'s baseline: GPU active time only (busiest stream's kernel time inside each step)
+    ks = []
+    on_gpu = g.proc_kind[g.proc] == ProcKind.GPU_STREAM
+    m = res.measured
+    for _, row in df.iterrows():
+        a, b = row["measured_start_s"], row["measured_start_s"] + row["measured_s"]
+        sel = on_gpu & (g.rank == row["graph_rank"]) & (m.start >= a) & (m.start < b)
+        sums = np.bincount(g.proc[sel], weights=(m.end - m.start)[sel], minlength=g.n_procs)
+        ks.append(sums.max() if sums.size else 0.0)
+    out["kernel-sum baseline (Lin et al.)"] = mean_abs_pct_error(np.asarray(ks), meas)
+    return out
+
+
+# ----------------------------------------------------------------------------- speed
+def _time_replay(path: Path, repeats: int) -> dict:
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ts = load_traces(path)
+        t1 = time.perf_counter()
+        rg = build_graph(ts)
+        t2 = time.perf_counter()
+        res = replay_graph(rg)
+        t3 = time.perf_counter()
+        runs.append({"read_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2, "total_s": t3 - t0,
+                     "events": int(sum(r.kineto.n_events for r in ts.ranks)), "tasks": rg.graph.n_tasks,
+                     "edges": rg.graph.n_edges, "steps": len(res.steps())})
+    best = min(runs, key=lambda r: r["total_s"])
+    return {"first": runs[0], "best": best, "repeats": repeats}
+
+
+def _time_hta(path: Path, tmp: Path) -> dict:
+    """HTA's own parse + critical_path_analysis over the same steps (optional dependency)."""
+    try:
+        import pandas as pd
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return {"available": False, "reason": "HolisticTraceAnalysis not installed (pip install -e .[bench])"}
+    import importlib.metadata as md
+    import logging
+    import warnings
+
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    shim = False
+    if int(pd.__version__.split(".")[0]) >= 3:
+        # HTA 0.5.0 calls DataFrame.drop(axis=1, columns=[...]), which pandas 3 rejects
+        original = pd.DataFrame.drop
+
+        def drop(self, labels=None, *, axis=0, index=None, columns=None, **kw):
+            if columns is not None or index is not None:
+                return original(self, labels, index=index, columns=columns, **kw)
+            return original(self, labels, axis=axis, **kw)
+
+        pd.DataFrame.drop = drop
+        shim = True
+    tmp.mkdir(parents=True, exist_ok=True)
+    link = tmp / path.name
+    if not link.exists():
+        link.write_bytes(path.read_bytes())
+    t0 = time.perf_counter()
+    ta = TraceAnalysis(trace_dir=str(tmp))
+    t1 = time.perf_counter()
+    cp, ok = ta.critical_path_analysis(rank=0, annotation="ProfilerStep", instance_id=(0, 2))
+    t2 = time.perf_counter()
+    try:
+        bound = {str(k): float(v) for k, v in cp.summary().items()}
+    except Exception:  # noqa: BLE001 - informative only
+        bound = {}
+    return {"available": True, "version": md.version("HolisticTraceAnalysis"), "parse_s": t1 - t0,
+            "critical_path_s": t2 - t1, "total_s": t2 - t0, "succeeded": bool(ok), "pandas_drop_shim": shim,
+            "boundedness_pct": bound}
+
+
+# ----------------------------------------------------------------------------- report
+def _fmt_pct(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="speed runs of the ResNet-50 replay (best is reported)")
+    ap.add_argument("--no-hta", action="store_true")
+    args = ap.parse_args()
+    if not TRACES.is_dir():
+        raise SystemExit(f"no traces at {TRACES}")
+    rows: list[dict] = []
+    per_trace: list[dict] = []
+    for group, items in (("main", MAIN), ("small", SMALL)):
+        for fname, what in items:
+            path = TRACES / fname
+            t0 = time.perf_counter()
+            res = replay_graph(build_graph(load_traces(path)))
+            elapsed = time.perf_counter() - t0
+            df = res.steps()
+            for r in df.itertuples():
+                rows.append({"trace": fname, "group": group, "rank": int(r.rank), "step": str(r.name),
+                             "measured_s": float(r.measured_s), "predicted_s": float(r.predicted_s),
+                             "error_pct": float(r.error_pct)})
+            summ = res.summary()
+            entry = {
+                "trace": fname, "what": what, "group": group, "steps": len(df),
+                "mean_abs_error_pct": mean_abs_pct_error(df["predicted_s"], df["measured_s"]),
+                "geomean_abs_error_pct": geomean_abs_pct_error(df["predicted_s"], df["measured_s"]),
+                "max_abs_error_pct": max_abs_pct_error(df["predicted_s"], df["measured_s"]),
+                "gpu_start_deviation_us": res.gpu_start_deviation_s() * 1e6,
+                "breakdown_measured": summ["breakdown_measured"], "breakdown_predicted": summ["breakdown"],
+                "dependencies": res.graph.stats, "tasks": res.graph.graph.n_tasks, "seconds": elapsed,
+            }
+            if group == "main":
+                entry["ablations_mean_abs_error_pct"] = _ablation_errors(res)
+            per_trace.append(entry)
+            print(f"{fname}: {len(df)} steps, mean |err| {entry['mean_abs_error_pct']:.3f} %, "
+                  f"max {entry['max_abs_error_pct']:.3f} % ({elapsed:.1f} s)")
+    main_rows = [r for r in rows if r["group"] == "main"]
+    pm = [r["predicted_s"] for r in main_rows]
+    mm = [r["measured_s"] for r in main_rows]
+    per_file_mean = [t["mean_abs_error_pct"] for t in per_trace if t["group"] == "main"]
+    overall = {
+        "steps": len(main_rows),
+        "mean_abs_error_pct_over_steps": mean_abs_pct_error(pm, mm),
+        "mean_of_per_trace_mean_abs_error_pct": float(np.mean(per_file_mean)),
+        "geomean_abs_error_pct": geomean_abs_pct_error(pm, mm),
+        "max_abs_error_pct": max_abs_pct_error(pm, mm),
+        "target_mean_below_3pct": mean_abs_pct_error(pm, mm) < 3.0,
+        "target_every_step_below_5pct": max_abs_pct_error(pm, mm) < 5.0,
+    }
+    speed = _time_replay(TRACES / SPEED_TRACE, args.repeats)
+    hta = {"available": False, "reason": "--no-hta"} if args.no_hta else _time_hta(
+        TRACES / SPEED_TRACE, Path("/tmp") / f"tuner-hta-{os.getpid()}")
+    env = {
+        "date": dt.date.today().isoformat(), "machine": f"{platform.machine()} VM, {os.cpu_count()} cores "
+        "(shared with other jobs), no GPU", "python": platform.python_version(),
+        "threads": "single-threaded Python + numba simulator (no torch in this benchmark)",
+        "command": "flock /tmp/tuner-measure.lock python benchmarks/replay_bench.py",
+    }
+    doc = {"environment": env, "overall_main_traces": overall, "traces": per_trace, "steps": rows,
+           "speed_resnet50": speed, "hta": hta}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "replay.json").write_text(json.dumps(doc, indent=1))
+    (RESULTS / "replay.md").write_text(_markdown(doc))
+    print(json.dumps(overall, indent=1))
+    print(f"ResNet-50 replay best {speed['best']['total_s']:.2f} s; HTA: {hta.get('total_s', 'n/a')}")
+
+
+def _markdown(doc: dict) -> str:
+    env, ov, sp, hta = doc["environment"], doc["overall_main_traces"], doc["speed_resnet50"], doc["hta"]
+    L: list[str] = []
+    L.append("# Trace replay: measured vs simulated ProfilerStep time\n")
+    L.append(f"`{env['command']}` — {env['date']}, {env['machine']}, Python {env['python']}, {env['threads']}.\n")
+    L.append("Ground truth: the step durations recorded in the real traces of `shared/data/traces` "
+             "(SOURCES.md). Prediction: the simulated duration of the same step after rebuilding the graph "
+             "from the trace (measured task durations; syncs, collectives, cross-thread and cross-stream waits "
+             "recomputed by the simulator). Error = (predicted - measured) / measured. Lumos reports 3.3 % mean "
+             "replay error (dPRO 14 %); target here: mean < 3 %, every step < 5 %.\n")
+    L.append("## Summary over the four real training traces\n")
+    L.append("| steps | mean \\|err\\| % (over steps) | mean of per-trace means % | geomean % | max % | mean < 3 % | every step < 5 % |")
+    L.append("|---:|---:|---:|---:|---:|:---:|:---:|")
+    L.append(f"| {ov['steps']} | {ov['mean_abs_error_pct_over_steps']:.3f} | {ov['mean_of_per_trace_mean_abs_error_pct']:.3f} "
+             f"| {ov['geomean_abs_error_pct']:.3f} | {ov['max_abs_error_pct']:.3f} | "
+             f"{'yes' if ov['target_mean_below_3pct'] else 'NO'} | {'yes' if ov['target_every_step_below_5pct'] else 'NO'} |\n")
+    L.append("## Per trace\n")
+    L.append("| trace | what | steps | mean \\|err\\| % | geomean % | max % | median GPU start error µs | tasks |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    for t in doc["traces"]:
+        L.append(f"| `{t['trace']}` | {t['what']} | {t['steps']} | {t['mean_abs_error_pct']:.3f} | "
+                 f"{t['geomean_abs_error_pct']:.3f} | {t['max_abs_error_pct']:.3f} | {t['gpu_start_deviation_us']:.1f} | {t['tasks']} |")
+    L.append("\nThe last four are unit-test-sized HTA traces (not part of the target); the two without "
+             "ProfilerStep are replayed as one step spanning the whole trace.\n")
+    L.append("## Per step\n")
+    L.append("| trace | rank | step | measured ms | predicted ms | error % |")
+    L.append("|---|---:|---|---:|---:|---:|")
+    for r in doc["steps"]:
+        L.append(f"| `{r['trace']}` | {r['rank']} | {r['step']} | {r['measured_s'] * 1e3:.3f} | "
+                 f"{r['predicted_s'] * 1e3:.3f} | {r['error_pct']:+.3f} |")
+    L.append("\n## Which dependencies matter (mean \\|err\\| % per step, same durations)\n")
+    labels = list(next(t for t in doc["traces"] if t["group"] == "main")["ablations_mean_abs_error_pct"])
+    for t in doc["traces"]:
+        if t["group"] == "main":
+            for k in t["ablations_mean_abs_error_pct"]:
+                if k not in labels:
+                    labels.append(k)
+    L.append("| trace | " + " | ".join(labels) + " |")
+    L.append("|---|" + "---:|" * len(labels))
+    for t in doc["traces"]:
+        if t["group"] != "main":
+            continue
+        a = t["ablations_mean_abs_error_pct"]
+        L.append(f"| `{t['trace']}` | " + " | ".join(_fmt_pct(a.get(k, float("nan"))) for k in labels) + " |")
+    L.append("\nResNet-50 and the MLP are CPU-bound in these traces (HTA's critical-path analysis also finds "
+             "ResNet-50 100 % CPU-bound): their step time is the host thread's own timeline, which the replay "
+             "reproduces by construction, so their error is ~0 and only the GPU timeline (median GPU start "
+             "error above) tests the GPU-side dependencies. DLRM and the recommendation model wait on the GPU "
+             "(syncs after all-to-all, copies to the host), so removing a dependency kind shows up in their step "
+             "error. The kernel-sum column is Lin et al.'s GPU-active-time baseline.\n")
+    L.append("## Breakdown (Lumos Fig. 5), slowest rank, over the replayed steps, ms\n")
+    L.append("| trace | run | exposed compute | exposed comm | overlap | idle | total |")
+    L.append("|---|---|---:|---:|---:|---:|---:|")
+    for t in doc["traces"]:
+        if t["group"] != "main":
+            continue
+        for run in ("measured", "predicted"):
+            b = t[f"breakdown_{run}"]
+            L.append(f"| `{t['trace']}` | {run} | {b['exposed_compute_s'] * 1e3:.2f} | {b['exposed_communication_s'] * 1e3:.2f} "
+                     f"| {b['overlap_s'] * 1e3:.2f} | {b['idle_s'] * 1e3:.2f} | {b['total_s'] * 1e3:.2f} |")
+    L.append("\n## Speed: ResNet-50 trace end to end (read Kineto + ET, build, simulate)\n")
+    b, f = sp["best"], sp["first"]
+    L.append(f"{b['events']:,} Kineto events -> {b['tasks']:,} tasks, {b['edges']:,} edges, {b['steps']} steps.\n")
+    L.append("| run | read s | build s | simulate s | total s |")
+    L.append("|---|---:|---:|---:|---:|")
+    L.append(f"| first in process | {f['read_s']:.2f} | {f['build_s']:.2f} | {f['simulate_s']:.2f} | {f['total_s']:.2f} |")
+    L.append(f"| best of {sp['repeats']} | {b['read_s']:.2f} | {b['build_s']:.2f} | {b['simulate_s']:.2f} | {b['total_s']:.2f} |")
+    L.append(f"\nTarget < 5 s: {'met' if b['total_s'] < 5 else 'MISSED'} (best {b['total_s']:.2f} s, first {f['total_s']:.2f} s).\n")
+    if hta.get("available"):
+        ratio = hta["total_s"] / b["total_s"]
+        L.append(f"HTA {hta['version']} on the same trace and steps (ProfilerStep instances 0-2), same process: "
+                 f"parse {hta['parse_s']:.2f} s + critical_path_analysis {hta['critical_path_s']:.2f} s = "
+                 f"{hta['total_s']:.2f} s (succeeded: {hta['succeeded']}); ratio HTA / tuner replay = **{ratio:.2f}x**."
+                 + (" HTA 0.5.0 needs a one-line shim to run on pandas 3 (`DataFrame.drop(axis=…, columns=…)`), "
+                    "applied inside this benchmark only." if hta.get("pandas_drop_shim") else "")
+                 + f" HTA boundedness: {hta.get('boundedness_pct')}.\n")
+    else:
+        L.append(f"HTA: not measured ({hta.get('reason')}).\n")
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The microbenchmark contract: a family of kernels, a shape grid, a table of timings.
+
+A :class:`Benchmark` (one module per family: :mod:`.gemm`, :mod:`.conv2d`,
+:mod:`.embedding_bag`, :mod:`.elementwise`, :mod:`.layer_norm`, :mod:`.softmax`,
+:mod:`.data_movement`, :mod:`.collectives`) does two things:
+
+* ``run(ctx)`` times its kernels over a log-spaced shape grid on ``ctx.device`` and returns a
+  :class:`pandas.DataFrame` with one row per configuration: ``kernel`` (the row label of the
+  error table, e.g. ``"addmm/fp32"``), ``kind`` (the :class:`~predictor.graph.ExecutionGraph`
+  op kind the fitted model will time), the kernel parameters it set (columns of
+  :data:`~predictor.graph.PARAM_COLUMNS`, plus ``bytes``/``flops`` where known) and the
+  timing columns ``seconds`` (the estimate used for fitting), ``median_s``, ``min_s``;
+* ``specs`` says how each kernel is modelled (:class:`ModelSpec`): an MLP on log features, a
+  fitted roofline or the piecewise sigmoid, with which feature columns.
+
+Grid sizes come from ``ctx.level``: ``"tiny"`` (tests, seconds), ``"quick"`` (a few minutes
+on a 2-core CPU), ``"full"`` (real devices; wide grids).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from predictor.calibration.timing import Measurement, Timer
+
+__all__ = ["Level", "BenchContext", "ModelSpec", "Benchmark", "Case", "run_cases", "log_uniform_int", "TIMING_COLUMNS"]
+
+Level = Literal["tiny", "quick", "full"]
+Method = Literal["mlp", "roofline", "piecewise"]
+
+TIMING_COLUMNS = ("seconds", "median_s", "min_s")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How one benchmarked kernel is modelled.
+
+    Attributes:
+        kernel: row label (``"addmm/fp32"``); the benchmark's ``kernel`` column value.
+        kinds: graph op kinds the fitted model times.
+        method: ``"mlp"`` (Lin et al. 2022 §III-B2), ``"roofline"`` (bytes over a measured
+            bandwidth, §III-B1), or ``"piecewise"`` (collectives, Lin et al. 2024 eq. 2-4).
+        features: parameter columns fed to an MLP; ``log`` ones are log2-transformed,
+            the others (reuse-factor fractions) are used as they are.
+        raw_features: the subset of ``features`` used without the log transform.
+        work: columns whose product measures the kernel's work (used to extrapolate beyond the
+            benchmarked range: time scales with work outside it).
+        route: for families with several MLPs behind one model (GEMM by op and dtype), the key.
+        model: key of the kernel model this spec's fit goes into (several specs may share one:
+            all GEMM nets form one routed model); default: the kernel name.
+        router: how that model picks a net per task (see ``MLPKernelModel``).
+        prefix: the router's op prefix (``"dtype"`` router).
+        fill: fill-in rule for tasks lacking features (``"rows_by_width"``, ``"reuse"``).
+        fallback: analytic model for tasks the MLP cannot time (``"analytic-gemm"``, ...).
+    """
+
+    kernel: str
+    kinds: tuple[str, ...]
+    method: Method
+    features: tuple[str, ...] = ()
+    raw_features: tuple[str, ...] = ()
+    work: tuple[str, ...] = ()
+    route: str = ""
+    model: str = ""
+    router: str = "single"
+    prefix: str = ""
+    fill: str = ""
+    fallback: str = "roofline"
+
+    @property
+    def model_key(self) -> str:
+        return self.model or self.kernel.replace("/", "_")
+
+
+@dataclass
+class BenchContext:
+    """What a benchmark needs: device, grid level, a seeded RNG, a timer, a time budget."""
+
+    device: torch.device
+    level: Level
+    rng: np.random.Generator
+    timer: Timer
+    #: soft wall-clock budget of one family, seconds (a benchmark stops adding shapes after it)
+    budget_s: float = 60.0
+    #: progress callback (one line per family)
+    log: Callable[[str], None] = print
+    #: the platform's last-level cache, bytes (sizes grids around it)
+    llc_bytes: float = 32 * 2**20
+    #: memory a single benchmark tensor may take, bytes
+    max_tensor_bytes: float = 256 * 2**20
+    #: passes over a family's grid (shuffled order each pass); a shape keeps its fastest pass
+    passes: int = 2
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def count(self, tiny: int, quick: int, full: int) -> int:
+        """A sample count by level."""
+        return {"tiny": tiny, "quick": quick, "full": full}[self.level]
+
+    def timed_loop(self, items: list) -> Iterator:
+        """Yield ``items`` until the family's budget is spent (always at least a few)."""
+        start = time.perf_counter()
+        for i, item in enumerate(items):
+            if i >= 4 and time.perf_counter() - start > self.budget_s:
+                self.log(f"    budget of {self.budget_s:.0f} s reached after {i} of {len(items)} shapes")
+                return
+            yield item
+
+
+def log_uniform_int(rng: np.random.Generator, lo: float, hi: float, size: int, multiple: int = 1) -> np.ndarray:
+    """Integers log-uniform on ``[lo, hi]``, rounded to ``multiple`` (at least ``multiple``)."""
+    x = np.exp(rng.uniform(np.log(lo), np.log(hi), size))
+    return np.maximum(multiple, np.round(x / multiple).astype(np.int64) * multiple)
+
+
+#: a benchmark case: the row (kernel, kind, parameters) and a builder that allocates the inputs and
+#: returns ``(fn, setup)`` (``setup`` may be None), see :meth:`Timer.measure`
+Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]]
+
+
+def run_cases(ctx: BenchContext, cases: list[Case], family: str) -> pd.DataFrame:
+    """Time every case, ``ctx.passes`` times in a fresh random order, within the family budget.
+
+    A case keeps the pass with the smallest ``seconds`` (interference only adds time). The
+    first pass stops adding cases once the budget is spent; later passes run only while
+    budget remains, over the cases the first pass reached.
+    """
+    start = time.perf_counter()
+    best: dict[int, dict] = {}
+    order = list(range(len(cases)))
+    for p in range(max(1, ctx.passes)):
+        if p and time.perf_counter() - start > ctx.budget_s:
+            break
+        ctx.rng.shuffle(order)
+        for done, i in enumerate(order):
+            if p == 0 and done >= 4 and time.perf_counter() - start > ctx.budget_s:
+                ctx.log(f"    {family}: budget of {ctx.budget_s:.0f} s reached after {done} of {len(cases)} shapes")
+                order = [j for j in order if j in best]
+                break
+            if p and i not in best:
+                continue
+            row, build = cases[i]
+            fn, setup = build()
+            m = ctx.timer.measure(fn, setup)
+            del fn, setup
+            if i not in best or m.seconds < best[i]["seconds"]:
+                best[i] = record(row, m)
+    return pd.DataFrame([best[i] for i in sorted(best)])
+
+
+def record(row: dict, m: Measurement) -> dict:
+    """``row`` with the timing columns of ``m`` added."""
+    return {**row, "seconds": m.seconds, "median_s": m.median_s, "min_s": m.min_s}
+
+
+class Benchmark(ABC):
+    """A family of microbenchmarks (see the module docstring for the contract)."""
+
+    #: family name, e.g. ``"gemm"``
+    name: str = "benchmark"
+
+    @abstractmethod
+    def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        """How each kernel of the family is modelled."""
+
+    @abstractmethod
+    def run(self, ctx: BenchContext) -> pd.DataFrame:
+        """Time the family's kernels; one row per configuration (see the module docstring)."""

@@ -1,0 +1,90 @@
+"""Data-movement microbenchmarks: concat, memcpy (tensor copy) and batched transpose.
+
+* ``concat``: ``torch.cat`` of 2..32 tensors ``B x d_i`` along dim 1 (DLRM's feature
+  interaction input). Bytes: read every input, write the output (``2 x`` output bytes).
+  Roofline with fitted bandwidth (Lin et al. 2022 §III-B1).
+* ``memcpy``: ``dst.copy_(src)`` into a preallocated tensor. Bytes ``2 x`` payload. Roofline.
+* ``transpose``: ``x.transpose(1, 2).contiguous()`` of a ``batch x m x n`` tensor, the one
+  permutation DLRM uses (Lin et al. 2022 §III-B). MLP on ``log2 batch, m, n`` (§III-B2).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+
+__all__ = ["DataMovementBenchmark"]
+
+
+class DataMovementBenchmark(Benchmark):
+    """concat / memcpy / transpose."""
+
+    name = "data_movement"
+
+    def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        return [
+            ModelSpec(kernel="concat", kinds=("concat",), method="roofline"),
+            ModelSpec(kernel="memcpy", kinds=("memcpy",), method="roofline"),
+            ModelSpec(kernel="transpose", kinds=("transpose",), method="mlp", features=("batch", "m", "n"),
+                      work=("batch", "m", "n")),
+        ]
+
+    def run(self, ctx: BenchContext) -> pd.DataFrame:
+        rng = ctx.rng
+        count = ctx.count(tiny=8, quick=60, full=200)
+        cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.level]
+        dev = ctx.device
+        cases: list[Case] = []
+        for n in log_uniform_int(rng, 2**6, cap, count):
+            n = int(n)
+            cases.append(({"kernel": "memcpy", "kind": "memcpy", "elements": n, "dtype_bytes": 4,
+                           "bytes": 8.0 * n}, _copy(n, dev)))
+        made = 0
+        while made < count:
+            parts = int(rng.integers(2, 33))
+            b = int(log_uniform_int(rng, 1, 8192, 1)[0])
+            widths = [int(w) for w in log_uniform_int(rng, 1, 512, parts)]
+            n = b * sum(widths)
+            if n > cap or n < 64:
+                continue
+            made += 1
+            cases.append(({"kernel": "concat", "kind": "concat", "elements": n, "batch": b, "dtype_bytes": 4,
+                           "bytes": 8.0 * n}, _cat(b, widths, dev)))
+        made = 0
+        while made < count:
+            b = int(log_uniform_int(rng, 1, 4096, 1)[0])
+            m, n = (int(v) for v in log_uniform_int(rng, 2, 1024, 2))
+            if b * m * n > cap or b * m * n < 64:
+                continue
+            made += 1
+            cases.append(({"kernel": "transpose", "kind": "transpose", "batch": b, "m": m, "n": n,
+                           "elements": b * m * n, "dtype_bytes": 4, "bytes": 8.0 * b * m * n}, _transpose(b, m, n, dev)))
+        return run_cases(ctx, cases, self.name)
+
+
+def _copy(n: int, device: torch.device):
+    def build():
+        src = torch.randn(n, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        return (lambda: dst.copy_(src)), None
+
+    return build
+
+
+def _cat(b: int, widths: list[int], device: torch.device):
+    def build():
+        xs = [torch.randn(b, w, device=device) for w in widths]
+        return (lambda: torch.cat(xs, dim=1)), None
+
+    return build
+
+
+def _transpose(b: int, m: int, n: int, device: torch.device):
+    def build():
+        x = torch.randn(b, m, n, device=device)
+        return (lambda: x.transpose(1, 2).contiguous()), None
+
+    return build

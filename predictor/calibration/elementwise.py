@@ -1,0 +1,84 @@
+"""Element-wise microbenchmarks: relu, gelu, tanh, dropout (training mode), add, mul.
+
+Elements are log-uniform over a range that spans the caches and main memory (``2^6`` to
+``2^24`` elements in the quick grid, ``2^28`` in the full one). Every op is out of place
+(allocates its output), as in a training step. Bytes moved: one read per input and one
+write per output, plus the 1-byte mask dropout keeps for backward. Parameters per row:
+``elements, dtype_bytes, bytes``.
+
+relu, gelu, tanh, add and mul are modelled by a roofline with bandwidths *fitted* per
+working-set regime (Lin et al. 2022 §III-B1: "the maximum measured bandwidth ... as the
+corrected peak"); dropout, which draws random numbers, by an MLP on ``log2 elements``
+(Lin et al. 2024 §III-F).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+
+__all__ = ["ElementwiseBenchmark", "ELEMENTWISE_OPS"]
+
+#: op -> (inputs read, outputs written, extra bytes per element)
+ELEMENTWISE_OPS: dict[str, tuple[int, int, float]] = {
+    "relu": (1, 1, 0.0),
+    "gelu": (1, 1, 0.0),
+    "tanh": (1, 1, 0.0),
+    "dropout": (1, 1, 1.0),
+    "add": (2, 1, 0.0),
+    "mul": (2, 1, 0.0),
+}
+_DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}
+
+
+class ElementwiseBenchmark(Benchmark):
+    """Activation functions, dropout and binary arithmetic."""
+
+    name = "elementwise"
+
+    def dtypes(self, ctx: BenchContext) -> tuple[str, ...]:
+        return ("fp32", "bf16") if ctx.is_cuda else ("fp32",)
+
+    def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        out = []
+        for op in ELEMENTWISE_OPS:
+            if op == "dropout":
+                out.append(ModelSpec(kernel=op, kinds=(op,), method="mlp", features=("elements", "dtype_bytes"),
+                                     work=("elements",)))
+            else:
+                out.append(ModelSpec(kernel=op, kinds=(op,), method="roofline"))
+        return out
+
+    def run(self, ctx: BenchContext) -> pd.DataFrame:
+        count = ctx.count(tiny=8, quick=45, full=150)
+        hi = {"tiny": 2**18, "quick": 2**24, "full": 2**28}[ctx.level]
+        cases: list[Case] = []
+        for op, (n_in, n_out, extra) in ELEMENTWISE_OPS.items():
+            for dt in self.dtypes(ctx):
+                dtype, nbytes = _DTYPES[dt]
+                for n in log_uniform_int(ctx.rng, 2**6, hi, count):
+                    n = int(n)
+                    if (n_in + n_out) * n * nbytes > 3 * ctx.max_tensor_bytes:
+                        continue
+                    row = {"kernel": op, "kind": op, "elements": n, "dtype_bytes": nbytes,
+                           "bytes": float((n_in + n_out) * n * nbytes + extra * n)}
+                    cases.append((row, _builder(op, n, dtype, ctx.device)))
+        return run_cases(ctx, cases, self.name)
+
+
+def _builder(op: str, n: int, dtype: torch.dtype, device: torch.device):
+    def build():
+        x = torch.randn(n, dtype=dtype, device=device)
+        if op in ("add", "mul"):
+            y = torch.randn(n, dtype=dtype, device=device)
+            f = torch.add if op == "add" else torch.mul
+            return (lambda: f(x, y)), None
+        if op == "dropout":
+            return (lambda: F.dropout(x, 0.1, training=True)), None
+        f = {"relu": torch.relu, "gelu": F.gelu, "tanh": torch.tanh}[op]
+        return (lambda: f(x)), None
+
+    return build

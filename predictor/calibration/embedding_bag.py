@@ -1,0 +1,191 @@
+"""Embedding-bag microbenchmarks, forward and backward, with index batches drawn to reuse factors.
+
+Each configuration is a table of ``E`` rows x ``D`` (fp32), a batch of ``B`` samples with
+``L`` lookups per sample on average (``N = round(B L)`` lookups, bag sizes multinomial, so
+fractional ``L`` works), and an index batch whose *reuse-factor histogram* follows a target:
+
+* a third of the batches draw indices uniformly at random (the natural reuse of ``N`` draws
+  from ``E`` rows);
+* the others take one of Meta's open DLRM reuse profiles (:func:`~predictor.workloads.
+  dlrm_tables.reuse_profiles`) thinned to this batch's size with
+  :func:`~predictor.workloads.dlrm_tables.thin_reuse`, and :func:`indices_for_reuse` draws
+  rows with access counts in each bin accordingly.
+
+The features stored with the timing are the reuse factors *measured* on the generated batch
+(:func:`reuse_factors`: lookup-weighted, bins ``(0,1], (1,2], (2,4], ...``), as Lin et al.
+2024 §III-E store per-batch RF with each benchmark sample.
+
+Timed kernels (``torch.nn.functional.embedding_bag``, ``mode="sum"``):
+
+* ``embedding_bag_fwd``: the forward lookup + pooling;
+* ``embedding_bag_bwd``: the backward of the same call with ``sparse=True`` gradients (the
+  CPU DLRM setting) *plus* the SGD update of the touched rows (``weight.add_(grad)``), which
+  together are what FBGEMM's fused backward-SGD kernel does on GPUs.
+
+Parameters per row: ``batch = B, rows = E, dim = D, pooling = L, dtype_bytes, rf0..rf16``.
+Modelled by an MLP on ``log2 B, E, L, D`` and the 17 reuse factors (Lin et al. 2024 §III-E).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from predictor.calibration.base import BenchContext, Benchmark, ModelSpec, log_uniform_int, record
+from predictor.kernels.embedding import RF_COLUMNS
+from predictor.workloads.dlrm_tables import RF_BINS, reuse_profile_meta, reuse_profiles, thin_reuse
+
+__all__ = ["EmbeddingBagBenchmark", "reuse_factors", "indices_for_reuse", "EMBEDDING_FEATURES"]
+
+EMBEDDING_FEATURES = ("batch", "rows", "pooling", "dim", *RF_COLUMNS)
+
+
+def reuse_factors(indices: np.ndarray) -> np.ndarray:
+    """Lookup-weighted 17-bin reuse histogram of one index batch (sums to 1).
+
+    Bin ``j`` holds the fraction of lookups whose row is accessed ``c`` times in the batch with
+    ``c`` in bin ``j``: ``(0,1], (1,2], (2,4], ..., (32768, inf)``.
+    """
+    _, counts = np.unique(np.asarray(indices), return_counts=True)
+    if counts.size == 0:
+        return np.zeros(RF_BINS)
+    bins = np.clip(np.ceil(np.log2(counts)), 0, RF_BINS - 1).astype(np.int64)
+    hist = np.bincount(bins, weights=counts.astype(np.float64), minlength=RF_BINS)
+    return hist / hist.sum()
+
+
+def indices_for_reuse(rf: np.ndarray, lookups: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """``lookups`` row ids in ``[0, rows)`` whose reuse histogram approximates ``rf``.
+
+    For each bin, enough distinct rows with access counts drawn inside the bin's range take
+    the bin's share of the lookups; rows are distinct random ids, the multiset is shuffled.
+    When the distinct rows needed exceed ``rows``, ids are drawn with replacement (collisions
+    raise reuse); the caller measures the achieved histogram with :func:`reuse_factors`.
+    """
+    rf = np.asarray(rf, dtype=np.float64)
+    rf = rf / rf.sum()
+    share = np.floor(rf * lookups).astype(np.int64)
+    share[int(np.argmax(rf))] += lookups - int(share.sum())
+    counts: list[np.ndarray] = []
+    for j, n_j in enumerate(share):
+        if n_j <= 0:
+            continue
+        lo, hi = (1, 1) if j == 0 else (2 ** (j - 1) + 1, 2**j)
+        left = int(n_j)
+        while left > 0:
+            c = rng.integers(lo, hi + 1, size=max(1, left // max(lo, 1)))
+            c = c[np.cumsum(c) <= left]
+            if c.size == 0:
+                c = np.array([left])
+            counts.append(c)
+            left -= int(c.sum())
+    cnt = np.concatenate(counts) if counts else np.ones(1, dtype=np.int64)
+    distinct = cnt.size
+    if distinct <= rows:
+        ids = rng.choice(rows, size=distinct, replace=False) if rows <= 4 * distinct or rows < 2**20 else \
+            _distinct_ids(rows, distinct, rng)
+    else:
+        ids = rng.integers(0, rows, size=distinct)
+    out = np.repeat(ids, cnt)
+    rng.shuffle(out)
+    return out[:lookups]
+
+
+def _distinct_ids(rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``k`` distinct ids from a large range without a full permutation."""
+    got = np.unique(rng.integers(0, rows, size=int(k * 1.2) + 16))
+    while got.size < k:
+        got = np.unique(np.concatenate([got, rng.integers(0, rows, size=k)]))
+    return rng.permutation(got)[:k]
+
+
+class EmbeddingBagBenchmark(Benchmark):
+    """embedding_bag forward and backward (sparse gradient + SGD row update)."""
+
+    name = "embedding_bag"
+
+    def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        return [
+            ModelSpec(kernel=k, kinds=(k,), method="mlp", features=EMBEDDING_FEATURES, raw_features=RF_COLUMNS,
+                      work=("batch", "pooling", "dim"), fill="reuse", fallback="analytic-embedding")
+            for k in ("embedding_bag_fwd", "embedding_bag_bwd")
+        ]
+
+    def run(self, ctx: BenchContext) -> pd.DataFrame:
+        rng = ctx.rng
+        n_tables = ctx.count(tiny=3, quick=14, full=40)
+        per_table = ctx.count(tiny=3, quick=11, full=25)
+        max_lookup_elems = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.level]
+        b_hi = {"tiny": 256, "quick": 4096, "full": 65536}[ctx.level]
+        profiles = reuse_profiles()
+        big = reuse_profile_meta(2021)
+        big_lookups = big["batch_size"] * big["mean_pooling"]
+        rows_out: list[dict] = []
+        import time
+
+        start = time.perf_counter()
+        for ti in range(n_tables):
+            if ti >= 2 and time.perf_counter() - start > ctx.budget_s:
+                ctx.log(f"    embedding_bag: budget of {ctx.budget_s:.0f} s reached after {ti} of {n_tables} tables")
+                break
+            d = int(rng.choice([8, 16, 24, 32, 48, 64, 96, 128, 192, 256]))
+            e_hi = max(2e3, min(2e7, ctx.max_tensor_bytes / (4 * d)))
+            e = int(log_uniform_int(rng, 100, e_hi, 1)[0])
+            weight = torch.nn.Parameter(torch.rand(e, d, device=ctx.device))
+            for _ in range(per_table):
+                b = int(log_uniform_int(rng, 16, b_hi, 1)[0])
+                L = float(np.exp(rng.uniform(np.log(0.2), np.log(160.0))))
+                n = max(1, int(round(b * L)))
+                if n * d > max_lookup_elems:
+                    n = max(1, max_lookup_elems // d)
+                    L = n / b
+                if rng.random() < 1 / 3:
+                    idx = rng.integers(0, e, size=n)
+                else:
+                    f = min(1.0, n / big_lookups * float(np.exp(rng.uniform(np.log(0.25), np.log(4.0)))))
+                    target = thin_reuse(profiles[rng.integers(len(profiles))], f)
+                    idx = indices_for_reuse(target, n, e, rng)
+                rf = reuse_factors(idx)
+                sizes = rng.multinomial(n, np.full(b, 1.0 / b))
+                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+                row = {"batch": b, "rows": e, "dim": d, "pooling": n / b, "dtype_bytes": 4,
+                       **{c: float(v) for c, v in zip(RF_COLUMNS, rf, strict=True)}}
+                rows_out += self._time(ctx, weight, idx, offsets, row)
+            del weight
+        return pd.DataFrame(rows_out)
+
+    def _time(self, ctx: BenchContext, weight: torch.nn.Parameter, idx: np.ndarray, offsets: np.ndarray,
+              row: dict) -> list[dict]:
+        dev = ctx.device
+        i_t = torch.as_tensor(idx, dtype=torch.int64, device=dev)
+        o_t = torch.as_tensor(offsets, dtype=torch.int64, device=dev)
+        best: dict[str, dict] = {}
+        for _ in range(max(1, ctx.passes)):
+            with torch.no_grad():
+                m = ctx.timer.measure(lambda: F.embedding_bag(i_t, weight, o_t, mode="sum"))
+            if "fwd" not in best or m.seconds < best["fwd"]["seconds"]:
+                best["fwd"] = record({"kernel": "embedding_bag_fwd", "kind": "embedding_bag_fwd", **row}, m)
+            m = _time_backward(ctx, weight, i_t, o_t)
+            if "bwd" not in best or m.seconds < best["bwd"]["seconds"]:
+                best["bwd"] = record({"kernel": "embedding_bag_bwd", "kind": "embedding_bag_bwd", **row}, m)
+        return [best["fwd"], best["bwd"]]
+
+
+def _time_backward(ctx: BenchContext, weight: torch.nn.Parameter, i_t: torch.Tensor, o_t: torch.Tensor):
+    """Backward of one embedding_bag call (sparse gradient) plus the SGD update of its rows."""
+    out = F.embedding_bag(i_t, weight, o_t, mode="sum", sparse=True)
+    grad = torch.randn_like(out)
+
+    def clear() -> None:
+        weight.grad = None
+
+    def backward() -> None:
+        out.backward(grad, retain_graph=True)
+        with torch.no_grad():
+            weight.add_(weight.grad, alpha=-1e-3)
+
+    m = ctx.timer.measure(backward, setup=clear)
+    weight.grad = None
+    return m

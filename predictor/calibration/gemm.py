@@ -1,0 +1,102 @@
+"""GEMM microbenchmarks: ``addmm``, ``mm`` and ``bmm`` over log-spaced shapes and several dtypes.
+
+Shapes ``m, n, k`` (and the ``bmm`` batch) are drawn log-uniformly, half of them rounded to
+multiples of 16 as framework shapes usually are, the other half left ragged (13 dense
+features, 27 interaction rows). A shape whose FLOPs exceed the level's cap is redrawn, so
+one call stays below ~20 ms on a CPU. dtypes: fp32 and bf16 on CPU; fp32, bf16 and fp16 on
+CUDA. Parameters per row: ``m, n, k, batch, dtype_bytes, flops`` (``2 m n k batch``).
+Modelled by one MLP per (op, dtype) on log2 of ``m, n, k, batch`` (Lin et al. 2022 §III-B2).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+
+__all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_route"]
+
+#: graph op kinds timed by the GEMM model
+GEMM_KINDS = ("gemm", "mm", "addmm", "bmm", "linear", "matmul")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+OPS = ("addmm", "mm", "bmm")
+
+
+def gemm_route(op: str, dtype: str) -> str:
+    """The key of one (op, dtype) MLP, e.g. ``"addmm/fp32"``."""
+    return f"{op}/{dtype}"
+
+
+class GemmBenchmark(Benchmark):
+    """addmm / mm / bmm in every dtype the device runs fast enough to matter."""
+
+    name = "gemm"
+
+    def dtypes(self, ctx: BenchContext) -> tuple[str, ...]:
+        return ("fp32", "bf16", "fp16") if ctx.is_cuda else ("fp32", "bf16")
+
+    def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        return [
+            ModelSpec(
+                kernel=gemm_route(op, dt),
+                kinds=GEMM_KINDS,
+                method="mlp",
+                features=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
+                work=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
+                route=gemm_route(op, dt),
+                model="gemm",
+                router="gemm",
+                fallback="analytic-gemm",
+            )
+            for op in OPS
+            for dt in self.dtypes(ctx)
+        ]
+
+    def flop_cap(self, ctx: BenchContext) -> float:
+        if ctx.is_cuda:
+            return {"tiny": 1e10, "quick": 2e11, "full": 2e12}[ctx.level]
+        return {"tiny": 5e7, "quick": 1.5e9, "full": 1e10}[ctx.level]
+
+    def run(self, ctx: BenchContext) -> pd.DataFrame:
+        n_each = ctx.count(tiny=12, quick=110, full=600)
+        hi = {"tiny": 256, "quick": 2048, "full": 8192}[ctx.level]
+        cap = self.flop_cap(ctx)
+        cases: list[Case] = []
+        for op in OPS:
+            for dt in self.dtypes(ctx):
+                for m, n, k, b in self._shapes(ctx, op, n_each, hi, cap):
+                    row = {"kernel": gemm_route(op, dt), "kind": op, "m": m, "n": n, "k": k, "batch": b,
+                           "dtype_bytes": _BYTES[dt], "flops": 2.0 * m * n * k * b}
+                    cases.append((row, _builder(op, m, n, k, b, _DTYPES[dt], ctx.device)))
+        return run_cases(ctx, cases, self.name)
+
+    def _shapes(self, ctx: BenchContext, op: str, count: int, hi: int, cap: float) -> list[tuple[int, int, int, int]]:
+        out: list[tuple[int, int, int, int]] = []
+        rng = ctx.rng
+        while len(out) < count:
+            mult = 16 if rng.random() < 0.5 else 1
+            m, n, k = (int(v) for v in log_uniform_int(rng, 4, hi, 3, mult))
+            b = int(log_uniform_int(rng, 1, 1024 if ctx.level != "tiny" else 16, 1)[0]) if op == "bmm" else 1
+            if op == "bmm":  # batched GEMMs in models are small per batch entry
+                m, n, k = (max(1, v // 4) for v in (m, n, k))
+            if 2.0 * m * n * k * b <= cap and 4.0 * b * (m * k + k * n + m * n) <= ctx.max_tensor_bytes:
+                out.append((m, n, k, b))
+        return out
+
+
+def _builder(op: str, m: int, n: int, k: int, b: int, dtype: torch.dtype, device: torch.device):
+    def build():
+        if op == "bmm":
+            x = torch.randn(b, m, k, dtype=dtype, device=device)
+            y = torch.randn(b, k, n, dtype=dtype, device=device)
+            return (lambda: torch.bmm(x, y)), None
+        x = torch.randn(m, k, dtype=dtype, device=device)
+        y = torch.randn(k, n, dtype=dtype, device=device)
+        if op == "addmm":
+            bias = torch.randn(n, dtype=dtype, device=device)
+            return (lambda: torch.addmm(bias, x, y)), None
+        return (lambda: torch.mm(x, y)), None
+
+    return build

@@ -1,0 +1,57 @@
+"""layer-norm forward microbenchmarks over (rows, normalised width).
+
+Input ``m x n`` (``m`` rows = tokens or samples, ``n`` = the normalised last dimension) with
+an affine weight and bias. Parameters per row: ``m, n, elements = m n, dtype_bytes, bytes``
+(read input, write output). Modelled by an MLP on ``log2 m, log2 n`` (Lin et al. 2024
+§III-F). A graph task that gives only ``elements`` is read as rows of width 1024.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+
+__all__ = ["LayerNormBenchmark", "rows_by_width_cases"]
+
+
+def rows_by_width_cases(ctx: BenchContext, kernel: str, make, count: int) -> list[Case]:
+    """Cases over ``m`` rows x ``n`` columns, both log-uniform, capped by elements."""
+    cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.level]
+    cases: list[Case] = []
+    while len(cases) < count:
+        m = int(log_uniform_int(ctx.rng, 1, 65536, 1)[0])
+        n = int(log_uniform_int(ctx.rng, 8, 16384, 1, 8 if ctx.rng.random() < 0.7 else 1)[0])
+        if m * n > cap or m * n < 64:
+            continue
+        row = {"kernel": kernel, "kind": kernel, "m": m, "n": n, "elements": m * n, "dtype_bytes": 4,
+               "bytes": 8.0 * m * n}
+        cases.append((row, make(m, n, torch.float32, ctx.device)))
+    return cases
+
+
+class LayerNormBenchmark(Benchmark):
+    """F.layer_norm over the last dimension, with weight and bias."""
+
+    name = "layer_norm"
+
+    def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        return [ModelSpec(kernel="layer_norm", kinds=("layer_norm",), method="mlp", features=("m", "n"),
+                          work=("m", "n"),
+                          fill="rows_by_width")]
+
+    def run(self, ctx: BenchContext) -> pd.DataFrame:
+        count = ctx.count(tiny=10, quick=90, full=300)
+        return run_cases(ctx, rows_by_width_cases(ctx, "layer_norm", _builder, count), self.name)
+
+
+def _builder(m: int, n: int, dtype: torch.dtype, device: torch.device):
+    def build():
+        x = torch.randn(m, n, dtype=dtype, device=device)
+        w = torch.randn(n, dtype=dtype, device=device)
+        b = torch.randn(n, dtype=dtype, device=device)
+        return (lambda: F.layer_norm(x, (n,), w, b)), None
+
+    return build

@@ -1,0 +1,180 @@
+"""Host overheads T1..T5 (Lin et al. 2022 §III-C) measured from a profiled training run.
+
+A small DLRM-like model (embedding bag with sparse gradients, two MLPs, layer-norm, dropout,
+concat, BCE loss, SGD) trains for a few iterations under ``torch.profiler``; the host events
+of the busiest thread form a tree (top-level op -> children -> leaves). Per type, values
+outside the box-plot whiskers (1.5 IQR) are dropped and the mean is kept, as the paper does.
+
+What a "kernel launch" is depends on the device:
+
+* **CUDA**: the CUDA runtime calls under an op (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...).
+  T1 = gap between consecutive top-level ops; T2 = op start -> first runtime call;
+  T3 = last runtime call end -> op end; T4 = duration of a runtime call; T5 = gap between
+  consecutive runtime calls of one op. Exactly the paper's definitions.
+* **CPU**: there are no launches; an op's compute runs synchronously inside its *compute
+  leaves* (leaf ``aten::`` events that do work, i.e. not views/metadata such as ``aten::t``,
+  ``aten::view``, ``aten::empty``). We define, by analogy:
+  T1 = gap between consecutive top-level ops (Python, autograd engine bookkeeping);
+  T2 = top-level op start -> first compute leaf start (dispatch down through composite ops
+  and metadata ops); T3 = last compute leaf end -> op end; T5 = gap between consecutive
+  compute leaves of one op; **T4 = 0**: a compute leaf's own dispatch cost is *inside* the
+  kernel time, because the microbenchmarks time the Python-level call of the same op. A CPU
+  graph must therefore run its "kernels" serially with the host thread (the CPU is the
+  device); the overheads then add up with kernel times instead of overlapping them.
+
+The profiler's own cost per event (``profiler_overhead_s``: per-iteration wall time with
+minus without the profiler, divided by the events per iteration) inflates every gap; it is
+subtracted once from each gap-type mean (T1, T2, T3, T5), clipped at zero.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["measure_overheads", "METADATA_OPS", "whisker_mean"]
+
+#: leaf ops that do no compute (views, allocation, metadata) — not "kernels" on CPU
+METADATA_OPS = frozenset(
+    "aten::" + n
+    for n in (
+        "t", "transpose", "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "expand",
+        "permute", "select", "slice", "unsqueeze", "squeeze", "detach", "detach_", "alias", "empty",
+        "empty_like", "empty_strided", "resolve_conj", "resolve_neg", "result_type", "lift_fresh",
+        "numpy_T", "split", "chunk", "unbind", "narrow", "contiguous", "is_nonzero", "item",
+        "_local_scalar_dense", "set_", "resize_", "to", "_to_copy_noop", "size", "stride", "dim",
+        "is_same_size", "expand_as", "view_as", "flatten", "unflatten",
+        "_has_compatible_shallow_copy_type",
+    )
+)
+
+
+def whisker_mean(values: list[float] | np.ndarray) -> tuple[float, int]:
+    """Mean of the values inside the box-plot whiskers (Q1 - 1.5 IQR, Q3 + 1.5 IQR), and their count."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return 0.0, 0
+    q1, q3 = np.quantile(v, [0.25, 0.75])
+    iqr = q3 - q1
+    keep = v[(v >= q1 - 1.5 * iqr) & (v <= q3 + 1.5 * iqr)]
+    keep = keep if keep.size else v
+    return float(keep.mean()), int(keep.size)
+
+
+class _SmallDLRM(nn.Module):
+    def __init__(self, rows: int = 20000, dim: int = 32, tables: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum", sparse=True) for _ in range(tables))
+        self.bottom = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
+        self.norm = nn.LayerNorm(dim * (tables + 1))
+        self.top = nn.Sequential(nn.Linear(dim * (tables + 1), 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 1))
+
+    def forward(self, dense: torch.Tensor, idx: list[torch.Tensor], off: torch.Tensor) -> torch.Tensor:
+        pooled = [e(i, off) for e, i in zip(self.emb, idx, strict=True)]
+        z = torch.cat([self.bottom(dense), *pooled], dim=1)
+        return self.top(self.norm(z))
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> None:
+    dense, idx, off, y = batch
+    opt.zero_grad(set_to_none=True)
+    loss = F.binary_cross_entropy_with_logits(model(dense, idx, off), y)
+    loss.backward()
+    opt.step()
+
+
+def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 3, batch: int = 256) -> dict:
+    """T1..T5 (seconds) and how they were obtained; see the module docstring for definitions."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = _SmallDLRM().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    dense = torch.randn(batch, 13, generator=gen).to(device)
+    idx = [torch.randint(0, 20000, (batch * 4,), generator=gen).to(device) for _ in range(4)]
+    off = torch.arange(0, batch * 4, 4).to(device)
+    y = torch.rand(batch, 1, generator=gen).to(device)
+    data = (dense, idx, off, y)
+    cuda = device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        _train_step(model, opt, data)
+    sync()
+    plain = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        _train_step(model, opt, data)
+        sync()
+        plain.append(time.perf_counter() - t0)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    profiled = []
+    with profile(activities=acts) as prof:
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            _train_step(model, opt, data)
+            sync()
+            profiled.append(time.perf_counter() - t0)
+    events = [e for e in prof.events() if getattr(e, "device_type", None) is None or str(e.device_type).endswith("CPU")]
+    busiest = Counter(e.thread for e in events).most_common(1)[0][0]
+    events = [e for e in events if e.thread == busiest]
+    per_iter_events = len(events) / iterations
+    prof_overhead = max(0.0, (np.median(profiled) - np.median(plain)) / max(per_iter_events, 1.0))
+
+    def is_launch(e) -> bool:
+        if cuda:
+            return e.name.startswith("cuda") and "Synchronize" not in e.name
+        return not e.cpu_children and e.name.startswith("aten::") and e.name not in METADATA_OPS
+
+    def launches_under(e) -> list:
+        out, stack = [], [e]
+        while stack:
+            x = stack.pop()
+            if x is not e and is_launch(x):
+                out.append(x)
+                continue
+            stack.extend(x.cpu_children)
+        if not out and is_launch(e):
+            out = [e]
+        return sorted(out, key=lambda x: x.time_range.start)
+
+    roots = sorted((e for e in events if e.cpu_parent is None), key=lambda e: e.time_range.start)
+    t1, t2, t3, t4, t5 = [], [], [], [], []
+    prev_end = None
+    for e in roots:
+        s, t = e.time_range.start * 1e-6, e.time_range.end * 1e-6
+        if prev_end is not None and s >= prev_end:
+            t1.append(s - prev_end)
+        prev_end = t
+        ls = launches_under(e)
+        if not ls:
+            continue
+        t2.append(ls[0].time_range.start * 1e-6 - s)
+        t3.append(t - ls[-1].time_range.end * 1e-6)
+        for a, b in zip(ls, ls[1:], strict=False):
+            t5.append(max(0.0, (b.time_range.start - a.time_range.end) * 1e-6))
+        if cuda:
+            t4 += [x.time_range.elapsed_us() * 1e-6 for x in ls]
+    out: dict = {"device": str(device), "iterations": iterations, "profiler_overhead_s": prof_overhead,
+                 "iteration_s_unprofiled": float(np.median(plain)), "iteration_s_profiled": float(np.median(profiled)),
+                 "samples": {}}
+    for name, vals in (("t1_s", t1), ("t2_s", t2), ("t3_s", t3), ("t5_s", t5)):
+        mean, n = whisker_mean(vals)
+        out[name] = max(0.0, mean - prof_overhead)
+        out["samples"][name] = n
+    t4_mean, n4 = whisker_mean(t4)
+    out["t4_s"] = t4_mean if cuda else 0.0
+    out["samples"]["t4_s"] = n4
+    out["definition"] = "CUDA runtime calls are launches" if cuda else (
+        "CPU: launches are compute leaves (leaf aten ops that are not views/metadata); T4 = 0, the "
+        "dispatch cost of a compute leaf is inside its measured kernel time")
+    return out

@@ -1,0 +1,622 @@
+"""Calibrated kernel models: MLPs on log features, fitted rooflines, and their (de)serialisation.
+
+* :class:`MLPNet` — a small fully-connected network that maps kernel parameters (log2 of the
+  shape columns; reuse-factor fractions as they are) to log2 seconds, as Lin et al. 2022
+  §III-B2 do ("taking logarithm values of both the sizes and the results"). Inference is plain
+  numpy (no torch at prediction time). Outside the benchmarked range, features are clamped
+  to it and the time is scaled by the ratio of the kernel's *work* (e.g. ``m n k`` for a
+  GEMM), so a 4x larger GEMM than any benchmarked one takes 4x the largest one's time
+  instead of whatever the network extrapolates.
+* :func:`fit_mlp` — trains the network with torch (MSE on standardised log targets, full
+  batch) over a hyper-parameter grid (:data:`TABLE_II_GRID` is Lin et al. 2022 Table II;
+  :data:`QUICK_GRID` and :data:`TINY_GRID` are small subsets) and keeps the configuration with
+  the lowest error on a validation split of the training data; the winner is retrained on
+  all training data.
+* :class:`MLPKernelModel` — a :class:`~predictor.kernels.base.KernelModel` holding one or
+  several nets (GEMM: one per op and dtype) with a router; tasks lacking a feature fall back
+  to the family's analytic model.
+* :class:`FittedRoofline` — the roofline with *measured* bandwidths: per op kind a floor
+  (seconds) and an effective bandwidth per working-set regime (bytes/s), fitted by
+  :func:`fit_roofline`.
+* :func:`model_to_dict` / :func:`model_from_dict` — JSON form of every calibrated model
+  (weights as base64 float32), used by asset packs.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from predictor.kernels.base import KernelModel, TaskView
+from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
+from predictor.kernels.elementwise import Roofline
+from predictor.kernels.embedding import RF_COLUMNS, AnalyticEmbedding
+from predictor.kernels.gemm import AnalyticGemm
+from predictor.platforms.schema import Platform
+
+__all__ = [
+    "MLPNet",
+    "MLPConfig",
+    "TABLE_II_GRID",
+    "QUICK_GRID",
+    "TINY_GRID",
+    "fit_mlp",
+    "MLPKernelModel",
+    "RooflineFit",
+    "fit_roofline",
+    "FittedRoofline",
+    "uniform_reuse_factors",
+    "model_to_dict",
+    "model_from_dict",
+]
+
+
+# ============================================================================ the network
+@dataclass(frozen=True)
+class MLPConfig:
+    """One point of the hyper-parameter grid (Lin et al. 2022 Table II)."""
+
+    layers: int  #: linear layers including the output layer
+    width: int  #: neurons per hidden layer
+    optimizer: str  #: "adam" or "sgd" (SGD's learning rate is scaled by 10, as the paper does)
+    lr: float  #: learning rate (before the SGD scaling)
+
+
+def _grid(layers: Iterable[int], widths: Iterable[int], opts: Iterable[str], lrs: Iterable[float]) -> tuple[MLPConfig, ...]:
+    return tuple(MLPConfig(a, b, c, d) for a, b, c, d in itertools.product(layers, widths, opts, lrs))
+
+
+#: Lin et al. 2022 Table II: 5 depths x 4 widths x 2 optimisers x 7 learning rates (280 configs)
+TABLE_II_GRID = _grid((3, 4, 5, 6, 7), (128, 256, 512, 1024), ("adam", "sgd"),
+                      (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2))
+#: the ``--quick`` subset (a 2-core CPU trains it for every kernel in a few minutes)
+QUICK_GRID = _grid((3, 4), (48, 96), ("adam",), (3e-3, 1e-2))
+#: tests only
+TINY_GRID = _grid((3,), (32,), ("adam",), (1e-2,))
+
+
+def _b64(a: np.ndarray) -> dict:
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _unb64(d: Mapping) -> np.ndarray:
+    raw = base64.b64decode(d["f32"])
+    return np.frombuffer(raw, dtype="<f4").astype(np.float64).reshape(d["shape"])
+
+
+@dataclass
+class MLPNet:
+    """A trained network: features -> log2 seconds (numpy inference).
+
+    Attributes:
+        features: parameter columns, in input order.
+        log_mask: per feature, True if it is log2-transformed.
+        work_mask: per feature, True if the kernel's work scales with it (extrapolation).
+        weights, biases: layer parameters (SiLU between layers, linear output).
+        lin_w, lin_b: a linear skip from the standardised inputs to the output, fitted first by
+            least squares; the network learns the residual. The skip carries the power-law trend
+            (time ~ work), so the few hundred samples of a quick calibration go to the curvature.
+        x_mean, x_std, y_mean, y_std: standardisation of inputs and the log2-seconds target.
+        lo, hi: range of the transformed training features (clamping bounds).
+        config: the grid point that won, and training facts.
+    """
+
+    features: tuple[str, ...]
+    log_mask: np.ndarray
+    work_mask: np.ndarray
+    weights: list[np.ndarray]
+    biases: list[np.ndarray]
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: float
+    y_std: float
+    lo: np.ndarray
+    hi: np.ndarray
+    config: dict = field(default_factory=dict)
+    lin_w: np.ndarray | None = None
+    lin_b: float = 0.0
+
+    def transform(self, raw: np.ndarray) -> np.ndarray:
+        """Raw feature matrix (n, f) -> model space (log2 where ``log_mask``)."""
+        z = np.array(raw, dtype=np.float64, copy=True)
+        z[:, self.log_mask] = np.log2(np.maximum(z[:, self.log_mask], 1e-3))
+        return z
+
+    def forward(self, z: np.ndarray) -> np.ndarray:
+        """log2 seconds for transformed features ``z`` (no clamping)."""
+        h = (z - self.x_mean) / self.x_std
+        skip = h @ self.lin_w + self.lin_b if self.lin_w is not None else 0.0
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = h @ w + b
+            if i < last:
+                h = h / (1.0 + np.exp(-np.clip(h, -60.0, 60.0)))  # SiLU
+        return (h[:, 0] + skip) * self.y_std + self.y_mean
+
+    def predict(self, raw: np.ndarray) -> np.ndarray:
+        """Seconds for raw features (n, f); clamps to the trained range and scales by work."""
+        z = self.transform(raw)
+        zc = np.clip(z, self.lo, self.hi)
+        log_t = self.forward(zc)
+        if self.work_mask.any():
+            log_t = log_t + (z - zc)[:, self.work_mask & self.log_mask].sum(axis=1)
+        return np.exp2(log_t)
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases, strict=True)))
+
+    def to_dict(self) -> dict:
+        return {
+            "features": list(self.features),
+            "log_mask": self.log_mask.astype(bool).tolist(),
+            "work_mask": self.work_mask.astype(bool).tolist(),
+            "weights": [_b64(w) for w in self.weights],
+            "biases": [_b64(b) for b in self.biases],
+            "x_mean": self.x_mean.tolist(),
+            "x_std": self.x_std.tolist(),
+            "y_mean": self.y_mean,
+            "y_std": self.y_std,
+            "lo": self.lo.tolist(),
+            "hi": self.hi.tolist(),
+            "config": self.config,
+            "lin_w": None if self.lin_w is None else self.lin_w.tolist(),
+            "lin_b": self.lin_b,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MLPNet:
+        return cls(
+            features=tuple(d["features"]),
+            log_mask=np.asarray(d["log_mask"], dtype=bool),
+            work_mask=np.asarray(d["work_mask"], dtype=bool),
+            weights=[_unb64(w) for w in d["weights"]],
+            biases=[_unb64(b) for b in d["biases"]],
+            x_mean=np.asarray(d["x_mean"], dtype=np.float64),
+            x_std=np.asarray(d["x_std"], dtype=np.float64),
+            y_mean=float(d["y_mean"]),
+            y_std=float(d["y_std"]),
+            lo=np.asarray(d["lo"], dtype=np.float64),
+            hi=np.asarray(d["hi"], dtype=np.float64),
+            config=dict(d.get("config", {})),
+            lin_w=None if d.get("lin_w") is None else np.asarray(d["lin_w"], dtype=np.float64),
+            lin_b=float(d.get("lin_b", 0.0)),
+        )
+
+
+def _linear(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least-squares linear fit ``y ~ x w + b`` (tiny ridge for collinear columns)."""
+    a = np.hstack([x, np.ones((x.shape[0], 1))])
+    reg = 1e-6 * np.eye(a.shape[1])
+    reg[-1, -1] = 0.0
+    coef = np.linalg.solve(a.T @ a + reg, a.T @ y)
+    return coef[:-1], float(coef[-1])
+
+
+def _train(config: MLPConfig, x: np.ndarray, y: np.ndarray, epochs: int, seed: int, weight_decay: float = 1e-4):
+    """Train one torch MLP on standardised arrays; returns the torch module."""
+    import torch
+
+    torch.manual_seed(seed)
+    dims = [x.shape[1]] + [config.width] * (config.layers - 1) + [1]
+    mods: list = []
+    for i in range(len(dims) - 1):
+        mods.append(torch.nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            mods.append(torch.nn.SiLU())
+    net = torch.nn.Sequential(*mods).double()
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    yt = torch.as_tensor(y, dtype=torch.float64).reshape(-1, 1)
+    if config.optimizer == "sgd":
+        opt = torch.optim.SGD(net.parameters(), lr=config.lr * 10.0, momentum=0.9, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=config.lr * 0.01)
+    loss_fn = torch.nn.MSELoss()
+    for _ in range(epochs):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(xt), yt)
+        if not torch.isfinite(loss):
+            break
+        loss.backward()
+        opt.step()
+        sched.step()
+    return net
+
+
+def _eval(net, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return net(torch.as_tensor(x, dtype=torch.float64)).numpy()[:, 0]
+
+
+def fit_mlp(
+    raw: np.ndarray,
+    seconds: np.ndarray,
+    features: Sequence[str],
+    *,
+    log_features: Sequence[str] | None = None,
+    work: Sequence[str] = (),
+    grid: Sequence[MLPConfig] = QUICK_GRID,
+    epochs: int = 1500,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    budget_s: float | None = None,
+) -> MLPNet:
+    """Grid-search and train an :class:`MLPNet` on (features, seconds) samples.
+
+    Args:
+        raw: feature matrix (n, f), raw units (element counts, bytes, fractions).
+        seconds: measured times (n,), > 0.
+        features: column names of ``raw``.
+        log_features: the columns that get log2 (default: all).
+        work: columns whose product is the kernel's work (extrapolation outside the range).
+        grid: configurations to try; the one with the lowest validation MSE (log space) wins.
+        epochs: full-batch training steps per configuration.
+        val_fraction: share of the samples held out for choosing the configuration.
+        seed: RNG seed (split and initialisation).
+        budget_s: stop trying new configurations after this many seconds (at least one runs).
+    """
+    import torch
+
+    raw = np.asarray(raw, dtype=np.float64)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    if raw.ndim != 2 or raw.shape[0] != seconds.size or raw.shape[1] != len(features):
+        raise ValueError("raw must be (n, len(features)) and seconds (n,)")
+    if seconds.size < 4 or np.any(~np.isfinite(seconds)) or np.any(seconds <= 0):
+        raise ValueError("fit_mlp needs at least 4 finite, positive times")
+    logs = set(features if log_features is None else log_features)
+    log_mask = np.array([f in logs for f in features])
+    work_mask = np.array([f in set(work) for f in features])
+    proto = MLPNet(tuple(features), log_mask, work_mask, [], [], np.zeros(0), np.ones(0), 0.0, 1.0,
+                   np.zeros(0), np.zeros(0))
+    z = proto.transform(raw)
+    x_mean, x_std = z.mean(axis=0), z.std(axis=0)
+    x_std = np.where(x_std > 1e-9, x_std, 1.0)
+    ly = np.log2(seconds)
+    y_mean, y_std = float(ly.mean()), float(ly.std() or 1.0)
+    xs, ys = (z - x_mean) / x_std, (ly - y_mean) / y_std
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(seconds.size)
+    n_val = max(1, int(round(val_fraction * seconds.size))) if len(grid) > 1 else 0
+    val, fit = perm[:n_val], perm[n_val:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny networks: threading costs more than it gives
+    try:
+        start = time.perf_counter()
+        scores: list[tuple[float, MLPConfig]] = []
+        if len(grid) > 1:
+            for i, cfg in enumerate(grid):
+                if i and budget_s is not None and time.perf_counter() - start > budget_s:
+                    break
+                w, b = _linear(xs[fit], ys[fit])
+                net = _train(cfg, xs[fit], ys[fit] - (xs[fit] @ w + b), epochs, seed)
+                err = float(np.mean((_eval(net, xs[val]) + xs[val] @ w + b - ys[val]) ** 2))
+                scores.append((err if math.isfinite(err) else float("inf"), cfg))
+            best_cfg = min(scores, key=lambda s: s[0])[1]
+        else:
+            best_cfg = grid[0]
+        lin_w, lin_b = _linear(xs, ys)
+        net = _train(best_cfg, xs, ys - (xs @ lin_w + lin_b), epochs, seed)
+    finally:
+        torch.set_num_threads(threads)
+    weights, biases = [], []
+    for mod in net:
+        if isinstance(mod, torch.nn.Linear):
+            weights.append(mod.weight.detach().numpy().T.astype(np.float32).astype(np.float64))
+            biases.append(mod.bias.detach().numpy().astype(np.float32).astype(np.float64))
+    config = {"layers": best_cfg.layers, "width": best_cfg.width, "optimizer": best_cfg.optimizer,
+              "lr": best_cfg.lr, "epochs": epochs, "tried": len(scores) or 1, "samples": int(seconds.size),
+              "activation": "silu", "skip": "linear least squares", "weight_decay": 1e-4}
+    if scores:
+        config["val_mse_log2"] = float(min(s[0] for s in scores)) * y_std**2
+    return MLPNet(tuple(features), log_mask, work_mask, weights, biases, x_mean, x_std, y_mean, y_std,
+                  z.min(axis=0), z.max(axis=0), config, lin_w=lin_w, lin_b=lin_b)
+
+
+# ============================================================================ reuse factors
+def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Expected lookup-weighted 17-bin reuse histogram of ``lookups`` uniform draws from ``rows``.
+
+    A lookup's row is hit ``1 + Poisson(lambda)`` times in total with ``lambda = lookups /
+    rows`` (size-biased Poisson), so bin ``j`` gets ``P(1 + Poisson(lambda) in bin j)``.
+    Used when a task carries no measured reuse factors. Shape ``(n, 17)``.
+    """
+    lam = np.asarray(lookups, dtype=np.float64) / np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+    lam = np.maximum(lam, 0.0)
+    out = np.zeros((lam.size, len(RF_COLUMNS)))
+    from scipy.stats import poisson
+
+    for j in range(len(RF_COLUMNS)):
+        lo = 1 if j == 0 else 2 ** (j - 1) + 1
+        hi = 1 if j == 0 else (2**j if j < len(RF_COLUMNS) - 1 else np.inf)
+        # c in [lo, hi]  <=>  Poisson in [lo - 1, hi - 1]
+        upper = poisson.cdf(hi - 1, lam) if np.isfinite(hi) else 1.0
+        lower = poisson.cdf(lo - 2, lam) if lo >= 2 else 0.0
+        out[:, j] = np.maximum(upper - lower, 0.0)
+    s = out.sum(axis=1, keepdims=True)
+    return out / np.where(s > 0, s, 1.0)
+
+
+
+# ============================================================================ MLP kernel model
+_FALLBACKS = {"analytic-gemm": AnalyticGemm, "analytic-embedding": AnalyticEmbedding, "roofline": Roofline}
+_DTYPE_NAMES = {4: ("fp32",), 2: ("bf16", "fp16"), 8: ("fp64",), 1: ("fp8",)}
+
+
+class MLPKernelModel(KernelModel):
+    """Kernel times from one or several :class:`MLPNet` s, routed per task.
+
+    Routers:
+
+    * ``"single"``: one net (key ``""``).
+    * ``"gemm"``: key ``"{op}/{dtype}"`` with op ``bmm`` (kind ``bmm`` or ``batch > 1``),
+      ``mm`` (kinds ``mm``, ``matmul``) or ``addmm`` (the others), dtype from ``dtype_bytes``
+      (2 bytes: bf16, else fp16).
+    * ``"dtype"``: key ``"{prefix}/{dtype}"`` (convolutions).
+
+    Fill-ins before prediction: ``"rows_by_width"`` (layer-norm, softmax) reads a task with
+    only ``elements`` as rows of width 1024; ``"reuse"`` (embedding) gives a task without
+    reuse factors the uniform-access expectation (:func:`uniform_reuse_factors`). Tasks
+    that still lack a feature, or whose route has no net, go to the analytic ``fallback``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        kinds: Sequence[str],
+        nets: Mapping[str, MLPNet],
+        *,
+        router: str = "single",
+        prefix: str = "",
+        fill: str = "",
+        fallback: str = "roofline",
+    ) -> None:
+        self.name = name
+        self.kinds = tuple(kinds)
+        self.nets = dict(nets)
+        self.router = router
+        self.prefix = prefix
+        self.fill = fill
+        self.fallback_name = fallback
+        self.fallback = _FALLBACKS[fallback]()
+        #: the calibrated nets (what an asset pack stores)
+        self.params = self.nets
+
+    # ------------------------------------------------------------------ routing
+    def _keys(self, tasks: TaskView) -> np.ndarray:
+        n = len(tasks)
+        if self.router == "single":
+            return np.full(n, "", dtype=object)
+        dt = np.nan_to_num(tasks.get("dtype_bytes", 4.0), nan=4.0).astype(np.int64)
+        if self.router == "gemm":
+            batch = np.nan_to_num(tasks.get("batch", 1.0), nan=1.0)
+            kind = tasks.kind
+            ops = np.where((kind == "bmm") | (batch > 1), "bmm", "mm" if kind in ("mm", "matmul") else "addmm")
+            return np.array([self._with_dtype(op, int(d)) for op, d in zip(ops, dt, strict=True)], dtype=object)
+        return np.array([self._with_dtype(self.prefix, int(d)) for d in dt], dtype=object)
+
+    def _with_dtype(self, op: str, dtype_bytes: int) -> str:
+        for name in _DTYPE_NAMES.get(dtype_bytes, ("fp32",)):
+            key = f"{op}/{name}"
+            if key in self.nets:
+                return key
+        return f"{op}/{_DTYPE_NAMES.get(dtype_bytes, ('fp32',))[0]}"
+
+    def _columns(self, tasks: TaskView, features: Sequence[str]) -> np.ndarray:
+        cols = {f: tasks.get(f) for f in features}
+        if self.fill == "rows_by_width" and "m" in cols and "n" in cols:
+            elems = tasks.get("elements")
+            n = np.where(np.isnan(cols["n"]), np.minimum(1024.0, np.maximum(elems, 1.0)), cols["n"])
+            m = np.where(np.isnan(cols["m"]), elems / n, cols["m"])
+            cols["m"], cols["n"] = m, n
+        if self.fill == "reuse":
+            rf = np.stack([tasks.get(c) for c in RF_COLUMNS], axis=1)
+            missing = ~np.isfinite(rf).all(axis=1) | (np.nan_to_num(rf).sum(axis=1) <= 0)
+            if missing.any():
+                lookups = tasks.get("batch", 1.0) * tasks.get("pooling", 1.0)
+                guess = uniform_reuse_factors(lookups[missing], tasks.get("rows", 1.0)[missing])
+                rf[missing] = guess
+                for j, c in enumerate(RF_COLUMNS):
+                    if c in cols:
+                        cols[c] = rf[:, j]
+        if "dtype_bytes" in cols:
+            cols["dtype_bytes"] = np.nan_to_num(cols["dtype_bytes"], nan=4.0)
+        return np.stack([cols[f] for f in features], axis=1) if features else np.zeros((len(tasks), 0))
+
+    def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        n = len(tasks)
+        out = np.full(n, np.nan)
+        keys = self._keys(tasks)
+        for key in np.unique(keys) if n else []:
+            net = self.nets.get(key)
+            sel = np.flatnonzero(keys == key)
+            if net is None:
+                continue
+            raw = self._columns(_subset(tasks, sel), net.features)
+            ok = np.isfinite(raw).all(axis=1)
+            if ok.any():
+                out[sel[ok]] = net.predict(raw[ok])
+        todo = np.flatnonzero(~np.isfinite(out))
+        if todo.size:
+            out[todo] = self.fallback.predict(_subset(tasks, todo), platform)
+        return np.maximum(out, 0.0)
+
+
+def _subset(tasks: TaskView, idx: np.ndarray) -> TaskView:
+    return TaskView({k: np.asarray(v)[idx] for k, v in tasks.columns.items()}, int(idx.size), tasks.kind)
+
+
+# ============================================================================ fitted roofline
+@dataclass(frozen=True)
+class RooflineFit:
+    """``t = floor_s + bytes / bandwidth[regime]``; regime ``i`` covers ``edges[i-1] < bytes <= edges[i]``.
+
+    ``edges`` (bytes, ascending) split the working-set sizes into ``len(edges) + 1`` regimes
+    (in cache, main memory, ...); ``bandwidths`` are bytes/s, one per regime.
+    """
+
+    floor_s: float
+    edges: tuple[float, ...]
+    bandwidths: tuple[float, ...]
+
+    def __call__(self, moved: np.ndarray) -> np.ndarray:
+        moved = np.asarray(moved, dtype=np.float64)
+        regime = np.searchsorted(np.asarray(self.edges), moved, side="left")
+        bw = np.asarray(self.bandwidths)[regime]
+        return self.floor_s + moved / bw
+
+    @property
+    def peak_bandwidth(self) -> float:
+        """Largest fitted bandwidth, bytes/s (the "corrected peak" of Lin et al. 2022)."""
+        return float(max(self.bandwidths))
+
+
+def _solve_roofline(moved: np.ndarray, t: np.ndarray, edges: Sequence[float]) -> tuple[RooflineFit, float]:
+    """Relative-error least squares for (floor, 1/bw per regime) with non-negativity."""
+    from scipy.optimize import nnls
+
+    regime = np.searchsorted(np.asarray(edges), moved, side="left")
+    n_reg = len(edges) + 1
+    a = np.zeros((moved.size, 1 + n_reg))
+    a[:, 0] = 1.0
+    a[np.arange(moved.size), 1 + regime] = moved
+    w = 1.0 / t
+    coef, _ = nnls(a * w[:, None], np.ones_like(t))
+    inv = coef[1:]
+    # an empty regime or a zero slope: borrow the neighbour's bandwidth (never infinite)
+    for i in range(n_reg):
+        if inv[i] <= 0:
+            nz = [inv[j] for j in range(n_reg) if inv[j] > 0]
+            inv[i] = min(nz) if nz else 1e-12
+    fit = RooflineFit(float(coef[0]), tuple(float(e) for e in edges), tuple(float(1.0 / u) for u in inv))
+    err = float(np.mean(np.log(fit(moved) / t) ** 2))
+    return fit, err
+
+
+def fit_roofline(moved: np.ndarray, seconds: np.ndarray, *, max_edges: int = 3, min_points: int = 4) -> RooflineFit:
+    """Fit a :class:`RooflineFit` to measured (bytes moved, seconds) points.
+
+    Regime edges are chosen greedily among the half-octave points of the measured byte range
+    (up to ``max_edges``, each regime keeping at least ``min_points`` samples); an edge is kept
+    only if it lowers the mean squared log error by more than 2 %.
+
+    Raises:
+        ValueError: fewer than ``min_points`` valid samples.
+    """
+    moved = np.asarray(moved, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    ok = np.isfinite(moved) & np.isfinite(t) & (moved > 0) & (t > 0)
+    moved, t = moved[ok], t[ok]
+    if moved.size < min_points:
+        raise ValueError(f"fit_roofline needs at least {min_points} samples, got {moved.size}")
+    lo, hi = np.log2(moved.min()), np.log2(moved.max())
+    candidates = [2.0**x for x in np.arange(np.ceil(lo * 2) / 2, hi, 0.5)]
+    edges: list[float] = []
+    best, err = _solve_roofline(moved, t, edges)
+    for _ in range(max_edges):
+        trial = None
+        for c in candidates:
+            if c in edges:
+                continue
+            e = sorted([*edges, c])
+            counts = np.bincount(np.searchsorted(np.asarray(e), moved, side="left"), minlength=len(e) + 1)
+            if counts.min() < min_points:
+                continue
+            fit, f_err = _solve_roofline(moved, t, e)
+            if trial is None or f_err < trial[1]:
+                trial = (fit, f_err, e)
+        if trial is None or trial[1] > err * 0.98:
+            break
+        best, err, edges = trial
+    return best
+
+
+class FittedRoofline(Roofline):
+    """Roofline with measured bandwidths: one :class:`RooflineFit` per op kind.
+
+    Bytes moved come from the task's ``bytes`` (or ``2 x elements x dtype_bytes``). Kinds
+    without their own fit use ``generic`` (the fit of a streaming binary op).
+    """
+
+    name = "fitted-roofline"
+
+    def __init__(self, fits: Mapping[str, RooflineFit], generic: str | None = None) -> None:
+        super().__init__()
+        self.fits = dict(fits)
+        self.generic = generic if generic in self.fits else (next(iter(self.fits)) if self.fits else None)
+        self.kinds = tuple(dict.fromkeys([*self.fits, *Roofline.kinds]))
+        #: calibrated parameters
+        self.params = self.fits  # type: ignore[assignment]
+
+    def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        fit = self.fits.get(tasks.kind) or (self.fits.get(self.generic) if self.generic else None)
+        if fit is None:
+            return super().predict(tasks, platform)
+        moved = tasks.get("bytes")
+        elems = tasks.get("elements")
+        dt = tasks.get("dtype_bytes", 4.0)
+        moved = np.nan_to_num(np.where(np.isnan(moved), 2.0 * elems * dt, moved), nan=0.0)
+        return fit(moved)
+
+
+# ============================================================================ serialisation
+def model_to_dict(model: KernelModel) -> dict:
+    """JSON-ready form of a calibrated model (asset packs)."""
+    if isinstance(model, MLPKernelModel):
+        return {
+            "type": "mlp",
+            "name": model.name,
+            "kinds": list(model.kinds),
+            "router": model.router,
+            "prefix": model.prefix,
+            "fill": model.fill,
+            "fallback": model.fallback_name,
+            "nets": {k: v.to_dict() for k, v in model.nets.items()},
+        }
+    if isinstance(model, FittedRoofline):
+        return {
+            "type": "fitted_roofline",
+            "generic": model.generic,
+            "fits": {k: {"floor_s": f.floor_s, "edges": list(f.edges), "bandwidths": list(f.bandwidths)}
+                     for k, f in model.fits.items()},
+        }
+    if isinstance(model, PiecewiseCollective):
+        return {
+            "type": "piecewise_collective",
+            "curves": [{"kind": k, "world": w, **vars(c)} for (k, w), c in sorted(model.params.items())],
+        }
+    raise TypeError(f"cannot serialise kernel model {type(model).__name__}")
+
+
+def model_from_dict(d: Mapping) -> KernelModel:
+    """Inverse of :func:`model_to_dict`; raises ``KeyError``/``ValueError``/``TypeError`` on bad input."""
+    kind = d["type"]
+    if kind == "mlp":
+        nets = {k: MLPNet.from_dict(v) for k, v in d["nets"].items()}
+        return MLPKernelModel(d["name"], d["kinds"], nets, router=d.get("router", "single"),
+                              prefix=d.get("prefix", ""), fill=d.get("fill", ""), fallback=d.get("fallback", "roofline"))
+    if kind == "fitted_roofline":
+        fits = {k: RooflineFit(float(v["floor_s"]), tuple(map(float, v["edges"])), tuple(map(float, v["bandwidths"])))
+                for k, v in d["fits"].items()}
+        for k, f in fits.items():
+            if len(f.bandwidths) != len(f.edges) + 1 or min(f.bandwidths) <= 0:
+                raise ValueError(f"roofline fit {k!r}: needs len(edges)+1 positive bandwidths")
+        return FittedRoofline(fits, d.get("generic"))
+    if kind == "piecewise_collective":
+        fitted = {}
+        for c in d["curves"]:
+            c = dict(c)
+            key = (str(c.pop("kind")), int(c.pop("world")))
+            fitted[key] = PiecewiseSigmoid(**{k: float(v) for k, v in c.items()})
+        return PiecewiseCollective(fitted)
+    raise ValueError(f"unknown kernel model type {kind!r}")

@@ -1,0 +1,91 @@
+"""DAG Transformer stage-latency network (PredTOP §IV-A/§IV-B5, after Luo et al.'s DAG Transformer).
+
+* **Reachability attention (DAGRA)**: node ``u`` attends to node ``v`` only when a directed
+  path joins them in either direction (or ``u == v``) — PredTOP eq. 1 with ``k = inf`` — so one
+  layer already exchanges information along whole dependency chains, not just neighbours.
+* **Depth positional encoding (DAGPE)**: the sinusoidal encoding of each node's depth (longest
+  path from a source) is added to its input embedding.
+* **Global add pool** (eq. 2): the graph embedding is the sum of node embeddings — latency is
+  additive over ops — followed by an MLP head with ReLUs and one output.
+
+PredTOP's best setting is 4 layers of width 64 (§IV-B6); those are the defaults here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batching import DenseBatch, collate_dense
+
+__all__ = ["DAGTransformer", "depth_encoding"]
+
+
+def depth_encoding(depth: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal encoding ``[..., dim]`` of integer depths (sin on even, cos on odd channels)."""
+    half = dim // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / max(half, 1))
+    angle = depth.to(torch.float32).unsqueeze(-1) * freq
+    enc = torch.zeros(*depth.shape, dim)
+    enc[..., 0 : 2 * half : 2] = torch.sin(angle)
+    enc[..., 1 : 2 * half : 2] = torch.cos(angle)
+    return enc
+
+
+class _ReachabilityAttentionLayer(nn.Module):
+    """Pre-LayerNorm transformer layer whose attention is restricted by a boolean mask."""
+
+    def __init__(self, dim: int, heads: int, ff_mult: int = 2) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"width {dim} is not divisible by {heads} heads")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff_mult * dim), nn.ReLU(), nn.Linear(ff_mult * dim, dim))
+
+    def forward(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        b, n, d = h.shape
+        q, k, v = self.qkv(self.ln1(h)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn)
+        h = h + self.out(a.transpose(1, 2).reshape(b, n, d))
+        return h + self.ff(self.ln2(h))
+
+
+class DAGTransformer(nn.Module):
+    """Node features -> reachability-masked transformer layers -> add pool -> MLP -> one scalar per graph."""
+
+    collate = staticmethod(collate_dense)
+
+    def __init__(
+        self, n_features: int, dim: int = 64, layers: int = 4, heads: int = 4, pool_scale: float = 0.01
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.pool_scale = pool_scale
+        self.embed = nn.Linear(n_features, dim)
+        self.layers = nn.ModuleList(_ReachabilityAttentionLayer(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Sequential(
+            nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1)
+        )
+
+    def node_embeddings(self, batch: DenseBatch) -> torch.Tensor:
+        """``[B, N, dim]`` embeddings after the last layer (padding rows included)."""
+        h = self.embed(batch.x) + depth_encoding(batch.depth, self.dim)
+        for layer in self.layers:
+            h = layer(h, batch.attn)
+        return self.ln(h)
+
+    def forward(self, batch: DenseBatch) -> torch.Tensor:
+        """``[B]`` outputs (in the model's target space, see :mod:`predictor.stage.model`)."""
+        h = self.node_embeddings(batch) * batch.node_mask.unsqueeze(-1)
+        pooled = (
+            h.sum(dim=1) * self.pool_scale
+        )  # global add pool (a constant scale keeps the head's inputs O(1))
+        return self.head(pooled).squeeze(-1)

@@ -1,0 +1,287 @@
+"""``StageLatencyModel``: fit / predict / save / load of a stage-latency network (seconds).
+
+One class wraps the three networks (``kind``: ``dag_transformer``, ``gcn``, ``gat``) behind
+the same training recipe, PredTOP §IV-B6..8:
+
+* **L1 loss** (eq. 3) on the target; by default the target is ``log(latency / y_ref)`` (L1 on
+  log latency ~ mean relative error, which is what Tables V-VI score and what keeps stages of
+  very different sizes on one scale). ``target="linear"`` trains on ``latency / y_ref`` as the
+  paper does. ``y_ref`` is the geometric mean of the training latencies.
+* **Adam** (beta 0.9 / 0.999), learning rate ``lr`` decayed to 0 over ``epochs`` by a cosine.
+* **early stopping**: the weights with the best validation loss are kept; training stops when it
+  has not improved for ``patience`` epochs (validation: the ``val_*`` arguments, or else a
+  random ``val_fraction`` of the training graphs).
+* feature standardisation (mean/std of the continuous columns over the training graphs) is
+  part of the saved model.
+
+The model is the pluggable predictor of ``tuner/alpa.py``: ``predict(stage_graph) -> seconds``
+(a list of graphs gives an array).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .batching import PreparedGraph, prepare
+from .dag_transformer import DAGTransformer
+from .gnn_baselines import GAT, GCN
+from .graph import DTYPE_VOCAB, MAX_RANK, N_FEATURES, NODE_KINDS, OP_VOCAB, StageGraph
+
+__all__ = ["KINDS", "FitReport", "StageLatencyModel", "TrainConfig"]
+
+#: network kind -> class; every class takes ``n_features`` first and has a static ``collate``
+KINDS: dict[str, type[nn.Module]] = {"dag_transformer": DAGTransformer, "gcn": GCN, "gat": GAT}
+
+# columns of the feature matrix that are continuous (standardised); the one-hots are left alone
+_CONT = np.arange(len(OP_VOCAB), len(OP_VOCAB) + MAX_RANK + 1)
+assert len(OP_VOCAB) + MAX_RANK + 1 + len(DTYPE_VOCAB) + len(NODE_KINDS) == N_FEATURES
+
+
+@dataclass
+class TrainConfig:
+    """Training recipe (PredTOP §IV-B6: 500 epochs, batch 32, lr 1e-3 cosine to 0, patience 200)."""
+
+    epochs: int = 500
+    batch_size: int = 32
+    lr: float = 1e-3
+    patience: int = 200
+    val_fraction: float = 0.125
+    target: str = "log"
+    seed: int = 0
+    #: when set, the number of epochs is cut to about this many optimiser steps (and ``patience``
+    #: shrinks in proportion), so small and large training sets cost about the same
+    max_steps: int | None = None
+    max_seconds: float | None = None  #: wall-clock cap on training (None: no cap)
+
+
+@dataclass
+class FitReport:
+    """What :meth:`StageLatencyModel.fit` did: epochs run, best epoch and its validation L1, seconds."""
+
+    epochs_run: int
+    best_epoch: int
+    best_val_loss: float
+    train_seconds: float
+    history: list[float] = field(default_factory=list)  #: training L1 per epoch
+
+
+class StageLatencyModel:
+    """Predicts one micro-batch's forward+backward latency (seconds) of a stage from its graph."""
+
+    def __init__(
+        self, kind: str = "dag_transformer", config: TrainConfig | None = None, **net_kwargs: object
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown stage model kind {kind!r}; valid: {', '.join(KINDS)}")
+        self.kind = kind
+        self.config = config or TrainConfig()
+        if self.config.target not in ("log", "linear"):
+            raise ValueError(f"target must be 'log' or 'linear', not {self.config.target!r}")
+        self.net_kwargs = dict(net_kwargs)
+        self.net: nn.Module | None = None
+        self.mean = np.zeros(N_FEATURES, dtype=np.float32)
+        self.std = np.ones(N_FEATURES, dtype=np.float32)
+        self.y_ref = 1.0
+        self.report: FitReport | None = None
+
+    # -- data -----------------------------------------------------------------------------
+
+    def _prepare(self, graphs: Sequence[StageGraph | PreparedGraph]) -> list[PreparedGraph]:
+        return [g if isinstance(g, PreparedGraph) else prepare(g, self.mean, self.std) for g in graphs]
+
+    def _to_target(self, y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64) / self.y_ref
+        return np.log(y) if self.config.target == "log" else y
+
+    def _from_target(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        return (np.exp(t) if self.config.target == "log" else t) * self.y_ref
+
+    def _batches(
+        self, items: list[PreparedGraph], rng: np.random.Generator, shuffle: bool
+    ) -> list[np.ndarray]:
+        """Index batches; for padded (dense) batching, graphs of similar size go together."""
+        n, bs = len(items), self.config.batch_size
+        if not shuffle:
+            order = np.argsort([g.n_nodes for g in items], kind="stable")
+            return [order[i : i + bs] for i in range(0, n, bs)]
+        if self.kind == "dag_transformer":
+            sizes = np.array([g.n_nodes for g in items], dtype=float) * np.exp(rng.uniform(-0.2, 0.2, n))
+            order = np.argsort(sizes)
+            batches = [order[i : i + bs] for i in range(0, n, bs)]
+            rng.shuffle(batches)
+            return batches
+        order = rng.permutation(n)
+        return [order[i : i + bs] for i in range(0, n, bs)]
+
+    # -- training ---------------------------------------------------------------------------
+
+    def fit(
+        self,
+        graphs: Sequence[StageGraph],
+        latencies_s: Sequence[float],
+        val_graphs: Sequence[StageGraph] | None = None,
+        val_latencies_s: Sequence[float] | None = None,
+    ) -> FitReport:
+        """Train on ``graphs`` with measured ``latencies_s`` (seconds); returns a :class:`FitReport`."""
+        cfg = self.config
+        y = np.asarray(latencies_s, dtype=np.float64)
+        if len(graphs) != y.size or y.size == 0:
+            raise ValueError(f"{len(graphs)} graphs for {y.size} latencies")
+        if np.any(~np.isfinite(y)) or np.any(y <= 0):
+            raise ValueError("latencies must be finite and > 0 seconds")
+        rng = np.random.default_rng(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        graphs = list(graphs)
+        if val_graphs is None:
+            n_val = max(1, int(round(cfg.val_fraction * len(graphs)))) if len(graphs) > 1 else 0
+            perm = rng.permutation(len(graphs))
+            val_idx, tr_idx = perm[:n_val], perm[n_val:]
+            val_graphs, val_y = [graphs[i] for i in val_idx], y[val_idx]
+            graphs, y = [graphs[i] for i in tr_idx], y[tr_idx]
+        else:
+            val_y = np.asarray(val_latencies_s, dtype=np.float64)
+            val_graphs = list(val_graphs)
+        feats = np.concatenate([g.features() for g in graphs], axis=0)
+        self.mean = np.zeros(N_FEATURES, dtype=np.float32)
+        self.std = np.ones(N_FEATURES, dtype=np.float32)
+        self.mean[_CONT] = feats[:, _CONT].mean(axis=0)
+        self.std[_CONT] = np.maximum(feats[:, _CONT].std(axis=0), 1e-3)
+        self.y_ref = float(np.exp(np.mean(np.log(y))))
+        train_items = self._prepare(graphs)
+        val_items = self._prepare(val_graphs)
+        t_train = torch.as_tensor(self._to_target(y), dtype=torch.float32)
+        t_val = torch.as_tensor(self._to_target(val_y), dtype=torch.float32) if len(val_items) else None
+
+        epochs, patience = cfg.epochs, cfg.patience
+        if cfg.max_steps is not None:
+            per_epoch = math.ceil(len(train_items) / cfg.batch_size)
+            epochs = min(cfg.epochs, max(1, math.ceil(cfg.max_steps / per_epoch)))
+            patience = max(1, round(cfg.patience * epochs / cfg.epochs))
+
+        self.net = KINDS[self.kind](N_FEATURES, **self.net_kwargs)
+        collate = self.net.collate
+        opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda e: 0.5 * (1 + math.cos(math.pi * min(e, epochs) / epochs))
+        )
+        val_batches = (
+            [(collate([val_items[i] for i in b]), b) for b in self._batches(val_items, rng, False)]
+            if val_items
+            else []
+        )
+
+        best_loss, best_epoch, best_state = math.inf, -1, None
+        history: list[float] = []
+        t0 = time.perf_counter()
+        epoch = 0
+        for epoch in range(epochs):
+            self.net.train()
+            total = 0.0
+            for b in self._batches(train_items, rng, True):
+                batch = collate([train_items[i] for i in b])
+                loss = torch.nn.functional.l1_loss(self.net(batch), t_train[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(b)
+            sched.step()
+            history.append(total / len(train_items))
+            val_loss = self._eval_loss(val_batches, t_val) if val_batches else history[-1]
+            if val_loss < best_loss:
+                best_loss, best_epoch = val_loss, epoch
+                best_state = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+            if epoch - best_epoch >= patience:
+                break
+            if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
+                break
+        if best_state is not None:
+            self.net.load_state_dict(best_state)
+        self.net.eval()
+        self.report = FitReport(epoch + 1, best_epoch, float(best_loss), time.perf_counter() - t0, history)
+        return self.report
+
+    def _eval_loss(self, batches: list, target: torch.Tensor) -> float:
+        assert self.net is not None
+        self.net.eval()
+        with torch.no_grad():
+            total = sum(
+                float(torch.nn.functional.l1_loss(self.net(bt), target[b], reduction="sum"))
+                for bt, b in batches
+            )
+        return total / int(target.shape[0])
+
+    # -- inference --------------------------------------------------------------------------
+
+    def predict(self, graphs: StageGraph | Sequence[StageGraph]) -> float | np.ndarray:
+        """Predicted latency in seconds: a float for one graph, an array for a sequence."""
+        if self.net is None:
+            raise RuntimeError("the stage model is not trained; call fit() or load() first")
+        single = isinstance(graphs, StageGraph | PreparedGraph)
+        items = self._prepare([graphs] if single else list(graphs))
+        out = np.empty(len(items))
+        self.net.eval()
+        with torch.no_grad():
+            for b in self._batches(items, np.random.default_rng(0), False):
+                out[b] = self.net(self.net.collate([items[i] for i in b])).numpy()
+        pred = self._from_target(out)
+        return float(pred[0]) if single else pred
+
+    __call__ = predict
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Write the weights and everything needed to rebuild the model to ``path`` (a torch file)."""
+        if self.net is None:
+            raise RuntimeError("nothing to save: the stage model is not trained")
+        blob = {
+            "format": "tuner.stage_latency_model/1",
+            "kind": self.kind,
+            "config": asdict(self.config),
+            "net_kwargs": self.net_kwargs,
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+            "y_ref": self.y_ref,
+            "vocab": {"op": list(OP_VOCAB), "dtype": list(DTYPE_VOCAB), "rank": MAX_RANK},
+            "state_dict": self.net.state_dict(),
+        }
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(blob, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> StageLatencyModel:
+        """Rebuild a model written by :meth:`save`; fails with ValueError on a foreign file."""
+        try:
+            blob = torch.load(Path(path), map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+            raise ValueError(f"{path}: not a stage latency model ({exc.__class__.__name__})") from exc
+        if not isinstance(blob, dict) or blob.get("format") != "tuner.stage_latency_model/1":
+            raise ValueError(f"{path}: not a stage latency model")
+        if blob["vocab"] != {"op": list(OP_VOCAB), "dtype": list(DTYPE_VOCAB), "rank": MAX_RANK}:
+            raise ValueError(f"{path}: saved with a different feature vocabulary; retrain it")
+        model = cls(blob["kind"], TrainConfig(**blob["config"]), **blob["net_kwargs"])
+        model.mean = np.asarray(blob["mean"], dtype=np.float32)
+        model.std = np.asarray(blob["std"], dtype=np.float32)
+        model.y_ref = float(blob["y_ref"])
+        model.net = KINDS[model.kind](N_FEATURES, **model.net_kwargs)
+        model.net.load_state_dict(blob["state_dict"])
+        model.net.eval()
+        return model
+
+    def describe(self) -> str:
+        """One line: kind, network settings, target."""
+        return f"{self.kind} {json.dumps(self.net_kwargs, sort_keys=True)} target={self.config.target}"

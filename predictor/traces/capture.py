@@ -1,0 +1,133 @@
+"""Record a user's own training loop: a Kineto trace and an execution trace per rank.
+
+.. code-block:: python
+
+    import tuner
+
+    with tuner.capture("traces/run1", warmup=2, active=3) as cap:
+        for batch in loader:
+            train_step(batch)
+            cap.step()          # one call per iteration
+
+    # then:  tuner replay traces/run1
+
+Each rank writes ``rank{R}.kineto.json.gz`` (``torch.profiler``; CPU ops, and CUDA kernels
+and runtime calls when CUDA is available) and ``rank{R}.et.json`` (``ExecutionTraceObserver``,
+for the same active iterations), so ``tuner replay DIR`` pairs them. The rank comes from
+``torch.distributed`` when it is initialised, else 0. Iterations after the active window run
+unprofiled. Torch is imported only when a capture starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["Capture", "capture", "kineto_path", "et_path"]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+def kineto_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank``'s Kineto trace goes."""
+    return Path(folder) / f"rank{rank}.kineto.json.gz"
+
+
+def et_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank``'s execution trace goes."""
+    return Path(folder) / f"rank{rank}.et.json"
+
+
+class Capture:
+    """Context manager around ``torch.profiler.profile`` with an ``ExecutionTraceObserver``.
+
+    ``wait`` iterations run unprofiled, ``warmup`` are profiled and discarded, ``active`` are
+    recorded; :meth:`step` marks the end of an iteration. ``record_shapes`` keeps op input
+    shapes (what-if transforms rescale them); ``execution_trace=False`` skips the ET.
+    """
+
+    def __init__(self, folder: str | Path, warmup: int = 2, active: int = 3, *, wait: int = 0,
+                 record_shapes: bool = True, execution_trace: bool = True, cuda: bool | None = None) -> None:
+        if warmup < 0 or active < 1 or wait < 0:
+            raise ValueError("capture needs warmup >= 0, active >= 1, wait >= 0")
+        self.folder = Path(folder)
+        self.warmup = warmup
+        self.active = active
+        self.wait = wait
+        self.record_shapes = record_shapes
+        self.execution_trace = execution_trace
+        self.cuda = cuda
+        self.rank = 0
+        self.steps = 0
+        self.written: list[Path] = []
+        self._prof = None
+        self._et = None
+        self._exported = False
+
+    @property
+    def kineto_file(self) -> Path:
+        return kineto_path(self.folder, self.rank)
+
+    @property
+    def et_file(self) -> Path:
+        return et_path(self.folder, self.rank)
+
+    def _export(self, prof) -> None:
+        if self._exported:
+            return
+        prof.export_chrome_trace(str(self.kineto_file))
+        self._exported = True
+        self.written.append(self.kineto_file)
+
+    def __enter__(self) -> Capture:
+        import torch
+        from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+
+        self.rank = _rank()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        use_cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+        if self.execution_trace:
+            self._et = ExecutionTraceObserver().register_callback(str(self.et_file))
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            on_trace_ready=self._export,
+            record_shapes=self.record_shapes,
+            execution_trace_observer=self._et,
+        )
+        self._prof.__enter__()
+        return self
+
+    def step(self) -> None:
+        """Mark the end of one training iteration."""
+        if self._prof is None:
+            raise RuntimeError("Capture.step() called outside the 'with' block")
+        self._prof.step()
+        self.steps += 1
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        prof.__exit__(exc_type, exc, tb)
+        if not self._exported and exc_type is None and self.steps > self.wait + self.warmup:
+            self._export(prof)  # fewer steps than the window: keep what was recorded
+        if self._et is not None:
+            with contextlib.suppress(RuntimeError, AttributeError):  # already stopped by the profiler
+                self._et.unregister_callback()
+            if self.et_file.exists():
+                self.written.append(self.et_file)
+
+
+def capture(folder: str | Path, warmup: int = 2, active: int = 3, **kwargs) -> Capture:
+    """Record ``active`` training iterations after ``warmup`` into ``folder`` (see :class:`Capture`)."""
+    return Capture(folder, warmup=warmup, active=active, **kwargs)

@@ -1,0 +1,48 @@
+"""Shared helpers for the trace tests: where the shared traces are, and hand-made Kineto files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+
+def shared_dir() -> Path:
+    env = os.environ.get("TUNER_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+
+
+TRACES = shared_dir() / "data" / "traces"
+
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
+
+
+def op(name: str, tid: int, ts: float, dur: float, pid: int = 100, **args) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def ann(name: str, tid: int, ts: float, dur: float, pid: int = 100) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+
+def runtime(name: str, tid: int, ts: float, dur: float, corr: int, pid: int = 100) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "External id": corr}}
+
+
+def kernel(name: str, stream: int, ts: float, dur: float, corr: int, **args) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"stream": stream, "device": 0, "correlation": corr, **args}}
+
+
+def write_trace(path: Path, events: list[dict], rank: int | None = None, world: int | None = None) -> Path:
+    doc: dict = {"schemaVersion": 1, "traceEvents": events}
+    if rank is not None:
+        doc["distributedInfo"] = {"rank": rank, **({"world_size": world} if world else {})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path

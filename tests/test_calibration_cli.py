@@ -1,0 +1,78 @@
+"""``tuner calibrate`` end to end on test-sized grids, and clean failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from predictor.platforms.assets import load_asset_pack
+from tuner.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    out = tmp_path / "packs" / "smoke"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(out), "--threads", "1",
+                              "--families", "gemm,elementwise,embedding_bag,data_movement"])
+    assert res.exit_code == 0, res.output
+    assert "held-out" in res.output and "addmm/fp32" in res.output and "embedding_bag_fwd" in res.output
+    pack = load_asset_pack(out)
+    assert pack.name == "smoke" and pack.manifest["threads"] == 1 and pack.manifest["level"] == "tiny"
+    kernels = {r["kernel"] for r in pack.error_table}
+    assert {"addmm/fp32", "bmm/bf16", "relu", "memcpy", "transpose", "embedding_bag_bwd"} <= kernels
+    for r in pack.error_table:
+        assert r["test"] >= 1 and r["gmae_pct"] >= 0
+    assert pack.platform.key == "smoke" and pack.platform.overheads.t1_s > 0
+    # registered: --platform smoke resolves to it from anywhere
+    from predictor.kernels import timing_for
+
+    assert timing_for("smoke").source == "asset pack smoke"
+    assert (out / "data" / "gemm.csv").is_file() and (out / "errors.md").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_calibrate_cuda_without_cuda_fails_cleanly(tmp_path: Path, device: str):
+    res = runner.invoke(app, ["calibrate", "--device", device, "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "CUDA is not available" in lines[0]
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--device", "tpu"], "expected cpu, cuda or cuda:N"),
+        (["--world-size", "0"], "--world-size 0: must be >= 1"),
+        (["--families", "gemm,nosuch"], "unknown benchmark family 'nosuch'"),
+    ],
+)
+def test_calibrate_bad_input_is_one_line(tmp_path: Path, args: list[str], expect: str):
+    res = runner.invoke(app, ["calibrate", "--out", str(tmp_path / "x"), *args])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and expect in lines[0]
+
+
+@pytest.mark.slow
+def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
+    from predictor.calibrate import calibrate
+
+    pack = calibrate("cpu", tmp_path / "coll", tiny=True, world_size=2, threads=1, families=["collectives"],
+                     log=lambda _: None, register=False)
+    kernels = {r["kernel"] for r in pack.error_table}
+    assert kernels == {"all_reduce/w2", "all_to_all/w2", "all_gather/w2", "reduce_scatter/w2"}
+    coll = next(m for m in pack.models if type(m).__name__ == "PiecewiseCollective")
+    assert ("all_to_all", 2) in coll.params
+    assert pack.platform.interconnect.intra_node_latency_s > 0

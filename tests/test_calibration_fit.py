@@ -1,0 +1,147 @@
+"""Calibration model fitting recovers known parameters from synthetic data (no benchmarks run)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictor.calibration.embedding_bag import indices_for_reuse, reuse_factors
+from predictor.kernels import TaskView
+from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid, fit_piecewise_sigmoid
+from predictor.kernels.learned import (
+    FittedRoofline,
+    MLPConfig,
+    MLPKernelModel,
+    RooflineFit,
+    fit_mlp,
+    fit_roofline,
+    model_from_dict,
+    model_to_dict,
+    uniform_reuse_factors,
+)
+from predictor.platforms import get_platform
+from predictor.workloads.dlrm_tables import reuse_profiles, thin_reuse
+
+SIZES = 4.0 * 2.0 ** np.arange(27)  # 4 B .. 256 MiB, doubling (Lin et al. 2024 §III-C)
+
+
+def test_piecewise_sigmoid_recovers_exact_parameters():
+    true = PiecewiseSigmoid.continuous(ts=25e-6, bw_max=6e9, m1=2.0**10, m2=2.0**20)
+    fit = fit_piecewise_sigmoid(SIZES, true(SIZES))
+    assert fit.ts == pytest.approx(true.ts, rel=1e-6)
+    assert fit.bw_max == pytest.approx(true.bw_max, rel=1e-6)
+    assert (fit.m1, fit.m2) == (true.m1, true.m2)
+    for name in ("L", "x0", "k", "b"):
+        assert getattr(fit, name) == pytest.approx(getattr(true, name), rel=1e-3, abs=1e-6)
+    assert np.max(np.abs(fit(SIZES) / true(SIZES) - 1)) < 1e-6
+
+
+def test_piecewise_sigmoid_under_noise_stays_within_noise():
+    rng = np.random.default_rng(3)
+    true = PiecewiseSigmoid.continuous(ts=60e-6, bw_max=2e9, m1=2.0**12, m2=2.0**22, steepness=6.0)
+    noisy = true(SIZES) * np.exp(rng.normal(0.0, 0.02, SIZES.size))
+    fit = fit_piecewise_sigmoid(SIZES, noisy)
+    assert fit.ts == pytest.approx(true.ts, rel=0.03)
+    assert fit.bw_max == pytest.approx(true.bw_max, rel=0.05)
+    assert np.max(np.abs(fit(SIZES) / true(SIZES) - 1)) < 0.06
+
+
+def test_piecewise_sigmoid_rejects_too_few_points():
+    with pytest.raises(ValueError, match="at least 4"):
+        fit_piecewise_sigmoid(np.array([4.0, 8.0, 16.0]), np.array([1e-5, 1e-5, 1e-5]))
+
+
+def test_roofline_recovers_bandwidth_and_floor():
+    rng = np.random.default_rng(0)
+    moved = np.exp(rng.uniform(np.log(1e3), np.log(1e9), 120))
+    t = 3e-6 + moved / 20e9
+    fit = fit_roofline(moved, t)
+    assert fit.peak_bandwidth == pytest.approx(20e9, rel=0.01)
+    assert fit.floor_s == pytest.approx(3e-6, rel=0.02)
+    assert np.max(np.abs(fit(moved) / t - 1)) < 0.01
+
+
+def test_roofline_finds_a_cache_regime():
+    rng = np.random.default_rng(1)
+    moved = np.exp(rng.uniform(np.log(1e3), np.log(1e9), 200))
+    bw = np.where(moved <= 2**20, 80e9, 15e9)
+    t = (2e-6 + moved / bw) * np.exp(rng.normal(0, 0.01, moved.size))
+    fit = fit_roofline(moved, t)
+    assert len(fit.edges) >= 1
+    assert any(abs(np.log2(e) - 20) <= 1.0 for e in fit.edges)
+    assert fit.peak_bandwidth == pytest.approx(80e9, rel=0.1)
+    assert fit(np.array([5e8]))[0] == pytest.approx(2e-6 + 5e8 / 15e9, rel=0.03)
+
+
+def _gemm_like(m, n, k):
+    """A smooth, GEMM-shaped function: floor + work at a size-dependent rate (seconds)."""
+    work = 2.0 * m * n * k
+    rate = 2e11 * work / (work + 5e6)
+    return 2e-6 + work / rate
+
+
+def test_mlp_fits_a_known_smooth_function_within_5_percent():
+    rng = np.random.default_rng(0)
+    x = np.exp(rng.uniform(np.log(8), np.log(2048), size=(320, 3)))
+    t = _gemm_like(x[:, 0], x[:, 1], x[:, 2])
+    train, test = slice(0, 256), slice(256, None)
+    net = fit_mlp(x[train], t[train], ("m", "n", "k"), work=("m", "n", "k"),
+                  grid=[MLPConfig(3, 32, "adam", 1e-2)], epochs=1500, seed=0)
+    err = np.abs(net.predict(x[test]) / t[test] - 1) * 100
+    assert np.exp(np.mean(np.log(np.maximum(err, 1e-3)))) < 5.0
+    assert np.median(err) < 5.0
+
+
+def test_mlp_grid_search_keeps_the_better_config_and_extrapolates_by_work():
+    rng = np.random.default_rng(1)
+    x = np.exp(rng.uniform(np.log(16), np.log(1024), size=(200, 3)))
+    t = _gemm_like(x[:, 0], x[:, 1], x[:, 2])
+    grid = [MLPConfig(3, 32, "adam", 1e-2), MLPConfig(3, 32, "adam", 1e-7)]  # the second cannot learn
+    net = fit_mlp(x, t, ("m", "n", "k"), work=("m", "n", "k"), grid=grid, epochs=600, seed=0)
+    assert net.config["lr"] == 1e-2 and net.config["tried"] == 2
+    big = np.array([[4096.0, 1024.0, 1024.0]])  # 4x the largest m benchmarked
+    edge = np.array([[1024.0, 1024.0, 1024.0]])
+    assert net.predict(big)[0] == pytest.approx(4.0 * net.predict(edge)[0], rel=1e-9)
+
+
+def test_uniform_reuse_factors_match_random_draws():
+    rng = np.random.default_rng(0)
+    for lookups, rows in ((5000, 100000), (20000, 2000), (4096, 64)):
+        measured = np.mean([reuse_factors(rng.integers(0, rows, lookups)) for _ in range(5)], axis=0)
+        expected = uniform_reuse_factors(np.array([lookups]), np.array([rows]))[0]
+        assert expected.sum() == pytest.approx(1.0)
+        assert np.abs(measured - expected).sum() < 0.05
+
+
+def test_indices_follow_a_target_reuse_profile():
+    rng = np.random.default_rng(0)
+    target = thin_reuse(reuse_profiles()[0], 0.05)
+    idx = indices_for_reuse(target, 40000, 10_000_000, rng)
+    assert idx.size == 40000 and idx.min() >= 0 and idx.max() < 10_000_000
+    assert np.abs(reuse_factors(idx) - target).sum() < 0.1
+
+
+def test_calibrated_models_survive_serialisation():
+    platform = get_platform("a100-80gb")
+    rng = np.random.default_rng(0)
+    x = np.exp(rng.uniform(np.log(8), np.log(512), size=(60, 3)))
+    net = fit_mlp(x, _gemm_like(*x.T), ("m", "n", "k"), work=("m", "n", "k"),
+                  grid=[MLPConfig(3, 16, "adam", 1e-2)], epochs=100)
+    gemm = MLPKernelModel("mlp-gemm", ("gemm", "addmm"), {"addmm/fp32": net}, router="gemm",
+                          fallback="analytic-gemm")
+    roof = FittedRoofline({"add": RooflineFit(2e-6, (2.0**20,), (80e9, 15e9)), "relu": RooflineFit(1e-6, (), (30e9,))},
+                          generic="add")
+    coll = PiecewiseCollective({("all_reduce", 2): PiecewiseSigmoid.continuous(3e-5, 4e9, 2.0**10, 2.0**20)})
+    tv = TaskView.from_columns("gemm", m=[64.0, 100.0], n=[32.0, 7.0], k=[128.0, 900.0], dtype_bytes=[4.0, 4.0])
+    tv_fp64 = TaskView.from_columns("gemm", m=[64.0], n=[32.0], k=[128.0], dtype_bytes=[8.0])
+    ev = TaskView.from_columns("optimizer", bytes=[1e3, 1e7])
+    cv = TaskView.from_columns("all_reduce", msg_bytes=[4.0, 1e6, 1e9], world=[2.0, 2.0, 2.0])
+    for model, view in ((gemm, tv), (gemm, tv_fp64), (roof, ev), (coll, cv)):
+        again = model_from_dict(model_to_dict(model))
+        a, b = model.predict(view, platform), again.predict(view, platform)
+        assert np.all(np.isfinite(a)) and np.all(a > 0)
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    # a dtype without a net falls back to the analytic GEMM model
+    from predictor.kernels import AnalyticGemm
+
+    np.testing.assert_allclose(gemm.predict(tv_fp64, platform), AnalyticGemm().predict(tv_fp64, platform))

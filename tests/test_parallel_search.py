@@ -1,0 +1,194 @@
+"""`space: parallel` search and `tuner predict --workload`: results, infeasible plans, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.parallel.runner import run_parallel_search
+from tuner.parallel.space import enumerate_candidates
+from tuner.search import default_storage
+from tuner.spaces import SpaceError, load_space
+
+REPO = Path(__file__).resolve().parents[1]
+
+SPACE = {
+    "space": "parallel",
+    "model": {"name": "gpt-small", "layers": 8, "hidden": 1024, "heads": 16, "seq": 1024, "vocab": 8000},
+    "cluster": {"platform": "a100-80gb", "nodes": 1},
+    "global_batch": 32,
+    "ranges": {"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch": [1, 4], "recompute": ["none", "full"]},
+    "search": {"strategy": "grid"},
+}
+MODEL = {"name": "m", "layers": 8, "hidden": 1024, "heads": 16, "seq": 1024, "vocab": 8000}
+
+
+def _write(tmp_path: Path, data: dict, name: str = "space.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.output
+
+
+def _space(tmp_path, **changes):
+    data = json.loads(json.dumps(SPACE))
+    for k, v in changes.items():
+        data[k] = v
+    return load_space(_write(tmp_path, data))
+
+
+# --------------------------------------------------------------------------- search
+def test_grid_search_ranks_feasible_plans_and_never_picks_an_oom_one(tmp_path):
+    # 80 MB devices do not hold 8 x 1024-wide layers unsplit: only some plans fit
+    cat = tmp_path / "cat.yaml"
+    cat.write_text("a100-80gb:\n  memory:\n    - {name: l2, capacity_bytes: 41943040, bandwidth_bytes_per_s: 7.2e+12, "
+                   "on_chip: true}\n    - {name: hbm, capacity_bytes: 1.6e+9, bandwidth_bytes_per_s: 2.0e+12, on_chip: false}\n")
+    space = _space(tmp_path, cluster={"platform": "a100-80gb", "nodes": 1, "catalog": str(cat)})
+    out = tmp_path / "out"
+    out.mkdir()
+    code, text = _cli("search", str(_write(tmp_path, space.model_dump(mode="json"))), "--out", str(out), "--workers", "0")
+    assert code == 0, text
+    payload = json.loads((out / "results.json").read_text())
+    plans = payload["plans"]
+    ok = [p for p in plans if p["status"] == "ok"]
+    oom = [p for p in plans if p["status"] == "infeasible"]
+    assert ok and oom
+    assert payload["best"]["key"] == ok[0]["key"]
+    assert all(a["predicted_iteration_s"] <= b["predicted_iteration_s"] for a, b in zip(ok, ok[1:], strict=False))
+    assert min(p["memory_bytes_per_device"] for p in oom) > 1.6e9
+    assert all("GiB per device" in p["reason"] for p in oom)
+    assert payload["best"]["memory_bytes_per_device"] <= 1.6e9
+    assert (out / payload["best_trace"]).exists()
+    assert (out / "results.csv").exists()
+    assert payload["counts"]["candidates"] == len(plans)  # grid evaluates every candidate
+    assert payload["best"]["key"].split("-")[0] in text  # the table shows the winner
+
+
+def test_tpe_search_resumes_without_re_evaluating(tmp_path):
+    space = _space(tmp_path, search={"strategy": "tpe", "trials": 6, "seed": 3},
+                   ranges={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch": [1, 2, 4], "recompute": ["none", "full"]})
+    out = tmp_path / "o"
+    out.mkdir()
+    first = run_parallel_search(space, storage=default_storage(out), workers=0)
+    assert first.strategy == "tpe" and len(first.results) == 6 and first.evaluated == 6
+    again = run_parallel_search(space, storage=default_storage(out), workers=0, resume=True)
+    assert again.evaluated == 0 and again.reused == 6
+    assert again.results.keys() == first.results.keys()
+    more = run_parallel_search(space.model_copy(update={"search": space.search.model_copy(update={"trials": 8})}),
+                               storage=default_storage(out), workers=0, resume=True)
+    assert more.evaluated == 2 and len(more.results) == 8
+
+
+def test_candidates_skip_impossible_combinations(tmp_path):
+    space = _space(tmp_path, ranges={"tp": [1, 2, 3], "pp": [1, 2, 16], "micro_batch": [1], "recompute": ["none"]})
+    cands, invalid = enumerate_candidates(space, 8)
+    keys = {c.key for c in cands}
+    assert "tp2-pp2-dp2-mb1-1f1b-none" in keys
+    reasons = " | ".join(r for _, r in invalid)
+    assert "does not divide 8 devices" in reasons  # tp=3
+    assert all(c.fields["tp"] * c.fields["pp"] * c.fields["dp"] == 8 for c in cands)
+
+
+@pytest.mark.slow
+def test_ray_workers_give_the_same_grid_as_in_process(tmp_path):
+    space = _space(tmp_path, ranges={"tp": [2, 4], "pp": [1, 2], "micro_batch": [2], "recompute": ["none"]})
+    a = run_parallel_search(space, storage=default_storage(_mk(tmp_path / "a")), workers=0)
+    b = run_parallel_search(space, storage=default_storage(_mk(tmp_path / "b")), workers=2)
+    assert {k: v["predicted_iteration_s"] for k, v in a.results.items()} == pytest.approx(
+        {k: v["predicted_iteration_s"] for k, v in b.results.items()})
+
+
+def _mk(p: Path) -> Path:
+    p.mkdir()
+    return p
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"model": {**MODEL, "heads": 12}}, "model: hidden size 1024 is not divisible by 12 heads"),
+        ({"cluster": {"platform": "a100-90gb"}}, "unknown platform 'a100-90gb'"),
+        ({"ranges": {"tp": [3], "pp": [1]}}, "no valid plan in the ranges for 8 devices"),
+        ({"global_batch": 0}, "global_batch: Input should be greater than 0"),
+        ({"ranges": {"schedule": ["zigzag"]}}, "ranges.schedule.0"),
+    ],
+)
+def test_bad_spaces_exit_2_with_one_line(tmp_path, change, expected):
+    data = json.loads(json.dumps(SPACE))
+    data.update(change)
+    code, text = _cli("search", str(_write(tmp_path, data)), "--out", str(tmp_path / "out"), "--workers", "0")
+    assert code == 2, text
+    assert expected in text
+    assert "Traceback" not in text
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+# --------------------------------------------------------------------------- tuner predict
+def test_predict_prints_time_and_memory_as_json(tmp_path):
+    wl = _write(tmp_path, MODEL, "model.yaml")
+    code, text = _cli("predict", "--workload", str(wl), "--set", "tp=2", "--set", "pp=2", "--set", "dp=2",
+                      "--set", "micro_batch=2", "--set", "global_batch=32", "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    assert r["predicted_iteration_s"] > 0 and r["memory_bytes_per_device"] > 0
+    assert r["plan"] == "tp2-pp2-dp2-mb2-1f1b-none" and r["devices"] == 8
+    assert len(r["memory_per_stage"]) == 2
+    # the same plan from a space file (cluster of 8 devices: dp derived)
+    code, text = _cli("predict", "--workload", str(_write(tmp_path, SPACE)), "--set", "tp=2", "--set", "pp=2",
+                      "--set", "micro_batch=2", "--json")
+    assert code == 0, text
+    assert json.loads(text)["predicted_iteration_s"] == pytest.approx(r["predicted_iteration_s"])
+
+
+def test_predict_writes_a_trace(tmp_path):
+    wl = _write(tmp_path, {"model": MODEL, "global_batch": 8}, "model.yaml")
+    code, text = _cli("predict", "--workload", str(wl), "--set", "tp=2", "--trace", str(tmp_path / "t.json"))
+    assert code == 0, text
+    assert "predicted_iteration_s" in text and "memory_bytes_per_device" in text
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "tp=3", "--set", "global_batch=8"], "16 attention heads are not divisible by tp=3"),
+        (["--set", "pp=16", "--set", "global_batch=8"], "pp=16 pipeline stages but the model has only 8 layers"),
+        (["--set", "tp=2", "--set", "pp=2", "--set", "dp=4", "--set", "global_batch=8", "--devices", "8"],
+         "tp x pp x dp = 2 x 2 x 4 = 16, but the cluster has 8 devices"),
+        (["--set", "global_batch=8", "--platform", "a100-90gb"], "unknown platform 'a100-90gb'"),
+        (["--set", "tp=two"], "tp must be an integer"),
+        (["--set", "colour=blue"], "unknown plan field 'colour'"),
+        (["--set", "tp=2"], "global batch unknown"),
+    ],
+)
+def test_predict_bad_input_exits_2_with_one_line(tmp_path, args, expected):
+    wl = _write(tmp_path, MODEL, "model.yaml")
+    code, text = _cli("predict", "--workload", str(wl), *args)
+    assert code == 2, text
+    assert expected in text
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1
+
+
+def test_predict_from_a_trace_is_not_yet_supported(tmp_path):
+    code, text = _cli("predict", str(tmp_path / "trace.json"), "--set", "batch_size=64")
+    assert code == 2 and "not yet supported" in text
+    code, text = _cli("predict")
+    assert code == 2 and "--workload" in text
+
+
+def test_example_space_loads_and_has_valid_plans():
+    space = load_space(REPO / "search_spaces" / "parallel.yaml")
+    cands, _ = enumerate_candidates(space, 64)
+    assert len(cands) > 100
+    with pytest.raises(SpaceError):
+        load_space(REPO / "search_spaces" / "missing.yaml")

@@ -1,0 +1,269 @@
+"""The transformer synthesiser: schedules, graph structure, FLOPs, symmetry, detail levels, memory, bad plans."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from predictor.kernels.base import TaskView
+from predictor.kernels.collective_span import SpanAwareCollective, alpha_beta
+from predictor.platforms import get_platform
+from predictor.simulate import simulate
+from predictor.workloads.pipeline_schedule import ScheduleError, interleaved, one_f_one_b, peak_in_flight
+from predictor.workloads.transformer import (
+    MoESpec,
+    ParallelPlan,
+    PlanError,
+    TransformerSpec,
+    build_stage_graph,
+    build_transformer_graph,
+    check_plan,
+    group_span,
+    transformer_timing,
+)
+from predictor.workloads.transformer_memory import activation_bytes_per_layer, memory_per_stage
+
+A100 = get_platform("a100-80gb")
+TIMING = transformer_timing(A100)
+SMALL = TransformerSpec(layers=8, hidden=512, heads=8, seq=256, vocab=1000, attention="unfused", name="small")
+
+
+def _plan(**kw) -> ParallelPlan:
+    base = dict(tp=2, pp=2, dp=2, micro_batch=2, global_batch=16)
+    base.update(kw)
+    return ParallelPlan(**base)
+
+
+# --------------------------------------------------------------------------- schedules
+@pytest.mark.parametrize(("p", "m"), [(1, 4), (4, 8), (4, 2), (8, 8)])
+def test_one_f_one_b_order_and_in_flight(p, m):
+    for s in range(p):
+        steps = one_f_one_b(p, m, s)
+        assert sorted((st.phase, st.micro_batch) for st in steps) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+        pos = {(st.phase, st.micro_batch): i for i, st in enumerate(steps)}
+        assert all(pos[("F", i)] < pos[("B", i)] for i in range(m))
+        assert peak_in_flight(steps) == min(p - s, m)  # PipeDream-Flush stashes at most p - s micro-batches
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 8, 3), (4, 4, 2)])
+def test_interleaved_covers_every_chunk_and_matches_korthikanti_peak(p, m, v):
+    for s in range(p):
+        steps = interleaved(p, m, v, s)
+        assert len(steps) == 2 * m * v
+        assert len(set(steps)) == 2 * m * v
+        pos = {st: i for i, st in enumerate(steps)}
+        for mb in range(m):
+            for c in range(v):
+                assert pos[("F", mb, c)] < pos[("B", mb, c)]
+    if m > p:  # Korthikanti §4.2.3: the first stage holds p*v + p - 1 chunks of L/(p v) layers
+        assert peak_in_flight(interleaved(p, m, v, 0)) == p * v + p - 1
+
+
+def test_interleaved_needs_divisible_micro_batches():
+    with pytest.raises(ScheduleError, match="divisible"):
+        interleaved(4, 6, 2, 0)
+
+
+# --------------------------------------------------------------------------- graph structure
+def test_one_rank_per_stage_and_cross_stage_groups():
+    g = build_transformer_graph(SMALL, _plan(), detail="kernel")
+    assert g.n_ranks == 2  # pp=2 stages; tp x dp peers are symmetric and not simulated
+    df = g.tasks_frame()
+    grouped = df[df.group >= 0]
+    sizes = grouped.groupby("group")["rank"].nunique()
+    p2p = grouped[grouped.kind == "send_recv"].groupby("group")["rank"].agg(["nunique", "size"])
+    assert (p2p["nunique"] == 2).all() and (p2p["size"] == 2).all()
+    m = _plan().micro_batches
+    assert len(p2p) == 2 * m  # one activation and one gradient per micro-batch across the one link
+    assert sizes.max() == 2
+    norm = grouped[grouped.name == "grad_norm.all_reduce"]
+    assert norm["rank"].nunique() == 2 and norm.group.nunique() == 1
+    tied = grouped[grouped.name == "embedding_grad.all_reduce"]
+    assert sorted(tied["rank"]) == [0, 1]
+    tl = simulate(g, TIMING)
+    assert tl.iteration_s > 0 and np.isfinite(tl.iteration_s)
+
+
+def test_gemm_flops_match_the_megatron_formula():
+    """Sum of GEMM FLOPs on all devices = SC21 eq. 3 accounting (3 or 4 passes over the layers)."""
+    for rec in ("none", "full"):
+        plan = _plan(recompute=rec)
+        g = build_transformer_graph(SMALL, plan, detail="kernel")
+        gemm = g.kind_mask("gemm")
+        per_replica = np.nansum(g.flops[gemm]) * plan.tp  # one graph rank per stage, tp devices each
+        total = per_replica * plan.dp
+        expected = SMALL.iteration_flops(plan.global_batch, rec)
+        pad = SMALL.padded_vocab(plan.tp) / SMALL.vocab  # the head runs on the padded vocabulary
+        head = 3 * plan.global_batch * 2 * SMALL.seq * SMALL.hidden * SMALL.vocab
+        assert total == pytest.approx(expected + head * (pad - 1), rel=1e-6)
+
+
+def test_tensor_and_sequence_parallel_collectives():
+    g = build_transformer_graph(SMALL, _plan(tp=1, dp=4), detail="kernel")
+    names = g.tasks_frame().name
+    assert not names.str.contains("attn_output_all_reduce").any()
+    g = build_transformer_graph(SMALL, _plan(), detail="kernel")
+    df = g.tasks_frame()
+    assert (df.name == "layer[0].attn_output_all_reduce").sum() > 0
+    g = build_transformer_graph(SMALL, _plan(sequence_parallel=True), detail="kernel")
+    df = g.tasks_frame()
+    layer = df[df.name.str.startswith("layer[")]
+    assert not (layer.kind == "all_reduce").any()  # SP turns every layer all-reduce into RS + AG
+    assert (layer.kind == "reduce_scatter").any() and (layer.kind == "all_gather").any()
+    assert (df[df.kind.isin(["reduce_scatter", "all_gather"])].world == 2).all()
+
+
+def test_data_parallel_buckets_carry_every_gradient():
+    plan = _plan(overlap_grad_reduce=True)
+    g = build_transformer_graph(SMALL, plan, detail="kernel")
+    df = g.tasks_frame()
+    dp = df[df.name == "dp_grad.all_reduce"]
+    mem = memory_per_stage(SMALL, plan)
+    for r in range(plan.pp):
+        got = dp[dp["rank"] == r].msg_bytes.sum()
+        assert got == pytest.approx(mem[r].params * 2, rel=1e-9)  # bf16 gradients, every parameter once
+        assert (dp[dp["rank"] == r].world == plan.dp).all()
+    # overlapped: launched inside the last backward steps, before the optimizer
+    opt = df[df.name == "adam.multi_tensor_apply"].index
+    assert dp.index.max() < opt.max()
+
+
+def test_kernel_and_stage_detail_agree():
+    """Stage detail (one task per step, timed by simulating the step's kernels) = kernel detail for
+    GPU-bound steps (launch-bound toy models differ by a few % at step boundaries)."""
+    mid = TransformerSpec(layers=8, hidden=2048, heads=16, seq=1024, vocab=8000, attention="unfused", name="mid")
+    for kw in ({}, {"schedule": "interleaved", "virtual_stages": 2, "global_batch": 32},
+               {"recompute": "full", "pp": 4, "dp": 1}, {"sequence_parallel": True}):
+        plan = _plan(**kw)
+        gk = build_transformer_graph(mid, plan, detail="kernel")
+        gs = build_transformer_graph(mid, plan, detail="stage", timing=TIMING)
+        assert gs.n_tasks < gk.n_tasks / 3
+        assert simulate(gs, TIMING).iteration_s == pytest.approx(simulate(gk, TIMING).iteration_s, rel=0.01), kw
+
+
+def test_graph_does_not_grow_with_data_parallelism_and_1024_gpus_stay_small():
+    a = build_transformer_graph(SMALL, _plan(dp=1, global_batch=8), detail="kernel")
+    b = build_transformer_graph(SMALL, _plan(dp=16, global_batch=128), detail="kernel")
+    assert b.n_ranks == a.n_ranks == 2
+    assert abs(b.n_tasks - a.n_tasks) < 0.05 * a.n_tasks  # only the DP buckets differ
+    big = TransformerSpec(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, name="gpt3-175b")
+    plan = ParallelPlan(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, recompute="full")
+    assert plan.devices == 1024
+    t0 = time.perf_counter()
+    g = build_transformer_graph(big, plan, timing=TIMING, detail="auto")
+    assert g.n_ranks == 8 and g.meta["detail"] == "stage"
+    assert time.perf_counter() - t0 < 10
+    assert simulate(g, TIMING).iteration_s > 0
+
+
+def test_moe_all_to_all_over_the_expert_group():
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, moe=MoESpec(experts=8, top_k=2))
+    plan = ParallelPlan(tp=2, pp=1, dp=4, ep=2, micro_batch=2, global_batch=16)
+    g = build_transformer_graph(spec, plan, detail="kernel")
+    df = g.tasks_frame()
+    a2a = df[df.kind == "all_to_all"]
+    assert len(a2a) == 4 * 4 * plan.micro_batches  # dispatch + combine, forward and backward, per layer
+    assert (a2a.world == 2).all()
+    edp = df[df.name == "expert_dp_grad.all_reduce"]
+    assert len(edp) and (edp.world == 2).all()  # expert gradients reduce over dp / ep replicas
+    experts = (8 / 2) * (2 * 512 * 2048 + 2048 + 512) * 4
+    assert edp.msg_bytes.sum() == pytest.approx(experts * 2)
+    assert simulate(g, TIMING).iteration_s > 0
+
+
+def test_recompute_full_adds_a_forward_and_selective_only_attention():
+    none = build_transformer_graph(SMALL, _plan(), detail="kernel").tasks_frame()
+    full = build_transformer_graph(SMALL, _plan(recompute="full"), detail="kernel").tasks_frame()
+    sel = build_transformer_graph(SMALL, _plan(recompute="selective"), detail="kernel").tasks_frame()
+    assert not none.name.str.contains("recompute").any()
+    assert full.name.str.contains(r"recompute\.qkv").any()
+    rec = sel[sel.name.str.contains("recompute")]
+    assert len(rec) and rec.name.str.contains("attn_|softmax|dropout").all()
+    assert not rec.name.str.contains("qkv|fc1").any()
+
+
+# --------------------------------------------------------------------------- collectives across nodes
+def test_group_span_and_cross_node_collectives_are_slower():
+    assert group_span(np.arange(2) * 8, 8) == (2, 2)  # DP peers of a TP=8 group: one per node
+    assert group_span(np.arange(8), 8) == (8, 1)
+    model = SpanAwareCollective()
+    one = model.predict(TaskView.from_columns("all_reduce", msg_bytes=[1e8], world=[2], nodes=[1]), A100)[0]
+    two = model.predict(TaskView.from_columns("all_reduce", msg_bytes=[1e8], world=[2], nodes=[2]), A100)[0]
+    assert two > 5 * one  # InfiniBand (25 GB/s) against NVLink (300 GB/s)
+    ts, bw = alpha_beta("all_reduce", 16, 2, A100)
+    assert bw == pytest.approx(min(300e9, 8 * 25e9) / (2 * 15 / 16))  # 8 rings side by side, one NIC each
+
+
+# --------------------------------------------------------------------------- memory
+def test_activation_memory_follows_korthikanti():
+    s, b, h, a, t = SMALL.seq, 2, SMALL.hidden, SMALL.heads, 2
+    sbh = s * b * h
+    f = activation_bytes_per_layer
+    assert f(SMALL, _plan(tp=t)) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))  # eq. 2
+    assert f(SMALL, _plan(tp=t, sequence_parallel=True)) == pytest.approx(sbh / t * (34 + 5 * a * s / h))  # eq. 4
+    assert f(SMALL, _plan(tp=t, sequence_parallel=True, recompute="selective")) == pytest.approx(34 * sbh / t)  # eq. 6
+    assert f(SMALL, _plan(tp=t, recompute="full")) == pytest.approx(2 * sbh)
+
+
+def test_stage_memory_in_flight_and_model_states():
+    plan = ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=16)
+    mem = memory_per_stage(SMALL, plan)
+    assert [m.in_flight for m in mem] == [4, 3, 2, 1]
+    assert mem[0].activations_bytes > mem[-1].activations_bytes - 4 * SMALL.seq * SMALL.hidden * (1 + 1024 / 512)
+    m1 = mem[1]
+    assert m1.weights_bytes + m1.grads_bytes + m1.optimizer_bytes == pytest.approx(18 * m1.params)
+    zero = memory_per_stage(SMALL, ParallelPlan(tp=1, pp=4, dp=4, micro_batch=1, global_batch=16,
+                                                distributed_optimizer=True))[1]
+    assert zero.optimizer_bytes == pytest.approx(12 * zero.params / 4)
+
+
+# --------------------------------------------------------------------------- bad plans
+@pytest.mark.parametrize(
+    ("plan", "devices", "message"),
+    [
+        (dict(tp=3), None, "8 attention heads are not divisible by tp=3"),
+        (dict(pp=16, tp=1, dp=1), None, "pp=16 pipeline stages but the model has only 8 layers"),
+        (dict(tp=2, pp=2, dp=2), 16, "tp x pp x dp = 2 x 2 x 2 = 8, but the cluster has 16 devices"),
+        (dict(pp=3, tp=1, dp=1, global_batch=6), None, "8 layers cannot be split evenly over pp=3"),
+        (dict(global_batch=10), None, "global batch 10 is not divisible by dp x micro_batch = 2 x 2"),
+        (dict(ep=2), None, "ep=2 needs a MoE model"),
+        (dict(schedule="interleaved", virtual_stages=2, global_batch=6, micro_batch=2, dp=1), None,
+         "micro-batches per replica (3) divisible by pp=2"),
+    ],
+)
+def test_bad_plans_say_what_is_wrong(plan, devices, message):
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_plan(SMALL, _plan(**plan), devices)
+
+
+def test_stage_graph_for_alpa():
+    g = build_stage_graph(SMALL, ParallelPlan(tp=2, micro_batch=2), 3, with_embedding=True, with_head=False)
+    df = g.tasks_frame()
+    assert g.n_ranks == 1
+    assert (df.name == "layer[2].qkv.addmm").sum() == 1 and (df.name == "layer[3].qkv.addmm").sum() == 0
+    assert (df.name == "word_embedding.gather").sum() == 1 and (df.name == "lm_head.mm").sum() == 0
+    assert not df.kind.isin(["send_recv", "optimizer"]).any()
+    with pytest.raises(PlanError):
+        build_stage_graph(SMALL, ParallelPlan(tp=3), 2, with_embedding=False, with_head=False)
+
+
+def test_host_mode_builds_and_simulates():
+    cpu = get_platform("a100-80gb").model_copy(update={"kind": "cpu"})
+    g = build_transformer_graph(SMALL, _plan(), detail="kernel", mode="host")
+    assert not g.is_gpu().any()
+    assert simulate(g, transformer_timing(cpu)).iteration_s > 0
+
+
+def test_pipeline_bubble_shrinks_with_micro_batches_and_interleaving():
+    mid = TransformerSpec(layers=8, hidden=2048, heads=16, seq=1024, vocab=8000, name="mid")
+
+    def per_sample(**kw):
+        plan = ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, **kw)
+        return simulate(build_transformer_graph(mid, plan, detail="stage", timing=TIMING), TIMING).iteration_s / plan.global_batch
+
+    few, many = per_sample(global_batch=4), per_sample(global_batch=32)
+    assert many < few  # bubble (p-1)/m: 3/4 of the work vs 3/32
+    assert few / many == pytest.approx((1 + 3 / 4) / (1 + 3 / 32), rel=0.15)
+    assert per_sample(global_batch=8, schedule="interleaved", virtual_stages=2) < per_sample(global_batch=8)

@@ -1,0 +1,60 @@
+"""``tuner calibrate``: microbenchmark the local device, fit the kernel models, write an asset pack."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from tuner.commands.common import console, err_console, fail
+
+#: environment variable that selects the test-sized grids (seconds instead of minutes); tests only
+TINY_ENV = "TUNER_CALIBRATE_TINY"
+
+
+def calibrate(
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
+    out: Path = typer.Option(..., "--out", help="asset pack folder to write, e.g. assets/cpu-local"),
+    quick: bool = typer.Option(False, "--quick", help="small grids: a few minutes on a 2-core CPU"),
+    world_size: int = typer.Option(1, "--world-size", help="local processes for the collective benchmarks "
+                                   "(gloo on CPU, NCCL on GPUs); 1 skips collectives"),
+    threads: int = typer.Option(None, "--threads", help="torch intra-op threads for CPU benchmarks "
+                                "(default: torch's current setting)"),
+    name: str = typer.Option(None, "--name", help="pack / platform name (default: the --out folder name)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the shape grids and the held-out split"),
+    families: str = typer.Option(None, "--families", help="comma-separated benchmark families (default: all): "
+                                 "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
+                                 "collectives"),
+    tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
+) -> None:
+    """Benchmark this machine's device, fit every kernel model, print the held-out error table,
+    and write an asset pack that `--platform NAME` then uses."""
+    from rich.table import Table
+
+    from predictor.calibrate import CalibrationError
+    from predictor.calibrate import calibrate as run_calibration
+    from predictor.calibration.collectives import CollectiveError
+
+    tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
+    try:
+        pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads, name=name,
+                               seed=seed, families=[f.strip() for f in families.split(",") if f.strip()] if families else None,
+                               log=lambda line: err_console.print(line, highlight=False))
+    except (CalibrationError, CollectiveError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"--out {out}: {exc.strerror or exc}")
+
+    table = Table(title=f"Kernel models of {pack.name}: error on the held-out 20% (Lin et al. 2022 Table I layout)")
+    for col in ("kernel", "samples", "GMAE %", "MAPE %", "std %", "max %", "model"):
+        table.add_column(col, justify="left" if col in ("kernel", "model") else "right")
+    for r in pack.error_table:
+        table.add_row(r["kernel"], str(r["samples"]), f"{r['gmae_pct']:.2f}", f"{r['mape_pct']:.2f}",
+                      f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}", r["model"])
+    console.print(table)
+    o = pack.platform.overheads
+    console.print(f"overheads: T1 {o.t1_s * 1e6:.2f} us, T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, "
+                  f"T4 {o.t4_s * 1e6:.2f} us, T5 {o.t5_s * 1e6:.2f} us", highlight=False)
+    console.print(f"asset pack [bold]{pack.name}[/] written to {pack.path}; use it with --platform {pack.name} "
+                  f"(or --platform {pack.path})", highlight=False)

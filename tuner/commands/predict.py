@@ -1,0 +1,177 @@
+"""``tuner predict``: predict one configuration without starting Ray.
+
+Today: ``tuner predict --workload MODEL.yaml --set tp=4 --set pp=8 --set dp=16 --set micro_batch=2
+--set global_batch=1536 [--platform a100-80gb] [--json]`` — one TP/PP/DP plan of a transformer.
+``MODEL.yaml`` is either a model (``layers, hidden, heads, seq, vocab, ...``), a mapping with a
+``model:`` section (and optionally ``cluster:``, ``global_batch:``, ``options:``), or a whole
+``space: parallel`` file (its model, cluster, global batch and options are the defaults).
+
+The positional ``PATH`` is reserved for trace what-ifs (``tuner predict TRACE --set
+batch_size=...``); each source is one ``_predict_*`` function below, chosen in :func:`predict`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner.commands.common import console, fail
+
+SOURCES = "--workload MODEL.yaml"
+
+
+def predict(
+    path: Annotated[Path | None, typer.Argument(help="a trace to re-time with --set changes (not yet supported)")] = None,
+    workload: Annotated[Path | None, typer.Option("--workload", help="transformer model YAML (or a parallel space file)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="plan field=value, repeatable (tp, pp, dp, micro_batch, global_batch, schedule, recompute, ...)")] = None,
+    platform: Annotated[str | None, typer.Option("--platform", help="catalog key (default: the workload's cluster, else a100-80gb)")] = None,
+    catalog: Annotated[Path | None, typer.Option("--catalog", help="user YAML overriding or adding catalog entries")] = None,
+    devices_per_node: Annotated[int | None, typer.Option("--devices-per-node", help="default: the workload's cluster or the catalog's")] = None,
+    devices: Annotated[int | None, typer.Option("--devices", help="devices of the cluster (default: the workload's nodes x devices per node)")] = None,
+    detail: Annotated[str, typer.Option("--detail", help="graph detail: auto, kernel or stage")] = "auto",
+    trace: Annotated[Path | None, typer.Option("--trace", help="write the predicted timeline as a Chrome/Perfetto trace")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Predict one configuration (a TP/PP/DP plan of a transformer) without starting Ray."""
+    if workload is not None:
+        _predict_workload(workload, set_ or [], platform, catalog, devices_per_node, devices, detail, trace, as_json)
+        return
+    if path is not None:
+        fail(f"{path}: predicting from a trace (tuner predict TRACE --set ...) is not yet supported; "
+             f"give {SOURCES}")
+    fail(f"nothing to predict: give {SOURCES}")
+
+
+# ----------------------------------------------------------------------------- workload
+def _load_workload(path: Path) -> tuple:
+    """(model section, cluster section or None, global batch or None, options or None) of a YAML file."""
+    import yaml
+    from pydantic import BaseModel, ConfigDict, ValidationError
+
+    from tuner.parallel.space import ClusterSection, ModelSection, ParallelSpace, PlanOptions
+    from tuner.spaces import format_validation_error
+
+    if not path.exists():
+        fail(f"{path}: no such file")
+    if path.is_dir():
+        fail(f"{path}: is a directory, expected a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        fail(f"{path}: YAML syntax error{where}: {getattr(exc, 'problem', None) or exc}")
+    except UnicodeDecodeError:
+        fail(f"{path}: not a text file")
+    if not isinstance(data, dict):
+        fail(f"{path}: expected a mapping (a model, or a file with a 'model:' section)")
+
+    class _Workload(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        model: ModelSection
+        cluster: ClusterSection | None = None
+        global_batch: int | None = None
+        options: PlanOptions | None = None
+
+    try:
+        if data.get("space") == "parallel":
+            sp = ParallelSpace.model_validate(data)
+            return sp.model, sp.cluster, sp.global_batch, sp.options
+        if "model" in data:
+            w = _Workload.model_validate(data)
+            return w.model, w.cluster, w.global_batch, w.options
+        return ModelSection.model_validate(data), None, None, None
+    except ValidationError as err:
+        fail(f"{path}: {format_validation_error(err)}")
+
+
+def _predict_workload(path: Path, sets: list[str], platform_key: str | None, catalog: Path | None,
+                      devices_per_node: int | None, n_devices: int | None, detail: str, trace: Path | None,
+                      as_json: bool) -> None:
+    from predictor.platforms import UnknownPlatformError, get_platform
+    from predictor.workloads.transformer import ParallelPlan, PlanError
+    from tuner.parallel.job import coerce, plan_from_fields, predict_plan
+
+    if detail not in ("auto", "kernel", "stage"):
+        fail(f"--detail must be auto, kernel or stage (got {detail!r})")
+    model, cluster, global_batch, options = _load_workload(path)
+    values: dict = {}
+    try:
+        for item in sets:
+            if "=" not in item:
+                fail(f"--set {item!r}: expected field=value, e.g. --set tp=4")
+            key, raw = item.split("=", 1)
+            values[key.strip()] = coerce(key.strip(), raw)
+    except PlanError as exc:
+        fail(f"--set: {exc}")
+    key = platform_key or (cluster.platform if cluster else "a100-80gb")
+    try:
+        platform = get_platform(key, catalog or (cluster.catalog if cluster else None))
+    except UnknownPlatformError as exc:
+        fail(str(exc))
+    except FileNotFoundError:
+        fail(f"catalog file not found: {catalog or cluster.catalog}")
+    dpn = devices_per_node or (cluster.devices_per_node if cluster and cluster.devices_per_node else platform.devices_per_node)
+    if dpn < 1:
+        fail(f"--devices-per-node must be >= 1 (got {dpn})")
+    if n_devices is not None and n_devices < 1:
+        fail(f"--devices must be >= 1 (got {n_devices})")
+    devices = n_devices or (cluster.nodes * dpn if cluster else None)
+    if "global_batch" not in values:
+        if global_batch is None:
+            fail("global batch unknown: give --set global_batch=N (or global_batch: in the workload file)")
+        values["global_batch"] = global_batch
+    if "dp" not in values:
+        tp, pp = values.get("tp", 1), values.get("pp", 1)
+        values["dp"] = devices // (tp * pp) if devices and tp * pp and devices % (tp * pp) == 0 else 1
+    base = ParallelPlan(**options.model_dump()) if options else ParallelPlan()
+    try:
+        plan = plan_from_fields(values, base)
+        spec = model.to_spec()
+        result, tl = predict_plan(spec, plan, platform, devices_per_node=dpn, devices=devices, detail=detail,
+                                  keep_timeline=trace is not None)
+    except PlanError as exc:
+        fail(str(exc))
+    result = {"model": spec.name, "platform": platform.key, **result}
+    if trace is not None and tl is not None:
+        result["trace"] = str(tl.write_chrome_trace(trace))
+    if as_json:
+        print(json.dumps(result, indent=1, default=_json_default))
+        return
+    _print_result(result)
+
+
+def _print_result(r: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{r['model']} — {r['plan']} on {r['devices']} x {r['platform']}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    it = r.get("predicted_iteration_s")
+    table.add_row("predicted_iteration_s", "—" if it is None else f"{it:.4f}")
+    table.add_row("memory_bytes_per_device", f"{r['memory_bytes_per_device']:.4g} ({r['memory_bytes_per_device'] / 2**30:.1f} GiB)")
+    table.add_row("feasible", "yes" if r["feasible"] else f"no — {r['reason']}")
+    if it is not None:
+        table.add_row("samples/s", f"{r['samples_per_s']:.2f}")
+        table.add_row("model TFLOP/s per device (MFU)", f"{r['model_tflops_per_device']:.1f} ({100 * r['mfu']:.1f}%)")
+        b = r["breakdown"]
+        table.add_row("slowest stage: exposed compute / comm / overlap / idle (s)",
+                      f"{b['exposed_compute_s']:.3f} / {b['exposed_communication_s']:.3f} / {b['overlap_s']:.3f} / {b['idle_s']:.3f}")
+        table.add_row("graph", f"{r['graph']['tasks']:,} tasks on {r['graph']['ranks']} stage ranks ({r['graph']['detail']})")
+    if "trace" in r:
+        table.add_row("trace", r["trace"])
+    console.print(table)
+
+
+def _json_default(x):
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -1,0 +1,138 @@
+"""``tuner replay PATH``: rebuild a captured run's execution graph, simulate it, compare.
+
+PATH is a Kineto trace (``.json``/``.json.gz``), or a folder / ``.tar.gz`` of per-rank traces,
+optionally with their execution traces (found next to them, or given with ``--et``). Prints
+per ProfilerStep the measured and predicted time, the Lumos breakdown (exposed compute /
+exposed communication / overlap / idle) of both, and the critical path's top contributors;
+writes into ``--out`` the simulated timeline (beside the measured one) as a Chrome/Perfetto trace, a GPU-utilisation PNG
+(measured vs simulated, Lumos Fig. 6) and ``replay.json`` (last, atomically). ``--json``
+prints that summary on stdout and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner.commands.common import err_console, fail
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one (``tuner.report.atomic_write_text``, without
+    importing the search stack)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _plot_utilization(df, path: Path, title: str) -> Path:
+    """Lumos Fig. 6 style: GPU compute-stream utilisation per bin, measured vs simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.2), dpi=110)
+    t_ms = df["time_s"].to_numpy() * 1e3
+    ax.step(t_ms, df["measured"].to_numpy() * 100, where="post", label="measured", lw=1.2)
+    ax.step(t_ms, df["predicted"].to_numpy() * 100, where="post", label="simulated", lw=1.0, ls="--")
+    width_ms = (t_ms[1] - t_ms[0]) if t_ms.size > 1 else 1.0
+    ax.set_xlabel(f"time since first step start (ms), {width_ms:g} ms bins")
+    ax.set_ylabel("GPU compute busy (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _print_report(summary: dict, out: Path | None) -> None:
+    from rich.table import Table
+
+    from tuner.commands.common import console
+
+    t = Table(title=f"Replay of {summary['source']} ({summary['ranks']} rank(s) of {summary['world_size']})")
+    for col in ("rank", "step", "measured ms", "predicted ms", "error %"):
+        t.add_column(col, justify="right" if col != "step" else "left")
+    for s in summary["steps"]:
+        t.add_row(str(s["rank"]), s["name"], f"{s['measured_s'] * 1e3:.3f}", f"{s['predicted_s'] * 1e3:.3f}",
+                  f"{s['error_pct']:+.2f}")
+    console.print(t)
+    console.print(
+        f"iteration: measured {summary['measured_iteration_s'] * 1e3:.3f} ms, predicted "
+        f"{summary['predicted_iteration_s'] * 1e3:.3f} ms; mean |error| {summary['mean_abs_error_pct']:.2f} %, "
+        f"max {summary['max_abs_error_pct']:.2f} %", highlight=False)
+    b = Table(title="Breakdown over the replayed steps (slowest rank)")
+    for col in ("", "exposed compute ms", "exposed comm ms", "overlap ms", "idle ms", "total ms"):
+        b.add_column(col, justify="right")
+    for label, key in (("measured", "breakdown_measured"), ("predicted", "breakdown")):
+        d = summary[key]
+        b.add_row(label, *(f"{d[k] * 1e3:.3f}" for k in ("exposed_compute_s", "exposed_communication_s",
+                                                          "overlap_s", "idle_s", "total_s")))
+    console.print(b)
+    c = Table(title="Critical path: top contributors (simulated)")
+    for col in ("name", "category", "ms", "share %"):
+        c.add_column(col, justify="left" if col in ("name", "category") else "right")
+    for r in summary["critical_path"]:
+        c.add_row(r["name"][:70], r["category"], f"{r['time_s'] * 1e3:.3f}", f"{r['share'] * 100:.1f}")
+    console.print(c)
+    for note in summary["notes"]:
+        console.print(f"note: {note}", highlight=False, style="dim")
+    if out is not None:
+        for label, p in summary.get("outputs", {}).items():
+            console.print(f"{label}: {p}", highlight=False)
+
+
+def replay(
+    path: Annotated[Path, typer.Argument(help="Kineto trace (.json/.json.gz), or folder/.tar.gz of per-rank traces")],
+    json_out: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout (nothing else)")] = False,
+    out: Annotated[Path, typer.Option("--out", help="folder for the simulated trace, PNG and replay.json")] = Path(
+        "out/replay"),
+    et: Annotated[Path | None, typer.Option("--et", help="execution trace(s): file, folder or .tar.gz")] = None,
+    no_et: Annotated[bool, typer.Option("--no-et", help="ignore execution traces")] = False,
+    top: Annotated[int, typer.Option("--top", help="critical-path contributors to list")] = 10,
+) -> None:
+    """Replay a captured run: measured vs simulated time per ProfilerStep, breakdown, critical path."""
+    from predictor.graph import GraphError
+    from predictor.traces.errors import TraceError
+    from predictor.traces.replay import replay as run_replay
+
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: exists and is not a folder")
+    if top < 0:
+        fail("--top must be >= 0")
+    try:
+        result = run_replay(path, et, use_et=not no_et)
+        summary = result.summary(top=top)
+    except TraceError as exc:
+        fail(str(exc))
+    except GraphError as exc:
+        fail(f"{path}: the trace's dependencies cannot be simulated ({exc})")
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        if os.environ.get("TUNER_DEBUG"):
+            raise
+        fail(f"{path}: cannot replay this trace ({type(exc).__name__}: {exc})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.json").unlink(missing_ok=True)  # a stale summary must not look like this run's
+    trace_file = result.write_trace(out / "replay_trace.json")
+    png = _plot_utilization(result.utilization(), out / "gpu_utilization.png",
+                            f"{Path(path).name}: GPU compute-stream utilisation, measured vs simulated")
+    summary["outputs"] = {"simulated trace": str(trace_file), "utilisation plot": str(png),
+                          "summary": str(out / "replay.json")}
+    text = json.dumps(summary, indent=1)
+    _atomic_write(out / "replay.json", text)
+    if json_out:
+        sys.stdout.write(text + "\n")
+    else:
+        _print_report(summary, out)
+        err_console.print(f"wrote {out}", highlight=False, style="dim")

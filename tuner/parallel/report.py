@@ -1,0 +1,126 @@
+"""Outputs of a ``space: parallel`` search: terminal table, results.csv, the best plan's trace, and
+``results.json`` — written last and atomically, so a killed run never leaves one that looks complete."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from predictor.workloads.transformer import ParallelPlan
+from tuner.parallel.job import predict_plan
+from tuner.parallel.runner import ParallelOutcome
+from tuner.report import atomic_write_text
+
+__all__ = ["parallel_payload", "print_parallel_table", "write_parallel_outputs"]
+
+_ORDER = {"ok": 0, "infeasible": 1, "invalid": 2, "failed": 3}
+
+
+def _rank_key(r: dict) -> tuple:
+    t = r.get("predicted_iteration_s")
+    mem = r.get("memory_bytes_per_device") or math.inf
+    return (_ORDER.get(r["status"], 4), t if t is not None else math.inf, mem)
+
+
+def parallel_payload(outcome: ParallelOutcome) -> dict:
+    """The ``results.json`` document: plans ranked (feasible by predicted time first)."""
+    ctx = outcome.ctx
+    plans = sorted(outcome.results.values(), key=_rank_key)
+    ok = [p for p in plans if p["status"] == "ok"]
+    counts = {s: sum(1 for p in plans if p["status"] == s) for s in _ORDER}
+    return {
+        "space": "parallel",
+        "model": ctx.spec.to_dict(),
+        "parameters": ctx.spec.param_count(),
+        "platform": ctx.platform.key,
+        "platform_name": ctx.platform.name,
+        "devices": ctx.devices,
+        "devices_per_node": ctx.devices_per_node,
+        "nodes": ctx.space.cluster.nodes,
+        "global_batch": ctx.space.global_batch,
+        "strategy": outcome.strategy,
+        "timing_source": "analytic kernel models from the catalog; span-aware collectives",
+        "study": {"name": outcome.study_name, "storage": outcome.storage, "evaluated": outcome.evaluated,
+                  "reused_from_study": outcome.reused},
+        "counts": {"candidates": outcome.n_candidates, "evaluated": len(plans), **counts,
+                   "invalid_combinations": len(outcome.invalid)},
+        "best": ok[0] if ok else None,
+        "plans": plans,
+        "invalid": [{"plan": k, "reason": r} for k, r in outcome.invalid],
+    }
+
+
+def _frame(payload: dict) -> pd.DataFrame:
+    rows = []
+    for p in payload["plans"]:
+        f = p.get("fields", {})
+        rows.append({
+            "plan": p.get("key"), "status": p["status"], "tp": f.get("tp"), "pp": f.get("pp"), "dp": f.get("dp"),
+            "micro_batch": f.get("micro_batch"), "schedule": f.get("schedule"),
+            "virtual_stages": f.get("virtual_stages") if f.get("schedule") == "interleaved" else None,
+            "recompute": f.get("recompute"), "sequence_parallel": f.get("sequence_parallel"),
+            "predicted_iteration_s": p.get("predicted_iteration_s"), "samples_per_s": p.get("samples_per_s"),
+            "model_tflops_per_device": p.get("model_tflops_per_device"), "mfu": p.get("mfu"),
+            "memory_gib_per_device": (p.get("memory_bytes_per_device") or np.nan) / 2**30, "reason": p.get("reason", ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def print_parallel_table(payload: dict, console: Console | None = None, top: int = 10) -> None:
+    """The fastest feasible plans, then how many did not fit and why (first few)."""
+    console = console or Console()
+    n = payload["counts"]
+    table = Table(title=f"{payload['model']['name']} on {payload['devices']} x {payload['platform_name']} — "
+                        f"global batch {payload['global_batch']} ({payload['strategy']}, {n['evaluated']} of "
+                        f"{n['candidates']} plans)", header_style="bold")
+    for col in ("#", "tp", "pp", "dp", "mb", "schedule", "recompute", "sp", "s/iter", "samples/s", "TFLOP/s/GPU",
+                "MFU", "GiB/GPU"):
+        table.add_column(col, justify="right" if col not in ("schedule", "recompute") else "left", no_wrap=True)
+    ok = [p for p in payload["plans"] if p["status"] == "ok"]
+    for i, p in enumerate(ok[:top]):
+        f = p["fields"]
+        sched = f["schedule"] if f["schedule"] == "1f1b" else f"interleaved x{f['virtual_stages']}"
+        style = "bold green" if i == 0 else None
+        table.add_row(str(i + 1), str(f["tp"]), str(f["pp"]), str(f["dp"]), str(f["micro_batch"]), sched,
+                      f["recompute"], "y" if f["sequence_parallel"] else "", f"{p['predicted_iteration_s']:.3f}",
+                      f"{p['samples_per_s']:.1f}", f"{p['model_tflops_per_device']:.0f}", f"{100 * p['mfu']:.1f}%",
+                      f"{p['memory_bytes_per_device'] / 2**30:.1f}", style=style)
+    console.print(table)
+    bad = [p for p in payload["plans"] if p["status"] != "ok"]
+    if bad:
+        console.print(f"{n['infeasible']} plans do not fit in memory, {n['failed'] + n['invalid']} failed; e.g.:")
+        for p in bad[:3]:
+            console.print(f"  {p.get('key')}: {p['status']} — {p.get('reason', '')}", highlight=False)
+    if not ok:
+        console.print("[red]no plan fits in memory[/]")
+
+
+def write_parallel_outputs(outcome: ParallelOutcome, out: Path) -> dict:
+    """Write results.csv, the Chrome trace of the best plan, then results.json (atomic, last)."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = parallel_payload(outcome)
+    atomic_write_text(out / "results.csv", _frame(payload).to_csv(index=False))
+    best = payload["best"]
+    if best is not None:
+        ctx = outcome.ctx
+        _, tl = predict_plan(ctx.spec, ParallelPlan(**best["fields"]), ctx.platform, devices_per_node=ctx.devices_per_node,
+                             devices=ctx.devices, detail=ctx.space.search.detail, keep_timeline=True)
+        if tl is not None:
+            path = tl.write_chrome_trace(out / "traces" / f"best_{best['key']}.json")
+            payload["best_trace"] = str(path.relative_to(out))
+    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=_json_default))
+    return payload
+
+
+def _json_default(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
