@@ -34,11 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from predictor.graph import DepKind, ExecutionGraph, ProcKind
+from predictor.graph import Category, DepKind, ExecutionGraph, ProcKind
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error
 from predictor.simulate import simulate
 from predictor.traces.build import build_graph
 from predictor.traces.load import load_traces
+from predictor.traces.overheads import OverheadTable, extract_overheads
 from predictor.traces.replay import ReplayResult, replay_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -113,7 +114,7 @@ def _ablation_errors(res: ReplayResult) -> dict[str, float]:
             print(f"  ablation {label!r}: {exc}")
     # Lin et al.'s baseline: GPU active time only (busiest stream's kernel time inside each step)
     ks = []
-    on_gpu = g.proc_kind[g.proc] == ProcKind.GPU_STREAM
+    on_gpu = (g.proc_kind[g.proc] == ProcKind.GPU_STREAM) & (g.category != Category.SYNC)  # kernels, copies
     m = res.measured
     for _, row in df.iterrows():
         a, b = row["measured_start_s"], row["measured_start_s"] + row["measured_s"]
@@ -125,7 +126,34 @@ def _ablation_errors(res: ReplayResult) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- speed
+_COLD = '''
+import json, sys, time
+t0 = time.perf_counter()
+from predictor.traces.load import load_traces
+from predictor.traces.build import build_graph
+from predictor.traces.replay import replay_graph
+t1 = time.perf_counter()
+ts = load_traces(sys.argv[1]); t2 = time.perf_counter()
+rg = build_graph(ts); t3 = time.perf_counter()
+res = replay_graph(rg); t4 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "read_s": t2 - t1, "build_s": t3 - t2, "simulate_s": t4 - t3,
+                  "total_s": t4 - t1}))
+'''
+
+
+def _time_cold(path: Path) -> dict:
+    """A fresh interpreter: imports, numba cache load and first simulation included."""
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _COLD, str(path)], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t0
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "process_wall_s": wall}
+
+
 def _time_replay(path: Path, repeats: int) -> dict:
+    cold = _time_cold(path)
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -136,10 +164,12 @@ def _time_replay(path: Path, repeats: int) -> dict:
         res = replay_graph(rg)
         t3 = time.perf_counter()
         runs.append({"read_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2, "total_s": t3 - t0,
-                     "events": int(sum(r.kineto.n_events for r in ts.ranks)), "tasks": rg.graph.n_tasks,
+                     "events": int(sum(r.kineto.n_events for r in ts.ranks)),
+                     "raw_events": int(sum(r.kineto.meta.get("raw_events", 0) for r in ts.ranks)),
+                     "tasks": rg.graph.n_tasks,
                      "edges": rg.graph.n_edges, "steps": len(res.steps())})
     best = min(runs, key=lambda r: r["total_s"])
-    return {"first": runs[0], "best": best, "repeats": repeats}
+    return {"cold": cold, "best": best, "repeats": repeats}
 
 
 def _time_hta(path: Path, tmp: Path) -> dict:
@@ -197,6 +227,7 @@ def main() -> None:
     args = ap.parse_args()
     if not TRACES.is_dir():
         raise SystemExit(f"no traces at {TRACES}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     per_trace: list[dict] = []
     for group, items in (("main", MAIN), ("small", SMALL)):
@@ -238,6 +269,13 @@ def main() -> None:
         "target_mean_below_3pct": mean_abs_pct_error(pm, mm) < 3.0,
         "target_every_step_below_5pct": max_abs_pct_error(pm, mm) < 5.0,
     }
+    # Lin et al. 2022 overhead types per trace, and the shared table pooled over the four traces
+    tables = {fname: extract_overheads(load_traces(TRACES / fname, use_et=False)) for fname, _ in MAIN}
+    shared = OverheadTable.merge(list(tables.values()))
+    shared.save(RESULTS / "replay_overheads.json")
+    overheads = {f: {k: t.seconds(k) for k in ("T1", "T2", "T3", "T4", "T5")} | {"profiler_cost_s": t.profiler_cost_s}
+                 for f, t in tables.items()}
+    overheads["shared"] = {k: shared.seconds(k) for k in ("T1", "T2", "T3", "T4", "T5")}
     speed = _time_replay(TRACES / SPEED_TRACE, args.repeats)
     hta = {"available": False, "reason": "--no-hta"} if args.no_hta else _time_hta(
         TRACES / SPEED_TRACE, Path("/tmp") / f"tuner-hta-{os.getpid()}")
@@ -248,12 +286,12 @@ def main() -> None:
         "command": "flock /tmp/tuner-measure.lock python benchmarks/replay_bench.py",
     }
     doc = {"environment": env, "overall_main_traces": overall, "traces": per_trace, "steps": rows,
-           "speed_resnet50": speed, "hta": hta}
-    RESULTS.mkdir(parents=True, exist_ok=True)
+           "overheads_s": overheads, "speed_resnet50": speed, "hta": hta}
     (RESULTS / "replay.json").write_text(json.dumps(doc, indent=1))
     (RESULTS / "replay.md").write_text(_markdown(doc))
     print(json.dumps(overall, indent=1))
-    print(f"ResNet-50 replay best {speed['best']['total_s']:.2f} s; HTA: {hta.get('total_s', 'n/a')}")
+    print(f"ResNet-50 replay cold {speed['cold']['total_s']:.2f} s, warm {speed['best']['total_s']:.2f} s; "
+          f"HTA: {hta.get('total_s', 'n/a')}")
 
 
 def _markdown(doc: dict) -> str:
@@ -306,6 +344,13 @@ def _markdown(doc: dict) -> str:
              "error above) tests the GPU-side dependencies. DLRM and the recommendation model wait on the GPU "
              "(syncs after all-to-all, copies to the host), so removing a dependency kind shows up in their step "
              "error. The kernel-sum column is Lin et al.'s GPU-active-time baseline.\n")
+    L.append("What the simulator is given: every task's measured duration except the waits (a sync keeps only "
+             "the time after the task it waits for; an NCCL kernel gets its group's minimum duration); each CPU "
+             "thread starts at the offset of its first event from the start of the trace — for the 8 DLRM ranks "
+             "that is their measured skew entering step 10 (it comes from step 9, outside the trace); every start "
+             "time after that is decided by dependencies and processor order. Single-rank traces of multi-rank "
+             "jobs (ResNet-50 rank 0 of 2, recsys rank 3 of 8) have no partner ranks: their collectives keep "
+             "their measured durations, waiting included.\n")
     L.append("## Breakdown (Lumos Fig. 5), slowest rank, over the replayed steps, ms\n")
     L.append("| trace | run | exposed compute | exposed comm | overlap | idle | total |")
     L.append("|---|---|---:|---:|---:|---:|---:|")
@@ -316,19 +361,32 @@ def _markdown(doc: dict) -> str:
             b = t[f"breakdown_{run}"]
             L.append(f"| `{t['trace']}` | {run} | {b['exposed_compute_s'] * 1e3:.2f} | {b['exposed_communication_s'] * 1e3:.2f} "
                      f"| {b['overlap_s'] * 1e3:.2f} | {b['idle_s'] * 1e3:.2f} | {b['total_s'] * 1e3:.2f} |")
+    L.append("\n## CPU overheads (Lin et al. 2022 §III-C), µs, profiler cost removed\n")
+    L.append("Measured on each trace (mean per type after 1.5-IQR outlier removal); `shared` pools the four "
+             "(Lin et al.'s shared overheads). Full table per op type and runtime call: `replay_overheads.json`.\n")
+    L.append("| trace | T1 | T2 | T3 | T4 | T5 | profiler cost per CPU op / runtime call |")
+    L.append("|---|---:|---:|---:|---:|---:|---|")
+    for f, o in doc["overheads_s"].items():
+        pc = o.get("profiler_cost_s")
+        pcs = f"{pc['cpu_op'] * 1e6:.2f} / {pc['runtime_call'] * 1e6:.2f}" if pc else ""
+        L.append(f"| `{f}` | " + " | ".join(f"{o[k] * 1e6:.2f}" for k in ("T1", "T2", "T3", "T4", "T5")) + f" | {pcs} |")
     L.append("\n## Speed: ResNet-50 trace end to end (read Kineto + ET, build, simulate)\n")
-    b, f = sp["best"], sp["first"]
-    L.append(f"{b['events']:,} Kineto events -> {b['tasks']:,} tasks, {b['edges']:,} edges, {b['steps']} steps.\n")
-    L.append("| run | read s | build s | simulate s | total s |")
-    L.append("|---|---:|---:|---:|---:|")
-    L.append(f"| first in process | {f['read_s']:.2f} | {f['build_s']:.2f} | {f['simulate_s']:.2f} | {f['total_s']:.2f} |")
-    L.append(f"| best of {sp['repeats']} | {b['read_s']:.2f} | {b['build_s']:.2f} | {b['simulate_s']:.2f} | {b['total_s']:.2f} |")
-    L.append(f"\nTarget < 5 s: {'met' if b['total_s'] < 5 else 'MISSED'} (best {b['total_s']:.2f} s, first {f['total_s']:.2f} s).\n")
+    b, c = sp["best"], sp["cold"]
+    L.append(f"{b['raw_events']:,} trace events ({b['events']:,} complete events kept) + the execution trace -> "
+             f"{b['tasks']:,} tasks, {b['edges']:,} edges, {b['steps']} steps.\n")
+    L.append("| run | import s | read s | build s | simulate s | read+build+simulate s |")
+    L.append("|---|---:|---:|---:|---:|---:|")
+    L.append(f"| cold: fresh interpreter (process wall {c['process_wall_s']:.2f} s) | {c['import_s']:.2f} | {c['read_s']:.2f} "
+             f"| {c['build_s']:.2f} | {c['simulate_s']:.2f} | {c['total_s']:.2f} |")
+    L.append(f"| warm: best of {sp['repeats']} in one process | - | {b['read_s']:.2f} | {b['build_s']:.2f} | "
+             f"{b['simulate_s']:.2f} | {b['total_s']:.2f} |")
+    L.append(f"\nTarget < 5 s: {'met' if c['total_s'] < 5 else 'MISSED'} (cold {c['total_s']:.2f} s, "
+             f"{c['process_wall_s']:.2f} s with interpreter start and imports; warm {b['total_s']:.2f} s).\n")
     if hta.get("available"):
-        ratio = hta["total_s"] / b["total_s"]
+        ratio = hta["total_s"] / c["total_s"]
         L.append(f"HTA {hta['version']} on the same trace and steps (ProfilerStep instances 0-2), same process: "
                  f"parse {hta['parse_s']:.2f} s + critical_path_analysis {hta['critical_path_s']:.2f} s = "
-                 f"{hta['total_s']:.2f} s (succeeded: {hta['succeeded']}); ratio HTA / tuner replay = **{ratio:.2f}x**."
+                 f"{hta['total_s']:.2f} s (succeeded: {hta['succeeded']}); ratio HTA / tuner replay (cold) = **{ratio:.2f}x**."
                  + (" HTA 0.5.0 needs a one-line shim to run on pandas 3 (`DataFrame.drop(axis=…, columns=…)`), "
                     "applied inside this benchmark only." if hta.get("pandas_drop_shim") else "")
                  + f" HTA boundedness: {hta.get('boundedness_pct')}.\n")

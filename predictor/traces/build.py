@@ -10,7 +10,12 @@ Tasks
   launch ``T3`` (host-only ops: overhead ``NONE``). Other runtime calls
   (``cudaStreamIsCapturing``, ``cudaFuncSetAttribute``...) stay inside their segment.
   ``ProfilerStep#N`` boundaries are zero-length ``marker`` tasks on the thread that holds them.
-* **GPU streams** hold kernels, copies and sets in stream order.
+* **GPU streams** hold kernels, copies and sets in stream order, separated by ``stream gap``
+  tasks of the device's own time to start a queued task (the trace's median gap between
+  back-to-back queued tasks, about 1-2 µs).
+* A launch call during which its GPU task already started (a pageable copy staged while the
+  call runs, a full launch queue) is split: an issuing part (a launch's usual cost, or for a
+  pageable copy the staging before the copy began) and the rest of the call.
 
 Dependencies (Lumos §3.3.2)
 ---------------------------
@@ -29,6 +34,10 @@ Dependencies (Lumos §3.3.2)
   the record's correlation id; older traces without them are resolved per thread (the record
   is on the stream the thread launched to last, the waiting stream is the one it launches to
   next).
+* GPU->GPU for the device itself: a task that started well after all of the above were
+  satisfied, right when a task of another stream ended, was held back by it (a kernel that
+  fills every SM, a busy copy engine) and depends on it — the GPU analogue of Lumos'
+  inter-thread rule.
 * DATA: from the execution trace's tensor ids, between top-level ops on different threads.
 * Collectives: NCCL kernels are matched across ranks by process group (or stream) and order
   into collective groups, which the simulator ends together; every member gets the group's
@@ -52,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.graph import PARAM_COLUMNS, Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
+from predictor.traces._io import no_gc
 from predictor.traces.errors import TraceError
 from predictor.traces.et import ExecutionTrace
 from predictor.traces.kineto import EventCat, KinetoTrace
@@ -68,6 +78,8 @@ RESOURCE_WAIT_US = 20.0
 RESOURCE_TAIL_US = 100.0
 #: ... or ended at most this long (µs) after it started (kernel tails, timestamp granularity)
 RESOURCE_LEAD_US = 100.0
+#: gaps longer than this (µs) between queued tasks of a stream are waits, not the device's own gap
+STREAM_GAP_MAX_US = 20.0
 #: runtime calls that only synchronise the CPU with the GPU
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
@@ -230,6 +242,20 @@ def _analyse_rank(index: int, rt: RankTrace) -> _RankInfo:
     nccl.sort(key=lambda i: gpu[i].start)
     return _RankInfo(index, rt, threads, thread_events, top_of, inner_of, streams, gpu, gpu_of_launch, nccl,
                      thread_of_event)
+
+
+def _queued_gap_us(info: _RankInfo, stream_tasks: list[list[int]], kt: KinetoTrace) -> float:
+    """Median gap (µs) between consecutive tasks of a stream when the second was already issued
+    before the first ended: the device's own time to start a queued task (0 if unseen)."""
+    gaps: list[float] = []
+    for lst in stream_tasks:
+        for a, b in zip(lst[:-1], lst[1:], strict=True):
+            ga, gb = info.gpu[a], info.gpu[b]
+            if gb.launch >= 0 and kt.ts[gb.launch] + kt.dur[gb.launch] < ga.end:
+                d = gb.start - ga.end
+                if 0.0 <= d < STREAM_GAP_MAX_US:
+                    gaps.append(d)
+    return float(np.median(gaps)) if len(gaps) >= 20 else 0.0
 
 
 def _resource_waits(info: _RankInfo, stream_tasks: list[list[int]], wait_src: dict[int, list[int]],
@@ -710,6 +736,23 @@ class _Builder:
                                       overhead=_OV_T4)
                         rt_wait_task[e] = w
                         seen += 1
+                    elif kind == 1 and dur > median_launch and min(
+                            info.gpu[g].start for g in info.gpu_of_launch[e]) < s + dur:
+                        # the GPU task began before the call returned (a pageable copy staged
+                        # while it runs, a full launch queue): the call issued its work after
+                        # a launch's usual cost; the rest of it is host time of its own
+                        g_first = min(info.gpu[g].start for g in info.gpu_of_launch[e])
+                        if any("Pageable" in names[kt.name[info.gpu[g].ev]] for g in info.gpu_of_launch[e]):
+                            # a pageable copy starts once the host has staged its first chunk
+                            d1 = min(max(g_first - s, 0.0), dur)
+                        else:
+                            d1 = min(median_launch, dur)
+                        i = self.task(proc, nm, "launch", _CAT_CPU, d1, s, s + d1, overhead=_OV_T4)
+                        rt_task[e] = i
+                        rest = self.task(proc, f"{nm} (rest)", "cuda_runtime", _CAT_CPU, dur - d1, s + d1, s + dur)
+                        rt_wait_task[e] = rest
+                        seen += 1
+                        self.bump("long_launch_calls_split")
                     else:
                         kname = "launch" if kind == 1 else "cuda_runtime"
                         i = self.task(proc, nm, kname, _CAT_CPU, dur, s, s + dur, overhead=_OV_T4)
@@ -747,11 +790,17 @@ class _Builder:
         # --- GPU tasks
         gpu_task = [-1] * len(info.gpu)
         orphan = 0
+        gap = _queued_gap_us(info, stream_tasks, kt)
+        self.stats[f"stream_gap_us_rank{rt.rank}"] = round(gap, 3)
         for s_idx, lst in enumerate(stream_tasks):
             proc = gpu_proc[s_idx]
             for pos, gi in enumerate(lst):
                 g = info.gpu[gi]
                 e = g.ev
+                if pos > 0 and gap > 0:
+                    # a stream does not start a queued task the instant the previous one ends
+                    prev = info.gpu[lst[pos - 1]].end
+                    self.task(proc, "stream gap", "gpu_gap", _CAT_SYNC, gap, prev, prev + gap)
                 kname = names[kt.name[e]]
                 c = cat[e]
                 gcat = "memcpy" if c == _MEMCPY else "memset" if c == _MEMSET else "kernel"
@@ -910,6 +959,11 @@ def _launch_stats(infos: list[_RankInfo]) -> tuple[float, float]:
 
 def build_graph(trace_set: TraceSet) -> ReplayGraph:
     """Build the replay graph of every rank of ``trace_set`` (see the module docstring)."""
+    with no_gc():
+        return _build_graph(trace_set)
+
+
+def _build_graph(trace_set: TraceSet) -> ReplayGraph:
     infos = [_analyse_rank(i, rt) for i, rt in enumerate(trace_set.ranks)]
     t0 = math.inf
     for info in infos:

@@ -261,6 +261,7 @@ def kineto_from_json(doc: object, label: str) -> KinetoTrace:
         "distributedInfo": info,
         "devices": [str(d.get("name", "")) for d in doc.get("deviceProperties", []) or [] if isinstance(d, dict)],
         "record_shapes": doc.get("record_shapes"),
+        "raw_events": len(events),
     }
     return KinetoTrace(
         label=label,

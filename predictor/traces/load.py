@@ -25,7 +25,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from predictor.traces._io import load_json_bytes
+from predictor.traces._io import load_json_bytes, no_gc
 from predictor.traces.errors import TraceError
 from predictor.traces.et import ExecutionTrace, et_from_json, is_et_json
 from predictor.traces.kineto import KinetoTrace, is_kineto_json, kineto_from_json, rank_from_filename
@@ -227,19 +227,22 @@ def load_traces(path: str | Path, et: str | Path | None = None, *, use_et: bool 
     """
     path = Path(path)
     docs = _read_documents(path)
-    kin, ets = _split(docs, str(path))
+    with no_gc():
+        kin, ets = _split(docs, str(path))
     notes: list[str] = []
     if not kin:
         raise TraceError(f"{path}: holds execution traces only; give the Kineto trace(s) (the ET goes with --et)")
     if et is not None:
-        _, extra = _split(_read_documents(Path(et)), str(et))
+        with no_gc():
+            _, extra = _split(_read_documents(Path(et)), str(et))
         if not extra:
             raise TraceError(f"{et}: holds no execution trace")
         ets = extra
     elif use_et and not ets and not path.is_dir():
         sib = sibling_et_path(path)
         if sib is not None:
-            _, ets = _split(_read_documents(sib), str(sib))
+            with no_gc():
+                _, ets = _split(_read_documents(sib), str(sib))
             notes.append(f"execution traces from {sib}")
     if not use_et:
         ets = []

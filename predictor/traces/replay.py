@@ -56,7 +56,7 @@ def busy_fraction(tl: Timeline, rank: int, edges: np.ndarray, *, compute_only: b
     """Fraction of each bin ``[edges[i], edges[i+1])`` during which at least one GPU stream of
     ``rank`` runs a (compute, unless ``compute_only=False``) task — Lumos Fig. 6."""
     g = tl.graph
-    sel = (g.rank == rank) & g.is_gpu()
+    sel = (g.rank == rank) & g.is_gpu() & (g.category != Category.SYNC)  # no stream gaps
     if compute_only:
         sel &= g.category != Category.COMMUNICATION
     s, e = tl.start[sel], tl.end[sel]
@@ -174,7 +174,7 @@ class ReplayResult:
             if not len(mine):
                 continue
             shift = float(mine["predicted_start_s"].min() - mine["measured_start_s"].min())
-            on = (g.rank == r) & g.is_gpu()
+            on = (g.rank == r) & g.is_gpu() & (g.category != Category.SYNC)
             lo = float(mine["measured_start_s"].min())
             hi = float((mine["measured_start_s"] + mine["measured_s"]).max())
             on &= (self.measured.start >= lo) & (self.measured.start <= hi)
