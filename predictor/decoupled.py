@@ -192,7 +192,8 @@ def _on_chip_bytes(g: OpGraph, usage: LevelUsage | None, platform: Platform) -> 
     pinned categories (weights under ``weights_on_chip``, which are always on-chip). Otherwise
     it is read from off-chip memory, and its producer's write went off-chip too. On GPUs the
     capacity is the last-level cache; on SambaNova/Graphcore/Cerebras the on-chip SRAM.
-    A tensor's first use in the iteration (weights, the input batch) is off-chip unless pinned.
+    The first use of a tensor that outlives the iteration (weights, optimizer state) is measured
+    from its last use in the previous iteration, as in steady-state training.
     """
     policy = usage.policy if usage is not None else platform.memory_policy
     cap = platform.last_level_cache_bytes if policy == "offchip_all" else platform.on_chip_bytes
@@ -224,6 +225,13 @@ def _on_chip_bytes(g: OpGraph, usage: LevelUsage | None, platform: Platform) -> 
     dist = np.full(m, np.inf)
     prev_op = acc_op[np.maximum(prev, 0)]
     dist[has_prev] = before[acc_op[has_prev]] - before[np.minimum(prev_op[has_prev] + 1, n_ops)]
+    # steady state: a tensor that outlives the iteration (weights, optimizer state) is first used
+    # after its last use in the previous iteration (or micro-batch) - a cyclic reuse distance
+    last_of_t = np.full(g.n_tensors, -1, dtype=np.int64)
+    last_of_t[acc_t[by_t]] = by_t  # by_t is sorted by (tensor, position): the last write wins
+    first = ~has_prev & g.baseline[acc_t]
+    last_op = acc_op[last_of_t[acc_t[first]]]
+    dist[first] = (before[n_ops] - before[np.minimum(last_op + 1, n_ops)]) + before[acc_op[first]]
     size = g.nbytes[acc_t]
     hit = dist + size <= cap
     if pinned_cat:
