@@ -145,3 +145,16 @@ def test_calibrated_models_survive_serialisation():
     from predictor.kernels import AnalyticGemm
 
     np.testing.assert_allclose(gemm.predict(tv_fp64, platform), AnalyticGemm().predict(tv_fp64, platform))
+
+
+def test_rounds_merge_keeps_fastest_and_spread():
+    import pandas as pd
+
+    from predictor.calibrate import _merge_passes
+
+    a = pd.DataFrame({"kernel": ["x", "x", "y"], "case": [0, 1, 0], "m": [1, 2, 3], "seconds": [1.0, 2.0, 3.0]})
+    b = pd.DataFrame({"kernel": ["x", "y"], "case": [1, 0], "m": [2, 3], "seconds": [1.5, 4.5]})
+    merged = _merge_passes([a, b]).set_index(["kernel", "case"])
+    assert merged.loc[("x", 1), "seconds"] == 1.5 and merged.loc[("y", 0), "seconds"] == 3.0
+    assert merged.loc[("x", 1), "pass_spread"] == pytest.approx(2.0 / 1.5 - 1)
+    assert np.isnan(merged.loc[("x", 0), "pass_spread"])  # timed in one round only

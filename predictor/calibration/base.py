@@ -8,8 +8,10 @@ A :class:`Benchmark` (one module per family: :mod:`.gemm`, :mod:`.conv2d`,
   :class:`pandas.DataFrame` with one row per configuration: ``kernel`` (the row label of the
   error table, e.g. ``"addmm/fp32"``), ``kind`` (the :class:`~predictor.graph.ExecutionGraph`
   op kind the fitted model will time), the kernel parameters it set (columns of
-  :data:`~predictor.graph.PARAM_COLUMNS`, plus ``bytes``/``flops`` where known) and the
-  timing columns ``seconds`` (the estimate used for fitting), ``median_s``, ``min_s``;
+  :data:`~predictor.graph.PARAM_COLUMNS`, plus ``bytes``/``flops`` where known), the
+  timing columns ``seconds`` (the estimate used for fitting), ``median_s``, ``min_s``,
+  ``pass_spread`` (slowest / fastest pass - 1) and ``case`` (a stable id of the shape: two
+  runs with the same ``rng`` seed produce the same cases, so their rows can be merged);
 * ``specs`` says how each kernel is modelled (:class:`ModelSpec`): an MLP on log features, a
   fitted roofline or the piecewise sigmoid, with which feature columns.
 
@@ -98,6 +100,9 @@ class BenchContext:
     max_tensor_bytes: float = 256 * 2**20
     #: passes over a family's grid (shuffled order each pass); a shape keeps its fastest pass
     passes: int = 2
+    #: seed of the shuffled order (None: drawn from ``rng``); lets repeated runs of one grid
+    #: (same ``rng`` seed, so the same shapes) visit the shapes in different orders
+    shuffle_seed: int | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -138,11 +143,13 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str) -> pd.DataFrame
     """
     start = time.perf_counter()
     best: dict[int, dict] = {}
+    seen: dict[int, list[float]] = {}
     order = list(range(len(cases)))
+    shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
     for p in range(max(1, ctx.passes)):
         if p and time.perf_counter() - start > ctx.budget_s:
             break
-        ctx.rng.shuffle(order)
+        shuffler.shuffle(order)
         for done, i in enumerate(order):
             if p == 0 and done >= 4 and time.perf_counter() - start > ctx.budget_s:
                 ctx.log(f"    {family}: budget of {ctx.budget_s:.0f} s reached after {done} of {len(cases)} shapes")
@@ -154,9 +161,17 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str) -> pd.DataFrame
             fn, setup = build()
             m = ctx.timer.measure(fn, setup)
             del fn, setup
+            seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
-                best[i] = record(row, m)
+                best[i] = {**record(row, m), "case": i}
+    for i, row in best.items():
+        row["pass_spread"] = pass_spread(seen[i])
     return pd.DataFrame([best[i] for i in sorted(best)])
+
+
+def pass_spread(values: list[float]) -> float:
+    """Slowest over fastest pass minus one (NaN with one pass): the timing noise of one shape."""
+    return float(max(values) / min(values) - 1.0) if len(values) > 1 and min(values) > 0 else float("nan")
 
 
 def record(row: dict, m: Measurement) -> dict:

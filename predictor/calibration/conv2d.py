@@ -3,7 +3,8 @@
 A convolution of ``N x C_in x H x W`` by ``C_out x C_in x kh x kw`` (stride 1, "same"
 padding) is a GEMM with ``m = H_out * W_out`` output pixels per image, ``n = C_out`` and
 ``k = C_in * kh * kw``, repeated over ``batch = N`` images. Those are the parameters a graph
-task carries (columns ``m, n, k, batch``), and the MLP's features. Kernel sizes 1, 3 and 5;
+task carries (columns ``m, n, k, batch``, plus ``dim`` = the kernel height ``kh``), and the
+MLP's features (a task without ``dim`` falls back to the analytic GEMM model). Kernel sizes 1, 3 and 5;
 channels and spatial sizes log-uniform. fp32 (the CPU's conv path for bf16 is a slow
 fallback; on CUDA bf16 is added).
 """
@@ -32,13 +33,13 @@ class Conv2dBenchmark(Benchmark):
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         return [
             ModelSpec(kernel=f"conv2d/{dt}", kinds=("conv2d", "conv"), method="mlp",
-                      features=("m", "n", "k", "batch"), work=("m", "n", "k", "batch"), route=f"conv2d/{dt}",
+                      features=("m", "n", "k", "batch", "dim"), work=("m", "n", "k", "batch"), route=f"conv2d/{dt}",
                       model="conv2d", router="dtype", prefix="conv2d", fallback="analytic-gemm")
             for dt in self.dtypes(ctx)
         ]
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
-        count = ctx.count(tiny=10, quick=110, full=500)
+        count = ctx.count(tiny=10, quick=280, full=1000)
         cap = (5e11 if ctx.is_cuda else 1.5e9) if ctx.level != "tiny" else 3e7
         rng = ctx.rng
         cases: list[Case] = []

@@ -60,7 +60,7 @@ class GemmBenchmark(Benchmark):
         return {"tiny": 5e7, "quick": 1.5e9, "full": 1e10}[ctx.level]
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
-        n_each = ctx.count(tiny=12, quick=110, full=600)
+        n_each = ctx.count(tiny=12, quick=350, full=1500)
         hi = {"tiny": 256, "quick": 2048, "full": 8192}[ctx.level]
         cap = self.flop_cap(ctx)
         cases: list[Case] = []

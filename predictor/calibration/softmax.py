@@ -25,7 +25,7 @@ class SoftmaxBenchmark(Benchmark):
                           fill="rows_by_width")]
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
-        count = ctx.count(tiny=10, quick=90, full=300)
+        count = ctx.count(tiny=10, quick=250, full=800)
         return run_cases(ctx, rows_by_width_cases(ctx, "softmax", _builder, count), self.name)
 
 

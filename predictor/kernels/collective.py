@@ -138,11 +138,12 @@ def _log_loss(curve: PiecewiseSigmoid, m: np.ndarray, t: np.ndarray) -> float:
 def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     """Fit the 8 parameters of eq. 2-4 to measured (message bytes, seconds) points.
 
-    Every pair of region boundaries ``m1 < m2`` taken from the measured sizes is tried:
+    Every pair of region boundaries ``m1 < m2`` taken from the measured sizes (at most 32 of
+    them, quantiles, when there are more) is tried:
     ``ts`` is the geometric mean of the times at ``m <= m1``; ``1 / bw_max`` the
     relative-error least-squares slope of ``t - ts`` over ``m >= m2``; the sigmoid of eq. 3-4
-    is fitted (``scipy.optimize.curve_fit``, log10 seconds against log2 bytes) to the points
-    strictly between, starting from the continuous member of the family (with fewer than four
+    is fitted (``scipy.optimize.curve_fit``, log10 seconds against log2 bytes, rising: ``L >= 0``,
+    ``k > 0``) to the points strictly between, starting from the continuous member of the family (with fewer than four
     such points the continuous member is kept). The pair with the smallest squared log10 error
     over all points wins.
 
@@ -171,6 +172,8 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     def sig(xv: np.ndarray, L: float, x0: float, k: float, b: float) -> np.ndarray:
         return L / (1.0 + np.exp(-np.clip(k * (xv - x0), -60.0, 60.0))) + b
 
+    if sizes.size > 32:  # many distinct sizes (uneven all-to-all): boundaries from 32 quantiles
+        sizes = np.unique(np.quantile(sizes, np.linspace(0.0, 1.0, 32), method="nearest"))
     best: tuple[float, PiecewiseSigmoid] | None = None
     for i1 in range(0, sizes.size - 2):
         m1 = float(sizes[i1])
@@ -190,11 +193,13 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
                 continue
             mid = (~low) & (~high)
             if mid.sum() >= 4:
-                p0 = (curve.L, curve.x0, curve.k, curve.b)
+                # the latency curve rises with message size: 0 <= L <= 20 decades, k > 0
+                p0 = (min(max(curve.L, 1e-6), 19.9), curve.x0, min(max(curve.k, 1e-3), 100.0), curve.b)
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # OptimizeWarning on flat, well-fitted data
-                        popt, _ = curve_fit(sig, x[mid], y[mid], p0=p0, maxfev=2000)
+                        popt, _ = curve_fit(sig, x[mid], y[mid], p0=p0, maxfev=2000,
+                                            bounds=([0.0, -np.inf, 1e-3, -np.inf], [20.0, np.inf, 100.0, np.inf]))
                     cand = PiecewiseSigmoid(ts=ts, m1=m1, m2=m2, bw_max=bw, L=float(popt[0]), x0=float(popt[1]),
                                             k=float(popt[2]), b=float(popt[3]))
                     if _log_loss(cand, m, t) < _log_loss(curve, m, t):

@@ -36,7 +36,7 @@ import numpy as np
 from predictor.kernels.base import KernelModel, TaskView
 from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
 from predictor.kernels.elementwise import Roofline
-from predictor.kernels.embedding import RF_COLUMNS, AnalyticEmbedding
+from predictor.kernels.embedding import RF_COLUMNS, RF_COUNTS, AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
 from predictor.platforms.schema import Platform
 
@@ -52,6 +52,8 @@ __all__ = [
     "fit_roofline",
     "FittedRoofline",
     "uniform_reuse_factors",
+    "DERIVED_FEATURES",
+    "feature_matrix",
     "model_to_dict",
     "model_from_dict",
 ]
@@ -76,7 +78,7 @@ def _grid(layers: Iterable[int], widths: Iterable[int], opts: Iterable[str], lrs
 TABLE_II_GRID = _grid((3, 4, 5, 6, 7), (128, 256, 512, 1024), ("adam", "sgd"),
                       (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2))
 #: the ``--quick`` subset (a 2-core CPU trains it for every kernel in a few minutes)
-QUICK_GRID = _grid((3, 4), (48, 96), ("adam",), (3e-3, 1e-2))
+QUICK_GRID = _grid((3, 4), (48, 96), ("adam",), (3e-3,))
 #: tests only
 TINY_GRID = _grid((3,), (32,), ("adam",), (1e-2,))
 
@@ -129,16 +131,27 @@ class MLPNet:
         z[:, self.log_mask] = np.log2(np.maximum(z[:, self.log_mask], 1e-3))
         return z
 
-    def forward(self, z: np.ndarray) -> np.ndarray:
-        """log2 seconds for transformed features ``z`` (no clamping)."""
-        h = (z - self.x_mean) / self.x_std
-        skip = h @ self.lin_w + self.lin_b if self.lin_w is not None else 0.0
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            h = h @ w + b
-            if i < last:
-                h = h / (1.0 + np.exp(-np.clip(h, -60.0, 60.0)))  # SiLU
-        return (h[:, 0] + skip) * self.y_std + self.y_mean
+    def forward(self, z: np.ndarray, chunk: int = 32768) -> np.ndarray:
+        """log2 seconds for transformed features ``z`` (no clamping).
+
+        Computed in float32 (the stored precision of the weights) in chunks of ``chunk`` rows,
+        so a million tasks take well under a second and little memory.
+        """
+        if not hasattr(self, "_f32"):
+            self._f32 = ([w.astype(np.float32) for w in self.weights], [b.astype(np.float32) for b in self.biases])
+        ws, bs = self._f32
+        out = np.empty(z.shape[0])
+        last = len(ws) - 1
+        for lo in range(0, z.shape[0], chunk):
+            x = (z[lo:lo + chunk] - self.x_mean) / self.x_std
+            skip = x @ self.lin_w + self.lin_b if self.lin_w is not None else 0.0
+            h = x.astype(np.float32)
+            for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+                h = h @ w + b
+                if i < last:
+                    h = h / (np.float32(1.0) + np.exp(-np.clip(h, -60.0, 60.0)))  # SiLU
+            out[lo:lo + chunk] = (h[:, 0].astype(np.float64) + skip) * self.y_std + self.y_mean
+        return out
 
     def predict(self, raw: np.ndarray) -> np.ndarray:
         """Seconds for raw features (n, f); clamps to the trained range and scales by work."""
@@ -334,18 +347,48 @@ def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
     lam = np.asarray(lookups, dtype=np.float64) / np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
     lam = np.maximum(lam, 0.0)
     out = np.zeros((lam.size, len(RF_COLUMNS)))
-    from scipy.stats import poisson
+    from scipy.special import pdtr  # Poisson CDF, a vectorised ufunc
 
+    cdf_prev = np.zeros(lam.size)  # P(Poisson <= lo - 2) for the current bin
     for j in range(len(RF_COLUMNS)):
-        lo = 1 if j == 0 else 2 ** (j - 1) + 1
-        hi = 1 if j == 0 else (2**j if j < len(RF_COLUMNS) - 1 else np.inf)
+        hi = 1 if j == 0 else 2**j
         # c in [lo, hi]  <=>  Poisson in [lo - 1, hi - 1]
-        upper = poisson.cdf(hi - 1, lam) if np.isfinite(hi) else 1.0
-        lower = poisson.cdf(lo - 2, lam) if lo >= 2 else 0.0
-        out[:, j] = np.maximum(upper - lower, 0.0)
+        cdf = pdtr(hi - 1, lam) if j < len(RF_COLUMNS) - 1 else np.ones(lam.size)
+        out[:, j] = np.maximum(cdf - cdf_prev, 0.0)
+        cdf_prev = cdf
     s = out.sum(axis=1, keepdims=True)
     return out / np.where(s > 0, s, 1.0)
 
+
+
+# ============================================================================ derived features
+#: embedding-lookup features computed from B, L, E, D and the reuse factors (log2-transformed):
+#: ``lookups = B L``; ``distinct_rows = lookups * sum_j rf_j / c_j`` (rows touched, ``c_j`` the
+#: representative access count of bin ``j``); ``distinct_bytes`` and ``table_bytes`` their bytes
+DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes")
+
+
+def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n: int) -> np.ndarray:
+    """The (n, f) raw feature matrix of ``features`` from ``columns`` (derived ones computed)."""
+    out = []
+    for f in features:
+        if f in DERIVED_FEATURES:
+            b = np.asarray(columns["batch"], dtype=np.float64)
+            L = np.asarray(columns["pooling"], dtype=np.float64)
+            d = np.asarray(columns["dim"], dtype=np.float64)
+            dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+            lookups = np.maximum(b * L, 1.0)
+            if f == "lookups":
+                out.append(lookups)
+            elif f == "table_bytes":
+                out.append(np.asarray(columns["rows"], dtype=np.float64) * d * dt)
+            else:
+                rf = np.stack([np.asarray(columns[c], dtype=np.float64) for c in RF_COLUMNS], axis=1)
+                distinct = np.maximum(lookups * (rf / RF_COUNTS).sum(axis=1), 1.0)
+                out.append(distinct if f == "distinct_rows" else distinct * d * dt)
+        else:
+            out.append(np.asarray(columns[f], dtype=np.float64))
+    return np.stack(out, axis=1) if out else np.zeros((n, 0))
 
 
 # ============================================================================ MLP kernel model
@@ -401,9 +444,15 @@ class MLPKernelModel(KernelModel):
         if self.router == "gemm":
             batch = np.nan_to_num(tasks.get("batch", 1.0), nan=1.0)
             kind = tasks.kind
-            ops = np.where((kind == "bmm") | (batch > 1), "bmm", "mm" if kind in ("mm", "matmul") else "addmm")
-            return np.array([self._with_dtype(op, int(d)) for op, d in zip(ops, dt, strict=True)], dtype=object)
-        return np.array([self._with_dtype(self.prefix, int(d)) for d in dt], dtype=object)
+            plain = "mm" if kind in ("mm", "matmul") else "addmm"
+            is_bmm = (batch > 1) | (kind == "bmm")
+        else:
+            plain, is_bmm = self.prefix, np.zeros(n, dtype=bool)
+        # one route lookup per distinct (op, dtype) pair, not per task
+        code = dt * 2 + is_bmm
+        uniq, inv = np.unique(code, return_inverse=True)
+        keys = np.array([self._with_dtype("bmm" if c % 2 else plain, int(c // 2)) for c in uniq], dtype=object)
+        return keys[inv.reshape(-1)]
 
     def _with_dtype(self, op: str, dtype_bytes: int) -> str:
         for name in _DTYPE_NAMES.get(dtype_bytes, ("fp32",)):
@@ -413,7 +462,10 @@ class MLPKernelModel(KernelModel):
         return f"{op}/{_DTYPE_NAMES.get(dtype_bytes, ('fp32',))[0]}"
 
     def _columns(self, tasks: TaskView, features: Sequence[str]) -> np.ndarray:
-        cols = {f: tasks.get(f) for f in features}
+        cols = {f: tasks.get(f) for f in features if f not in DERIVED_FEATURES}
+        if any(f in DERIVED_FEATURES for f in features):
+            for c in ("batch", "pooling", "rows", "dim", "dtype_bytes", *RF_COLUMNS):
+                cols.setdefault(c, tasks.get(c))
         if self.fill == "rows_by_width" and "m" in cols and "n" in cols:
             elems = tasks.get("elements")
             n = np.where(np.isnan(cols["n"]), np.minimum(1024.0, np.maximum(elems, 1.0)), cols["n"])
@@ -431,7 +483,7 @@ class MLPKernelModel(KernelModel):
                         cols[c] = rf[:, j]
         if "dtype_bytes" in cols:
             cols["dtype_bytes"] = np.nan_to_num(cols["dtype_bytes"], nan=4.0)
-        return np.stack([cols[f] for f in features], axis=1) if features else np.zeros((len(tasks), 0))
+        return feature_matrix(cols, features, len(tasks))
 
     def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
         n = len(tasks)

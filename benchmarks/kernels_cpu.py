@@ -1,0 +1,148 @@
+"""Per-kernel accuracy of the calibrated CPU kernel models (Lin et al. 2022 Table I layout).
+
+Runs ``tuner calibrate --device cpu --quick`` (via :func:`predictor.calibrate.calibrate`):
+microbenchmarks on this machine, models fitted on a random 80 % of each kernel's samples, and
+the error on the held-out 20 % — measured times no model saw — reported as GMAE, MAPE and the
+standard deviation of the absolute percentage errors, as Table I of Lin et al. 2022 (and
+Table I of Lin et al. 2024 for the embedding and collective kernels) does. Writes
+``benchmarks/results/kernels_cpu.md`` and ``.json`` and the asset pack (default
+``assets/cpu-local``).
+
+Run under the measurement lock (the machine is shared)::
+
+    flock /tmp/tuner-measure.lock python benchmarks/kernels_cpu.py --threads 1 --world-size 2
+
+Target (issue 4): under 5 % GMAE for every kernel on this CPU; the papers reach under 10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: published GMAE of the same kernels on GPUs, for context (percent)
+PAPER_GMAE = {
+    "GEMM": "5.80 / 8.92 / 7.59 (Lin 2022 Table I: V100 / TITAN Xp / P100)",
+    "transpose": "2.95 / 5.75 / 3.35 (Lin 2022 Table I)",
+    "concat": "5.34 / 8.17 / 3.30 (Lin 2022 Table I)",
+    "memcpy": "0.57 / 7.05 / 5.10 (Lin 2022 Table I)",
+    "embedding_bag_fwd": "4.37 / 5.64 (Lin 2024 Table I: ELF, GV100 / A100)",
+    "embedding_bag_bwd": "3.08 / 3.63 (Lin 2024 Table I: ELB)",
+    "all_to_all": "6.28 / 5.25 (Lin 2024 Table I: A2A, 4xGV100 / 4xA100)",
+    "all_reduce": "6.35 / 4.98 (Lin 2024 Table I: AR)",
+}
+TARGET_GMAE = 5.0
+
+
+def _spreads(pack) -> dict[str, float]:
+    """Median round-to-round spread (%) per kernel from the pack's sample CSVs."""
+    import pandas as pd
+
+    out: dict[str, float] = {}
+    for csv in sorted((pack.path / "data").glob("*.csv")):
+        frame = pd.read_csv(csv)
+        if "pass_spread" not in frame:
+            continue
+        for kernel, part in frame.groupby("kernel", sort=False):
+            v = part["pass_spread"].dropna()
+            if len(v):
+                out[str(kernel)] = float(v.median() * 100.0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "assets" / "cpu-local"), help="asset pack folder")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--world-size", type=int, default=2, help="gloo ranks for collectives (default 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "kernels_cpu"))
+    ap.add_argument("--from-pack", action="store_true",
+                    help="re-render the results from the pack at --out (its manifest) without measuring")
+    args = ap.parse_args()
+
+    import torch
+
+    from predictor.calibrate import calibrate, error_table_markdown
+    from predictor.platforms.assets import load_asset_pack
+    from predictor.platforms.cpu_local import _cpu_model
+
+    started = time.perf_counter()
+    if args.from_pack:
+        pack = load_asset_pack(args.out)
+        wall = float(pack.manifest.get("calibration_s", float("nan")))
+        args.threads = int(pack.manifest.get("threads", args.threads))
+        args.world_size = int(pack.manifest.get("world_size", args.world_size))
+        today = str(pack.manifest.get("created", ""))[:10]
+    else:
+        pack = calibrate("cpu", args.out, quick=True, world_size=args.world_size, threads=args.threads,
+                         seed=args.seed)
+        wall = time.perf_counter() - started
+        today = _dt.date.today().isoformat()
+    table = pack.error_table
+    met = [r for r in table if r["gmae_pct"] < TARGET_GMAE]
+    o = pack.platform.overheads
+    lines = [
+        "# Calibrated CPU kernel models: held-out error per kernel",
+        "",
+        f"Measured {today} on a shared **2-core VM** ({_cpu_model()}; {os.cpu_count()} logical CPUs), "
+        f"torch {torch.__version__}, **{args.threads} torch thread(s)**, gloo collectives over "
+        f"{args.world_size} local processes. Other engineers' jobs ran on the same two cores during the "
+        "run (the measurement lock serialises only measurements), so timings carry real interference.",
+        "",
+        f"Command: `flock /tmp/tuner-measure.lock python benchmarks/kernels_cpu.py --threads {args.threads} "
+        f"--world-size {args.world_size}` (= `tuner calibrate --device cpu --quick --out assets/cpu-local "
+        f"--threads {args.threads} --world-size {args.world_size}`); wall time {wall:.0f} s.",
+        "",
+        "Ground truth: each kernel's microbenchmark samples, split at random 80/20; the models are fitted "
+        "on the 80 % and every number below is the error on the held-out 20 % (times no model saw). "
+        "GMAE = geometric mean of absolute % errors, MAPE = arithmetic mean, std = standard deviation of "
+        "the absolute % errors (Lin et al. 2022 Table I), max = largest. A sample's time is the lower "
+        "quartile of 7 timed repeats (calls batched to >= 0.2 ms), best of 3 rounds over all grids in "
+        "shuffled order, so the timings of one shape lie minutes apart (a family whose round budget ran "
+        "out has fewer rounds for some shapes); collectives: 15 samples of batched calls after a barrier, "
+        "slowest rank, lower quartile, best of 2 passes.",
+        "",
+        "Noise floor: two timings of the same shape in different rounds differ by a median of "
+        + ", ".join(f"{k} {v:.0f} %" for k, v in _spreads(pack).items())
+        + " (slowest / fastest round - 1). The held-out times carry that noise, so a GMAE near it is "
+        "what a perfect model would score; this 2-core VM shares its cores and caches with other jobs, "
+        "and memory-bound kernels of a few MB switch between a fast and a ~2x slower state for seconds "
+        "to minutes at a time.",
+        "",
+        f"**Target (issue 4): GMAE < {TARGET_GMAE:.0f} % for every kernel. Met for {len(met)} of {len(table)} "
+        "kernels.**" + ("" if len(met) == len(table) else " Kernels above target: "
+                        + ", ".join(f"{r['kernel']} ({r['gmae_pct']:.1f} %)" for r in table
+                                    if r["gmae_pct"] >= TARGET_GMAE) + "."),
+        "",
+        error_table_markdown(table),
+        f"Host overheads (profiled training step, whisker-trimmed means): T1 {o.t1_s * 1e6:.2f} us, "
+        f"T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, T4 {o.t4_s * 1e6:.2f} us (no launches on CPU), "
+        f"T5 {o.t5_s * 1e6:.2f} us — definitions in `predictor/calibration/overheads.py`.",
+        "",
+        "For context, published GMAE of the GPU versions of these models: "
+        + "; ".join(f"{k}: {v}" for k, v in PAPER_GMAE.items()) + ".",
+        "",
+    ]
+    res = Path(args.results)
+    res.parent.mkdir(parents=True, exist_ok=True)
+    res.with_suffix(".json").write_text(json.dumps({
+        "date": today, "machine": "2-core VM (shared)", "cpu_model": _cpu_model(), "threads": args.threads,
+        "world_size": args.world_size, "torch": torch.__version__, "wall_s": round(wall, 1),
+        "target_gmae_pct": TARGET_GMAE, "kernels_meeting_target": len(met), "kernels": table,
+        "overheads_s": o.model_dump(), "asset_pack": str(Path(args.out)),
+    }, indent=1), encoding="utf-8")
+    res.with_suffix(".md").write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
