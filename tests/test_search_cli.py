@@ -212,3 +212,16 @@ def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_search_goes_on(
     study = optuna.load_study(study_name=out.study_name, storage=storage)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(failed) == 2 and "sharder exploded" in failed[0].user_attrs["error"]
+
+
+def test_cpu_local_uses_the_calibrated_asset_pack(tmp_path):
+    data = dict(SMALL, platform="cpu-local", sharders=["naive", "size_greedy"])
+    out = tmp_path / "o"
+    code, text = _run_cli("search", str(_write(tmp_path, data)), "--out", str(out), "--workers", "0", "--quiet")
+    assert code == 0, text
+    res = json.loads((out / "results.json").read_text())
+    assert res["timing_source"].startswith("asset pack")
+    analytic = json.loads(json.dumps(SMALL))
+    code, _ = _run_cli("search", str(_write(tmp_path, analytic, "a.yaml")), "--out", str(tmp_path / "a"), "--workers", "0",
+                       "--quiet")
+    assert json.loads((tmp_path / "a" / "results.json").read_text())["timing_source"].startswith("analytic")

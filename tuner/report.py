@@ -73,7 +73,7 @@ def sharding_payload(outcome: SearchOutcome) -> dict:
         "platform": ctx.platform.key,
         "platform_name": ctx.platform.name,
         "n_gpus": ctx.space.n_gpus,
-        "timing_source": "analytic kernel models from the catalog (no asset pack)",
+        "timing_source": ctx.timing_source,
         "study": {"name": outcome.study_name, "storage": outcome.storage, "evaluated": outcome.evaluated,
                   "reused_from_study": outcome.reused},
         "summary": {
@@ -128,6 +128,7 @@ def print_sharding_table(payload: dict, console: Console | None = None) -> None:
                 cells.append("[red]OOM[/]" if c["status"] == "infeasible" else "[red]error[/]")
         table.add_row(t["task"], str(t["batch_size"]), *cells, t["best"] or "[red]none fits[/]")
     console.print(table)
+    console.print(f"kernel timing: {payload['timing_source']}")
     s = payload["summary"]
     wins = ", ".join(f"{k}: {v}" for k, v in sorted(s["wins"].items(), key=lambda kv: -kv[1]))
     console.print(f"best sharder per task and batch — {wins}")

@@ -29,7 +29,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from predictor.kernels import ModelTiming
-from predictor.platforms import UnknownPlatformError, get_platform
+from predictor.platforms import CatalogError, UnknownPlatformError
+from predictor.platforms.assets import AssetPackError, ResolvedPlatform, resolve_platform
 from predictor.platforms.schema import Platform
 from predictor.workloads.dlrm import DLRMSpec
 from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks
@@ -52,6 +53,11 @@ class ShardingContext:
     space: ShardingSpace
     platform: Platform
     tasks: list[EmbeddingTables]
+    resolved: ResolvedPlatform  # the platform's kernel models: an asset pack's, or the analytic ones
+
+    @property
+    def timing_source(self) -> str:
+        return self.resolved.source
 
     def spec(self, task_index: int, batch_size: int) -> DLRMSpec:
         m = self.space.model
@@ -67,15 +73,20 @@ class ShardingContext:
         )
 
     def job(self, task_index: int, batch_size: int) -> DLRMShardingJob:
-        return DLRMShardingJob(self.spec(task_index, batch_size), self.space.n_gpus, self.platform, ModelTiming(self.platform))
+        return DLRMShardingJob(self.spec(task_index, batch_size), self.space.n_gpus, self.platform, self.timing())
+
+    def timing(self) -> ModelTiming:
+        """Kernel timing on the space's platform (calibrated models when it has an asset pack)."""
+        return self.resolved.timing()
 
 
 def build_sharding_context(space: ShardingSpace) -> ShardingContext:
     """Resolve the platform and materialise the tasks; raises :class:`SpaceError` on bad input."""
     try:
-        platform = get_platform(space.platform, space.catalog)
-    except UnknownPlatformError as exc:
+        resolved = resolve_platform(space.platform, space.catalog)
+    except (UnknownPlatformError, AssetPackError, CatalogError) as exc:
         raise SpaceError(f"platform: {exc.args[0]}") from None
+    platform = resolved.platform
     if space.tasks.explicit:
         tasks = []
         for t in space.tasks.explicit:
@@ -103,7 +114,7 @@ def build_sharding_context(space: ShardingSpace) -> ShardingContext:
             memory_fraction=space.memory_fraction,
             dataset=gen.dataset,
         )
-    return ShardingContext(space, platform, tasks)
+    return ShardingContext(space, platform, tasks, resolved)
 
 
 # ----------------------------------------------------------------------------- one unit
