@@ -95,6 +95,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "elements",  # elements touched by an element-wise op
     "msg_bytes",  # per-rank message size of a collective (max of sent/received)
     "world",  # ranks taking part in a collective
+    "nodes",  # nodes a collective's group spans (NaN: the group fills nodes in order)
     "dtype_bytes",  # bytes per element
     # reuse-factor histogram of an embedding lookup's batch (Lin et al. 2024 §III-E): fraction of
     # lookups whose row is accessed 1, 2, 3-4, 5-8, ... times in the batch

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from predictor.kernels.base import TaskView
-from predictor.kernels.collective_span import SpanAwareCollective, alpha_beta
+from predictor.kernels.collective import PiecewiseCollective, alpha_beta
 from predictor.platforms import get_platform
 from predictor.simulate import simulate
 from predictor.workloads.pipeline_schedule import ScheduleError, interleaved, one_f_one_b, peak_in_flight
@@ -188,7 +188,7 @@ def test_recompute_full_adds_a_forward_and_selective_only_attention():
 def test_group_span_and_cross_node_collectives_are_slower():
     assert group_span(np.arange(2) * 8, 8) == (2, 2)  # DP peers of a TP=8 group: one per node
     assert group_span(np.arange(8), 8) == (8, 1)
-    model = SpanAwareCollective()
+    model = PiecewiseCollective()
     one = model.predict(TaskView.from_columns("all_reduce", msg_bytes=[1e8], world=[2], nodes=[1]), A100)[0]
     two = model.predict(TaskView.from_columns("all_reduce", msg_bytes=[1e8], world=[2], nodes=[2]), A100)[0]
     assert two > 5 * one  # InfiniBand (25 GB/s) against NVLink (300 GB/s)

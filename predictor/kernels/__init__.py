@@ -5,7 +5,7 @@ One module per kernel family: :mod:`.gemm`, :mod:`.embedding`, :mod:`.elementwis
 """
 
 from predictor.kernels.base import KernelModel, TaskView
-from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid, analytic_params
+from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid, alpha_beta
 from predictor.kernels.elementwise import Roofline
 from predictor.kernels.embedding import AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
@@ -19,7 +19,7 @@ __all__ = [
     "Roofline",
     "PiecewiseCollective",
     "PiecewiseSigmoid",
-    "analytic_params",
+    "alpha_beta",
     "ModelTiming",
     "analytic_models",
     "timing_for",

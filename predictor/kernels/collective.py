@@ -9,11 +9,13 @@ max" rule: the largest of sent/received over all ranks) has three regions:
   ramp);
 * ``m >= m2``: ``ts + m / bw_max`` (saturated bandwidth).
 
-Eight parameters per collective (``ts, m1, m2, bw_max, L, x0, k, b``). Until calibration
-fits them from microbenchmarks, :func:`analytic_params` derives them from the platform's
-interconnect: ring algorithms move ``2(n-1)/n * m`` bytes per rank for all-reduce and
-``(n-1)/n * m`` for the others; the sigmoid is placed between the latency-bound and the
-bandwidth-bound regime and chosen so the curve is continuous at ``m1`` and ``m2``.
+Eight parameters per collective (``ts, m1, m2, bw_max, L, x0, k, b``), fitted by
+:func:`fit_piecewise_sigmoid` from microbenchmarks (``tuner calibrate``). Uncalibrated, a
+collective is timed on the latency-bandwidth line ``ts + m / bw_max`` of the links its group
+spans (:func:`alpha_beta`): ring algorithms move ``2(n-1)/n * m`` bytes per rank for
+all-reduce and ``(n-1)/n * m`` for the others. (A sigmoid joining ``ts`` and that line over a
+wide range lies above the line in between — 2x for a 25 MB all-reduce on 8 A100s — so the
+analytic default is the line itself.)
 """
 
 from __future__ import annotations
@@ -84,22 +86,45 @@ def latency_steps(kind: str, world: int) -> int:
     return 1
 
 
-def analytic_params(kind: str, world: int, platform: Platform) -> PiecewiseSigmoid:
-    """Platform-derived parameters: link bandwidth and latency of the narrowest hop."""
+def alpha_beta(kind: str, world: int, nodes: int, platform: Platform) -> tuple[float, float]:
+    """Uncalibrated (start-up seconds ``ts``, effective bytes/s ``bw_max``) of a collective of ``world``
+    ranks spanning ``nodes`` nodes, on the links that group uses.
+
+    * one node: intra-node (NVLink) bandwidth and latency, ring wire factor;
+    * ``nodes > 1`` with ``k = world / nodes`` ranks per node: rings (all-reduce, all-gather,
+      reduce-scatter, broadcast) run ``k`` side by side, one through each rank's NIC, so the bus
+      bandwidth is ``min(intra, k * inter)``; an all-to-all sends the off-node share
+      ``(world - k) / world`` of each message through its NIC and the rest over NVLink, whichever
+      takes longer; send/recv uses one NIC. Every step pays the inter-node latency.
+
+    (Strided groups matter: with TP=8 on 8-GPU nodes a data-parallel group of 2 spans 2 nodes.)
+    """
     ic = platform.interconnect
-    if world <= platform.devices_per_node:
-        bw, lat = ic.intra_node_bandwidth_bytes_per_s, ic.intra_node_latency_s
+    intra, inter = ic.intra_node_bandwidth_bytes_per_s, ic.inter_node_bandwidth_bytes_per_s
+    if nodes <= 1:
+        ts = max(latency_steps(kind, world) * ic.intra_node_latency_s, platform.kernel_floor_s)
+        return ts, intra / wire_factor(kind, world)
+    k = max(world / nodes, 1.0)
+    if kind == "all_to_all":
+        off = (world - k) / world / inter
+        on = (k - 1.0) / world / intra
+        bw_max = 1.0 / max(off, on, 1e-30)
+    elif kind == "send_recv":
+        bw_max = inter
     else:
-        bw, lat = ic.inter_node_bandwidth_bytes_per_s, ic.inter_node_latency_s
-    factor = wire_factor(kind, world)
-    bw_max = bw / factor
-    ts = max(latency_steps(kind, world) * lat, platform.kernel_floor_s)
-    knee = ts * bw_max  # message size where latency and bandwidth terms are equal
-    return PiecewiseSigmoid.continuous(ts, bw_max, m1=max(knee / 16.0, 4.0), m2=max(knee * 16.0, 64.0))
+        bw_max = min(intra, k * inter) / wire_factor(kind, world)
+    ts = max(latency_steps(kind, world) * ic.inter_node_latency_s, platform.kernel_floor_s)
+    return ts, bw_max
 
 
 class PiecewiseCollective(KernelModel):
-    """Collectives timed by eq. 2-4; parameters per (kind, world) from calibration or the platform."""
+    """Collectives by eq. 2-4 where calibrated, else on the latency-bandwidth line of their links.
+
+    Reads ``msg_bytes``, ``world`` and ``nodes`` (nodes the group spans; when absent the group is
+    taken to fill nodes in order, ``ceil(world / devices_per_node)``). A fitted
+    :class:`PiecewiseSigmoid` for ``(kind, world)`` times single-node groups; every other case —
+    uncalibrated, or a group spanning nodes — uses :func:`alpha_beta`: ``ts + m / bw_max``.
+    """
 
     kinds = COLLECTIVES
     name = "piecewise-sigmoid-collective"
@@ -108,21 +133,23 @@ class PiecewiseCollective(KernelModel):
         #: calibrated parameters keyed by (collective kind, world size)
         self.params = dict(fitted or {})
 
-    def curve(self, kind: str, world: int, platform: Platform) -> PiecewiseSigmoid:
-        fitted = self.params.get((kind, world))
-        return fitted if fitted is not None else analytic_params(kind, world, platform)
-
     def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
         m = np.nan_to_num(tasks.get("msg_bytes"), nan=0.0)
         world = np.nan_to_num(tasks.get("world", 1.0), nan=1.0).astype(np.int64)
+        nodes = tasks.get("nodes")
+        n_nodes = np.where(np.isfinite(nodes), nodes, np.ceil(world / platform.devices_per_node)).astype(np.int64)
         kind = tasks.kind or "all_reduce"
         out = np.zeros(len(tasks))
-        for w in np.unique(world):
-            sel = world == w
+        for w, n in {(int(a), int(b)) for a, b in zip(world, n_nodes, strict=True)}:
             if w <= 1:
-                out[sel] = 0.0  # a collective over one rank moves nothing
-                continue
-            out[sel] = self.curve(kind, int(w), platform)(m[sel])
+                continue  # a collective over one rank moves nothing
+            sel = (world == w) & (n_nodes == n)
+            fitted = self.params.get((kind, w))
+            if fitted is not None and n <= 1:
+                out[sel] = fitted(m[sel])
+            else:
+                ts, bw = alpha_beta(kind, w, n, platform)
+                out[sel] = ts + m[sel] / bw
         return out
 
 

@@ -13,7 +13,7 @@ Blocks carry ``meta["markers"]`` (name -> task index inside the block) so the ca
 edges between stamps (:meth:`GraphAssembler.stamp` returns the offset to add).
 
 Parameter columns outside :data:`predictor.graph.PARAM_COLUMNS` (e.g. ``nodes``, read by
-:class:`predictor.kernels.collective_span.SpanAwareCollective`) are carried through.
+:class:`predictor.kernels.collective.PiecewiseCollective`) are carried through.
 """
 
 from __future__ import annotations

@@ -326,11 +326,10 @@ def _coll(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt: int
 
 # ============================================================================ emitter
 class _Emitter(OpEmitter):
-    """OpEmitter that records the ``nodes`` column, extra streams, and the first/last compute kernel."""
+    """OpEmitter with extra streams (TP overlap) that records the first/last compute kernel."""
 
     def __init__(self, b: GraphBuilder, rank: int, mode: ExecMode) -> None:
         super().__init__(b, rank, mode)
-        self.nodes: dict[int, float] = {}
         self.first: int | None = None
         self.last: int | None = None
         self.after_next: list[int] = []  # tasks the next compute op must wait for
@@ -344,14 +343,6 @@ class _Emitter(OpEmitter):
         if self._tp_stream is None:
             self._tp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream tp")
         return self._tp_stream
-
-    def _kernel(self, proc: int, name: str, kind: str, cat: Category, params: dict, group: int) -> int:
-        params = dict(params)
-        nodes = params.pop("nodes", None)
-        k = super()._kernel(proc, name, kind, cat, params, group)
-        if nodes is not None:
-            self.nodes[k] = float(nodes)
-        return k
 
     def op(self, name: str, kernels, *, comm: bool = False, async_op: bool = False, after=(), group: int = -1) -> list[int]:
         if not comm and self.after_next:
@@ -376,10 +367,6 @@ class _Emitter(OpEmitter):
 
     def freeze(self, markers: dict) -> ExecutionGraph:
         g = self.b.build(validate=False)
-        if self.nodes:
-            col = np.full(g.n_tasks, np.nan)
-            col[np.fromiter(self.nodes.keys(), dtype=np.int64)] = list(self.nodes.values())
-            g.params["nodes"] = col
         markers.setdefault("first", self.first)
         markers.setdefault("last", self.last)
         g.meta["markers"] = markers
@@ -945,15 +932,11 @@ class _GraphBuilder:
 
 
 def transformer_timing(platform, models=None, *, source: str = "analytic"):
-    """A :class:`~predictor.kernels.ModelTiming` for transformer graphs: the span-aware collective
-    model (groups across nodes) and measured durations kept (stage-detail steps carry theirs)."""
+    """A :class:`~predictor.kernels.ModelTiming` for transformer graphs, measured durations kept
+    (stage-detail steps carry theirs); collectives read the ``nodes`` their group spans."""
     from predictor.kernels import ModelTiming, analytic_models
-    from predictor.kernels.collective import PiecewiseCollective
-    from predictor.kernels.collective_span import SpanAwareCollective
 
-    if models is None:
-        models = [SpanAwareCollective() if isinstance(m, PiecewiseCollective) else m for m in analytic_models()]
-    return ModelTiming(platform, models, keep_measured=True, source=source)
+    return ModelTiming(platform, analytic_models() if models is None else models, keep_measured=True, source=source)
 
 
 def build_transformer_graph(
