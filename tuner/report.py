@@ -8,7 +8,6 @@ killed never leaves one that looks complete.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.table import Table
 
 from tuner.search import SearchOutcome
 
-__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "atomic_write_text"]
+__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "atomic_write_text", "json_default"]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -213,13 +212,14 @@ def write_sharding_outputs(outcome: SearchOutcome, out: Path, console: Console |
                 lines.append(f"- batch {r.batch_size}, {r.sharder}: {r.status} — {r.reason}")
         lines.append("")
     atomic_write_text(out / "report.md", "\n".join(lines))
-    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=_json_default))
+    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=json_default))
     return payload
 
 
-def _json_default(x):
+def json_default(x):
+    """``json.dumps(default=...)`` for numpy scalars and arrays (everything the reports hold)."""
     if isinstance(x, np.generic):
         return x.item()
-    if isinstance(x, float) and math.isnan(x):
-        return None
+    if isinstance(x, np.ndarray):
+        return x.tolist()
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")

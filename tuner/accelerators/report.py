@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from predictor.platforms.schema import Platform
-from tuner.report import atomic_write_text
+from tuner.report import atomic_write_text, json_default
 
 __all__ = ["build_payload", "print_table", "write_outputs", "render_html"]
 
@@ -270,7 +270,7 @@ def write_outputs(payload: dict, out: Path) -> None:
     """``report.html`` first, ``results.json`` last (atomic)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.html", render_html(payload))
-    atomic_write_text(out / "results.json", json.dumps(_finite(payload), indent=1, default=_json_default))
+    atomic_write_text(out / "results.json", json.dumps(_finite(payload), indent=1, default=json_default))
 
 
 def _finite(x):
@@ -284,11 +284,3 @@ def _finite(x):
     return x
 
 
-def _json_default(x):
-    import numpy as np
-
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -28,6 +28,7 @@ from tuner.accelerators.evaluate import (
     unit_key,
 )
 from tuner.accelerators.report import build_payload, print_table, write_outputs
+from tuner.report import json_default
 from tuner.search import _ray_init, finished_results, open_study, space_fingerprint
 from tuner.search_runners import SearchRequest
 
@@ -48,7 +49,7 @@ def _trial(ctx: AcceleratorContext, unit: Unit, row: dict):
         "accelerator": CategoricalDistribution(list(ctx.space.accelerators)),
         "devices": CategoricalDistribution(list(ctx.space.devices)),
     }
-    attrs = {"key": unit_key(*unit), "result": json.dumps(row, default=_json_default)}
+    attrs = {"key": unit_key(*unit), "result": json.dumps(row, default=json_default)}
     if row.get("status") == "ok":
         return create_trial(params=params, distributions=dists, value=float(row["objective"]), user_attrs=attrs)
     attrs["error"] = row.get("reason", "")
@@ -56,12 +57,6 @@ def _trial(ctx: AcceleratorContext, unit: Unit, row: dict):
     return create_trial(params=params, distributions=dists, state=state, user_attrs=attrs)
 
 
-def _json_default(x):
-    import numpy as np
-
-    if isinstance(x, np.generic):
-        return x.item()
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
 def _evaluate_local(ctx, units, traces, infos, on_result: Callable) -> None:

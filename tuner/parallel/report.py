@@ -15,7 +15,7 @@ from rich.table import Table
 from predictor.workloads.transformer import ParallelPlan
 from tuner.parallel.job import predict_plan
 from tuner.parallel.runner import ParallelOutcome
-from tuner.report import atomic_write_text
+from tuner.report import atomic_write_text, json_default
 
 __all__ = ["parallel_payload", "print_parallel_table", "write_parallel_outputs"]
 
@@ -114,13 +114,7 @@ def write_parallel_outputs(outcome: ParallelOutcome, out: Path) -> dict:
         if tl is not None:
             path = tl.write_chrome_trace(out / "traces" / f"best_{best['key']}.json")
             payload["best_trace"] = str(path.relative_to(out))
-    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=_json_default))
+    atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=json_default))
     return payload
 
 
-def _json_default(x):
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -33,6 +33,7 @@ from predictor.platforms.schema import Platform
 from predictor.workloads.transformer import ParallelPlan, PlanError, TransformerSpec
 from tuner.parallel.job import predict_plan
 from tuner.parallel.space import SEARCHED, Candidate, ParallelSpace, enumerate_candidates, normalise
+from tuner.report import json_default
 from tuner.search import _ray_init, finished_results, open_study
 from tuner.search_runners import SearchRequest
 from tuner.spaces import SpaceError
@@ -98,15 +99,9 @@ def _state(res: dict) -> TrialState:
 
 
 def _attrs(res: dict) -> dict:
-    return {"key": res["key"], "result": json.dumps(res, default=_json_default), "error": res.get("reason", "")}
+    return {"key": res["key"], "result": json.dumps(res, default=json_default), "error": res.get("reason", "")}
 
 
-def _json_default(x):
-    import numpy as np
-
-    if isinstance(x, np.generic):
-        return x.item()
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
 # ----------------------------------------------------------------------------- executors
