@@ -179,9 +179,10 @@ def test_predict_bad_input_exits_2_with_one_line(tmp_path, args, expected):
     assert "Traceback" not in text and len(text.strip().splitlines()) == 1
 
 
-def test_predict_from_a_trace_is_not_yet_supported(tmp_path):
+def test_predict_from_a_missing_trace_or_nothing_exits_2(tmp_path):
+    # the trace path itself is covered by tests/test_predict_trace.py
     code, text = _cli("predict", str(tmp_path / "trace.json"), "--set", "batch_size=64")
-    assert code == 2 and "not yet supported" in text
+    assert code == 2 and "no such file or folder" in text
     code, text = _cli("predict")
     assert code == 2 and "--workload" in text
 

@@ -129,6 +129,9 @@ class ReplayGraph:
     t0_us: float
     notes: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    #: per task, the Kineto event (index into its rank's trace) it came from: the top-level op
+    #: of a CPU op segment, the launching op of a GPU task; -1 for gaps, runtime calls, markers
+    task_event: np.ndarray | None = None
 
     def measured_timeline(self):
         """The measured run as a :class:`~predictor.simulate.Timeline` (same breakdown code)."""
@@ -428,17 +431,19 @@ class _Builder:
         self.edges: list[tuple[int, int, int]] = []
         self.steps: list[dict] = []
         self.dur_override: dict[int, float] = {}  # task -> seconds, set after the task was appended
+        self.task_ev: list[int] = []  # Kineto event a task came from (-1: none), see ReplayGraph.task_event
 
     def bump(self, name: str, n: int = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + n
 
     def task(self, proc: int, name: str, kind: str, cat: Category, dur: float, key: float, mend: float, *,
              overhead: Overhead = _OV_NONE, group: int = -1, flops: float = math.nan,
-             nbytes: float = math.nan, params: dict | None = None) -> int:
+             nbytes: float = math.nan, params: dict | None = None, ev: int = -1) -> int:
         i = self.b.task(proc, name, kind, cat, duration=max(dur, 0.0) * 1e-6, overhead=overhead, group=group,
                         flops=flops, bytes=nbytes, params=params)
         self.key.append(key)
         self.mend.append(mend)
+        self.task_ev.append(ev)
         return i
 
     def edge(self, src: int, dst: int, kind: DepKind) -> None:
@@ -691,7 +696,7 @@ class _Builder:
                         else:
                             ov = _OV_T5
                         i = self.task(proc, names[kt.name[in_op]], "cpu_op", _CAT_CPU, when - cur, cur, when,
-                                      overhead=ov)
+                                      overhead=ov, ev=in_op)
                         op_first.setdefault(in_op, i)
                         op_last[in_op] = i
                         src_end.append(when)
@@ -830,7 +835,7 @@ class _Builder:
                         self.task(proc, "issued before trace", "gpu_idle", _CAT_SYNC, g.start - t0, t0, g.start)
                 params = {k: v for k, v in params.items() if k in PARAM_COLUMNS}
                 gpu_task[gi] = self.task(proc, kname, kind, category, g.dur, g.start, g.end, group=g.group,
-                                         flops=flops, nbytes=nbytes, params=params or None)
+                                         flops=flops, nbytes=nbytes, params=params or None, ev=op)
                 if g.launch >= 0 and g.launch in rt_task:
                     self.edge(rt_task[g.launch], gpu_task[gi], DepKind.CPU_GPU)
         if orphan:
@@ -934,7 +939,8 @@ class _Builder:
             steps.at[row, "measured_s"] = float(mend[on].max() - mstart[on].min())
         return ReplayGraph(graph=g, measured_start=mstart, measured_end=np.maximum(mend, mstart), steps=steps,
                            trace_ranks=[i.trace.rank for i in infos], world_size=self.ts.world_size,
-                           launch_fraction=launch_fraction, t0_us=t0, notes=self.notes, stats=self.stats)
+                           launch_fraction=launch_fraction, t0_us=t0, notes=self.notes, stats=self.stats,
+                           task_event=np.asarray(self.task_ev, dtype=np.int64))
 
 
 def _launch_stats(infos: list[_RankInfo]) -> tuple[float, float]:

@@ -16,15 +16,21 @@ and runtime calls when CUDA is available) and ``rank{R}.et.json`` (``ExecutionTr
 for the same active iterations), so ``tuner replay DIR`` pairs them. The rank comes from
 ``torch.distributed`` when it is initialised, else 0. Iterations after the active window run
 unprofiled. Torch is imported only when a capture starts.
+
+``rank{R}.steps.csv`` records the wall time of every iteration (between two ``step()`` calls,
+the time spent inside ``step()`` — trace export — excluded) and whether the profiler was
+recording it: what-if predictions (:mod:`predictor.transform`) compare the profiled
+iterations with the unprofiled ones after the window to remove the profiler's own cost.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["Capture", "capture", "kineto_path", "et_path"]
+__all__ = ["Capture", "capture", "kineto_path", "et_path", "steps_path", "read_step_times"]
 
 
 def _rank() -> int:
@@ -43,6 +49,35 @@ def kineto_path(folder: str | Path, rank: int) -> Path:
 def et_path(folder: str | Path, rank: int) -> Path:
     """Where rank ``rank``'s execution trace goes."""
     return Path(folder) / f"rank{rank}.et.json"
+
+
+def steps_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank``'s per-iteration wall times go (CSV, not JSON: trace loaders skip it)."""
+    return Path(folder) / f"rank{rank}.steps.csv"
+
+
+def read_step_times(path: str | Path) -> dict:
+    """``{"wall_s": [...], "window": [...], "torch_threads": int | None}`` of a ``steps.csv``
+    (window: ``wait``, ``warmup``, ``active`` or ``after``); empty lists if unreadable."""
+    out: dict = {"wall_s": [], "window": [], "torch_threads": None}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return out
+    for line in lines:
+        if line.startswith("# torch_threads="):
+            with contextlib.suppress(ValueError):
+                out["torch_threads"] = int(line.split("=", 1)[1])
+            continue
+        parts = line.split(",")
+        if len(parts) != 3 or parts[0] == "step":
+            continue
+        try:
+            out["wall_s"].append(float(parts[1]))
+        except ValueError:
+            continue
+        out["window"].append(parts[2].strip())
+    return out
 
 
 class Capture:
@@ -70,6 +105,8 @@ class Capture:
         self._prof = None
         self._et = None
         self._exported = False
+        self._t_last: float | None = None  # perf_counter when the previous step() returned
+        self.wall_s: list[float] = []  # per iteration, seconds
 
     @property
     def kineto_file(self) -> Path:
@@ -104,14 +141,37 @@ class Capture:
             execution_trace_observer=self._et,
         )
         self._prof.__enter__()
+        self._t_last = time.perf_counter()
         return self
 
     def step(self) -> None:
         """Mark the end of one training iteration."""
         if self._prof is None:
             raise RuntimeError("Capture.step() called outside the 'with' block")
+        t = time.perf_counter()
+        if self._t_last is not None:
+            self.wall_s.append(t - self._t_last)
         self._prof.step()
         self.steps += 1
+        self._t_last = time.perf_counter()
+
+    def _window(self, k: int) -> str:
+        if k < self.wait:
+            return "wait"
+        if k < self.wait + self.warmup:
+            return "warmup"
+        return "active" if k < self.wait + self.warmup + self.active else "after"
+
+    def _write_steps(self) -> None:
+        import torch
+
+        path = steps_path(self.folder, self.rank)
+        rows = [f"# torch_threads={torch.get_num_threads()}", "step,wall_s,window"]
+        rows += [f"{k},{w:.9f},{self._window(k)}" for k, w in enumerate(self.wall_s)]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        self.written.append(path)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -126,6 +186,9 @@ class Capture:
                 self._et.unregister_callback()
             if self.et_file.exists():
                 self.written.append(self.et_file)
+        if exc_type is None and self.wall_s:
+            with contextlib.suppress(OSError):
+                self._write_steps()
 
 
 def capture(folder: str | Path, warmup: int = 2, active: int = 3, **kwargs) -> Capture:

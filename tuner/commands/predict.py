@@ -1,13 +1,17 @@
 """``tuner predict``: predict one configuration without starting Ray.
 
-Today: ``tuner predict --workload MODEL.yaml --set tp=4 --set pp=8 --set dp=16 --set micro_batch=2
---set global_batch=1536 [--platform a100-80gb] [--json]`` — one TP/PP/DP plan of a transformer.
-``MODEL.yaml`` is either a model (``layers, hidden, heads, seq, vocab, ...``), a mapping with a
-``model:`` section (and optionally ``cluster:``, ``global_batch:``, ``options:``), or a whole
-``space: parallel`` file (its model, cluster, global batch and options are the defaults).
+Two sources, one ``_predict_*`` function each, chosen in :func:`predict`:
 
-The positional ``PATH`` is reserved for trace what-ifs (``tuner predict TRACE --set
-batch_size=...``); each source is one ``_predict_*`` function below, chosen in :func:`predict`.
+* ``tuner predict --workload MODEL.yaml --set tp=4 --set pp=8 --set dp=16 --set micro_batch=2
+  --set global_batch=1536 [--platform a100-80gb] [--json]`` — one TP/PP/DP plan of a transformer.
+  ``MODEL.yaml`` is either a model (``layers, hidden, heads, seq, vocab, ...``), a mapping with a
+  ``model:`` section (and optionally ``cluster:``, ``global_batch:``, ``options:``), or a whole
+  ``space: parallel`` file (its model, cluster, global batch and options are the defaults).
+* ``tuner predict TRACE --set batch_size=64 --set layers=x2 --set dp=2 --set pp=2
+  [--platform NAME] [--json]`` — what-if on a captured run (``tuner.capture`` folder, Kineto
+  file or archive): :func:`predictor.transform.predict_trace` transforms the captured
+  execution graph and simulates it; tasks whose shape or platform changed are re-timed with
+  the kernel models of ``--platform`` (an asset pack's calibrated ones when there is one).
 """
 
 from __future__ import annotations
@@ -21,14 +25,15 @@ import typer
 
 from tuner.commands.common import console, fail
 
-SOURCES = "--workload MODEL.yaml"
+SOURCES = "--workload MODEL.yaml or a captured TRACE"
 
 
 def predict(
-    path: Annotated[Path | None, typer.Argument(help="a trace to re-time with --set changes (not yet supported)")] = None,
+    path: Annotated[Path | None, typer.Argument(help="a captured run (tuner.capture folder, Kineto file or .tar.gz) to "
+                                                     "predict --set changes of (batch_size, layers, dp, pp, ...)")] = None,
     workload: Annotated[Path | None, typer.Option("--workload", help="transformer model YAML (or a parallel space file)")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="plan field=value, repeatable (tp, pp, dp, micro_batch, global_batch, schedule, recompute, ...)")] = None,
-    platform: Annotated[str | None, typer.Option("--platform", help="catalog key (default: the workload's cluster, else a100-80gb)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="field=value, repeatable; workload: tp, pp, dp, micro_batch, global_batch, schedule, recompute, ...; trace: batch_size, layers, dp, pp, micro_batches, speedup.KIND, retime, ...")] = None,
+    platform: Annotated[str | None, typer.Option("--platform", help="catalog key or asset pack (workload default: its cluster, else a100-80gb; trace default: where it was captured, cpu-local for CPU captures)")] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="user YAML overriding or adding catalog entries")] = None,
     devices_per_node: Annotated[int | None, typer.Option("--devices-per-node", help="default: the workload's cluster or the catalog's")] = None,
     devices: Annotated[int | None, typer.Option("--devices", help="devices of the cluster (default: the workload's nodes x devices per node)")] = None,
@@ -37,13 +42,86 @@ def predict(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Predict one configuration (a TP/PP/DP plan of a transformer) without starting Ray."""
+    if workload is not None and path is not None:
+        fail(f"give either --workload MODEL.yaml or a TRACE, not both (got {path} and --workload {workload})")
     if workload is not None:
         _predict_workload(workload, set_ or [], platform, catalog, devices_per_node, devices, detail, trace, as_json)
         return
     if path is not None:
-        fail(f"{path}: predicting from a trace (tuner predict TRACE --set ...) is not yet supported; "
-             f"give {SOURCES}")
+        _predict_trace(path, set_ or [], platform, catalog, trace, as_json)
+        return
     fail(f"nothing to predict: give {SOURCES}")
+
+
+# ----------------------------------------------------------------------------- trace what-if
+def _predict_trace(path: Path, sets: list[str], platform: str | None, catalog: Path | None, trace: Path | None,
+                   as_json: bool) -> None:
+    import os
+
+    from predictor.graph import GraphError
+    from predictor.platforms import UnknownPlatformError
+    from predictor.platforms.assets import AssetPackError
+    from predictor.traces.errors import TraceError
+    from predictor.transform import WhatIfError, parse_sets, predict_trace
+
+    if not path.exists():
+        fail(f"{path}: no such file or folder")
+    try:
+        spec = parse_sets(sets)
+    except WhatIfError as exc:
+        fail(str(exc))
+    try:
+        result = predict_trace(path, spec, platform, extra_catalog=catalog)
+    except (TraceError, WhatIfError, UnknownPlatformError, AssetPackError) as exc:
+        fail(str(exc))
+    except FileNotFoundError as exc:
+        fail(f"file not found: {exc.filename}")
+    except GraphError as exc:
+        fail(f"{path}: the changed graph cannot be simulated ({exc})")
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        if os.environ.get("TUNER_DEBUG"):
+            raise
+        fail(f"{path}: cannot predict from this trace ({type(exc).__name__}: {exc})")
+    summary = result.summary()
+    if trace is not None and result.timeline is not None:
+        summary["trace"] = str(result.timeline.write_chrome_trace(trace))
+    if as_json:
+        print(json.dumps(summary, indent=1, default=_json_default))
+        return
+    _print_trace_result(summary)
+
+
+def _print_trace_result(r: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"What-if on {r['source']} ({r['platform']})", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row(f"baseline measured ({r['baseline_kind']})", f"{r['baseline_measured_s'] * 1e3:.3f} ms")
+    table.add_row("baseline replayed (profiler cost removed)", f"{r['baseline_replayed_s'] * 1e3:.3f} ms")
+    table.add_row("predicted iteration", f"{r['predicted_iteration_s'] * 1e3:.3f} ms")
+    if r.get("speedup_vs_baseline"):
+        table.add_row("speed-up vs baseline", f"{r['speedup_vs_baseline']:.3f}x")
+    for key, ch in r["changes"].items():
+        if isinstance(ch, dict) and "from" in ch:
+            extra = ", ".join(f"{k} {v}" for k, v in ch.items() if k not in ("from", "to", "notes") and v is not None)
+            table.add_row(f"change: {key}", f"{ch['from']} -> {ch['to']}" + (f" ({extra})" if extra else ""))
+        else:
+            table.add_row(f"change: {key}", json.dumps(ch))
+    if not r["changes"]:
+        table.add_row("changes", "none (replay of the capture)")
+    table.add_row("timing source", r["timing_source"])
+    c = r["retimed_tasks"]
+    table.add_row(f"tasks ({c.get('mode', '')}): measured / model / anchored / ratio (no model) / new",
+                  f"{c.get('unchanged_measured', 0)} / {c.get('model', 0)} / {c.get('anchored_model', 0)} / "
+                  f"{c.get('ratio_no_model', 0)} / {c.get('new_model', 0) + c.get('new_overhead', 0)}")
+    a = r["annotation"]
+    table.add_row("captured batch size", f"{a.get('base_batch')} ({a.get('batch_source')})")
+    table.add_row("profiler cost removed per event", f"{a['profiler_cost_per_event_s'] * 1e6:.2f} µs "
+                  f"({a['profiler_cost_source']})")
+    if "trace" in r:
+        table.add_row("trace", r["trace"])
+    console.print(table)
 
 
 # ----------------------------------------------------------------------------- workload

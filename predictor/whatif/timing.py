@@ -1,0 +1,116 @@
+"""Timing of a transformed graph: measured, model, anchored (measured x model ratio) or work ratio."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from predictor.graph import Category, ExecutionGraph
+from predictor.graph_edit import aux_of
+from predictor.whatif.common import EXP_COLS
+
+__all__ = ["WhatIfTiming", "RATIO_ALIAS"]
+
+
+#: kinds without a model of their own whose *ratio* new/old is taken from a related model
+#: (the dense embedding-bag backward scales like the sparse one the calibration measures)
+RATIO_ALIAS = {"embedding_bag_bwd_dense": "embedding_bag_bwd"}
+
+
+class WhatIfTiming:
+    """Durations for a transformed graph (see the module docstring).
+
+    ``timing``: a :class:`~predictor.kernels.timing.ModelTiming` of the target platform.
+    ``platform_moved``: every kernel task takes the model's time (kinds without a model: the
+    platform's roofline). After :meth:`durations`, ``counts`` says how many tasks took
+    which path.
+    """
+
+    def __init__(self, timing, mode: str = "model", platform_moved: bool = False) -> None:
+        self.timing = timing
+        self.mode = mode
+        self.platform_moved = platform_moved
+        self.counts: dict[str, int] = {}
+        kinds: set[str] = set()
+        for model in getattr(timing, "models", []):
+            kinds.update(getattr(model, "kinds", ()))
+        self.model_kinds = kinds
+
+    def _model(self, g: ExecutionGraph, idx: np.ndarray, kind: str, params: Mapping[str, np.ndarray] | None = None,
+               flops: np.ndarray | None = None, nbytes: np.ndarray | None = None) -> np.ndarray:
+        from predictor.kernels.base import TaskView
+
+        cols = {k: (params[k] if params is not None else v)[idx] for k, v in g.params.items()}
+        cols["flops"] = (flops if flops is not None else g.flops)[idx]
+        cols["bytes"] = (nbytes if nbytes is not None else g.bytes)[idx]
+        view = TaskView(cols, int(idx.size), kind)
+        return np.asarray(self.timing.model_for(kind).predict(view, self.timing.platform), dtype=np.float64)
+
+    def has_model(self, kind: str) -> bool:
+        """Does a kernel model of the timing claim ``kind`` (not just the roofline fallback)?"""
+        return kind in self.model_kinds
+
+    def durations(self, g: ExecutionGraph) -> np.ndarray:
+        aux = aux_of(g)
+        d = g.duration.copy()
+        n = g.n_tasks
+        changed = aux.get("changed", np.zeros(n)) > 0
+        ratio = np.nan_to_num(aux.get("ratio", np.ones(n)), nan=1.0)
+        new = ~np.isfinite(d)
+        kernel = np.isin(g.category, (Category.COMPUTE, Category.MEMORY, Category.COMMUNICATION))
+        counts = {"unchanged_measured": 0, "model": 0, "anchored_model": 0, "ratio_no_model": 0, "new_model": 0,
+                  "new_overhead": 0}
+        todo = (changed | new) & kernel
+        base = _base_params(g)
+        for kid in np.unique(g.kind[todo]).tolist():
+            kind = g.kinds[kid]
+            idx = np.flatnonzero(todo & (g.kind == kid))
+            has_model = kind in self.model_kinds
+            is_new = new[idx]
+            if has_model or self.platform_moved:
+                t_new = self._model(g, idx, kind)
+                if self.mode == "anchored" and not self.platform_moved and has_model:
+                    t_old = self._model(g, idx, kind, base["params"], base["flops"], base["bytes"])
+                    anch = np.where(t_old > 0, d[idx] * t_new / np.maximum(t_old, 1e-15), t_new)
+                    val = np.where(is_new, t_new, anch)
+                    counts["anchored_model"] += int((~is_new).sum())
+                else:
+                    val = t_new
+                    counts["model"] += int((~is_new).sum())
+                counts["new_model"] += int(is_new.sum())
+            elif kind in RATIO_ALIAS and RATIO_ALIAS[kind] in self.model_kinds:
+                alias = RATIO_ALIAS[kind]
+                t_new = self._model(g, idx, alias)
+                t_old = self._model(g, idx, alias, base["params"], base["flops"], base["bytes"])
+                val = np.where(is_new | (t_old <= 0), d[idx] * ratio[idx], d[idx] * t_new / np.maximum(t_old, 1e-15))
+                counts["anchored_model"] += int((~is_new).sum())
+            else:
+                val = np.where(is_new, 0.0, d[idx] * ratio[idx])
+                counts["ratio_no_model"] += int((~is_new).sum())
+            d[idx] = val
+        # new host tasks without a duration: the platform's overhead of their type, else 0
+        rest = ~np.isfinite(d)
+        if rest.any():
+            ov = self.timing.overhead_seconds() if hasattr(self.timing, "overhead_seconds") else np.zeros(6)
+            d[rest] = ov[g.overhead[rest]]
+            counts["new_overhead"] = int(rest.sum())
+        counts["unchanged_measured"] = int((~(todo | rest)).sum())
+        sp = aux.get("speedup")
+        if sp is not None:
+            d = d / np.where(np.isfinite(sp) & (sp > 0), sp, 1.0)
+        self.counts = counts
+        return np.maximum(np.nan_to_num(d, nan=0.0), 0.0)
+
+
+def _base_params(g: ExecutionGraph) -> dict:
+    """Parameters before the batch changes: undo ``s ** x`` with the recorded batch factor."""
+    f = g.meta.get("whatif", {}).get("batch_factor", 1.0)
+    aux = aux_of(g)
+    params = {}
+    for c, col in g.params.items():
+        x = np.nan_to_num(aux.get(f"x_{c}", np.zeros(g.n_tasks)), nan=0.0) if c in EXP_COLS else 0.0
+        params[c] = col / f ** x
+    fx = np.nan_to_num(aux.get("x_flops", np.zeros(g.n_tasks)), nan=0.0)
+    bx = np.nan_to_num(aux.get("x_bytes", np.zeros(g.n_tasks)), nan=0.0)
+    return {"params": params, "flops": g.flops / f ** fx, "bytes": g.bytes / f ** bx}

@@ -1,0 +1,139 @@
+"""``tuner predict TRACE --set ...`` on a run captured on this CPU inside the test."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+torch = pytest.importorskip("torch")
+
+BATCH = 12
+LAYERS = 3
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """A tiny MLP (3 identical hidden layers) trained with SGD, captured with tuner.capture,
+    plus unprofiled iterations after the window (profiler-cost calibration)."""
+    import tuner
+
+    folder = tmp_path_factory.mktemp("whatif") / "run"
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layers = [torch.nn.Linear(20, 48), torch.nn.ReLU()]
+        for _ in range(LAYERS):
+            layers += [torch.nn.Linear(48, 48), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(48, 5))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(BATCH, 20), torch.randint(0, 5, (BATCH,))
+        with tuner.capture(folder, warmup=1, active=2) as cap:
+            for _ in range(1 + 2 + 4):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                cap.step()
+    finally:
+        torch.set_num_threads(threads)
+    return folder
+
+
+def _predict(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, ["predict", *args])
+    return r.exit_code, r.output
+
+
+def test_capture_records_unprofiled_iterations(captured):
+    from predictor.traces.capture import read_step_times
+
+    st = read_step_times(captured / "rank0.steps.csv")
+    assert st["window"].count("active") == 2 and st["window"].count("after") == 4
+    assert st["torch_threads"] == 1 and all(w > 0 for w in st["wall_s"])
+
+
+def test_annotation_splits_host_ops_into_kernels(captured):
+    from predictor.traces.annotate import annotate
+    from predictor.traces.load import load_traces
+
+    at = annotate(load_traces(captured))
+    assert at.host_mode and at.base_batch == BATCH and at.unprofiled_s is not None
+    g = at.graphs()[0]
+    kinds = set(g.kinds)
+    assert {"addmm", "mm", "relu"} <= kinds
+    aux = g.meta["aux"]
+    fwd_gemm = g.kind_mask("addmm")
+    assert np.all(g.params["m"][fwd_gemm] == BATCH)  # batch rows of x @ W^T
+    assert np.all(aux["x_m"][fwd_gemm] == 1.0)
+    grads = np.isfinite(aux["grad_bytes"])
+    assert grads.sum() == 2 * (LAYERS + 2)  # weight and bias of every Linear
+    assert 0 < at.profiler_cost_s < 1e-3
+
+
+def test_predict_batch_size_json(captured):
+    code, text = _predict(str(captured), "--set", f"batch_size={4 * BATCH}", "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    for key in ("predicted_iteration_s", "baseline_measured_s", "changes", "timing_source"):
+        assert key in r
+    assert r["changes"]["batch_size"]["from"] == BATCH and r["changes"]["batch_size"]["to"] == 4 * BATCH
+    assert r["changes"]["batch_size"]["tasks_rescaled"] > 0
+    assert r["predicted_iteration_s"] > r["baseline_replayed_s"] > 0
+    assert r["retimed_tasks"]["model"] + r["retimed_tasks"]["ratio_no_model"] > 0
+
+
+def test_predict_layers_dp_pp(captured):
+    code, text = _predict(str(captured), "--set", "layers=x2", "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    assert r["changes"]["layers"]["from"] == LAYERS and r["changes"]["layers"]["to"] == 2 * LAYERS
+    assert r["predicted_iteration_s"] > r["baseline_replayed_s"]
+    code, text = _predict(str(captured), "--set", "dp=2", "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    assert r["changes"]["dp"]["to"] == 2 and r["changes"]["dp"]["buckets"] >= 1
+    assert r["retimed_tasks"]["new_model"] > 0
+    code, text = _predict(str(captured), "--set", "pp=3", "--set", "micro_batches=3", "--json")
+    assert code == 0, text
+    assert json.loads(text)["changes"]["pp"]["layers_per_stage"] == [1, 1, 1]
+
+
+def test_predict_prints_a_table_and_moves_platform(captured, tmp_path):
+    code, text = _predict(str(captured), "--set", "batch_size=x2", "--trace", str(tmp_path / "t.json"))
+    assert code == 0, text
+    assert "predicted iteration" in text and "timing source" in text
+    assert (tmp_path / "t.json").exists()
+    code, text = _predict(str(captured), "--platform", "a100-80gb", "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    assert r["changes"]["platform"]["to"] == "a100-80gb" and r["changes"]["platform"]["device_mode"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--set", "layers=x2", "--set", "base_layers=5"], "no repeated layer blocks"),
+        (["--set", "pp=9"], "pp=9 needs at least 9 repeated layers"),
+        (["--set", "nope=1"], "unknown key"),
+        (["--platform", "tpu-v9"], "unknown platform 'tpu-v9'"),
+    ],
+)
+def test_predict_bad_changes_exit_2(captured, args, expected):
+    code, text = _predict(str(captured), *args)
+    assert code == 2, text
+    assert expected in text and "Traceback" not in text and len(text.strip().splitlines()) == 1
+
+
+def test_predict_missing_or_foreign_trace(tmp_path):
+    code, text = _predict(str(tmp_path / "missing"), "--set", "dp=2")
+    assert code == 2 and "no such file or folder" in text
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    code, text = _predict(str(bad), "--set", "dp=2")
+    assert code == 2 and "not a trace" in text and len(text.strip().splitlines()) == 1
