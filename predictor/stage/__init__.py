@@ -14,22 +14,26 @@ Typical use (seconds throughout)::
 
 Modules: ``gpt`` (the stage as a torch module), ``graph`` (tracing, pruning, features,
 reachability, depth), ``batching``, ``dag_transformer``, ``gnn_baselines``, ``model``
-(``StageLatencyModel``), ``dataset`` (measurement and the committed data), ``pipeline``.
+(``StageLatencyModel``), ``alpa_adapter`` (``LearnedStagePredictor`` for ``tuner.alpa``),
+``dataset`` (measurement and the committed data), ``pipeline``.
 """
 
+from .alpa_adapter import LearnedStagePredictor
 from .dataset import DEFAULT_DATASET, DEFAULT_MODELS, StageSample, load_dataset, load_graphs, measure_stage
 from .gpt import GPTSpec, StageSpec, StageSpecError
 from .graph import SHAPE_ONLY_OPS, StageGraph, graph_from_fx, stage_graph, trace_stage
-from .model import KINDS, FitReport, StageLatencyModel, TrainConfig
+from .model import DEFAULT_NETWORKS, KINDS, FitReport, StageLatencyModel, TrainConfig
 from .pipeline import PipelineSchedule, gpipe, one_f_one_b, pipeline_latency
 
 __all__ = [
     "DEFAULT_DATASET",
     "DEFAULT_MODELS",
+    "DEFAULT_NETWORKS",
     "KINDS",
     "SHAPE_ONLY_OPS",
     "FitReport",
     "GPTSpec",
+    "LearnedStagePredictor",
     "PipelineSchedule",
     "StageGraph",
     "StageLatencyModel",

@@ -51,12 +51,14 @@ def prepare(
 
 @dataclass
 class DenseBatch:
-    """Padded batch: ``x`` [B, N, F], ``attn`` [B, 1, N, N] (True = may attend), ``depth`` [B, N], ``node_mask`` [B, N]."""
+    """Padded batch: ``x`` [B, N, F], ``attn`` [B, 1, N, N] (True = may attend), ``depth`` [B, N],
+    ``node_mask`` [B, N], ``pred`` [B, N, N] (row ``v``: ``1 / in-degree`` at each direct predecessor of ``v``)."""
 
     x: torch.Tensor
     attn: torch.Tensor
     depth: torch.Tensor
     node_mask: torch.Tensor
+    pred: torch.Tensor
 
 
 @dataclass
@@ -79,17 +81,23 @@ def collate_dense(graphs: Sequence[PreparedGraph]) -> DenseBatch:
     attn[:, np.arange(n), np.arange(n)] = True
     depth = np.zeros((b, n), dtype=np.int64)
     node_mask = np.zeros((b, n), dtype=bool)
+    pred = np.zeros((b, n, n), dtype=np.float32)
     for i, g in enumerate(graphs):
         k = g.n_nodes
         x[i, :k] = g.x
         attn[i, :k, :k] = g.mask
         depth[i, :k] = g.depth
         node_mask[i, :k] = True
+        if g.edges.size:
+            src, dst = g.edges[:, 0], g.edges[:, 1]
+            indeg = np.bincount(dst, minlength=k).astype(np.float32)
+            pred[i, dst, src] = 1.0 / indeg[dst]
     return DenseBatch(
         torch.from_numpy(x),
         torch.from_numpy(attn).unsqueeze(1),
         torch.from_numpy(depth),
         torch.from_numpy(node_mask),
+        torch.from_numpy(pred),
     )
 
 

@@ -8,7 +8,11 @@
 * **Global add pool** (eq. 2): the graph embedding is the sum of node embeddings — latency is
   additive over ops — followed by an MLP head with ReLUs and one output.
 
-PredTOP's best setting is 4 layers of width 64 (§IV-B6); those are the defaults here.
+PredTOP's best setting is 4 layers of width 64 (§IV-B6); those are this class's defaults.
+:class:`~predictor.stage.model.StageLatencyModel` uses 2 layers of width 32 unless told otherwise
+(``DEFAULT_NETWORKS``), which trained better within a CPU budget on the CPU dataset.
+``input_mix=True`` (off by default, not in PredTOP) also adds each node's direct inputs' mean
+embedding to its own; it did not help on the CPU dataset.
 """
 
 from __future__ import annotations
@@ -63,24 +67,39 @@ class DAGTransformer(nn.Module):
     collate = staticmethod(collate_dense)
 
     def __init__(
-        self, n_features: int, dim: int = 64, layers: int = 4, heads: int = 4, pool_scale: float = 0.01
+        self,
+        n_features: int,
+        dim: int = 64,
+        layers: int = 4,
+        heads: int = 4,
+        pool_scale: float = 0.01,
+        input_mix: bool = False,
     ) -> None:
         super().__init__()
         self.dim = dim
         self.pool_scale = pool_scale
         self.embed = nn.Linear(n_features, dim)
+        # optional: add the mean embedding of each node's direct inputs to its own (a node's
+        # output shape does not say its input shapes, e.g. a matmul's contraction size)
+        self.mix = nn.Linear(dim, dim) if input_mix else None
         self.layers = nn.ModuleList(_ReachabilityAttentionLayer(dim, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(dim)
         self.head = nn.Sequential(
             nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1)
         )
 
     def node_embeddings(self, batch: DenseBatch) -> torch.Tensor:
-        """``[B, N, dim]`` embeddings after the last layer (padding rows included)."""
-        h = self.embed(batch.x) + depth_encoding(batch.depth, self.dim)
+        """``[B, N, dim]`` embeddings after the last layer (padding rows included).
+
+        Not layer-normalised: a node's embedding must be free to be large when the node is
+        expensive, since the add pool sums what the nodes contribute.
+        """
+        e = self.embed(batch.x)
+        h = e + depth_encoding(batch.depth, self.dim)
+        if self.mix is not None:
+            h = h + self.mix(torch.bmm(batch.pred, e))
         for layer in self.layers:
             h = layer(h, batch.attn)
-        return self.ln(h)
+        return h
 
     def forward(self, batch: DenseBatch) -> torch.Tensor:
         """``[B]`` outputs (in the model's target space, see :mod:`predictor.stage.model`)."""

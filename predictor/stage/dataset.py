@@ -263,7 +263,7 @@ def load_dataset(path: str | Path = DEFAULT_DATASET) -> tuple[list[StageSample],
         raise ValueError(f"{path}: not a stage latency dataset")
     samples = []
     for r in doc["samples"]:
-        timing = {k: r[k] for k in ("min_s", "q25_s", "q75_s", "wall_median_s") if k in r}
+        timing = {k: r[k] for k in ("min_s", "q25_s", "q75_s", "wall_median_s", "pass_medians_s") if k in r}
         samples.append(StageSample(StageSpec.from_dict(r), float(r["latency_s"]), timing))
     header = {k: v for k, v in doc.items() if k != "samples"}
     return samples, header

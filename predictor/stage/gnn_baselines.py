@@ -58,7 +58,6 @@ class GCN(nn.Module):
         super().__init__()
         self.pool_scale = pool_scale
         self.layers = nn.ModuleList(_GCNLayer(n_features if i == 0 else dim, dim) for i in range(layers))
-        self.ln = nn.LayerNorm(dim)
         self.head = _mlp_head(dim)
 
     def forward(self, batch: SparseBatch) -> torch.Tensor:
@@ -69,7 +68,7 @@ class GCN(nn.Module):
         h = batch.x
         for layer in self.layers:
             h = F.relu(layer(h, src, dst, norm))
-        pooled = _add_pool(self.ln(h), batch.batch, batch.n_graphs) * self.pool_scale
+        pooled = _add_pool(h, batch.batch, batch.n_graphs) * self.pool_scale
         return self.head(pooled).squeeze(-1)
 
 
@@ -111,7 +110,6 @@ class GAT(nn.Module):
         self.layers = nn.ModuleList(
             _GATLayer(n_features if i == 0 else dim, heads, dim // heads) for i in range(layers)
         )
-        self.ln = nn.LayerNorm(dim)
         self.head = _mlp_head(dim)
 
     def forward(self, batch: SparseBatch) -> torch.Tensor:
@@ -119,5 +117,5 @@ class GAT(nn.Module):
         h = batch.x
         for layer in self.layers:
             h = F.elu(layer(h, src, dst))
-        pooled = _add_pool(self.ln(h), batch.batch, batch.n_graphs) * self.pool_scale
+        pooled = _add_pool(h, batch.batch, batch.n_graphs) * self.pool_scale
         return self.head(pooled).squeeze(-1)
