@@ -1,15 +1,18 @@
 """A real DLRM training job on this machine: table-wise sharded embeddings, gloo, K local processes.
 
 This is the *measured* side of the sharding experiment (Lin et al. 2024 §IV-B, Table IV):
-each rank owns whole ``nn.EmbeddingBag`` tables (sparse gradients, SGD), looks them up for the
-global batch, exchanges the pooled vectors with ``all_to_all_single`` (and their gradients
-backward), runs the bottom and top MLPs data-parallel under DDP (gloo), and steps SGD. It
-mirrors :func:`predictor.workloads.dlrm.build_dlrm_graph` op for op, so prediction and
+each rank owns whole ``nn.EmbeddingBag`` tables (sparse gradients, SGD fused into the backward),
+looks them up for the global batch, exchanges the pooled vectors with ``all_to_all_single`` (and
+their gradients backward), runs the bottom and top MLPs data-parallel under DDP (gloo), and
+steps SGD. With one process there is no DDP and no all-to-all. It mirrors
+:func:`predictor.workloads.dlrm.build_dlrm_graph` in host mode op for op, so prediction and
 measurement describe the same program.
 
 :func:`measure_dlrm` spawns the processes and returns the per-iteration wall time (seconds;
 median over timed iterations, max over ranks) and the reuse-factor histogram of each
-table's real batch, which the predictor takes as input, as the paper does.
+table's real batch, which the predictor takes as input, as the paper does. Index batches are
+drawn to each table's reuse profile (``DLRMJobSpec.reuse``, the task's), with the generator
+the calibration's embedding benchmark uses.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ class DLRMJobSpec:
     iters: int = 10
     threads: int = 1
     seed: int = 0
+    #: per table, the 17-bin lookup-weighted reuse histogram the index batches are drawn to
+    #: (the task's reuse profile, Lin et al. 2024 §III-E); empty: uniformly random rows
+    reuse: tuple[tuple[float, ...], ...] = ()
+    #: when set, 3 more iterations run under torch.profiler after the timed ones (diagnosis;
+    #: never part of the timed iterations); rank r writes ``rank{r}.trace.json`` there
+    trace_dir: str = ""
 
 
 def batch_reuse_histogram(indices: np.ndarray, bins: int = 17) -> np.ndarray:
@@ -65,17 +74,21 @@ def batch_reuse_histogram(indices: np.ndarray, bins: int = 17) -> np.ndarray:
     return h / h.sum()
 
 
-def _lookups(rng: np.random.Generator, batch: int, rows: int, pooling: float) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and offsets of one batch: per-sample counts with mean ``pooling`` (at least one
-    lookup per ``1/pooling`` samples), rows drawn from a Zipf-like popularity (real tables are
-    skewed), so the batch has the reuse such tables have."""
+def _lookups(rng: np.random.Generator, batch: int, rows: int, pooling: float,
+             reuse: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and offsets of one batch: per-sample bag sizes ``floor(L)`` or ``ceil(L)`` with mean
+    ``pooling``; the rows are drawn so the batch's reuse histogram follows ``reuse`` (the
+    calibration's generator, :func:`predictor.calibration.embedding_bag.indices_for_reuse`), or
+    uniformly at random without one."""
+    from predictor.calibration.embedding_bag import indices_for_reuse
+
     lo = int(np.floor(pooling))
     counts = lo + (rng.random(batch) < (pooling - lo)).astype(np.int64)
     total = int(counts.sum())
-    # popularity ~ rank^-1.05 over a random permutation of the rows
-    ranks = np.minimum(rng.zipf(1.05, size=total), rows) - 1
-    perm_seed = rows * 7919 % (2**31)
-    idx = (ranks * 2654435761 + perm_seed) % rows  # a fixed pseudo-random row for each popularity rank
+    if reuse is not None and total:
+        idx = indices_for_reuse(np.asarray(reuse, dtype=float), total, rows, rng)
+    else:
+        idx = rng.integers(0, rows, size=total)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
     return idx.astype(np.int64), offsets.astype(np.int64)
 
@@ -83,7 +96,8 @@ def _lookups(rng: np.random.Generator, batch: int, rows: int, pooling: float) ->
 def table_batch(spec: DLRMJobSpec, table: int, which: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Batch ``which`` of table ``table``: the same whichever rank owns the table."""
     rng = np.random.default_rng([spec.seed, table, which])
-    return _lookups(rng, spec.batch_size, int(spec.rows[table]), float(spec.pooling[table]))
+    reuse = np.asarray(spec.reuse[table]) if spec.reuse else None
+    return _lookups(rng, spec.batch_size, int(spec.rows[table]), float(spec.pooling[table]), reuse)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -103,6 +117,16 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None
 
 
+SPARSE_LR = 0.01
+
+
+def _sgd_in_backward(w: torch.Tensor) -> None:
+    """SGD row update of a table as soon as its sparse gradient is accumulated."""
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-SPARSE_LR)
+    w.grad = None
+
+
 def _mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
@@ -118,8 +142,9 @@ class _Dense(nn.Module):
         super().__init__()
         self.bottom, self.top = bottom, top
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        return self.top(torch.cat([self.bottom(x), emb], dim=1))
+    def forward(self, x: torch.Tensor, embs: list[torch.Tensor]) -> torch.Tensor:
+        # the interaction: one concatenation of the bottom MLP's output with every table's vectors
+        return self.top(torch.cat([self.bottom(x), *embs], dim=1))
 
 
 def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
@@ -137,20 +162,21 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     bottom = _mlp([spec.dense_features, *spec.bottom_mlp], sigmoid_last=False)
     width = spec.bottom_mlp[-1] + int(dims.sum())
     top = _mlp([width, *spec.top_mlp], sigmoid_last=True)
-    ddp = nn.parallel.DistributedDataParallel(_Dense(bottom, top))
+    dense = _Dense(bottom, top)
+    # one process: plain training (no DDP, no all-to-all), as the synthesiser's 1-rank graph
+    ddp = nn.parallel.DistributedDataParallel(dense) if n > 1 else dense
     opt_dense = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    opt_sparse = torch.optim.SGD(tables.parameters(), lr=0.01) if len(mine) else None
-    # order of the received blocks: rank q sends its tables (in table order) for my samples
+    # tables: SGD fused into the backward, as FBGEMM's backward-SGD kernel does on GPUs (and as the
+    # calibrated embedding_bag_bwd kernel is timed): the row update runs as soon as a table's
+    # sparse gradient is ready, then the gradient is dropped
+    for w in tables.parameters():
+        w.register_post_accumulate_grad_hook(_sgd_in_backward)
+    # received layout: rank q's tables (in table order) for my samples, rank-major; every rank
+    # sees the same layout, so the top MLP's input columns mean the same thing on every rank
     dims_of_rank = [int(dims[assignment == q].sum()) for q in range(n)]
     my_dims = dims_of_rank[rank]
     send_split = [b * my_dims] * n
     recv_split = [b * dims_of_rank[q] for q in range(n)]
-    # column permutation: received layout (rank-major) -> table order
-    order = np.concatenate([np.flatnonzero(assignment == q) for q in range(n)]) if len(assignment) else np.zeros(0, int)
-    col_start = np.concatenate([[0], np.cumsum(dims[order])[:-1]]) if len(order) else np.zeros(0, int)
-    perm = np.concatenate([np.arange(col_start[k], col_start[k] + dims[t]) for k, t in enumerate(np.argsort(order))]) \
-        if len(order) else np.zeros(0, int)
-    perm_t = torch.as_tensor(perm)
     # fixed batches (inputs are not what we time)
     batches = []
     for _ in range(2):
@@ -158,30 +184,41 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
         batches.append(([(torch.as_tensor(i), torch.as_tensor(o)) for i, o in lookups],
                         torch.randn(b, spec.dense_features), torch.rand(b, 1)))
     loss_fn = nn.BCELoss()
-    times = []
-    for it in range(spec.warmup + spec.iters):
+    times: list[float] = []
+
+    def step(it: int) -> None:
         lookups, x, y = batches[it % 2]
-        dist.barrier()
-        t0 = time.perf_counter()
         pooled = [tables[k](i, o) for k, (i, o) in enumerate(lookups)]
-        send = torch.cat(pooled, dim=1) if pooled else torch.zeros(spec.batch_size, 0)
-        # rows q*b:(q+1)*b go to rank q
-        send = send.reshape(n, b, my_dims).reshape(-1)
-        recv = _AllToAll.apply(send, send_split, recv_split)
-        blocks = torch.split(recv, recv_split)
-        emb = torch.cat([blk.reshape(b, dims_of_rank[q]) for q, blk in enumerate(blocks)], dim=1)[:, perm_t]
-        logits = ddp(x, emb)
+        if n > 1:
+            send = torch.cat(pooled, dim=1) if pooled else torch.zeros(spec.batch_size, 0)
+            # rows q*b:(q+1)*b go to rank q
+            recv = _AllToAll.apply(send.reshape(-1), send_split, recv_split)
+            embs = [blk.view(b, dims_of_rank[q]) for q, blk in enumerate(torch.split(recv, recv_split)) if recv_split[q]]
+        else:
+            embs = pooled
+        logits = ddp(x, embs)
         loss = loss_fn(logits, y)
         opt_dense.zero_grad(set_to_none=True)
-        if opt_sparse:
-            opt_sparse.zero_grad(set_to_none=True)
         loss.backward()
         opt_dense.step()
-        if opt_sparse:
-            opt_sparse.step()
+
+    for it in range(spec.warmup + spec.iters):
+        if n > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        step(it)
         dt = time.perf_counter() - t0
         if it >= spec.warmup:
             times.append(dt)
+    if spec.trace_dir:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for it in range(3):
+                if n > 1:
+                    dist.barrier()
+                step(it)
+        prof.export_chrome_trace(str(Path(spec.trace_dir) / f"rank{rank}.trace.json"))
     rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)}
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf}))
     dist.barrier()
@@ -195,13 +232,16 @@ def _free_port() -> int:
 
 
 def measure_dlrm(spec: DLRMJobSpec) -> dict:
-    """Run the job; returns ``{"iteration_s", "per_rank_s", "rf"}`` (median iteration per rank, max over ranks)."""
+    """Run the job; returns ``{"iteration_s", "per_rank_s", "times", "rf"}``: the median iteration per
+    rank (seconds), its max over ranks, every timed iteration of every rank, the reuse histograms."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(spec, _free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
         per_rank = []
+        times = []
         rf: dict[int, list[float]] = {}
         for r in range(spec.n_ranks):
             d = json.loads((Path(tmp) / f"rank{r}.json").read_text())
             per_rank.append(float(np.median(d["times"])))
+            times.append([float(t) for t in d["times"]])
             rf.update({int(k): v for k, v in d["rf"].items()})
-    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "rf": rf}
+    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "times": times, "rf": rf}

@@ -97,19 +97,4 @@ def test_bad_sharding_inputs(assignment, n, batch, match):
         build_dlrm_graph(spec, np.asarray(assignment), n)
 
 
-def test_host_mode_runs_ops_on_the_calling_thread_and_ddp_on_a_comm_thread():
-    spec = DLRMSpec(tables=_tables(4), batch_size=512, bottom_mlp=(32, 64), top_mlp=(64, 1))
-    g = build_dlrm_graph(spec, np.array([0, 1, 0, 1]), 2, mode="host")
-    names = np.asarray(g.proc_names)[g.proc]
-    kinds = np.asarray(g.kinds)[g.kind]
-    assert not g.is_gpu().any()
-    assert set(names[kinds == "gemm"]) == {"cpu"}
-    assert set(names[kinds == "all_to_all"]) == {"cpu"}  # gloo all-to-all blocks the caller
-    assert set(names[kinds == "all_reduce"]) == {"comm thread"}  # DDP all-reduce is async
-    # the optimizer step waits for the all-reduces
-    ar = np.flatnonzero(kinds == "all_reduce")
-    opt = np.flatnonzero(kinds == "optimizer")
-    waits = set(zip(g.edge_src.tolist(), g.edge_dst.tolist(), strict=True))
-    assert all((int(a), int(o)) in waits for o in opt for a in ar if g.rank[a] == g.rank[o])
-    tl = simulate(g, ModelTiming(get_platform("cpu-local")))
-    assert tl.iteration_s > 0 and tl.per_rank_s.size == 2
+# host mode (CPU): tests/test_dlrm_host.py

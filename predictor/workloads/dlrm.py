@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from predictor.graph import Category, ExecutionGraph, GraphBuilder
+from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.kernels.embedding import RF_COLUMNS
 from predictor.workloads.dlrm_tables import EmbeddingTables
 from predictor.workloads.emit import ExecMode, OpEmitter, eltwise, gemm
 
-__all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes"]
+__all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25
 
@@ -150,8 +150,8 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
     """The per-rank ExecutionGraph of one training iteration under ``assignment`` (table -> rank).
 
     ``mode``: ``"device"`` for accelerators (async kernels on streams), ``"host"`` for CPU
-    platforms (ops run on the calling thread; DDP all-reduce on gloo's thread) — see
-    :mod:`predictor.workloads.emit`.
+    platforms (eager PyTorch on the calling thread, gloo collectives on the process group's
+    worker threads; see :func:`_build_host_graph`).
     """
     assignment = np.asarray(assignment, dtype=np.int64)
     t = spec.tables
@@ -163,6 +163,8 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
         raise ValueError(f"sharding places a table on a rank outside 0..{n_ranks - 1}")
     if spec.batch_size % n_ranks:
         raise ValueError(f"global batch {spec.batch_size} is not divisible by {n_ranks} ranks")
+    if mode == "host":
+        return _build_host_graph(spec, assignment, n_ranks)
     dt = spec.dtype_bytes
     B = float(spec.batch_size)
     b_local = B / n_ranks
@@ -250,3 +252,183 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
         e.op("optimizer.step", [eltwise("sgd_update", "optimizer", n_params, dt, rw=rw)], after=ar_kernels)
     gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
     return gb.build()
+
+
+# ============================================================================ host mode (CPU)
+#: gloo's ProcessGroupGloo runs collectives on this many worker threads (PyTorch default)
+GLOO_WORKER_THREADS = 2
+#: DDP's first gradient bucket closes at 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``)
+DDP_FIRST_BUCKET_BYTES = 2**20
+
+
+def ddp_buckets(layers: Sequence[tuple[str, int, int]], dtype_bytes: int, cap_bytes: int,
+                first_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[list[str]]:
+    """DDP's gradient buckets (layer names, backward order) after its first-iteration rebuild.
+
+    Parameters are taken in the order their gradients become ready (last layer first; bias,
+    then weight) and a bucket closes as soon as it holds at least its limit: ``first_bytes``
+    for the first bucket, ``cap_bytes`` after (``Reducer`` / ``_compute_bucket_assignment_by_size``).
+    A layer whose bias and weight straddle a boundary is put whole in the bucket its weight lands
+    in (both gradients come from the same backward op).
+    """
+    buckets: list[list[str]] = [[]]
+    acc = 0
+    limit = first_bytes
+    for name, i, o in reversed(list(layers)):
+        buckets[-1].append(name)
+        acc += (i * o + o) * dtype_bytes
+        if acc >= limit:
+            buckets.append([])
+            acc = 0
+            limit = cap_bytes
+    return [bk for bk in buckets if bk]
+
+
+def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> ExecutionGraph:
+    """Host mode: what ``experiments/dlrm_gloo.py`` runs on CPU, op by op (eager PyTorch).
+
+    Every op runs on the rank's main thread (T1 before it, its kernels after). Collectives run
+    on gloo's worker threads (:data:`GLOO_WORKER_THREADS`, taken round-robin in issue order,
+    which is how its FIFO work queue hands them out while earlier ones are still running); a
+    blocking collective (the all-to-all) makes the main thread wait for it. With one rank
+    there is no DDP and no all-to-all. Per rank:
+
+    forward
+        ``EmbeddingBag`` of each local table for the global batch; (``n > 1``) ``cat`` of the
+        pooled vectors -> all-to-all (the main thread waits for it); bottom MLP (``addmm`` +
+        ReLU) on the local batch; interaction ``cat`` of the bottom output with every table's
+        vectors; top MLP (ReLU, sigmoid last); BCE loss.
+    backward (autograd order: the most recently created node first)
+        loss; top MLP layers (activation backward, ``AddmmBackward0``: dgrad ``mm``, wgrad
+        ``mm``, bias sum); DDP copies each gradient into its bucket scaled by ``1/n`` (``mul``)
+        and, when a bucket is full, all-reduces it asynchronously; the interaction's backward
+        (views, no kernel); the bottom MLP likewise (it was created after the all-to-all, so it
+        runs before it); (``n > 1``) the split's backward packs the embedding gradients
+        (``cat``), the all-to-all of gradients (blocking); each table's backward with its SGD
+        row update fused (the calibrated ``embedding_bag_bwd``), last table first; DDP waits
+        for every all-reduce and copies the buckets back into the gradients (``memcpy``).
+    optimizer
+        SGD single-tensor loop over the MLP parameters (one ``add_`` each).
+    """
+    from predictor.workloads.mlp import activation_forward, layer_tensors, linear_forward, sgd_step
+
+    t = spec.tables
+    dt = spec.dtype_bytes
+    B = float(spec.batch_size)
+    b = B / n_ranks
+    layers = spec.mlp_layers()
+    n_bottom = len(spec.bottom_mlp)
+    width = spec.interaction_width()
+    dims_per_rank = np.bincount(assignment, weights=t.dim.astype(float), minlength=n_ranks)
+    multi = n_ranks > 1
+    a2a_params = {"msg_bytes": all_to_all_message_bytes(spec, assignment, n_ranks) if multi else 0.0,
+                  "world": n_ranks, "dtype_bytes": dt}
+    buckets = ddp_buckets(layers, dt, spec.ddp_bucket_bytes) if multi else []
+    gb = GraphBuilder()
+    g_a2a_fwd, g_a2a_bwd = (gb.new_group(), gb.new_group()) if multi else (-1, -1)
+    g_buckets = [gb.new_group() for _ in buckets]
+
+    for r in range(n_ranks):
+        h = _HostRank(gb, r, n_ranks, spec, buckets, g_buckets)
+        e = h.e
+        local = np.flatnonzero(assignment == r)
+        # ------------------------------------------------------------ forward
+        for ti in local:
+            e.op(f"embedding_bag[{ti}]", [_table_kernel(spec, int(ti), "fwd")])
+        wait: list[int] = []
+        if multi:
+            e.op("cat(pooled)", [eltwise("cat_pooled", "concat", B * dims_per_rank[r], dt, rw=2.0)])
+            wait = [h.collective("all_to_all_fwd", "all_to_all", dict(a2a_params), g_a2a_fwd, [])]
+        for li, (name, i, o) in enumerate(layers):
+            if li == n_bottom:
+                e.op("interaction", [eltwise("interaction.cat", "concat", b * width, dt, rw=2.0)])
+            # the all-to-all blocks the main thread: the bottom MLP starts after it
+            linear_forward(e, name, b, i, o, dt, after=wait if li == 0 else ())
+            activation_forward(e, name, h.activation(li), b * o, dt)
+        e.op("bce_loss", [eltwise("bce_loss", "loss", b, dt, rw=3.0)])
+        # ------------------------------------------------------------ backward
+        e.op("bce_loss.backward", [eltwise("bce_loss_bwd", "loss", b, dt, rw=4.0)])
+        for li in reversed(range(len(layers))):  # top MLP, then bottom (created after the all-to-all)
+            h.layer_backward(li)
+        wait = []
+        if multi:
+            pack = e.op("split.backward", [eltwise("pack_embedding_grads", "concat", b * float(t.dim.sum()), dt,
+                                                   rw=2.0)])
+            wait = [h.collective("all_to_all_bwd", "all_to_all", dict(a2a_params), g_a2a_bwd, pack)]
+        for j, ti in enumerate(local[::-1]):
+            e.op(f"embedding_bag_backward[{ti}]", [_table_kernel(spec, int(ti), "bwd")], after=wait if j == 0 else ())
+        after_ddp: list[int] = [] if len(local) else list(wait)
+        for bi, names in enumerate(buckets):
+            n_b = float(sum(h.layer_params[nm] for nm in names))
+            after_ddp = e.op(f"ddp.copy_bucket_to_grad[{bi}]",
+                             [eltwise(f"copy_bucket_to_grad[{bi}]", "memcpy", n_b, dt, rw=2.0)],
+                             after=h.all_reduces + after_ddp)
+        sgd_step(e, layer_tensors(layers), dt, after=after_ddp)
+    gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label,
+                    "mode": "host"})
+    return gb.build()
+
+
+def _table_kernel(spec: DLRMSpec, ti: int, phase: str) -> tuple:
+    """The embedding-bag kernel of table ``ti`` for the global batch (``phase``: fwd or bwd)."""
+    t = spec.tables
+    p = {"batch": float(spec.batch_size), "rows": float(t.rows[ti]), "dim": float(t.dim[ti]),
+         "pooling": float(t.pooling[ti]), "dtype_bytes": float(t.dtype_bytes)}
+    if t.reuse is not None:
+        p.update({c: float(v) for c, v in zip(RF_COLUMNS, t.reuse[ti], strict=True)})
+    return (f"embedding_bag_{phase}[{ti}]", f"embedding_bag_{phase}", Category.MEMORY, p)
+
+
+class _HostRank:
+    """One rank of the host-mode DLRM graph: its main thread, gloo workers and DDP state."""
+
+    def __init__(self, gb: GraphBuilder, rank: int, n_ranks: int, spec: DLRMSpec, buckets: list[list[str]],
+                 groups: list[int]) -> None:
+        self.gb, self.spec, self.buckets, self.groups = gb, spec, buckets, groups
+        self.world = n_ranks
+        self.e = OpEmitter(gb, rank, "host")
+        self.workers = [gb.processor(rank, ProcKind.CPU_THREAD, f"gloo worker {w}") for w in range(GLOO_WORKER_THREADS)]
+        self.issued = 0
+        self.layers = spec.mlp_layers()
+        self.layer_params = {name: i * o + o for name, i, o in self.layers}
+        self.bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
+        self.ready: dict[int, float] = {}
+        self.all_reduces: list[int] = []
+        self.b_local = spec.batch_size / n_ranks
+
+    def activation(self, li: int) -> str:
+        return "sigmoid" if li == len(self.layers) - 1 else "relu"
+
+    def collective(self, name: str, kind: str, params: dict, group: int, after: Sequence[int]) -> int:
+        """Issue a collective from the main thread onto the next gloo worker (round-robin)."""
+        gb = self.gb
+        issue = gb.task(self.e.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+        w = self.workers[self.issued % len(self.workers)]
+        self.issued += 1
+        k = gb.task(w, name, kind, Category.COMMUNICATION, group=group, params=params)
+        gb.edge(issue, k, DepKind.CPU_CPU)
+        for a in after:
+            gb.edge(a, k, DepKind.CPU_CPU)
+        return k
+
+    def layer_backward(self, li: int) -> None:
+        """Activation backward, ``AddmmBackward0``; with DDP the gradient goes into its bucket and a
+        full bucket is all-reduced."""
+        from predictor.workloads.mlp import activation_backward, linear_backward
+
+        e, dt = self.e, self.spec.dtype_bytes
+        name, i, o = self.layers[li]
+        world, b = self.world, self.b_local
+        activation_backward(e, name, self.activation(li), b * o, dt)
+        ks = linear_backward(e, name, b, i, o, dt, input_grad=li > 0)
+        if world == 1:
+            return
+        n_p = float(self.layer_params[name])
+        ks = e.op(f"{name}.ddp_grad_to_bucket", [eltwise(f"{name}.grad_to_bucket", "mul", n_p, dt, rw=2.0)],
+                  after=ks[-1:])
+        bi = self.bucket_of[name]
+        self.ready[bi] = self.ready.get(bi, 0.0) + n_p
+        if name == self.buckets[bi][-1]:
+            msg = {"msg_bytes": self.ready[bi] * dt, "world": world, "dtype_bytes": dt}
+            self.all_reduces.append(self.collective(f"ddp.all_reduce[{bi}]", "all_reduce", msg, self.groups[bi],
+                                                    ks[-1:]))

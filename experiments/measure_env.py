@@ -1,0 +1,135 @@
+"""How busy the machine is while we measure: other processes' CPU use, and a gate that waits for quiet.
+
+This VM has 2 cores shared with other engineers; a process that is not ours (a model fit, a test
+run) slows a measured training iteration by up to 2x. Measurements therefore (1) wait until the
+other processes use little CPU (:func:`wait_for_quiet`), and (2) record how many cores the other
+processes used *during* the measurement (:class:`BackgroundLoad`), so a reader can judge each
+number; scripts re-measure a row that ran beside too much background load.
+
+"Other processes' CPU" = busy CPU time of the whole machine (``/proc/stat``: user, nice, system,
+irq, softirq, steal) minus the CPU time of this process and its reaped children
+(``getrusage``), divided by the wall time: cores' worth of work that was not ours.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["machine_busy_s", "own_cpu_s", "BackgroundLoad", "wait_for_quiet", "QUIET_CORES", "Measured",
+           "measure_quietly"]
+
+#: other processes may use at most this many cores' worth of CPU for a machine to count as quiet
+QUIET_CORES = 0.25
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot (all cores; NaN where /proc/stat is absent)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return float("nan")
+    # cpu user nice system idle iowait irq softirq steal ...
+    vals = [int(x) for x in fields[1:]]
+    busy = vals[0] + vals[1] + vals[2] + sum(vals[5:8])
+    return busy / _TICK
+
+
+def own_cpu_s() -> float:
+    """CPU seconds used by this process and its reaped children."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+@dataclass
+class BackgroundLoad:
+    """Context manager: cores' worth of CPU other processes used while the block ran.
+
+    ``with BackgroundLoad() as bg: run()`` then ``bg.cores`` (0 = nothing else ran; 1 = one
+    core fully used by others) and ``bg.wall_s``.
+    """
+
+    cores: float = float("nan")
+    wall_s: float = float("nan")
+
+    def __enter__(self) -> BackgroundLoad:
+        self._t0 = time.perf_counter()
+        self._busy0 = machine_busy_s()
+        self._own0 = own_cpu_s()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self._t0
+        others = (machine_busy_s() - self._busy0) - (own_cpu_s() - self._own0)
+        self.wall_s = wall
+        self.cores = max(0.0, others / wall) if wall > 0 else float("nan")
+
+
+def wait_for_quiet(max_cores: float = QUIET_CORES, window_s: float = 2.0, timeout_s: float = 900.0,
+                   log=None) -> float:
+    """Block until other processes use at most ``max_cores`` over a ``window_s`` window.
+
+    Returns the load of the last window (cores). Gives up after ``timeout_s`` seconds and
+    returns the last load seen (the caller records it next to the measurement).
+    """
+    start = time.perf_counter()
+    warned = False
+    while True:
+        with BackgroundLoad() as bg:
+            time.sleep(window_s)
+        if bg.cores <= max_cores or time.perf_counter() - start > timeout_s:
+            return bg.cores
+        if log is not None and not warned:
+            log(f"  waiting for the machine to be quiet (other processes use {bg.cores:.2f} cores)")
+            warned = True
+
+
+@dataclass
+class Measured:
+    """One measurement: per-iteration seconds and the background load it ran beside."""
+
+    times: list[float]
+    background_cores: float
+    attempts: int = 1
+    attempt_medians: list[float] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.times))
+
+    @property
+    def p10_p90_s(self) -> tuple[float, float]:
+        return float(np.percentile(self.times, 10)), float(np.percentile(self.times, 90))
+
+
+def measure_quietly(run: Callable[[], list[float]], max_background: float = 0.3, retries: int = 2, log=print,
+                    quiet_timeout_s: float = 300.0) -> Measured:
+    """Wait (up to ``quiet_timeout_s``) for a quiet machine, run, and re-run (up to ``retries``
+    times) while other processes used more than ``max_background`` cores during the run; the
+    quietest attempt is kept. ``run`` returns the seconds of each timed iteration."""
+    best: Measured | None = None
+    medians = []
+    for attempt in range(retries + 1):
+        if quiet_timeout_s > 0:
+            wait_for_quiet(timeout_s=quiet_timeout_s, log=log)
+        with BackgroundLoad() as bg:
+            times = run()
+        medians.append(float(np.median(times)))
+        m = Measured(times, bg.cores, attempt + 1)
+        if best is None or m.background_cores < best.background_cores:
+            best = m
+        if bg.cores <= max_background:
+            break
+        log(f"  other processes used {bg.cores:.2f} cores during the run; measuring again")
+    assert best is not None
+    best.attempts = len(medians)
+    best.attempt_medians = medians
+    return best

@@ -1,0 +1,82 @@
+"""The end-to-end CPU experiment's pieces: real models mirror the synthesised graphs; measurement helpers."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.e2e_cpu import GPTModel, gpt_graph, gpt_step, mlp_step, time_steps  # noqa: E402
+from experiments.measure_env import BackgroundLoad, measure_quietly, wait_for_quiet  # noqa: E402
+from predictor.workloads.mlp import MLPSpec, build_mlp_graph  # noqa: E402
+from predictor.workloads.transformer import TransformerSpec  # noqa: E402
+
+TINY_GPT = TransformerSpec(layers=2, hidden=32, heads=2, seq=16, vocab=64, dtype="fp32", attention="unfused")
+GEMMS = {"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"}
+
+
+def _profiled_gemms(step) -> Counter:
+    step()  # warm-up (first-iteration allocations)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    return Counter(e.name for e in prof.events() if e.name in GEMMS)
+
+
+def _graph_gemms(g) -> int:
+    kinds = np.asarray(g.kinds)[g.kind]
+    return int(np.isin(kinds, ["gemm", "addmm", "mm", "bmm"]).sum())
+
+
+def test_gpt_model_has_the_specs_parameters_and_the_graphs_gemms():
+    model = GPTModel(TINY_GPT)
+    assert sum(p.numel() for p in model.parameters()) == TINY_GPT.param_count()
+    real = _profiled_gemms(gpt_step(TINY_GPT, batch=2))
+    assert sum(real.values()) == _graph_gemms(gpt_graph(TINY_GPT, 2))
+
+
+def test_mlp_step_runs_the_graphs_gemms():
+    spec = MLPSpec(input_dim=12, hidden=(24, 16), classes=3, batch_size=8)
+    real = _profiled_gemms(mlp_step(spec))
+    g = build_mlp_graph(spec)
+    kinds = Counter(np.asarray(g.kinds)[g.kind])
+    assert real["aten::addmm"] == kinds["addmm"] and real["aten::mm"] == kinds["mm"]
+
+
+def test_time_steps_and_background_load():
+    calls = []
+    times = time_steps(lambda: calls.append(1), warmup=2, iters=5)
+    assert len(calls) == 7 and len(times) == 5 and all(t >= 0 for t in times)
+    with BackgroundLoad() as bg:
+        sum(range(10000))
+    assert bg.wall_s > 0 and (bg.cores >= 0 or np.isnan(bg.cores))
+    assert wait_for_quiet(max_cores=1e9, window_s=0.01) >= 0
+
+
+def test_measure_quietly_keeps_the_quietest_attempt():
+    seen = []
+
+    def run():
+        seen.append(1)
+        return [0.01 * len(seen)] * 3
+
+    m = measure_quietly(run, max_background=-1.0, retries=2, log=lambda _: None, quiet_timeout_s=0.0)
+    assert len(seen) == 3 and m.attempts == 3 and len(m.attempt_medians) == 3
+    assert m.median_s in m.attempt_medians
+
+
+@pytest.mark.slow
+def test_dlrm_gloo_runs_on_one_and_two_ranks():
+    from experiments.dlrm_gloo import DLRMJobSpec, measure_dlrm
+
+    for n, a in ((1, (0, 0, 0)), (2, (0, 1, 1))):
+        spec = DLRMJobSpec(rows=(100, 200, 50), dim=(8, 8, 16), pooling=(2.0, 0.5, 5.0), assignment=a, n_ranks=n,
+                           batch_size=16, bottom_mlp=(16, 8), top_mlp=(16, 1), warmup=1, iters=2)
+        out = measure_dlrm(spec)
+        assert len(out["times"]) == n and all(len(t) == 2 for t in out["times"])
+        assert out["iteration_s"] > 0 and sorted(out["rf"]) == [0, 1, 2]
