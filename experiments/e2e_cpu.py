@@ -47,7 +47,7 @@ import platform as pyplatform
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -250,51 +250,52 @@ class Row:
     config: str
     batch: int
     ranks: int
-    measured_s: float
-    p10_s: float
+    measured_s: float  #: median over the passes of each pass's median iteration
+    p10_s: float  #: 10th percentile of every timed iteration of every pass
     p90_s: float
+    pass_medians_s: list[float]
     predicted_s: float
     kernel_sum_s: float
-    background_cores: float
-    attempts: int
-    attempt_medians_s: list[float]
+    background_cores: float  #: the most any kept pass ran beside
+    attempts: int  #: runs made (passes + re-runs beside background load)
     iters: int
     error_pct: float = 0.0
     kernel_sum_error_pct: float = 0.0
+    pass_spread_pct: float = 0.0  #: (max - min) / median of the pass medians
 
     def __post_init__(self) -> None:
         self.error_pct = float(abs_pct_errors([self.predicted_s], [self.measured_s])[0])
         self.kernel_sum_error_pct = float(abs_pct_errors([self.kernel_sum_s], [self.measured_s])[0])
+        pm = np.asarray(self.pass_medians_s)
+        self.pass_spread_pct = float(100 * (pm.max() - pm.min()) / np.median(pm)) if pm.size else float("nan")
+
+
+@dataclass
+class Case:
+    """One row to measure: its prediction and a function running one measured pass."""
+
+    model: str
+    config: str
+    batch: int
+    ranks: int
+    predicted: tuple[float, float]
+    run: Callable[[], list[float]]
+    passes: list[Measured] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- runs
-def run_all(args, timing, threads: int, log=print) -> list[Row]:
-    torch.set_num_threads(threads)
-    rows: list[Row] = []
-
-    def add(model: str, config: str, batch: int, ranks: int, m: Measured, pred: tuple[float, float], iters: int):
-        lo, hi = m.p10_p90_s
-        r = Row(model, config, batch, ranks, m.median_s, lo, hi, pred[0], pred[1], m.background_cores, m.attempts,
-                m.attempt_medians, iters)
-        rows.append(r)
-        log(f"{model:<10} batch {batch:>5}: measured {r.measured_s * 1e3:9.2f} ms, predicted {r.predicted_s * 1e3:9.2f} ms "
-            f"({r.error_pct:5.1f} %), kernel sum {r.kernel_sum_s * 1e3:9.2f} ms ({r.kernel_sum_error_pct:5.1f} %), "
-            f"background {r.background_cores:.2f} cores")
-
-    mr = dict(max_background=args.max_background, retries=args.retries, log=log, quiet_timeout_s=args.quiet_timeout)
+def build_cases(args, timing, threads: int) -> list[Case]:
+    """Every (model, batch) row with its prediction (from the spec) and its measurement closure."""
+    cases: list[Case] = []
     if "mlp" in args.models:
         for bs in args.mlp_batches:
             spec = MLPSpec(**{**asdict(MLP), "batch_size": bs})
-            pred = predict_graph(build_mlp_graph(spec, mode="host"), timing)
-            step = mlp_step(spec)
-            m = measure_quietly(lambda step=step: time_steps(step, args.warmup, args.iters), **mr)
-            add("mlp", MLP.label, bs, 1, m, pred, args.iters)
+            cases.append(Case("mlp", MLP.label, bs, 1, predict_graph(build_mlp_graph(spec, mode="host"), timing),
+                              lambda spec=spec: time_steps(mlp_step(spec), args.warmup, args.iters)))
     if "gpt" in args.models:
         for bs in args.gpt_batches:
-            pred = predict_graph(gpt_graph(GPT, bs), timing)
-            step = gpt_step(GPT, bs)
-            m = measure_quietly(lambda step=step: time_steps(step, args.warmup, args.iters), **mr)
-            add("gpt", GPT.name, bs, 1, m, pred, args.iters)
+            cases.append(Case("gpt", GPT.name, bs, 1, predict_graph(gpt_graph(GPT, bs), timing),
+                              lambda bs=bs: time_steps(gpt_step(GPT, bs), args.warmup, args.iters)))
     if "dlrm" in args.models:
         for n in args.dlrm_ranks:
             for bs in args.dlrm_batches:
@@ -302,9 +303,32 @@ def run_all(args, timing, threads: int, log=print) -> list[Row]:
                 job = dlrm_job(tables, bs, n, threads, args.dlrm_warmup, args.iters)
                 spec = dlrm_spec_for(job, tables)
                 pred = predict_graph(build_dlrm_graph(spec, np.asarray(job.assignment), n, mode="host"), timing)
-                m = measure_quietly(lambda job=job: _dlrm_times(job), **mr)
                 label = f"{tables.label}, {len(tables)} tables" + (f", {DLRM_SHARDER}" if n > 1 else "")
-                add("dlrm" if n == 1 else f"dlrm-{n}rank", label, bs, n, m, pred, args.iters)
+                cases.append(Case("dlrm" if n == 1 else f"dlrm-{n}rank", label, bs, n, pred,
+                                  lambda job=job: _dlrm_times(job)))
+    return cases
+
+
+def run_all(args, timing, threads: int, log=print) -> list[Row]:
+    """Measure every case ``args.passes`` times, the passes interleaved (pass 1 of every row, then
+    pass 2, ...), so a slow spell of the shared machine does not fall on one row only."""
+    torch.set_num_threads(threads)
+    cases = build_cases(args, timing, threads)
+    mr = dict(max_background=args.max_background, retries=args.retries, log=log, quiet_timeout_s=args.quiet_timeout)
+    for k in range(args.passes):
+        for c in cases:
+            m = measure_quietly(c.run, **mr)
+            c.passes.append(m)
+            log(f"pass {k + 1}: {c.model:<10} batch {c.batch:>5}: {m.median_s * 1e3:9.2f} ms "
+                f"(predicted {c.predicted[0] * 1e3:9.2f} ms), background {m.background_cores:.2f} cores")
+    rows = []
+    for c in cases:
+        every = [t for m in c.passes for t in m.times]
+        medians = [m.median_s for m in c.passes]
+        rows.append(Row(c.model, c.config, c.batch, c.ranks, float(np.median(medians)),
+                        float(np.percentile(every, 10)), float(np.percentile(every, 90)), medians,
+                        c.predicted[0], c.predicted[1], max(m.background_cores for m in c.passes),
+                        sum(m.attempts for m in c.passes), args.iters))
     return rows
 
 
@@ -312,6 +336,83 @@ def _dlrm_times(job: DLRMJobSpec) -> list[float]:
     """Per-iteration time of the job: each iteration's slowest rank."""
     per_rank = np.asarray(measure_dlrm(job)["times"])
     return [float(x) for x in per_rank.max(axis=0)]
+
+
+# ----------------------------------------------------------------------------- kernel context check
+def _time_call(fn: Callable[[], object], flush: torch.Tensor | None, n: int = 10) -> float:
+    """Median seconds of ``fn`` after 2 untimed calls; with ``flush``, the last-level cache is
+    evicted before every call by writing a buffer larger than it."""
+    out = []
+    for i in range(n + 2):
+        if flush is not None:
+            flush.add_(1.0)
+        t0 = time.perf_counter()
+        fn()
+        if i >= 2:
+            out.append(time.perf_counter() - t0)
+    return float(np.median(out))
+
+
+def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
+    """The kernels that dominate the errors, timed alone: the pack's prediction, the kernel repeated
+    on the same inputs (warm caches, as microbenchmarks time it), and after evicting the LLC (cold,
+    as in a training step where other ops ran in between). Seconds.
+
+    Rows: every embedding-bag forward / backward (+ SGD update) of the DLRM rows' tables at
+    ``batch`` (summed), and the GPT's dropout forward and backward (which the transformer
+    synthesiser times with the same dropout kernel).
+    """
+    from predictor.kernels.base import TaskView
+    from predictor.kernels.embedding import RF_COLUMNS
+
+    llc = 64 * 2**20
+    flush = torch.empty(llc // 4)
+    tables = dlrm_tables(batch)
+    job = dlrm_job(tables, batch, 1, 1, 0, 10)
+    sums = {k: np.zeros(3) for k in ("embedding_bag_fwd", "embedding_bag_bwd")}
+    for ti in range(len(tables)):
+        idx, off = table_batch(job, ti, 0)
+        it, ot = torch.as_tensor(idx), torch.as_tensor(off)
+        w = nn.Parameter(torch.rand(int(tables.rows[ti]), int(tables.dim[ti])))
+        cols = {"batch": batch, "rows": float(tables.rows[ti]), "dim": float(tables.dim[ti]),
+                "pooling": float(tables.pooling[ti]), "dtype_bytes": 4.0,
+                **{c: float(v) for c, v in zip(RF_COLUMNS, batch_reuse_histogram(idx), strict=True)}}
+        out = F.embedding_bag(it, w, ot, mode="sum", sparse=True)
+        grad = torch.randn_like(out)
+
+        def fwd(it=it, w=w, ot=ot):
+            return F.embedding_bag(it, w, ot, mode="sum", sparse=True)
+
+        def bwd(out=out, grad=grad, w=w):
+            out.backward(grad, retain_graph=True)
+            with torch.no_grad():
+                w.add_(w.grad, alpha=-1e-3)
+            w.grad = None
+
+        for kind, fn in (("embedding_bag_fwd", fwd), ("embedding_bag_bwd", bwd)):
+            pred = float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
+            sums[kind] += [pred, _time_call(fn, None), _time_call(fn, flush)]
+        del w, out
+    rows = [{"kernel": f"{k} x {len(tables)} tables (DLRM rows, batch {batch})", "predicted_s": v[0], "warm_s": v[1],
+             "cold_s": v[2]} for k, v in sums.items()]
+    b = GPT_BATCHES[1]
+    elems = b * GPT.seq * GPT.hidden
+    x = torch.randn(elems, requires_grad=True)
+    y = F.dropout(x, GPT_DROPOUT, True)
+    g = torch.randn(elems)
+    pred = float(timing.model_for("dropout").predict(TaskView.single("dropout", elements=elems, dtype_bytes=4),
+                                                     timing.platform)[0])
+    rows.append({"kernel": f"dropout forward, {elems} elements (GPT batch {b})", "predicted_s": pred,
+                 "warm_s": _time_call(lambda: F.dropout(x.detach(), GPT_DROPOUT, True), None),
+                 "cold_s": _time_call(lambda: F.dropout(x.detach(), GPT_DROPOUT, True), flush)})
+    rows.append({"kernel": f"dropout backward (mask multiply), {elems} elements: the synthesiser's "
+                           "`*_dropout*_bwd` tasks, timed by the dropout model", "predicted_s": pred,
+                 "warm_s": _time_call(lambda: torch.autograd.grad(y, x, g, retain_graph=True), None),
+                 "cold_s": _time_call(lambda: torch.autograd.grad(y, x, g, retain_graph=True), flush)})
+    for r in rows:
+        log(f"  {r['kernel']}: predicted {r['predicted_s'] * 1e3:.3f} ms, warm {r['warm_s'] * 1e3:.3f} ms, "
+            f"cold {r['cold_s'] * 1e3:.3f} ms")
+    return rows
 
 
 # ----------------------------------------------------------------------------- report
@@ -334,31 +435,37 @@ def summarize(rows: list[Row]) -> dict:
             "max_abs_pct_error": max_abs_pct_error([r.predicted_s for r in sel], [r.measured_s for r in sel]),
         }
     out["meets_target"] = bool(out["geomean_abs_pct_error"] < 5.0 and out["max_abs_pct_error"] < 10.0)
+    spread = [r.pass_spread_pct for r in rows]
+    out["pass_spread_median_pct"] = float(np.median(spread)) if spread else float("nan")
+    out["pass_spread_max_pct"] = float(np.max(spread)) if spread else float("nan")
     return out
 
 
-def markdown(rows: list[Row], summary: dict, meta: dict) -> str:
+def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> str:
     lines = [
         "# End-to-end accuracy on this CPU: predicted vs measured training iterations",
         "",
         f"{meta['date']}, {meta['machine']} ({meta['cpu_model']}), torch {meta['torch']}, "
-        f"{meta['threads']} torch thread(s) per process (the asset pack's calibration setting). "
-        f"Prediction: `{meta['timing_source']}` ({meta['pack_created'] or 'no pack'}); "
+        f"{meta['threads']} torch thread(s) per process (the asset pack was calibrated at {meta['pack_threads']}). "
+        f"Prediction: `{meta['timing_source']}` (created {meta['pack_created'] or '-'}); "
         "graphs from the model specs by the synthesisers in host mode (no trace of the runs is used).",
-        f"Measured: median of {meta['iters']} timed iterations after {meta['warmup']} warm-up "
-        f"({meta['dlrm_warmup']} for DLRM), p10-p90 of the timed iterations in brackets; each run waited for "
-        "the machine to be quiet; `bg` = cores other processes used during the run (2-core VM shared with other users).",
-        "Reproduce: `flock /tmp/tuner-measure.lock python experiments/e2e_cpu.py`",
+        f"Measured: {meta['passes']} passes over all rows, interleaved; a pass = fresh model, "
+        f"{meta['warmup']} warm-up iterations ({meta['dlrm_warmup']} for DLRM), median of {meta['iters']} timed "
+        "iterations (DLRM: the slowest rank's). `measured` = median of the pass medians, [p10-p90] of every timed "
+        "iteration, `passes` = spread of the pass medians. Each pass waited for the machine to be quiet; `bg` = "
+        "most cores other processes used during a kept pass (a 2-core VM shared with other users).",
+        f"Reproduce: `flock /tmp/tuner-measure.lock {meta['command']}`",
         "",
-        "| model | config | batch | ranks | measured ms [p10-p90] | predicted ms | error | kernel-sum ms | "
+        "| model | config | batch | ranks | measured ms [p10-p90] | passes | predicted ms | error | kernel-sum ms | "
         "kernel-sum error | bg cores |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.model} | {r.config} | {r.batch} | {r.ranks} | {r.measured_s * 1e3:.2f} "
-            f"[{r.p10_s * 1e3:.2f}-{r.p90_s * 1e3:.2f}] | {r.predicted_s * 1e3:.2f} | {r.error_pct:.1f}% | "
-            f"{r.kernel_sum_s * 1e3:.2f} | {r.kernel_sum_error_pct:.1f}% | {r.background_cores:.2f} |"
+            f"[{r.p10_s * 1e3:.2f}-{r.p90_s * 1e3:.2f}] | {r.pass_spread_pct:.1f}% | {r.predicted_s * 1e3:.2f} | "
+            f"{r.error_pct:.1f}% | {r.kernel_sum_s * 1e3:.2f} | {r.kernel_sum_error_pct:.1f}% | "
+            f"{r.background_cores:.2f} |"
         )
     s = summary
     lines += [
@@ -376,9 +483,26 @@ def markdown(rows: list[Row], summary: dict, meta: dict) -> str:
     lines += [
         "",
         f"Target (issue 4): geomean under 5 %, max under 10 % — {verdict}. References: Lin et al. 2022, 7.96 % "
-        "E2E geomean error on GPUs; Lin et al. 2024 (multi-GPU), 5.21 %.",
+        "E2E geomean error on GPUs; Lin et al. 2024 (multi-GPU), 5.21 %. Run-to-run spread of the measurements "
+        f"themselves (pass medians): median {s['pass_spread_median_pct']:.1f}%, max {s['pass_spread_max_pct']:.1f}%.",
         "",
     ]
+    if checks:
+        lines += [
+            "## Kernel context check",
+            "",
+            "The kernels behind most of the error, timed alone on this machine: the asset pack's prediction, the "
+            "kernel repeated on the same inputs (`warm`: how the calibration microbenchmarks time it) and after "
+            "evicting the last-level cache before each call (`cold`: closer to a training step, where other ops ran "
+            "since the kernel last touched its data).",
+            "",
+            "| kernel | predicted ms | warm ms | cold ms |",
+            "|---|---:|---:|---:|",
+        ]
+        for c in checks:
+            lines.append(f"| {c['kernel']} | {c['predicted_s'] * 1e3:.3f} | {c['warm_s'] * 1e3:.3f} | "
+                         f"{c['cold_s'] * 1e3:.3f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -401,6 +525,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--dlrm-warmup", type=int, default=3, help="DDP rebuilds its buckets after the first iteration")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--passes", type=int, default=3, help="measurements of every row, interleaved")
+    ap.add_argument("--no-check", action="store_true", help="skip the kernel context check")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per process (default: the pack's)")
     ap.add_argument("--max-background", type=float, default=0.3, help="re-measure above this many busy cores of others")
     ap.add_argument("--retries", type=int, default=2)
@@ -410,11 +536,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.iters < 10:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
+    if args.passes < 1:
+        ap.error("--passes must be >= 1")
 
     timing, manifest = resolve(args.platform)
     threads = args.threads or int((manifest or {}).get("threads", 1))
     t0 = time.perf_counter()
     rows = run_all(args, timing, threads)
+    checks = [] if args.no_check else kernel_context_check(timing)
     summary = summarize(rows)
     from predictor.platforms.cpu_local import _cpu_model
 
@@ -428,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         "pack_created": (manifest or {}).get("created"),
         "pack_threads": (manifest or {}).get("threads"),
         "iters": args.iters,
+        "passes": args.passes,
         "warmup": args.warmup,
         "dlrm_warmup": args.dlrm_warmup,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -435,10 +565,11 @@ def main(argv: list[str] | None = None) -> None:
     }
     from tuner.report import atomic_write_text
 
-    text = markdown(rows, summary, meta)
+    text = markdown(rows, summary, meta, checks)
     atomic_write_text(args.out / "e2e_cpu.md", text)
     atomic_write_text(args.out / "e2e_cpu.json",
-                      json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}, indent=1))
+                      json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows],
+                                  "kernel_context_check": checks}, indent=1))
     print(text)
 
 

@@ -80,3 +80,29 @@ def test_dlrm_gloo_runs_on_one_and_two_ranks():
         out = measure_dlrm(spec)
         assert len(out["times"]) == n and all(len(t) == 2 for t in out["times"])
         assert out["iteration_s"] > 0 and sorted(out["rf"]) == [0, 1, 2]
+
+
+def test_main_writes_the_table_and_json_last(tmp_path):
+    import json
+
+    from experiments.e2e_cpu import main
+
+    main(["--models", "mlp", "--mlp-batches", "4", "8", "--iters", "10", "--passes", "2", "--warmup", "1",
+          "--quiet-timeout", "0", "--retries", "0", "--no-check", "--platform", "cpu-local", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "e2e_cpu.json").read_text())
+    assert [r["batch"] for r in doc["rows"]] == [4, 8]
+    r = doc["rows"][0]
+    assert len(r["pass_medians_s"]) == 2 and r["measured_s"] > 0 and r["predicted_s"] > 0
+    assert r["error_pct"] == pytest.approx(abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] * 100)
+    assert "geomean_abs_pct_error" in doc["summary"]
+    md = (tmp_path / "e2e_cpu.md").read_text()
+    assert "| mlp |" in md and "kernel-sum baseline" in md
+
+
+def test_bad_arguments_exit_2(tmp_path, capsys):
+    from experiments.e2e_cpu import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--iters", "3", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert not (tmp_path / "e2e_cpu.json").exists()

@@ -16,7 +16,11 @@ backward
 
 Every framework op is a CPU op (overheads T1, T2, one T4 launch per kernel, T5 between
 launches, T3) whose launches feed GPU kernels; the simulator derives idle time from that.
-Units: bytes, elements, seconds.
+
+``mode="host"`` (CPU platforms) is a different program, eager PyTorch on CPU with gloo, as
+``experiments/dlrm_gloo.py`` runs it: ops on the calling thread, collectives on gloo's worker
+threads, the blocking all-to-all, DDP's real buckets, SGD fused into the embedding backward
+(see :func:`_build_host_graph`). Units: bytes, elements, seconds.
 """
 
 from __future__ import annotations
