@@ -158,3 +158,18 @@ def test_rounds_merge_keeps_fastest_and_spread():
     assert merged.loc[("x", 1), "seconds"] == 1.5 and merged.loc[("y", 0), "seconds"] == 3.0
     assert merged.loc[("x", 1), "pass_spread"] == pytest.approx(2.0 / 1.5 - 1)
     assert np.isnan(merged.loc[("x", 0), "pass_spread"])  # timed in one round only
+
+
+def test_calibrated_cpu_collective_is_used_for_local_gloo_ranks():
+    """CPU ranks are processes of one host: a group of K ranks without a ``nodes`` column is the
+    single-host group ``tuner calibrate --world-size K`` measured (regression: with the CPU's
+    devices_per_node = 1 such groups were taken as K nodes and timed by the analytic line)."""
+    cpu = get_platform("a100-80gb").model_copy(update={"kind": "cpu", "devices_per_node": 1})
+    curve = PiecewiseSigmoid.continuous(1e-4, 2e9, 1024.0, 2.0**20)
+    model = PiecewiseCollective({("all_to_all", 2): curve})
+    m = np.array([64.0, 4096.0, 2.0**22])
+    tv = TaskView.from_columns("all_to_all", msg_bytes=m, world=np.full(3, 2.0))
+    np.testing.assert_allclose(model.predict(tv, cpu), curve(m))
+    # an explicit span of two hosts still takes the analytic line
+    tv2 = TaskView.from_columns("all_to_all", msg_bytes=m, world=np.full(3, 2.0), nodes=np.full(3, 2.0))
+    assert not np.allclose(model.predict(tv2, cpu), curve(m))

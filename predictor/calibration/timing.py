@@ -9,6 +9,12 @@ Each measurement keeps every sample (seconds per call). The estimate used for fi
 with other jobs, interference only ever adds time, so the low quantile is the best estimate
 of the kernel's own time, while a quantile (rather than the minimum) is not fooled by one
 lucky sample. The median and the minimum are kept too.
+
+*Cold* measurements (``measure(..., cold=True)``) evict the last-level cache before every
+call by writing a buffer twice its size (untimed), as FBGEMM's embedding benchmarks flush the
+GPU cache: kernels whose data a training step does not leave cache-resident (embedding-table
+rows looked up at random, after dozens of other ops ran) are timed as the step runs them,
+not as a loop repeating them on cache-resident data runs them.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Measurement", "Timer", "ESTIMATOR"]
+__all__ = ["Measurement", "Timer", "ESTIMATOR", "CacheFlusher"]
 
 #: how :attr:`Measurement.seconds` is derived from the samples (documented in reports)
 ESTIMATOR = "lower quartile of the timed samples"
@@ -37,6 +43,23 @@ class Measurement:
     calls_per_sample: int  #: back-to-back calls in each sample
 
 
+class CacheFlusher:
+    """Evicts a device's last-level cache: writes a buffer of twice ``cache_bytes`` (bytes).
+
+    The buffer is allocated on first use (a calibration that never times cold allocates none).
+    """
+
+    def __init__(self, device: torch.device, cache_bytes: float) -> None:
+        self.device = device
+        self.nbytes = int(2 * max(cache_bytes, 2**20))
+        self._buf: torch.Tensor | None = None
+
+    def __call__(self) -> None:
+        if self._buf is None:
+            self._buf = torch.zeros(self.nbytes // 4, dtype=torch.float32, device=self.device)
+        self._buf.add_(1.0)
+
+
 class Timer:
     """Times callables on one device (``torch.device('cpu')`` or ``cuda:N``).
 
@@ -46,6 +69,8 @@ class Timer:
         repeats: timed samples per measurement.
         min_sample_s: a sample batches enough calls to last at least this long, seconds.
         max_calls: upper bound on calls per sample.
+        cache_bytes: the device's last-level cache, bytes (what a cold measurement evicts).
+        cold_repeats: timed samples of a cold measurement (each pays one cache flush).
     """
 
     def __init__(
@@ -56,6 +81,8 @@ class Timer:
         repeats: int = 7,
         min_sample_s: float = 2e-4,
         max_calls: int = 256,
+        cache_bytes: float = 32 * 2**20,
+        cold_repeats: int = 5,
     ) -> None:
         self.device = torch.device(device)
         self.warmup = warmup
@@ -63,18 +90,31 @@ class Timer:
         self.min_sample_s = min_sample_s
         self.max_calls = max_calls
         self.is_cuda = self.device.type == "cuda"
+        self.flush = CacheFlusher(self.device, cache_bytes)
+        self.cold_repeats = cold_repeats
 
     def sync(self) -> None:
         """Wait for the device to finish queued work (no-op on CPU)."""
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
-    def measure(self, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> Measurement:
+    def measure(self, fn: Callable[[], object], setup: Callable[[], object] | None = None, *,
+                cold: bool = False) -> Measurement:
         """Time ``fn``; ``setup`` (untimed, optional) runs before every sample.
 
         With ``setup`` each sample is a single call (the state ``setup`` prepares is consumed by
-        one call, e.g. clearing an accumulated gradient).
+        one call, e.g. clearing an accumulated gradient). With ``cold`` each sample is a single
+        call after the last-level cache was evicted (untimed), and ``cold_repeats`` samples
+        are taken.
         """
+        if cold:
+            user_setup = setup
+
+            def setup() -> None:
+                if user_setup is not None:
+                    user_setup()
+                self.flush()
+
         for _ in range(self.warmup):
             if setup is not None:
                 setup()
@@ -85,8 +125,8 @@ class Timer:
             # size the batch of calls from one probe call
             probe = self._sample(fn, 1)
             calls = int(min(self.max_calls, max(1, np.ceil(self.min_sample_s / max(probe, 1e-9)))))
-        samples = np.empty(self.repeats)
-        for i in range(self.repeats):
+        samples = np.empty(self.cold_repeats if cold else self.repeats)
+        for i in range(samples.size):
             if setup is not None:
                 setup()
                 self.sync()

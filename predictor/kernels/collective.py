@@ -121,7 +121,8 @@ class PiecewiseCollective(KernelModel):
     """Collectives by eq. 2-4 where calibrated, else on the latency-bandwidth line of their links.
 
     Reads ``msg_bytes``, ``world`` and ``nodes`` (nodes the group spans; when absent the group is
-    taken to fill nodes in order, ``ceil(world / devices_per_node)``). A fitted
+    taken to fill nodes in order, ``ceil(world / devices_per_node)``, except on a CPU platform,
+    whose ranks are processes of one host, as ``tuner calibrate --world-size K`` runs them). A fitted
     :class:`PiecewiseSigmoid` for ``(kind, world)`` times single-node groups; every other case —
     uncalibrated, or a group spanning nodes — uses :func:`alpha_beta`: ``ts + m / bw_max``.
     """
@@ -137,7 +138,10 @@ class PiecewiseCollective(KernelModel):
         m = np.nan_to_num(tasks.get("msg_bytes"), nan=0.0)
         world = np.nan_to_num(tasks.get("world", 1.0), nan=1.0).astype(np.int64)
         nodes = tasks.get("nodes")
-        n_nodes = np.where(np.isfinite(nodes), nodes, np.ceil(world / platform.devices_per_node)).astype(np.int64)
+        # without a ``nodes`` column: CPU ranks are processes of one host (as the calibration ran
+        # them); accelerator ranks fill nodes of ``devices_per_node`` in order
+        default = np.ones_like(world) if platform.kind == "cpu" else np.ceil(world / platform.devices_per_node)
+        n_nodes = np.where(np.isfinite(nodes), nodes, default).astype(np.int64)
         kind = tasks.kind or "all_reduce"
         out = np.zeros(len(tasks))
         for w, n in {(int(a), int(b)) for a, b in zip(world, n_nodes, strict=True)}:
@@ -171,7 +175,8 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     relative-error least-squares slope of ``t - ts`` over ``m >= m2``; the sigmoid of eq. 3-4
     is fitted (``scipy.optimize.curve_fit``, log10 seconds against log2 bytes, rising: ``L >= 0``,
     ``k > 0``) to the points strictly between, starting from the continuous member of the family (with fewer than four
-    such points the continuous member is kept). The pair with the smallest squared log10 error
+    such points, or when the fitted sigmoid is more than 0.1 decade off the flat region at ``m1``
+    or the linear region at ``m2``, the continuous member is kept). The pair with the smallest squared log10 error
     over all points wins.
 
     Args:
@@ -229,7 +234,12 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
                                             bounds=([0.0, -np.inf, 1e-3, -np.inf], [20.0, np.inf, 100.0, np.inf]))
                     cand = PiecewiseSigmoid(ts=ts, m1=m1, m2=m2, bw_max=bw, L=float(popt[0]), x0=float(popt[1]),
                                             k=float(popt[2]), b=float(popt[3]))
-                    if _log_loss(cand, m, t) < _log_loss(curve, m, t):
+                    # keep the fitted sigmoid only where it joins the flat and the linear regions
+                    # (within 0.1 decade at both boundaries): a steep sigmoid can thread the
+                    # measured mid points and plunge between them (seen: 85 % held-out error)
+                    joins = (abs(float(sig(np.log2(m1), *popt)) - np.log10(ts)) <= 0.1
+                             and abs(float(sig(np.log2(m2), *popt)) - np.log10(ts + m2 / bw)) <= 0.1)
+                    if joins and _log_loss(cand, m, t) < _log_loss(curve, m, t):
                         curve = cand
                 except (RuntimeError, ValueError, FloatingPointError):
                     pass

@@ -15,7 +15,8 @@ What one iteration of one rank contains
   TP all-reduce -> bias-dropout-add -> layer norm -> FC1 (column) -> GeLU -> FC2 (row) -> TP
   all-reduce -> bias-dropout-add. With sequence parallelism each all-reduce becomes a
   reduce-scatter and an all-gather precedes the next column-parallel GEMM; layer norms and
-  dropouts run on ``1/t`` of the tokens. Backward mirrors it: dgrad and wgrad GEMMs, the
+  dropouts run on ``1/t`` of the tokens (a dropout's backward is a multiply by its saved mask,
+  kind ``mul``: it draws no random numbers). Backward mirrors it: dgrad and wgrad GEMMs, the
   conjugate collectives (all-reduce of the input gradient of column-parallel blocks), and
   with SP the re-gather of the GEMM input for wgrad (Korthikanti §4.2.2).
 * **Attention**: ``attention="flash"`` (default) is one fused kernel per pass (FLOPs of the
@@ -496,7 +497,7 @@ class _Ops:
         bh = float(b * hl)
         e.op(f"{p}attn_context.backward", [gemm(f"{p}attn_context.dgrad_probs", s, s, d, dt, batch=bh),
                                            gemm(f"{p}attn_context.dgrad_v", s, d, s, dt, batch=bh)])
-        e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "dropout", bh * s * s, dt, rw=2.5)])
+        e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax", bh * s * s, dt, rw=3.0)])
         e.op(f"{p}attn_scores.backward", [gemm(f"{p}attn_scores.dgrad_q", s, d, s, dt, batch=bh),
                                           gemm(f"{p}attn_scores.dgrad_k", s, d, s, dt, batch=bh)])
@@ -578,11 +579,11 @@ class _Ops:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         if self.plan.recompute == "full":
             self.layer_fwd(e, f"{p}recompute.")
-        e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "dropout", Tn * h, dt, rw=3.5)])
+        e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._mlp_bwd(e, p)
         e.op(f"{p}post_attention_layernorm.backward",
              [eltwise(f"{p}post_attention_layernorm_bwd", "layer_norm", Tn * h, dt, rw=4.0)])
-        e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "dropout", Tn * h, dt, rw=3.5)])
+        e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         if self.sp:
             self._tp(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
         e.op(f"{p}attn_proj.backward", [gemm(f"{p}attn_proj.dgrad", T, h / t, h, dt),
@@ -602,7 +603,7 @@ class _Ops:
 
     def embedding_bwd(self, e: _Emitter) -> None:
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
-        e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "dropout", Tn * h, dt, rw=2.5)])
+        e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
         if self.sp:
             self._tp(e, "embedding.grad_all_gather", "all_gather", T * h)
         e.op("embedding.backward", [eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
