@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["machine_busy_s", "own_cpu_s", "BackgroundLoad", "wait_for_quiet", "QUIET_CORES", "Measured",
-           "measure_quietly"]
+           "measure_quietly", "time_call", "llc_flush_buffer"]
 
 #: other processes may use at most this many cores' worth of CPU for a machine to count as quiet
 QUIET_CORES = 0.25
@@ -133,3 +133,27 @@ def measure_quietly(run: Callable[[], list[float]], max_background: float = 0.3,
     best.attempts = len(medians)
     best.attempt_medians = medians
     return best
+
+
+def llc_flush_buffer(nbytes: int = 64 * 2**20):
+    """A float32 tensor of ``nbytes`` (default 64 MiB, twice this machine's 32 MiB L3): writing it
+    evicts the last-level cache."""
+    import torch
+
+    return torch.empty(nbytes // 4)
+
+
+def time_call(fn: Callable[[], object], flush=None, n: int = 10, warmup: int = 2) -> float:
+    """Median seconds of ``n`` calls of ``fn`` after ``warmup`` untimed ones. With ``flush`` (see
+    :func:`llc_flush_buffer`) the cache is evicted before every call (a *cold* kernel, as in a
+    training step where other ops ran since it last touched its data); without, the kernel
+    repeats on cache-resident inputs (*warm*, as microbenchmarks time it)."""
+    out = []
+    for i in range(n + warmup):
+        if flush is not None:
+            flush.add_(1.0)
+        t0 = time.perf_counter()
+        fn()
+        if i >= warmup:
+            out.append(time.perf_counter() - t0)
+    return float(np.median(out))
