@@ -14,7 +14,10 @@ Arms (each arm's cost is wall-clock seconds on this machine, one torch thread):
    (build the stage, 1 warm-up + 3 timed forward+backward steps, median thread CPU time).
 2. **PredTOP**: measure a random ``--sample`` fraction of the entries (their measuring cost is
    the cost those same entries took in arm 1), trace the graphs of all entries, train the
-   stage model on the measured ones, predict the rest. GCN and GAT variants are run too.
+   stage model on the measured ones, predict the rest. GCN and GAT variants are run too, each
+   network with PredTOP's one target scale and with our per-graph work anchor
+   (``TrainConfig(anchor="work")``: the network learns the ratio of the latency to a FLOP /
+   byte / operator-count estimate fitted on the sample); ``--anchors`` picks.
 
 Each filled tensor goes through our Alpa stage-construction DP (``tuner.alpa``); the plan each
 arm picks is then **run for real**: its stages are built, real activations and gradients flow
@@ -198,10 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro", type=int, default=3, help="timed micro-batches per plan and round")
     ap.add_argument("--max-steps", type=int, default=1500)
     ap.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=list(NETWORKS))
+    ap.add_argument("--anchors", nargs="+", default=["geomean", "work"], choices=["geomean", "work"],
+                    help="target scale of the networks: PredTOP's one geomean and/or our per-graph work anchor")
     ap.add_argument(
         "--with-dataset",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="also train a DAG Transformer on the sample plus the committed CPU stage dataset",
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "optimisation_cost")
@@ -240,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     graphs = [stage_graph(e.spec) for e in ents]
     graph_s = time.perf_counter() - t0
     print(f"traced {len(graphs)} graphs in {graph_s:.1f} s", file=sys.stderr, flush=True)
-    variants = [(kind, kind, False) for kind in args.networks]
+    variants = [(kind if anchor == "geomean" else f"{kind}+work_anchor", kind, False, anchor)
+                for anchor in args.anchors for kind in args.networks]
     if args.with_dataset:
-        variants.append(("dag_transformer+cpu_dataset", "dag_transformer", True))
+        variants.append(("dag_transformer+cpu_dataset", "dag_transformer", True, "geomean"))
         ds_samples, _ = load_dataset()
         ds_graphs = load_graphs([s_.spec for s_ in ds_samples])  # traced once, offline (not charged)
         ds_y = np.array([s_.latency_s for s_ in ds_samples])
@@ -252,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         sample = rng.choice(len(ents), size=n_s, replace=False)
         rest = np.setdiff1d(np.arange(len(ents)), sample)
         sample_profile_s = float(cost_s[sample].sum())
-        for label, kind, extra in variants:
+        for label, kind, extra, anchor in variants:
             model = StageLatencyModel(
-                kind, TrainConfig(max_steps=args.max_steps, seed=seed), **NETWORKS[kind]
+                kind, TrainConfig(max_steps=args.max_steps, seed=seed, anchor=anchor), **NETWORKS[kind]
             )
             train_graphs = [graphs[i] for i in sample]
             train_y = measured[sample]
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             measured_stage_bwd_s=b,
         )
     summary = {}
-    for label, _, _ in variants:
+    for label, *_ in variants:
         rows = [a for a in arms.values() if a["network"] == label]
         summary[label] = {
             "seeds": len(rows),

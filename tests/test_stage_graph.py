@@ -148,3 +148,28 @@ def test_alpa_query_maps_to_stage_position():
                 **{**vars(q(True, True)), "spec": SimpleNamespace(**{**vars(t), "moe": object()})}
             )
         )
+
+
+def test_flops_counted_from_the_fx_inputs():
+    gm = make_fx(_toy)(torch.randn(32), torch.randn(4, 4))
+    g = graph_from_fx(gm)
+    mm = g.op.index("mm")
+    assert g.flops[mm] == 2.0 * 8 * 4 * 4  # (8 x 4) @ (4 x 4)
+    assert g.flops.sum() == g.flops[mm]  # relu / add are not counted as FLOPs
+    work = g.work()
+    assert work[0] == g.flops[mm] and work[2] == sum(1 for k in g.kind if k == 2)
+    assert work[1] > 0
+    h = StageGraph.from_dict(g.to_dict())
+    assert np.array_equal(h.flops, g.flops)
+
+
+def test_gpt_stage_flops_match_the_closed_form():
+    model = GPTSpec(hidden=32, heads=4, seq=16, vocab=64, n_layers=3, micro_batch=2)
+    one, two = (stage_graph(StageSpec(model, 1, last)) for last in (1, 2))
+    tokens, h = 16 * 2, 32
+    # one middle layer: QKV, projection, FC1, FC2 GEMMs forward (24 T h^2) and twice that backward
+    gemm = 3 * 24 * tokens * h * h
+    attn = one.flops[[i for i, o in enumerate(one.op) if "scaled_dot_product" in o]].sum()
+    assert attn > 0
+    assert one.flops.sum() - attn == pytest.approx(gemm, rel=0.01)
+    assert two.flops.sum() > one.flops.sum()

@@ -91,3 +91,24 @@ def test_bad_inputs():
         StageLatencyModel().fit([g], [0.0])
     with pytest.raises(RuntimeError, match="not trained"):
         StageLatencyModel().predict(g)
+
+
+def test_work_anchor_recovers_a_linear_cost_and_the_network_learns_the_rest():
+    rng = np.random.default_rng(3)
+    graphs, y = [], []
+    for _ in range(60):
+        g, _ = _random_graph(rng)
+        g.flops = np.where(np.array(g.op) == "mm", rng.uniform(1e6, 1e8, g.n_nodes), 0.0)
+        graphs.append(g)
+        flops, nbytes, ops = g.work()
+        y.append(2e-10 * flops + 5e-11 * nbytes + 1e-6 * ops)  # seconds, exact in the anchor's terms
+    y = np.array(y)
+    model = StageLatencyModel("gcn", TrainConfig(epochs=30, seed=0, anchor="work"), dim=16, layers=2)
+    model._fit_anchor(graphs, y)
+    assert model.anchor_w == pytest.approx([2e-10, 5e-11, 1e-6], rel=1e-3)
+    model.fit(graphs, y)
+    pred = model.predict(graphs)
+    assert float(np.mean(np.abs(pred - y) / y)) < 0.05  # the network only has to output ~1
+    assert "anchor=work" in model.describe()
+    with pytest.raises(ValueError, match="anchor"):
+        StageLatencyModel("gcn", TrainConfig(anchor="flops"))

@@ -33,6 +33,7 @@ class PreparedGraph:
     mask: np.ndarray
     depth: np.ndarray
     edges: np.ndarray
+    work: np.ndarray | None = None  #: :meth:`StageGraph.work` (FLOPs, bytes, operators)
 
     @property
     def n_nodes(self) -> int:
@@ -46,7 +47,7 @@ def prepare(
     x = graph.features()
     if mean is not None and std is not None:
         x = (x - mean) / std
-    return PreparedGraph(x.astype(np.float32), graph.attention_mask(), graph.depth(), graph.edges.copy())
+    return PreparedGraph(x.astype(np.float32), graph.attention_mask(), graph.depth(), graph.edges.copy(), graph.work())
 
 
 @dataclass

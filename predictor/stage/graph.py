@@ -22,6 +22,12 @@ one-hot over the fixed vocabulary :data:`OP_VOCAB` (unknown ops share an ``other
 output tensor dimensions log-scaled (``log2(1 + d)``, right-aligned in :data:`MAX_RANK` slots,
 plus ``log2(1 + numel)``), the output dtype one-hot and the node-type one-hot.
 
+Each operator node also records its arithmetic work (``flops``, counted from its FX inputs'
+shapes: ``2 M N K`` per GEMM, ``4 B H S^2 D`` per attention forward and 2.5x that backward,
+0 for the rest). :meth:`StageGraph.work` sums the graph's FLOPs, output bytes and operator
+count — the inputs of the analytic anchor of :class:`~predictor.stage.model.StageLatencyModel`
+(not node features: the network sees PredTOP Table I only).
+
 The DAG-Transformer inputs are :meth:`StageGraph.reachability` (``R[u, v]`` = a directed path
 ``u -> v`` exists) and :meth:`StageGraph.depth` (longest path from a source). Nodes are stored
 in a topological order (the FX order), so every edge goes from a lower to a higher index.
@@ -178,12 +184,13 @@ DTYPE_VOCAB: tuple[str, ...] = (
     "other",
 )
 _DTYPE_INDEX = {name: i for i, name in enumerate(DTYPE_VOCAB)}
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
 
 #: output dimensions kept per node (right-aligned; leading dims of higher-rank tensors are folded in)
 MAX_RANK = 4
 
 #: bump when graph construction changes (keys the on-disk graph cache)
-GRAPH_FORMAT_VERSION = 2
+GRAPH_FORMAT_VERSION = 3
 
 N_FEATURES = len(OP_VOCAB) + MAX_RANK + 1 + len(DTYPE_VOCAB) + len(NODE_KINDS)
 
@@ -193,7 +200,8 @@ class StageGraph:
     """A stage DAG, columnar: node ``i`` is ``op[i]`` with output ``shape[i]`` (nodes in topological order).
 
     ``shape`` is ``int64 [N, MAX_RANK]`` right-aligned, unused leading slots 0 (a scalar is all
-    zeros); ``edges`` is ``int64 [E, 2]`` of ``(src, dst)`` with ``src < dst``.
+    zeros); ``edges`` is ``int64 [E, 2]`` of ``(src, dst)`` with ``src < dst``; ``flops`` is
+    ``float64 [N]``, each node's floating-point operations (0 where not counted).
     """
 
     op: list[str]
@@ -202,9 +210,11 @@ class StageGraph:
     dtype: list[str]
     edges: np.ndarray  # int64 [E, 2]
     meta: dict = field(default_factory=dict)
+    flops: np.ndarray | None = None  # float64 [N]
 
     def __post_init__(self) -> None:
         n = len(self.op)
+        self.flops = np.zeros(n) if self.flops is None else np.asarray(self.flops, dtype=np.float64).reshape(n)
         self.kind = np.asarray(self.kind, dtype=np.int8).reshape(n)
         self.shape = np.asarray(self.shape, dtype=np.int64).reshape(n, MAX_RANK)
         self.edges = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
@@ -241,6 +251,16 @@ class StageGraph:
         c += len(DTYPE_VOCAB)
         x[np.arange(n), c + self.kind.astype(np.int64)] = 1.0
         return x
+
+    def work(self) -> np.ndarray:
+        """``float64 [3]``: total FLOPs, total bytes written by operator nodes, operator count.
+
+        Bytes assume the output dtype's size (4 for float32; 8 for int64; 1 for bool).
+        """
+        op = self.kind == NODE_KINDS.index("operator")
+        numel = np.where(self.shape > 0, self.shape, 1).prod(axis=1).astype(np.float64)
+        size = np.array([_DTYPE_BYTES.get(d, 4) for d in self.dtype], dtype=np.float64)
+        return np.array([float(self.flops[op].sum()), float((numel * size)[op].sum()), float(op.sum())])
 
     def predecessors(self) -> list[np.ndarray]:
         """Per node, the sorted indices of its direct predecessors."""
@@ -288,6 +308,7 @@ class StageGraph:
             "dtype": list(self.dtype),
             "edges": self.edges.tolist(),
             "meta": dict(self.meta),
+            "flops": self.flops.tolist(),
         }
 
     @classmethod
@@ -299,6 +320,7 @@ class StageGraph:
             d["dtype"],
             np.asarray(d["edges"]),
             d.get("meta", {}),
+            None if d.get("flops") is None else np.asarray(d["flops"]),
         )
 
 
@@ -336,6 +358,33 @@ def _tensor_args(node: torch.fx.Node) -> Iterable[torch.fx.Node]:
     return seen
 
 
+def _arg_shape(node: torch.fx.Node, i: int) -> tuple[int, ...] | None:
+    args = node.args
+    if i >= len(args) or not isinstance(args[i], torch.fx.Node):
+        return None
+    val = args[i].meta.get("val")
+    return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def node_flops(node: torch.fx.Node, name: str) -> float:
+    """Floating-point operations of one FX call (GEMMs and attention; 0 for everything else)."""
+    if name in ("mm", "bmm", "addmm", "baddbmm"):
+        off = 1 if name in ("addmm", "baddbmm") else 0
+        a, b = _arg_shape(node, off), _arg_shape(node, off + 1)
+        if a is None or b is None or len(a) < 2 or len(b) < 2:
+            return 0.0
+        return 2.0 * math.prod(a) * b[-1]
+    if "scaled_dot_product" in name:
+        q, k = _arg_shape(node, 0), _arg_shape(node, 1)
+        if q is None or k is None or len(q) < 2:
+            return 0.0
+        fwd = 4.0 * math.prod(q) * k[-2]  # QK^T and PV: 2 x (2 B H S_q S_k D)
+        causal = any(v is True for v in list(node.args[2:]) + list(node.kwargs.values()))
+        fwd *= 0.5 if causal else 1.0
+        return 2.5 * fwd if name.endswith("_backward") else fwd
+    return 0.0
+
+
 def graph_from_fx(gm: torch.fx.GraphModule, prune: bool = True, meta: dict | None = None) -> StageGraph:
     """A :class:`StageGraph` from an FX graph, with shape-only ops pruned when ``prune``.
 
@@ -346,6 +395,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, prune: bool = True, meta: dict | Non
     kinds: list[int] = []
     shapes: list[list[int]] = []
     dtypes: list[str] = []
+    flops: list[float] = []
     edges: set[tuple[int, int]] = set()
     sources: dict[torch.fx.Node, tuple[int, ...]] = {}  # fx node -> kept node ids it stands for
     for node in gm.graph.nodes:
@@ -369,6 +419,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, prune: bool = True, meta: dict | Non
         kinds.append(NODE_KINDS.index(kind))
         shapes.append(_shape_row(val.shape) if val is not None else [0] * MAX_RANK)
         dtypes.append(str(val.dtype).removeprefix("torch.") if val is not None else "other")
+        flops.append(node_flops(node, name) if kind == "operator" else 0.0)
         edges.update((p, idx) for p in preds)
         sources[node] = (idx,)
     edge_arr = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
@@ -379,6 +430,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, prune: bool = True, meta: dict | Non
         dtypes,
         edge_arr,
         meta or {},
+        np.array(flops, dtype=np.float64),
     )
 
 

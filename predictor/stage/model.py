@@ -15,6 +15,13 @@ the same training recipe, PredTOP §IV-B6..8:
   random ``val_fraction`` of the training graphs).
 * feature standardisation (mean/std of the continuous columns over the training graphs) is
   part of the saved model.
+* ``anchor`` (our addition, not PredTOP's): ``"geomean"`` scales every target by the one
+  reference ``y_ref`` above (PredTOP's recipe). ``"work"`` scales each graph's target by an
+  analytic estimate of *that* graph, ``w . (FLOPs, bytes written, operator count)`` with
+  ``w >= 0`` fitted on the training graphs by non-negative least squares on the relative
+  error (:meth:`StageGraph.work`); the network then learns only the correction factor, which
+  needs far fewer samples than learning the latency's scale across stages of very different
+  sizes.
 
 The model is the pluggable predictor of ``tuner/alpa.py``: ``predict(stage_graph) -> seconds``
 (a list of graphs gives an array).
@@ -81,6 +88,8 @@ class TrainConfig:
     #: shrinks in proportion), so small and large training sets cost about the same
     max_steps: int | None = 1500
     max_seconds: float | None = None  #: wall-clock cap on training (None: no cap)
+    #: per-graph target scale: ``"geomean"`` (PredTOP) or ``"work"`` (fitted FLOP/byte/op anchor)
+    anchor: str = "geomean"
 
 
 @dataclass
@@ -106,11 +115,15 @@ class StageLatencyModel:
         self.config = config or TrainConfig()
         if self.config.target not in ("log", "linear", "relative"):
             raise ValueError(f"target must be 'log', 'linear' or 'relative', not {self.config.target!r}")
+        if self.config.anchor not in ("geomean", "work"):
+            raise ValueError(f"anchor must be 'geomean' or 'work', not {self.config.anchor!r}")
         self.net_kwargs = dict(net_kwargs) if net_kwargs else dict(DEFAULT_NETWORKS[kind])
         self.net: nn.Module | None = None
         self.mean = np.zeros(N_FEATURES, dtype=np.float32)
         self.std = np.ones(N_FEATURES, dtype=np.float32)
         self.y_ref = 1.0
+        #: weights of the ``work`` anchor: seconds per FLOP, per byte, per operator
+        self.anchor_w = np.zeros(3)
         self.report: FitReport | None = None
 
     # -- data -----------------------------------------------------------------------------
@@ -118,13 +131,29 @@ class StageLatencyModel:
     def _prepare(self, graphs: Sequence[StageGraph | PreparedGraph]) -> list[PreparedGraph]:
         return [g if isinstance(g, PreparedGraph) else prepare(g, self.mean, self.std) for g in graphs]
 
-    def _to_target(self, y: np.ndarray) -> np.ndarray:
-        y = np.asarray(y, dtype=np.float64) / self.y_ref
+    def _ref(self, items: Sequence[PreparedGraph]) -> np.ndarray:
+        """Per-graph target scale, seconds: ``y_ref``, or the fitted work anchor."""
+        if self.config.anchor != "work":
+            return np.full(len(items), self.y_ref)
+        ref = np.array([float(g.work @ self.anchor_w) if g.work is not None else 0.0 for g in items])
+        return np.where(ref > 1e-3 * self.y_ref, ref, self.y_ref)
+
+    def _fit_anchor(self, graphs: Sequence[StageGraph], y: np.ndarray) -> None:
+        """``anchor_w >= 0`` minimising ``sum_i (work_i . w / y_i - 1)^2`` (NNLS on the relative error)."""
+        from scipy.optimize import nnls
+
+        work = np.array([g.work() for g in graphs], dtype=np.float64)
+        scale = np.maximum(work.max(axis=0), 1e-30)  # conditioning: columns of order 1
+        w, _ = nnls(work / scale / y[:, None], np.ones(y.size))
+        self.anchor_w = w / scale
+
+    def _to_target(self, y: np.ndarray, ref: np.ndarray | float | None = None) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64) / (self.y_ref if ref is None else ref)
         return np.log(y) if self.config.target == "log" else y
 
-    def _from_target(self, t: np.ndarray) -> np.ndarray:
+    def _from_target(self, t: np.ndarray, ref: np.ndarray | float | None = None) -> np.ndarray:
         t = np.asarray(t, dtype=np.float64)
-        return (np.exp(t) if self.config.target == "log" else t) * self.y_ref
+        return (np.exp(t) if self.config.target == "log" else t) * (self.y_ref if ref is None else ref)
 
     def _batches(
         self, items: list[PreparedGraph], rng: np.random.Generator, shuffle: bool
@@ -177,10 +206,13 @@ class StageLatencyModel:
         self.mean[_CONT] = feats[:, _CONT].mean(axis=0)
         self.std[_CONT] = np.maximum(feats[:, _CONT].std(axis=0), 1e-3)
         self.y_ref = float(np.exp(np.mean(np.log(y))))
+        if cfg.anchor == "work":
+            self._fit_anchor(graphs, y)
         train_items = self._prepare(graphs)
         val_items = self._prepare(val_graphs)
-        t_train = torch.as_tensor(self._to_target(y), dtype=torch.float32)
-        t_val = torch.as_tensor(self._to_target(val_y), dtype=torch.float32) if len(val_items) else None
+        t_train = torch.as_tensor(self._to_target(y, self._ref(train_items)), dtype=torch.float32)
+        t_val = (torch.as_tensor(self._to_target(val_y, self._ref(val_items)), dtype=torch.float32)
+                 if len(val_items) else None)
 
         epochs, patience = cfg.epochs, cfg.patience
         if cfg.max_steps is not None:
@@ -259,7 +291,7 @@ class StageLatencyModel:
                 out[b] = self.net(self.net.collate([items[i] for i in b])).numpy()
         # linear/relative outputs are not sign-constrained: floor them at 0.1 % of the typical
         # training latency so a badly trained model never hands a negative cost to a search
-        pred = np.maximum(self._from_target(out), 1e-3 * self.y_ref)
+        pred = np.maximum(self._from_target(out, self._ref(items)), 1e-3 * self.y_ref)
         return float(pred[0]) if single else pred
 
     __call__ = predict
@@ -278,6 +310,7 @@ class StageLatencyModel:
             "mean": self.mean.tolist(),
             "std": self.std.tolist(),
             "y_ref": self.y_ref,
+            "anchor_w": self.anchor_w.tolist(),
             "vocab": {"op": list(OP_VOCAB), "dtype": list(DTYPE_VOCAB), "rank": MAX_RANK},
             "state_dict": self.net.state_dict(),
         }
@@ -302,6 +335,7 @@ class StageLatencyModel:
         model.mean = np.asarray(blob["mean"], dtype=np.float32)
         model.std = np.asarray(blob["std"], dtype=np.float32)
         model.y_ref = float(blob["y_ref"])
+        model.anchor_w = np.asarray(blob.get("anchor_w", [0.0, 0.0, 0.0]), dtype=np.float64)
         model.net = KINDS[model.kind](N_FEATURES, **model.net_kwargs)
         model.net.load_state_dict(blob["state_dict"])
         model.net.eval()
@@ -309,4 +343,5 @@ class StageLatencyModel:
 
     def describe(self) -> str:
         """One line: kind, network settings, target."""
-        return f"{self.kind} {json.dumps(self.net_kwargs, sort_keys=True)} target={self.config.target}"
+        return (f"{self.kind} {json.dumps(self.net_kwargs, sort_keys=True)} target={self.config.target} "
+                f"anchor={self.config.anchor}")
