@@ -15,7 +15,7 @@ the same training recipe, PredTOP §IV-B6..8:
   random ``val_fraction`` of the training graphs).
 * feature standardisation (mean/std of the continuous columns over the training graphs) is
   part of the saved model.
-* ``anchor`` (our addition, not PredTOP's): ``"geomean"`` scales every target by the one
+* ``anchor`` (our addition, not PredTOP's; default ``"work"``): ``"geomean"`` scales every target by the one
   reference ``y_ref`` above (PredTOP's recipe). ``"work"`` scales each graph's target by an
   analytic estimate of *that* graph, ``w . (FLOPs, bytes written, operator count)`` with
   ``w >= 0`` fitted on the training graphs by non-negative least squares on the relative
@@ -89,7 +89,7 @@ class TrainConfig:
     max_steps: int | None = 1500
     max_seconds: float | None = None  #: wall-clock cap on training (None: no cap)
     #: per-graph target scale: ``"geomean"`` (PredTOP) or ``"work"`` (fitted FLOP/byte/op anchor)
-    anchor: str = "geomean"
+    anchor: str = "work"
 
 
 @dataclass
