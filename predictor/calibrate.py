@@ -212,11 +212,21 @@ def calibrate(
     overheads = measure_overheads(dev, iterations=4 if level == "tiny" else 12)
     log(f"  {'overheads':<14} T1..T5 from a profiled run in {time.perf_counter() - t0:6.1f} s")
 
+    contention: dict[str, float] = {}
+    if dev.type == "cpu" and world_size >= 2 and (families is None or "collectives" in families):
+        from predictor.calibration.contention import measure_host_contention
+
+        t0 = time.perf_counter()
+        contention = measure_host_contention(world_size, n_threads, base.last_level_cache_bytes or 32 * 2**20,
+                                             slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 5)
+        log(f"  {'contention':<14} {world_size} processes at once: "
+            + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
+
     t0 = time.perf_counter()
     models, table = _fit_all(data, specs, level, seed, base, log)
     log(f"  fitted {len(models)} kernel models in {time.perf_counter() - t0:.1f} s")
 
-    platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size)
+    platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size, contention)
     md = error_table_markdown(table)
     manifest_extra = {
         "cpu_model": _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
@@ -227,6 +237,7 @@ def calibrate(
         "holdout_fraction": HOLDOUT_FRACTION,
         "timing_estimator": ESTIMATOR,
         "overheads": overheads,
+        "host_contention": {str(world_size): contention} if contention else {},
         "calibration_s": round(time.perf_counter() - started, 1),
     }
     write_asset_pack(out, name=pack_name, device=str(dev), platform=platform, models=models, error_table=table,
@@ -265,7 +276,7 @@ def _base_platform(dev: torch.device, level: Level) -> Platform:
 
 
 def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame], models: dict[str, KernelModel],
-                         overheads: dict, world_size: int) -> Platform:
+                         overheads: dict, world_size: int, contention: dict[str, float] | None = None) -> Platform:
     """``base`` with measured peaks, bandwidths, collective latency and overheads."""
     today = _dt.date.today().isoformat()
     src = f"tuner calibrate {today}"
@@ -304,6 +315,10 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         fields["interconnect"] = ic
         sources["interconnect.intra_node_latency_s"] = f"{src}: fitted all-reduce start-up latency / ring steps"
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
+    if contention:
+        fields["host_contention"] = {world_size: dict(contention)}
+        sources["host_contention"] = (f"{src}: probe kernels in {world_size} processes at once vs one alone "
+                                      "(predictor/calibration/contention.py)")
     fields["overheads"] = {k: float(overheads[k]) for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")}
     sources["overheads"] = f"{src}: profiled training run, whisker-trimmed means ({overheads.get('definition', '')})"
     fields["sources"] = sources

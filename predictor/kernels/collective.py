@@ -48,7 +48,7 @@ class PiecewiseSigmoid:
     def __call__(self, m: np.ndarray) -> np.ndarray:
         m = np.asarray(m, dtype=np.float64)
         x = np.log2(np.maximum(m, 1.0))
-        mid = 10.0 ** (self.L / (1.0 + np.exp(-self.k * (x - self.x0))) + self.b)
+        mid = 10.0 ** (self.L / (1.0 + np.exp(np.clip(-self.k * (x - self.x0), -60.0, 60.0))) + self.b)
         big = self.ts + m / self.bw_max
         return np.where(m <= self.m1, self.ts, np.where(m >= self.m2, big, mid))
 

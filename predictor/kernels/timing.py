@@ -4,7 +4,10 @@
 * tasks of a kind some kernel model claims are predicted by it, one vectorised call per kind;
 * any other GPU task falls back to the roofline on its FLOPs/bytes;
 * with ``keep_measured=True`` a task that has a measured duration keeps it (replay of the
-  unchanged parts of a captured graph), otherwise every task is predicted.
+  unchanged parts of a captured graph), otherwise every task is predicted;
+* on a CPU platform calibrated for K ranks on the host (``Platform.host_contention[K]``), the
+  predicted kernels of a K-rank graph are slowed by the measured factor of their class (embedding
+  kinds, other memory-bound kernels, compute kernels): the ranks share caches and memory.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from predictor.kernels.elementwise import Roofline
 from predictor.kernels.embedding import AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
 from predictor.platforms.schema import CpuOverheads, Platform
+
+#: task kinds timed with the "embedding" contention factor
+_EMBEDDING_KINDS = ("embedding_bag_fwd", "embedding_bag_bwd")
 
 
 def analytic_models() -> list[KernelModel]:
@@ -74,4 +80,16 @@ class ModelTiming:
             kind = graph.kinds[kid]
             idx = np.flatnonzero(on_device & (graph.kind == kid))
             out[idx] = self.model_for(kind).predict(TaskView.from_graph(graph, idx, kind), self.platform)
+        factors = self.contention_factors(graph.n_ranks)
+        if factors:
+            emb = np.isin(np.asarray(graph.kinds, dtype=object)[graph.kind], _EMBEDDING_KINDS)
+            for cls, sel in (("embedding", emb), ("memory", (graph.category == Category.MEMORY) & ~emb),
+                             ("compute", graph.category == Category.COMPUTE)):
+                out[on_device & sel] *= factors.get(cls, 1.0)
         return out
+
+    def contention_factors(self, n_ranks: int) -> dict[str, float]:
+        """The platform's host-contention factors for ``n_ranks`` ranks on one CPU host ({} if none)."""
+        if self.platform.kind != "cpu" or n_ranks < 2:
+            return {}
+        return dict(self.platform.host_contention.get(int(n_ranks), {}))

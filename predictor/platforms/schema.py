@@ -76,6 +76,9 @@ class Platform(_Strict):
     memory_efficiency: float = Field(default=0.85, gt=0, le=1)
     #: smallest time any kernel takes (launch/tail latency on the device), seconds
     kernel_floor_s: float = Field(default=3e-6, ge=0)
+    #: CPU hosts: ranks sharing the host -> slow-down of each kernel class ("embedding", "memory",
+    #: "compute") when they all run at once, measured by ``tuner calibrate --world-size K``
+    host_contention: dict[int, dict[str, float]] = Field(default_factory=dict)
     sources: dict[str, str] = Field(default_factory=dict, description="field path -> citation")
     notes: str = ""
 

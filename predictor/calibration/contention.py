@@ -1,0 +1,168 @@
+"""Host contention: how much K processes of one host slow each other's kernels (CPU platforms).
+
+Distributed training on one CPU host runs K rank processes side by side; they share the
+last-level cache and the memory controllers, so a bandwidth-bound kernel runs slower while the
+other ranks run theirs than it does alone (which is how every microbenchmark times it).
+Measured on this 2-core VM: two processes doing embedding-bag forward + backward at once take
+1.56x as long as one alone, a streaming multiply 1.74x, a GEMM 0.94-1.0x.
+
+:func:`measure_host_contention` starts K processes (plain subprocesses) that follow one
+schedule of fixed time slots: for each probe kernel and each of ``rounds`` rounds, K slots in
+which one process runs the kernel while the others sleep, then one slot in which all run it.
+Each process compares its own two medians, so the ratio is not disturbed by differences between
+processes (where the allocator placed a table, huge pages or not: measured, they change an
+embedding probe's time by up to 2x between two processes of the same program). The factor of a
+class is the median over rounds and processes of (all at once) / (alone):
+
+* ``embedding``: embedding-bag forward + sparse backward + SGD row update on a table larger than
+  the LLC (random rows);
+* ``memory``: an in-place multiply over a buffer twice the LLC (streaming);
+* ``compute``: a float32 GEMM whose operands fit in cache.
+
+``tuner calibrate --world-size K`` on a CPU stores the factors in the platform
+(``Platform.host_contention[K]``); :class:`~predictor.kernels.timing.ModelTiming` multiplies the
+predicted time of every memory-bound, embedding and compute task of a K-rank graph by them (CPU
+platforms only: accelerators have their own memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CLASSES", "ContentionError", "measure_host_contention"]
+
+#: kernel classes a factor is measured for
+CLASSES: tuple[str, ...] = ("embedding", "memory", "compute")
+#: seconds of one time slot
+SLOT_S = 1.0
+
+
+class ContentionError(RuntimeError):
+    """The probe processes failed or timed out."""
+
+
+def measure_host_contention(world: int, threads: int = 1, llc_bytes: float = 32 * 2**20,
+                            slot_s: float = SLOT_S, rounds: int = 5, timeout_s: float = 300.0) -> dict[str, float]:
+    """Slow-down of each kernel class when ``world`` processes run it at once (>= 1 each; 1 = none).
+
+    Args:
+        world: processes sharing the host (the ranks of a local job).
+        threads: torch threads per process (as the ranks run).
+        llc_bytes: the host's last-level cache, bytes (sizes the probes past it).
+        slot_s: seconds of each time slot.
+        rounds: alone / together rounds per probe.
+        timeout_s: limit for the whole measurement.
+
+    Raises:
+        ContentionError: a probe process failed.
+    """
+    if world < 2:
+        return dict.fromkeys(CLASSES, 1.0)
+    ratios = _run_group(world, threads, llc_bytes, slot_s, rounds, timeout_s)
+    return {c: float(np.median([r for proc in ratios for r in proc[c]])) for c in CLASSES}
+
+
+def _run_group(n: int, threads: int, llc_bytes: float, slot_s: float, rounds: int,
+               timeout_s: float) -> list[dict[str, list[float]]]:
+    """Per process and probe, the (together / alone) ratio of each round."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    with tempfile.TemporaryDirectory(prefix="tuner-contention-") as tmp:
+        start_at = time.time() + 4.0 + 1.5 * n  # time for every process to import torch and build its probes
+        outs = [Path(tmp) / f"p{i}.json" for i in range(n)]
+        procs = [subprocess.Popen([sys.executable, "-m", "predictor.calibration.contention", str(start_at),
+                                   str(threads), str(llc_bytes), str(slot_s), str(o), str(i), str(n), str(rounds)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for i, o in enumerate(outs)]
+        deadline = time.monotonic() + timeout_s
+        errors = []
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                if p.returncode != 0:
+                    errors.append(err.decode(errors="replace").strip().splitlines()[-1:] or ["?"])
+            except subprocess.TimeoutExpired:
+                p.kill()
+                errors.append([f"timed out after {timeout_s:.0f} s"])
+        if errors or not all(o.exists() for o in outs):
+            raise ContentionError(f"host contention probe over {n} process(es) failed: {errors[0][0] if errors else '?'}")
+        return [json.loads(o.read_text()) for o in outs]
+
+
+def _probes(llc_bytes: float) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    rows, dim, batch, pooling = max(int(8 * llc_bytes / 256), 2**16), 64, 2048, 20
+    w = torch.nn.Parameter(torch.rand(rows, dim, generator=g))
+    idx = torch.randint(0, rows, (batch * pooling,), generator=g)
+    off = torch.arange(0, batch * pooling, pooling)
+
+    def embedding() -> None:
+        out = F.embedding_bag(idx, w, off, mode="sum", sparse=True)
+        out.sum().backward()
+        with torch.no_grad():
+            w.add_(w.grad, alpha=-1e-3)
+        w.grad = None
+
+    x = torch.rand(int(2 * llc_bytes) // 4, generator=g)
+
+    def memory() -> None:
+        x.mul_(1.0000001)
+
+    a, b = torch.rand(384, 384, generator=g), torch.rand(384, 384, generator=g)
+
+    def compute() -> None:
+        torch.mm(a, b)
+
+    return {"embedding": embedding, "memory": memory, "compute": compute}
+
+
+def _probe_main(start_at: float, threads: int, llc_bytes: float, slot_s: float, out: str, rank: int = 0,
+                world: int = 1, rounds: int = 3) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    probes = _probes(llc_bytes)
+    for fn in probes.values():
+        fn()
+    slot = 0
+
+    def run_slot(fn, active: bool) -> float:
+        nonlocal slot
+        begin, end = start_at + slot * slot_s, start_at + (slot + 1) * slot_s - 0.05 * slot_s
+        slot += 1
+        while time.time() < begin:
+            time.sleep(min(0.01, max(begin - time.time(), 0.0)))
+        if not active:
+            while time.time() < end:
+                time.sleep(min(0.01, max(end - time.time(), 0.0)))
+            return float("nan")
+        times = []
+        while time.time() < end or len(times) < 3:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    result: dict[str, list[float]] = {}
+    for name, fn in probes.items():
+        result[name] = []
+        for _ in range(rounds):
+            alone = [run_slot(fn, r == rank) for r in range(world)][rank]
+            together = run_slot(fn, True)
+            result[name].append(together / alone)
+    Path(out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":  # one probe process (see _run_group)
+    _probe_main(float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5],
+                int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]))

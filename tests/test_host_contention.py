@@ -1,0 +1,62 @@
+"""Host contention: K ranks of one CPU host slow each other's memory-bound kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictor.calibration.contention import CLASSES, measure_host_contention
+from predictor.graph import Category
+from predictor.kernels import ModelTiming
+from predictor.platforms import get_platform
+from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.workloads.dlrm_tables import EmbeddingTables
+
+CPU = get_platform("cpu-local")
+FACTORS = {"embedding": 1.5, "memory": 1.8, "compute": 1.0}
+
+
+def _graph(n_ranks: int):
+    t = EmbeddingTables(rows=np.full(4, 10_000), dim=np.full(4, 64), pooling=np.linspace(1, 20, 4))
+    spec = DLRMSpec(tables=t, batch_size=512, bottom_mlp=(32, 64), top_mlp=(64, 1))
+    return build_dlrm_graph(spec, np.arange(4) % n_ranks, n_ranks, mode="host")
+
+
+def test_factors_scale_each_kernel_class_of_a_k_rank_graph():
+    g = _graph(2)
+    plain = ModelTiming(CPU).durations(g)
+    contended = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}})).durations(g)
+    kinds = np.asarray(g.kinds, dtype=object)[g.kind]
+    emb = np.isin(kinds, ("embedding_bag_fwd", "embedding_bag_bwd"))
+    assert emb.any()
+    np.testing.assert_allclose(contended[emb], 1.5 * plain[emb])
+    mem = (g.category == Category.MEMORY) & ~emb & (plain > 0)
+    assert mem.any()
+    np.testing.assert_allclose(contended[mem], 1.8 * plain[mem])
+    comm = g.category == Category.COMMUNICATION
+    np.testing.assert_allclose(contended[comm], plain[comm])  # collectives have their own calibration
+
+
+def test_factors_apply_only_to_the_calibrated_rank_count_on_cpus():
+    one, four = _graph(1), _graph(4)
+    t = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}}))
+    np.testing.assert_allclose(t.durations(one), ModelTiming(CPU).durations(one))
+    np.testing.assert_allclose(t.durations(four), ModelTiming(CPU).durations(four))
+    gpu = get_platform("a100-80gb").model_copy(update={"host_contention": {2: FACTORS}})
+    assert ModelTiming(gpu).contention_factors(2) == {}
+
+
+def test_one_process_has_no_contention():
+    assert measure_host_contention(1) == dict.fromkeys(CLASSES, 1.0)
+
+
+def test_probe_processes_report_a_factor_per_class():
+    f = measure_host_contention(2, llc_bytes=2**20, slot_s=0.2, rounds=1)
+    assert set(f) == set(CLASSES)
+    assert all(np.isfinite(v) and v > 0 for v in f.values())
+
+
+def test_platform_yaml_round_trip_keeps_the_factors():
+    p = CPU.model_copy(update={"host_contention": {2: FACTORS}})
+    again = type(p).model_validate(p.model_dump(mode="json"))
+    assert again.host_contention == {2: pytest.approx(FACTORS)}
