@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, ModelSpec
+from predictor.calibration.processes import run_module_processes
 
 __all__ = ["CollectivesBenchmark", "COLLECTIVE_KINDS", "CollectiveError"]
 
@@ -86,50 +87,16 @@ class CollectivesBenchmark(Benchmark):
 
 
 def _launch(world: int, cfg: dict, tmp: Path, timeout_s: float) -> list[dict]:
-    """Run ``world`` rank processes (``python -m predictor.calibration.collectives``); rank 0's rows.
-
-    Plain subprocesses rather than ``multiprocessing`` spawn, so the caller's ``__main__`` is
-    never re-imported (a script without a ``__main__`` guard stays safe).
-    """
-    import subprocess
-    import sys
-
+    """Run ``world`` rank processes (``python -m predictor.calibration.collectives``); rank 0's rows."""
     out = tmp / "rank0.json"
     cfg_file = tmp / "cfg.json"
     cfg_file.write_text(json.dumps(cfg))
     port = _free_port()
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    logs = [tmp / f"rank{r}.log" for r in range(world)]
-    procs = []
-    for r in range(world):
-        with open(logs[r], "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "predictor.calibration.collectives", str(r), str(world), str(port),
-                 str(cfg_file), str(out)], stdout=log, stderr=subprocess.STDOUT, env=env))
-    deadline = time.monotonic() + timeout_s
-    timed_out = False
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    codes = [p.returncode for p in procs]
-    if timed_out or any(c != 0 for c in codes) or not out.exists():
-        why = f"timed out after {timeout_s:.0f} s" if timed_out else f"exit codes {codes}"
-        last = ""
-        for log in logs:
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-            if lines and any(c != 0 for c in codes):
-                last = lines[-1][:200]
-                break
-        backend = cfg["backend"]
-        raise CollectiveError(f"{backend} collective benchmark over {world} ranks failed ({why})"
-                              + (f": {last}" if last else ""))
+    run = run_module_processes("predictor.calibration.collectives",
+                               [[str(r), str(world), str(port), str(cfg_file), str(out)] for r in range(world)],
+                               tmp, timeout_s)
+    if not run.ok or not out.exists():
+        raise CollectiveError(f"{cfg['backend']} collective benchmark over {world} ranks failed ({run.why(timeout_s)})")
     return json.loads(out.read_text())
 
 

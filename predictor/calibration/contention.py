@@ -6,7 +6,7 @@ other ranks run theirs than it does alone (which is how every microbenchmark tim
 Measured on this 2-core VM: two processes doing embedding-bag forward + backward at once take
 1.56x as long as one alone, a streaming multiply 1.74x, a GEMM 0.94-1.0x.
 
-:func:`measure_host_contention` starts K processes (plain subprocesses) that follow one
+:func:`measure_host_contention` starts K processes (:mod:`.processes`) that follow one
 schedule of fixed time slots: for each probe kernel and each of ``rounds`` rounds, K slots in
 which one process runs the kernel while the others sleep, then one slot in which all run it.
 Each process compares its own two medians, so the ratio is not disturbed by differences between
@@ -28,14 +28,14 @@ platforms only: accelerators have their own memory).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from predictor.calibration.processes import run_module_processes
 
 __all__ = ["CLASSES", "ContentionError", "measure_host_contention"]
 
@@ -73,26 +73,16 @@ def measure_host_contention(world: int, threads: int = 1, llc_bytes: float = 32 
 def _run_group(n: int, threads: int, llc_bytes: float, slot_s: float, rounds: int,
                timeout_s: float) -> list[dict[str, list[float]]]:
     """Per process and probe, the (together / alone) ratio of each round."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     with tempfile.TemporaryDirectory(prefix="tuner-contention-") as tmp:
         start_at = time.time() + 4.0 + 1.5 * n  # time for every process to import torch and build its probes
         outs = [Path(tmp) / f"p{i}.json" for i in range(n)]
-        procs = [subprocess.Popen([sys.executable, "-m", "predictor.calibration.contention", str(start_at),
-                                   str(threads), str(llc_bytes), str(slot_s), str(o), str(i), str(n), str(rounds)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for i, o in enumerate(outs)]
-        deadline = time.monotonic() + timeout_s
-        errors = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                if p.returncode != 0:
-                    errors.append(err.decode(errors="replace").strip().splitlines()[-1:] or ["?"])
-            except subprocess.TimeoutExpired:
-                p.kill()
-                errors.append([f"timed out after {timeout_s:.0f} s"])
-        if errors or not all(o.exists() for o in outs):
-            raise ContentionError(f"host contention probe over {n} process(es) failed: {errors[0][0] if errors else '?'}")
+        run = run_module_processes(
+            "predictor.calibration.contention",
+            [[str(start_at), str(threads), str(llc_bytes), str(slot_s), str(o), str(i), str(n), str(rounds)]
+             for i, o in enumerate(outs)],
+            Path(tmp), timeout_s)
+        if not run.ok or not all(o.exists() for o in outs):
+            raise ContentionError(f"host contention probe over {n} process(es) failed ({run.why(timeout_s)})")
         return [json.loads(o.read_text()) for o in outs]
 
 
