@@ -136,14 +136,16 @@ def measure_quietly(run: Callable[[], list[float]], max_background: float = 0.3,
 
 
 def llc_flush_buffer(nbytes: int = 64 * 2**20):
-    """A float32 tensor of ``nbytes`` (default 64 MiB, twice this machine's 32 MiB L3): writing it
-    evicts the last-level cache."""
+    """A callable that evicts the last-level cache by writing ``nbytes`` (default 64 MiB, twice this
+    machine's 32 MiB L3): the calibration timer's :class:`~predictor.calibration.timing.CacheFlusher`."""
     import torch
 
-    return torch.empty(nbytes // 4)
+    from predictor.calibration.timing import CacheFlusher
+
+    return CacheFlusher(torch.device("cpu"), nbytes / 2)
 
 
-def time_call(fn: Callable[[], object], flush=None, n: int = 10, warmup: int = 2) -> float:
+def time_call(fn: Callable[[], object], flush: Callable[[], None] | None = None, n: int = 10, warmup: int = 2) -> float:
     """Median seconds of ``n`` calls of ``fn`` after ``warmup`` untimed ones. With ``flush`` (see
     :func:`llc_flush_buffer`) the cache is evicted before every call (a *cold* kernel, as in a
     training step where other ops ran since it last touched its data); without, the kernel
@@ -151,7 +153,7 @@ def time_call(fn: Callable[[], object], flush=None, n: int = 10, warmup: int = 2
     out = []
     for i in range(n + warmup):
         if flush is not None:
-            flush.add_(1.0)
+            flush()
         t0 = time.perf_counter()
         fn()
         if i >= warmup:

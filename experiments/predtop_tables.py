@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from predictor.metrics import mean_abs_pct_error  # noqa: E402
 from predictor.stage import StageLatencyModel, TrainConfig, load_dataset, load_graphs  # noqa: E402
 from predictor.stage.dataset import DEFAULT_DATASET  # noqa: E402
-from predictor.stage.model import DEFAULT_NETWORKS  # noqa: E402
+from predictor.stage.model import DEFAULT_NETWORKS, fit_work_anchor  # noqa: E402
 from tuner.report import atomic_write_text  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
@@ -77,9 +77,8 @@ def _task(job: tuple[int, float, list[str], dict, int]) -> list[dict]:
     out = []
     if cfg.get("anchor") == "work":
         # the analytic anchor alone (NNLS on FLOPs, bytes, operator count): what the networks improve on
-        base = StageLatencyModel("gcn", TrainConfig(seed=seed, **cfg))
-        base._fit_anchor([graphs[i] for i in tr], y[tr])
-        pred = np.array([graphs[i].work() @ base.anchor_w for i in te])
+        w = fit_work_anchor([graphs[i] for i in tr], y[tr])
+        pred = np.array([graphs[i].work() @ w for i in te])
         row = {"seed": seed, "fraction": f, "kind": "work_anchor", "train_s": 0.0, "epochs": 0,
                "overall": mean_abs_pct_error(pred, y[te])}
         for t in sorted(set(tps.tolist())):

@@ -164,10 +164,11 @@ def calibrate(
     log(f"calibrating {dev} ({level} grids, {n_threads} torch thread(s), world size {world_size}) -> {out}")
 
     base = _base_platform(dev, level)
+    llc_bytes = base.last_level_cache_bytes or 32 * 2**20
     rng = np.random.default_rng(seed)
     timer = Timer(dev, warmup=2, repeats={"tiny": 3, "quick": 7, "full": 15}[level],
                   cold_repeats={"tiny": 2, "quick": 5, "full": 9}[level],
-                  cache_bytes=base.last_level_cache_bytes or 32 * 2**20)
+                  cache_bytes=llc_bytes)
     budgets = BUDGETS[level]
     data: dict[str, pd.DataFrame] = {}
     specs: list[tuple[str, ModelSpec]] = []
@@ -186,7 +187,7 @@ def calibrate(
             ctx = BenchContext(
                 device=dev, level=level, rng=np.random.default_rng(seeds[bench.name]), timer=timer,
                 budget_s=budgets.get(bench.name, budgets["default"]) / passes, log=log,
-                llc_bytes=base.last_level_cache_bytes or 32 * 2**20,
+                llc_bytes=llc_bytes,
                 max_tensor_bytes=(2 * 2**30 if dev.type == "cuda" else 256 * 2**20) if level != "tiny" else 16 * 2**20,
                 passes=passes if bench.name == "collectives" else 1,
                 shuffle_seed=seeds[bench.name] + 1 + p,
@@ -217,7 +218,7 @@ def calibrate(
         from predictor.calibration.contention import measure_host_contention
 
         t0 = time.perf_counter()
-        contention = measure_host_contention(world_size, n_threads, base.last_level_cache_bytes or 32 * 2**20,
+        contention = measure_host_contention(world_size, n_threads, llc_bytes,
                                              slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 5)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")

@@ -9,6 +9,7 @@ import torch
 from predictor.stage import StageGraph, StageLatencyModel, TrainConfig
 from predictor.stage.batching import collate_dense, collate_sparse, prepare
 from predictor.stage.graph import MAX_RANK
+from predictor.stage.model import fit_work_anchor
 
 _COST = {"mm": 4e-9, "add": 1e-9, "gelu": 2e-9}  # seconds per output element (synthetic ground truth)
 
@@ -103,9 +104,8 @@ def test_work_anchor_recovers_a_linear_cost_and_the_network_learns_the_rest():
         flops, nbytes, ops = g.work()
         y.append(2e-10 * flops + 5e-11 * nbytes + 1e-6 * ops)  # seconds, exact in the anchor's terms
     y = np.array(y)
+    assert fit_work_anchor(graphs, y) == pytest.approx([2e-10, 5e-11, 1e-6], rel=1e-3)
     model = StageLatencyModel("gcn", TrainConfig(epochs=30, seed=0, anchor="work"), dim=16, layers=2)
-    model._fit_anchor(graphs, y)
-    assert model.anchor_w == pytest.approx([2e-10, 5e-11, 1e-6], rel=1e-3)
     model.fit(graphs, y)
     pred = model.predict(graphs)
     assert float(np.mean(np.abs(pred - y) / y)) < 0.05  # the network only has to output ~1

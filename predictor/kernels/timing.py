@@ -24,9 +24,6 @@ from predictor.kernels.embedding import AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
 from predictor.platforms.schema import CpuOverheads, Platform
 
-#: task kinds timed with the "embedding" contention factor
-_EMBEDDING_KINDS = ("embedding_bag_fwd", "embedding_bag_bwd")
-
 
 def analytic_models() -> list[KernelModel]:
     """The analytic model of each kernel family (used when a platform has no asset pack)."""
@@ -82,7 +79,7 @@ class ModelTiming:
             out[idx] = self.model_for(kind).predict(TaskView.from_graph(graph, idx, kind), self.platform)
         factors = self.contention_factors(graph.n_ranks)
         if factors:
-            emb = np.isin(np.asarray(graph.kinds, dtype=object)[graph.kind], _EMBEDDING_KINDS)
+            emb = graph.kind_mask(*AnalyticEmbedding.kinds)  # the embedding kernel kinds
             for cls, sel in (("embedding", emb), ("memory", (graph.category == Category.MEMORY) & ~emb),
                              ("compute", graph.category == Category.COMPUTE)):
                 out[on_device & sel] *= factors.get(cls, 1.0)

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from predictor.traces.ops import dtype_bytes
+
 __all__ = [
     "DTYPE_VOCAB",
     "MAX_RANK",
@@ -184,7 +186,6 @@ DTYPE_VOCAB: tuple[str, ...] = (
     "other",
 )
 _DTYPE_INDEX = {name: i for i, name in enumerate(DTYPE_VOCAB)}
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "bool": 1}
 
 #: output dimensions kept per node (right-aligned; leading dims of higher-rank tensors are folded in)
 MAX_RANK = 4
@@ -259,7 +260,7 @@ class StageGraph:
         """
         op = self.kind == NODE_KINDS.index("operator")
         numel = np.where(self.shape > 0, self.shape, 1).prod(axis=1).astype(np.float64)
-        size = np.array([_DTYPE_BYTES.get(d, 4) for d in self.dtype], dtype=np.float64)
+        size = np.nan_to_num(np.array([dtype_bytes(d) for d in self.dtype]), nan=4.0)
         return np.array([float(self.flops[op].sum()), float((numel * size)[op].sum()), float(op.sum())])
 
     def predecessors(self) -> list[np.ndarray]:

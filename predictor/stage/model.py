@@ -46,7 +46,7 @@ from .dag_transformer import DAGTransformer
 from .gnn_baselines import GAT, GCN
 from .graph import DTYPE_VOCAB, MAX_RANK, N_FEATURES, NODE_KINDS, OP_VOCAB, StageGraph
 
-__all__ = ["DEFAULT_NETWORKS", "KINDS", "FitReport", "StageLatencyModel", "TrainConfig"]
+__all__ = ["DEFAULT_NETWORKS", "KINDS", "FitReport", "StageLatencyModel", "TrainConfig", "fit_work_anchor"]
 
 #: network kind -> class; every class takes ``n_features`` first and has a static ``collate``
 KINDS: dict[str, type[nn.Module]] = {"dag_transformer": DAGTransformer, "gcn": GCN, "gat": GAT}
@@ -103,6 +103,21 @@ class FitReport:
     history: list[float] = field(default_factory=list)  #: training L1 per epoch
 
 
+def fit_work_anchor(graphs: Sequence[StageGraph], latencies_s: Sequence[float]) -> np.ndarray:
+    """Weights ``w >= 0`` (seconds per FLOP, per byte, per operator) of the work anchor.
+
+    Minimises ``sum_i (work_i . w / y_i - 1)^2`` over the graphs' :meth:`StageGraph.work` (NNLS on
+    the relative error); ``work . w`` alone is the analytic stage-latency estimate.
+    """
+    from scipy.optimize import nnls
+
+    y = np.asarray(latencies_s, dtype=np.float64)
+    work = np.array([g.work() for g in graphs], dtype=np.float64)
+    scale = np.maximum(work.max(axis=0), 1e-30)  # conditioning: columns of order 1
+    w, _ = nnls(work / scale / y[:, None], np.ones(y.size))
+    return w / scale
+
+
 class StageLatencyModel:
     """Predicts one micro-batch's forward+backward latency (seconds) of a stage from its graph."""
 
@@ -137,15 +152,6 @@ class StageLatencyModel:
             return np.full(len(items), self.y_ref)
         ref = np.array([float(g.work @ self.anchor_w) if g.work is not None else 0.0 for g in items])
         return np.where(ref > 1e-3 * self.y_ref, ref, self.y_ref)
-
-    def _fit_anchor(self, graphs: Sequence[StageGraph], y: np.ndarray) -> None:
-        """``anchor_w >= 0`` minimising ``sum_i (work_i . w / y_i - 1)^2`` (NNLS on the relative error)."""
-        from scipy.optimize import nnls
-
-        work = np.array([g.work() for g in graphs], dtype=np.float64)
-        scale = np.maximum(work.max(axis=0), 1e-30)  # conditioning: columns of order 1
-        w, _ = nnls(work / scale / y[:, None], np.ones(y.size))
-        self.anchor_w = w / scale
 
     def _to_target(self, y: np.ndarray, ref: np.ndarray | float | None = None) -> np.ndarray:
         y = np.asarray(y, dtype=np.float64) / (self.y_ref if ref is None else ref)
@@ -207,7 +213,7 @@ class StageLatencyModel:
         self.std[_CONT] = np.maximum(feats[:, _CONT].std(axis=0), 1e-3)
         self.y_ref = float(np.exp(np.mean(np.log(y))))
         if cfg.anchor == "work":
-            self._fit_anchor(graphs, y)
+            self.anchor_w = fit_work_anchor(graphs, y)
         train_items = self._prepare(graphs)
         val_items = self._prepare(val_graphs)
         t_train = torch.as_tensor(self._to_target(y, self._ref(train_items)), dtype=torch.float32)
