@@ -1017,6 +1017,17 @@ def _corrected(g: ExecutionGraph, pc: ProfilerCost) -> np.ndarray:
     return d
 
 
+def _bisect(exceeds, lo: float, hi: float, steps: int = 30) -> tuple[float, float]:
+    """Narrow ``[lo, hi]`` (``exceeds(lo)`` True, ``exceeds(hi)`` False) by ``steps`` halvings."""
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if exceeds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, inside_s: float) -> ProfilerCost:
     """The :class:`ProfilerCost` whose removal makes the simulated step last ``target_s``:
     ``(P - U) / E`` per event over the events of the thread holding the step markers, of which
@@ -1045,31 +1056,18 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
         return ProfilerCost(c * share, c * (1.0 - share))
 
     if g.is_gpu().any():
-        lo, hi = 0.0, c0
-        if it(split(hi)) > target_s:
-            return split(hi)
-        for _ in range(30):
-            mid = 0.5 * (lo + hi)
-            if it(split(mid)) > target_s:
-                lo = mid
-            else:
-                hi = mid
+        if it(split(c0)) > target_s:
+            return split(c0)
+        lo, hi = _bisect(lambda c: it(split(c)) > target_s, 0.0, c0)
         return split(0.5 * (lo + hi))
     pc = split(c0)
     if it(pc) > target_s:
         # clipping at zero left some cost in place (events cheaper than the mean): raise the
         # per-event cost until the step meets U (bisection, at most 3x), then host time
-        lo, hi = c0, 3.0 * c0
-        if it(split(hi)) > target_s:
-            pc = split(hi)
+        if it(split(3.0 * c0)) > target_s:
+            pc = split(3.0 * c0)
         else:
-            for _ in range(30):
-                mid = 0.5 * (lo + hi)
-                if it(split(mid)) > target_s:
-                    lo = mid
-                else:
-                    hi = mid
-            pc = split(hi)
+            pc = split(_bisect(lambda c: it(split(c)) > target_s, c0, 3.0 * c0)[1])
     left = it(pc) - target_s
     if left > 1e-9:
         d = _corrected(g, pc)
