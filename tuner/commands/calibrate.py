@@ -35,13 +35,14 @@ def calibrate(
     from predictor.calibrate import CalibrationError
     from predictor.calibrate import calibrate as run_calibration
     from predictor.calibration.collectives import CollectiveError
+    from predictor.calibration.contention import ContentionError
 
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
     try:
         pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads, name=name,
                                seed=seed, families=[f.strip() for f in families.split(",") if f.strip()] if families else None,
                                log=lambda line: err_console.print(line, highlight=False))
-    except (CalibrationError, CollectiveError) as exc:
+    except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
     except OSError as exc:
         fail(f"--out {out}: {exc.strerror or exc}")
