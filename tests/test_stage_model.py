@@ -68,6 +68,36 @@ def test_save_load_round_trip(synthetic, tmp_path):
         StageLatencyModel.load(tmp_path / "junk.pt")
 
 
+def test_ensemble_averages_its_networks_and_round_trips(synthetic, tmp_path):
+    graphs, y = synthetic
+    torch.set_num_threads(1)
+    cfg = dict(epochs=4, seed=3, anchor="geomean", target="linear")
+    single = StageLatencyModel("gcn", TrainConfig(**cfg), dim=16, layers=2)
+    single.fit(graphs[:40], y[:40])
+    ens = StageLatencyModel("gcn", TrainConfig(ensemble=3, **cfg), dim=16, layers=2)
+    ens.fit(graphs[:40], y[:40])
+    assert len(ens.members) == 3 and ens.net is ens.members[0]
+    # member 0 is trained exactly as the single network; the others start from other weights
+    assert np.allclose(single.predict(graphs), _member_predictions(ens, 0, graphs), rtol=1e-5)
+    each = np.stack([_member_predictions(ens, k, graphs) for k in range(3)])
+    assert not np.allclose(each[0], each[1])
+    assert np.allclose(ens.predict(graphs), each.mean(axis=0), rtol=1e-5)
+    ens.save(tmp_path / "e.pt")
+    assert np.allclose(StageLatencyModel.load(tmp_path / "e.pt").predict(graphs), ens.predict(graphs), rtol=1e-6)
+    with pytest.raises(ValueError, match="ensemble"):
+        StageLatencyModel("gcn", TrainConfig(ensemble=0))
+
+
+def _member_predictions(model: StageLatencyModel, k: int, graphs) -> np.ndarray:
+    """Predictions of member ``k`` alone (seconds): the model with only that network."""
+    members = model.members
+    try:
+        model.members = [members[k]]
+        return np.asarray(model.predict(graphs))
+    finally:
+        model.members = members
+
+
 def test_padding_does_not_change_predictions(synthetic):
     # a graph predicted alone and in a padded batch with larger graphs gives the same output
     graphs, y = synthetic

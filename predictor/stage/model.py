@@ -23,6 +23,10 @@ the same training recipe, PredTOP §IV-B6..8:
   needs far fewer samples than learning the latency's scale across stages of very different
   sizes.
 
+* ``ensemble`` (ours): ``k`` networks of the same kind trained with different initial weights
+  and batch orders on the same data, their outputs averaged — it lowers the variance a single
+  network has from its initialisation (the seed-to-seed std of the tables).
+
 The model is the pluggable predictor of ``tuner/alpa.py``: ``predict(stage_graph) -> seconds``
 (a list of graphs gives an array).
 """
@@ -90,6 +94,9 @@ class TrainConfig:
     max_seconds: float | None = None  #: wall-clock cap on training (None: no cap)
     #: per-graph target scale: ``"geomean"`` (PredTOP) or ``"work"`` (fitted FLOP/byte/op anchor)
     anchor: str = "work"
+    #: networks trained (different initialisation and batch order, same data); predictions are
+    #: their mean in target space. 1 = a single network, as PredTOP
+    ensemble: int = 1
 
 
 @dataclass
@@ -132,14 +139,22 @@ class StageLatencyModel:
             raise ValueError(f"target must be 'log', 'linear' or 'relative', not {self.config.target!r}")
         if self.config.anchor not in ("geomean", "work"):
             raise ValueError(f"anchor must be 'geomean' or 'work', not {self.config.anchor!r}")
+        if self.config.ensemble < 1:
+            raise ValueError(f"ensemble must be >= 1, not {self.config.ensemble}")
         self.net_kwargs = dict(net_kwargs) if net_kwargs else dict(DEFAULT_NETWORKS[kind])
-        self.net: nn.Module | None = None
+        #: the trained networks (``config.ensemble`` of them); ``net`` is the first
+        self.members: list[nn.Module] = []
         self.mean = np.zeros(N_FEATURES, dtype=np.float32)
         self.std = np.ones(N_FEATURES, dtype=np.float32)
         self.y_ref = 1.0
         #: weights of the ``work`` anchor: seconds per FLOP, per byte, per operator
         self.anchor_w = np.zeros(3)
         self.report: FitReport | None = None
+
+    @property
+    def net(self) -> nn.Module | None:
+        """The first trained network (None before fit/load)."""
+        return self.members[0] if self.members else None
 
     # -- data -----------------------------------------------------------------------------
 
@@ -226,47 +241,63 @@ class StageLatencyModel:
             epochs = min(cfg.epochs, max(1, math.ceil(cfg.max_steps / per_epoch)))
             patience = max(1, round(cfg.patience * epochs / cfg.epochs))
 
-        self.net = KINDS[self.kind](N_FEATURES, **self.net_kwargs)
-        collate = self.net.collate
-        opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr, betas=(0.9, 0.999), foreach=True)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda e: 0.5 * (1 + math.cos(math.pi * min(e, epochs) / epochs))
-        )
         val_batches = (
-            [(collate([val_items[i] for i in b]), b) for b in self._batches(val_items, rng, False)]
+            [(KINDS[self.kind].collate([val_items[i] for i in b]), b) for b in self._batches(val_items, rng, False)]
             if val_items
             else []
         )
+        t0 = time.perf_counter()
+        self.members, reports = [], []
+        for k in range(cfg.ensemble):
+            torch.manual_seed(cfg.seed + 1000 * k)
+            net, rep = self._fit_member(train_items, t_train, val_batches, t_val, epochs, patience,
+                                        np.random.default_rng([cfg.seed, k]) if k else rng)
+            self.members.append(net)
+            reports.append(rep)
+        best = reports[0]
+        self.report = FitReport(best.epochs_run, best.best_epoch, float(np.mean([r.best_val_loss for r in reports])),
+                                time.perf_counter() - t0, best.history)
+        return self.report
 
+    def _fit_member(self, train_items: list[PreparedGraph], t_train: torch.Tensor, val_batches: list,
+                    t_val: torch.Tensor | None, epochs: int, patience: int,
+                    rng: np.random.Generator) -> tuple[nn.Module, FitReport]:
+        """Train one network: Adam + cosine decay, best validation weights kept (early stopping)."""
+        cfg = self.config
+        net = KINDS[self.kind](N_FEATURES, **self.net_kwargs)
+        collate = net.collate
+        opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, betas=(0.9, 0.999), foreach=True)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda e: 0.5 * (1 + math.cos(math.pi * min(e, epochs) / epochs))
+        )
         best_loss, best_epoch, best_state = math.inf, -1, None
         history: list[float] = []
         t0 = time.perf_counter()
         epoch = 0
         for epoch in range(epochs):
-            self.net.train()
+            net.train()
             total = 0.0
             for b in self._batches(train_items, rng, True):
                 batch = collate([train_items[i] for i in b])
-                loss = self._loss(self.net(batch), t_train[b])
+                loss = self._loss(net(batch), t_train[b])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 total += float(loss.detach()) * len(b)
             sched.step()
             history.append(total / len(train_items))
-            val_loss = self._eval_loss(val_batches, t_val) if val_batches else history[-1]
+            val_loss = self._eval_loss(net, val_batches, t_val) if val_batches else history[-1]
             if val_loss < best_loss:
                 best_loss, best_epoch = val_loss, epoch
-                best_state = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+                best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
             if epoch - best_epoch >= patience:
                 break
             if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
                 break
         if best_state is not None:
-            self.net.load_state_dict(best_state)
-        self.net.eval()
-        self.report = FitReport(epoch + 1, best_epoch, float(best_loss), time.perf_counter() - t0, history)
-        return self.report
+            net.load_state_dict(best_state)
+        net.eval()
+        return net, FitReport(epoch + 1, best_epoch, float(best_loss), time.perf_counter() - t0, history)
 
     def _loss(self, out: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """L1 in target space; for ``relative``, L1 divided by the true value (mean relative error)."""
@@ -275,26 +306,27 @@ class StageLatencyModel:
             err = err / target
         return err.mean() if reduction == "mean" else err.sum()
 
-    def _eval_loss(self, batches: list, target: torch.Tensor) -> float:
-        assert self.net is not None
-        self.net.eval()
+    def _eval_loss(self, net: nn.Module, batches: list, target: torch.Tensor) -> float:
+        net.eval()
         with torch.no_grad():
-            total = sum(float(self._loss(self.net(bt), target[b], reduction="sum")) for bt, b in batches)
+            total = sum(float(self._loss(net(bt), target[b], reduction="sum")) for bt, b in batches)
         return total / int(target.shape[0])
 
     # -- inference --------------------------------------------------------------------------
 
     def predict(self, graphs: StageGraph | Sequence[StageGraph]) -> float | np.ndarray:
         """Predicted latency in seconds: a float for one graph, an array for a sequence."""
-        if self.net is None:
+        if not self.members:
             raise RuntimeError("the stage model is not trained; call fit() or load() first")
         single = isinstance(graphs, StageGraph | PreparedGraph)
         items = self._prepare([graphs] if single else list(graphs))
-        out = np.empty(len(items))
-        self.net.eval()
+        out = np.zeros(len(items))
         with torch.no_grad():
             for b in self._batches(items, np.random.default_rng(0), False):
-                out[b] = self.net(self.net.collate([items[i] for i in b])).numpy()
+                batch = KINDS[self.kind].collate([items[i] for i in b])
+                for net in self.members:
+                    net.eval()
+                    out[b] += net(batch).numpy() / len(self.members)
         # linear/relative outputs are not sign-constrained: floor them at 0.1 % of the typical
         # training latency so a badly trained model never hands a negative cost to a search
         pred = np.maximum(self._from_target(out, self._ref(items)), 1e-3 * self.y_ref)
@@ -306,7 +338,7 @@ class StageLatencyModel:
 
     def save(self, path: str | Path) -> None:
         """Write the weights and everything needed to rebuild the model to ``path`` (a torch file)."""
-        if self.net is None:
+        if not self.members:
             raise RuntimeError("nothing to save: the stage model is not trained")
         blob = {
             "format": "tuner.stage_latency_model/1",
@@ -318,7 +350,7 @@ class StageLatencyModel:
             "y_ref": self.y_ref,
             "anchor_w": self.anchor_w.tolist(),
             "vocab": {"op": list(OP_VOCAB), "dtype": list(DTYPE_VOCAB), "rank": MAX_RANK},
-            "state_dict": self.net.state_dict(),
+            "state_dicts": [net.state_dict() for net in self.members],
         }
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -342,9 +374,12 @@ class StageLatencyModel:
         model.std = np.asarray(blob["std"], dtype=np.float32)
         model.y_ref = float(blob["y_ref"])
         model.anchor_w = np.asarray(blob.get("anchor_w", [0.0, 0.0, 0.0]), dtype=np.float64)
-        model.net = KINDS[model.kind](N_FEATURES, **model.net_kwargs)
-        model.net.load_state_dict(blob["state_dict"])
-        model.net.eval()
+        states = blob["state_dicts"] if "state_dicts" in blob else [blob["state_dict"]]
+        for state in states:
+            net = KINDS[model.kind](N_FEATURES, **model.net_kwargs)
+            net.load_state_dict(state)
+            net.eval()
+            model.members.append(net)
         return model
 
     def describe(self) -> str:
