@@ -267,6 +267,22 @@ class EmbeddingOverride:
         return d
 
 
+def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
+    """Every table's embedding-bag forward and backward as ``timing`` predicts them alone (one rank,
+    no host contention), seconds: the counterpart of :func:`cold_embedding_seconds`."""
+    from predictor.workloads.dlrm import build_dlrm_graph
+
+    g = build_dlrm_graph(spec, np.zeros(len(spec.tables), dtype=np.int64), 1, mode="host")
+    d = timing.durations(g)
+    kinds = np.asarray(g.kinds)[g.kind]
+    names = np.asarray(g.names)[g.name]
+    out = {k: np.zeros(len(spec.tables)) for k in ("embedding_bag_fwd", "embedding_bag_bwd")}
+    for kind, arr in out.items():
+        for i in np.flatnonzero(kinds == kind):
+            arr[int(names[i].rsplit("[", 1)[1].rstrip("]"))] = d[i]
+    return out["embedding_bag_fwd"], out["embedding_bag_bwd"]
+
+
 def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """Every table's embedding-bag forward and backward (+ SGD row update) on its real batch, timed
     alone with the last-level cache evicted before each call (seconds)."""

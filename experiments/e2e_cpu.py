@@ -70,6 +70,7 @@ from experiments.dlrm_gloo import (  # noqa: E402
 )
 from experiments.measure_env import Measured, llc_flush_buffer, measure_quietly, time_call  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
+from predictor.platforms.host import comm_thread_has_core  # noqa: E402
 from predictor.simulate import simulate  # noqa: E402
 from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
 from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
@@ -314,7 +315,8 @@ def build_cases(args, timing, threads: int) -> list[Case]:
                 tables = dlrm_tables(bs)
                 job = dlrm_job(tables, bs, n, threads, args.dlrm_warmup, args.iters)
                 spec = dlrm_spec_for(job, tables)
-                graph = build_dlrm_graph(spec, np.asarray(job.assignment), n, mode="host")
+                graph = build_dlrm_graph(spec, np.asarray(job.assignment), n, mode="host",
+                                         comm_threads=comm_thread_has_core(n, threads))
                 label = f"{tables.label}, {len(tables)} tables" + (f", {DLRM_SHARDER}" if n > 1 else "")
                 cases.append(Case("dlrm" if n == 1 else f"dlrm-{n}rank", label, bs, n, predict_graph(graph, timing),
                                   lambda job=job: _dlrm_times(job), graph=graph, job=job))

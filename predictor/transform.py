@@ -57,6 +57,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from predictor.graph import ExecutionGraph
+from predictor.platforms.host import comm_thread_has_core
 from predictor.whatif import (
     LayerInfo,
     WhatIfError,
@@ -326,9 +327,8 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
     mode = spec.retime if spec.retime != "auto" else ("model" if moved else "anchored")
     overlap = spec.comm_overlap
     if overlap is None:  # a gloo thread per rank needs a core of its own, on this machine
-        cores = os.cpu_count() or 1
         overlap = not (at.host_mode and not moved and spec.dp and
-                       cores < spec.dp * ((at.torch_threads or torch_threads_default()) + 1))
+                       not comm_thread_has_core(spec.dp, at.torch_threads or torch_threads_default()))
     preds, counts, changes, tl = [], {}, {}, None
     replayed = []
     notes = list(at.notes)

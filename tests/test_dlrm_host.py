@@ -92,3 +92,23 @@ def test_unbalanced_sharding_is_slower_in_host_mode():
     balanced = simulate(build_dlrm_graph(spec, np.arange(6) % 2, 2, mode="host"), timing).iteration_s
     piled = simulate(build_dlrm_graph(spec, np.zeros(6, dtype=int), 2, mode="host"), timing).iteration_s
     assert piled > balanced * 1.2
+
+
+def test_without_spare_cores_collectives_serialise_with_compute():
+    from predictor.platforms.host import comm_thread_has_core
+
+    # 2 ranks x (1 compute + 1 gloo thread) need 4 cores
+    assert comm_thread_has_core(2, 1, cores=4) and not comm_thread_has_core(2, 1, cores=2)
+    spec = _spec(bottom=(256, 256), top=(512, 512, 1))  # DDP all-reduces long enough to matter
+    a = np.array([0, 1, 0, 1])
+    timing = ModelTiming(CPU)
+    overlapped = build_dlrm_graph(spec, a, 2, mode="host")
+    serial = build_dlrm_graph(spec, a, 2, mode="host", comm_threads=False)
+    df = _frame(serial)
+    comm = df[df.kind.isin(["all_to_all", "all_reduce"])]
+    assert len(comm) and set(comm.processor) == {"cpu"}
+    assert not df.processor.str.startswith("gloo").any()
+    t_over, t_serial = simulate(overlapped, timing), simulate(serial, timing)
+    # the same tasks and durations; only the overlap of the all-reduces with backward is gone
+    assert t_serial.iteration_s > t_over.iteration_s
+    assert float(t_serial.duration.sum()) == pytest.approx(float(t_over.duration.sum()), rel=1e-9)

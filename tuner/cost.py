@@ -14,6 +14,7 @@ import numpy as np
 
 from predictor.graph import ExecutionGraph
 from predictor.kernels import ModelTiming
+from predictor.platforms.host import comm_thread_has_core
 from predictor.platforms.schema import Platform
 from predictor.simulate import Timeline, simulate
 from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph, dlrm_memory_per_rank
@@ -88,11 +89,16 @@ class DLRMShardingJob:
     n_ranks: int
     platform: Platform
     timing: ModelTiming
+    #: CPU platforms: torch threads per rank process (with the rank count, decides whether gloo's
+    #: threads have cores of their own, :func:`predictor.platforms.host.comm_thread_has_core`)
+    threads_per_rank: int = 1
 
     def evaluate(self, assignment: np.ndarray) -> tuple[CostResult, Timeline]:
         """Cost of a table -> rank assignment."""
-        mode = "host" if self.platform.kind == "cpu" else "device"
-        graph = build_dlrm_graph(self.spec, assignment, self.n_ranks, mode=mode)
+        host = self.platform.kind == "cpu"
+        comm_threads = not host or comm_thread_has_core(self.n_ranks, self.threads_per_rank)
+        graph = build_dlrm_graph(self.spec, assignment, self.n_ranks, mode="host" if host else "device",
+                                 comm_threads=comm_threads)
         mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
         return evaluate_graph(graph, self.timing, mem, self.platform)
 

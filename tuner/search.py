@@ -73,7 +73,10 @@ class ShardingContext:
         )
 
     def job(self, task_index: int, batch_size: int) -> DLRMShardingJob:
-        return DLRMShardingJob(self.spec(task_index, batch_size), self.space.n_gpus, self.platform, self.timing())
+        pack = self.resolved.pack
+        threads = int((pack.manifest.get("threads") if pack is not None else None) or 1)
+        return DLRMShardingJob(self.spec(task_index, batch_size), self.space.n_gpus, self.platform, self.timing(),
+                               threads_per_rank=threads)
 
     def timing(self) -> ModelTiming:
         """Kernel timing on the space's platform (calibrated models when it has an asset pack)."""

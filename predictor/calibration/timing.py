@@ -71,6 +71,8 @@ class Timer:
         max_calls: upper bound on calls per sample.
         cache_bytes: the device's last-level cache, bytes (what a cold measurement evicts).
         cold_repeats: timed samples of a cold measurement (each pays one cache flush).
+        long_call_s: a call whose warm-up takes longer than this (seconds) gets one warm-up and at
+            most 3 timed samples (its relative timing noise is small; the budget goes to shapes).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Timer:
         max_calls: int = 256,
         cache_bytes: float = 32 * 2**20,
         cold_repeats: int = 5,
+        long_call_s: float = 0.05,
     ) -> None:
         self.device = torch.device(device)
         self.warmup = warmup
@@ -92,6 +95,7 @@ class Timer:
         self.is_cuda = self.device.type == "cuda"
         self.flush = CacheFlusher(self.device, cache_bytes)
         self.cold_repeats = cold_repeats
+        self.long_call_s = long_call_s
 
     def sync(self) -> None:
         """Wait for the device to finish queued work (no-op on CPU)."""
@@ -115,17 +119,23 @@ class Timer:
                     user_setup()
                 self.flush()
 
+        long_call = False
         for _ in range(self.warmup):
             if setup is not None:
                 setup()
+            t0 = time.perf_counter()
             fn()
-        self.sync()
+            self.sync()
+            if time.perf_counter() - t0 > self.long_call_s:
+                long_call = True  # one warm-up is enough for a call this long
+                break
         calls = 1
         if setup is None:
             # size the batch of calls from one probe call
             probe = self._sample(fn, 1)
             calls = int(min(self.max_calls, max(1, np.ceil(self.min_sample_s / max(probe, 1e-9)))))
-        samples = np.empty(self.cold_repeats if cold else self.repeats)
+        n = self.cold_repeats if cold else self.repeats
+        samples = np.empty(min(n, 3) if long_call else n)  # long calls: relative noise is small
         for i in range(samples.size):
             if setup is not None:
                 setup()

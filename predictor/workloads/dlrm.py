@@ -150,12 +150,16 @@ def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_l
         )
 
 
-def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode: ExecMode = "device") -> ExecutionGraph:
+def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode: ExecMode = "device",
+                     comm_threads: bool = True) -> ExecutionGraph:
     """The per-rank ExecutionGraph of one training iteration under ``assignment`` (table -> rank).
 
     ``mode``: ``"device"`` for accelerators (async kernels on streams), ``"host"`` for CPU
     platforms (eager PyTorch on the calling thread, gloo collectives on the process group's
-    worker threads; see :func:`_build_host_graph`).
+    worker threads; see :func:`_build_host_graph`). ``comm_threads`` (host mode): False when
+    the host has no spare core for gloo's threads
+    (:func:`predictor.platforms.host.comm_thread_has_core`); collectives then run on the main
+    thread and serialise with compute.
     """
     assignment = np.asarray(assignment, dtype=np.int64)
     t = spec.tables
@@ -168,7 +172,7 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
     if spec.batch_size % n_ranks:
         raise ValueError(f"global batch {spec.batch_size} is not divisible by {n_ranks} ranks")
     if mode == "host":
-        return _build_host_graph(spec, assignment, n_ranks)
+        return _build_host_graph(spec, assignment, n_ranks, comm_threads)
     dt = spec.dtype_bytes
     B = float(spec.batch_size)
     b_local = B / n_ranks
@@ -288,13 +292,14 @@ def ddp_buckets(layers: Sequence[tuple[str, int, int]], dtype_bytes: int, cap_by
     return [bk for bk in buckets if bk]
 
 
-def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> ExecutionGraph:
+def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, comm_threads: bool = True) -> ExecutionGraph:
     """Host mode: what ``experiments/dlrm_gloo.py`` runs on CPU, op by op (eager PyTorch).
 
     Every op runs on the rank's main thread (T1 before it, its kernels after). Collectives run
     on gloo's worker threads (:data:`GLOO_WORKER_THREADS`, taken round-robin in issue order,
     which is how its FIFO work queue hands them out while earlier ones are still running); a
-    blocking collective (the all-to-all) makes the main thread wait for it. With one rank
+    blocking collective (the all-to-all) makes the main thread wait for it. Without
+    ``comm_threads`` (no spare core for them) every collective runs on the main thread. With one rank
     there is no DDP and no all-to-all. Per rank:
 
     forward
@@ -333,7 +338,7 @@ def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> E
     g_buckets = [gb.new_group() for _ in buckets]
 
     for r in range(n_ranks):
-        h = _HostRank(gb, r, n_ranks, spec, buckets, g_buckets)
+        h = _HostRank(gb, r, n_ranks, spec, buckets, g_buckets, comm_threads)
         e = h.e
         local = np.flatnonzero(assignment == r)
         # ------------------------------------------------------------ forward
@@ -387,8 +392,9 @@ class _HostRank:
     """One rank of the host-mode DLRM graph: its main thread, gloo workers and DDP state."""
 
     def __init__(self, gb: GraphBuilder, rank: int, n_ranks: int, spec: DLRMSpec, buckets: list[list[str]],
-                 groups: list[int]) -> None:
+                 groups: list[int], comm_threads: bool = True) -> None:
         self.gb, self.spec, self.buckets, self.groups = gb, spec, buckets, groups
+        self.comm_threads = comm_threads
         self.world = n_ranks
         self.e = OpEmitter(gb, rank, "host")
         self.workers = [gb.processor(rank, ProcKind.CPU_THREAD, f"gloo worker {w}") for w in range(GLOO_WORKER_THREADS)]
@@ -404,10 +410,11 @@ class _HostRank:
         return "sigmoid" if li == len(self.layers) - 1 else "relu"
 
     def collective(self, name: str, kind: str, params: dict, group: int, after: Sequence[int]) -> int:
-        """Issue a collective from the main thread onto the next gloo worker (round-robin)."""
+        """Issue a collective from the main thread onto the next gloo worker (round-robin), or run
+        it on the main thread when the workers have no core of their own."""
         gb = self.gb
         issue = gb.task(self.e.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
-        w = self.workers[self.issued % len(self.workers)]
+        w = self.workers[self.issued % len(self.workers)] if self.comm_threads else self.e.cpu
         self.issued += 1
         k = gb.task(w, name, kind, Category.COMMUNICATION, group=group, params=params)
         gb.edge(issue, k, DepKind.CPU_CPU)

@@ -48,6 +48,7 @@ __all__ = [
     "load_locality_stats",
     "reuse_profiles",
     "reuse_profile_meta",
+    "sample_pooling",
     "thin_reuse",
     "generate_tasks",
 ]
@@ -492,7 +493,7 @@ LIGHT_MIX = (0.30, 0.25)
 HEAVY_ALPHA, HEAVY_MAX = 1.2, 1000.0
 
 
-def _sample_pooling(rng: np.random.Generator, n: int, heavy: np.ndarray) -> np.ndarray:
+def sample_pooling(rng: np.random.Generator, n: int, heavy: np.ndarray) -> np.ndarray:
     """Mean pooling L per table (lookups/sample); ``heavy`` marks tables to draw from the tail."""
     u = rng.random(n)
     p_frac, p_one = LIGHT_MIX
@@ -598,7 +599,7 @@ def generate_tasks(
     for t, (year, heavy_task) in enumerate(plan):
         n = max(1, int(round(13 * n_gpus * rng.uniform(0.7, 1.3))))
         heavy = np.ones(n, dtype=bool) if heavy_task else rng.random(n) < HEAVY_FRACTION[year]
-        pooling = _sample_pooling(rng, n, heavy)
+        pooling = sample_pooling(rng, n, heavy)
         rows = np.exp(rng.uniform(np.log(ROWS_MIN), np.log(ROWS_MAX), n)).astype(np.int64)
         dim = rng.choice(np.array(DIMS, dtype=np.int64), size=n)
         rows = _fit_memory(rows, dim * dtype_bytes, per_rank, total_budget)
