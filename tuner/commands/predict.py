@@ -82,13 +82,18 @@ def _predict_trace(path: Path, sets: list[str], platform: str | None, catalog: P
         if os.environ.get("TUNER_DEBUG"):
             raise
         fail(f"{path}: cannot predict from this trace ({type(exc).__name__}: {exc})")
-    summary = result.summary()
-    if trace is not None and result.timeline is not None:
-        summary["trace"] = str(result.timeline.write_chrome_trace(trace))
+    _emit(result.summary(), result.timeline, trace, as_json, _print_trace_result)
+
+
+def _emit(result: dict, timeline, trace: Path | None, as_json: bool, print_table) -> None:
+    """Write the Chrome trace when asked (its path goes into ``result``), then print ``result`` as
+    JSON or with ``print_table``."""
+    if trace is not None and timeline is not None:
+        result["trace"] = str(timeline.write_chrome_trace(trace))
     if as_json:
-        print(json.dumps(summary, indent=1, default=_json_default))
+        print(json.dumps(result, indent=1, default=_json_default))
         return
-    _print_trace_result(summary)
+    print_table(result)
 
 
 def _print_trace_result(r: dict) -> None:
@@ -214,13 +219,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
                                   keep_timeline=trace is not None)
     except PlanError as exc:
         fail(str(exc))
-    result = {"model": spec.name, "platform": platform.key, **result}
-    if trace is not None and tl is not None:
-        result["trace"] = str(tl.write_chrome_trace(trace))
-    if as_json:
-        print(json.dumps(result, indent=1, default=_json_default))
-        return
-    _print_result(result)
+    _emit({"model": spec.name, "platform": platform.key, **result}, tl, trace, as_json, _print_result)
 
 
 def _print_result(r: dict) -> None:
