@@ -42,3 +42,14 @@ def test_flusher_writes_twice_the_cache_lazily() -> None:
     f()
     assert f._buf is not None and f._buf.numel() * 4 == 6 * 2**20
     assert float(f._buf[0]) == 2.0
+
+
+def test_long_calls_get_one_warm_up_and_three_samples() -> None:
+    import time
+
+    timer = Timer("cpu", warmup=2, repeats=7, cold_repeats=5, cache_bytes=2**20, long_call_s=0.005)
+    calls: list[float] = []
+    m = timer.measure(lambda: (calls.append(1.0), time.sleep(0.01)), cold=True)
+    assert m.samples == 3 and len(calls) == 1 + 3
+    short = Timer("cpu", warmup=2, repeats=7, cold_repeats=5, cache_bytes=2**20, long_call_s=0.005)
+    assert short.measure(lambda: None, cold=True).samples == 5
