@@ -259,12 +259,17 @@ class EmbeddingOverride:
 
     def durations(self, graph) -> np.ndarray:
         d = self.base.durations(graph)
-        kinds = np.asarray(graph.kinds)[graph.kind]
-        names = np.asarray(graph.names)[graph.name]
         for kind, table in (("embedding_bag_fwd", self.fwd_s), ("embedding_bag_bwd", self.bwd_s)):
-            for i in np.flatnonzero(kinds == kind):
-                d[i] = table[int(names[i].rsplit("[", 1)[1].rstrip("]"))]
+            idx, tables = _embedding_tasks(graph, kind)
+            d[idx] = table[tables]
         return d
+
+
+def _embedding_tasks(graph, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of ``graph``'s tasks of ``kind`` and the table each looks up (from its name ``...[t]``)."""
+    idx = np.flatnonzero(np.asarray(graph.kinds)[graph.kind] == kind)
+    names = np.asarray(graph.names)[graph.name[idx]]
+    return idx, np.array([int(n.rsplit("[", 1)[1].rstrip("]")) for n in names], dtype=np.int64)
 
 
 def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
@@ -274,13 +279,13 @@ def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
 
     g = build_dlrm_graph(spec, np.zeros(len(spec.tables), dtype=np.int64), 1, mode="host")
     d = timing.durations(g)
-    kinds = np.asarray(g.kinds)[g.kind]
-    names = np.asarray(g.names)[g.name]
-    out = {k: np.zeros(len(spec.tables)) for k in ("embedding_bag_fwd", "embedding_bag_bwd")}
-    for kind, arr in out.items():
-        for i in np.flatnonzero(kinds == kind):
-            arr[int(names[i].rsplit("[", 1)[1].rstrip("]"))] = d[i]
-    return out["embedding_bag_fwd"], out["embedding_bag_bwd"]
+    out = []
+    for kind in ("embedding_bag_fwd", "embedding_bag_bwd"):
+        idx, tables = _embedding_tasks(g, kind)
+        arr = np.zeros(len(spec.tables))
+        arr[tables] = d[idx]
+        out.append(arr)
+    return out[0], out[1]
 
 
 def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndarray, np.ndarray]:

@@ -66,6 +66,14 @@ LABELS = {"dag_transformer": "DAG Transformer", "gcn": "GCN", "gat": "GAT",
 _SHARED: dict = {}  # graphs and labels, set before the worker processes fork
 
 
+def _scores(pred: np.ndarray, y: np.ndarray, tps: np.ndarray) -> dict[str, float]:
+    """MRE (%) of ``pred`` against ``y`` over all test stages and per TP degree."""
+    out = {"overall": mean_abs_pct_error(pred, y)}
+    for t in sorted(set(tps.tolist())):
+        out[f"tp{t}"] = mean_abs_pct_error(pred[tps == t], y[tps == t])
+    return out
+
+
 def _task(job: tuple[int, float, list[str], dict, int]) -> list[dict]:
     """Train every network for one (seed, fraction) and score it on the held-out stages."""
     seed, f, kinds, cfg, threads = job
@@ -82,12 +90,8 @@ def _task(job: tuple[int, float, list[str], dict, int]) -> list[dict]:
         # the analytic anchor alone (NNLS on FLOPs, bytes, operator count): what the networks improve on
         w = fit_work_anchor([graphs[i] for i in tr], y[tr])
         pred = np.array([graphs[i].work() @ w for i in te])
-        row = {"seed": seed, "fraction": f, "kind": "work_anchor", "train_s": 0.0, "epochs": 0,
-               "overall": mean_abs_pct_error(pred, y[te])}
-        for t in sorted(set(tps.tolist())):
-            sel = tps[te] == t
-            row[f"tp{t}"] = mean_abs_pct_error(pred[sel], y[te][sel])
-        out.append(row)
+        out.append({"seed": seed, "fraction": f, "kind": "work_anchor", "train_s": 0.0, "epochs": 0,
+                    **_scores(pred, y[te], tps[te])})
     for kind in kinds:
         net_kind, k = ENSEMBLES.get(kind, (kind, 1))
         model = StageLatencyModel(net_kind, TrainConfig(seed=seed, ensemble=k, **cfg), **MODELS[net_kind])
@@ -99,11 +103,8 @@ def _task(job: tuple[int, float, list[str], dict, int]) -> list[dict]:
             "kind": kind,
             "train_s": rep.train_seconds,
             "epochs": rep.epochs_run,
-            "overall": mean_abs_pct_error(pred, y[te]),
+            **_scores(pred, y[te], tps[te]),
         }
-        for t in sorted(set(tps.tolist())):
-            sel = tps[te] == t
-            row[f"tp{t}"] = mean_abs_pct_error(pred[sel], y[te][sel])
         print(
             f"seed {seed} f={f:.1f} {kind:16s} MRE {row['overall']:6.2f}%  ({rep.epochs_run} epochs, "
             f"best {rep.best_epoch}, {rep.train_seconds:.1f}s)",
@@ -187,6 +188,17 @@ def run(args: argparse.Namespace) -> dict:
         "mre_pct": results,
         "paper_table_va": PAPER_TABLE_VA,
     }
+
+
+def _read_table(path: Path) -> dict:
+    """A table written by this script (for ``--merge``); ValueError naming the file otherwise."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read the table to merge into ({exc})") from exc
+    if not isinstance(doc, dict) or "protocol" not in doc or "mre_pct" not in doc:
+        raise ValueError(f"{path}: not a predtop_tables result")
+    return doc
 
 
 def merge_into(base: dict, new: dict) -> dict:
@@ -381,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.out.with_suffix(".md"), markdown(doc))
         return 0
     try:
+        # the table to merge into is read before training, so a missing or broken one fails at once
+        base = _read_table(args.out.with_suffix(".json")) if args.merge else None
         doc = run(args)
-        if args.merge:
-            doc = merge_into(json.loads(args.out.with_suffix(".json").read_text()), doc)
+        if base is not None:
+            doc = merge_into(base, doc)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -49,7 +49,6 @@ from experiments.dlrm_gloo import (  # noqa: E402
 )
 from experiments.measure_env import measure_quietly  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.host import comm_thread_has_core  # noqa: E402
 from predictor.workloads.dlrm import DLRMSpec  # noqa: E402
 from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
 from predictor.workloads.sharding import InfeasibleShardingError, get_sharder  # noqa: E402
@@ -133,14 +132,11 @@ def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
     cold = {}
     if args.cold_embedding_check:
         from predictor.simulate import simulate
-        from predictor.workloads.dlrm import build_dlrm_graph
 
         fwd, bwd = cold_embedding_seconds(base)
         pf, pb = predicted_embedding_seconds(timing, job.spec)
-        comm = comm_thread_has_core(n, args.threads_used)
         override = EmbeddingOverride(timing, fwd, bwd)
-        oracle = {name: float(simulate(build_dlrm_graph(job.spec, a, n, mode="host", comm_threads=comm), override).iteration_s)
-                  for name, a in placements.items()}
+        oracle = {name: float(simulate(job.graph(a), override).iteration_s) for name, a in placements.items()}
         po = min(six, key=oracle.__getitem__)
         cold = {"predicted_s": oracle, "predicted_fastest": po,
                 "meets_criterion": measured[po] <= 1.10 * measured[a_best],

@@ -93,14 +93,17 @@ class DLRMShardingJob:
     #: threads have cores of their own, :func:`predictor.platforms.host.comm_thread_has_core`)
     threads_per_rank: int = 1
 
-    def evaluate(self, assignment: np.ndarray) -> tuple[CostResult, Timeline]:
-        """Cost of a table -> rank assignment."""
+    def graph(self, assignment: np.ndarray) -> ExecutionGraph:
+        """The iteration graph of a table -> rank assignment (host mode on CPU platforms)."""
         host = self.platform.kind == "cpu"
         comm_threads = not host or comm_thread_has_core(self.n_ranks, self.threads_per_rank)
-        graph = build_dlrm_graph(self.spec, assignment, self.n_ranks, mode="host" if host else "device",
-                                 comm_threads=comm_threads)
+        return build_dlrm_graph(self.spec, assignment, self.n_ranks, mode="host" if host else "device",
+                                comm_threads=comm_threads)
+
+    def evaluate(self, assignment: np.ndarray) -> tuple[CostResult, Timeline]:
+        """Cost of a table -> rank assignment."""
         mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
-        return evaluate_graph(graph, self.timing, mem, self.platform)
+        return evaluate_graph(self.graph(assignment), self.timing, mem, self.platform)
 
     def objective(self, assignment: np.ndarray) -> float:
         """Predicted iteration time (seconds; +inf when it does not fit)."""
