@@ -6,7 +6,7 @@ thread CPU time, several shuffled passes (protocol in ``predictor/stage/dataset.
 Timing-sensitive — run it under the shared lock:
 
     flock /tmp/tuner-measure.lock python experiments/collect_stage_latencies.py collect \
-        [--out predictor/stage/data/cpu_stage_latencies.json] [--passes 5]
+        [--out predictor/stage/data/cpu_stage_latencies.json] [--passes 12]
 """
 
 from __future__ import annotations

@@ -316,6 +316,19 @@ def markdown(doc: dict) -> str:
                 f"- vs {LABELS[other]}: DAG Transformer has the lower mean MRE at {mwins}/{len(fractions)} fractions "
                 f"and the lower std over seeds at {wins}/{len(fractions)}."
             )
+        if cols:
+            def conf_std(k: str, f: float) -> float:  # PredTOP Fig. 9: std of the MREs over the configurations
+                return float(np.std([np.mean(doc["mre_pct"][k][str(f)][c]) for c in cols]))
+
+            for other in (k for k in kinds if k != "dag_transformer" and k not in ENSEMBLES):
+                wins = sum(conf_std("dag_transformer", f) < conf_std(other, f) for f in fractions)
+                lines.append(
+                    f"- Std of the MRE over the configurations ({', '.join(cols)}; PredTOP Fig. 9's measure of "
+                    f"stability), vs {LABELS[other]}: DAG Transformer lower at {wins}/{len(fractions)} fractions "
+                    f"(DAG Transformer {min(conf_std('dag_transformer', f) for f in fractions):.2f}–"
+                    f"{max(conf_std('dag_transformer', f) for f in fractions):.2f}, {LABELS[other]} "
+                    f"{min(conf_std(other, f) for f in fractions):.2f}–{max(conf_std(other, f) for f in fractions):.2f})."
+                )
         best = {f: min(kinds, key=lambda k: np.mean(doc["mre_pct"][k][str(f)]["overall"])) for f in fractions}
         lines.append(
             "- Lowest mean MRE per fraction: "
