@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from predictor.workloads.pipeline_schedule import one_f_one_b as schedule_1f1b
+
 __all__ = ["PipelineSchedule", "gpipe", "one_f_one_b", "one_f_one_b_order", "pipeline_latency"]
 
 
@@ -51,17 +53,9 @@ class PipelineSchedule:
 
 
 def one_f_one_b_order(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
-    """The op order of ``stage`` under 1F1B: ``[('F', 0), ('F', 1), ('B', 0), ...]``."""
-    warm = min(n_stages - stage - 1, n_micro)
-    order: list[tuple[str, int]] = [("F", m) for m in range(warm)]
-    f, b = warm, 0
-    while f < n_micro:
-        order.append(("F", f))
-        f += 1
-        order.append(("B", b))
-        b += 1
-    order.extend(("B", m) for m in range(b, n_micro))
-    return order
+    """The op order of ``stage`` under 1F1B: ``[('F', 0), ('F', 1), ('B', 0), ...]``
+    (the order of :func:`predictor.workloads.pipeline_schedule.one_f_one_b`, without chunks)."""
+    return [(st.phase, st.micro_batch) for st in schedule_1f1b(n_stages, n_micro, stage)]
 
 
 def _play(
