@@ -318,7 +318,7 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
     if contention:
         fields["host_contention"] = {world_size: dict(contention)}
-        sources["host_contention"] = (f"{src}: probe kernels in {world_size} processes at once vs one alone "
+        sources["host_contention"] = (f"{src}: probe kernels, the slowest of {world_size} processes at once vs alone "
                                       "(predictor/calibration/contention.py)")
     fields["overheads"] = {k: float(overheads[k]) for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")}
     sources["overheads"] = f"{src}: profiled training run, whisker-trimmed means ({overheads.get('definition', '')})"

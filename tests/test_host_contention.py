@@ -60,3 +60,19 @@ def test_platform_yaml_round_trip_keeps_the_factors():
     p = CPU.model_copy(update={"host_contention": {2: FACTORS}})
     again = type(p).model_validate(p.model_dump(mode="json"))
     assert again.host_contention == {2: pytest.approx(FACTORS)}
+
+
+def test_the_slowest_process_sets_the_factor():
+    from predictor.calibration.contention import slowest_rank_factors
+
+    # two processes, two rounds; [alone_s, together_s]
+    p0 = {"compute": [[10.0, 10.5], [10.0, 10.5]], "memory": [[1.0, 1.5], [1.0, 1.7]],
+          "embedding": [[1.0, 1.1], [1.0, 1.1]]}
+    p1 = {"compute": [[11.0, 12.0], [11.0, 12.6]], "memory": [[1.0, 1.2], [1.0, 1.2]],
+          "embedding": [[2.0, 2.6], [2.0, 2.4]]}
+    f = slowest_rank_factors([p0, p1])
+    # compute: the slower process at once over the mean alone (10.5): 12.0 / 10.5 and 12.6 / 10.5
+    assert f["compute"] == pytest.approx(np.median([12.0 / 10.5, 12.6 / 10.5]))
+    assert f["memory"] == pytest.approx(np.median([1.5, 1.7]))
+    # embedding: each process against its own time alone (placement differences are not the host's)
+    assert f["embedding"] == pytest.approx(np.median([1.3, 1.2]))

@@ -15,7 +15,7 @@ import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
 
-__all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_route"]
+__all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_builder", "gemm_route"]
 
 #: graph op kinds timed by the GEMM model
 GEMM_KINDS = ("gemm", "mm", "addmm", "bmm", "linear", "matmul")
@@ -69,7 +69,7 @@ class GemmBenchmark(Benchmark):
                 for m, n, k, b in self._shapes(ctx, op, n_each, hi, cap):
                     row = {"kernel": gemm_route(op, dt), "kind": op, "m": m, "n": n, "k": k, "batch": b,
                            "dtype_bytes": _BYTES[dt], "flops": 2.0 * m * n * k * b}
-                    cases.append((row, _builder(op, m, n, k, b, _DTYPES[dt], ctx.device)))
+                    cases.append((row, gemm_builder(op, m, n, k, b, _DTYPES[dt], ctx.device)))
         return run_cases(ctx, cases, self.name)
 
     def _shapes(self, ctx: BenchContext, op: str, count: int, hi: int, cap: float) -> list[tuple[int, int, int, int]]:
@@ -86,7 +86,8 @@ class GemmBenchmark(Benchmark):
         return out
 
 
-def _builder(op: str, m: int, n: int, k: int, b: int, dtype: torch.dtype, device: torch.device):
+def gemm_builder(op: str, m: int, n: int, k: int, b: int, dtype: torch.dtype, device: torch.device):
+    """A case builder: a callable that makes random operands and returns ``(fn, None)``, ``fn`` running one ``op``."""
     def build():
         if op == "bmm":
             x = torch.randn(b, m, k, dtype=dtype, device=device)
