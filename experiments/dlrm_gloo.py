@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import tempfile
 import time
@@ -204,6 +205,8 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
         opt_dense.step()
 
     for it in range(spec.warmup + spec.iters):
+        if it == spec.warmup:
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
         if n > 1:
             dist.barrier()
         t0 = time.perf_counter()
@@ -211,6 +214,13 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
         dt = time.perf_counter() - t0
         if it >= spec.warmup:
             times.append(dt)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    # per timed iteration (barriers included): CPU time of all this rank's threads, page faults, and
+    # involuntary context switches (the rank's threads pre-empted on a full host)
+    system = {"wall_s": sum(times) / spec.iters, "user_s": (ru1.ru_utime - ru0.ru_utime) / spec.iters,
+              "system_s": (ru1.ru_stime - ru0.ru_stime) / spec.iters,
+              "minor_faults": (ru1.ru_minflt - ru0.ru_minflt) / spec.iters,
+              "involuntary_switches": (ru1.ru_nivcsw - ru0.ru_nivcsw) / spec.iters}
     if spec.trace_dir:
         from torch.profiler import ProfilerActivity, profile
 
@@ -221,7 +231,7 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
                 step(it)
         prof.export_chrome_trace(str(Path(spec.trace_dir) / f"rank{rank}.trace.json"))
     rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)}
-    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf}))
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf, "system": system}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -233,19 +243,23 @@ def _free_port() -> int:
 
 
 def measure_dlrm(spec: DLRMJobSpec) -> dict:
-    """Run the job; returns ``{"iteration_s", "per_rank_s", "times", "rf"}``: the median iteration per
-    rank (seconds), its max over ranks, every timed iteration of every rank, the reuse histograms."""
+    """Run the job; returns ``{"iteration_s", "per_rank_s", "times", "rf", "system"}``: the median
+    iteration per rank (seconds), its max over ranks, every timed iteration of every rank, the reuse
+    histograms, and per rank the CPU accounting of a timed iteration (user / system seconds, minor
+    page faults, involuntary context switches; see :func:`_worker`)."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(spec, _free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
         per_rank = []
         times = []
         rf: dict[int, list[float]] = {}
+        system = []
         for r in range(spec.n_ranks):
             d = json.loads((Path(tmp) / f"rank{r}.json").read_text())
+            system.append(d["system"])
             per_rank.append(float(np.median(d["times"])))
             times.append([float(t) for t in d["times"]])
             rf.update({int(k): v for k, v in d["rf"].items()})
-    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "times": times, "rf": rf}
+    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "times": times, "rf": rf, "system": system}
 
 
 # ----------------------------------------------------------------------------- diagnosis

@@ -68,7 +68,13 @@ from experiments.dlrm_gloo import (  # noqa: E402
     measure_dlrm,
     table_batch,
 )
-from experiments.measure_env import Measured, llc_flush_buffer, measure_quietly, time_call  # noqa: E402
+from experiments.measure_env import (  # noqa: E402
+    Measured,
+    gemm_drift,
+    llc_flush_buffer,
+    measure_quietly,
+    time_call,
+)
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 from predictor.platforms.host import comm_thread_has_core  # noqa: E402
 from predictor.simulate import simulate  # noqa: E402
@@ -252,6 +258,24 @@ def time_steps(step: Callable[[], None], warmup: int, iters: int) -> list[float]
     return out
 
 
+def system_time_per_step(step: Callable[[], None], warmup: int, iters: int) -> dict:
+    """Per iteration of ``step`` (after ``warmup``): wall, user and system CPU seconds and minor page
+    faults of this process (``getrusage``). System time here is the kernel zero-filling pages the
+    allocator took back from the OS (glibc trims freed memory at the top of its heap and unmaps large
+    blocks), which no microbenchmark of a single op sees."""
+    import resource
+
+    for _ in range(warmup):
+        step()
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(iters):
+        step()
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    return {"wall_s": (t1 - t0) / iters, "user_s": (r1.ru_utime - r0.ru_utime) / iters,
+            "system_s": (r1.ru_stime - r0.ru_stime) / iters, "minor_faults": (r1.ru_minflt - r0.ru_minflt) / iters,
+            "involuntary_switches": (r1.ru_nivcsw - r0.ru_nivcsw) / iters}
+
+
 @dataclass
 class Row:
     model: str
@@ -269,6 +293,8 @@ class Row:
     iters: int
     #: diagnosis (DLRM rows): the simulation with every embedding kernel measured cold instead of the pack's
     cold_embedding_s: float = float("nan")
+    #: diagnosis (in-process rows): per-iteration wall / user / system seconds and minor page faults
+    system: dict = field(default_factory=dict)
     error_pct: float = 0.0
     kernel_sum_error_pct: float = 0.0
     pass_spread_pct: float = 0.0  #: (max - min) / median of the pass medians
@@ -294,6 +320,9 @@ class Case:
     graph: object = None  #: DLRM rows: the predicted graph (for the cold-embedding diagnosis)
     job: DLRMJobSpec | None = None
     cold_embedding_s: float = float("nan")
+    #: in-process rows (MLP, GPT): builds a fresh training step (for the system-time diagnosis)
+    make_step: Callable[[], Callable[[], None]] | None = None
+    system: dict = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -304,11 +333,13 @@ def build_cases(args, timing, threads: int) -> list[Case]:
         for bs in args.mlp_batches:
             spec = MLPSpec(**{**asdict(MLP), "batch_size": bs})
             cases.append(Case("mlp", MLP.label, bs, 1, predict_graph(build_mlp_graph(spec, mode="host"), timing),
-                              lambda spec=spec: time_steps(mlp_step(spec), args.warmup, args.iters)))
+                              lambda spec=spec: time_steps(mlp_step(spec), args.warmup, args.iters),
+                              make_step=lambda spec=spec: mlp_step(spec)))
     if "gpt" in args.models:
         for bs in args.gpt_batches:
             cases.append(Case("gpt", GPT.name, bs, 1, predict_graph(gpt_graph(GPT, bs), timing),
-                              lambda bs=bs: time_steps(gpt_step(GPT, bs), args.warmup, args.iters)))
+                              lambda bs=bs: time_steps(gpt_step(GPT, bs), args.warmup, args.iters),
+                              make_step=lambda bs=bs: gpt_step(GPT, bs)))
     if "dlrm" in args.models:
         for n in args.dlrm_ranks:
             for bs in args.dlrm_batches:
@@ -318,8 +349,10 @@ def build_cases(args, timing, threads: int) -> list[Case]:
                 graph = build_dlrm_graph(spec, np.asarray(job.assignment), n, mode="host",
                                          comm_threads=comm_thread_has_core(n, threads))
                 label = f"{tables.label}, {len(tables)} tables" + (f", {DLRM_SHARDER}" if n > 1 else "")
+                sink: dict = {}
                 cases.append(Case("dlrm" if n == 1 else f"dlrm-{n}rank", label, bs, n, predict_graph(graph, timing),
-                                  lambda job=job: _dlrm_times(job), graph=graph, job=job))
+                                  lambda job=job, sink=sink: _dlrm_times(job, sink), graph=graph, job=job,
+                                  system=sink))
     return cases
 
 
@@ -337,6 +370,11 @@ def run_all(args, timing, threads: int, log=print) -> list[Row]:
                 f"(predicted {c.predicted[0] * 1e3:9.2f} ms), background {m.background_cores:.2f} cores")
     if not args.no_check:
         cold_embedding_diagnosis(cases, timing, log)
+        for c in cases:
+            if c.make_step is not None:
+                c.system = system_time_per_step(c.make_step(), args.warmup, args.iters)
+                log(f"  {c.model} batch {c.batch}: system time {c.system['system_s'] * 1e3:.2f} ms per iteration, "
+                    f"{c.system['minor_faults']:.0f} page faults")
     rows = []
     for c in cases:
         every = [t for m in c.passes for t in m.times]
@@ -344,7 +382,8 @@ def run_all(args, timing, threads: int, log=print) -> list[Row]:
         rows.append(Row(c.model, c.config, c.batch, c.ranks, float(np.median(medians)),
                         float(np.percentile(every, 10)), float(np.percentile(every, 90)), medians,
                         c.predicted[0], c.predicted[1], max(m.background_cores for m in c.passes),
-                        sum(m.attempts for m in c.passes), args.iters, cold_embedding_s=c.cold_embedding_s))
+                        sum(m.attempts for m in c.passes), args.iters, cold_embedding_s=c.cold_embedding_s,
+                        system=c.system))
     return rows
 
 
@@ -365,10 +404,13 @@ def cold_embedding_diagnosis(cases: list[Case], timing, log=print) -> None:
         log(f"  {c.model} batch {c.batch}: with embeddings measured cold {c.cold_embedding_s * 1e3:.2f} ms")
 
 
-def _dlrm_times(job: DLRMJobSpec) -> list[float]:
-    """Per-iteration time of the job: each iteration's slowest rank."""
-    per_rank = np.asarray(measure_dlrm(job)["times"])
-    return [float(x) for x in per_rank.max(axis=0)]
+def _dlrm_times(job: DLRMJobSpec, system: dict | None = None) -> list[float]:
+    """Per-iteration time of the job: each iteration's slowest rank. ``system`` (optional) receives the
+    ranks' mean CPU accounting per iteration (:func:`experiments.dlrm_gloo.measure_dlrm`) of this run."""
+    out = measure_dlrm(job)
+    if system is not None:
+        system.update({k: float(np.mean([r[k] for r in out["system"]])) for k in out["system"][0]})
+    return [float(x) for x in np.asarray(out["times"]).max(axis=0)]
 
 
 # ----------------------------------------------------------------------------- kernel context check
@@ -508,6 +550,8 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
         f"themselves (pass medians): median {s['pass_spread_median_pct']:.1f}%, max {s['pass_spread_max_pct']:.1f}%.",
         "",
     ]
+    lines += drift_lines(meta.get("gemm_drift") or {})
+    lines += system_lines(rows)
     diag = [r for r in rows if np.isfinite(r.cold_embedding_s)]
     if diag:
         errs = [abs(r.cold_embedding_s - r.measured_s) / r.measured_s * 100 for r in diag]
@@ -547,12 +591,59 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
     return "\n".join(lines)
 
 
+def drift_lines(drift: dict) -> list[str]:
+    """The machine-drift paragraph: the pack's own GEMM microbenchmarks re-timed around the passes."""
+    b, a = drift.get("before") or {}, drift.get("after") or {}
+    if not b or not a:
+        return []
+    return [
+        "## Machine drift since calibration",
+        "",
+        f"The asset pack's own fp32 GEMM microbenchmarks ({b['cases']} shapes from its `data/gemm.csv`, the larger "
+        "half by FLOPs), re-timed with the calibration's timer just before and just after the passes, took "
+        f"x{b['ratio_geomean']:.3f} and x{a['ratio_geomean']:.3f} their calibrated times (geomean; per shape "
+        f"x{min(b['ratio_min'], a['ratio_min']):.2f}..x{max(b['ratio_max'], a['ratio_max']):.2f}; > 1: the machine "
+        "is slower now than when it was calibrated). A prediction can be no closer than this drift for the "
+        "GEMM-bound rows; it is measured, not used to correct anything.",
+        "",
+    ]
+
+
+def system_lines(rows: list[Row]) -> list[str]:
+    """The system-time table of the in-process rows (kernel page faults inside a training step)."""
+    sel = [r for r in rows if r.system]
+    if not sel:
+        return []
+    out = [
+        "## Diagnosis: system time inside a training step",
+        "",
+        "MLP and GPT rows: measured once more after the passes (same warm-up and iterations, `getrusage` of this "
+        "process); DLRM rows: the last pass, mean over the ranks (each rank's own threads, barriers included). System "
+        "CPU time per iteration is the kernel zero-filling pages that the C allocator returned to the OS between "
+        "uses (glibc trims the top of its heap and unmaps large freed blocks). No single-op microbenchmark sees it "
+        "(there the same block is reused), and the predictions do not model it; how much of a step it costs depends "
+        "on the allocator's state and changes from run to run.",
+        "",
+        "`switches` = involuntary context switches per iteration (threads pre-empted on a full host).",
+        "",
+        "| model | batch | ranks | wall ms | user ms | system ms | system share | page faults | switches | predicted ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sel:
+        y = r.system
+        out.append(f"| {r.model} | {r.batch} | {r.ranks} | {y['wall_s'] * 1e3:.2f} | {y['user_s'] * 1e3:.2f} | "
+                   f"{y['system_s'] * 1e3:.2f} | {100 * y['system_s'] / y['wall_s']:.1f}% | {y['minor_faults']:.0f} | "
+                   f"{y.get('involuntary_switches', float('nan')):.0f} | {r.predicted_s * 1e3:.2f} |")
+    return [*out, ""]
+
+
 def resolve(platform_name: str):
-    """(timing, pack manifest or None) for ``--platform``."""
+    """(timing, pack manifest or None, pack folder or None) for ``--platform``."""
     from predictor.platforms.assets import resolve_platform
 
     res = resolve_platform(platform_name)
-    return res.timing(), (res.pack.manifest if res.pack is not None else None)
+    pack = res.pack
+    return res.timing(), (pack.manifest if pack is not None else None), (pack.path if pack is not None else None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -567,7 +658,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dlrm-warmup", type=int, default=3, help="DDP rebuilds its buckets after the first iteration")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--passes", type=int, default=3, help="measurements of every row, interleaved")
-    ap.add_argument("--no-check", action="store_true", help="skip the kernel context check")
+    ap.add_argument("--no-check", action="store_true",
+                    help="skip the diagnoses (kernel context, cold embeddings, system time, machine drift)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per process (default: the pack's)")
     ap.add_argument("--max-background", type=float, default=0.3, help="re-measure above this many busy cores of others")
     ap.add_argument("--retries", type=int, default=2)
@@ -580,10 +672,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.passes < 1:
         ap.error("--passes must be >= 1")
 
-    timing, manifest = resolve(args.platform)
+    timing, manifest, pack_path = resolve(args.platform)
     threads = args.threads or int((manifest or {}).get("threads", 1))
     t0 = time.perf_counter()
+    torch.set_num_threads(threads)
+    check_drift = pack_path is not None and not args.no_check
+    drift = {"before": gemm_drift(pack_path) if check_drift else {}}
     rows = run_all(args, timing, threads)
+    drift["after"] = gemm_drift(pack_path) if check_drift else {}
     checks = [] if args.no_check else kernel_context_check(timing)
     summary = summarize(rows)
     from predictor.platforms.cpu_local import _cpu_model
@@ -601,6 +697,7 @@ def main(argv: list[str] | None = None) -> None:
         "passes": args.passes,
         "warmup": args.warmup,
         "dlrm_warmup": args.dlrm_warmup,
+        "gemm_drift": drift,
         "wall_s": round(time.perf_counter() - t0, 1),
         "command": "python experiments/e2e_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }

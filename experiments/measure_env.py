@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["machine_busy_s", "own_cpu_s", "BackgroundLoad", "wait_for_quiet", "QUIET_CORES", "Measured",
-           "measure_quietly", "time_call", "llc_flush_buffer"]
+           "measure_quietly", "time_call", "llc_flush_buffer", "gemm_drift"]
 
 #: other processes may use at most this many cores' worth of CPU for a machine to count as quiet
 QUIET_CORES = 0.25
@@ -159,3 +159,41 @@ def time_call(fn: Callable[[], object], flush: Callable[[], None] | None = None,
         if i >= warmup:
             out.append(time.perf_counter() - t0)
     return float(np.median(out))
+
+
+def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
+    """How fast this machine runs GEMMs now compared with when the asset pack was calibrated.
+
+    Re-times ``cases`` of the pack's own fp32 ``addmm`` / ``mm`` microbenchmark shapes (the larger
+    half by FLOPs, where a training step spends its time), with the calibration's timer and
+    statistic, and compares with the times recorded in the pack (``data/gemm.csv``). A shared VM's
+    speed drifts by tens of percent within an hour; this separates that drift from model error.
+
+    Returns ``{"ratio_geomean": now / then, "ratio_min", "ratio_max", "cases"}`` (ratio > 1: the
+    machine is slower now), or ``{}`` when the pack has no GEMM data.
+    """
+    from pathlib import Path
+
+    import pandas as pd
+    import torch
+
+    from predictor.calibration.gemm import gemm_builder
+    from predictor.calibration.timing import Timer
+
+    f = Path(pack_path) / "data" / "gemm.csv"
+    if not f.exists():
+        return {}
+    d = pd.read_csv(f)
+    d = d[d.kernel.isin(["addmm/fp32", "mm/fp32"])]
+    d = d[d.flops >= d.flops.median()]
+    if d.empty:
+        return {}
+    d = d.sample(n=min(cases, len(d)), random_state=seed)
+    timer = Timer("cpu")
+    ratios = []
+    for r in d.itertuples():
+        fn, _ = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))()
+        ratios.append(timer.measure(fn).seconds / float(r.seconds))
+    lr = np.log(ratios)
+    return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
+            "ratio_max": float(np.max(ratios)), "cases": len(ratios)}

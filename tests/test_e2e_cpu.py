@@ -106,3 +106,30 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
         main(["--iters", "3", "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert not (tmp_path / "e2e_cpu.json").exists()
+
+
+def test_system_time_per_step_counts_iterations():
+    from experiments.e2e_cpu import system_time_per_step
+
+    calls = []
+    y = system_time_per_step(lambda: calls.append(sum(range(2000))), warmup=2, iters=5)
+    assert len(calls) == 7
+    assert y["wall_s"] > 0 and y["user_s"] >= 0 and y["system_s"] >= 0 and y["minor_faults"] >= 0
+
+
+def test_gemm_drift_retimes_the_packs_own_shapes(tmp_path):
+    import pandas as pd
+
+    from experiments.e2e_cpu import drift_lines
+    from experiments.measure_env import gemm_drift
+
+    (tmp_path / "data").mkdir()
+    rows = [{"kernel": f"{op}/fp32", "kind": op, "m": 32, "n": 32, "k": 32, "batch": 1, "dtype_bytes": 4,
+             "flops": 65536.0, "seconds": 1.0} for op in ("mm", "addmm")]
+    pd.DataFrame(rows).to_csv(tmp_path / "data" / "gemm.csv", index=False)
+    d = gemm_drift(tmp_path, cases=2)
+    # a 32^3 GEMM takes microseconds, recorded as 1 s: the ratio says "much faster now"
+    assert d["cases"] == 2 and 0 < d["ratio_geomean"] < 0.01
+    assert gemm_drift(tmp_path / "missing") == {}
+    text = "\n".join(drift_lines({"before": d, "after": d}))
+    assert "Machine drift" in text and f"x{d['ratio_geomean']:.3f}" in text
