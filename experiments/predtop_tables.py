@@ -56,10 +56,20 @@ PAPER_TABLE_VA = {
 #: network settings (``predictor.stage.model.DEFAULT_NETWORKS``; PredTOP's are DAG-T 4x64, GCN 6x256,
 #: GAT 6x32 — narrowed for the CPU budget, see the results file)
 MODELS: dict[str, dict] = dict(DEFAULT_NETWORKS)
-#: table columns that are ensembles of a network kind: name -> (kind, networks averaged)
-ENSEMBLES: dict[str, tuple[str, int]] = {"dag_transformer_x3": ("dag_transformer", 3)}
+#: extra table columns, variants of a network kind: name -> (kind, networks averaged, settings changed)
+VARIANTS: dict[str, tuple[str, int, dict]] = {
+    "dag_transformer_x3": ("dag_transformer", 3, {}),
+    "dag_transformer_4x64": ("dag_transformer", 1, {"dim": 64, "layers": 4, "heads": 4}),  # PredTOP's size
+}
+
+
+def network_of(column: str) -> tuple[str, int, dict]:
+    """(network kind, ensemble size, network settings) of a table column."""
+    kind, k, over = VARIANTS.get(column, (column, 1, {}))
+    return kind, k, {**MODELS[kind], **over}
 LABELS = {"dag_transformer": "DAG Transformer", "gcn": "GCN", "gat": "GAT",
           "dag_transformer_x3": "DAG Transformer, ensemble of 3",
+          "dag_transformer_4x64": "DAG Transformer 4x64 (PredTOP's size)",
           "work_anchor": "work anchor alone (no network)"}
 
 
@@ -93,8 +103,8 @@ def _task(job: tuple[int, float, list[str], dict, int]) -> list[dict]:
         out.append({"seed": seed, "fraction": f, "kind": "work_anchor", "train_s": 0.0, "epochs": 0,
                     **_scores(pred, y[te], tps[te])})
     for kind in kinds:
-        net_kind, k = ENSEMBLES.get(kind, (kind, 1))
-        model = StageLatencyModel(net_kind, TrainConfig(seed=seed, ensemble=k, **cfg), **MODELS[net_kind])
+        net_kind, k, net = network_of(kind)
+        model = StageLatencyModel(net_kind, TrainConfig(seed=seed, ensemble=k, **cfg), **net)
         rep = model.fit([graphs[i] for i in tr], y[tr], [graphs[i] for i in val], y[val])
         pred = np.asarray(model.predict([graphs[i] for i in te]))
         row = {
@@ -172,7 +182,7 @@ def run(args: argparse.Namespace) -> dict:
             "fractions": fractions,
             "seeds": args.seeds,
             "train": cfg,
-            "networks": {k: MODELS[ENSEMBLES.get(k, (k, 1))[0]] for k in args.models},
+            "networks": {k: network_of(k)[2] for k in args.models},
             "torch_threads": args.threads,
             "jobs": args.jobs,
             "target": {
@@ -297,13 +307,13 @@ def markdown(doc: dict) -> str:
     lines += ["", "## Against the target", ""]
     if dag:
         from30 = [f for f in fractions if f >= 0.3 - 1e-9]
-        for k in (k for k in kinds if k == "dag_transformer" or k in ENSEMBLES):
+        for k in (k for k in kinds if k == "dag_transformer" or k in VARIANTS):
             worst = max(np.mean(doc["mre_pct"][k][str(f)]["overall"]) for f in from30) if from30 else float("nan")
             lines.append(
                 f"- Target: DAG-Transformer MRE < 3 % from 30 % of the samples on. Measured ({LABELS[k]}): worst mean "
                 f"MRE over fractions ≥ 30 % = {worst:.2f} % → {'met' if worst < 3 else 'NOT met'}."
             )
-        for other in (k for k in kinds if k != "dag_transformer" and k not in ENSEMBLES):
+        for other in (k for k in kinds if k != "dag_transformer" and k not in VARIANTS):
             wins = sum(
                 np.std(dag[str(f)]["overall"]) < np.std(doc["mre_pct"][other][str(f)]["overall"])
                 for f in fractions
@@ -320,15 +330,17 @@ def markdown(doc: dict) -> str:
             def conf_std(k: str, f: float) -> float:  # PredTOP Fig. 9: std of the MREs over the configurations
                 return float(np.std([np.mean(doc["mre_pct"][k][str(f)][c]) for c in cols]))
 
-            for other in (k for k in kinds if k != "dag_transformer" and k not in ENSEMBLES):
-                wins = sum(conf_std("dag_transformer", f) < conf_std(other, f) for f in fractions)
-                lines.append(
-                    f"- Std of the MRE over the configurations ({', '.join(cols)}; PredTOP Fig. 9's measure of "
-                    f"stability), vs {LABELS[other]}: DAG Transformer lower at {wins}/{len(fractions)} fractions "
-                    f"(DAG Transformer {min(conf_std('dag_transformer', f) for f in fractions):.2f}–"
-                    f"{max(conf_std('dag_transformer', f) for f in fractions):.2f}, {LABELS[other]} "
-                    f"{min(conf_std(other, f) for f in fractions):.2f}–{max(conf_std(other, f) for f in fractions):.2f})."
-                )
+            dags = [k for k in kinds if k == "dag_transformer" or k in VARIANTS]
+            for d in dags:
+                for other in (k for k in kinds if k not in dags):
+                    wins = sum(conf_std(d, f) < conf_std(other, f) for f in fractions)
+                    lines.append(
+                        f"- Std of the MRE over the configurations ({', '.join(cols)}; PredTOP Fig. 9's measure of "
+                        f"stability), {LABELS[d]} vs {LABELS[other]}: lower at {wins}/{len(fractions)} fractions "
+                        f"({min(conf_std(d, f) for f in fractions):.2f}–{max(conf_std(d, f) for f in fractions):.2f} "
+                        f"vs {min(conf_std(other, f) for f in fractions):.2f}–"
+                        f"{max(conf_std(other, f) for f in fractions):.2f})."
+                    )
         best = {f: min(kinds, key=lambda k: np.mean(doc["mre_pct"][k][str(f)]["overall"])) for f in fractions}
         lines.append(
             "- Lowest mean MRE per fraction: "
@@ -386,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", type=Path, default=DEFAULT_DATASET)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, *ENSEMBLES])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, *VARIANTS])
     ap.add_argument("--merge", action="store_true",
                     help="add the --models columns to the existing .json (same seeds, fractions, training) "
                          "instead of writing a new table")
