@@ -32,6 +32,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from experiments.measure_env import cpu_accounting
+
 __all__ = ["DLRMJobSpec", "measure_dlrm", "batch_reuse_histogram", "table_batch", "cold_embedding_seconds",
            "EmbeddingOverride"]
 
@@ -217,10 +219,7 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     # per timed iteration (barriers included): CPU time of all this rank's threads, page faults, and
     # involuntary context switches (the rank's threads pre-empted on a full host)
-    system = {"wall_s": sum(times) / spec.iters, "user_s": (ru1.ru_utime - ru0.ru_utime) / spec.iters,
-              "system_s": (ru1.ru_stime - ru0.ru_stime) / spec.iters,
-              "minor_faults": (ru1.ru_minflt - ru0.ru_minflt) / spec.iters,
-              "involuntary_switches": (ru1.ru_nivcsw - ru0.ru_nivcsw) / spec.iters}
+    system = {"wall_s": sum(times) / spec.iters, **cpu_accounting(ru0, ru1, spec.iters)}
     if spec.trace_dir:
         from torch.profiler import ProfilerActivity, profile
 

@@ -70,6 +70,7 @@ from experiments.dlrm_gloo import (  # noqa: E402
 )
 from experiments.measure_env import (  # noqa: E402
     Measured,
+    cpu_accounting,
     gemm_drift,
     llc_flush_buffer,
     measure_quietly,
@@ -271,9 +272,7 @@ def system_time_per_step(step: Callable[[], None], warmup: int, iters: int) -> d
     for _ in range(iters):
         step()
     r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    return {"wall_s": (t1 - t0) / iters, "user_s": (r1.ru_utime - r0.ru_utime) / iters,
-            "system_s": (r1.ru_stime - r0.ru_stime) / iters, "minor_faults": (r1.ru_minflt - r0.ru_minflt) / iters,
-            "involuntary_switches": (r1.ru_nivcsw - r0.ru_nivcsw) / iters}
+    return {"wall_s": (t1 - t0) / iters, **cpu_accounting(r0, r1, iters)}
 
 
 @dataclass
@@ -633,7 +632,7 @@ def system_lines(rows: list[Row]) -> list[str]:
         y = r.system
         out.append(f"| {r.model} | {r.batch} | {r.ranks} | {y['wall_s'] * 1e3:.2f} | {y['user_s'] * 1e3:.2f} | "
                    f"{y['system_s'] * 1e3:.2f} | {100 * y['system_s'] / y['wall_s']:.1f}% | {y['minor_faults']:.0f} | "
-                   f"{y.get('involuntary_switches', float('nan')):.0f} | {r.predicted_s * 1e3:.2f} |")
+                   f"{y['involuntary_switches']:.0f} | {r.predicted_s * 1e3:.2f} |")
     return [*out, ""]
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["machine_busy_s", "own_cpu_s", "BackgroundLoad", "wait_for_quiet", "QUIET_CORES", "Measured",
-           "measure_quietly", "time_call", "llc_flush_buffer", "gemm_drift"]
+           "measure_quietly", "time_call", "llc_flush_buffer", "gemm_drift", "cpu_accounting"]
 
 #: other processes may use at most this many cores' worth of CPU for a machine to count as quiet
 QUIET_CORES = 0.25
@@ -40,6 +40,16 @@ def machine_busy_s() -> float:
     vals = [int(x) for x in fields[1:]]
     busy = vals[0] + vals[1] + vals[2] + sum(vals[5:8])
     return busy / _TICK
+
+
+def cpu_accounting(before, after, iters: int) -> dict:
+    """Per iteration between two ``resource.getrusage(resource.RUSAGE_SELF)`` snapshots taken around
+    ``iters`` iterations: user and system CPU seconds (all of this process's threads), minor page
+    faults and involuntary context switches (threads pre-empted on a full host)."""
+    return {"user_s": (after.ru_utime - before.ru_utime) / iters,
+            "system_s": (after.ru_stime - before.ru_stime) / iters,
+            "minor_faults": (after.ru_minflt - before.ru_minflt) / iters,
+            "involuntary_switches": (after.ru_nivcsw - before.ru_nivcsw) / iters}
 
 
 def own_cpu_s() -> float:
