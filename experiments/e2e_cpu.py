@@ -118,14 +118,14 @@ def mlp_module(spec: MLPSpec) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-def mlp_step(spec: MLPSpec, seed: int = 0) -> Callable[[], None]:
-    """One SGD training step of ``spec`` on a fixed random batch (closure)."""
+def mlp_step(spec: MLPSpec, seed: int = 0, device: str | torch.device = "cpu") -> Callable[[], None]:
+    """One SGD training step of ``spec`` on a fixed random batch on ``device`` (closure)."""
     torch.manual_seed(seed)
-    model = mlp_module(spec)
+    model = mlp_module(spec).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(spec.batch_size, spec.input_dim)
-    y = torch.randint(0, spec.classes, (spec.batch_size,)) if spec.loss == "cross_entropy" else \
-        torch.randn(spec.batch_size, spec.classes)
+    x = torch.randn(spec.batch_size, spec.input_dim, device=device)
+    y = torch.randint(0, spec.classes, (spec.batch_size,), device=device) if spec.loss == "cross_entropy" else \
+        torch.randn(spec.batch_size, spec.classes, device=device)
     loss_fn = F.cross_entropy if spec.loss == "cross_entropy" else F.mse_loss
 
     def step() -> None:
@@ -186,14 +186,16 @@ class GPTModel(nn.Module):
         return F.cross_entropy(logits, targets.view(-1))
 
 
-def gpt_step(spec: TransformerSpec, batch: int, seed: int = 0) -> Callable[[], None]:
-    """One training step (forward, backward, gradient norm, fused Adam) on a fixed batch (closure)."""
+def gpt_step(spec: TransformerSpec, batch: int, seed: int = 0, device: str | torch.device = "cpu") -> Callable[[], None]:
+    """One training step (forward, backward, gradient norm, fused Adam) on a fixed batch on ``device``
+    (closure). Parameters and activations in ``spec.dtype`` (fp32, or bf16 / fp16 throughout)."""
     torch.manual_seed(seed)
-    model = GPTModel(spec).train()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    model = GPTModel(spec).train().to(device=device, dtype=dtype)
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=1e-4, fused=True)
-    idx = torch.randint(0, spec.vocab, (batch, spec.seq))
-    tgt = torch.randint(0, spec.vocab, (batch, spec.seq))
+    idx = torch.randint(0, spec.vocab, (batch, spec.seq), device=device)
+    tgt = torch.randint(0, spec.vocab, (batch, spec.seq), device=device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

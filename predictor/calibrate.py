@@ -223,12 +223,6 @@ def calibrate(
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 
-    t0 = time.perf_counter()
-    models, table = _fit_all(data, specs, level, seed, base, log)
-    log(f"  fitted {len(models)} kernel models in {time.perf_counter() - t0:.1f} s")
-
-    platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size, contention)
-    md = error_table_markdown(table)
     manifest_extra = {
         "cpu_model": _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
         "threads": n_threads,
@@ -239,14 +233,84 @@ def calibrate(
         "timing_estimator": ESTIMATOR,
         "overheads": overheads,
         "host_contention": {str(world_size): contention} if contention else {},
-        "calibration_s": round(time.perf_counter() - started, 1),
     }
+    return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
+                          manifest_extra, started, log, register)
+
+
+def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform, data: dict[str, pd.DataFrame],
+                   specs: list[tuple[str, ModelSpec]], level: Level, seed: int, world_size: int, overheads: dict,
+                   contention: dict[str, float], manifest_extra: dict, started: float,
+                   log: Callable[[str], None], register: bool) -> AssetPack:
+    """Fit every kernel model to ``data``, build the calibrated platform, write (and register) the pack."""
+    t0 = time.perf_counter()
+    models, table = _fit_all(data, specs, level, seed, base, log)
+    log(f"  fitted {len(models)} kernel models in {time.perf_counter() - t0:.1f} s")
+    platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size, contention)
+    extra = {**manifest_extra, "calibration_s": round(time.perf_counter() - started, 1)}
     write_asset_pack(out, name=pack_name, device=str(dev), platform=platform, models=models, error_table=table,
-                     data=data, manifest_extra=manifest_extra, errors_md=md)
+                     data=data, manifest_extra=extra, errors_md=error_table_markdown(table))
     if register:
         register_asset_pack(pack_name, out)
     log(f"wrote asset pack {pack_name} to {out} in {time.perf_counter() - started:.0f} s")
     return load_asset_pack(out)
+
+
+def refit(pack: str | Path, out: str | Path | None = None, *, log: Callable[[str], None] = print,
+          register: bool = True) -> AssetPack:
+    """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
+
+    The models, the held-out error table and the calibrated platform are rebuilt by the same code
+    ``calibrate`` runs after its benchmarks, with the pack's own level, seed, world size, measured
+    overheads and host contention, so a change to the models (a feature, a grid) reaches a pack
+    calibrated on hardware one no longer holds (a lent GPU, say). ``out`` defaults to ``pack``
+    (replaced atomically).
+
+    Raises:
+        CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.
+    """
+    import re
+
+    from predictor.calibration import FAMILIES
+    from predictor.platforms.assets import AssetPackError
+
+    started = time.perf_counter()
+    try:
+        old = load_asset_pack(pack)
+    except AssetPackError as exc:
+        raise CalibrationError(f"--refit: {exc}") from None
+    m = old.manifest
+    level: Level = m.get("level", "quick")
+    if level not in BUDGETS:
+        raise CalibrationError(f"--refit {pack}: manifest level {level!r} is not one of {', '.join(BUDGETS)}")
+    data: dict[str, pd.DataFrame] = {}
+    for family in FAMILIES:
+        f = old.path / "data" / f"{family}.csv"
+        if f.exists():
+            try:
+                data[family] = pd.read_csv(f)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+                raise CalibrationError(f"--refit: {f}: not a benchmark table ({exc})") from None
+    if not data:
+        raise CalibrationError(f"--refit {pack}: the pack stores no benchmark data (data/*.csv)")
+    dev = torch.device(str(m.get("device", "cpu")))
+    world_size = int(m.get("world_size", 1))
+    seed = int(m.get("seed", 0))
+    ctx = BenchContext(device=dev, level=level, rng=np.random.default_rng(seed),
+                       timer=Timer(torch.device("cpu")), log=log)
+    specs = [(b.name, s) for b in make_benchmarks(world_size, list(data)) for s in b.specs(ctx)]
+    base = old.platform.model_copy(update={"name": re.sub(r" \(calibrated [0-9-]+\)$", "", old.platform.name)})
+    contention = {k: float(v) for k, v in (m.get("host_contention") or {}).get(str(world_size), {}).items()}
+    overheads = dict(m.get("overheads") or {})
+    for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s"):
+        overheads.setdefault(k, float(getattr(old.platform.overheads, k)))
+    out = Path(out) if out is not None else old.path
+    pack_name = old.name if out == old.path else out.name.strip().lower()
+    extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit")}
+    extra["refit"] = {"date": _dt.date.today().isoformat(), "from": str(old.path)}
+    log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")
+    return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
+                          extra, started, log, register)
 
 
 # ----------------------------------------------------------------------------- platform

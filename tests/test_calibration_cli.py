@@ -76,3 +76,56 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
     coll = next(m for m in pack.models if type(m).__name__ == "PiecewiseCollective")
     assert ("all_to_all", 2) in coll.params
     assert pack.platform.interconnect.intra_node_latency_s > 0
+
+
+def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    src = tmp_path / "packs" / "src"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(src), "--threads", "1",
+                              "--families", "gemm,elementwise"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "packs" / "again"
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    a, b = load_asset_pack(src), load_asset_pack(out)
+    assert b.name == "again" and b.manifest["refit"]["from"] == str(src)
+    # same data (as stored: 6 significant digits), same seed, same code: the same held-out errors,
+    # and the benchmarks' own facts kept
+    assert [r["kernel"] for r in a.error_table] == [r["kernel"] for r in b.error_table]
+    for ra, rb in zip(a.error_table, b.error_table, strict=True):
+        assert rb["gmae_pct"] == pytest.approx(ra["gmae_pct"], rel=1e-3)
+    assert b.manifest["created"] == a.manifest["created"] and b.manifest["level"] == "tiny"
+    assert b.platform.overheads.t2_s == pytest.approx(a.platform.overheads.t2_s)
+    assert "(calibrated" in b.platform.name and b.platform.name.count("(calibrated") == 1
+    # in place by default
+    res = runner.invoke(app, ["calibrate", "--refit", str(out)])
+    assert res.exit_code == 0, res.output
+    assert load_asset_pack(out).name == "again"
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing", "not found"),
+    ("no_data", "stores no benchmark data"),
+    ("bad_csv", "not a benchmark table"),
+])
+def test_refit_bad_pack_fails_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str, message: str):
+    import shutil
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    pack = tmp_path / "p"
+    if setup != "missing":
+        res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(pack), "--threads", "1",
+                                  "--families", "elementwise"])
+        assert res.exit_code == 0, res.output
+        if setup == "no_data":
+            shutil.rmtree(pack / "data")
+        else:
+            (pack / "data" / "elementwise.csv").write_bytes(b"\x00\xff\xfe garbage \"unclosed\n1,2\n3\n")
+    res = runner.invoke(app, ["calibrate", "--refit", str(pack)])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_out_or_refit_required():
+    res = runner.invoke(app, ["calibrate", "--device", "cpu"])
+    assert res.exit_code == 2 and "--out is required" in res.output

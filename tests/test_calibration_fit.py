@@ -173,3 +173,21 @@ def test_calibrated_cpu_collective_is_used_for_local_gloo_ranks():
     # an explicit span of two hosts still takes the analytic line
     tv2 = TaskView.from_columns("all_to_all", msg_bytes=m, world=np.full(3, 2.0), nodes=np.full(3, 2.0))
     assert not np.allclose(model.predict(tv2, cpu), curve(m))
+
+
+def test_ld_aligned_feature_marks_16_byte_rows():
+    from predictor.kernels.learned import feature_matrix
+
+    cols = {"n": np.array([1024.0, 1023.0, 1024.0, 4.0, 6.0]), "k": np.array([64.0, 64.0, 63.0, 4.0, 8.0]),
+            "dtype_bytes": np.array([2.0, 2.0, 2.0, 4.0, np.nan])}
+    got = feature_matrix(cols, ["ld_aligned"], 5)[:, 0]
+    # bf16 1024 x 64: aligned; a ragged n or k: not; fp32 4 x 4 = 16 bytes: aligned; NaN dtype reads as fp32
+    assert got.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_roofline_peak_ignores_floor_dominated_regimes():
+    from predictor.kernels.learned import RooflineFit
+
+    # a launch floor of 5 us: the first regime's "bandwidth" moves its 1 KB in 1 ns, pure floor
+    fit = RooflineFit(floor_s=5e-6, edges=(1e3, 1e8), bandwidths=(1e15, 3e12, 2.5e12))
+    assert fit.peak_bandwidth == 3e12

@@ -109,6 +109,13 @@ class BenchContext:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def range_level(self) -> Level:
+        """The level whose *shape ranges* a family draws from: on a GPU ``--quick`` keeps the quick
+        sample counts but covers the full ranges (a GPU runs the largest shapes in milliseconds, and
+        a model clamped to a CPU-sized range mis-predicts every large kernel of a real model)."""
+        return "full" if self.is_cuda and self.level == "quick" else self.level
+
     def count(self, tiny: int, quick: int, full: int) -> int:
         """A sample count by level."""
         return {"tiny": tiny, "quick": quick, "full": full}[self.level]

@@ -34,7 +34,7 @@ class DataMovementBenchmark(Benchmark):
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         rng = ctx.rng
         count = ctx.count(tiny=8, quick=150, full=500)
-        cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.level]
+        cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.range_level]
         dev = ctx.device
         cases: list[Case] = []
         for n in log_uniform_int(rng, 2**6, cap, count):

@@ -54,7 +54,7 @@ class ElementwiseBenchmark(Benchmark):
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         count = ctx.count(tiny=8, quick=100, full=300)
-        hi = {"tiny": 2**18, "quick": 2**24, "full": 2**28}[ctx.level]
+        hi = {"tiny": 2**18, "quick": 2**24, "full": 2**28}[ctx.range_level]
         cases: list[Case] = []
         for op, (n_in, n_out, extra) in ELEMENTWISE_OPS.items():
             for dt in self.dtypes(ctx):

@@ -156,9 +156,9 @@ class EmbeddingBagBenchmark(Benchmark):
         per_table = ctx.count(tiny=3, quick=8, full=16)
         # the largest lookups (batch x pooling x dim elements) a case may gather: the generator's
         # heavy tables reach pooling 1000 (Lin et al. 2024 §IV-B), 1.3e8 elements at batch 1024
-        max_lookup_elems = {"tiny": 2**18, "quick": 2**27, "full": 2**28}[ctx.level]
-        l_hi = {"tiny": 160.0, "quick": 1000.0, "full": 1000.0}[ctx.level]
-        b_hi = {"tiny": 256, "quick": 4096, "full": 65536}[ctx.level]
+        max_lookup_elems = {"tiny": 2**18, "quick": 2**27, "full": 2**28}[ctx.range_level]
+        l_hi = {"tiny": 160.0, "quick": 1000.0, "full": 1000.0}[ctx.range_level]
+        b_hi = {"tiny": 256, "quick": 4096, "full": 65536}[ctx.range_level]
         # tables may be larger than other families' tensors: a task's table fills up to 80 % of a
         # rank's memory share, and its rows' spread over DRAM is what the backward's update pays for
         table_bytes = 4 * ctx.max_tensor_bytes if ctx.level != "tiny" else ctx.max_tensor_bytes

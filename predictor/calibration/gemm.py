@@ -43,7 +43,10 @@ class GemmBenchmark(Benchmark):
                 kernel=gemm_route(op, dt),
                 kinds=GEMM_KINDS,
                 method="mlp",
-                features=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
+                # on a GPU, also whether n and k rows are 16-byte multiples (fast kernels need them)
+                features=(("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"))
+                + (("ld_aligned",) if ctx.is_cuda else ()),
+                raw_features=("ld_aligned",) if ctx.is_cuda else (),
                 work=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
                 route=gemm_route(op, dt),
                 model="gemm",
@@ -56,12 +59,12 @@ class GemmBenchmark(Benchmark):
 
     def flop_cap(self, ctx: BenchContext) -> float:
         if ctx.is_cuda:
-            return {"tiny": 1e10, "quick": 2e11, "full": 2e12}[ctx.level]
+            return {"tiny": 1e10, "quick": 2e11, "full": 2e12}[ctx.range_level]
         return {"tiny": 5e7, "quick": 1.5e9, "full": 1e10}[ctx.level]
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         n_each = ctx.count(tiny=12, quick=350, full=1500)
-        hi = {"tiny": 256, "quick": 2048, "full": 8192}[ctx.level]
+        hi = {"tiny": 256, "quick": 2048, "full": 16384 if ctx.is_cuda else 8192}[ctx.range_level]
         cap = self.flop_cap(ctx)
         cases: list[Case] = []
         for op in OPS:

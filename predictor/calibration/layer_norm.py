@@ -17,18 +17,37 @@ from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec,
 __all__ = ["LayerNormBenchmark", "rows_by_width_cases"]
 
 
+#: dtypes of the row-wise kernels: fp32 on CPU; fp32 and bf16 on CUDA (mixed-precision models run
+#: their layer norms and softmaxes in bf16)
+_ROW_DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}
+
+
+def row_dtypes(ctx: BenchContext) -> tuple[str, ...]:
+    return ("fp32", "bf16") if ctx.is_cuda else ("fp32",)
+
+
+def row_features(ctx: BenchContext) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(features, raw features) of a row-wise kernel's MLP: ``m, n`` (log2), plus ``dtype_bytes``
+    (not log-transformed) where more than one dtype is benchmarked."""
+    return (("m", "n", "dtype_bytes"), ("dtype_bytes",)) if len(row_dtypes(ctx)) > 1 else (("m", "n"), ())
+
+
 def rows_by_width_cases(ctx: BenchContext, kernel: str, make, count: int) -> list[Case]:
-    """Cases over ``m`` rows x ``n`` columns, both log-uniform, capped by elements."""
-    cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.level]
+    """Cases over ``m`` rows x ``n`` columns, both log-uniform, capped by elements; ``count`` per dtype."""
+    cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.range_level]
     cases: list[Case] = []
-    while len(cases) < count:
-        m = int(log_uniform_int(ctx.rng, 1, 65536, 1)[0])
-        n = int(log_uniform_int(ctx.rng, 8, 16384, 1, 8 if ctx.rng.random() < 0.7 else 1)[0])
-        if m * n > cap or m * n < 64:
-            continue
-        row = {"kernel": kernel, "kind": kernel, "m": m, "n": n, "elements": m * n, "dtype_bytes": 4,
-               "bytes": 8.0 * m * n}
-        cases.append((row, make(m, n, torch.float32, ctx.device)))
+    for dt in row_dtypes(ctx):
+        dtype, nbytes = _ROW_DTYPES[dt]
+        made = 0
+        while made < count:
+            m = int(log_uniform_int(ctx.rng, 1, 65536, 1)[0])
+            n = int(log_uniform_int(ctx.rng, 8, 16384, 1, 8 if ctx.rng.random() < 0.7 else 1)[0])
+            if m * n > cap or m * n < 64:
+                continue
+            row = {"kernel": kernel, "kind": kernel, "m": m, "n": n, "elements": m * n, "dtype_bytes": nbytes,
+                   "bytes": 2.0 * nbytes * m * n}
+            cases.append((row, make(m, n, dtype, ctx.device)))
+            made += 1
     return cases
 
 
@@ -38,9 +57,9 @@ class LayerNormBenchmark(Benchmark):
     name = "layer_norm"
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
-        return [ModelSpec(kernel="layer_norm", kinds=("layer_norm",), method="mlp", features=("m", "n"),
-                          work=("m", "n"),
-                          fill="rows_by_width")]
+        features, raw = row_features(ctx)
+        return [ModelSpec(kernel="layer_norm", kinds=("layer_norm",), method="mlp", features=features,
+                          raw_features=raw, work=("m", "n"), fill="rows_by_width")]
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         count = ctx.count(tiny=10, quick=250, full=800)

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, ModelSpec, run_cases
-from predictor.calibration.layer_norm import rows_by_width_cases
+from predictor.calibration.layer_norm import row_features, rows_by_width_cases
 
 __all__ = ["SoftmaxBenchmark"]
 
@@ -21,8 +21,9 @@ class SoftmaxBenchmark(Benchmark):
     name = "softmax"
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
-        return [ModelSpec(kernel="softmax", kinds=("softmax",), method="mlp", features=("m", "n"), work=("m", "n"),
-                          fill="rows_by_width")]
+        features, raw = row_features(ctx)
+        return [ModelSpec(kernel="softmax", kinds=("softmax",), method="mlp", features=features, raw_features=raw,
+                          work=("m", "n"), fill="rows_by_width")]
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         count = ctx.count(tiny=10, quick=250, full=800)

@@ -364,15 +364,23 @@ def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
 # ============================================================================ derived features
 #: embedding-lookup features computed from B, L, E, D and the reuse factors (log2-transformed):
 #: ``lookups = B L``; ``distinct_rows = lookups * sum_j rf_j / c_j`` (rows touched, ``c_j`` the
-#: representative access count of bin ``j``); ``distinct_bytes`` and ``table_bytes`` their bytes
-DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes")
+#: representative access count of bin ``j``); ``distinct_bytes`` and ``table_bytes`` their bytes.
+#: GEMMs on a GPU: ``ld_aligned`` (1 when the rows of n and k are 16-byte multiples, else 0; not logged)
+DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned")
 
 
 def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n: int) -> np.ndarray:
     """The (n, f) raw feature matrix of ``features`` from ``columns`` (derived ones computed)."""
     out = []
     for f in features:
-        if f in DERIVED_FEATURES:
+        if f == "ld_aligned":
+            # GEMM operands whose rows are 16-byte multiples (n and k): the GPU's fast (vectorised,
+            # TMA) kernels need them; a ragged n or k runs ~5x slower on an H100 at the same FLOPs
+            dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+            rows_n = np.asarray(columns["n"], dtype=np.float64) * dt
+            rows_k = np.asarray(columns["k"], dtype=np.float64) * dt
+            out.append(((np.mod(rows_n, 16) == 0) & (np.mod(rows_k, 16) == 0)).astype(np.float64))
+        elif f in DERIVED_FEATURES:
             b = np.asarray(columns["batch"], dtype=np.float64)
             L = np.asarray(columns["pooling"], dtype=np.float64)
             d = np.asarray(columns["dim"], dtype=np.float64)
@@ -464,7 +472,7 @@ class MLPKernelModel(KernelModel):
     def _columns(self, tasks: TaskView, features: Sequence[str]) -> np.ndarray:
         cols = {f: tasks.get(f) for f in features if f not in DERIVED_FEATURES}
         if any(f in DERIVED_FEATURES for f in features):
-            for c in ("batch", "pooling", "rows", "dim", "dtype_bytes", *RF_COLUMNS):
+            for c in ("batch", "pooling", "rows", "dim", "dtype_bytes", "n", "k", *RF_COLUMNS):
                 cols.setdefault(c, tasks.get(c))
         if self.fill == "rows_by_width" and "m" in cols and "n" in cols:
             elems = tasks.get("elements")
@@ -529,8 +537,13 @@ class RooflineFit:
 
     @property
     def peak_bandwidth(self) -> float:
-        """Largest fitted bandwidth, bytes/s (the "corrected peak" of Lin et al. 2022)."""
-        return float(max(self.bandwidths))
+        """Largest fitted bandwidth, bytes/s (the "corrected peak" of Lin et al. 2022), over the
+        regimes where moving the bytes takes at least as long as the floor at the regime's upper
+        edge (the last regime always counts). On a GPU the smallest regimes are all launch floor:
+        their fitted slope is noise, and their "bandwidth" (hundreds of TB/s) no memory's."""
+        bws = [bw for i, bw in enumerate(self.bandwidths)
+               if i == len(self.bandwidths) - 1 or self.edges[i] / bw >= self.floor_s]
+        return float(max(bws))
 
 
 def _solve_roofline(moved: np.ndarray, t: np.ndarray, edges: Sequence[float]) -> tuple[RooflineFit, float]:

@@ -15,7 +15,8 @@ TINY_ENV = "TUNER_CALIBRATE_TINY"
 
 def calibrate(
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
-    out: Path = typer.Option(..., "--out", help="asset pack folder to write, e.g. assets/cpu-local"),
+    out: Path = typer.Option(None, "--out", help="asset pack folder to write, e.g. assets/cpu-local "
+                             "(required unless --refit, which defaults to rewriting the pack it refits)"),
     quick: bool = typer.Option(False, "--quick", help="small grids: a few minutes on a 2-core CPU"),
     world_size: int = typer.Option(1, "--world-size", help="local processes for the collective benchmarks "
                                    "(gloo on CPU, NCCL on GPUs); 1 skips collectives"),
@@ -27,6 +28,8 @@ def calibrate(
                                  "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
                                  "collectives"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
+    refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
+                               "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
@@ -38,10 +41,18 @@ def calibrate(
     from predictor.calibration.contention import ContentionError
 
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
+    if out is None and refit is None:
+        fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
     try:
-        pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads, name=name,
-                               seed=seed, families=[f.strip() for f in families.split(",") if f.strip()] if families else None,
-                               log=lambda line: err_console.print(line, highlight=False))
+        if refit is not None:
+            from predictor.calibrate import refit as run_refit
+
+            pack = run_refit(refit, out, log=lambda line: err_console.print(line, highlight=False))
+        else:
+            fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
+            pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
+                                   name=name, seed=seed, families=fams,
+                                   log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
     except OSError as exc:

@@ -1,0 +1,323 @@
+"""End-to-end accuracy on one GPU: predicted vs measured PyTorch training iterations (issue 4, part 5).
+
+Two halves, because the GPU is lent for minutes and the predictions need none:
+
+* ``--measure`` (on the GPU machine): trains the models of :mod:`experiments.e2e_cpu` (the MLP, the
+  small GPT, one-process DLRM with ``nn.EmbeddingBag``) and a larger bf16 GPT at several batch sizes
+  on ``cuda``, and writes the measured iteration times, the GPU and software it ran on, to a JSON
+  file; ``--traces DIR`` also records one configuration of each model with :func:`tuner.capture`
+  (Kineto + execution trace), for ``tuner replay``.
+* ``--predict FILE`` (anywhere): predicts every measured row from its spec (the synthesisers in
+  device mode: asynchronous kernels on a stream, the host launching them with the platform's CPU
+  overheads T1-T5) with the H100 catalog entry (analytic kernel models) and, when it exists, the
+  calibrated asset pack ``assets/h100`` (``tuner calibrate --device cuda --out assets/h100``); writes
+  ``benchmarks/results/e2e_h100.md`` and ``.json``.
+
+Measurement: per configuration, ``--warmup`` untimed iterations, then ``--iters`` iterations each
+timed by CUDA events around the step on the current stream (the host runs ahead as it would in
+training; an event pair measures the GPU's time from the step's first launch to its last kernel,
+idle gaps waiting for launches included), median per pass; ``--passes`` passes interleaved over the
+configurations; reported: the median of the pass medians. Also the wall-clock mean of the timed
+iterations between two synchronisations, as a cross-check.
+
+Run (GPU machine): ``python experiments/e2e_gpu.py --measure --out e2e_h100_measured.json --traces T``
+Then (here):       ``python experiments/e2e_gpu.py --predict benchmarks/results/e2e_h100_measured.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform as pyplatform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from experiments.dlrm_gloo import _Dense, _mlp, _sgd_in_backward, table_batch  # noqa: E402
+from experiments.e2e_cpu import (  # noqa: E402
+    DLRM_BOTTOM,
+    DLRM_TOP,
+    GPT,
+    MLP,
+    dlrm_job,
+    dlrm_spec_for,
+    dlrm_tables,
+    gpt_step,
+    mlp_step,
+)
+from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
+from predictor.workloads.mlp import MLPSpec  # noqa: E402
+from predictor.workloads.transformer import TransformerSpec  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+
+#: a GPU-sized GPT in bf16 (parameters, activations and Adam state), unfused attention as the synthesiser's
+GPT_BF16 = TransformerSpec(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, dtype="bf16", attention="unfused",
+                           name="gpt-4l-1024h-16a-1024s-32000v-bf16")
+#: (model, batches): the rows measured
+ROWS: dict[str, tuple[int, ...]] = {
+    "mlp": (256, 1024, 4096, 16384),
+    "gpt": (2, 8, 32),
+    "gpt-bf16": (2, 4, 8),
+    "dlrm": (1024, 4096, 16384),
+}
+#: the configuration of each model recorded as a trace (``--traces``)
+TRACE_BATCH = {"mlp": 4096, "gpt": 8, "gpt-bf16": 4, "dlrm": 4096}
+
+
+def _gpt_spec(model: str) -> TransformerSpec:
+    return GPT if model == "gpt" else GPT_BF16
+
+
+def _config(model: str) -> str:
+    if model == "mlp":
+        return MLP.label
+    if model.startswith("gpt"):
+        return _gpt_spec(model).name
+    t = dlrm_tables(1024)
+    return f"{t.label}, {len(t)} tables"
+
+
+# ----------------------------------------------------------------------------- the real models
+def dlrm_step(batch: int, device: torch.device) -> Callable[[], None]:
+    """One training step of the DLRM rows on one GPU: every table an ``nn.EmbeddingBag`` (sum pooling,
+    sparse gradients, SGD fused into the backward), bottom MLP, concatenation, top MLP, BCE, SGD."""
+    tables = dlrm_tables(batch)
+    job = dlrm_job(tables, batch, 1, threads=1, warmup=0, iters=1)
+    dims = np.asarray(job.dim)
+    torch.manual_seed(batch)
+    embs = nn.ModuleList(nn.EmbeddingBag(int(job.rows[t]), int(dims[t]), mode="sum", sparse=True)
+                         for t in range(len(dims))).to(device)
+    for w in embs.parameters():
+        w.register_post_accumulate_grad_hook(_sgd_in_backward)
+    dense = _Dense(_mlp([job.dense_features, *DLRM_BOTTOM], sigmoid_last=False),
+                   _mlp([DLRM_BOTTOM[-1] + int(dims.sum()), *DLRM_TOP], sigmoid_last=True)).to(device)
+    opt = torch.optim.SGD(dense.parameters(), lr=0.01)
+    lookups = [table_batch(job, t, 0) for t in range(len(dims))]
+    idx = [(torch.as_tensor(i, device=device), torch.as_tensor(o, device=device)) for i, o in lookups]
+    x = torch.randn(batch, job.dense_features, device=device)
+    y = torch.rand(batch, 1, device=device)
+    loss_fn = nn.BCELoss()
+
+    def step() -> None:
+        pooled = [embs[k](i, o) for k, (i, o) in enumerate(idx)]
+        loss = loss_fn(dense(x, pooled), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def make_step(model: str, batch: int, device: torch.device) -> Callable[[], None]:
+    """A fresh training step of ``model`` at ``batch`` on ``device``."""
+    if model == "mlp":
+        return mlp_step(MLPSpec(**{**asdict(MLP), "batch_size": batch}), device=device)
+    if model.startswith("gpt"):
+        return gpt_step(_gpt_spec(model), batch, device=device)
+    if model == "dlrm":
+        return dlrm_step(batch, device)
+    raise ValueError(f"unknown model {model!r}")
+
+
+# ----------------------------------------------------------------------------- measurement
+def time_gpu_steps(step: Callable[[], None], warmup: int, iters: int, device: torch.device) -> dict:
+    """Per-iteration seconds by CUDA events (``times``) and the wall-clock mean between two syncs
+    (on a CPU device, for smoke tests: the host clock)."""
+    for _ in range(warmup):
+        step()
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        return {"times": times, "wall_mean_s": float(np.mean(times))}
+    torch.cuda.synchronize(device)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    t0 = time.perf_counter()
+    for a, b in ev:
+        a.record()
+        step()
+        b.record()
+    torch.cuda.synchronize(device)
+    wall = (time.perf_counter() - t0) / iters
+    return {"times": [a.elapsed_time(b) / 1e3 for a, b in ev], "wall_mean_s": wall}
+
+
+def measure(args) -> None:
+    """Measure every row ``args.passes`` times (passes interleaved) and write ``args.out``."""
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 rows are fp32 (the synthesiser's fp32 peak)
+    torch.backends.cudnn.allow_tf32 = False
+    rows = [(m, b) for m, bs in ROWS.items() if m in args.models for b in bs]
+    steps = {}
+    for m, b in rows:
+        steps[(m, b)] = make_step(m, b, device)
+    result: dict[tuple[str, int], dict] = {r: {"pass_medians_s": [], "wall_means_s": [], "times": []} for r in rows}
+    for p in range(args.passes):
+        for r in rows:
+            t = time_gpu_steps(steps[r], args.warmup, args.iters, device)
+            result[r]["pass_medians_s"].append(float(np.median(t["times"])))
+            result[r]["wall_means_s"].append(t["wall_mean_s"])
+            result[r]["times"] += t["times"]
+            print(f"pass {p + 1}: {r[0]:<9} batch {r[1]:>6}: {np.median(t['times']) * 1e3:9.3f} ms "
+                  f"(wall mean {t['wall_mean_s'] * 1e3:9.3f} ms)", flush=True)
+    out = {
+        "date": date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": pyplatform.python_version(),
+        "host_cpu": pyplatform.processor() or pyplatform.machine(),
+        "warmup": args.warmup, "iters": args.iters, "passes": args.passes, "tf32": False,
+        "rows": [{"model": m, "config": _config(m), "batch": b,
+                  "measured_s": float(np.median(result[(m, b)]["pass_medians_s"])),
+                  "p10_s": float(np.percentile(result[(m, b)]["times"], 10)),
+                  "p90_s": float(np.percentile(result[(m, b)]["times"], 90)),
+                  "pass_medians_s": result[(m, b)]["pass_medians_s"],
+                  "wall_means_s": result[(m, b)]["wall_means_s"]} for m, b in rows],
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+    if args.traces:
+        from tuner import capture
+
+        which = dict(TRACE_BATCH)
+        for item in args.trace_batches or []:
+            name, _, b = item.partition("=")
+            which[name] = int(b)
+        for m in args.models:
+            step = steps.get((m, which[m])) or make_step(m, which[m], device)
+            folder = Path(args.traces) / f"{m}-b{which[m]}"
+            with capture(folder, warmup=3, active=3) as cap:
+                for _ in range(9):
+                    step()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    cap.step()
+            print(f"captured {folder}", flush=True)
+
+
+# ----------------------------------------------------------------------------- prediction
+def graph_for(model: str, batch: int):
+    """The synthesiser's device-mode graph of one iteration of ``model`` at ``batch``."""
+    from predictor.workloads.dlrm import build_dlrm_graph
+    from predictor.workloads.mlp import build_mlp_graph
+    from predictor.workloads.transformer import ParallelPlan, build_transformer_graph
+
+    if model == "mlp":
+        return build_mlp_graph(MLPSpec(**{**asdict(MLP), "batch_size": batch}), mode="device")
+    if model.startswith("gpt"):
+        return build_transformer_graph(_gpt_spec(model), ParallelPlan(micro_batch=batch, global_batch=batch),
+                                       detail="kernel", mode="device")
+    tables = dlrm_tables(batch)
+    job = dlrm_job(tables, batch, 1, threads=1, warmup=0, iters=1)
+    spec = dlrm_spec_for(job, tables)
+    return build_dlrm_graph(spec, np.zeros(len(tables), dtype=np.int64), 1, mode="device")
+
+
+def predict(args) -> None:
+    """Predict every row of the measured file with each platform; write the md/json results."""
+    from predictor.kernels import timing_for
+    from predictor.simulate import simulate
+
+    measured = json.loads(Path(args.predict).read_text())
+    platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
+    timings = {p: timing_for(p) for p in platforms}
+    rows = []
+    for r in measured["rows"]:
+        g = graph_for(r["model"], int(r["batch"]))
+        row = dict(r)
+        row.pop("times", None)
+        for p, timing in timings.items():
+            tl = simulate(g, timing)
+            row[f"predicted_s[{p}]"] = float(tl.iteration_s)
+            row[f"kernel_sum_s[{p}]"] = float(tl.kernel_sum_s())
+            row[f"error_pct[{p}]"] = float(abs_pct_errors([tl.iteration_s], [r["measured_s"]])[0])
+        pm = np.asarray(r["pass_medians_s"])
+        row["pass_spread_pct"] = float(100 * (pm.max() - pm.min()) / np.median(pm))
+        rows.append(row)
+    summary = {}
+    for p in platforms:
+        errs = [row[f"error_pct[{p}]"] for row in rows]
+        pred = [row[f"predicted_s[{p}]"] for row in rows]
+        meas = [row["measured_s"] for row in rows]
+        summary[p] = {"source": timings[p].source, "geomean_pct": float(geomean_abs_pct_error(pred, meas)),
+                      "max_pct": float(max_abs_pct_error(pred, meas)), "n": len(errs)}
+    out = {"measured": {k: v for k, v in measured.items() if k != "rows"}, "platforms": platforms,
+           "summary": summary, "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "e2e_h100.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / "e2e_h100.md").write_text(render(out))
+    print(render(out))
+
+
+def render(out: dict) -> str:
+    m = out["measured"]
+    ps = out["platforms"]
+    lines = [
+        "# End-to-end accuracy on one H100: predicted vs measured training iterations",
+        "",
+        f"Measured {m['date']} on {m['gpu']} (torch {m['torch']}, CUDA {m['cuda']}; TF32 off), "
+        f"{m['warmup']} warm-up + {m['iters']} timed iterations x {m['passes']} interleaved passes, CUDA events "
+        "per iteration; measured = median of the pass medians. Predicted from the specs "
+        "(`experiments/e2e_gpu.py --predict`), device-mode graphs.",
+        "",
+        "Platforms: " + "; ".join(f"`{p}` = {out['summary'][p]['source']}" for p in ps),
+        "",
+        "| model | batch | measured ms | p10-p90 ms | pass spread % | "
+        + " | ".join(f"{p} ms | {p} err % | {p} kernel-sum ms" for p in ps) + " |",
+        "|---|---:|---:|---:|---:|" + "---:|---:|---:|" * len(ps),
+    ]
+    for r in out["rows"]:
+        cells = [r["model"], str(r["batch"]), f"{r['measured_s'] * 1e3:.3f}",
+                 f"{r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f}", f"{r['pass_spread_pct']:.1f}"]
+        for p in ps:
+            cells += [f"{r[f'predicted_s[{p}]'] * 1e3:.3f}", f"{r[f'error_pct[{p}]']:.1f}",
+                      f"{r[f'kernel_sum_s[{p}]'] * 1e3:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| platform | geomean abs error % | max abs error % | rows |", "|---|---:|---:|---:|"]
+    for p in ps:
+        s = out["summary"][p]
+        lines.append(f"| {p} | {s['geomean_pct']:.1f} | {s['max_pct']:.1f} | {s['n']} |")
+    lines += ["", "Configurations: " + "; ".join(f"{k}: {_config(k)}" for k in ROWS), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--measure", action="store_true", help="measure on the GPU (writes --out)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default="e2e_h100_measured.json")
+    ap.add_argument("--traces", default=None, help="folder for one captured trace per model")
+    ap.add_argument("--models", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--trace-batches", nargs="*", default=None, metavar="MODEL=BATCH",
+                    help="batch of a model's trace (default: TRACE_BATCH)")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--predict", default=None, help="measured JSON to predict")
+    ap.add_argument("--platforms", nargs="+", default=["h100-sxm", "h100"])
+    args = ap.parse_args(argv)
+    if args.measure:
+        measure(args)
+    if args.predict:
+        predict(args)
+    if not (args.measure or args.predict):
+        ap.error("give --measure and/or --predict FILE")
+
+
+if __name__ == "__main__":
+    main()

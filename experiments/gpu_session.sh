@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# What a lent GPU machine runs (issue 4, part 5). Two steps, each one `device` call:
+#   bash experiments/gpu_session.sh measure    # e2e iterations + traces + GPU tests + tiny CUDA calibration (~4 min)
+#   bash experiments/gpu_session.sh calibrate  # tuner calibrate --device cuda --quick (~8 min)
+# Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json, traces-*.tar.gz, h100_pack.tar.gz.
+# The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+LOG=$OUT/session.log
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed" | tee -a "$LOG"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+{ date -u; nvidia-smi; nproc; python3 -c "import torch, pydantic; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), pydantic.__version__)"; } >>"$LOG" 2>&1
+step=${1:-measure}
+if [ "$step" = measure ]; then
+  echo "== e2e measure" >>"$LOG"
+  timeout 240 python3 experiments/e2e_gpu.py --measure --out "$OUT/e2e_h100_measured.json" --traces /tmp/traces >>"$LOG" 2>&1
+  echo "e2e rc=$?" >>"$LOG"
+  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+  echo "== GPU tests" >>"$LOG"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
+  echo "pytest rc=$?" >>"$LOG"
+elif [ "$step" = calibrate ]; then
+  echo "== calibrate" >>"$LOG"
+  timeout "${CAL_TIMEOUT:-540}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1
+  echo "calibrate rc=$?" >>"$LOG"
+  [ -d /tmp/h100 ] && tar czf "$OUT/h100_pack.tar.gz" -C /tmp h100
+elif [ "$step" = remeasure ]; then  # the e2e rows again, more passes; traces of other batches
+  echo "== e2e measure" >>"$LOG"
+  timeout 300 python3 experiments/e2e_gpu.py --measure --passes 7 --iters 60 --out "$OUT/e2e_h100_measured.json" \
+    --traces /tmp/traces --trace-batches mlp=256 gpt=32 gpt-bf16=8 dlrm=16384 >>"$LOG" 2>&1
+  echo "e2e rc=$?" >>"$LOG"
+  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+elif [ "$step" = both ]; then  # calibrate, then the e2e rows again (no traces) and the GPU tests
+  echo "== calibrate" >>"$LOG"
+  timeout "${CAL_TIMEOUT:-400}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1
+  echo "calibrate rc=$?" >>"$LOG"
+  [ -d /tmp/h100 ] && tar czf "$OUT/h100_pack.tar.gz" -C /tmp h100
+  echo "== e2e measure" >>"$LOG"
+  timeout 110 python3 experiments/e2e_gpu.py --measure --passes 5 --out "$OUT/e2e_h100_measured.json" >>"$LOG" 2>&1
+  echo "e2e rc=$?" >>"$LOG"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
+  echo "pytest rc=$?" >>"$LOG"
+fi
+date -u >>"$LOG"
+tail -40 "$LOG"

@@ -1,0 +1,44 @@
+"""GPU-only checks: the CUDA calibration path and a captured CUDA trace replay (skipped without CUDA)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
+    from predictor.calibrate import calibrate
+    from predictor.platforms.assets import load_asset_pack
+
+    pack = calibrate("cuda", tmp_path / "gpu-tiny", tiny=True, register=False, log=lambda s: None)
+    again = load_asset_pack(tmp_path / "gpu-tiny")
+    assert pack.name == again.name == "gpu-tiny"
+    kernels = {r["kernel"] for r in again.error_table}
+    assert {"addmm/bf16", "embedding_bag_bwd", "layer_norm", "softmax"} <= kernels
+    m = again.manifest
+    assert m["overheads"]["t4_s"] > 0  # CUDA runtime launch calls were seen under the ops
+
+
+def test_captured_cuda_trace_replays(tmp_path: Path):
+    from predictor.traces.replay import replay
+    from tuner import capture
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(512, 256, device="cuda")
+    with capture(tmp_path / "t", warmup=2, active=2) as cap:
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            torch.cuda.synchronize()
+            cap.step()
+    steps = replay(tmp_path / "t").steps()
+    assert len(steps) >= 1
+    assert (steps["predicted_s"] > 0).all()
+    # a replay of the run it came from lands near it (same kernels, same launches)
+    assert (steps["predicted_s"] / steps["measured_s"]).between(0.5, 2.0).all()
