@@ -201,12 +201,15 @@ def measure(args) -> None:
         for m in args.models:
             step = steps.get((m, which[m])) or make_step(m, which[m], device)
             folder = Path(args.traces) / f"{m}-b{which[m]}"
+            # as the timed loop runs: the host queues ahead, no synchronisation per step (a sync
+            # would serialise host and GPU and make the unprofiled iterations slower than training);
+            # 3 profiled warm-ups, 3 recorded steps, then 15 unprofiled ones (the profiler-cost baseline)
             with capture(folder, warmup=3, active=3) as cap:
-                for _ in range(9):
+                for _ in range(3 + 3 + 15):
                     step()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
                     cap.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             print(f"captured {folder}", flush=True)
 
 
@@ -228,14 +231,11 @@ def graph_for(model: str, batch: int):
     return build_dlrm_graph(spec, np.zeros(len(tables), dtype=np.int64), 1, mode="device")
 
 
-def predict(args) -> None:
-    """Predict every row of the measured file with each platform; write the md/json results."""
-    from predictor.kernels import timing_for
+def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None) -> tuple[list[dict], dict]:
+    """Every measured row predicted by each timing (and from its model's trace in ``traces_dir``,
+    if given); returns (rows, summary by predictor)."""
     from predictor.simulate import simulate
 
-    measured = json.loads(Path(args.predict).read_text())
-    platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
-    timings = {p: timing_for(p) for p in platforms}
     rows = []
     for r in measured["rows"]:
         g = graph_for(r["model"], int(r["batch"]))
@@ -248,20 +248,66 @@ def predict(args) -> None:
             row[f"error_pct[{p}]"] = float(abs_pct_errors([tl.iteration_s], [r["measured_s"]])[0])
         pm = np.asarray(r["pass_medians_s"])
         row["pass_spread_pct"] = float(100 * (pm.max() - pm.min()) / np.median(pm))
+        trace = _trace_for(r["model"], traces_dir) if traces_dir is not None else None
+        if trace is not None:
+            from predictor.transform import parse_sets, predict_trace
+
+            res = predict_trace(trace, parse_sets([f"batch_size={int(r['batch'])}"]), "h100")
+            row["trace"] = trace.name
+            row["trace_predicted_s"] = float(res.predicted_iteration_s)
+            row["trace_unprofiled_s"] = float(res.baseline_measured_s)
+            row["trace_error_pct"] = float(abs_pct_errors([res.predicted_iteration_s], [r["measured_s"]])[0])
         rows.append(row)
     summary = {}
-    for p in platforms:
-        errs = [row[f"error_pct[{p}]"] for row in rows]
+    meas = [row["measured_s"] for row in rows]
+    for p in timings:
         pred = [row[f"predicted_s[{p}]"] for row in rows]
-        meas = [row["measured_s"] for row in rows]
         summary[p] = {"source": timings[p].source, "geomean_pct": float(geomean_abs_pct_error(pred, meas)),
-                      "max_pct": float(max_abs_pct_error(pred, meas)), "n": len(errs)}
-    out = {"measured": {k: v for k, v in measured.items() if k != "rows"}, "platforms": platforms,
-           "summary": summary, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "e2e_h100.json").write_text(json.dumps(out, indent=1))
-    (RESULTS / "e2e_h100.md").write_text(render(out))
+                      "max_pct": float(max_abs_pct_error(pred, meas)), "n": len(rows)}
+    traced = [row for row in rows if "trace_predicted_s" in row]
+    if traced:
+        pred = [row["trace_predicted_s"] for row in traced]
+        summary["trace what-if (h100)"] = {"source": "tuner predict TRACE --set batch_size=B --platform h100",
+                                           "geomean_pct": float(geomean_abs_pct_error(
+                                               pred, [row["measured_s"] for row in traced])),
+                                           "max_pct": float(max_abs_pct_error(
+                                               pred, [row["measured_s"] for row in traced])),
+                                           "n": len(traced)}
+    return rows, summary
+
+
+def predict(args) -> None:
+    """Predict every row of the measured files with each platform; write the md/json results.
+
+    The first file is reported row by row (and predicted from the traces, captured in its
+    session); the others (runs on other machine instances) by their summary only.
+    """
+    from predictor.kernels import timing_for
+
+    files = [Path(f) for f in args.predict]
+    platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
+    timings = {p: timing_for(p) for p in platforms}
+    measured = json.loads(files[0].read_text())
+    rows, summary = predict_rows(measured, timings, args.traces_dir if "h100" in platforms else None)
+    others = []
+    for f in files[1:]:
+        m = json.loads(f.read_text())
+        _, s = predict_rows(m, timings, None)
+        others.append({"file": f.name, "date": m["date"], "gpu": m["gpu"], "summary": s,
+                       "measured_s": {f"{r['model']}/{r['batch']}": r["measured_s"] for r in m["rows"]}})
+    out = {"measured": {k: v for k, v in measured.items() if k != "rows"}, "file": files[0].name,
+           "platforms": platforms, "summary": summary, "rows": rows, "other_runs": others}
+    results = Path(args.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "e2e_h100.json").write_text(json.dumps(out, indent=1))
+    (results / "e2e_h100.md").write_text(render(out))
     print(render(out))
+
+
+def _trace_for(model: str, folder: str | Path) -> Path | None:
+    """The captured trace of ``model`` in ``folder`` (``traces-{model}-b{B}.tar.gz``), if any."""
+    hits = sorted(Path(folder).glob(f"traces-{model}-b*.tar.gz"))
+    return hits[0] if hits else None
 
 
 def render(out: dict) -> str:
@@ -288,10 +334,46 @@ def render(out: dict) -> str:
             cells += [f"{r[f'predicted_s[{p}]'] * 1e3:.3f}", f"{r[f'error_pct[{p}]']:.1f}",
                       f"{r[f'kernel_sum_s[{p}]'] * 1e3:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| platform | geomean abs error % | max abs error % | rows |", "|---|---:|---:|---:|"]
-    for p in ps:
-        s = out["summary"][p]
+    lines += ["", "| predictor | geomean abs error % | max abs error % | rows |", "|---|---:|---:|---:|"]
+    for p, s in out["summary"].items():
         lines.append(f"| {p} | {s['geomean_pct']:.1f} | {s['max_pct']:.1f} | {s['n']} |")
+    traced = [r for r in out["rows"] if "trace_predicted_s" in r]
+    if traced:
+        lines += [
+            "", "## From captured traces (what-if batch size)", "",
+            "Each model's trace (`benchmarks/traces/h100/`, captured with `tuner.capture` at one batch in the same "
+            "session as the measurements, 3 profiled steps, then 15 unprofiled ones) predicted at every measured "
+            "batch with `tuner predict TRACE --set batch_size=B --platform h100`: the profiled step corrected to the "
+            "capture's unprofiled iterations, changed kernels re-timed by the pack (anchored on the measured ones), "
+            "and the loop's pace the larger of the host's step and the busiest stream's work.",
+            "",
+            "| model | batch | trace | capture's unprofiled ms | predicted ms | measured ms | error % |",
+            "|---|---:|---|---:|---:|---:|---:|",
+        ]
+        for r in traced:
+            lines.append(f"| {r['model']} | {r['batch']} | {r['trace']} | {r['trace_unprofiled_s'] * 1e3:.3f} | "
+                         f"{r['trace_predicted_s'] * 1e3:.3f} | {r['measured_s'] * 1e3:.3f} | "
+                         f"{r['trace_error_pct']:.1f} |")
+    if out.get("other_runs"):
+        moved, steady = [], []
+        for r in out["rows"]:
+            vals = [r["measured_s"]] + [o["measured_s"][f"{r['model']}/{r['batch']}"] for o in out["other_runs"]
+                                        if f"{r['model']}/{r['batch']}" in o["measured_s"]]
+            pct = 100 * (max(vals) / min(vals) - 1)
+            moved.append(pct)
+            if r["pass_spread_pct"] < 2.0:
+                steady.append(pct)
+        lines += ["", "## The same rows measured on other machine instances (same kind, other sessions of the day)", "",
+                  f"Across the {len(out['other_runs']) + 1} runs a row's measured time moved by up to "
+                  f"{max(moved):.0f} % (median {np.median(moved):.0f} %): the hosts of the lent machines differ, "
+                  "and the small-batch rows are host-bound"
+                  + (f"; the rows whose passes agree within 2 % (GPU-bound) moved by at most {max(steady):.1f} %."
+                     if steady else "."), "",
+                  "| measured file | " + " | ".join(f"{p} geomean / max %" for p in ps) + " |",
+                  "|---|" + "---:|" * len(ps)]
+        for o in out["other_runs"]:
+            lines.append(f"| {o['file']} | " + " | ".join(
+                f"{o['summary'][p]['geomean_pct']:.1f} / {o['summary'][p]['max_pct']:.1f}" for p in ps) + " |")
     lines += ["", "Configurations: " + "; ".join(f"{k}: {_config(k)}" for k in ROWS), ""]
     return "\n".join(lines)
 
@@ -308,8 +390,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--predict", default=None, help="measured JSON to predict")
+    ap.add_argument("--predict", nargs="+", default=None,
+                    help="measured JSON(s) to predict: the first row by row, the others summarised")
     ap.add_argument("--platforms", nargs="+", default=["h100-sxm", "h100"])
+    ap.add_argument("--results-dir", default=str(RESULTS), help="where e2e_h100.md/.json go (--predict)")
+    ap.add_argument("--traces-dir", default=str(REPO / "benchmarks" / "traces" / "h100"),
+                    help="captured traces to predict the rows from too (--predict)")
     args = ap.parse_args(argv)
     if args.measure:
         measure(args)

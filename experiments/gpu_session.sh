@@ -37,6 +37,12 @@ elif [ "$step" = remeasure ]; then  # the e2e rows again, more passes; traces of
     --traces /tmp/traces --trace-batches mlp=256 gpt=32 gpt-bf16=8 dlrm=16384 >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
   for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+elif [ "$step" = final ]; then  # the e2e rows and, on the same machine, traces for the what-if rows
+  echo "== e2e measure + traces" >>"$LOG"
+  timeout 400 python3 experiments/e2e_gpu.py --measure --passes 7 --iters 60 --out "$OUT/e2e_h100_measured.json" \
+    --traces /tmp/traces >>"$LOG" 2>&1
+  echo "e2e rc=$?" >>"$LOG"
+  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
 elif [ "$step" = both ]; then  # calibrate, then the e2e rows again (no traces) and the GPU tests
   echo "== calibrate" >>"$LOG"
   timeout "${CAL_TIMEOUT:-400}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1

@@ -294,6 +294,23 @@ def torch_threads_default() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def steady_state_s(tl) -> float:
+    """Seconds per iteration of a training loop repeating the step of timeline ``tl``.
+
+    A captured step ends where its host work ends; its kernels may still be queued. In a loop
+    without a host-device synchronisation the host runs ahead (until the launch queue or the
+    caching allocator holds it back), so the loop's period is the larger of the step's span and
+    the busiest stream's kernel time per step: the bottleneck resource sets the pace. On a host
+    graph (no streams) this is the step's span.
+    """
+    g = tl.graph
+    gpu = g.is_gpu()
+    if not gpu.any():
+        return float(tl.iteration_s)
+    busy = np.bincount(g.proc[gpu], weights=(tl.end - tl.start)[gpu], minlength=g.n_procs)
+    return float(max(tl.iteration_s, busy.max()))
+
+
 def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *, extra_catalog: str | Path | None = None,
                   annotated=None) -> WhatIfResult:
     """Load, build, annotate, transform and simulate a captured run under ``spec``.
@@ -340,16 +357,22 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
             raise WhatIfError("dp: this capture already runs DDP on gloo, whose all-reduce runs on gloo threads "
                               "outside the graph; capture one process without DDP to predict dp")
         notes.append("captured gloo DDP run: its all-reduce waits stay as measured (not re-timed)")
+    steady = False
     for sg in at.graphs():
-        replayed.append(simulate(sg, np.nan_to_num(sg.duration, nan=0.0), launch_fraction=at.launch_fraction).iteration_s)
+        tl0 = simulate(sg, np.nan_to_num(sg.duration, nan=0.0), launch_fraction=at.launch_fraction)
+        replayed.append(steady_state_s(tl0))
         g2, changes = apply_whatif(sg, spec, base_batch=at.base_batch, device_target=device_target, issue_s=issue,
                                    comm_overlap=overlap)
         wt = WhatIfTiming(timing, mode, platform_moved=moved)
         tl = simulate(g2, wt, launch_fraction=at.launch_fraction)
-        preds.append(tl.iteration_s)
+        preds.append(steady_state_s(tl))
+        steady = steady or preds[-1] > tl.iteration_s
         counts = wt.counts
     if moved:
         changes["platform"] = {"from": captured, "to": timing.platform.key, "device_mode": bool(device_target)}
+    if steady:
+        notes.append("a GPU stream's work per step exceeds the step's host span: the iteration is the stream's "
+                     "busy time (an unsynchronised loop runs the host ahead; the GPU sets the pace)")
     stat = "min" if at.combine == "min" else "median"
     base_kind = f"unprofiled iterations of the capture ({stat})" if at.unprofiled_s is not None else \
         "profiled ProfilerStep (median; no unprofiled iterations recorded)"

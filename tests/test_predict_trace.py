@@ -58,6 +58,21 @@ def test_capture_records_unprofiled_iterations(captured):
     assert st["torch_threads"] == 1 and all(w > 0 for w in st["wall_s"])
 
 
+def test_archived_capture_keeps_its_unprofiled_iterations(captured, tmp_path):
+    """A .tar.gz of a capture folder predicts as the folder does (its steps.csv read from inside)."""
+    import tarfile
+
+    from predictor.traces.annotate import annotate
+    from predictor.traces.load import load_traces
+
+    archive = tmp_path / "run.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(captured, arcname="run")
+    a, b = annotate(load_traces(captured)), annotate(load_traces(archive))
+    assert b.unprofiled_s is not None and b.unprofiled_s == pytest.approx(a.unprofiled_s)
+    assert b.torch_threads == a.torch_threads == 1
+
+
 def test_annotation_splits_host_ops_into_kernels(captured):
     from predictor.traces.annotate import annotate
     from predictor.traces.load import load_traces

@@ -962,15 +962,22 @@ def _unprofiled(ts: TraceSet, stat: str = "median") -> tuple[float | None, int |
     """Wall time (``min`` or ``median``) of the iterations each rank ran after the profiler
     window (slowest rank; the first one after the window is skipped when there are more than 3)."""
     from predictor.traces.capture import read_step_times
+    from predictor.traces.load import archive_member_texts
 
     src = Path(ts.source)
     folder = src if src.is_dir() else src.parent
+    # a .tar.gz of a capture folder carries its steps.csv files inside
+    packed = archive_member_texts(src, ".steps.csv") if src.is_file() else {}
     meds, threads = [], None
     for rt in ts.ranks:
-        p = folder / f"rank{rt.rank}.steps.csv"
-        if not p.exists():
+        name = f"rank{rt.rank}.steps.csv"
+        p = folder / name
+        if name in packed:
+            d = read_step_times(name, text=packed[name])
+        elif p.exists():
+            d = read_step_times(p)
+        else:
             continue
-        d = read_step_times(p)
         after = [w for w, win in zip(d["wall_s"], d["window"], strict=True) if win == "after"]
         threads = d["torch_threads"] if threads is None else threads
         if len(after) >= 2:

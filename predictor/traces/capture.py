@@ -56,15 +56,17 @@ def steps_path(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"rank{rank}.steps.csv"
 
 
-def read_step_times(path: str | Path) -> dict:
+def read_step_times(path: str | Path, text: str | None = None) -> dict:
     """``{"wall_s": [...], "window": [...], "torch_threads": int | None}`` of a ``steps.csv``
-    (window: ``wait``, ``warmup``, ``active`` or ``after``); empty lists if unreadable."""
+    (window: ``wait``, ``warmup``, ``active`` or ``after``); empty lists if unreadable.
+    ``text``: the file's contents when they come from elsewhere (an archive member)."""
     out: dict = {"wall_s": [], "window": [], "torch_threads": None}
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return out
-    for line in lines:
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return out
+    for line in text.splitlines():
         if line.startswith("# torch_threads="):
             with contextlib.suppress(ValueError):
                 out["torch_threads"] = int(line.split("=", 1)[1])

@@ -82,6 +82,25 @@ def _is_archive(path: Path) -> bool:
     return any(name.endswith(s) for s in _ARCHIVE)
 
 
+def archive_member_texts(path: str | Path, suffix: str) -> dict[str, str]:
+    """``{file name: UTF-8 text}`` of the members of archive ``path`` whose names end with
+    ``suffix`` (a capture's ``rank{R}.steps.csv``, say); empty if ``path`` is no readable archive."""
+    path = Path(path)
+    if not _is_archive(path):
+        return {}
+    out: dict[str, str] = {}
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for m in tar.getmembers():
+                if m.isfile() and m.name.endswith(suffix) and not Path(m.name).name.startswith("._"):
+                    fh = tar.extractfile(m)
+                    if fh is not None:
+                        out[Path(m.name).name] = fh.read().decode("utf-8", errors="replace")
+    except (tarfile.TarError, EOFError, OSError):
+        return {}
+    return out
+
+
 def sibling_et_path(path: Path) -> Path | None:
     """The execution trace next to a Kineto file or archive (``.kineto.`` -> ``.et.``), if it exists."""
     name = path.name
