@@ -152,3 +152,16 @@ def test_predict_missing_or_foreign_trace(tmp_path):
     bad.write_text('{"hello": 1}')
     code, text = _predict(str(bad), "--set", "dp=2")
     assert code == 2 and "not a trace" in text and len(text.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("dtype, nbytes", [("c10::BFloat16", 2.0), ("c10::Half", 2.0), ("float", 4.0)])
+def test_kineto_dtype_names_keep_gemm_shapes(dtype: str, nbytes: float):
+    """Kineto spells half-precision types c10::BFloat16 / c10::Half: their shapes must not be dropped
+    (a bf16 trace once lost every GEMM's m, n, k, so batch what-ifs left its GEMMs unscaled)."""
+    from predictor.traces.annotate import kernel_params
+
+    p = kernel_params("addmm", "aten::addmm", [[3072], [4096, 1024], [1024, 3072], [], []],
+                      [dtype] * 3 + ["Scalar"] * 2)
+    assert (p["m"], p["n"], p["k"], p["dtype_bytes"]) == (4096.0, 3072.0, 1024.0, nbytes)
+    b = kernel_params("bmm", "aten::bmm", [[64, 1024, 1024], [64, 1024, 64]], [dtype] * 2)
+    assert (b["batch"], b["m"], b["n"], b["k"]) == (64.0, 1024.0, 64.0, 1024.0)

@@ -137,7 +137,7 @@ def host_kernel_kind(name: str) -> tuple[str, Category]:
 
 
 def _is_tensor_type(t: object) -> bool:
-    return isinstance(t, str) and (t.startswith("Tensor") or t in _DTYPE_BYTES or t == "")
+    return isinstance(t, str) and (t.startswith("Tensor") or t.lower() in _DTYPE_BYTES or t == "")
 
 
 def _tensor_inputs(shapes: list, types: list | None) -> list[tuple[int, list[int]]]:

@@ -105,7 +105,8 @@ def _tensor_shapes(shapes: list, types: list | None) -> list[list[int]]:
     out: list[list[int]] = []
     for i, s in enumerate(shapes):
         t = types[i] if types is not None and i < len(types) else ""
-        is_tensor_type = isinstance(t, str) and (t.startswith("Tensor") or t in _DTYPE_BYTES or t == "")
+        # Kineto spells dtypes as PyTorch does ("float", "c10::BFloat16", "c10::Half"): case-insensitive
+        is_tensor_type = isinstance(t, str) and (t.startswith("Tensor") or t.lower() in _DTYPE_BYTES or t == "")
         if isinstance(s, list) and s and all(isinstance(d, int) for d in s) and is_tensor_type:
             out.append(s)
     return out
