@@ -678,7 +678,11 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     torch.set_num_threads(threads)
     check_drift = pack_path is not None and not args.no_check
-    drift = {"before": gemm_drift(pack_path) if check_drift else {}}
+    try:
+        drift = {"before": gemm_drift(pack_path) if check_drift else {}}
+    except ValueError as exc:  # a corrupt pack: one line, exit 2 (no results written)
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     rows = run_all(args, timing, threads)
     drift["after"] = gemm_drift(pack_path) if check_drift else {}
     checks = [] if args.no_check else kernel_context_check(timing)

@@ -181,6 +181,9 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
 
     Returns ``{"ratio_geomean": now / then, "ratio_min", "ratio_max", "cases"}`` (ratio > 1: the
     machine is slower now), or ``{}`` when the pack has no GEMM data.
+
+    Raises:
+        ValueError: ``data/gemm.csv`` is not a GEMM benchmark table (one line naming the file).
     """
     from pathlib import Path
 
@@ -193,7 +196,13 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     f = Path(pack_path) / "data" / "gemm.csv"
     if not f.exists():
         return {}
-    d = pd.read_csv(f)
+    try:
+        d = pd.read_csv(f)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{f}: not a GEMM benchmark table ({exc})") from None
+    missing = [c for c in ("kernel", "kind", "m", "n", "k", "flops", "seconds") if c not in d.columns]
+    if missing:
+        raise ValueError(f"{f}: not a GEMM benchmark table (no column {missing[0]!r})")
     d = d[d.kernel.isin(["addmm/fp32", "mm/fp32"])]
     d = d[d.flops >= d.flops.median()]
     if d.empty:

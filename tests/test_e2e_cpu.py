@@ -133,3 +133,16 @@ def test_gemm_drift_retimes_the_packs_own_shapes(tmp_path):
     assert gemm_drift(tmp_path / "missing") == {}
     text = "\n".join(drift_lines({"before": d, "after": d}))
     assert "Machine drift" in text and f"x{d['ratio_geomean']:.3f}" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x00\xff garbage \"unclosed\n1,2\n3\n", "not a GEMM benchmark table"),
+    (b"a,b\n1,2\n", "no column 'kernel'"),
+])
+def test_gemm_drift_rejects_a_corrupt_table(tmp_path, content: bytes, message: str):
+    from experiments.measure_env import gemm_drift
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "gemm.csv").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        gemm_drift(tmp_path)
