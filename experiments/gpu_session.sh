@@ -43,6 +43,9 @@ elif [ "$step" = final ]; then  # the e2e rows and, on the same machine, traces 
     --traces /tmp/traces >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
   for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+elif [ "$step" = hostcost ]; then  # what one eager op costs the host, with and without the profiler
+  timeout 120 python3 experiments/host_op_cost.py --out "$OUT/host_op_cost.json" >>"$LOG" 2>&1
+  echo "host_op_cost rc=$?" >>"$LOG"
 elif [ "$step" = both ]; then  # calibrate, then the e2e rows again (no traces) and the GPU tests
   echo "== calibrate" >>"$LOG"
   timeout "${CAL_TIMEOUT:-400}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1
