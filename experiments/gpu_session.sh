@@ -46,6 +46,8 @@ elif [ "$step" = final ]; then  # the e2e rows and, on the same machine, traces 
 elif [ "$step" = hostcost ]; then  # what one eager op costs the host, with and without the profiler
   timeout 120 python3 experiments/host_op_cost.py --out "$OUT/host_op_cost.json" >>"$LOG" 2>&1
   echo "host_op_cost rc=$?" >>"$LOG"
+  timeout 120 python3 -m predictor.calibration.overheads --device cuda --out "$OUT/overheads_h100.json" >>"$LOG" 2>&1
+  echo "overheads rc=$?" >>"$LOG"  # T1..T5 alone: tuner calibrate --refit assets/h100 --overheads FILE
 elif [ "$step" = both ]; then  # calibrate, then the e2e rows again (no traces) and the GPU tests
   echo "== calibrate" >>"$LOG"
   timeout "${CAL_TIMEOUT:-400}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1

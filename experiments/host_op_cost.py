@@ -27,23 +27,17 @@ if str(REPO) not in sys.path:
 
 
 def _ops(device: torch.device) -> dict:
+    """The calibration's single-kernel ops, plus ``F.linear`` (a transpose view + addmm) and a view +
+    reshape (no kernel)."""
+    from predictor.calibration.overheads import single_kernel_ops
+
+    ops = single_kernel_ops(device)
     x = torch.randn(64, 64, device=device)
     w = torch.randn(64, 64, device=device)
     bias = torch.randn(64, device=device)
-    table = torch.randn(1000, 64, device=device)
-    idx = torch.randint(0, 1000, (256,), device=device)
-    off = torch.arange(0, 256, 4, device=device)
-    return {
-        "add": lambda: x + w,
-        "relu": lambda: torch.relu(x),
-        "addmm": lambda: torch.addmm(bias, x, w),
-        "linear": lambda: F.linear(x, w, bias),
-        "layer_norm": lambda: F.layer_norm(x, (64,)),
-        "dropout": lambda: F.dropout(x, 0.1, training=True),
-        "softmax": lambda: torch.softmax(x, -1),
-        "embedding_bag": lambda: F.embedding_bag(idx, table, off, mode="sum"),
-        "view+reshape (no kernel)": lambda: x.view(4096).reshape(64, 64),
-    }
+    ops["linear"] = lambda: F.linear(x, w, bias)
+    ops["view+reshape (no kernel)"] = lambda: x.view(4096).reshape(64, 64)
+    return ops
 
 
 def per_op_seconds(fn, n: int, device: torch.device) -> float:

@@ -238,6 +238,23 @@ def calibrate(
                           manifest_extra, started, log, register)
 
 
+def _read_overheads(path: Path) -> dict:
+    """T1..T5 (seconds) from a JSON written by ``python -m predictor.calibration.overheads``."""
+    import json
+
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"--overheads {path}: not a readable JSON file ({exc})") from None
+    if not isinstance(d, dict):
+        raise CalibrationError(f"--overheads {path}: expected a JSON object with t1_s..t5_s")
+    for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s"):
+        v = d.get(k)
+        if not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
+            raise CalibrationError(f"--overheads {path}: {k} must be a non-negative number of seconds, got {v!r}")
+    return {**d, "_file": str(path)}
+
+
 def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform, data: dict[str, pd.DataFrame],
                    specs: list[tuple[str, ModelSpec]], level: Level, seed: int, world_size: int, overheads: dict,
                    contention: dict[str, float], manifest_extra: dict, started: float,
@@ -256,15 +273,17 @@ def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform,
     return load_asset_pack(out)
 
 
-def refit(pack: str | Path, out: str | Path | None = None, *, log: Callable[[str], None] = print,
-          register: bool = True) -> AssetPack:
+def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
+          log: Callable[[str], None] = print, register: bool = True) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
     The models, the held-out error table and the calibrated platform are rebuilt by the same code
     ``calibrate`` runs after its benchmarks, with the pack's own level, seed, world size, measured
     overheads and host contention, so a change to the models (a feature, a grid) reaches a pack
     calibrated on hardware one no longer holds (a lent GPU, say). ``out`` defaults to ``pack``
-    (replaced atomically).
+    (replaced atomically). ``overheads``: a JSON of T1..T5 measured since
+    (``python -m predictor.calibration.overheads --device cuda --out FILE`` on the device) to use
+    instead of the pack's.
 
     Raises:
         CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.
@@ -301,13 +320,18 @@ def refit(pack: str | Path, out: str | Path | None = None, *, log: Callable[[str
     specs = [(b.name, s) for b in make_benchmarks(world_size, list(data)) for s in b.specs(ctx)]
     base = old.platform.model_copy(update={"name": re.sub(r" \(calibrated [0-9-]+\)$", "", old.platform.name)})
     contention = {k: float(v) for k, v in (m.get("host_contention") or {}).get(str(world_size), {}).items()}
-    overheads = dict(m.get("overheads") or {})
-    for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s"):
-        overheads.setdefault(k, float(getattr(old.platform.overheads, k)))
+    if overheads is not None:
+        overheads = _read_overheads(Path(overheads))
+    else:
+        overheads = dict(m.get("overheads") or {})
+        for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s"):
+            overheads.setdefault(k, float(getattr(old.platform.overheads, k)))
     out = Path(out) if out is not None else old.path
     pack_name = old.name if out == old.path else out.name.strip().lower()
     extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit")}
-    extra["refit"] = {"date": _dt.date.today().isoformat(), "from": str(old.path)}
+    extra["overheads"] = overheads
+    extra["refit"] = {"date": _dt.date.today().isoformat(), "from": str(old.path),
+                      **({"overheads_from": str(Path(str(overheads.get("_file"))))} if "_file" in overheads else {})}
     log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")
     return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
                           extra, started, log, register)

@@ -130,3 +130,26 @@ def test_refit_bad_pack_fails_cleanly(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_out_or_refit_required():
     res = runner.invoke(app, ["calibrate", "--device", "cpu"])
     assert res.exit_code == 2 and "--out is required" in res.output
+
+
+def test_refit_takes_overheads_measured_since(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import json
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    src = tmp_path / "src"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(src), "--threads", "1",
+                              "--families", "elementwise"])
+    assert res.exit_code == 0, res.output
+    ov = tmp_path / "ov.json"
+    ov.write_text(json.dumps({"t1_s": 1e-6, "t2_s": 2e-6, "t3_s": 3e-6, "t4_s": 4e-6, "t5_s": 5e-6,
+                              "definition": "test"}))
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--overheads", str(ov)])
+    assert res.exit_code == 0, res.output
+    p = load_asset_pack(src)
+    assert p.platform.overheads.t4_s == pytest.approx(4e-6) and p.manifest["overheads"]["t5_s"] == 5e-6
+    assert p.manifest["refit"]["overheads_from"] == str(ov)
+    ov.write_text(json.dumps({"t1_s": -1}))
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--overheads", str(ov)])
+    assert res.exit_code == 2 and "t1_s must be a non-negative number" in res.output
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(tmp_path / "x"), "--overheads", str(ov)])
+    assert res.exit_code == 2 and "--overheads goes with --refit" in res.output

@@ -30,6 +30,8 @@ def calibrate(
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
+    overheads: Path = typer.Option(None, "--overheads", help="with --refit: T1..T5 JSON measured since on the device "
+                                   "(python -m predictor.calibration.overheads --device cuda --out FILE)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
@@ -43,11 +45,13 @@ def calibrate(
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
     if out is None and refit is None:
         fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
+    if overheads is not None and refit is None:
+        fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     try:
         if refit is not None:
             from predictor.calibrate import refit as run_refit
 
-            pack = run_refit(refit, out, log=lambda line: err_console.print(line, highlight=False))
+            pack = run_refit(refit, out, overheads=overheads, log=lambda line: err_console.print(line, highlight=False))
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
