@@ -170,6 +170,10 @@ def calibrate(
                   cold_repeats={"tiny": 2, "quick": 5, "full": 9}[level],
                   cache_bytes=llc_bytes)
     budgets = BUDGETS[level]
+    # one benchmark tensor: 256 MiB on a CPU; on a GPU 2 GiB or a 16th of its memory, whichever is
+    # smaller (embedding tables reach 4x this: 8 GiB on an 80 GB H100, 4 GiB on a 16 GB card)
+    max_tensor = 256 * 2**20 if dev.type != "cuda" else \
+        min(2 * 2**30, torch.cuda.get_device_properties(dev).total_memory / 16)
     data: dict[str, pd.DataFrame] = {}
     specs: list[tuple[str, ModelSpec]] = []
     benches = make_benchmarks(world_size, families)
@@ -188,7 +192,7 @@ def calibrate(
                 device=dev, level=level, rng=np.random.default_rng(seeds[bench.name]), timer=timer,
                 budget_s=budgets.get(bench.name, budgets["default"]) / passes, log=log,
                 llc_bytes=llc_bytes,
-                max_tensor_bytes=(2 * 2**30 if dev.type == "cuda" else 256 * 2**20) if level != "tiny" else 16 * 2**20,
+                max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
                 passes=passes if bench.name == "collectives" else 1,
                 shuffle_seed=seeds[bench.name] + 1 + p,
             )
