@@ -267,3 +267,31 @@ def test_pipeline_bubble_shrinks_with_micro_batches_and_interleaving():
     assert many < few  # bubble (p-1)/m: 3/4 of the work vs 3/32
     assert few / many == pytest.approx((1 + 3 / 4) / (1 + 3 / 32), rel=0.15)
     assert per_sample(global_batch=8, schedule="interleaved", virtual_stages=2) < per_sample(global_batch=8)
+
+
+def test_eager_program_has_pytorchs_extra_kernels_and_host_ops():
+    """program="eager": the plain-PyTorch GPT (separate dropout / residual add, bias-gradient sums,
+    3-kernel layer-norm backward, reshape copies, log-softmax + NLL, AccumulateGrad host ops, foreach
+    grad norm + fused Adam); the same GEMM FLOPs as Megatron's program."""
+    import dataclasses
+
+    spec = TransformerSpec(layers=2, hidden=256, heads=4, seq=128, vocab=2048, dtype="fp32", attention="unfused")
+    plan = ParallelPlan(micro_batch=4, global_batch=4)
+    platform = get_platform("h100-sxm")
+    graphs = {}
+    for prog in ("megatron", "eager"):
+        g = build_transformer_graph(dataclasses.replace(spec, program=prog), plan, detail="kernel", mode="device")
+        g.validate()
+        graphs[prog] = g
+        assert simulate(g, transformer_timing(platform)).iteration_s > 0
+    meg, eag = graphs["megatron"], graphs["eager"]
+    assert eag.is_gpu().sum() > 1.5 * meg.is_gpu().sum()
+    names = set(eag.names)
+    assert "log_softmax" in names and "adam.fused" in names and "vocab_parallel_cross_entropy" not in names
+    # one AccumulateGrad per parameter tensor: 12 per layer, token + position tables, final norm's two
+    acc = [n for n in eag.tasks_frame()["name"] if ".accumulate_grad[" in n]
+    assert len(acc) == 12 * spec.layers + 4
+    gemm_flops = {p: float(np.nansum(g.flops[(g.tasks_frame()["kind"] == "gemm").to_numpy()])) for p, g in graphs.items()}
+    assert gemm_flops["eager"] == pytest.approx(gemm_flops["megatron"])
+    # host mode builds too (the kernels run on the thread)
+    build_transformer_graph(dataclasses.replace(spec, program="eager"), plan, detail="kernel", mode="host").validate()

@@ -142,6 +142,13 @@ class TransformerSpec:
     causal: bool = True
     tie_embeddings: bool = True
     name: str = "transformer"
+    #: the training program: ``"megatron"`` (fused bias-dropout-add, bias-GeLU, vocab-parallel
+    #: cross-entropy, multi-tensor Adam: what Megatron-LM runs) or ``"eager"`` (plain PyTorch
+    #: modules: separate dropout and residual add, bias-gradient reductions, layer-norm backward in
+    #: three kernels, reshape copies around attention, log-softmax + NLL, a host-only AccumulateGrad
+    #: op per parameter tensor, grad-norm and fused Adam of ``torch.optim``); tensor parallelism,
+    #: if any, keeps Megatron's collectives
+    program: Literal["megatron", "eager"] = "megatron"
 
     @property
     def ffn_size(self) -> int:
@@ -427,6 +434,7 @@ class _Ops:
         from predictor.workloads.transformer_memory import layer_param_count
 
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
+        self.eager = spec.program == "eager"
         moe = spec.moe
         self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * (2 * self.h * self.f + self.f + self.h)
 
@@ -477,10 +485,14 @@ class _Ops:
             e.op(f"{p}core_attention", [k])
             return
         bh = float(b * hl)
+        if self.eager:  # q, k, v split out of the fused projection: permute + reshape copies
+            e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", 3.0 * self.T * hl * d, dt)])
         e.op(f"{p}attn_scores", [gemm(f"{p}attn_scores.bmm", s, s, d, dt, batch=bh)])
         e.op(f"{p}scale_mask_softmax", [eltwise(f"{p}softmax", "softmax", bh * s * s, dt, rw=2.0)])
         e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}attn_context", [gemm(f"{p}attn_context.bmm", s, d, s, dt, batch=bh)])
+        if self.eager:  # heads back to tokens: transpose + reshape copy
+            e.op(f"{p}context.reshape", [eltwise(f"{p}context.copy", "memcpy", self.T * hl * d, dt)])
 
     def _attn_bwd(self, e: _Emitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
@@ -495,10 +507,21 @@ class _Ops:
         if self.plan.recompute == "selective":
             self._attn_fwd(e, f"{p}recompute.")
         bh = float(b * hl)
+        if self.eager:
+            e.op(f"{p}context.reshape.backward", [eltwise(f"{p}context.copy_bwd", "memcpy", self.T * hl * d, dt)])
         e.op(f"{p}attn_context.backward", [gemm(f"{p}attn_context.dgrad_probs", s, s, d, dt, batch=bh),
                                            gemm(f"{p}attn_context.dgrad_v", s, d, s, dt, batch=bh)])
         e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax", bh * s * s, dt, rw=3.0)])
+        if self.eager:  # baddbmm's backward: the two GEMMs plus the scale (alpha) applied to each gradient
+            e.op(f"{p}attn_scores.backward", [gemm(f"{p}attn_scores.dgrad_q", s, d, s, dt, batch=bh),
+                                              eltwise(f"{p}attn_scores.scale_q", "mul", bh * s * d, dt),
+                                              gemm(f"{p}attn_scores.dgrad_k", s, d, s, dt, batch=bh),
+                                              eltwise(f"{p}attn_scores.scale_k", "mul", bh * s * d, dt)])
+            # unbind's backward stacks q, k, v; the permute's backward copies them back to tokens
+            e.op(f"{p}qkv_split.backward", [eltwise(f"{p}qkv_split.stack", "concat", 3.0 * self.T * hl * d, dt),
+                                            eltwise(f"{p}qkv_split.copy_bwd", "memcpy", 3.0 * self.T * hl * d, dt)])
+            return
         e.op(f"{p}attn_scores.backward", [gemm(f"{p}attn_scores.dgrad_q", s, d, s, dt, batch=bh),
                                           gemm(f"{p}attn_scores.dgrad_k", s, d, s, dt, batch=bh)])
 
@@ -539,10 +562,14 @@ class _Ops:
         if self.spec.moe is None:
             if self.sp:
                 self._tp(e, f"{p}mlp_output_grad_all_gather", "all_gather", T * h)
-            e.op(f"{p}fc2.backward", [gemm(f"{p}fc2.dgrad", T, f / t, h, dt), gemm(f"{p}fc2.wgrad", f / t, h, T, dt)])
+            e.op(f"{p}fc2.backward", [gemm(f"{p}fc2.dgrad", T, f / t, h, dt), gemm(f"{p}fc2.wgrad", f / t, h, T, dt),
+                                      *self._bias_grad(f"{p}fc2", T, h)])
+            self._accumulate_grad(e, f"{p}fc2", 2)
             e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu", T * f / t, dt, rw=3.0)])
             e.op(f"{p}fc1.dgrad", [gemm(f"{p}fc1.dgrad", T, h, f / t, dt)])
-            self._input_grad_reduce(e, f"{p}fc1", [gemm(f"{p}fc1.wgrad", h, f / t, T, dt)])
+            self._input_grad_reduce(e, f"{p}fc1", [gemm(f"{p}fc1.wgrad", h, f / t, T, dt),
+                                                   *self._bias_grad(f"{p}fc1", T, f / t)])
+            self._accumulate_grad(e, f"{p}fc1", 2)
             return
         moe, ep = self.spec.moe, self.plan.ep
         Tr = T / t
@@ -561,6 +588,39 @@ class _Ops:
         if not self.sp:
             self._tp(e, f"{p}moe_input_grad_all_gather", "all_gather", T * h)
 
+    # -------------------------------------------------------------- eager-program pieces
+    def _dropout_add(self, e: _Emitter, name: str) -> None:
+        """The output dropout and the residual add: one fused kernel, or eager's two ops."""
+        Tn, h, dt = self.Tn, self.h, self.dt
+        if not self.eager:
+            e.op(name, [eltwise(name, "dropout", Tn * h, dt, rw=3.5)])
+            return
+        e.op(f"{name}.dropout", [eltwise(f"{name}.dropout", "dropout", Tn * h, dt, rw=2.5)])
+        e.op(f"{name}.residual_add", [eltwise(f"{name}.residual_add", "add", Tn * h, dt, rw=3.0)])
+
+    def _layernorm_bwd(self, e: _Emitter, name: str) -> None:
+        """Layer-norm backward: Megatron's fused kernel, or eager's input-gradient kernel plus the
+        weight/bias gradient partials and their reduction (and two AccumulateGrad ops)."""
+        Tn, h, dt = self.Tn, self.h, self.dt
+        if not self.eager:
+            e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "layer_norm", Tn * h, dt, rw=4.0)])
+            return
+        e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "layer_norm", Tn * h, dt, rw=3.0),
+                                  eltwise(f"{name}_bwd.gamma_beta", "elementwise", Tn * h, dt, rw=2.0),
+                                  eltwise(f"{name}_bwd.reduce", "elementwise", 64.0 * h, 4, rw=1.0)])
+        self._accumulate_grad(e, name, 2)
+
+    def _bias_grad(self, name: str, rows: float, n: float) -> list[Kernel]:
+        """Eager ``AddmmBackward``'s bias gradient: a column sum of the output gradient."""
+        return [eltwise(f"{name}.bias_grad", "elementwise", rows * n, self.dt, rw=1.0)] if self.eager else []
+
+    def _accumulate_grad(self, e: _Emitter, name: str, tensors: int) -> None:
+        """Eager autograd's AccumulateGrad per parameter tensor: host work, no kernel (gradients set to
+        None before backward are taken over, not added)."""
+        if self.eager:
+            for i in range(tensors):
+                e.op(f"{name}.accumulate_grad[{i}]", [])
+
     # -------------------------------------------------------------- layers
     def layer_fwd(self, e: _Emitter, p: str) -> None:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
@@ -570,10 +630,10 @@ class _Ops:
         self._attn_fwd(e, p)
         e.op(f"{p}attn_proj", [gemm(f"{p}attn_proj.mm", T, h, h / t, dt)])
         self._tp_reduce_out(e, f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
-        e.op(f"{p}bias_dropout_add", [eltwise(f"{p}bias_dropout_add", "dropout", Tn * h, dt, rw=3.5)])
+        self._dropout_add(e, f"{p}bias_dropout_add")
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._mlp_fwd(e, p)
-        e.op(f"{p}bias_dropout_add_2", [eltwise(f"{p}bias_dropout_add_2", "dropout", Tn * h, dt, rw=3.5)])
+        self._dropout_add(e, f"{p}bias_dropout_add_2")
 
     def layer_bwd(self, e: _Emitter, p: str) -> None:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
@@ -581,23 +641,33 @@ class _Ops:
             self.layer_fwd(e, f"{p}recompute.")
         e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._mlp_bwd(e, p)
-        e.op(f"{p}post_attention_layernorm.backward",
-             [eltwise(f"{p}post_attention_layernorm_bwd", "layer_norm", Tn * h, dt, rw=4.0)])
+        self._layernorm_bwd(e, f"{p}post_attention_layernorm")
+        if self.eager:  # the residual stream's two gradients summed by autograd
+            e.op(f"{p}residual_2.grad_add", [eltwise(f"{p}residual_2.grad_add", "add", Tn * h, dt, rw=3.0)])
         e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         if self.sp:
             self._tp(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
         e.op(f"{p}attn_proj.backward", [gemm(f"{p}attn_proj.dgrad", T, h / t, h, dt),
-                                        gemm(f"{p}attn_proj.wgrad", h / t, h, T, dt)])
+                                        gemm(f"{p}attn_proj.wgrad", h / t, h, T, dt), *self._bias_grad(f"{p}attn_proj", T, h)])
+        self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
         e.op(f"{p}qkv.dgrad", [gemm(f"{p}qkv.dgrad", T, h, 3 * h / t, dt)])
-        self._input_grad_reduce(e, f"{p}qkv", [gemm(f"{p}qkv.wgrad", h, 3 * h / t, T, dt)])
-        e.op(f"{p}input_layernorm.backward", [eltwise(f"{p}input_layernorm_bwd", "layer_norm", Tn * h, dt, rw=4.0)])
+        self._input_grad_reduce(e, f"{p}qkv", [gemm(f"{p}qkv.wgrad", h, 3 * h / t, T, dt),
+                                               *self._bias_grad(f"{p}qkv", T, 3 * h / t)])
+        self._accumulate_grad(e, f"{p}qkv", 2)
+        self._layernorm_bwd(e, f"{p}input_layernorm")
+        if self.eager:
+            e.op(f"{p}residual.grad_add", [eltwise(f"{p}residual.grad_add", "add", Tn * h, dt, rw=3.0)])
 
     # -------------------------------------------------------------- embedding and head
     def embedding_fwd(self, e: _Emitter) -> None:
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
-        e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0),
-                           eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+        if self.eager:  # F.embedding, then "+ pos": two ops
+            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
+            e.op("position_embedding", [eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+        else:
+            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0),
+                               eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
         self._tp_reduce_out(e, "embedding.vocab_parallel_reduce")
         e.op("embedding_dropout", [eltwise("embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
 
@@ -606,6 +676,21 @@ class _Ops:
         e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
         if self.sp:
             self._tp(e, "embedding.grad_all_gather", "all_gather", T * h)
+        if self.eager:
+            # the position table's gradient: a sum over the batch; the token table's: eager's
+            # embedding_dense_backward (sort the indices, count, index-add), then the tied output
+            # layer's gradient added to it
+            e.op("position_embedding.backward", [eltwise("position_embedding.grad_sum", "elementwise", T * h, dt,
+                                                         rw=1.0)])
+            self._accumulate_grad(e, "position_embedding", 1)
+            e.op("embedding.backward", [eltwise("word_embedding.sort_indices", "elementwise", T, 8, rw=4.0),
+                                        eltwise("word_embedding.count", "elementwise", T, 8, rw=2.0),
+                                        eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
+            if self.spec.tie_embeddings:
+                e.op("word_embedding.tied_grad_add", [eltwise("word_embedding.tied_grad_add", "add",
+                                                              self.V / self.t * h, dt, rw=3.0)])
+            self._accumulate_grad(e, "word_embedding", 1)
+            return
         e.op("embedding.backward", [eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
 
     def head_fwd(self, e: _Emitter) -> None:
@@ -613,16 +698,29 @@ class _Ops:
         e.op("final_layernorm", [eltwise("final_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._tp_gather_in(e, "lm_head_input_all_gather")
         e.op("lm_head", [gemm("lm_head.mm", T, V / t, h, dt)])
+        if self.eager and t == 1:  # F.cross_entropy: log-softmax, then the NLL gather and mean
+            e.op("cross_entropy", [eltwise("log_softmax", "softmax", T * V, dt, rw=2.0),
+                                   eltwise("nll_loss", "elementwise", T, 4, rw=2.0)])
+            return
         e.op("cross_entropy", [eltwise("vocab_parallel_cross_entropy", "softmax", T * V / t, dt, rw=4.0)])
         for i in range(3 if t > 1 else 0):  # max, sum of exp, target logit over the vocab shards
             e.op(f"cross_entropy.all_reduce[{i}]", [_coll(f"cross_entropy.all_reduce[{i}]", "all_reduce", T * 4.0, self.lay.tp, 4)])
 
     def head_bwd(self, e: _Emitter) -> None:
-        T, Tn, h, t, dt, V = self.T, self.Tn, self.h, self.t, self.dt, self.V
-        e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt, rw=3.0)])
+        T, h, t, dt, V = self.T, self.h, self.t, self.dt, self.V
+        if self.eager and t == 1:
+            # backward() seeds the loss gradient; NLL's backward zero-fills the logits' gradient and
+            # scatters into it; log-softmax's backward
+            e.op("loss.grad_seed", [eltwise("loss.ones_like", "elementwise", 1.0, 4, rw=1.0)])
+            e.op("nll_loss.backward", [eltwise("nll_loss_bwd.zero", "elementwise", T * V, dt, rw=1.0),
+                                       eltwise("nll_loss_bwd.scatter", "elementwise", T, 4, rw=2.0)])
+            e.op("log_softmax.backward", [eltwise("log_softmax_bwd", "softmax", T * V, dt, rw=3.0)])
+        else:
+            e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt,
+                                                    rw=3.0)])
         e.op("lm_head.dgrad", [gemm("lm_head.dgrad", T, h, V / t, dt)])
         self._input_grad_reduce(e, "lm_head", [gemm("lm_head.wgrad", V / t, h, T, dt)])
-        e.op("final_layernorm.backward", [eltwise("final_layernorm_bwd", "layer_norm", Tn * h, dt, rw=4.0)])
+        self._layernorm_bwd(e, "final_layernorm")
 
 
 # ============================================================================ builder
@@ -770,6 +868,12 @@ class _GraphBuilder:
             markers["wait_compute"].append(k[0])
             after_comm.append(k[0])
         local = params / (plan.dp if plan.distributed_optimizer else 1)
+        if spec.program == "eager" and plan.tp * plan.pp * plan.dp == 1:
+            self._eager_optimizer(e, local, after_comm, markers)
+            markers["groups"] = groups
+            blk = e.freeze(markers)
+            self._blocks[key] = blk
+            return blk
         norm = e.op("grad_norm", [eltwise("grad_norm.sq_sum", "elementwise", local, 4, rw=1.0)], after=after_comm)
         markers["grad_norm"] = norm[0]
         g_norm = gb.new_group()
@@ -784,6 +888,24 @@ class _GraphBuilder:
         blk = e.freeze(markers)
         self._blocks[key] = blk
         return blk
+
+    def _eager_optimizer(self, e: _Emitter, params: float, after: list[int], markers: dict) -> None:
+        """One process of plain PyTorch: ``clip_grad_norm``'s total norm (``_foreach_norm`` over the
+        gradients in chunks, ``stack``, a vector norm), then ``torch.optim.Adam(fused=True)``: the step
+        counters (``_foreach_add_``) and one fused kernel reading parameter, gradient and both moments
+        and writing parameter and moments, all in the parameters' dtype."""
+        dt = self.spec.dtype_bytes
+        tensors = 12 * self.spec.layers + 4  # per layer: 4 linear + 2 norm (weight, bias); tok, pos, final norm
+        chunks = max(1, -(-tensors // 12))
+        norm = e.op("grad_norm.foreach_norm", [eltwise(f"grad_norm.foreach_norm[{i}]", "elementwise", params / chunks,
+                                                       dt, rw=1.0) for i in range(chunks)], after=after)
+        markers["grad_norm"] = norm[0]
+        e.op("grad_norm.stack", [eltwise("grad_norm.stack", "concat", float(tensors), 4, rw=2.0)])
+        e.op("grad_norm.vector_norm", [eltwise("grad_norm.vector_norm", "elementwise", float(tensors), 4, rw=1.0)])
+        e.op("optimizer.step_count", [eltwise("adam.foreach_add", "elementwise", float(tensors), 4, rw=2.0)])
+        e.op("optimizer.step", [("adam.fused", "optimizer", Category.MEMORY,
+                                 {"elements": params, "dtype_bytes": dt, "bytes": 7.0 * dt * params})])
+        e.op("optimizer.zero_grad", [])
 
     def macro_block(self, phase: str, first: bool, last: bool) -> ExecutionGraph:
         """Stage detail: one launch + one task lasting the simulated span of the kernel template."""
@@ -888,7 +1010,8 @@ class _GraphBuilder:
             gmap = {}
             if "tied" in mk["groups"]:
                 gmap[mk["groups"]["tied"]] = groups_tied
-            gmap[mk["groups"]["norm"]] = group_norm
+            if "norm" in mk["groups"]:  # the eager program of one process has no norm all-reduce
+                gmap[mk["groups"]["norm"]] = group_norm
             off = asm.stamp(blk, stage, group_map=gmap)
             for w in mk["wait_compute"]:
                 asm.edge(last_compute, off + w, edge_gpu)
