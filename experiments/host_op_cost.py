@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -40,19 +39,6 @@ def _ops(device: torch.device) -> dict:
     return ops
 
 
-def per_op_seconds(fn, n: int, device: torch.device) -> float:
-    """Host seconds per call of ``fn`` over ``n`` calls (the GPU idles between the tiny kernels)."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t0
-    torch.cuda.synchronize(device)
-    return dt / n
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="host_op_cost.json")
@@ -61,12 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
+    from predictor.calibration.overheads import host_seconds_per_call
+
     device = torch.device("cuda")
     rows = {}
     for name, fn in _ops(device).items():
-        plain = min(per_op_seconds(fn, args.calls, device) for _ in range(3))
+        plain = min(host_seconds_per_call(fn, args.calls, device) for _ in range(3))
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-            profiled = per_op_seconds(fn, max(200, args.calls // 10), device)
+            profiled = host_seconds_per_call(fn, max(200, args.calls // 10), device)
         rows[name] = {"unprofiled_s": plain, "profiled_s": profiled}
         print(f"{name:<26} {plain * 1e6:7.2f} us unprofiled, {profiled * 1e6:7.2f} us profiled", flush=True)
     charge = None

@@ -46,7 +46,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["measure_overheads", "METADATA_OPS", "whisker_mean", "unprofiled_op_seconds", "single_kernel_ops"]
+__all__ = ["measure_overheads", "METADATA_OPS", "whisker_mean", "unprofiled_op_seconds", "single_kernel_ops",
+           "host_seconds_per_call"]
 
 #: leaf ops that do no compute (views, allocation, metadata) — not "kernels" on CPU
 METADATA_OPS = frozenset(
@@ -109,26 +110,28 @@ def single_kernel_ops(device: torch.device) -> dict:
     }
 
 
+def host_seconds_per_call(fn, calls: int, device: torch.device, warmup: int = 50) -> float:
+    """Host seconds per call of ``fn`` over ``calls`` back-to-back calls without synchronisation
+    (after ``warmup`` calls and a sync): on tiny tensors the GPU finishes each kernel long before the
+    next is issued, so the loop runs at the host's pace."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return dt / calls
+
+
 def unprofiled_op_seconds(device: torch.device, calls: int = 2000, rounds: int = 3) -> dict[str, float]:
-    """Host seconds per call of each :func:`single_kernel_ops` op: ``calls`` back-to-back calls
-    without synchronisation (the GPU finishes each tiny kernel long before the next is issued, so
-    the loop runs at the host's pace), the fastest of ``rounds``."""
-    out = {}
-    for name, fn in single_kernel_ops(device).items():
-        best = float("inf")
-        for _ in range(rounds):
-            for _ in range(50):
-                fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / calls)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        out[name] = best
-    return out
+    """Host seconds per call of each :func:`single_kernel_ops` op (:func:`host_seconds_per_call`),
+    the fastest of ``rounds``."""
+    return {name: min(host_seconds_per_call(fn, calls, device) for _ in range(rounds))
+            for name, fn in single_kernel_ops(device).items()}
 
 
 def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> None:

@@ -61,7 +61,7 @@ from predictor.traces.build import ReplayGraph, _join_et, build_graph
 from predictor.traces.errors import TraceError
 from predictor.traces.kineto import EventCat, KinetoTrace
 from predictor.traces.load import TraceSet
-from predictor.traces.ops import _DTYPE_BYTES, dtype_bytes, op_params
+from predictor.traces.ops import dtype_bytes, is_tensor_type, op_params
 
 __all__ = ["AnnotatedTrace", "ProfilerCost", "annotate", "combine_captures", "VIEW_OPS", "host_kernel_kind", "kernel_params", "PARAM_EXP_COLUMNS"]
 
@@ -136,16 +136,12 @@ def host_kernel_kind(name: str) -> tuple[str, Category]:
     return _ELTWISE.get(name, "elementwise"), Category.MEMORY
 
 
-def _is_tensor_type(t: object) -> bool:
-    return isinstance(t, str) and (t.startswith("Tensor") or t.lower() in _DTYPE_BYTES or t == "")
-
-
 def _tensor_inputs(shapes: list, types: list | None) -> list[tuple[int, list[int]]]:
     """(input position, shape) of every tensor input (lists of tensors are flattened, position kept)."""
     out: list[tuple[int, list[int]]] = []
     for i, s in enumerate(shapes if isinstance(shapes, list) else []):
         t = types[i] if types is not None and i < len(types) else ""
-        if isinstance(s, list) and s and all(isinstance(d, int) for d in s) and _is_tensor_type(t):
+        if isinstance(s, list) and s and all(isinstance(d, int) for d in s) and is_tensor_type(t):
             out.append((i, s))
         elif isinstance(s, list) and s and all(isinstance(x, list) for x in s) and isinstance(t, str) and \
                 ("List" in t or t.startswith("GenericList") or t == ""):

@@ -100,14 +100,18 @@ def _numel(shape: object) -> float:
     return float(math.prod(shape)) if shape else 1.0
 
 
+def is_tensor_type(t: object) -> bool:
+    """Is a Kineto ``Input type`` / ET type a tensor's? Kineto spells dtypes as PyTorch does
+    (``float``, ``c10::BFloat16``, ``c10::Half``), hence case-insensitive; ``""``: unknown, assume so."""
+    return isinstance(t, str) and (t.startswith("Tensor") or t.lower() in _DTYPE_BYTES or t == "")
+
+
 def _tensor_shapes(shapes: list, types: list | None) -> list[list[int]]:
     """The shapes of the tensor inputs, in order (scalars and lists dropped)."""
     out: list[list[int]] = []
     for i, s in enumerate(shapes):
         t = types[i] if types is not None and i < len(types) else ""
-        # Kineto spells dtypes as PyTorch does ("float", "c10::BFloat16", "c10::Half"): case-insensitive
-        is_tensor_type = isinstance(t, str) and (t.startswith("Tensor") or t.lower() in _DTYPE_BYTES or t == "")
-        if isinstance(s, list) and s and all(isinstance(d, int) for d in s) and is_tensor_type:
+        if isinstance(s, list) and s and all(isinstance(d, int) for d in s) and is_tensor_type(t):
             out.append(s)
     return out
 
