@@ -256,7 +256,7 @@ def _read_overheads(path: Path) -> dict:
         v = d.get(k)
         if not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
             raise CalibrationError(f"--overheads {path}: {k} must be a non-negative number of seconds, got {v!r}")
-    return {**d, "_file": str(path)}
+    return d
 
 
 def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform, data: dict[str, pd.DataFrame],
@@ -324,7 +324,9 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     specs = [(b.name, s) for b in make_benchmarks(world_size, list(data)) for s in b.specs(ctx)]
     base = old.platform.model_copy(update={"name": re.sub(r" \(calibrated [0-9-]+\)$", "", old.platform.name)})
     contention = {k: float(v) for k, v in (m.get("host_contention") or {}).get(str(world_size), {}).items()}
+    refit_info = {"date": _dt.date.today().isoformat(), "from": str(old.path)}
     if overheads is not None:
+        refit_info["overheads_from"] = str(overheads)
         overheads = _read_overheads(Path(overheads))
     else:
         overheads = dict(m.get("overheads") or {})
@@ -334,8 +336,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     pack_name = old.name if out == old.path else out.name.strip().lower()
     extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit")}
     extra["overheads"] = overheads
-    extra["refit"] = {"date": _dt.date.today().isoformat(), "from": str(old.path),
-                      **({"overheads_from": str(Path(str(overheads.get("_file"))))} if "_file" in overheads else {})}
+    extra["refit"] = refit_info
     log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")
     return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
                           extra, started, log, register)

@@ -870,20 +870,18 @@ class _GraphBuilder:
         local = params / (plan.dp if plan.distributed_optimizer else 1)
         if spec.program == "eager" and plan.tp * plan.pp * plan.dp == 1:
             self._eager_optimizer(e, local, after_comm, markers)
-            markers["groups"] = groups
-            blk = e.freeze(markers)
-            self._blocks[key] = blk
-            return blk
-        norm = e.op("grad_norm", [eltwise("grad_norm.sq_sum", "elementwise", local, 4, rw=1.0)], after=after_comm)
-        markers["grad_norm"] = norm[0]
-        g_norm = gb.new_group()
-        groups["norm"] = g_norm
-        e.op("grad_norm.all_reduce", [_coll("grad_norm.all_reduce", "all_reduce", 4.0, self.lay.mp, 4)], group=g_norm)
-        e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
-                                 {"elements": local, "dtype_bytes": 4, "bytes": ADAM_BYTES_PER_PARAM * local})])
-        if plan.distributed_optimizer and plan.dp > 1:
-            e.op("param.all_gather", [_coll("param.all_gather", "all_gather", params * spec.dtype_bytes, self.lay.dp,
-                                            spec.dtype_bytes)])
+        else:
+            norm = e.op("grad_norm", [eltwise("grad_norm.sq_sum", "elementwise", local, 4, rw=1.0)], after=after_comm)
+            markers["grad_norm"] = norm[0]
+            g_norm = gb.new_group()
+            groups["norm"] = g_norm
+            e.op("grad_norm.all_reduce", [_coll("grad_norm.all_reduce", "all_reduce", 4.0, self.lay.mp, 4)],
+                 group=g_norm)
+            e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
+                                     {"elements": local, "dtype_bytes": 4, "bytes": ADAM_BYTES_PER_PARAM * local})])
+            if plan.distributed_optimizer and plan.dp > 1:
+                e.op("param.all_gather", [_coll("param.all_gather", "all_gather", params * spec.dtype_bytes,
+                                                self.lay.dp, spec.dtype_bytes)])
         markers["groups"] = groups
         blk = e.freeze(markers)
         self._blocks[key] = blk
