@@ -240,14 +240,15 @@ def graph_for(model: str, batch: int, program: str | None = None):
     return build_dlrm_graph(spec, np.zeros(len(tables), dtype=np.int64), 1, mode="device")
 
 
-def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None) -> tuple[list[dict], dict]:
+def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
+                 program: str = GPT_PROGRAM) -> tuple[list[dict], dict]:
     """Every measured row predicted by each timing (and from its model's trace in ``traces_dir``,
     if given); returns (rows, summary by predictor)."""
     from predictor.simulate import simulate
 
     rows = []
     for r in measured["rows"]:
-        g = graph_for(r["model"], int(r["batch"]))
+        g = graph_for(r["model"], int(r["batch"]), program)
         row = dict(r)
         row.pop("times", None)
         for p, timing in timings.items():
@@ -296,29 +297,24 @@ def predict(args) -> None:
     files = [Path(f) for f in args.predict]
     platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
     timings = {p: timing_for(p) for p in platforms}
-    measured = json.loads(files[0].read_text())
-    rows, summary = predict_rows(measured, timings, args.traces_dir if "h100" in platforms else None)
-    others = []
-    for f in files[1:]:
-        m = json.loads(f.read_text())
-        _, s = predict_rows(m, timings, None)
-        others.append({"file": f.name, "date": m["date"], "gpu": m["gpu"], "summary": s,
-                       "measured_s": {f"{r['model']}/{r['batch']}": r["measured_s"] for r in m["rows"]}})
-    # the GPT rows under the other program of the transformer synthesiser, every measured file
-    chosen = GPT_PROGRAM
-    programs = []
-    for f in files:
-        m = json.loads(f.read_text())
-        by = {}
-        for prog in (chosen, "megatron" if chosen == "eager" else "eager"):
-            globals()["GPT_PROGRAM"] = prog
-            by[prog] = predict_rows(m, timings, None)[1]
-        programs.append({"file": f.name, "by_program": by})
-    globals()["GPT_PROGRAM"] = chosen
+    chosen = args.gpt_program
+    other = "megatron" if chosen == "eager" else "eager"
+    runs = [json.loads(f.read_text()) for f in files]
+    measured = runs[0]
+    rows, summary = predict_rows(measured, timings, args.traces_dir if "h100" in platforms else None, chosen)
+    others, programs = [], []
+    for f, m in zip(files, runs, strict=True):
+        s = summary if m is measured else predict_rows(m, timings, None, chosen)[1]
+        if m is not measured:
+            others.append({"file": f.name, "date": m["date"], "gpu": m["gpu"], "summary": s,
+                           "measured_s": {f"{r['model']}/{r['batch']}": r["measured_s"] for r in m["rows"]}})
+        # the same rows with the transformer synthesiser's other program for the GPT rows
+        programs.append({"file": f.name, "by_program": {chosen: {p: s[p] for p in timings},
+                                                         other: predict_rows(m, timings, None, other)[1]}})
     out = {"measured": {k: v for k, v in measured.items() if k != "rows"}, "file": files[0].name,
            "platforms": platforms, "summary": summary, "rows": rows, "other_runs": others,
-           "gpt_program": GPT_PROGRAM, "program_comparison": programs,
-           "kernel_counts": kernel_counts(args.traces_dir)}
+           "gpt_program": chosen, "program_comparison": programs,
+           "kernel_counts": kernel_counts(args.traces_dir, chosen)}
     results = Path(args.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     (results / "e2e_h100.json").write_text(json.dumps(out, indent=1))
@@ -326,7 +322,7 @@ def predict(args) -> None:
     print(render(out))
 
 
-def kernel_counts(traces_dir: str | Path) -> list[dict]:
+def kernel_counts(traces_dir: str | Path, program: str = GPT_PROGRAM) -> list[dict]:
     """GPU kernels per iteration: the synthesised graph vs the captured trace, per traced model.
 
     On a host-bound step every kernel costs the host a launch, so a program with more kernels than
@@ -341,7 +337,7 @@ def kernel_counts(traces_dir: str | Path) -> list[dict]:
         if trace is None:
             continue
         batch = int(trace.name.split("-b")[-1].split(".")[0])
-        g = graph_for(model, batch)
+        g = graph_for(model, batch, program)
         tg = annotate(load_traces(trace)).graphs()[0]
         frame = tg.tasks_frame()
         traced = int((tg.is_gpu() & (frame["kind"] != "gpu_gap").to_numpy()).sum())
@@ -468,7 +464,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.measure:
         measure(args)
     if args.predict:
-        globals()["GPT_PROGRAM"] = args.gpt_program
         predict(args)
     if not (args.measure or args.predict):
         ap.error("give --measure and/or --predict FILE")
