@@ -299,7 +299,7 @@ def predict(args) -> None:
     timings = {p: timing_for(p) for p in platforms}
     chosen = args.gpt_program
     other = "megatron" if chosen == "eager" else "eager"
-    runs = [json.loads(f.read_text()) for f in files]
+    runs = [_read_measured(f) for f in files]
     measured = runs[0]
     rows, summary = predict_rows(measured, timings, args.traces_dir if "h100" in platforms else None, chosen)
     others, programs = [], []
@@ -438,6 +438,30 @@ def render(out: dict) -> str:
                 f"{o['summary'][p]['geomean_pct']:.1f} / {o['summary'][p]['max_pct']:.1f}" for p in ps) + " |")
     lines += ["", "Configurations: " + "; ".join(f"{k}: {_config(k)}" for k in ROWS), ""]
     return "\n".join(lines)
+
+
+def _read_measured(path: Path) -> dict:
+    """A measured file of ``--measure``; exits 2 with one line naming the problem when it is missing,
+    not JSON, or lacks the fields a prediction needs."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise SystemExit(_fail(f"cannot read measured file {path}: {exc.strerror or exc}")) from None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(_fail(f"measured file {path} is not JSON (line {exc.lineno}): truncated or foreign?")) from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    need = ("model", "batch", "measured_s")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in need) for r in rows):
+        raise SystemExit(_fail(f"measured file {path} has no rows with {', '.join(need)}: not written by "
+                               "`e2e_gpu.py --measure`"))
+    for k in ("date", "gpu"):
+        data.setdefault(k, "?")
+    return data
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,3 +43,20 @@ def test_predict_writes_both_platforms_and_the_trace_rows(tmp_path: Path):
     assert res["other_runs"][0]["summary"]["h100"]["n"] == 1
     md = (out / "e2e_h100.md").read_text()
     assert "From captured traces" in md and "other machine instances" in md
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "cannot read measured file"),
+    ('{"rows": [', "is not JSON"),
+    ('{"rows": [{"model": "mlp"}]}', "has no rows with"),
+])
+def test_bad_measured_file_exits_2_with_one_line(tmp_path: Path, capsys, text, message):
+    f = tmp_path / "m.json"
+    if text is not None:
+        f.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        e2e_gpu.main(["--predict", str(f), "--results-dir", str(tmp_path / "res")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "res").exists()  # nothing half-written
