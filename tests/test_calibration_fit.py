@@ -191,3 +191,17 @@ def test_roofline_peak_ignores_floor_dominated_regimes():
     # a launch floor of 5 us: the first regime's "bandwidth" moves its 1 KB in 1 ns, pure floor
     fit = RooflineFit(floor_s=5e-6, edges=(1e3, 1e8), bandwidths=(1e15, 3e12, 2.5e12))
     assert fit.peak_bandwidth == 3e12
+
+
+def test_held_out_split_of_a_kernel_does_not_depend_on_other_kernels():
+    from predictor.calibrate import HOLDOUT_FRACTION, _split
+
+    tr, te = _split(100, 0, "relu")
+    assert len(te) == round(HOLDOUT_FRACTION * 100) and len(tr) + len(te) == 100
+    assert not set(tr) & set(te)
+    # the same kernel, seed and count: the same split, whatever was split before it
+    _split(2045, 0, "addmm/fp32")
+    tr2, te2 = _split(100, 0, "relu")
+    assert np.array_equal(te, te2) and np.array_equal(tr, tr2)
+    assert not np.array_equal(te, _split(100, 0, "gelu")[1])  # kernels get their own permutations
+    assert not np.array_equal(te, _split(100, 1, "relu")[1])  # and the pack seed matters
