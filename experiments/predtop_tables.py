@@ -60,6 +60,9 @@ MODELS: dict[str, dict] = dict(DEFAULT_NETWORKS)
 VARIANTS: dict[str, tuple[str, int, dict]] = {
     "dag_transformer_x3": ("dag_transformer", 3, {}),
     "dag_transformer_4x64": ("dag_transformer", 1, {"dim": 64, "layers": 4, "heads": 4}),  # PredTOP's size
+    "dag_transformer_hop": ("dag_transformer", 1, {"hop_bias": 4}),  # + learned hop-distance bias (ours)
+    "dag_transformer_local": ("dag_transformer", 1, {"local": True}),  # + SAT-style local queries/keys
+    "dag_transformer_local_hop": ("dag_transformer", 1, {"local": True, "hop_bias": 4}),
 }
 
 
@@ -70,6 +73,9 @@ def network_of(column: str) -> tuple[str, int, dict]:
 LABELS = {"dag_transformer": "DAG Transformer", "gcn": "GCN", "gat": "GAT",
           "dag_transformer_x3": "DAG Transformer, ensemble of 3",
           "dag_transformer_4x64": "DAG Transformer 4x64 (PredTOP's size)",
+          "dag_transformer_hop": "DAG Transformer + hop bias",
+          "dag_transformer_local": "DAG Transformer + local structure",
+          "dag_transformer_local_hop": "DAG Transformer + local structure + hop bias",
           "work_anchor": "work anchor alone (no network)"}
 
 

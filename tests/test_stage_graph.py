@@ -34,6 +34,17 @@ def test_reachability_is_transitive_closure_not_neighbours():
     assert np.array_equal(m, m.T)
 
 
+def test_hop_distance_is_shortest_path():
+    d = _diamond().hop_distance()
+    assert d[0].tolist() == [0, 1, 1, 2, 3, -1]  # 0 -> 4: the shortest of the two 3-edge paths
+    assert d[4, 0] == -1 and d[1, 2] == -1  # against the edges / siblings: no path
+    assert np.array_equal(d >= 1, _diamond().reachability())
+    from predictor.stage.batching import prepare
+
+    hops = prepare(_diamond()).hops
+    assert hops[0, 3] == 2 and hops[3, 0] == -2 and hops[1, 2] == 0  # signed, upstream negative
+
+
 def test_depth_is_longest_path():
     assert _diamond().depth().tolist() == [0, 1, 1, 2, 3, 0]
 

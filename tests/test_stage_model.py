@@ -38,6 +38,8 @@ def synthetic():
     ("kind", "kwargs"),
     [
         ("dag_transformer", {"dim": 16, "layers": 2, "heads": 2, "pool_scale": 0.1}),
+        ("dag_transformer", {"dim": 16, "layers": 2, "heads": 2, "pool_scale": 0.1, "hop_bias": 3}),
+        ("dag_transformer", {"dim": 16, "layers": 2, "heads": 2, "pool_scale": 0.1, "local": True}),
         ("gcn", {"dim": 32, "layers": 2, "pool_scale": 0.1}),
         ("gat", {"dim": 16, "layers": 2, "pool_scale": 0.1}),
     ],
@@ -98,11 +100,17 @@ def _member_predictions(model: StageLatencyModel, k: int, graphs) -> np.ndarray:
         model.members = members
 
 
-def test_padding_does_not_change_predictions(synthetic):
+@pytest.mark.parametrize(("hop_bias", "local"), [(0, False), (3, False), (0, True)])
+def test_padding_does_not_change_predictions(synthetic, hop_bias, local):
     # a graph predicted alone and in a padded batch with larger graphs gives the same output
     graphs, y = synthetic
-    model = StageLatencyModel("dag_transformer", TrainConfig(epochs=2), dim=16, layers=2, heads=2)
+    model = StageLatencyModel("dag_transformer", TrainConfig(epochs=2), dim=16, layers=2, heads=2, hop_bias=hop_bias,
+                               local=local)
     model.fit(graphs[:20], y[:20])
+    if hop_bias:
+        with torch.no_grad():
+            for layer in model.net.layers:
+                layer.bias.normal_()  # a non-trivial hop bias must not leak into padding either
     small = min(graphs, key=lambda g: g.n_nodes)
     big = max(graphs, key=lambda g: g.n_nodes)
     items = [prepare(g, model.mean, model.std) for g in (small, big)]

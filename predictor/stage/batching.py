@@ -1,7 +1,7 @@
 """Graphs prepared once for the networks, and the two ways a list of them becomes a batch.
 
 A :class:`PreparedGraph` holds the (normalised) node features, the reachability attention mask,
-the node depths and the edge list of one :class:`~predictor.stage.graph.StageGraph`, computed
+the signed hop distances, the node depths and the edge list of one :class:`~predictor.stage.graph.StageGraph`, computed
 once and reused by every model and epoch.
 
 * :func:`collate_dense` pads graphs to the largest node count of the batch — what the DAG
@@ -27,13 +27,19 @@ __all__ = ["DenseBatch", "PreparedGraph", "SparseBatch", "collate_dense", "colla
 
 @dataclass
 class PreparedGraph:
-    """Network inputs of one graph: ``x`` [N, F] float32, ``mask`` [N, N] bool, ``depth`` [N], ``edges`` [E, 2]."""
+    """Network inputs of one graph: ``x`` [N, F] float32, ``mask`` [N, N] bool, ``depth`` [N], ``edges`` [E, 2].
+
+    ``hops`` [N, N] int16: signed shortest-path length between two nodes, ``+d`` when ``v`` is
+    ``d`` edges downstream of ``u``, ``-d`` when upstream, 0 on the diagonal and between nodes
+    with no path (those pairs are masked out anyway).
+    """
 
     x: np.ndarray
     mask: np.ndarray
     depth: np.ndarray
     edges: np.ndarray
     work: np.ndarray | None = None  #: :meth:`StageGraph.work` (FLOPs, bytes, operators)
+    hops: np.ndarray | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -47,19 +53,24 @@ def prepare(
     x = graph.features()
     if mean is not None and std is not None:
         x = (x - mean) / std
-    return PreparedGraph(x.astype(np.float32), graph.attention_mask(), graph.depth(), graph.edges.copy(), graph.work())
+    d = graph.hop_distance()
+    hops = np.where(d > 0, d, 0) - np.where(d.T > 0, d.T, 0)
+    return PreparedGraph(x.astype(np.float32), graph.attention_mask(), graph.depth(), graph.edges.copy(), graph.work(),
+                         np.clip(hops, -32767, 32767).astype(np.int16))
 
 
 @dataclass
 class DenseBatch:
     """Padded batch: ``x`` [B, N, F], ``attn`` [B, 1, N, N] (True = may attend), ``depth`` [B, N],
-    ``node_mask`` [B, N], ``pred`` [B, N, N] (row ``v``: ``1 / in-degree`` at each direct predecessor of ``v``)."""
+    ``node_mask`` [B, N], ``pred`` [B, N, N] (row ``v``: ``1 / in-degree`` at each direct predecessor of ``v``),
+    ``hops`` [B, N, N] int64 (:class:`PreparedGraph`'s signed hop distances, 0 on padding)."""
 
     x: torch.Tensor
     attn: torch.Tensor
     depth: torch.Tensor
     node_mask: torch.Tensor
     pred: torch.Tensor
+    hops: torch.Tensor
 
 
 @dataclass
@@ -83,12 +94,15 @@ def collate_dense(graphs: Sequence[PreparedGraph]) -> DenseBatch:
     depth = np.zeros((b, n), dtype=np.int64)
     node_mask = np.zeros((b, n), dtype=bool)
     pred = np.zeros((b, n, n), dtype=np.float32)
+    hops = np.zeros((b, n, n), dtype=np.int64)
     for i, g in enumerate(graphs):
         k = g.n_nodes
         x[i, :k] = g.x
         attn[i, :k, :k] = g.mask
         depth[i, :k] = g.depth
         node_mask[i, :k] = True
+        if g.hops is not None:
+            hops[i, :k, :k] = g.hops
         if g.edges.size:
             src, dst = g.edges[:, 0], g.edges[:, 1]
             indeg = np.bincount(dst, minlength=k).astype(np.float32)
@@ -99,6 +113,7 @@ def collate_dense(graphs: Sequence[PreparedGraph]) -> DenseBatch:
         torch.from_numpy(depth),
         torch.from_numpy(node_mask),
         torch.from_numpy(pred),
+        torch.from_numpy(hops),
     )
 
 

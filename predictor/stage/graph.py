@@ -29,7 +29,8 @@ count — the inputs of the analytic anchor of :class:`~predictor.stage.model.St
 (not node features: the network sees PredTOP Table I only).
 
 The DAG-Transformer inputs are :meth:`StageGraph.reachability` (``R[u, v]`` = a directed path
-``u -> v`` exists) and :meth:`StageGraph.depth` (longest path from a source). Nodes are stored
+``u -> v`` exists), :meth:`StageGraph.depth` (longest path from a source) and, for its optional
+hop bias, :meth:`StageGraph.hop_distance` (shortest directed path, in edges). Nodes are stored
 in a topological order (the FX order), so every edge goes from a lower to a higher index.
 """
 
@@ -282,6 +283,22 @@ class StageGraph:
                 anc[v, preds] = True
                 anc[v] |= anc[preds].any(axis=0)
         return anc.T.copy()
+
+    def hop_distance(self) -> np.ndarray:
+        """``int64 [N, N]``: edges on the shortest directed path ``u -> v`` (0 on the diagonal, -1: none).
+
+        Computed in topological order: ``D[u, v] = 1 + min over predecessors p of v of D[u, p]``.
+        """
+        n = self.n_nodes
+        big = np.iinfo(np.int64).max // 2
+        dist = np.full((n, n), big, dtype=np.int64)  # dist[v, u]: from u to v
+        for v, preds in enumerate(self.predecessors()):
+            if preds.size:
+                dist[v] = dist[preds].min(axis=0) + 1
+            dist[v, v] = 0
+        out = dist.T.copy()
+        out[out >= big // 2] = -1
+        return out
 
     def attention_mask(self) -> np.ndarray:
         """``bool [N, N]``: True where node ``u`` may attend to ``v`` (a path either way, or ``u == v``)."""
