@@ -1,0 +1,251 @@
+"""Where the CPU end-to-end error comes from: one training step taken apart, predicted vs in situ.
+
+For a few rows of ``experiments/e2e_cpu.py`` (MLP and the small GPT, one process, one thread) this
+measures, each configuration in fresh child processes:
+
+* the step time with the default C allocator, and the system time and page faults per step
+  (glibc hands freed heap memory back to the OS and the next step faults it in again), then the
+  same program with trimming and mmap disabled (``MALLOC_TRIM_THRESHOLD_`` /
+  ``MALLOC_MMAP_THRESHOLD_`` set very high: no page faults);
+* in the no-fault process, the step profiled (torch.profiler, CPU, 3 blocks of 5 steps, each op's
+  fastest block): every GEMM's time in situ, and
+  the same GEMM shapes timed alone warm (repeated on cache-resident inputs, as the calibration
+  times them) and cold (last-level cache evicted first), and the asset pack's prediction of each;
+* the rest of the step (not GEMMs) in situ, by ATen op, against the prediction of the non-GEMM
+  tasks of the synthesised graph.
+
+Nothing here feeds a prediction: it says which part of the model a remaining error belongs to.
+
+Run:  flock /tmp/tuner-measure.lock python experiments/insitu_cpu.py
+      (writes benchmarks/results/insitu_cpu.{md,json}; about 3 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform as pyplatform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "benchmarks" / "results"
+#: (model, batch) rows of experiments/e2e_cpu.py taken apart
+CONFIGS = (("mlp", 64), ("mlp", 1024), ("gpt", 2), ("gpt", 8))
+#: environment that stops glibc from returning freed memory to the OS (no page faults in steady state)
+#: (32 MiB is the largest mmap threshold glibc accepts; a larger value is ignored)
+NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": str(10**15), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+#: profiled blocks of 5 steps; each op keeps its fastest block (a shared VM has slow spells)
+PROFILE_BLOCKS = 3
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def _step(model: str, batch: int):
+    """The e2e experiment's training step closure and its host-mode graph."""
+    from experiments.e2e_cpu import GPT, MLP, gpt_graph, gpt_step, mlp_step
+    from predictor.workloads.mlp import build_mlp_graph
+
+    if model == "mlp":
+        spec = dataclasses.replace(MLP, batch_size=batch)
+        return mlp_step(spec), build_mlp_graph(spec, mode="host")
+    return gpt_step(GPT, batch), gpt_graph(GPT, batch)
+
+
+def _gemm_shape(key: str, shapes: list) -> tuple[str, int, int, int, int]:
+    """(kind, batch, m, n, k) of a profiled GEMM from its input shapes."""
+    if key == "aten::mm":
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return "mm", 1, m, n, k
+    if key == "aten::addmm":
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return "addmm", 1, m, n, k
+    (b, m, k), (_, _, n) = (shapes[0], shapes[1]) if key == "aten::bmm" else (shapes[1], shapes[2])
+    return "bmm", b, m, n, k
+
+
+def child(model: str, batch: int, profile: bool, steps: int = 20) -> dict:
+    """Runs in a fresh process: step timing with rusage; with ``profile``, the GEMM and op breakdown."""
+    import numpy as np
+    import torch
+
+    from experiments.e2e_cpu import resolve
+    from experiments.measure_env import llc_flush_buffer, time_call
+    from predictor.kernels.base import TaskView
+    from predictor.simulate import simulate
+
+    torch.set_num_threads(1)
+    step, graph = _step(model, batch)
+    timing, _, _ = resolve("cpu-local")
+    tl = simulate(graph, timing)
+    kinds = np.asarray(graph.kinds)[graph.kind]
+    is_gemm = np.isin(kinds, ("gemm", "mm", "addmm", "bmm"))
+    out = {"model": model, "batch": batch, "predicted_s": float(tl.iteration_s),
+           "predicted_gemm_s": float(tl.duration[is_gemm].sum()),
+           "predicted_other_s": float(tl.iteration_s - tl.duration[is_gemm].sum())}
+    for _ in range(5):
+        step()
+    r0, times = resource.getrusage(resource.RUSAGE_SELF), []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    out.update(step_s=float(np.median(times)), system_s=(r1.ru_stime - r0.ru_stime) / steps,
+               faults=(r1.ru_minflt - r0.ru_minflt) / steps)
+    if not profile:
+        return out
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    n = 5
+    best: dict[tuple, tuple] = {}  # (op, shapes) -> (seconds per step, event) of the fastest block
+    for _ in range(PROFILE_BLOCKS):
+        with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(n):
+                step()
+        for e in prof.key_averages(group_by_input_shape=True):
+            key = (e.key, str(e.input_shapes))
+            per_step = e.self_cpu_time_total / n / 1e6
+            if key not in best or per_step < best[key][0]:
+                best[key] = (per_step, e)
+    flush = llc_flush_buffer()
+    gemms, other = [], {}
+    for per_step, e in best.values():
+        if e.key not in GEMM_OPS:
+            other[e.key] = other.get(e.key, 0.0) + per_step
+            continue
+        kind, b, m, nn_, k = _gemm_shape(e.key, e.input_shapes)
+        cols = {"m": m, "n": nn_, "k": k, "dtype_bytes": 4, "flops": 2.0 * m * nn_ * k * b}
+        if b != 1:
+            cols["batch"] = b
+        pred = float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
+        if b == 1:
+            x, y = torch.randn(m, k), torch.randn(k, nn_)
+            fn = lambda x=x, y=y: torch.mm(x, y)  # noqa: E731
+        else:
+            x, y = torch.randn(b, m, k), torch.randn(b, k, nn_)
+            fn = lambda x=x, y=y: torch.bmm(x, y)  # noqa: E731
+        calls = e.count / n
+        gemms.append({"kind": kind, "batch": b, "m": m, "n": nn_, "k": k, "calls": calls, "predicted_s": pred,
+                      "warm_s": time_call(fn, None), "cold_s": time_call(fn, flush),
+                      "in_situ_s": per_step / calls})
+    out["gemms"] = gemms
+    out["profiled_step_s"] = float(sum(other.values()) + sum(g["in_situ_s"] * g["calls"] for g in gemms))
+    out["other_ops_s"] = dict(sorted(other.items(), key=lambda kv: -kv[1])[:12])
+    out["other_in_situ_s"] = float(sum(other.values()))
+    return out
+
+
+def run_child(model: str, batch: int, env: dict, profile: bool) -> dict:
+    """:func:`child` in a fresh interpreter with ``env`` added."""
+    cmd = [sys.executable, __file__, "--child", model, str(batch)] + (["--profile"] if profile else [])
+    res = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"error: child {model} b{batch} failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    ms = 1e3
+    lines = [
+        "# One CPU training step taken apart: predicted vs in situ",
+        "",
+        f"{meta['date']}, {meta['machine']}, torch {meta['torch']}, 1 thread; asset pack `cpu-local`; "
+        f"host-mode graphs of `experiments/e2e_cpu.py`. Reproduce: `flock /tmp/tuner-measure.lock python "
+        f"experiments/insitu_cpu.py` ({meta['wall_s']:.0f} s).",
+        "",
+        "Each configuration runs in fresh processes: `default` = the C allocator as it comes; `no trim` = "
+        "the same program with glibc's trimming and mmap thresholds set very high, so freed memory is never "
+        "handed back to the OS and no step pays page faults. Step = median of 20 steps after 5 warm-up ones.",
+        "",
+        "| model | batch | predicted ms | step ms (default) | system ms / step | page faults / step | "
+        "step ms (no trim) | system ms (no trim) | faults (no trim) | error vs no trim |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        d, nt = r["default"], r["no_trim"]
+        lines.append(f"| {r['model']} | {r['batch']} | {d['predicted_s'] * ms:.2f} | {d['step_s'] * ms:.2f} | "
+                     f"{d['system_s'] * ms:.2f} | {d['faults']:.0f} | {nt['step_s'] * ms:.2f} | "
+                     f"{nt['system_s'] * ms:.2f} | {nt['faults']:.0f} | "
+                     f"{100 * (d['predicted_s'] / nt['step_s'] - 1):+.1f}% |")
+    lines += [
+        "",
+        "## GEMMs: the pack vs the same shapes alone (warm, cold) vs in situ",
+        "",
+        "Sums per step over every GEMM of the profiled step (no-trim process). `warm`: repeated on "
+        "cache-resident inputs (how the calibration times GEMMs); `cold`: the last-level cache evicted "
+        "before each call; `in situ`: the profiler's time of the same calls inside the step.",
+        "",
+        "| model | batch | GEMMs | predicted ms | warm ms | cold ms | in situ ms | in situ / warm | cold / warm |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        g = r["no_trim"]["gemms"]
+        s = {k: sum(x[k] * x["calls"] for x in g) for k in ("predicted_s", "warm_s", "cold_s", "in_situ_s")}
+        lines.append(f"| {r['model']} | {r['batch']} | {sum(x['calls'] for x in g):.0f} | {s['predicted_s'] * ms:.2f} | "
+                     f"{s['warm_s'] * ms:.2f} | {s['cold_s'] * ms:.2f} | {s['in_situ_s'] * ms:.2f} | "
+                     f"{s['in_situ_s'] / s['warm_s']:.2f} | {s['cold_s'] / s['warm_s']:.2f} |")
+    lines += [
+        "",
+        "## Everything else: predicted vs in situ (profiled, so slightly inflated)",
+        "",
+        "| model | batch | predicted ms (non-GEMM tasks) | in situ ms (non-GEMM ops) | largest in situ |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        nt = r["no_trim"]
+        top = ", ".join(f"{k.removeprefix('aten::')} {v * ms:.2f}" for k, v in list(nt["other_ops_s"].items())[:6])
+        lines.append(f"| {r['model']} | {r['batch']} | {nt['predicted_other_s'] * ms:.2f} | "
+                     f"{nt['other_in_situ_s'] * ms:.2f} | {top} |")
+    lines += ["", "Reading: see `docs/SESSION_NOTES.md` (session 6) for what each gap is and what was tried.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=RESULTS / "insitu_cpu")
+    ap.add_argument("--render", action="store_true", help="only re-write the .md from the existing .json")
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.profile)))
+        return
+    if args.render:
+        from tuner.report import atomic_write_text
+
+        saved = json.loads(args.out.with_suffix(".json").read_text())
+        atomic_write_text(args.out.with_suffix(".md"), markdown(saved["rows"], saved["meta"]))
+        return
+    import torch
+
+    t0 = time.perf_counter()
+    rows = []
+    for model, batch in CONFIGS:
+        r = {"model": model, "batch": batch, "default": run_child(model, batch, {}, False),
+             "no_trim": run_child(model, batch, NO_TRIM, True)}
+        d, nt = r["default"], r["no_trim"]
+        print(f"{model} b{batch}: predicted {d['predicted_s'] * 1e3:.2f} ms, step {d['step_s'] * 1e3:.2f} ms "
+              f"(system {d['system_s'] * 1e3:.2f} ms, {d['faults']:.0f} faults), no trim {nt['step_s'] * 1e3:.2f} ms",
+              flush=True)
+        rows.append(r)
+    meta = {"date": dt.date.today().isoformat(), "machine": f"{pyplatform.machine()} {os.cpu_count()}-core",
+            "torch": torch.__version__, "wall_s": time.perf_counter() - t0}
+    from tuner.report import atomic_write_text
+
+    atomic_write_text(args.out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
+    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, meta))
+    print(f"wrote {args.out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
