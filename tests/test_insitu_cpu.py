@@ -1,0 +1,35 @@
+"""``experiments/insitu_cpu.py``: GEMM shapes from profiler input shapes, and the report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import insitu_cpu  # noqa: E402
+
+
+def test_gemm_shapes_from_profiler_inputs():
+    assert insitu_cpu._gemm_shape("aten::mm", [[64, 1024], [1024, 512]]) == ("mm", 1, 64, 512, 1024)
+    assert insitu_cpu._gemm_shape("aten::addmm", [[512], [64, 1024], [1024, 512], [], []]) == ("addmm", 1, 64, 512, 1024)
+    assert insitu_cpu._gemm_shape("aten::bmm", [[8, 128, 64], [8, 64, 32]]) == ("bmm", 8, 128, 32, 64)
+    assert insitu_cpu._gemm_shape("aten::baddbmm", [[8, 128, 128], [8, 128, 64], [8, 64, 128], [], []]) == \
+        ("bmm", 8, 128, 128, 64)
+
+
+def test_child_and_report_on_a_tiny_step(monkeypatch):
+    # a real (tiny) MLP step through the child's measurement and profiling path, then the report
+    import dataclasses
+
+    from experiments import e2e_cpu
+
+    monkeypatch.setattr(e2e_cpu, "MLP", dataclasses.replace(e2e_cpu.MLP, input_dim=16, hidden=(32, 32), classes=4))
+    monkeypatch.setattr(insitu_cpu, "PROFILE_BLOCKS", 1)
+    r = insitu_cpu.child("mlp", 8, profile=True, steps=3)
+    assert r["step_s"] > 0 and r["predicted_s"] > 0 and r["gemms"]
+    assert all(g["warm_s"] > 0 and g["in_situ_s"] > 0 and g["predicted_s"] > 0 for g in r["gemms"])
+    md = insitu_cpu.markdown([{"model": "mlp", "batch": 8, "default": r, "no_trim": r}],
+                             {"date": "d", "machine": "m", "torch": "t", "wall_s": 1.0})
+    assert "| mlp | 8 |" in md and "in situ / warm" in md
