@@ -115,3 +115,27 @@ def test_model_timing_routes_overheads_and_kinds():
 def test_taskview_rejects_unknown_parameters():
     with pytest.raises(ValueError, match="unknown kernel parameter"):
         TaskView.single("gemm", mm=3)
+
+
+def test_backward_kinds_fall_back_to_their_forward_model_until_calibrated():
+    from predictor.kernels.learned import FittedRoofline, fit_roofline
+
+    platform = get_platform("a100-80gb")
+    moved = np.logspace(3, 8, 20)
+    gelu = fit_roofline(moved, 1e-6 + moved / 50e9)
+    gelu_bwd = fit_roofline(moved, 1e-6 + moved / 20e9)
+    # a pack calibrated before backward kernels: gelu_bwd tasks are timed by gelu's fit, log-softmax's
+    # backward by softmax's model (its forward kind is not its name less "_bwd")
+    old = ModelTiming(platform, [FittedRoofline({"gelu": gelu, "softmax": gelu})])
+    assert old.timed_kind("gelu_bwd") == "gelu" and old.timed_kind("log_softmax_bwd") == "softmax"
+    assert old.timed_kind("gelu") == "gelu" and old.timed_kind("relu_bwd") == "relu"
+    new = ModelTiming(platform, [FittedRoofline({"gelu": gelu, "gelu_bwd": gelu_bwd})])
+    assert new.timed_kind("gelu_bwd") == "gelu_bwd"
+    b = GraphBuilder()
+    cpu = b.processor(0, ProcKind.CPU_THREAD, "cpu")
+    for kind in ("gelu", "gelu_bwd"):
+        b.task(cpu, kind, kind, Category.MEMORY, bytes=3e6, params={"elements": 2.5e5, "dtype_bytes": 4})
+    g = b.build()
+    d_old, d_new = old.durations(g), new.durations(g)
+    assert d_old[1] == pytest.approx(gelu(np.array([3e6]))[0])  # same bytes, the forward's fit
+    assert d_new[1] == pytest.approx(gelu_bwd(np.array([3e6]))[0]) and d_new[1] > 2 * d_new[0]

@@ -32,8 +32,9 @@ def row_features(ctx: BenchContext) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (("m", "n", "dtype_bytes"), ("dtype_bytes",)) if len(row_dtypes(ctx)) > 1 else (("m", "n"), ())
 
 
-def rows_by_width_cases(ctx: BenchContext, kernel: str, make, count: int) -> list[Case]:
-    """Cases over ``m`` rows x ``n`` columns, both log-uniform, capped by elements; ``count`` per dtype."""
+def rows_by_width_cases(ctx: BenchContext, kernel: str, make, count: int, rw: float = 2.0) -> list[Case]:
+    """Cases over ``m`` rows x ``n`` columns, both log-uniform, capped by elements; ``count`` per dtype.
+    ``rw``: tensors of ``m x n`` read or written per call (the ``bytes`` column)."""
     cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.range_level]
     cases: list[Case] = []
     for dt in row_dtypes(ctx):
@@ -45,7 +46,7 @@ def rows_by_width_cases(ctx: BenchContext, kernel: str, make, count: int) -> lis
             if m * n > cap or m * n < 64:
                 continue
             row = {"kernel": kernel, "kind": kernel, "m": m, "n": n, "elements": m * n, "dtype_bytes": nbytes,
-                   "bytes": 2.0 * nbytes * m * n}
+                   "bytes": rw * nbytes * m * n}
             cases.append((row, make(m, n, dtype, ctx.device)))
             made += 1
     return cases

@@ -135,7 +135,7 @@ def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_l
     """Activation backward, dgrad (unless ``first`` layer), wgrad + bias grad; launch the DDP
     all-reduce when this layer completes its bucket."""
     dt = ddp.dtype_bytes
-    e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu", b_local * o, dt, rw=3.0)])
+    e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu_bwd", b_local * o, dt, rw=3.0)])
     kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt), eltwise(f"{name}.bias_grad", "elementwise", b_local * o, dt, rw=1.0)]
     if not first:
         kernels.insert(0, gemm(f"{name}.dgrad", b_local, i, o, dt))

@@ -109,7 +109,7 @@ def activation_forward(e: OpEmitter, name: str, kind: str, elements: float, dt: 
 
 def activation_backward(e: OpEmitter, name: str, kind: str, elements: float, dt: int) -> list[int]:
     """The activation's backward (reads the gradient and the saved tensor, writes the gradient)."""
-    return e.op(f"{name}.{kind}.backward", [eltwise(f"{name}.{kind}_bwd", kind, elements, dt, rw=3.0)])
+    return e.op(f"{name}.{kind}.backward", [eltwise(f"{name}.{kind}_bwd", f"{kind}_bwd", elements, dt, rw=3.0)])
 
 
 def sgd_step(e: OpEmitter, tensors: Sequence[tuple[str, float]], dt: int, after: Sequence[int] = ()) -> list[int]:
@@ -146,7 +146,7 @@ def _loss_backward(e: OpEmitter, spec: MLPSpec) -> None:
     b, c, dt = float(spec.batch_size), float(spec.classes), spec.dtype_bytes
     if spec.loss == "cross_entropy":
         e.op("nll_loss.backward", [eltwise("nll_loss_bwd", "loss", b * c, dt, rw=1.0)])
-        e.op("log_softmax.backward", [("log_softmax_bwd", "softmax", Category.MEMORY,
+        e.op("log_softmax.backward", [("log_softmax_bwd", "log_softmax_bwd", Category.MEMORY,
                                        {"m": b, "n": c, "elements": b * c, "dtype_bytes": dt,
                                         "bytes": 3.0 * b * c * dt})])
     else:

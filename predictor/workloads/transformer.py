@@ -512,7 +512,7 @@ class _Ops:
         e.op(f"{p}attn_context.backward", [gemm(f"{p}attn_context.dgrad_probs", s, s, d, dt, batch=bh),
                                            gemm(f"{p}attn_context.dgrad_v", s, d, s, dt, batch=bh)])
         e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
-        e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax", bh * s * s, dt, rw=3.0)])
+        e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax_bwd", bh * s * s, dt, rw=3.0)])
         if self.eager:  # baddbmm's backward: the two GEMMs plus the scale (alpha) applied to each gradient
             e.op(f"{p}attn_scores.backward", [gemm(f"{p}attn_scores.dgrad_q", s, d, s, dt, batch=bh),
                                               eltwise(f"{p}attn_scores.scale_q", "mul", bh * s * d, dt),
@@ -565,7 +565,7 @@ class _Ops:
             e.op(f"{p}fc2.backward", [gemm(f"{p}fc2.dgrad", T, f / t, h, dt), gemm(f"{p}fc2.wgrad", f / t, h, T, dt),
                                       *self._bias_grad(f"{p}fc2", T, h)])
             self._accumulate_grad(e, f"{p}fc2", 2)
-            e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu", T * f / t, dt, rw=3.0)])
+            e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu_bwd", T * f / t, dt, rw=3.0)])
             e.op(f"{p}fc1.dgrad", [gemm(f"{p}fc1.dgrad", T, h, f / t, dt)])
             self._input_grad_reduce(e, f"{p}fc1", [gemm(f"{p}fc1.wgrad", h, f / t, T, dt),
                                                    *self._bias_grad(f"{p}fc1", T, f / t)])
@@ -579,7 +579,7 @@ class _Ops:
         self._a2a(e, f"{p}moe_combine.backward", routed * h)
         e.op(f"{p}experts.fc2.backward", [gemm(f"{p}experts.fc2.dgrad", per_expert, f, h, dt, batch=local),
                                           gemm(f"{p}experts.fc2.wgrad", f, h, per_expert, dt, batch=local)])
-        e.op(f"{p}experts.gelu.backward", [eltwise(f"{p}experts.gelu_bwd", "gelu", routed * f, dt, rw=3.0)])
+        e.op(f"{p}experts.gelu.backward", [eltwise(f"{p}experts.gelu_bwd", "gelu_bwd", routed * f, dt, rw=3.0)])
         e.op(f"{p}experts.fc1.backward", [gemm(f"{p}experts.fc1.dgrad", per_expert, h, f, dt, batch=local),
                                           gemm(f"{p}experts.fc1.wgrad", h, f, per_expert, dt, batch=local)])
         self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
@@ -714,7 +714,7 @@ class _Ops:
             e.op("loss.grad_seed", [eltwise("loss.ones_like", "elementwise", 1.0, 4, rw=1.0)])
             e.op("nll_loss.backward", [eltwise("nll_loss_bwd.zero", "elementwise", T * V, dt, rw=1.0),
                                        eltwise("nll_loss_bwd.scatter", "elementwise", T, 4, rw=2.0)])
-            e.op("log_softmax.backward", [eltwise("log_softmax_bwd", "softmax", T * V, dt, rw=3.0)])
+            e.op("log_softmax.backward", [eltwise("log_softmax_bwd", "log_softmax_bwd", T * V, dt, rw=3.0)])
         else:
             e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt,
                                                     rw=3.0)])
