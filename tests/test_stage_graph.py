@@ -41,8 +41,10 @@ def test_hop_distance_is_shortest_path():
     assert np.array_equal(d >= 1, _diamond().reachability())
     from predictor.stage.batching import prepare
 
-    hops = prepare(_diamond()).hops
+    prepared = prepare(_diamond())
+    hops = prepared.hops
     assert hops[0, 3] == 2 and hops[3, 0] == -2 and hops[1, 2] == 0  # signed, upstream negative
+    assert np.array_equal(prepared.mask, _diamond().attention_mask())  # the mask, from the same pass
 
 
 def test_depth_is_longest_path():

@@ -53,9 +53,12 @@ def prepare(
     x = graph.features()
     if mean is not None and std is not None:
         x = (x - mean) / std
+    # one shortest-path pass gives both the hops and the attention mask (a path either way, or u == v:
+    # what StageGraph.attention_mask computes from the reachability)
     d = graph.hop_distance()
+    mask = (d >= 0) | (d.T >= 0)
     hops = np.where(d > 0, d, 0) - np.where(d.T > 0, d.T, 0)
-    return PreparedGraph(x.astype(np.float32), graph.attention_mask(), graph.depth(), graph.edges.copy(), graph.work(),
+    return PreparedGraph(x.astype(np.float32), mask, graph.depth(), graph.edges.copy(), graph.work(),
                          np.clip(hops, -32767, 32767).astype(np.int16))
 
 
