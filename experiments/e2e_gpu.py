@@ -299,7 +299,11 @@ def predict(args) -> None:
     timings = {p: timing_for(p) for p in platforms}
     chosen = args.gpt_program
     other = "megatron" if chosen == "eager" else "eager"
-    runs = [_read_measured(f) for f in files]
+    try:
+        runs = [_read_measured(f) for f in files]
+    except ValueError as exc:  # a missing, truncated or foreign file: one line, exit 2 (no results written)
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     measured = runs[0]
     rows, summary = predict_rows(measured, timings, args.traces_dir if "h100" in platforms else None, chosen)
     others, programs = [], []
@@ -441,27 +445,26 @@ def render(out: dict) -> str:
 
 
 def _read_measured(path: Path) -> dict:
-    """A measured file of ``--measure``; exits 2 with one line naming the problem when it is missing,
-    not JSON, or lacks the fields a prediction needs."""
+    """A measured file of ``--measure``.
+
+    Raises:
+        ValueError: the file is missing, not JSON, or lacks the fields a prediction needs (one line
+            naming the problem).
+    """
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        raise SystemExit(_fail(f"cannot read measured file {path}: {exc.strerror or exc}")) from None
+        raise ValueError(f"cannot read measured file {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
-        raise SystemExit(_fail(f"measured file {path} is not JSON (line {exc.lineno}): truncated or foreign?")) from None
+        raise ValueError(f"measured file {path} is not JSON (line {exc.lineno}): truncated or foreign?") from None
     rows = data.get("rows") if isinstance(data, dict) else None
     need = ("model", "batch", "measured_s")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in need) for r in rows):
-        raise SystemExit(_fail(f"measured file {path} has no rows with {', '.join(need)}: not written by "
-                               "`e2e_gpu.py --measure`"))
+        raise ValueError(f"measured file {path} has no rows with {', '.join(need)}: not written by "
+                         "`e2e_gpu.py --measure`")
     for k in ("date", "gpu"):
         data.setdefault(k, "?")
     return data
-
-
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def main(argv: list[str] | None = None) -> None:
