@@ -32,7 +32,7 @@ def test_host_graph_has_pytorchs_gemms_and_sgd_loop():
                                                    g.params["k"][df.index], strict=True) if n.startswith("fc")}
     assert shapes["fc1.addmm"] == (16, 32, 64)  # m = batch, n = out, k = in
     assert shapes["fc1.dgrad"] == (16, 64, 32)  # grad @ W
-    assert shapes["fc1.wgrad"] == (64, 32, 16)  # input^T @ grad
+    assert shapes["fc1.wgrad"] == (32, 64, 16)  # grad^T @ input: [out x batch] @ [batch x in]
     assert (df.kind == "add").sum() == 6  # SGD add_ per weight and bias
     assert (df.kind == "relu").sum() == 2 and (df.kind == "relu_bwd").sum() == 2  # two activations, fwd and bwd
     # total FLOPs of the GEMMs: 3 passes minus the first layer's input gradient

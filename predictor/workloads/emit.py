@@ -32,12 +32,16 @@ Kernel = tuple[str, str, Category, dict]
 ExecMode = Literal["device", "host"]
 
 
-def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0) -> Kernel:
-    """A GEMM kernel: (batch x) [m x k] @ [k x n], ``dt`` bytes per element."""
+def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0, *, op: str = "gemm") -> Kernel:
+    """A GEMM kernel: (batch x) [m x k] @ [k x n], ``dt`` bytes per element.
+
+    ``op``: the task kind, ``"gemm"`` or the ATen op an eager program runs (``"addmm"``, ``"mm"``,
+    ``"bmm"``); the calibrated GEMM models keep one network per op.
+    """
     params = {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k * batch}
     if batch != 1.0:
         params["batch"] = batch
-    return (name, "gemm", Category.COMPUTE, params)
+    return (name, op, Category.COMPUTE, params)
 
 
 def eltwise(name: str, kind: str, elements: float, dt: int, rw: float = 2.0) -> Kernel:

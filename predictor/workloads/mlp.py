@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from predictor.graph import Category, ExecutionGraph, GraphBuilder
-from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, eltwise
+from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, eltwise, gemm
 
 __all__ = [
     "MLPSpec",
@@ -78,13 +78,13 @@ class MLPSpec:
 
 # ----------------------------------------------------------------------------- kernels
 def addmm(name: str, m: float, n: float, k: float, dt: int) -> Kernel:
-    """``addmm(bias, A[m x k], B[k x n])`` (``F.linear`` with a bias)."""
-    return (name, "addmm", Category.COMPUTE, {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k})
+    """``addmm(bias, A[m x k], B[k x n])`` (``F.linear`` with a bias: ``B`` is ``W.t()``)."""
+    return gemm(name, m, n, k, dt, op="addmm")
 
 
 def mm(name: str, m: float, n: float, k: float, dt: int) -> Kernel:
     """``mm(A[m x k], B[k x n])``."""
-    return (name, "mm", Category.COMPUTE, {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k})
+    return gemm(name, m, n, k, dt, op="mm")
 
 
 def linear_forward(e: OpEmitter, name: str, b: float, i: int, o: int, dt: int, after: Sequence[int] = ()) -> list[int]:
@@ -95,7 +95,7 @@ def linear_forward(e: OpEmitter, name: str, b: float, i: int, o: int, dt: int, a
 def linear_backward(e: OpEmitter, name: str, b: float, i: int, o: int, dt: int, input_grad: bool = True) -> list[int]:
     """``AddmmBackward0`` of ``nn.Linear(i, o)``: input gradient (if needed), weight gradient, bias
     gradient (sum of ``b x o`` over the batch). Returns the kernel ids (last: the bias gradient)."""
-    kernels = [mm(f"{name}.wgrad", i, o, b, dt),
+    kernels = [mm(f"{name}.wgrad", o, i, b, dt),  # grad.t() @ input: [o x b] @ [b x i]
                ("bias_grad", "sum", Category.MEMORY, {"elements": b * o, "dtype_bytes": dt, "bytes": (b * o + o) * dt})]
     if input_grad:
         kernels.insert(0, mm(f"{name}.dgrad", b, i, o, dt))

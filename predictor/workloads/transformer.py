@@ -487,10 +487,10 @@ class _Ops:
         bh = float(b * hl)
         if self.eager:  # q, k, v split out of the fused projection: permute + reshape copies
             e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", 3.0 * self.T * hl * d, dt)])
-        e.op(f"{p}attn_scores", [gemm(f"{p}attn_scores.bmm", s, s, d, dt, batch=bh)])
+        e.op(f"{p}attn_scores", [self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])  # q @ k^T
         e.op(f"{p}scale_mask_softmax", [eltwise(f"{p}softmax", "softmax", bh * s * s, dt, rw=2.0)])
         e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
-        e.op(f"{p}attn_context", [gemm(f"{p}attn_context.bmm", s, d, s, dt, batch=bh)])
+        e.op(f"{p}attn_context", [self._bmm(f"{p}attn_context.bmm", s, d, s, bh)])
         if self.eager:  # heads back to tokens: transpose + reshape copy
             e.op(f"{p}context.reshape", [eltwise(f"{p}context.copy", "memcpy", self.T * hl * d, dt)])
 
@@ -509,30 +509,31 @@ class _Ops:
         bh = float(b * hl)
         if self.eager:
             e.op(f"{p}context.reshape.backward", [eltwise(f"{p}context.copy_bwd", "memcpy", self.T * hl * d, dt)])
-        e.op(f"{p}attn_context.backward", [gemm(f"{p}attn_context.dgrad_probs", s, s, d, dt, batch=bh),
-                                           gemm(f"{p}attn_context.dgrad_v", s, d, s, dt, batch=bh)])
+        e.op(f"{p}attn_context.backward", [self._bmm(f"{p}attn_context.dgrad_probs", s, s, d, bh),
+                                           self._bmm(f"{p}attn_context.dgrad_v", s, d, s, bh)])
         e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax_bwd", bh * s * s, dt, rw=3.0)])
         if self.eager:  # baddbmm's backward: the two GEMMs plus the scale (alpha) applied to each gradient
-            e.op(f"{p}attn_scores.backward", [gemm(f"{p}attn_scores.dgrad_q", s, d, s, dt, batch=bh),
+            e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
                                               eltwise(f"{p}attn_scores.scale_q", "mul", bh * s * d, dt),
-                                              gemm(f"{p}attn_scores.dgrad_k", s, d, s, dt, batch=bh),
+                                              # the gradient of k^T: q^T @ dS, [d x s] @ [s x s]
+                                              self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh),
                                               eltwise(f"{p}attn_scores.scale_k", "mul", bh * s * d, dt)])
             # unbind's backward stacks q, k, v; the permute's backward copies them back to tokens
             e.op(f"{p}qkv_split.backward", [eltwise(f"{p}qkv_split.stack", "concat", 3.0 * self.T * hl * d, dt),
                                             eltwise(f"{p}qkv_split.copy_bwd", "memcpy", 3.0 * self.T * hl * d, dt)])
             return
-        e.op(f"{p}attn_scores.backward", [gemm(f"{p}attn_scores.dgrad_q", s, d, s, dt, batch=bh),
-                                          gemm(f"{p}attn_scores.dgrad_k", s, d, s, dt, batch=bh)])
+        e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
+                                          self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh)])
 
     # -------------------------------------------------------------- MLP
     def _mlp_fwd(self, e: _Emitter, p: str) -> None:
         T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
         if self.spec.moe is None:
             self._tp_gather_in(e, f"{p}mlp_input_all_gather")
-            e.op(f"{p}fc1", [gemm(f"{p}fc1.addmm", T, f / t, h, dt)])
+            e.op(f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, f / t, h)])
             e.op(f"{p}bias_gelu", [eltwise(f"{p}bias_gelu", "gelu", T * f / t, dt, rw=2.0)])
-            e.op(f"{p}fc2", [gemm(f"{p}fc2.mm", T, h, f / t, dt)])
+            e.op(f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)])
             self._tp_reduce_out(e, f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
             return
         moe, ep = self.spec.moe, self.plan.ep
@@ -540,12 +541,12 @@ class _Ops:
         routed = Tr * moe.top_k * moe.capacity_factor
         per_expert = routed * ep / moe.experts
         local = float(moe.experts // ep)
-        e.op(f"{p}router", [gemm(f"{p}router.mm", Tr, moe.experts, h, dt),
+        e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
                             eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
         self._a2a(e, f"{p}moe_dispatch", routed * h)
-        e.op(f"{p}experts.fc1", [gemm(f"{p}experts.fc1", per_expert, f, h, dt, batch=local)])
+        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f, h, batch=local)])
         e.op(f"{p}experts.gelu", [eltwise(f"{p}experts.gelu", "gelu", routed * f, dt, rw=2.0)])
-        e.op(f"{p}experts.fc2", [gemm(f"{p}experts.fc2", per_expert, h, f, dt, batch=local)])
+        e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f, batch=local)])
         self._a2a(e, f"{p}moe_combine", routed * h)
         e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
         if not self.sp:
@@ -562,12 +563,12 @@ class _Ops:
         if self.spec.moe is None:
             if self.sp:
                 self._tp(e, f"{p}mlp_output_grad_all_gather", "all_gather", T * h)
-            e.op(f"{p}fc2.backward", [gemm(f"{p}fc2.dgrad", T, f / t, h, dt), gemm(f"{p}fc2.wgrad", f / t, h, T, dt),
+            e.op(f"{p}fc2.backward", [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
                                       *self._bias_grad(f"{p}fc2", T, h)])
             self._accumulate_grad(e, f"{p}fc2", 2)
             e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu_bwd", T * f / t, dt, rw=3.0)])
-            e.op(f"{p}fc1.dgrad", [gemm(f"{p}fc1.dgrad", T, h, f / t, dt)])
-            self._input_grad_reduce(e, f"{p}fc1", [gemm(f"{p}fc1.wgrad", h, f / t, T, dt),
+            e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, f / t)])
+            self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", f / t, h, T),
                                                    *self._bias_grad(f"{p}fc1", T, f / t)])
             self._accumulate_grad(e, f"{p}fc1", 2)
             return
@@ -577,16 +578,41 @@ class _Ops:
         per_expert = routed * ep / moe.experts
         local = float(moe.experts // ep)
         self._a2a(e, f"{p}moe_combine.backward", routed * h)
-        e.op(f"{p}experts.fc2.backward", [gemm(f"{p}experts.fc2.dgrad", per_expert, f, h, dt, batch=local),
-                                          gemm(f"{p}experts.fc2.wgrad", f, h, per_expert, dt, batch=local)])
+        e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f, h, batch=local),
+                                          self._wgrad(f"{p}experts.fc2.wgrad", h, f, per_expert, batch=local)])
         e.op(f"{p}experts.gelu.backward", [eltwise(f"{p}experts.gelu_bwd", "gelu_bwd", routed * f, dt, rw=3.0)])
-        e.op(f"{p}experts.fc1.backward", [gemm(f"{p}experts.fc1.dgrad", per_expert, h, f, dt, batch=local),
-                                          gemm(f"{p}experts.fc1.wgrad", h, f, per_expert, dt, batch=local)])
+        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f, batch=local),
+                                          self._wgrad(f"{p}experts.fc1.wgrad", f, h, per_expert, batch=local)])
         self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
-        e.op(f"{p}router.backward", [gemm(f"{p}router.dgrad", Tr, h, moe.experts, dt),
-                                     gemm(f"{p}router.wgrad", h, moe.experts, Tr, dt)])
+        e.op(f"{p}router.backward", [self._dgrad(f"{p}router.dgrad", Tr, h, moe.experts),
+                                     self._wgrad(f"{p}router.wgrad", moe.experts, h, Tr)])
         if not self.sp:
             self._tp(e, f"{p}moe_input_grad_all_gather", "all_gather", T * h)
+
+    # -------------------------------------------------------------- GEMMs
+    # Shapes as PyTorch (and Megatron) run them: a linear layer's forward is x @ W.t(), its input
+    # gradient grad @ W, its weight gradient grad.t() @ x ([out x tokens] @ [tokens x in]). The
+    # eager program names the ATen op (addmm with a bias, else mm; bmm), Megatron's program "gemm".
+    def _op(self, eager_op: str) -> str:
+        return eager_op if self.eager else "gemm"
+
+    def _linear(self, name: str, rows: float, out: float, inp: float, *, bias: bool = True,
+                batch: float = 1.0) -> Kernel:
+        """Forward of a linear layer ``inp -> out`` on ``rows`` tokens."""
+        op = "bmm" if batch != 1.0 else ("addmm" if bias else "mm")
+        return gemm(name, rows, out, inp, self.dt, batch=batch, op=self._op(op))
+
+    def _dgrad(self, name: str, rows: float, inp: float, out: float, *, batch: float = 1.0) -> Kernel:
+        """Input gradient of a linear layer ``inp -> out``: ``grad @ W``."""
+        return gemm(name, rows, inp, out, self.dt, batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+
+    def _wgrad(self, name: str, out: float, inp: float, rows: float, *, batch: float = 1.0) -> Kernel:
+        """Weight gradient of a linear layer ``inp -> out``: ``grad.t() @ x``."""
+        return gemm(name, out, inp, rows, self.dt, batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+
+    def _bmm(self, name: str, m: float, n: float, k: float, batch: float) -> Kernel:
+        """An attention GEMM per (sample, head)."""
+        return gemm(name, m, n, k, self.dt, batch=batch, op=self._op("bmm"))
 
     # -------------------------------------------------------------- eager-program pieces
     def _dropout_add(self, e: _Emitter, name: str) -> None:
@@ -626,9 +652,9 @@ class _Ops:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._tp_gather_in(e, f"{p}qkv_input_all_gather")
-        e.op(f"{p}qkv", [gemm(f"{p}qkv.addmm", T, 3 * h / t, h, dt)])
+        e.op(f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, 3 * h / t, h)])
         self._attn_fwd(e, p)
-        e.op(f"{p}attn_proj", [gemm(f"{p}attn_proj.mm", T, h, h / t, dt)])
+        e.op(f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)])
         self._tp_reduce_out(e, f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
         self._dropout_add(e, f"{p}bias_dropout_add")
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
@@ -647,12 +673,12 @@ class _Ops:
         e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         if self.sp:
             self._tp(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
-        e.op(f"{p}attn_proj.backward", [gemm(f"{p}attn_proj.dgrad", T, h / t, h, dt),
-                                        gemm(f"{p}attn_proj.wgrad", h / t, h, T, dt), *self._bias_grad(f"{p}attn_proj", T, h)])
+        e.op(f"{p}attn_proj.backward", [self._dgrad(f"{p}attn_proj.dgrad", T, h / t, h),
+                                        self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T), *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
-        e.op(f"{p}qkv.dgrad", [gemm(f"{p}qkv.dgrad", T, h, 3 * h / t, dt)])
-        self._input_grad_reduce(e, f"{p}qkv", [gemm(f"{p}qkv.wgrad", h, 3 * h / t, T, dt),
+        e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, 3 * h / t)])
+        self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", 3 * h / t, h, T),
                                                *self._bias_grad(f"{p}qkv", T, 3 * h / t)])
         self._accumulate_grad(e, f"{p}qkv", 2)
         self._layernorm_bwd(e, f"{p}input_layernorm")
@@ -697,7 +723,7 @@ class _Ops:
         T, Tn, h, t, dt, V = self.T, self.Tn, self.h, self.t, self.dt, self.V
         e.op("final_layernorm", [eltwise("final_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._tp_gather_in(e, "lm_head_input_all_gather")
-        e.op("lm_head", [gemm("lm_head.mm", T, V / t, h, dt)])
+        e.op("lm_head", [self._linear("lm_head.mm", T, V / t, h, bias=False)])
         if self.eager and t == 1:  # F.cross_entropy: log-softmax, then the NLL gather and mean
             e.op("cross_entropy", [eltwise("log_softmax", "softmax", T * V, dt, rw=2.0),
                                    eltwise("nll_loss", "elementwise", T, 4, rw=2.0)])
@@ -718,8 +744,8 @@ class _Ops:
         else:
             e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt,
                                                     rw=3.0)])
-        e.op("lm_head.dgrad", [gemm("lm_head.dgrad", T, h, V / t, dt)])
-        self._input_grad_reduce(e, "lm_head", [gemm("lm_head.wgrad", V / t, h, T, dt)])
+        e.op("lm_head.dgrad", [self._dgrad("lm_head.dgrad", T, h, V / t)])
+        self._input_grad_reduce(e, "lm_head", [self._wgrad("lm_head.wgrad", V / t, h, T)])
         self._layernorm_bwd(e, "final_layernorm")
 
 
