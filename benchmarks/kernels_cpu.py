@@ -109,7 +109,12 @@ def main() -> None:
         "quartile of 7 timed repeats (calls batched to >= 0.2 ms), best of 3 rounds over all grids in "
         "shuffled order, so the timings of one shape lie minutes apart (a family whose round budget ran "
         "out has fewer rounds for some shapes); collectives: 15 samples of batched calls after a barrier, "
-        "slowest rank, lower quartile, best of 2 passes.",
+        "slowest rank, lower quartile, best of 2 passes. "
+        + ("Memory-bound kernels (element-wise, layer norm, softmax family, data movement) are timed cold: one "
+           "call per sample after the last-level cache was evicted, 5 samples, lower quartile (a training step "
+           "does not find their operands cached; warm repeats ran them 1.5-4x faster than the step does). "
+           "Single-call samples of microsecond kernels are noisier than batched warm ones."
+           if pack.manifest.get("memory_bound_timing") == "cold" else ""),
         "",
         "Noise floor: two timings of the same shape in different rounds differ by a median of "
         + ", ".join(f"{k} {v:.0f} %" for k, v in _spreads(pack).items())

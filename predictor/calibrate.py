@@ -116,6 +116,7 @@ def calibrate(
     name: str | None = None,
     seed: int = 0,
     families: list[str] | None = None,
+    memory_bound: str | None = None,
     log: Callable[[str], None] = print,
     register: bool = True,
 ) -> AssetPack:
@@ -132,11 +133,14 @@ def calibrate(
         name: pack and platform name (default: the folder name of ``out``).
         seed: RNG seed of the shape grids and the held-out split.
         families: benchmark families to run (default: all).
+        memory_bound: ``"cold"`` or ``"warm"``: how the memory-bound families are timed (see
+            :attr:`~predictor.calibration.base.BenchContext.cold_memory_bound`); default cold on a
+            CPU, warm on a GPU.
         log: progress lines.
         register: remember the pack's location so ``--platform NAME`` finds it anywhere.
 
     Raises:
-        CalibrationError: bad device or world size.
+        CalibrationError: bad device, world size or ``memory_bound``.
     """
     dev = parse_device(device)
     level: Level = "tiny" if tiny else ("quick" if quick else "full")
@@ -161,11 +165,16 @@ def calibrate(
             raise CalibrationError(f"--threads {threads}: must be >= 1")
         torch.set_num_threads(threads)
     n_threads = torch.get_num_threads()
+    if memory_bound not in (None, "cold", "warm"):
+        raise CalibrationError(f"--memory-bound {memory_bound}: expected cold or warm")
     started = time.perf_counter()
     log(f"calibrating {dev} ({level} grids, {n_threads} torch thread(s), world size {world_size}) -> {out}")
 
     base = _base_platform(dev, level)
     llc_bytes = base.last_level_cache_bytes or 32 * 2**20
+    # CPU: memory-bound kernels are timed cold (see BenchContext.cold_memory_bound); on a GPU they
+    # stay warm by default (not validated there: its caches and the sizes of a step's tensors differ)
+    cold_memory = memory_bound == "cold" or (memory_bound is None and dev.type == "cpu")
     rng = np.random.default_rng(seed)
     timer = Timer(dev, warmup=2, repeats={"tiny": 3, "quick": 7, "full": 15}[level],
                   cold_repeats={"tiny": 2, "quick": 5, "full": 9}[level],
@@ -196,6 +205,7 @@ def calibrate(
                 max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
                 passes=passes if bench.name == "collectives" else 1,
                 shuffle_seed=seeds[bench.name] + 1 + p,
+                cold_memory_bound=cold_memory,
             )
             t0 = time.perf_counter()
             frame = bench.run(ctx)
@@ -236,6 +246,8 @@ def calibrate(
         "seed": seed,
         "holdout_fraction": HOLDOUT_FRACTION,
         "timing_estimator": ESTIMATOR,
+        #: how the memory-bound families were timed: "cold" (cache evicted before each call) or "warm"
+        "memory_bound_timing": "cold" if cold_memory else "warm",
         "overheads": overheads,
         "host_contention": {str(world_size): contention} if contention else {},
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -38,6 +39,10 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
 
     assert timing_for("smoke").source == "asset pack smoke"
     assert (out / "data" / "gemm.csv").is_file() and (out / "errors.md").is_file()
+    # on a CPU the memory-bound families are timed cold (cache evicted before each call), GEMMs warm
+    assert pack.manifest["memory_bound_timing"] == "cold"
+    assert set(pd.read_csv(out / "data" / "elementwise.csv")["cold"]) == {1}
+    assert "cold" not in pd.read_csv(out / "data" / "gemm.csv").columns
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -56,6 +61,7 @@ def test_calibrate_cuda_without_cuda_fails_cleanly(tmp_path: Path, device: str):
         (["--device", "tpu"], "expected cpu, cuda or cuda:N"),
         (["--world-size", "0"], "--world-size 0: must be >= 1"),
         (["--families", "gemm,nosuch"], "unknown benchmark family 'nosuch'"),
+        (["--memory-bound", "lukewarm"], "--memory-bound lukewarm: expected cold or warm"),
     ],
 )
 def test_calibrate_bad_input_is_one_line(tmp_path: Path, args: list[str], expect: str):

@@ -103,6 +103,11 @@ class BenchContext:
     #: seed of the shuffled order (None: drawn from ``rng``); lets repeated runs of one grid
     #: (same ``rng`` seed, so the same shapes) visit the shapes in different orders
     shuffle_seed: int | None = None
+    #: memory-bound families (element-wise, layer norm, softmax family, data movement) time every
+    #: case *cold*, the last-level cache evicted before each call: in a training step their
+    #: operands were written ops earlier and other kernels ran since, so a warm repeat, which finds
+    #: them in cache, runs them 1.5-4x faster than the step does (``experiments/insitu_cpu.py``)
+    cold_memory_bound: bool = False
     extra: dict = field(default_factory=dict)
 
     @property
@@ -141,12 +146,13 @@ def log_uniform_int(rng: np.random.Generator, lo: float, hi: float, size: int, m
 Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]]
 
 
-def run_cases(ctx: BenchContext, cases: list[Case], family: str) -> pd.DataFrame:
+def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound: bool = False) -> pd.DataFrame:
     """Time every case, ``ctx.passes`` times in a fresh random order, within the family budget.
 
     A case keeps the pass with the smallest ``seconds`` (interference only adds time). The
     first pass stops adding cases once the budget is spent; later passes run only while
-    budget remains, over the cases the first pass reached.
+    budget remains, over the cases the first pass reached. ``memory_bound`` families are timed
+    cold when ``ctx.cold_memory_bound`` (column ``cold`` = 1).
     """
     start = time.perf_counter()
     best: dict[int, dict] = {}
@@ -165,12 +171,13 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str) -> pd.DataFrame
             if p and i not in best:
                 continue
             row, build = cases[i]
+            cold = memory_bound and ctx.cold_memory_bound
             fn, setup = build()
-            m = ctx.timer.measure(fn, setup)
+            m = ctx.timer.measure(fn, setup, cold=cold)
             del fn, setup
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
-                best[i] = {**record(row, m), "case": i}
+                best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if memory_bound else {})}
     for i, row in best.items():
         row["pass_spread"] = pass_spread(seen[i])
     return pd.DataFrame([best[i] for i in sorted(best)])

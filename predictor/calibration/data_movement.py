@@ -61,7 +61,7 @@ class DataMovementBenchmark(Benchmark):
             made += 1
             cases.append(({"kernel": "transpose", "kind": "transpose", "batch": b, "m": m, "n": n,
                            "elements": b * m * n, "dtype_bytes": 4, "bytes": 8.0 * b * m * n}, _transpose(b, m, n, dev)))
-        return run_cases(ctx, cases, self.name)
+        return run_cases(ctx, cases, self.name, memory_bound=True)
 
 
 def _copy(n: int, device: torch.device):

@@ -77,7 +77,7 @@ class ElementwiseBenchmark(Benchmark):
                     row = {"kernel": op, "kind": op, "elements": n, "dtype_bytes": nbytes,
                            "bytes": float((n_in + n_out) * n * nbytes + extra * n)}
                     cases.append((row, _builder(op, n, dtype, ctx.device)))
-        return run_cases(ctx, cases, self.name)
+        return run_cases(ctx, cases, self.name, memory_bound=True)
 
 
 def _builder(op: str, n: int, dtype: torch.dtype, device: torch.device):

@@ -64,7 +64,7 @@ class LayerNormBenchmark(Benchmark):
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         count = ctx.count(tiny=10, quick=250, full=800)
-        return run_cases(ctx, rows_by_width_cases(ctx, "layer_norm", _builder, count), self.name)
+        return run_cases(ctx, rows_by_width_cases(ctx, "layer_norm", _builder, count), self.name, memory_bound=True)
 
 
 def _builder(m: int, n: int, dtype: torch.dtype, device: torch.device):

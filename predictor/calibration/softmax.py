@@ -37,7 +37,7 @@ class SoftmaxBenchmark(Benchmark):
         cases = rows_by_width_cases(ctx, "softmax", _builder, count)
         for kernel in ("softmax_bwd", "log_softmax_bwd"):
             cases += rows_by_width_cases(ctx, kernel, _backward_builder(kernel), count_bwd, rw=3.0)
-        return run_cases(ctx, cases, self.name)
+        return run_cases(ctx, cases, self.name, memory_bound=True)
 
 
 def _builder(m: int, n: int, dtype: torch.dtype, device: torch.device):

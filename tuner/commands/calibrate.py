@@ -27,6 +27,9 @@ def calibrate(
     families: str = typer.Option(None, "--families", help="comma-separated benchmark families (default: all): "
                                  "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
                                  "collectives"),
+    memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax and "
+                                     "data-movement kernels are timed: cold (cache evicted before each call, as a "
+                                     "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
@@ -45,6 +48,8 @@ def calibrate(
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
     if out is None and refit is None:
         fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
+    if memory_bound is not None and refit is not None:
+        fail("--memory-bound goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if overheads is not None and refit is None:
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     try:
@@ -55,7 +60,7 @@ def calibrate(
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
-                                   name=name, seed=seed, families=fams,
+                                   name=name, seed=seed, families=fams, memory_bound=memory_bound,
                                    log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
