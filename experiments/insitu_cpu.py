@@ -79,6 +79,7 @@ def child(model: str, batch: int, profile: bool, steps: int = 20) -> dict:
 
     from experiments.e2e_cpu import resolve
     from experiments.measure_env import llc_flush_buffer, time_call
+    from predictor.calibration.gemm import GEMM_KINDS
     from predictor.kernels.base import TaskView
     from predictor.simulate import simulate
 
@@ -87,7 +88,7 @@ def child(model: str, batch: int, profile: bool, steps: int = 20) -> dict:
     timing, _, _ = resolve("cpu-local")
     tl = simulate(graph, timing)
     kinds = np.asarray(graph.kinds)[graph.kind]
-    is_gemm = np.isin(kinds, ("gemm", "mm", "addmm", "bmm"))
+    is_gemm = np.isin(kinds, GEMM_KINDS)
     out = {"model": model, "batch": batch, "predicted_s": float(tl.iteration_s),
            "predicted_gemm_s": float(tl.duration[is_gemm].sum()),
            "predicted_other_s": float(tl.iteration_s - tl.duration[is_gemm].sum())}

@@ -155,6 +155,7 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound
     cold when ``ctx.cold_memory_bound`` (column ``cold`` = 1).
     """
     start = time.perf_counter()
+    cold = memory_bound and ctx.cold_memory_bound
     best: dict[int, dict] = {}
     seen: dict[int, list[float]] = {}
     order = list(range(len(cases)))
@@ -171,7 +172,6 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound
             if p and i not in best:
                 continue
             row, build = cases[i]
-            cold = memory_bound and ctx.cold_memory_bound
             fn, setup = build()
             m = ctx.timer.measure(fn, setup, cold=cold)
             del fn, setup
