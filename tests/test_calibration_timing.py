@@ -53,3 +53,47 @@ def test_long_calls_get_one_warm_up_and_three_samples() -> None:
     assert m.samples == 3 and len(calls) == 1 + 3
     short = Timer("cpu", warmup=2, repeats=7, cold_repeats=5, cache_bytes=2**20, long_call_s=0.005)
     assert short.measure(lambda: None, cold=True).samples == 5
+
+
+def _instances(order: list[str]):
+    """A ``build`` whose instances log their calls as ``call<i>``."""
+    built: list[int] = []
+
+    def build():
+        i = len(built)
+        built.append(i)
+        return (lambda: order.append(f"call{i}")), None
+
+    return build, built
+
+
+def test_measure_cold_warms_the_code_path_on_a_spare_then_times_fresh_instances() -> None:
+    timer = Timer("cpu", warmup=2, cold_repeats=3, cache_bytes=2**20, min_sample_s=1e-3, max_cold_instances=4)
+    order: list[str] = []
+    flush = timer.flush
+    timer.flush = lambda: (order.append("flush"), flush())  # type: ignore[assignment]
+    build, built = _instances(order)
+    m = timer.measure_cold(build)
+    # a call of microseconds: as many instances as allowed, plus the spare
+    assert m.calls_per_sample == 4 and m.samples == 3 and len(built) == 5
+    sample = ["flush", "call0", "call1", "call2", "call3", "call4"]
+    assert order[-3 * len(sample):] == sample * 3  # spare untimed after the flush, then instances 1..4
+    assert m.min_s <= m.seconds <= m.median_s
+
+
+def test_measure_cold_uses_one_instance_for_a_long_call_and_runs_setups() -> None:
+    import time
+
+    timer = Timer("cpu", warmup=1, cold_repeats=2, cache_bytes=2**20, min_sample_s=1e-4)
+    counts = {"setup": 0, "fn": 0}
+
+    def build():
+        def fn():
+            counts["fn"] += 1
+            time.sleep(2e-3)
+        return fn, (lambda: counts.__setitem__("setup", counts["setup"] + 1))
+
+    m = timer.measure_cold(build)
+    assert m.calls_per_sample == 1 and m.seconds >= 2e-3
+    # spare: 1 warm-up (it sizes K) + 2 samples; the timed instance: 1 untimed first call + 2 samples
+    assert counts == {"fn": 6, "setup": 6}

@@ -104,9 +104,10 @@ class BenchContext:
     #: (same ``rng`` seed, so the same shapes) visit the shapes in different orders
     shuffle_seed: int | None = None
     #: memory-bound families (element-wise, layer norm, softmax family, data movement) time every
-    #: case *cold*, the last-level cache evicted before each call: in a training step their
-    #: operands were written ops earlier and other kernels ran since, so a warm repeat, which finds
-    #: them in cache, runs them 1.5-4x faster than the step does (``experiments/insitu_cpu.py``)
+    #: case *cold*, data evicted from the last-level cache but the code path warm
+    #: (:meth:`Timer.measure_cold`): in a training step their operands were written ops earlier and
+    #: other kernels ran since, so a warm repeat, which finds them in cache, runs them 1.5-4x faster
+    #: than the step does (``experiments/insitu_cpu.py``)
     cold_memory_bound: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -172,9 +173,12 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound
             if p and i not in best:
                 continue
             row, build = cases[i]
-            fn, setup = build()
-            m = ctx.timer.measure(fn, setup, cold=cold)
-            del fn, setup
+            if cold:
+                m = ctx.timer.measure_cold(build)
+            else:
+                fn, setup = build()
+                m = ctx.timer.measure(fn, setup)
+                del fn, setup
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
                 best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if memory_bound else {})}
@@ -198,11 +202,18 @@ class Benchmark(ABC):
 
     #: family name, e.g. ``"gemm"``
     name: str = "benchmark"
+    #: the family's kernels are memory-bound: :func:`run_cases` times them cold when
+    #: ``ctx.cold_memory_bound``
+    memory_bound: bool = False
 
     @abstractmethod
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         """How each kernel of the family is modelled."""
 
-    @abstractmethod
+    def cases(self, ctx: BenchContext) -> list[Case]:
+        """The family's grid of benchmark cases (families timed by :func:`run_cases`)."""
+        raise NotImplementedError(f"{self.name}: times its kernels in run(), it has no case grid")
+
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         """Time the family's kernels; one row per configuration (see the module docstring)."""
+        return run_cases(ctx, self.cases(ctx), self.name, memory_bound=self.memory_bound)

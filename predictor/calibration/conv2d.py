@@ -11,11 +11,10 @@ fallback; on CUDA bf16 is added).
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 
 __all__ = ["Conv2dBenchmark"]
 
@@ -38,7 +37,7 @@ class Conv2dBenchmark(Benchmark):
             for dt in self.dtypes(ctx)
         ]
 
-    def run(self, ctx: BenchContext) -> pd.DataFrame:
+    def cases(self, ctx: BenchContext) -> list[Case]:
         count = ctx.count(tiny=10, quick=280, full=1000)
         cap = (5e11 if ctx.is_cuda else 1.5e9) if ctx.level != "tiny" else 3e7
         rng = ctx.rng
@@ -60,7 +59,7 @@ class Conv2dBenchmark(Benchmark):
                 row = {"kernel": f"conv2d/{dt}", "kind": "conv2d", "m": m, "n": n, "k": k, "batch": n_img,
                        "dim": ks, "dtype_bytes": nbytes, "flops": flops}
                 cases.append((row, _builder(n_img, cin, cout, hw, ks, dtype, ctx.device)))
-        return run_cases(ctx, cases, self.name)
+        return cases
 
 
 def _builder(n_img: int, cin: int, cout: int, hw: int, ks: int, dtype: torch.dtype, device: torch.device):

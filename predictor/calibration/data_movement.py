@@ -10,10 +10,9 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 
-from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 
 __all__ = ["DataMovementBenchmark"]
 
@@ -22,6 +21,7 @@ class DataMovementBenchmark(Benchmark):
     """concat / memcpy / transpose."""
 
     name = "data_movement"
+    memory_bound = True
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         return [
@@ -31,7 +31,7 @@ class DataMovementBenchmark(Benchmark):
                       work=("batch", "m", "n")),
         ]
 
-    def run(self, ctx: BenchContext) -> pd.DataFrame:
+    def cases(self, ctx: BenchContext) -> list[Case]:
         rng = ctx.rng
         count = ctx.count(tiny=8, quick=150, full=500)
         cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}[ctx.range_level]
@@ -61,7 +61,7 @@ class DataMovementBenchmark(Benchmark):
             made += 1
             cases.append(({"kernel": "transpose", "kind": "transpose", "batch": b, "m": m, "n": n,
                            "elements": b * m * n, "dtype_bytes": 4, "bytes": 8.0 * b * m * n}, _transpose(b, m, n, dev)))
-        return run_cases(ctx, cases, self.name, memory_bound=True)
+        return cases
 
 
 def _copy(n: int, device: torch.device):

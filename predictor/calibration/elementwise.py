@@ -15,11 +15,10 @@ corrected peak"); dropout, which draws random numbers, by an MLP on ``log2 eleme
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 
 __all__ = ["ElementwiseBenchmark", "ELEMENTWISE_OPS"]
 
@@ -48,6 +47,7 @@ class ElementwiseBenchmark(Benchmark):
     """Activation functions, dropout and binary arithmetic."""
 
     name = "elementwise"
+    memory_bound = True
 
     def dtypes(self, ctx: BenchContext) -> tuple[str, ...]:
         return ("fp32", "bf16") if ctx.is_cuda else ("fp32",)
@@ -62,7 +62,7 @@ class ElementwiseBenchmark(Benchmark):
                 out.append(ModelSpec(kernel=op, kinds=(op,), method="roofline"))
         return out
 
-    def run(self, ctx: BenchContext) -> pd.DataFrame:
+    def cases(self, ctx: BenchContext) -> list[Case]:
         count = ctx.count(tiny=8, quick=100, full=300)
         hi = {"tiny": 2**18, "quick": 2**24, "full": 2**28}[ctx.range_level]
         cases: list[Case] = []
@@ -77,7 +77,7 @@ class ElementwiseBenchmark(Benchmark):
                     row = {"kernel": op, "kind": op, "elements": n, "dtype_bytes": nbytes,
                            "bytes": float((n_in + n_out) * n * nbytes + extra * n)}
                     cases.append((row, _builder(op, n, dtype, ctx.device)))
-        return run_cases(ctx, cases, self.name, memory_bound=True)
+        return cases
 
 
 def _builder(op: str, n: int, dtype: torch.dtype, device: torch.device):

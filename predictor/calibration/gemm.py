@@ -10,10 +10,9 @@ Modelled by one MLP per (op, dtype) on log2 of ``m, n, k, batch`` (Lin et al. 20
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 
-from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 
 __all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_builder", "gemm_route"]
 
@@ -62,7 +61,7 @@ class GemmBenchmark(Benchmark):
             return {"tiny": 1e10, "quick": 2e11, "full": 2e12}[ctx.range_level]
         return {"tiny": 5e7, "quick": 1.5e9, "full": 1e10}[ctx.level]
 
-    def run(self, ctx: BenchContext) -> pd.DataFrame:
+    def cases(self, ctx: BenchContext) -> list[Case]:
         n_each = ctx.count(tiny=12, quick=350, full=1500)
         hi = {"tiny": 256, "quick": 2048, "full": 16384 if ctx.is_cuda else 8192}[ctx.range_level]
         cap = self.flop_cap(ctx)
@@ -73,7 +72,7 @@ class GemmBenchmark(Benchmark):
                     row = {"kernel": gemm_route(op, dt), "kind": op, "m": m, "n": n, "k": k, "batch": b,
                            "dtype_bytes": _BYTES[dt], "flops": 2.0 * m * n * k * b}
                     cases.append((row, gemm_builder(op, m, n, k, b, _DTYPES[dt], ctx.device)))
-        return run_cases(ctx, cases, self.name)
+        return cases
 
     def _shapes(self, ctx: BenchContext, op: str, count: int, hi: int, cap: float) -> list[tuple[int, int, int, int]]:
         out: list[tuple[int, int, int, int]] = []

@@ -8,11 +8,10 @@ an affine weight and bias. Parameters per row: ``m, n, elements = m n, dtype_byt
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 
 __all__ = ["LayerNormBenchmark", "rows_by_width_cases"]
 
@@ -56,15 +55,16 @@ class LayerNormBenchmark(Benchmark):
     """F.layer_norm over the last dimension, with weight and bias."""
 
     name = "layer_norm"
+    memory_bound = True
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         features, raw = row_features(ctx)
         return [ModelSpec(kernel="layer_norm", kinds=("layer_norm",), method="mlp", features=features,
                           raw_features=raw, work=("m", "n"), fill="rows_by_width")]
 
-    def run(self, ctx: BenchContext) -> pd.DataFrame:
+    def cases(self, ctx: BenchContext) -> list[Case]:
         count = ctx.count(tiny=10, quick=250, full=800)
-        return run_cases(ctx, rows_by_width_cases(ctx, "layer_norm", _builder, count), self.name, memory_bound=True)
+        return rows_by_width_cases(ctx, "layer_norm", _builder, count)
 
 
 def _builder(m: int, n: int, dtype: torch.dtype, device: torch.device):

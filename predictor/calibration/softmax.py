@@ -11,10 +11,9 @@ the shape: a backward was predicted to cost exactly its forward.
 
 from __future__ import annotations
 
-import pandas as pd
 import torch
 
-from predictor.calibration.base import BenchContext, Benchmark, ModelSpec, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec
 from predictor.calibration.layer_norm import row_features, rows_by_width_cases
 
 __all__ = ["SoftmaxBenchmark"]
@@ -24,6 +23,7 @@ class SoftmaxBenchmark(Benchmark):
     """Softmax over the last dimension."""
 
     name = "softmax"
+    memory_bound = True
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         features, raw = row_features(ctx)
@@ -31,13 +31,13 @@ class SoftmaxBenchmark(Benchmark):
                           work=("m", "n"), fill="rows_by_width")
                 for k in ("softmax", "softmax_bwd", "log_softmax_bwd")]
 
-    def run(self, ctx: BenchContext) -> pd.DataFrame:
+    def cases(self, ctx: BenchContext) -> list[Case]:
         count = ctx.count(tiny=10, quick=250, full=800)
         count_bwd = ctx.count(tiny=6, quick=120, full=400)
         cases = rows_by_width_cases(ctx, "softmax", _builder, count)
         for kernel in ("softmax_bwd", "log_softmax_bwd"):
             cases += rows_by_width_cases(ctx, kernel, _backward_builder(kernel), count_bwd, rw=3.0)
-        return run_cases(ctx, cases, self.name, memory_bound=True)
+        return cases
 
 
 def _builder(m: int, n: int, dtype: torch.dtype, device: torch.device):

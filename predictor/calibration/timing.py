@@ -16,11 +16,22 @@ with other jobs, interference only ever adds time, so the low quantile is the be
 of the kernel's own time, while a quantile (rather than the minimum) is not fooled by one
 lucky sample. The median and the minimum are kept too.
 
-*Cold* measurements (``measure(..., cold=True)``) evict the last-level cache before every
-call by writing a buffer twice its size (untimed), as FBGEMM's embedding benchmarks flush the
-GPU cache: kernels whose data a training step does not leave cache-resident (embedding-table
-rows looked up at random, after dozens of other ops ran) are timed as the step runs them,
-not as a loop repeating them on cache-resident data runs them.
+*Cold* measurements evict the last-level cache before every sample by writing a buffer twice
+its size (untimed), as FBGEMM's embedding benchmarks flush the GPU cache: kernels whose data a
+training step does not leave cache-resident (embedding-table rows looked up at random, operands
+written dozens of ops earlier) are timed as the step runs them, not as a loop repeating them on
+cache-resident data runs them. Two forms:
+
+* :meth:`Timer.measure_cold` (the memory-bound families): *data cold, code warm*. After the
+  flush one untimed call on a spare instance of the kernel brings PyTorch's dispatch path, the
+  allocator's state and the kernel's code back into cache, as the ops before it do in a step;
+  then ``K`` independent instances (each its own buffers, none touched since the flush) run back
+  to back and a sample is their mean. ``K`` grows for short kernels (up to
+  ``max_cold_instances``) so one flush buys several calls. Measured on the 2-core VM: a cold
+  4 KiB ``add`` took 41 us as a lone call after the flush (the dispatcher's code and data evicted
+  with everything else) and 6 us here, against 1.3 us warm.
+* ``measure(..., cold=True)``: one call per flush, code path cold too (the embedding-bag
+  benchmarks, whose instances would each need their own table).
 """
 
 from __future__ import annotations
@@ -77,6 +88,7 @@ class Timer:
         max_calls: upper bound on calls per sample.
         cache_bytes: the device's last-level cache, bytes (what a cold measurement evicts).
         cold_repeats: timed samples of a cold measurement (each pays one cache flush).
+        max_cold_instances: most instances :meth:`measure_cold` times per flush.
         long_call_s: a call whose warm-up takes longer than this (seconds) gets one warm-up and at
             most 3 timed samples (its relative timing noise is small; the budget goes to shapes).
     """
@@ -91,6 +103,7 @@ class Timer:
         max_calls: int = 256,
         cache_bytes: float = 32 * 2**20,
         cold_repeats: int = 5,
+        max_cold_instances: int = 16,
         long_call_s: float = 0.05,
     ) -> None:
         self.device = torch.device(device)
@@ -101,6 +114,7 @@ class Timer:
         self.is_cuda = self.device.type == "cuda"
         self.flush = CacheFlusher(self.device, cache_bytes)
         self.cold_repeats = cold_repeats
+        self.max_cold_instances = max_cold_instances
         self.long_call_s = long_call_s
         #: CUDA: GPU clock cycles per second of ``torch.cuda._sleep`` (measured on first use)
         self._sleep_rate: float | None = None
@@ -161,6 +175,59 @@ class Timer:
             min_s=float(samples.min()),
             samples=int(samples.size),
             calls_per_sample=calls,
+        )
+
+    def measure_cold(self, build: Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]
+                     ) -> Measurement:
+        """Time a kernel *data cold, code warm* (module doc): seconds per call.
+
+        ``build`` returns a fresh instance ``(fn, setup)`` (its own input buffers; ``setup`` may
+        be None and then runs before every sample). The first instance is the spare called
+        untimed after each flush; ``K`` more (``ceil(min_sample_s / warm call)``, at most
+        ``max_cold_instances``) are timed back to back, ``cold_repeats`` samples (3 for a call
+        longer than ``long_call_s``, which gets one warm-up).
+        """
+        spare = build()
+        self._issue_s = 0.0
+        warm = 0.0
+        for _ in range(self.warmup):  # the last warm-up's duration sizes K
+            if spare[1] is not None:
+                spare[1]()
+                self.sync()
+            warm = self._sample(spare[0], 1)
+            if warm > self.long_call_s:
+                break  # one warm-up is enough for a call this long
+        k = int(min(self.max_cold_instances, max(1, np.ceil(self.min_sample_s / max(warm, 1e-9)))))
+        timed = [build() for _ in range(k)]
+        for fn, setup in timed:  # each instance's first call (allocator, lazy init) untimed
+            if setup is not None:
+                setup()
+            fn()
+        self.sync()
+        fns = [fn for fn, _ in timed]
+
+        def batch() -> None:
+            for f in fns:
+                f()
+
+        # long calls: relative noise is small, the budget goes to shapes
+        samples = np.empty(min(self.cold_repeats, 3) if warm > self.long_call_s else self.cold_repeats)
+        for i in range(samples.size):
+            for inst in (spare, *timed):
+                if inst[1] is not None:
+                    inst[1]()
+            self.sync()
+            self.flush()
+            self.sync()
+            spare[0]()
+            self.sync()
+            samples[i] = self._sample(batch, 1) / k
+        return Measurement(
+            seconds=float(np.quantile(samples, 0.25)),
+            median_s=float(np.median(samples)),
+            min_s=float(samples.min()),
+            samples=int(samples.size),
+            calls_per_sample=k,
         )
 
     def _gpu_sleep(self, seconds: float) -> None:
