@@ -264,7 +264,10 @@ def measure_dlrm(spec: DLRMJobSpec) -> dict:
 # ----------------------------------------------------------------------------- diagnosis
 class EmbeddingOverride:
     """Diagnosis only: ``base`` timing with every embedding-bag task's duration replaced by a
-    measured one (``fwd_s[table]`` / ``bwd_s[table]``, seconds), matched by task name."""
+    measured one (``fwd_s[table]`` / ``bwd_s[table]``, seconds, timed alone in one process),
+    matched by task name. A K-rank graph's measured times are slowed by the platform's embedding
+    host-contention factor for K ranks, as ``base`` slows its predicted ones, so the diagnosis
+    swaps the embedding *models* only."""
 
     def __init__(self, base, fwd_s: np.ndarray, bwd_s: np.ndarray) -> None:
         self.base, self.fwd_s, self.bwd_s = base, fwd_s, bwd_s
@@ -272,9 +275,10 @@ class EmbeddingOverride:
 
     def durations(self, graph) -> np.ndarray:
         d = self.base.durations(graph)
+        factors = getattr(self.base, "contention_factors", lambda _n: {})(graph.n_ranks)
         for kind, table in (("embedding_bag_fwd", self.fwd_s), ("embedding_bag_bwd", self.bwd_s)):
             idx, tables = _embedding_tasks(graph, kind)
-            d[idx] = table[tables]
+            d[idx] = table[tables] * factors.get("embedding", 1.0)
         return d
 
 
@@ -303,10 +307,12 @@ def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
 
 def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """Every table's embedding-bag forward and backward (+ SGD row update) on its real batch, timed
-    alone with the last-level cache evicted before each call (seconds)."""
+    alone with the last-level cache evicted before each call and the code path re-warmed on a small
+    table (seconds; data cold, code warm, as the calibration times them)."""
     import torch.nn.functional as F
 
     from experiments.measure_env import llc_flush_buffer, time_call
+    from predictor.calibration.embedding_bag import code_warmers
 
     torch.set_num_threads(base.threads)
     flush = llc_flush_buffer()
@@ -324,8 +330,9 @@ def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndar
                 w.add_(w.grad, alpha=-0.01)
             w.grad = None
 
-        fwd[t] = time_call(lambda it=it, w=w, ot=ot: F.embedding_bag(it, w, ot, mode="sum", sparse=True), flush,
-                           n=n_calls, warmup=1)
-        bwd[t] = time_call(backward, flush, n=n_calls, warmup=1)
+        warm_fwd, warm_bwd = code_warmers(int(base.dim[t]), torch.device("cpu"))
+        fwd[t] = time_call(lambda it=it, w=w, ot=ot: F.embedding_bag(it, w, ot, mode="sum", sparse=True),
+                           lambda warm=warm_fwd: (flush(), warm()), n=n_calls, warmup=1)
+        bwd[t] = time_call(backward, lambda warm=warm_bwd: (flush(), warm()), n=n_calls, warmup=1)
         del w, out
     return fwd, bwd

@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import date
+from datetime import date, datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +75,7 @@ from experiments.measure_env import (  # noqa: E402
     gemm_drift,
     llc_flush_buffer,
     measure_quietly,
+    memory_drift,
     time_call,
 )
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
@@ -424,13 +425,15 @@ def _dlrm_times(job: DLRMJobSpec, system: dict | None = None) -> list[float]:
 # ----------------------------------------------------------------------------- kernel context check
 def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
     """The kernels that dominate the errors, timed alone: the pack's prediction, the kernel repeated
-    on the same inputs (warm caches, as microbenchmarks time it), and after evicting the LLC (cold,
-    as in a training step where other ops ran in between). Seconds.
+    on the same inputs (warm caches), and after evicting the LLC with the code path re-warmed by the
+    same op on small data (cold, as in a training step where other ops ran in between and the op
+    before was of the same kind; the calibration times embeddings this way). Seconds.
 
     Rows: every embedding-bag forward / backward (+ SGD update) of the DLRM rows' tables at
     ``batch`` (summed), and the GPT's dropout forward and backward (which the transformer
     synthesiser times with the same dropout kernel).
     """
+    from predictor.calibration.embedding_bag import code_warmers
     from predictor.kernels.base import TaskView
     from predictor.kernels.embedding import RF_COLUMNS
 
@@ -457,9 +460,10 @@ def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
                 w.add_(w.grad, alpha=-1e-3)
             w.grad = None
 
-        for kind, fn in (("embedding_bag_fwd", fwd), ("embedding_bag_bwd", bwd)):
+        warm_fwd, warm_bwd = code_warmers(int(tables.dim[ti]), torch.device("cpu"))
+        for kind, fn, warm in (("embedding_bag_fwd", fwd, warm_fwd), ("embedding_bag_bwd", bwd, warm_bwd)):
             pred = float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
-            sums[kind] += [pred, time_call(fn, None), time_call(fn, flush)]
+            sums[kind] += [pred, time_call(fn, None), time_call(fn, lambda warm=warm: (flush(), warm()))]
         del w, out
     rows = [{"kernel": f"{k} x {len(tables)} tables (DLRM rows, batch {batch})", "predicted_s": v[0], "warm_s": v[1],
              "cold_s": v[2]} for k, v in sums.items()]
@@ -468,18 +472,29 @@ def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
     x = torch.randn(elems, requires_grad=True)
     y = F.dropout(x, GPT_DROPOUT, True)
     g = torch.randn(elems)
+    xs = torch.randn(1024, requires_grad=True)  # the code-warming call's small data
+    ys = F.dropout(xs, GPT_DROPOUT, True)
+    gs = torch.randn(1024)
+
+    def flush_fwd() -> None:
+        flush()
+        F.dropout(xs.detach(), GPT_DROPOUT, True)
+
+    def flush_bwd() -> None:
+        flush()
+        torch.autograd.grad(ys, xs, gs, retain_graph=True)
     pred = float(timing.model_for("dropout").predict(TaskView.single("dropout", elements=elems, dtype_bytes=4),
                                                      timing.platform)[0])
     rows.append({"kernel": f"dropout forward, {elems} elements (GPT batch {b})", "predicted_s": pred,
                  "warm_s": time_call(lambda: F.dropout(x.detach(), GPT_DROPOUT, True), None),
-                 "cold_s": time_call(lambda: F.dropout(x.detach(), GPT_DROPOUT, True), flush)})
+                 "cold_s": time_call(lambda: F.dropout(x.detach(), GPT_DROPOUT, True), flush_fwd)})
     # the synthesiser times a dropout's backward as what it is: a multiply by the saved mask
     pred_bwd = float(timing.model_for("mul").predict(
         TaskView.single("mul", elements=elems, dtype_bytes=4, bytes=2.5 * elems * 4), timing.platform)[0])
     rows.append({"kernel": f"dropout backward (mask multiply), {elems} elements: the synthesiser's "
                            "`*_dropout*_bwd` tasks, timed by the `mul` model", "predicted_s": pred_bwd,
                  "warm_s": time_call(lambda: torch.autograd.grad(y, x, g, retain_graph=True), None),
-                 "cold_s": time_call(lambda: torch.autograd.grad(y, x, g, retain_graph=True), flush)})
+                 "cold_s": time_call(lambda: torch.autograd.grad(y, x, g, retain_graph=True), flush_bwd)})
     for r in rows:
         log(f"  {r['kernel']}: predicted {r['predicted_s'] * 1e3:.3f} ms, warm {r['warm_s'] * 1e3:.3f} ms, "
             f"cold {r['cold_s'] * 1e3:.3f} ms")
@@ -568,7 +583,8 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
             "",
             "Not a prediction (it uses measured kernel times): each DLRM row's graph simulated again with every "
             "table's embedding-bag forward and backward (+ SGD update) timed alone on its real batch after evicting "
-            "the last-level cache, instead of the asset pack's embedding models; everything else unchanged.",
+            "the last-level cache and re-warming the code path on a small table (data cold, code warm, as the "
+            "calibration times them), instead of the asset pack's embedding models; everything else unchanged.",
             "",
             "| model | batch | measured ms | predicted (pack) ms | error | with cold embeddings ms | error |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -585,9 +601,10 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
             "## Kernel context check",
             "",
             "The kernels behind most of the error, timed alone on this machine: the asset pack's prediction, the "
-            "kernel repeated on the same inputs (`warm`: how the calibration microbenchmarks time it) and after "
-            "evicting the last-level cache before each call (`cold`: closer to a training step, where other ops ran "
-            "since the kernel last touched its data).",
+            "kernel repeated on the same inputs (`warm`: how the calibration times GEMMs) and after evicting the "
+            "last-level cache before each call, with the code path re-warmed by the same op on small data (`cold`: "
+            "closer to a training step, where other ops ran since the kernel last touched its data; how the "
+            "calibration times embeddings and memory-bound kernels).",
             "",
             "| kernel | predicted ms | warm ms | cold ms |",
             "|---|---:|---:|---:|",
@@ -613,6 +630,21 @@ def drift_lines(drift: dict) -> list[str]:
         f"x{min(b['ratio_min'], a['ratio_min']):.2f}..x{max(b['ratio_max'], a['ratio_max']):.2f}; > 1: the machine "
         "is slower now than when it was calibrated). A prediction can be no closer than this drift for the "
         "GEMM-bound rows; it is measured, not used to correct anything.",
+        "",
+    ] + memory_drift_lines(drift)
+
+
+def memory_drift_lines(drift: dict) -> list[str]:
+    """One paragraph: the pack's own memcpy microbenchmarks re-timed around the passes (the memory
+    system's state, which GEMMs barely see)."""
+    b, a = drift.get("memory_before") or {}, drift.get("memory_after") or {}
+    if not b or not a:
+        return []
+    return [
+        f"The memory system, likewise: the pack's own memcpy microbenchmarks ({b['cases']} shapes, the larger half "
+        f"by bytes, timed as calibrated) took x{b['ratio_geomean']:.2f} and x{a['ratio_geomean']:.2f} their "
+        f"calibrated times before and after the passes (per shape x{min(b['ratio_min'], a['ratio_min']):.2f}.."
+        f"x{max(b['ratio_max'], a['ratio_max']):.2f}).",
         "",
     ]
 
@@ -674,6 +706,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quiet-timeout", type=float, default=300.0,
                     help="seconds to wait for the machine to be quiet before each run")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-archive", action="store_true",
+                    help=f"do not append this run to {RESULTS.name}/{WINDOWS_FILE}")
     args = ap.parse_args(argv)
     if args.iters < 10:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
@@ -686,12 +720,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(threads)
     check_drift = pack_path is not None and not args.no_check
     try:
-        drift = {"before": gemm_drift(pack_path) if check_drift else {}}
+        drift = {"before": gemm_drift(pack_path) if check_drift else {},
+                 "memory_before": memory_drift(pack_path) if check_drift else {}}
     except ValueError as exc:  # a corrupt pack: one line, exit 2 (no results written)
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     rows = run_all(args, timing, threads)
     drift["after"] = gemm_drift(pack_path) if check_drift else {}
+    drift["memory_after"] = memory_drift(pack_path) if check_drift else {}
     checks = [] if args.no_check else kernel_context_check(timing)
     summary = summarize(rows)
     from predictor.platforms.cpu_local import _cpu_model
@@ -720,7 +756,31 @@ def main(argv: list[str] | None = None) -> None:
     atomic_write_text(args.out / "e2e_cpu.json",
                       json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows],
                                   "kernel_context_check": checks}, indent=1))
+    if args.out == RESULTS and not args.no_archive:
+        archive_window(args.out / WINDOWS_FILE, meta, rows)
     print(text)
+
+
+#: every full e2e measurement, appended (``experiments/e2e_windows.py`` re-predicts them all)
+WINDOWS_FILE = "e2e_cpu_windows.json"
+
+
+def archive_window(path: Path, meta: dict, rows: list[Row]) -> None:
+    """Append this run's measured iterations (one *window* of the shared machine's state) to ``path``.
+
+    Windows minutes apart differ by up to ~20 % on this VM, more than the accuracy target, so a
+    pack is judged on every archived window, not only the latest (``experiments/e2e_windows.py``).
+    """
+    from tuner.report import atomic_write_text
+
+    windows = json.loads(path.read_text()) if path.exists() else []
+    windows.append({"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
+                    "iters": meta.get("iters"), "passes": meta.get("passes"),
+                    "gemm_drift": meta.get("gemm_drift"),
+                    "rows": [{"model": r.model, "batch": r.batch, "ranks": r.ranks, "measured_s": r.measured_s,
+                              "pass_medians_s": r.pass_medians_s} for r in rows]})
+    atomic_write_text(path, json.dumps(windows, indent=1))
 
 
 if __name__ == "__main__":

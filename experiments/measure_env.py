@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["machine_busy_s", "own_cpu_s", "BackgroundLoad", "wait_for_quiet", "QUIET_CORES", "Measured",
-           "measure_quietly", "time_call", "llc_flush_buffer", "gemm_drift", "cpu_accounting"]
+           "measure_quietly", "time_call", "llc_flush_buffer", "gemm_drift", "memory_drift", "cpu_accounting"]
 
 #: other processes may use at most this many cores' worth of CPU for a machine to count as quiet
 QUIET_CORES = 0.25
@@ -213,6 +213,56 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     for r in d.itertuples():
         fn, _ = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))()
         ratios.append(timer.measure(fn).seconds / float(r.seconds))
+    lr = np.log(ratios)
+    return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
+            "ratio_max": float(np.max(ratios)), "cases": len(ratios)}
+
+
+def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
+    """:func:`gemm_drift` for the memory system: the pack's own ``memcpy`` microbenchmarks (the larger
+    half by bytes) re-timed as the pack timed them (cold, data cold and code warm, where its data
+    column ``cold`` says so). On this VM memory-bound kernels switch between a fast and a 2-4x
+    slower state for minutes (other tenants of the host), which GEMMs barely see.
+
+    Returns ``{"ratio_geomean", "ratio_min", "ratio_max", "cases"}`` (> 1: slower now), or ``{}``
+    when the pack has no memcpy data.
+
+    Raises:
+        ValueError: ``data/data_movement.csv`` is not a data-movement benchmark table.
+    """
+    from pathlib import Path
+
+    import pandas as pd
+    import torch
+
+    from predictor.calibration.data_movement import _copy
+    from predictor.calibration.timing import Timer
+
+    f = Path(pack_path) / "data" / "data_movement.csv"
+    if not f.exists():
+        return {}
+    try:
+        d = pd.read_csv(f)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{f}: not a data-movement benchmark table ({exc})") from None
+    missing = [c for c in ("kernel", "elements", "bytes", "seconds") if c not in d.columns]
+    if missing:
+        raise ValueError(f"{f}: not a data-movement benchmark table (no column {missing[0]!r})")
+    d = d[d.kernel == "memcpy"]
+    d = d[d.bytes >= d.bytes.median()]
+    if d.empty:
+        return {}
+    d = d.sample(n=min(cases, len(d)), random_state=seed)
+    timer = Timer("cpu")
+    ratios = []
+    for r in d.itertuples():
+        build = _copy(int(r.elements), torch.device("cpu"))
+        if int(getattr(r, "cold", 0) or 0):
+            now = timer.measure_cold(build).seconds
+        else:
+            fn, _ = build()
+            now = timer.measure(fn).seconds
+        ratios.append(now / float(r.seconds))
     lr = np.log(ratios)
     return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
             "ratio_max": float(np.max(ratios)), "cases": len(ratios)}

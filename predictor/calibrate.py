@@ -32,7 +32,7 @@ import torch
 
 from predictor.calibration import make_benchmarks
 from predictor.calibration.base import BenchContext, Level, ModelSpec
-from predictor.calibration.timing import ESTIMATOR, Timer
+from predictor.calibration.timing import ESTIMATOR, Timer, typical
 from predictor.graph import PARAM_COLUMNS
 from predictor.kernels.base import KernelModel, TaskView
 from predictor.kernels.collective import (
@@ -455,14 +455,20 @@ def _view(frame: pd.DataFrame, kind: str) -> TaskView:
 
 
 def _merge_passes(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Rows of repeated runs of one grid merged by ``case``: the fastest pass, and the pass spread."""
+    """Rows of repeated runs (rounds) of one grid merged by ``case``: ``seconds`` is the median over
+    the rounds (:func:`~predictor.calibration.timing.typical`), the other columns come from the
+    fastest round; ``pass_spread`` = slowest / fastest round - 1, ``rounds`` = rounds that reached
+    the case."""
     if len(frames) == 1:
         return frames[0]
     allp = pd.concat(frames, ignore_index=True)
     keys = ["kernel", "case"] if "case" in allp else ["kernel"]
-    spread = allp.groupby(keys)["seconds"].agg(lambda v: v.max() / v.min() - 1.0 if len(v) > 1 else np.nan)
-    best = allp.loc[allp.groupby(keys)["seconds"].idxmin()].set_index(keys)
+    by = allp.groupby(keys)["seconds"]
+    spread = by.agg(lambda v: v.max() / v.min() - 1.0 if len(v) > 1 else np.nan)
+    best = allp.loc[by.idxmin()].set_index(keys)
     best["pass_spread"] = spread
+    best["seconds"] = by.agg(typical)
+    best["rounds"] = by.size()
     return best.reset_index().sort_values(keys, kind="stable").reset_index(drop=True)
 
 

@@ -97,3 +97,13 @@ def test_measure_cold_uses_one_instance_for_a_long_call_and_runs_setups() -> Non
     assert m.calls_per_sample == 1 and m.seconds >= 2e-3
     # spare: 1 warm-up (it sizes K) + 2 samples; the timed instance: 1 untimed first call + 2 samples
     assert counts == {"fn": 6, "setup": 6}
+
+
+def test_cold_measurement_warms_the_code_path_after_the_flush() -> None:
+    timer = Timer("cpu", warmup=1, cold_repeats=2, cache_bytes=2**20)
+    order: list[str] = []
+    flush = timer.flush
+    timer.flush = lambda: (order.append("flush"), flush())  # type: ignore[assignment]
+    m = timer.measure(lambda: order.append("call"), cold=True, warm_code=lambda: order.append("spare"))
+    assert m.samples == 2
+    assert order == ["flush", "spare", "call"] * 3

@@ -153,6 +153,29 @@ def test_gemm_drift_retimes_the_packs_own_shapes(tmp_path):
     assert "Machine drift" in text and f"x{d['ratio_geomean']:.3f}" in text
 
 
+def test_memory_drift_retimes_the_packs_memcpy_shapes_as_they_were_timed(tmp_path):
+    import pandas as pd
+
+    from experiments.e2e_cpu import drift_lines
+    from experiments.measure_env import memory_drift
+
+    (tmp_path / "data").mkdir()
+    rows = [{"kernel": "memcpy", "kind": "memcpy", "elements": 4096 * (i + 1), "dtype_bytes": 4,
+             "bytes": 8.0 * 4096 * (i + 1), "seconds": 1.0, "cold": i % 2} for i in range(4)]
+    rows.append({"kernel": "concat", "kind": "concat", "elements": 99, "dtype_bytes": 4, "bytes": 1e9,
+                 "seconds": 1.0, "cold": 1})
+    pd.DataFrame(rows).to_csv(tmp_path / "data" / "data_movement.csv", index=False)
+    d = memory_drift(tmp_path, cases=8)
+    assert d["cases"] == 2 and 0 < d["ratio_geomean"] < 0.01  # memcpy only, the larger half by bytes
+    assert memory_drift(tmp_path / "missing") == {}
+    g = {"cases": 1, "ratio_geomean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
+    text = "\n".join(drift_lines({"before": g, "after": g, "memory_before": d, "memory_after": d}))
+    assert "memcpy microbenchmarks (2 shapes" in text
+    with pytest.raises(ValueError, match="no column 'kernel'"):
+        (tmp_path / "data" / "data_movement.csv").write_text("a,b\n1,2\n")
+        memory_drift(tmp_path)
+
+
 @pytest.mark.parametrize("content, message", [
     (b"\x00\xff garbage \"unclosed\n1,2\n3\n", "not a GEMM benchmark table"),
     (b"a,b\n1,2\n", "no column 'kernel'"),
@@ -164,3 +187,31 @@ def test_gemm_drift_rejects_a_corrupt_table(tmp_path, content: bytes, message: s
     (tmp_path / "data" / "gemm.csv").write_bytes(content)
     with pytest.raises(ValueError, match=message):
         gemm_drift(tmp_path)
+
+
+def test_embedding_override_applies_the_k_rank_contention_factor():
+    """The cold-embedding diagnosis swaps the embedding models only: measured-alone times get the
+    same host-contention factor the pack's predictions get in a K-rank graph."""
+    import types
+
+    import numpy as np
+
+    from experiments.dlrm_gloo import EmbeddingOverride
+
+    class Base:
+        source = "stub"
+
+        def durations(self, graph):
+            return np.ones(3)
+
+        def contention_factors(self, n_ranks):
+            return {"embedding": 1.5} if n_ranks == 2 else {}
+
+    def graph(n_ranks):
+        return types.SimpleNamespace(n_ranks=n_ranks, kinds=["gemm", "embedding_bag_fwd", "embedding_bag_bwd"],
+                                     kind=np.array([0, 1, 2]), names=["mm", "emb_fwd[1]", "emb_bwd[0]"],
+                                     name=np.array([0, 1, 2]))
+
+    o = EmbeddingOverride(Base(), fwd_s=np.array([0.1, 0.2]), bwd_s=np.array([0.3, 0.4]))
+    assert np.allclose(o.durations(graph(1)), [1.0, 0.2, 0.3])
+    assert np.allclose(o.durations(graph(2)), [1.0, 0.3, 0.45])

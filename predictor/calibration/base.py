@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from predictor.calibration.timing import Measurement, Timer
+from predictor.calibration.timing import Measurement, Timer, typical
 
 __all__ = ["Level", "BenchContext", "ModelSpec", "Benchmark", "Case", "run_cases", "log_uniform_int", "TIMING_COLUMNS"]
 
@@ -150,9 +150,9 @@ Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object]
 def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound: bool = False) -> pd.DataFrame:
     """Time every case, ``ctx.passes`` times in a fresh random order, within the family budget.
 
-    A case keeps the pass with the smallest ``seconds`` (interference only adds time). The
-    first pass stops adding cases once the budget is spent; later passes run only while
-    budget remains, over the cases the first pass reached. ``memory_bound`` families are timed
+    A case keeps the median of its passes' ``seconds`` (:func:`~.timing.typical`). The first
+    pass stops adding cases once the budget is spent; later passes run only while budget
+    remains, over the cases the first pass reached. ``memory_bound`` families are timed
     cold when ``ctx.cold_memory_bound`` (column ``cold`` = 1).
     """
     start = time.perf_counter()
@@ -184,6 +184,7 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound
                 best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if memory_bound else {})}
     for i, row in best.items():
         row["pass_spread"] = pass_spread(seen[i])
+        row["seconds"] = typical(seen[i])
     return pd.DataFrame([best[i] for i in sorted(best)])
 
 
@@ -194,7 +195,7 @@ def pass_spread(values: list[float]) -> float:
 
 def record(row: dict, m: Measurement) -> dict:
     """``row`` with the timing columns of ``m`` added."""
-    return {**row, "seconds": m.seconds, "median_s": m.median_s, "min_s": m.min_s}
+    return {**row, "seconds": m.seconds, "median_s": m.median_s, "lq_s": m.lq_s, "min_s": m.min_s}
 
 
 class Benchmark(ABC):

@@ -33,6 +33,7 @@ import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, ModelSpec
 from predictor.calibration.processes import run_module_processes
+from predictor.calibration.timing import typical
 
 __all__ = ["CollectivesBenchmark", "COLLECTIVE_KINDS", "CollectiveError"]
 
@@ -132,24 +133,29 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
 
 
 def _sweep(dist, rank: int, world: int, device: torch.device, cfg: dict) -> list[dict]:
-    """Every collective at every size, ``passes`` times; a (kind, size) keeps its fastest pass.
+    """Every collective at every size, ``passes`` times; a (kind, size) keeps the median of its
+    passes (:func:`~.timing.typical`; the other columns from the fastest pass).
 
     The sequence of calls is fixed by ``cfg`` alone (no timing-based decisions), so every rank
     issues the same collectives in the same order.
     """
     sizes = [4 * 2**i for i in range(int(np.log2(cfg["max_bytes"] // 4)) + 1)]
     best: dict[tuple, dict] = {}
+    seen: dict[tuple, list[float]] = {}
     for _ in range(cfg.get("passes", 1)):
         for kind in COLLECTIVE_KINDS:
             for size in sizes:
                 for fn, msg, uneven in _ops(dist, kind, size, rank, world, device, cfg["seed"]):
                     t = _time_collective(dist, fn, device, cfg["warmup"], cfg["repeats"], world)
                     row = {"kind": kind, "msg_bytes": msg, "world": world, "uneven": uneven,
-                           "seconds": float(np.quantile(t, 0.25)), "median_s": float(np.median(t)),
-                           "min_s": float(t.min())}
+                           "seconds": float(np.median(t)), "median_s": float(np.median(t)),
+                           "lq_s": float(np.quantile(t, 0.25)), "min_s": float(t.min())}
                     key = (kind, size, uneven)
+                    seen.setdefault(key, []).append(row["seconds"])
                     if key not in best or row["seconds"] < best[key]["seconds"]:
                         best[key] = row
+    for key, row in best.items():
+        row["seconds"] = typical(seen[key])
     return list(best.values()) if rank == 0 else []
 
 

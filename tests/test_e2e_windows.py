@@ -1,0 +1,55 @@
+"""Scoring a pack against every archived e2e measurement window (experiments/e2e_windows.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.e2e_windows import load_windows, score
+
+
+def _window(t: str, mlp64: float, gpt2: float) -> dict:
+    return {"measured_at": t, "rows": [{"model": "mlp", "batch": 64, "ranks": 1, "measured_s": mlp64},
+                                       {"model": "gpt", "batch": 2, "ranks": 1, "measured_s": gpt2}]}
+
+
+def test_score_per_window_pooled_and_against_the_median_of_windows() -> None:
+    windows = [_window("a", 0.010, 0.050), _window("b", 0.012, 0.040), _window("c", 0.011, 0.045)]
+    pred = {("mlp", 64): 0.011, ("gpt", 2): 0.045}
+    got = score(pred, windows)
+    assert [w["n"] for w in got["windows"]] == [2, 2, 2]
+    assert got["windows"][0]["max_abs_pct"] == pytest.approx(10.0)  # mlp: 11 vs 10 ms
+    assert got["pooled"]["n"] == 6 and got["pooled"]["max_abs_pct"] == pytest.approx(12.5)  # gpt 45 vs 40
+    # the per-configuration medians (11 ms, 45 ms) are exactly the predictions
+    assert got["vs_median_of_windows"]["max_abs_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert got["per_config_vs_median"] == {"mlp 64": pytest.approx(0.0, abs=1e-9), "gpt 2": pytest.approx(0.0, abs=1e-9)}
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps([{"measured_at": "x", "rows": [{"model": "mlp"}]}]),
+                                  json.dumps([])])
+def test_a_malformed_archive_is_one_line_and_exit_2(tmp_path, capsys, text) -> None:
+    f = tmp_path / "w.json"
+    f.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        load_windows(f)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(f) in err and err.count("\n") == 1
+
+
+def test_a_missing_archive_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_windows(tmp_path / "none.json")
+    assert exc.value.code == 2 and "run experiments/e2e_cpu.py first" in capsys.readouterr().err
+
+
+def test_the_scores_never_overwrite_the_archive(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    archive = tmp_path / "w.json"
+    archive.write_text(json.dumps([_window("a", 0.01, 0.05)]))
+    with pytest.raises(SystemExit) as exc:
+        main(["--archive", str(archive), "--out", str(tmp_path / "w")])
+    assert exc.value.code == 2 and "would overwrite the archive" in capsys.readouterr().err
+    assert json.loads(archive.read_text())[0]["measured_at"] == "a"
