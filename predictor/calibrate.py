@@ -63,7 +63,7 @@ HOLDOUT_FRACTION = 0.2
 #: wall-clock budget per benchmark family, seconds, by level
 BUDGETS: dict[str, dict[str, float]] = {
     "tiny": {"default": 3.0, "collectives": 10.0},
-    "quick": {"gemm": 90.0, "conv2d": 45.0, "embedding_bag": 180.0, "elementwise": 75.0, "layer_norm": 20.0,
+    "quick": {"gemm": 90.0, "conv2d": 45.0, "embedding_bag": 165.0, "elementwise": 75.0, "layer_norm": 20.0,
               "softmax": 45.0, "data_movement": 30.0, "collectives": 30.0, "default": 30.0},
     "full": {"default": 1800.0},
 }
@@ -234,7 +234,7 @@ def calibrate(
 
         t0 = time.perf_counter()
         contention = measure_host_contention(world_size, n_threads, llc_bytes,
-                                             slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 5)
+                                             slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 4)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 
