@@ -1,0 +1,54 @@
+"""Judging sharder predictions on a ground truth pooled over runs (experiments/sharding_windows.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.sharding_windows import (
+    HEURISTICS,
+    judge,
+    mg_vs_pooled_best,
+    pooled_truth,
+    same_placements,
+    window_factors,
+)
+
+
+def _run(scale: float, times: dict[str, float], mg: float | None = None) -> dict:
+    row = {"task": "t0", "placements": {s: [i % 2] for i, s in enumerate(HEURISTICS)},
+           "measured_s": {s: scale * v for s, v in times.items()}, "predicted_s": dict(times)}
+    if mg is not None:
+        row["model_guided_actual_s"] = scale * mg
+    return {"rows": [row]}
+
+
+TIMES = {s: 1.0 + 0.1 * i for i, s in enumerate(HEURISTICS)}  # naive fastest
+
+
+def test_a_slow_window_does_not_move_the_pooled_truth() -> None:
+    runs = [_run(1.0, TIMES), _run(2.0, TIMES), _run(1.0, TIMES)]
+    f = window_factors(runs)
+    assert f[1] / f[0] == pytest.approx(2.0)
+    truth = pooled_truth(runs)
+    ratios = [truth["t0"][s] / TIMES[s] for s in HEURISTICS]
+    assert max(ratios) == pytest.approx(min(ratios))  # relative times kept exactly
+
+
+def test_judge_criterion_and_exact_pick() -> None:
+    truth = {"t0": dict(TIMES)}
+    assert judge({"t0": dict(TIMES)}, truth)["criterion_met"] == 1
+    wrong = {"t0": {**TIMES, "size_lookup_greedy": 0.1}}  # picks the slowest, 50 % off
+    j = judge(wrong, truth)
+    assert j["criterion_met"] == 0 and j["p_is_af"] == 0 and j["mean_gap_pct"] == pytest.approx(50.0)
+
+
+def test_model_guided_is_compared_with_the_same_runs_time_of_the_pooled_fastest() -> None:
+    run = _run(1.0, TIMES, mg=0.9)
+    assert mg_vs_pooled_best(run, {"t0": dict(TIMES)}) == pytest.approx(-10.0)
+
+
+def test_runs_with_other_placements_are_not_pooled() -> None:
+    a, b = _run(1.0, TIMES), _run(1.0, TIMES)
+    assert same_placements(a, b)
+    b["rows"][0]["placements"]["random"] = [1, 1]
+    assert not same_placements(a, b)
