@@ -58,16 +58,18 @@ def load_runs(revs: list[str] | None) -> list[tuple[str, dict]]:
         except (subprocess.CalledProcessError, FileNotFoundError) as exc:
             _fail(f"cannot read the history of {RUN_FILE} ({exc})")
     runs: list[tuple[str, dict]] = []
-    work = REPO / RUN_FILE
-    texts = [("working tree", work.read_text())] if work.exists() else []
+    texts = []
     for rev in revs:
         try:
             texts.append((rev, _git("show", f"{rev}:{RUN_FILE}")))
         except subprocess.CalledProcessError:
             _fail(f"--revs {rev}: no {RUN_FILE} at that revision")
+    work = REPO / RUN_FILE
+    if work.exists() and all(work.read_text() != t for _, t in texts):
+        texts.insert(0, ("working tree", work.read_text()))  # an uncommitted run, the newest
     seen: set[str] = set()
     for label, text in texts:
-        if text in seen:  # the working tree equals the last commit
+        if text in seen:
             continue
         seen.add(text)
         try:
