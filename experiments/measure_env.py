@@ -171,6 +171,39 @@ def time_call(fn: Callable[[], object], flush: Callable[[], None] | None = None,
     return float(np.median(out))
 
 
+def _pack_table(pack_path, name: str, what: str, columns: tuple[str, ...]):
+    """The pack's ``data/<name>`` as a DataFrame (None if absent); ValueError naming the file when it
+    is not ``what`` (unreadable, or a column missing)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    f = Path(pack_path) / "data" / name
+    if not f.exists():
+        return None
+    try:
+        d = pd.read_csv(f)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{f}: not a {what} ({exc})") from None
+    missing = [c for c in columns if c not in d.columns]
+    if missing:
+        raise ValueError(f"{f}: not a {what} (no column {missing[0]!r})")
+    return d
+
+
+def _larger_half(d, column: str, cases: int, seed: int):
+    """``cases`` rows drawn (seeded) from the rows whose ``column`` is at least its median."""
+    d = d[d[column] >= d[column].median()]
+    return d.sample(n=min(cases, len(d)), random_state=seed) if len(d) else d
+
+
+def _ratios(ratios: list[float]) -> dict:
+    """Geomean, min and max of now / then time ratios."""
+    lr = np.log(ratios)
+    return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
+            "ratio_max": float(np.max(ratios)), "cases": len(ratios)}
+
+
 def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     """How fast this machine runs GEMMs now compared with when the asset pack was calibrated.
 
@@ -185,37 +218,24 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     Raises:
         ValueError: ``data/gemm.csv`` is not a GEMM benchmark table (one line naming the file).
     """
-    from pathlib import Path
-
-    import pandas as pd
     import torch
 
     from predictor.calibration.gemm import gemm_builder
     from predictor.calibration.timing import Timer
 
-    f = Path(pack_path) / "data" / "gemm.csv"
-    if not f.exists():
+    d = _pack_table(pack_path, "gemm.csv", "GEMM benchmark table", ("kernel", "kind", "m", "n", "k", "flops", "seconds"))
+    if d is None:
         return {}
-    try:
-        d = pd.read_csv(f)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{f}: not a GEMM benchmark table ({exc})") from None
-    missing = [c for c in ("kernel", "kind", "m", "n", "k", "flops", "seconds") if c not in d.columns]
-    if missing:
-        raise ValueError(f"{f}: not a GEMM benchmark table (no column {missing[0]!r})")
     d = d[d.kernel.isin(["addmm/fp32", "mm/fp32"])]
-    d = d[d.flops >= d.flops.median()]
+    d = _larger_half(d, "flops", cases, seed)
     if d.empty:
         return {}
-    d = d.sample(n=min(cases, len(d)), random_state=seed)
     timer = Timer("cpu")
     ratios = []
     for r in d.itertuples():
         fn, _ = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))()
         ratios.append(timer.measure(fn).seconds / float(r.seconds))
-    lr = np.log(ratios)
-    return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
-            "ratio_max": float(np.max(ratios)), "cases": len(ratios)}
+    return _ratios(ratios)
 
 
 def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
@@ -230,29 +250,19 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
     Raises:
         ValueError: ``data/data_movement.csv`` is not a data-movement benchmark table.
     """
-    from pathlib import Path
-
-    import pandas as pd
     import torch
 
     from predictor.calibration.data_movement import _copy
     from predictor.calibration.timing import Timer
 
-    f = Path(pack_path) / "data" / "data_movement.csv"
-    if not f.exists():
+    d = _pack_table(pack_path, "data_movement.csv", "data-movement benchmark table",
+                    ("kernel", "elements", "bytes", "seconds"))
+    if d is None:
         return {}
-    try:
-        d = pd.read_csv(f)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{f}: not a data-movement benchmark table ({exc})") from None
-    missing = [c for c in ("kernel", "elements", "bytes", "seconds") if c not in d.columns]
-    if missing:
-        raise ValueError(f"{f}: not a data-movement benchmark table (no column {missing[0]!r})")
     d = d[d.kernel == "memcpy"]
-    d = d[d.bytes >= d.bytes.median()]
+    d = _larger_half(d, "bytes", cases, seed)
     if d.empty:
         return {}
-    d = d.sample(n=min(cases, len(d)), random_state=seed)
     timer = Timer("cpu")
     ratios = []
     for r in d.itertuples():
@@ -263,6 +273,4 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
             fn, _ = build()
             now = timer.measure(fn).seconds
         ratios.append(now / float(r.seconds))
-    lr = np.log(ratios)
-    return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
-            "ratio_max": float(np.max(ratios)), "cases": len(ratios)}
+    return _ratios(ratios)
