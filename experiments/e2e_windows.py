@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
+from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 
 
 def _fail(msg: str) -> None:
@@ -107,7 +108,7 @@ def materialise(spec: str, workdir: Path) -> str:
 
 
 def predictions(platform: str) -> tuple[dict[tuple[str, int], float], str]:
-    """Predicted seconds per (model, batch) with ``platform``, and the pack's creation time."""
+    """Predicted seconds per (model, batch) with ``platform``, and the timing source it used."""
     from predictor.platforms.assets import AssetPackError, resolve_platform
 
     try:
@@ -119,32 +120,33 @@ def predictions(platform: str) -> tuple[dict[tuple[str, int], float], str]:
                                  gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
                                  dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1)
     cases = build_cases(args, timing, 1)
-    created = str(getattr(timing, "source", platform))
-    return {(c.model, c.batch): float(c.predicted[0]) for c in cases}, created
+    return {(c.model, c.batch): float(c.predicted[0]) for c in cases}, str(getattr(timing, "source", platform))
 
 
-def _stats(errs: list[float]) -> dict:
-    a = np.abs(np.asarray(errs))
-    return {"geomean_abs_pct": float(np.exp(np.mean(np.log(np.maximum(a, 1e-9))))), "max_abs_pct": float(a.max()),
-            "median_signed_pct": float(np.median(errs)), "n": len(errs)}
+def _stats(pairs: list[tuple[float, float]]) -> dict:
+    """GMAE, max and median signed error (%) of (predicted, measured) pairs (:mod:`predictor.metrics`)."""
+    p, m = [a for a, _ in pairs], [b for _, b in pairs]
+    return {"geomean_abs_pct": geomean_abs_pct_error(p, m), "max_abs_pct": max_abs_pct_error(p, m),
+            "median_signed_pct": float(np.median((np.asarray(p) / np.asarray(m) - 1.0) * 100.0)), "n": len(pairs)}
 
 
 def score(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
     """Errors (%) of ``pred`` against each window, pooled, and against the per-configuration median."""
     per, pooled, by_cfg = [], [], {}
     for w in windows:
-        errs = []
+        pairs = []
         for r in w["rows"]:
             key = (r["model"], int(r["batch"]))
             if key not in pred:
                 continue
-            errs.append((pred[key] / r["measured_s"] - 1.0) * 100.0)
+            pairs.append((pred[key], r["measured_s"]))
             by_cfg.setdefault(key, []).append(r["measured_s"])
-        pooled += errs
-        per.append({"measured_at": w["measured_at"], **_stats(errs)})
+        pooled += pairs
+        per.append({"measured_at": w["measured_at"], **_stats(pairs)})
     med = {k: float(np.median(v)) for k, v in by_cfg.items()}
     med_errs = {f"{k[0]} {k[1]}": (pred[k] / m - 1.0) * 100.0 for k, m in med.items()}
-    return {"windows": per, "pooled": _stats(pooled), "vs_median_of_windows": _stats(list(med_errs.values())),
+    return {"windows": per, "pooled": _stats(pooled),
+            "vs_median_of_windows": _stats([(pred[k], m) for k, m in med.items()]),
             "per_config_vs_median": med_errs}
 
 

@@ -220,6 +220,7 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     """
     import torch
 
+    from predictor.calibration.base import time_case
     from predictor.calibration.gemm import gemm_builder
     from predictor.calibration.timing import Timer
 
@@ -233,8 +234,8 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     timer = Timer("cpu")
     ratios = []
     for r in d.itertuples():
-        fn, _ = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))()
-        ratios.append(timer.measure(fn).seconds / float(r.seconds))
+        build = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))
+        ratios.append(time_case(timer, build, cold=False).seconds / float(r.seconds))
     return _ratios(ratios)
 
 
@@ -252,6 +253,7 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
     """
     import torch
 
+    from predictor.calibration.base import time_case
     from predictor.calibration.data_movement import _copy
     from predictor.calibration.timing import Timer
 
@@ -267,10 +269,6 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
     ratios = []
     for r in d.itertuples():
         build = _copy(int(r.elements), torch.device("cpu"))
-        if int(getattr(r, "cold", 0) or 0):
-            now = timer.measure_cold(build).seconds
-        else:
-            fn, _ = build()
-            now = timer.measure(fn).seconds
-        ratios.append(now / float(r.seconds))
+        cold = bool(int(getattr(r, "cold", 0) or 0))
+        ratios.append(time_case(timer, build, cold).seconds / float(r.seconds))
     return _ratios(ratios)

@@ -33,7 +33,8 @@ import torch
 
 from predictor.calibration.timing import Measurement, Timer, typical
 
-__all__ = ["Level", "BenchContext", "ModelSpec", "Benchmark", "Case", "run_cases", "log_uniform_int", "TIMING_COLUMNS"]
+__all__ = ["Level", "BenchContext", "ModelSpec", "Benchmark", "Case", "run_cases", "time_case", "keep_typical",
+           "log_uniform_int", "TIMING_COLUMNS"]
 
 Level = Literal["tiny", "quick", "full"]
 Method = Literal["mlp", "roofline", "piecewise"]
@@ -173,19 +174,31 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound
             if p and i not in best:
                 continue
             row, build = cases[i]
-            if cold:
-                m = ctx.timer.measure_cold(build)
-            else:
-                fn, setup = build()
-                m = ctx.timer.measure(fn, setup)
-                del fn, setup
+            m = time_case(ctx.timer, build, cold)
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
                 best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if memory_bound else {})}
     for i, row in best.items():
-        row["pass_spread"] = pass_spread(seen[i])
-        row["seconds"] = typical(seen[i])
+        keep_typical(row, seen[i])
     return pd.DataFrame([best[i] for i in sorted(best)])
+
+
+def time_case(timer: Timer, build: Callable[[], tuple[Callable[[], object], Callable[[], object] | None]],
+              cold: bool) -> Measurement:
+    """Time one benchmark case from its builder: data cold and code warm (:meth:`Timer.measure_cold`,
+    which builds its own instances) or warm (one instance, :meth:`Timer.measure`)."""
+    if cold:
+        return timer.measure_cold(build)
+    fn, setup = build()
+    return timer.measure(fn, setup)
+
+
+def keep_typical(row: dict, values: list[float]) -> dict:
+    """``row`` (the record of a case's fastest pass) with ``seconds`` set to the typical time of all
+    its passes (:func:`~.timing.typical`) and ``pass_spread`` to their spread; returns ``row``."""
+    row["pass_spread"] = pass_spread(values)
+    row["seconds"] = typical(values)
+    return row
 
 
 def pass_spread(values: list[float]) -> float:

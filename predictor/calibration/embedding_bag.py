@@ -50,11 +50,10 @@ from predictor.calibration.base import (
     BenchContext,
     Benchmark,
     ModelSpec,
+    keep_typical,
     log_uniform_int,
-    pass_spread,
     record,
 )
-from predictor.calibration.timing import typical
 from predictor.kernels.embedding import RF_COLUMNS
 from predictor.workloads.dlrm_tables import (
     RF_BINS,
@@ -232,10 +231,7 @@ class EmbeddingBagBenchmark(Benchmark):
             seen["bwd"].append(m.seconds)
             if "bwd" not in best or m.seconds < best["bwd"]["seconds"]:
                 best["bwd"] = record({"kernel": "embedding_bag_bwd", "kind": "embedding_bag_bwd", **row}, m)
-        for key in best:
-            best[key]["pass_spread"] = pass_spread(seen[key])
-            best[key]["seconds"] = typical(seen[key])
-        return [best["fwd"], best["bwd"]]
+        return [keep_typical(best[key], seen[key]) for key in ("fwd", "bwd")]
 
 
 #: the small table the code-warming calls look up (rows, lookups, bags): a few KiB, so warming
