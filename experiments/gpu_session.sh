@@ -2,6 +2,7 @@
 # What a lent GPU machine runs (issue 4, part 5). Two steps, each one `device` call:
 #   bash experiments/gpu_session.sh measure    # e2e iterations + traces + GPU tests + tiny CUDA calibration (~4 min)
 #   bash experiments/gpu_session.sh calibrate  # tuner calibrate --device cuda --quick (~8 min)
+#   bash experiments/gpu_session.sh bench      # its benchmarks only (--no-fit, ~6 min); then here: tuner calibrate --refit
 # Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json, traces-*.tar.gz, h100_pack.tar.gz.
 # The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
 set -u
@@ -29,6 +30,11 @@ if [ "$step" = measure ]; then
 elif [ "$step" = calibrate ]; then
   echo "== calibrate" >>"$LOG"
   timeout "${CAL_TIMEOUT:-540}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1
+  echo "calibrate rc=$?" >>"$LOG"
+  [ -d /tmp/h100 ] && tar czf "$OUT/h100_pack.tar.gz" -C /tmp h100
+elif [ "$step" = bench ]; then  # the CUDA benchmarks only; fit them here, no device needed: tuner calibrate --refit
+  echo "== calibrate --no-fit" >>"$LOG"
+  timeout "${CAL_TIMEOUT:-560}" python3 -m tuner.cli calibrate --device cuda --quick --no-fit --out /tmp/h100 >>"$LOG" 2>&1
   echo "calibrate rc=$?" >>"$LOG"
   [ -d /tmp/h100 ] && tar czf "$OUT/h100_pack.tar.gz" -C /tmp h100
 elif [ "$step" = remeasure ]; then  # the e2e rows again, more passes; traces of other batches

@@ -119,6 +119,7 @@ def calibrate(
     memory_bound: str | None = None,
     log: Callable[[str], None] = print,
     register: bool = True,
+    fit: bool = True,
 ) -> AssetPack:
     """Benchmark ``device``, fit every kernel model, write the asset pack ``out``; return it loaded.
 
@@ -138,6 +139,10 @@ def calibrate(
             CPU, warm on a GPU.
         log: progress lines.
         register: remember the pack's location so ``--platform NAME`` finds it anywhere.
+        fit: ``False`` writes the benchmarks and overheads only (manifest ``"fitted": false``, no
+            models) and returns the pack unfitted; :func:`refit` fits it later, anywhere (the device
+            time goes to measuring, the CPU time of fitting to a machine that costs nothing). Such a
+            pack cannot be used for predictions until it is refitted.
 
     Raises:
         CalibrationError: bad device, world size or ``memory_bound``.
@@ -250,7 +255,11 @@ def calibrate(
         "memory_bound_timing": "cold" if cold_memory else "warm",
         "overheads": overheads,
         "host_contention": {str(world_size): contention} if contention else {},
+        #: seconds of benchmarking (and overhead / contention measurement), before any fitting
+        "benchmark_s": round(time.perf_counter() - started, 1),
     }
+    if not fit:
+        return _write_unfitted(out, pack_name, dev, base, data, manifest_extra, started, log)
     return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
                           manifest_extra, started, log, register)
 
@@ -290,6 +299,17 @@ def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform,
     return load_asset_pack(out)
 
 
+def _write_unfitted(out: Path, pack_name: str, dev: torch.device, base: Platform, data: dict[str, pd.DataFrame],
+                    manifest_extra: dict, started: float, log: Callable[[str], None]) -> AssetPack:
+    """Write the benchmark data and the manifest of a pack whose models are fitted later by :func:`refit`."""
+    extra = {**manifest_extra, "fitted": False, "calibration_s": round(time.perf_counter() - started, 1)}
+    write_asset_pack(out, name=pack_name, device=str(dev), platform=base, models={}, data=data,
+                     manifest_extra=extra)
+    log(f"wrote the benchmarks of {pack_name} to {out} in {time.perf_counter() - started:.0f} s, not fitted: "
+        f"tuner calibrate --refit {out}")
+    return load_asset_pack(out, allow_unfitted=True)
+
+
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
           log: Callable[[str], None] = print, register: bool = True) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
@@ -312,7 +332,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
 
     started = time.perf_counter()
     try:
-        old = load_asset_pack(pack)
+        old = load_asset_pack(pack, allow_unfitted=True)
     except AssetPackError as exc:
         raise CalibrationError(f"--refit: {exc}") from None
     m = old.manifest
@@ -347,7 +367,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
             overheads.setdefault(k, float(getattr(old.platform.overheads, k)))
     out = Path(out) if out is not None else old.path
     pack_name = old.name if out == old.path else out.name.strip().lower()
-    extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit")}
+    extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit", "fitted")}
     extra["overheads"] = overheads
     extra["refit"] = refit_info
     log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")

@@ -110,6 +110,31 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
     assert load_asset_pack(out).name == "again"
 
 
+def test_no_fit_writes_benchmarks_that_refit_fits_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Measure on the device only (--no-fit), fit elsewhere (--refit); an unfitted pack predicts nothing."""
+    from predictor.platforms.assets import AssetPackError
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    raw = tmp_path / "raw"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(raw), "--threads", "1",
+                              "--families", "elementwise", "--no-fit"])
+    assert res.exit_code == 0, res.output
+    assert "not fitted" in res.output and "--refit" in res.output
+    assert (raw / "data" / "elementwise.csv").exists() and not list((raw / "models").iterdir())
+    with pytest.raises(AssetPackError, match="no fitted models yet"):
+        load_asset_pack(raw)
+    unfitted = load_asset_pack(raw, allow_unfitted=True)
+    assert unfitted.manifest["fitted"] is False and unfitted.manifest["benchmark_s"] > 0
+    res = runner.invoke(app, ["calibrate", "--refit", str(raw)])
+    assert res.exit_code == 0, res.output
+    pack = load_asset_pack(raw)
+    assert "fitted" not in pack.manifest and pack.models and pack.error_table
+    assert pack.manifest["benchmark_s"] == unfitted.manifest["benchmark_s"]
+    assert "(calibrated" in pack.platform.name
+    res = runner.invoke(app, ["calibrate", "--refit", str(raw), "--no-fit"])
+    assert res.exit_code == 2 and "--no-fit goes with a fresh calibration" in res.output
+
+
 @pytest.mark.parametrize("setup, message", [
     ("missing", "not found"),
     ("no_data", "stores no benchmark data"),

@@ -172,11 +172,17 @@ def _looks_like_path(value: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- load
-def load_asset_pack(path: str | Path) -> AssetPack:
+def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack:
     """Load a pack folder.
 
+    Args:
+        path: the pack folder.
+        allow_unfitted: accept a pack written by ``tuner calibrate --no-fit`` (benchmarks, no
+            models); only :func:`predictor.calibrate.refit` reads such a pack.
+
     Raises:
-        AssetPackError: the folder or a file is missing, not valid JSON/YAML, or inconsistent.
+        AssetPackError: the folder or a file is missing, not valid JSON/YAML, or inconsistent; or
+            the pack is not fitted yet and ``allow_unfitted`` is false.
     """
     from predictor.kernels.learned import model_from_dict
 
@@ -196,6 +202,9 @@ def load_asset_pack(path: str | Path) -> AssetPack:
             f"{root / 'manifest.json'}: format {manifest['format']!r} is not supported (expected {PACK_FORMAT}); "
             "re-run tuner calibrate"
         )
+    if manifest.get("fitted", True) is False and not allow_unfitted:
+        raise AssetPackError(f"asset pack {root}: holds benchmarks but no fitted models yet; "
+                             f"fit them with: tuner calibrate --refit {root}")
     name = str(manifest["name"])
     platform = _read_platform(root / "platform.yaml", name)
     models = []

@@ -33,6 +33,8 @@ def calibrate(
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
+    no_fit: bool = typer.Option(False, "--no-fit", help="benchmark only: write the measurements without fitting "
+                                "(on a rented device); fit them later, anywhere, with --refit OUT"),
     overheads: Path = typer.Option(None, "--overheads", help="with --refit: T1..T5 JSON measured since on the device "
                                    "(python -m predictor.calibration.overheads --device cuda --out FILE)"),
 ) -> None:
@@ -50,6 +52,8 @@ def calibrate(
         fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
     if memory_bound is not None and refit is not None:
         fail("--memory-bound goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if no_fit and refit is not None:
+        fail("--no-fit goes with a fresh calibration (--refit fits a pack's stored benchmarks)")
     if overheads is not None and refit is None:
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     try:
@@ -61,11 +65,15 @@ def calibrate(
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
-                                   log=lambda line: err_console.print(line, highlight=False))
+                                   log=lambda line: err_console.print(line, highlight=False), fit=not no_fit)
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
     except OSError as exc:
         fail(f"--out {out}: {exc.strerror or exc}")
+    if no_fit:
+        console.print(f"benchmarks of [bold]{pack.name}[/] written to {pack.path}, not fitted; fit them (no device "
+                      f"needed) with: tuner calibrate --refit {pack.path}", highlight=False)
+        return
 
     table = Table(title=f"Kernel models of {pack.name}: error on the held-out 20% (Lin et al. 2022 Table I layout)")
     for col in ("kernel", "samples", "GMAE %", "MAPE %", "std %", "max %", "model"):
