@@ -57,6 +57,8 @@ from .graph import GRAPH_FORMAT_VERSION, StageGraph, stage_graph
 __all__ = [
     "DEFAULT_MODELS",
     "DEFAULT_DATASET",
+    "GPU_MODELS",
+    "H100_DATASET",
     "StageSample",
     "StageTiming",
     "all_stage_specs",
@@ -75,8 +77,21 @@ DEFAULT_MODELS: tuple[GPTSpec, ...] = (
     GPTSpec(hidden=384, heads=12, seq=64, vocab=16384, n_layers=6, micro_batch=2),
 )
 
+#: GPT variants of the GPU dataset: the CPU ones' shapes scaled up until a layer's forward + backward
+#: takes milliseconds on a data-centre GPU (fp32, TF32 off), so that the stages are GPU-bound, as
+#: the stages of a real pipeline are (hidden 768..2560, sequence 256..2048)
+GPU_MODELS: tuple[GPTSpec, ...] = (
+    GPTSpec(hidden=1024, heads=16, seq=1024, vocab=32768, n_layers=8, micro_batch=4),
+    GPTSpec(hidden=1536, heads=16, seq=512, vocab=50304, n_layers=8, micro_batch=4),
+    GPTSpec(hidden=2048, heads=16, seq=512, vocab=32768, n_layers=8, micro_batch=2),
+    GPTSpec(hidden=768, heads=12, seq=2048, vocab=50304, n_layers=8, micro_batch=2),
+    GPTSpec(hidden=2560, heads=20, seq=256, vocab=32768, n_layers=6, micro_batch=4),
+)
+
 #: where the committed CPU dataset lives
 DEFAULT_DATASET = Path(__file__).resolve().parent / "data" / "cpu_stage_latencies.json"
+#: where the committed H100 dataset lives (``collect --device cuda``)
+H100_DATASET = Path(__file__).resolve().parent / "data" / "h100_stage_latencies.json"
 
 
 @dataclass(frozen=True)
@@ -107,17 +122,28 @@ def all_stage_specs(model: GPTSpec, tp: int = 1, dp: int = 1) -> list[StageSpec]
     return [StageSpec(model, i, j, tp, dp) for i in range(n) for j in range(i, n)]
 
 
-def measure_stage(spec: StageSpec, warmup: int = 2, repeats: int = 15, seed: int = 0) -> StageTiming:
-    """Time one micro-batch's forward + backward of ``spec`` on the CPU (see module docstring)."""
+def measure_stage(
+    spec: StageSpec, warmup: int = 2, repeats: int = 15, seed: int = 0, device: str | torch.device = "cpu"
+) -> StageTiming:
+    """Time one micro-batch's forward + backward of ``spec`` (seconds; see module docstring).
+
+    On the CPU the label clock is the thread's CPU time. On a GPU it is the wall-clock time from a
+    synchronised start to the synchronised end of the step (the stage's latency as the pipeline
+    sees it, host issue included); both clocks then hold that time.
+    """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
     torch.manual_seed(seed)
-    module = build_stage_module(spec, "cpu")
-    inputs = stage_inputs(spec, "cpu", seed=seed)
+    module = build_stage_module(spec, dev)
+    inputs = stage_inputs(spec, dev, seed=seed)
     params = dict(module.named_parameters())
     step = stage_step_fn(module)
     for _ in range(warmup):
         step(params, inputs)
+    if cuda:
+        torch.cuda.synchronize(dev)
     gc.collect()
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -126,18 +152,23 @@ def measure_stage(spec: StageSpec, warmup: int = 2, repeats: int = 15, seed: int
         for _ in range(repeats):
             w0, c0 = time.perf_counter(), time.thread_time()
             step(params, inputs)
-            cpu.append(time.thread_time() - c0)
+            if cuda:
+                torch.cuda.synchronize(dev)
+                cpu.append(time.perf_counter() - w0)
+            else:
+                cpu.append(time.thread_time() - c0)
             wall.append(time.perf_counter() - w0)
     finally:
         if gc_was_enabled:
             gc.enable()
+        del module, inputs, params
     q = np.quantile(cpu, [0.25, 0.75])
     return StageTiming(
         statistics.median(cpu), min(cpu), float(q[0]), float(q[1]), statistics.median(wall), tuple(cpu)
     )
 
 
-def _machine() -> dict:
+def _machine(device: torch.device | None = None) -> dict:
     cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -152,7 +183,10 @@ def _machine() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "torch_num_threads": torch.get_num_threads(),
-        "note": "2-core VM shared with other engineers' jobs; measurements taken under flock /tmp/tuner-measure.lock",
+        **({"gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
+            "note": "a lent GPU machine, the only job on it"} if device is not None and device.type == "cuda" else
+           {"note": "2-core VM shared with other engineers' jobs; measurements taken under flock "
+                    "/tmp/tuner-measure.lock"}),
     }
 
 
@@ -164,6 +198,7 @@ def _measure_passes(
     repeats: int,
     rng: np.random.Generator,
     progress: str = "",
+    device: str | torch.device = "cpu",
 ) -> dict[int, list[StageTiming]]:
     """``passes`` sweeps over ``specs[idx]``, each in a fresh random order; per index, one timing per pass."""
     out: dict[int, list[StageTiming]] = {int(i): [] for i in idx}
@@ -172,7 +207,7 @@ def _measure_passes(
     k = 0
     for p in range(passes):
         for i in rng.permutation(np.asarray(idx)):
-            out[int(i)].append(measure_stage(specs[i], warmup, repeats, seed=int(i)))
+            out[int(i)].append(measure_stage(specs[i], warmup, repeats, seed=int(i), device=device))
             k += 1
             if progress and (k % 100 == 0 or k == total):
                 print(
@@ -205,6 +240,7 @@ def collect(
     seed: int = 0,
     threads: int = 1,
     progress: bool = True,
+    device: str | torch.device = "cpu",
 ) -> dict:
     """Measure ``specs`` in ``passes`` shuffled sweeps, re-measure a fraction, write ``out`` (JSON, atomically).
 
@@ -215,15 +251,19 @@ def collect(
     """
     from tuner.report import atomic_write_text  # the one atomic writer of the project
 
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs as fp32 (the graphs say float32)
+        torch.backends.cudnn.allow_tf32 = False
     torch.set_num_threads(threads)
     rng = np.random.default_rng(seed)
     t_start = time.perf_counter()
     all_idx = list(range(len(specs)))
-    first = _measure_passes(specs, all_idx, passes, warmup, repeats, rng, "measure" if progress else "")
+    first = _measure_passes(specs, all_idx, passes, warmup, repeats, rng, "measure" if progress else "", dev)
     rows = [{**specs[i].to_dict(), **_label(first[i])} for i in all_idx]
     n_re = int(round(retest_fraction * len(specs)))
     re_idx = sorted(int(i) for i in rng.choice(len(specs), size=n_re, replace=False)) if n_re else []
-    again = _measure_passes(specs, re_idx, passes, warmup, repeats, rng, "retest" if progress else "")
+    again = _measure_passes(specs, re_idx, passes, warmup, repeats, rng, "retest" if progress else "", dev)
     retest = [
         {"index": i, "latency_s": rows[i]["latency_s"], "retest_s": _label(again[i])["latency_s"]}
         for i in re_idx
@@ -232,12 +272,16 @@ def collect(
     doc = {
         "format": "tuner.stage_latencies/1",
         "date": _dt.date.today().isoformat(),
-        "machine": _machine(),
+        "machine": _machine(dev),
         "protocol": {
+            "device": str(dev),
             "passes": passes,
             "warmup": warmup,
             "repeats": repeats,
-            "label": "median thread CPU time (time.thread_time) over all timed steps of all passes",
+            "label": "median thread CPU time (time.thread_time) over all timed steps of all passes"
+            if dev.type == "cpu" else
+            "median wall-clock time, synchronised start to synchronised end, over all timed steps of all passes "
+            "(float32, TF32 off)",
             "unit": "seconds",
             "work": "forward + backward of one micro-batch (gradients of all parameters and the input)",
         },
@@ -317,8 +361,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="experiments/collect_stage_latencies.py", description=__doc__.split("\n\n")[0]
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("collect", help="measure the default stages on this CPU (run under flock)")
-    c.add_argument("--out", type=Path, default=DEFAULT_DATASET)
+    c = sub.add_parser("collect", help="measure the default stages on this CPU (run under flock) or a GPU")
+    c.add_argument("--device", default="cpu", help="cpu (the CPU models) or cuda[:N] (the GPU models, GPU_MODELS)")
+    c.add_argument("--out", type=Path, default=None,
+                   help=f"default: {DEFAULT_DATASET.name} on the CPU, {H100_DATASET.name} on a GPU")
     c.add_argument("--passes", type=int, default=12)
     c.add_argument("--repeats", type=int, default=2)
     c.add_argument("--warmup", type=int, default=1)
@@ -327,11 +373,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--limit", type=int, default=0, help="measure only the first N shuffled stages (smoke test)"
     )
     args = ap.parse_args(argv)
-    specs = default_specs()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: CUDA is not available on this machine", file=sys.stderr)
+        return 2
+    specs = default_specs(GPU_MODELS if device.type == "cuda" else DEFAULT_MODELS)
+    if args.out is None:
+        args.out = H100_DATASET if device.type == "cuda" else DEFAULT_DATASET
     if args.limit:
         rng = np.random.default_rng(1)
         specs = [specs[i] for i in rng.permutation(len(specs))[: args.limit]]
-    doc = collect(specs, args.out, args.passes, args.warmup, args.repeats, threads=args.threads)
+    doc = collect(specs, args.out, args.passes, args.warmup, args.repeats, threads=args.threads, device=device)
     rt = doc["retest"]
     print(
         f"wrote {args.out}: {len(doc['samples'])} stages in {doc['collection_seconds']} s; "
