@@ -3,7 +3,8 @@
 #   bash experiments/gpu_session.sh measure    # e2e iterations + traces + GPU tests + tiny CUDA calibration (~4 min)
 #   bash experiments/gpu_session.sh calibrate  # tuner calibrate --device cuda --quick (~8 min)
 #   bash experiments/gpu_session.sh bench      # its benchmarks only (--no-fit, ~5 min); then here: tuner calibrate --refit
-#   bash experiments/gpu_session.sh stages     # e2e rows, T1..T5, the H100 stage-latency dataset, GPU tests (~7 min)
+#   bash experiments/gpu_session.sh e2e        # e2e rows, this instance's T1..T5, GPU tests, then as `stages` (~7 min)
+#   bash experiments/gpu_session.sh stages     # the H100 stage-latency dataset alone (~4 min)
 # Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json, traces-*.tar.gz, h100_pack.tar.gz.
 # The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
 set -u
@@ -38,18 +39,20 @@ elif [ "$step" = bench ]; then  # the CUDA benchmarks only; fit them here, no de
   timeout "${CAL_TIMEOUT:-560}" python3 -m tuner.cli calibrate --device cuda --quick --no-fit --out /tmp/h100 >>"$LOG" 2>&1
   echo "calibrate rc=$?" >>"$LOG"
   [ -d /tmp/h100 ] && tar czf "$OUT/h100_pack.tar.gz" -C /tmp h100
-elif [ "$step" = stages ]; then  # e2e rows + this instance's T1..T5, the H100 stage-latency dataset, GPU tests
+elif [ "$step" = e2e ] || [ "$step" = stages ]; then  # e2e rows + this instance's T1..T5 (e2e), the H100 stage dataset
+  [ "$step" = e2e ] && {
   echo "== e2e measure" >>"$LOG"
   timeout 150 python3 experiments/e2e_gpu.py --measure --passes 5 --out "$OUT/e2e_h100_measured.json" >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
   timeout 60 python3 -m predictor.calibration.overheads --device cuda --out "$OUT/overheads_h100.json" >>"$LOG" 2>&1
   echo "overheads rc=$?" >>"$LOG"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
+  echo "pytest rc=$?" >>"$LOG"
+  }
   echo "== stage latencies" >>"$LOG"
   timeout "${STAGE_TIMEOUT:-300}" python3 experiments/collect_stage_latencies.py collect --device cuda --passes 4 \
     --repeats 3 --out "$OUT/h100_stage_latencies.json" >>"$LOG" 2>&1
   echo "stages rc=$?" >>"$LOG"
-  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
-  echo "pytest rc=$?" >>"$LOG"
 elif [ "$step" = remeasure ]; then  # the e2e rows again, more passes; traces of other batches
   echo "== e2e measure" >>"$LOG"
   timeout 300 python3 experiments/e2e_gpu.py --measure --passes 7 --iters 60 --out "$OUT/e2e_h100_measured.json" \

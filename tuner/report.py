@@ -8,8 +8,6 @@ killed never leaves one that looks complete.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,22 +15,10 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from tuner.files import atomic_write_text
 from tuner.search import SearchOutcome
 
 __all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "atomic_write_text", "json_default"]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _best(cands: list[dict]) -> dict | None:
