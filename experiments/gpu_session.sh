@@ -4,7 +4,8 @@
 #   bash experiments/gpu_session.sh calibrate  # tuner calibrate --device cuda --quick (~8 min)
 #   bash experiments/gpu_session.sh bench      # its benchmarks only (--no-fit, ~5 min); then here: tuner calibrate --refit
 #   bash experiments/gpu_session.sh e2e        # e2e rows, this instance's T1..T5, GPU tests, then as `stages` (~7 min)
-#   bash experiments/gpu_session.sh stages     # the H100 stage-latency dataset alone (~4 min)
+#   bash experiments/gpu_session.sh stages     # the H100 stage-latency dataset alone (~9 min)
+#   bash experiments/gpu_session.sh overheads  # e2e rows, then the T1..T5 measurement's spread in 2 processes (~5 min)
 # Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json, traces-*.tar.gz, h100_pack.tar.gz.
 # The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
 set -u
@@ -53,6 +54,14 @@ elif [ "$step" = e2e ] || [ "$step" = stages ]; then  # e2e rows + this instance
   timeout "${STAGE_TIMEOUT:-300}" python3 experiments/collect_stage_latencies.py collect --device cuda --passes 4 \
     --repeats 3 --out "$OUT/h100_stage_latencies.json" >>"$LOG" 2>&1
   echo "stages rc=$?" >>"$LOG"
+elif [ "$step" = overheads ]; then  # e2e rows, then the spread of the T1..T5 measurement, same instance
+  echo "== e2e measure" >>"$LOG"
+  timeout 150 python3 experiments/e2e_gpu.py --measure --passes 5 --out "$OUT/e2e_h100_measured.json" >>"$LOG" 2>&1
+  echo "e2e rc=$?" >>"$LOG"
+  for i in 1 2; do
+    timeout 150 python3 experiments/overheads_spread.py --device cuda --rounds 3 --out "$OUT/overheads_spread_$i.json" >>"$LOG" 2>&1
+    echo "overheads_spread $i rc=$?" >>"$LOG"
+  done
 elif [ "$step" = remeasure ]; then  # the e2e rows again, more passes; traces of other batches
   echo "== e2e measure" >>"$LOG"
   timeout 300 python3 experiments/e2e_gpu.py --measure --passes 7 --iters 60 --out "$OUT/e2e_h100_measured.json" \

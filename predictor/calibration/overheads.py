@@ -142,9 +142,20 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> N
     opt.step()
 
 
-def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 3, batch: int = 256) -> dict:
-    """T1..T5 (seconds) and how they were obtained; see the module docstring for definitions."""
-    from torch.profiler import ProfilerActivity, profile
+def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 3, batch: int = 256,
+                      profiler_warmup: int = 0) -> dict:
+    """T1..T5 (seconds) and how they were obtained; see the module docstring for definitions.
+
+    Args:
+        device: where the small model trains.
+        iterations: timed iterations, unprofiled and then profiled.
+        warmup: untimed iterations before them (seconds of a fresh process's first steps: lazy
+            CUDA module loading, allocator growth).
+        batch: samples per iteration.
+        profiler_warmup: profiled iterations discarded before the recorded ones (the profiler's
+            own start-up: its first steps after ``profile()`` opens run slower than its steady state).
+    """
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(0)
     model = _SmallDLRM().to(device)
@@ -172,12 +183,16 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
         plain.append(time.perf_counter() - t0)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     profiled = []
-    with profile(activities=acts) as prof:
-        for _ in range(iterations):
+    sched = schedule(wait=0, warmup=profiler_warmup, active=iterations, repeat=1) if profiler_warmup else None
+    with profile(activities=acts, schedule=sched) as prof:
+        for i in range(profiler_warmup + iterations):
             t0 = time.perf_counter()
             _train_step(model, opt, data)
             sync()
-            profiled.append(time.perf_counter() - t0)
+            if i >= profiler_warmup:
+                profiled.append(time.perf_counter() - t0)
+            if sched is not None:
+                prof.step()
     events = [e for e in prof.events() if getattr(e, "device_type", None) is None or str(e.device_type).endswith("CPU")]
     busiest = Counter(e.thread for e in events).most_common(1)[0][0]
     events = [e for e in events if e.thread == busiest]
@@ -201,7 +216,11 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
             out = [e]
         return sorted(out, key=lambda x: x.time_range.start)
 
-    roots = sorted((e for e in events if e.cpu_parent is None), key=lambda e: e.time_range.start)
+    def is_step_marker(e) -> bool:  # the schedule's ProfilerStep#N (events: "ProfilerStep*") wrap iterations
+        return e is not None and e.name.startswith("ProfilerStep")
+
+    roots = sorted((e for e in events if not is_step_marker(e) and (e.cpu_parent is None or is_step_marker(e.cpu_parent))),
+                   key=lambda e: e.time_range.start)
     t1, t2, t3, t4, t5 = [], [], [], [], []
     prev_end = None
     for e in roots:
@@ -218,7 +237,8 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
             t5.append(max(0.0, (b.time_range.start - a.time_range.end) * 1e-6))
         if cuda:
             t4 += [x.time_range.elapsed_us() * 1e-6 for x in ls]
-    out: dict = {"device": str(device), "iterations": iterations, "profiler_overhead_s": prof_overhead,
+    out: dict = {"device": str(device), "iterations": iterations, "warmup": warmup,
+                 "profiler_warmup": profiler_warmup, "profiler_overhead_s": prof_overhead,
                  "iteration_s_unprofiled": float(np.median(plain)), "iteration_s_profiled": float(np.median(profiled)),
                  "samples": {}}
     for name, vals in (("t1_s", t1), ("t2_s", t2), ("t3_s", t3), ("t5_s", t5)):
