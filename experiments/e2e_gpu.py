@@ -295,8 +295,24 @@ def predict(args) -> None:
     from predictor.kernels import timing_for
 
     files = [Path(f) for f in args.predict]
+    import tempfile
+
+    from predictor.platforms.assets import AssetPackError, pack_at_revision
+
     platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
-    timings = {p: timing_for(p) for p in platforms}
+    work = Path(tempfile.mkdtemp(prefix="e2e_gpu_"))
+    sources: dict[str, str] = {}  # column label -> what timing_for takes
+    for p in platforms:
+        if p.startswith("git:"):  # the committed assets/h100 of an earlier revision: h100@REV
+            try:
+                sources[f"h100@{p[4:]}"] = str(pack_at_revision(REPO, p[4:], "assets/h100", work / p[4:]))
+            except AssetPackError as exc:
+                print(f"error: --platforms {p}: {exc}", file=sys.stderr)
+                raise SystemExit(2) from None
+        else:
+            sources[p] = p
+    platforms = list(sources)
+    timings = {p: timing_for(src) for p, src in sources.items()}
     chosen = args.gpt_program
     other = "megatron" if chosen == "eager" else "eager"
     try:
@@ -481,7 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--predict", nargs="+", default=None,
                     help="measured JSON(s) to predict: the first row by row, the others summarised")
-    ap.add_argument("--platforms", nargs="+", default=["h100-sxm", "h100"])
+    ap.add_argument("--platforms", nargs="+", default=["h100-sxm", "h100"],
+                    help="catalog names, packs, or git:REV (assets/h100 as committed at REV, shown as h100@REV)")
     ap.add_argument("--gpt-program", choices=["eager", "megatron"], default=GPT_PROGRAM,
                     help="the transformer synthesiser's program for the GPT rows (the measured GPTs are eager)")
     ap.add_argument("--results-dir", default=str(RESULTS), help="where e2e_h100.md/.json go (--predict)")

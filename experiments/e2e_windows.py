@@ -64,23 +64,14 @@ def materialise(spec: str, workdir: Path) -> str:
       time (``lq_s``: the estimator before 2026-11-23), same data, so only the estimator differs;
     * anything else is a pack name or path as ``--platform`` takes it.
     """
-    import subprocess
-    import tarfile
-
     if spec.startswith("git:"):
+        from predictor.platforms.assets import AssetPackError, pack_at_revision
+
         rev = spec[4:]
-        dest = workdir / f"git-{rev}"
         try:
-            blob = subprocess.run(["git", "-C", str(REPO), "archive", rev, "assets/cpu-local"], check=True,
-                                  capture_output=True).stdout
-        except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-            _fail(f"--compare {spec}: cannot read assets/cpu-local at {rev} ({exc})")
-        dest.mkdir(parents=True, exist_ok=True)
-        tar = dest / "pack.tar"
-        tar.write_bytes(blob)
-        with tarfile.open(tar) as t:
-            t.extractall(dest, filter="data")
-        return str(dest / "assets" / "cpu-local")
+            return str(pack_at_revision(REPO, rev, "assets/cpu-local", workdir / f"git-{rev}"))
+        except AssetPackError as exc:
+            _fail(f"--compare {spec}: {exc}")
     if spec.startswith("lq:"):
         import shutil
 

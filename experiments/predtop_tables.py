@@ -250,24 +250,51 @@ def label_noise_pct(samples: list) -> float | None:
     return round(float(np.mean(vals)), 2) if vals else None
 
 
+def _command(doc: dict, out: Path | None) -> str:
+    """The command line that re-runs the experiment behind ``doc``."""
+    fr = " ".join(f"{f:g}" for f in doc["protocol"]["fractions"])
+    cmd = (f"python experiments/predtop_tables.py --dataset {doc['dataset']['path']} --models {' '.join(k for k in doc['mre_pct'] if k in MODELS or k in VARIANTS)} "
+           f"--seeds {doc['protocol']['seeds']} --fractions {fr}")
+    train = doc["protocol"].get("train", {})
+    for key, default in (("target", "relative"), ("anchor", "work"), ("max_steps", 1500), ("lr", 3e-3), ("batch_size", 8)):
+        if key in train and train[key] != default:
+            cmd += f" --{'batch' if key == 'batch_size' else key.replace('_', '-')} {train[key]}"
+    if out is not None:
+        cmd += f" --out {out.relative_to(ROOT) if out.is_absolute() and out.is_relative_to(ROOT) else out}"
+    return cmd
+
+
 def _fmt(vals: list[float]) -> str:
     return f"{np.mean(vals):.2f} ± {np.std(vals):.2f}" if vals else "-"
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict, out: Path | None = None) -> str:
+    """The results file's text; ``out`` (the results path without suffix) goes into the command to reproduce it."""
     kinds = list(doc["mre_pct"])
     fractions = doc["protocol"]["fractions"]
     cols = [c for c in next(iter(doc["mre_pct"][kinds[0]].values())) if c != "overall"]
     rt = doc["dataset"]["retest"]
+    gpu = doc["machine"].get("gpu")
+    label = (doc["dataset"].get("protocol") or {}).get("label", "median thread CPU time")
+    if gpu:
+        where = (f"Stages measured on an {gpu} (`experiments/collect_stage_latencies.py collect --device cuda`, "
+                 f"host {doc['machine'].get('cpu', '?')}); networks trained on this project's 2-core CPU VM, "
+                 f"training threads {doc['protocol']['torch_threads']}.")
+        models = "five GPTs sized for a GPU (`GPU_MODELS`: hidden 768-2560, sequence 256-2048)"
+    else:
+        where = (f"Machine: {doc['machine'].get('cpu', '?')}, 2-core VM shared with other jobs; measurement threads "
+                 f"{doc['machine'].get('torch_num_threads')}, training threads {doc['protocol']['torch_threads']}.")
+        models = "five small GPTs"
     lines = [
-        "# PredTOP Tables V–VI on this CPU: stage-latency MRE (%)",
+        f"# PredTOP Tables V–VI on {'an ' + gpu if gpu else 'this CPU'}: stage-latency MRE (%)",
         "",
-        f"Date {doc['date']}; machine: {doc['machine'].get('cpu', '?')}, 2-core VM shared with other jobs; "
-        f"measurement threads {doc['machine'].get('torch_num_threads')}, training threads {doc['protocol']['torch_threads']}.",
-        "Reproduce: `python experiments/predtop_tables.py` (dataset: `flock /tmp/tuner-measure.lock python experiments/collect_stage_latencies.py collect`).",
+        f"Date {doc['date']}. {where}",
+        f"Reproduce: `{_command(doc, out)}` (dataset: "
+        + ("`python experiments/collect_stage_latencies.py collect --device cuda` on the GPU machine)." if gpu else
+           "`flock /tmp/tuner-measure.lock python experiments/collect_stage_latencies.py collect`)."),
         "",
         f"Ground truth: {doc['dataset']['n_samples']} measured stages (`{doc['dataset']['path']}`): every layer range of "
-        "five small GPTs at TP 1/2/4 emulated by shapes, forward + backward of one micro-batch, median thread CPU time. "
+        f"{models} at TP 1/2/4 emulated by shapes, forward + backward of one micro-batch, {label}. "
         f"Measurement noise: the same stage measured twice (n={rt.get('n')}) differs by "
         f"{rt.get('mean_abs_rel_diff_pct', float('nan')):.2f} % on average (max {rt.get('max_abs_rel_diff_pct', float('nan')):.2f} %); "
         f"from the spread of each stage's per-pass medians, a label is off its true value by ~{doc['dataset']['label_noise_pct']} % "
@@ -365,7 +392,8 @@ def markdown(doc: dict) -> str:
         "",
         "## Deviations from PredTOP",
         "",
-        "- Ground truth is CPU (one thread, float32) forward + backward of PyTorch stages, traced with make_fx "
+        ("- Ground truth is GPU (float32, TF32 off)" if gpu else "- Ground truth is CPU (one thread, float32)")
+        + " forward + backward of PyTorch stages, traced with make_fx (on the CPU) "
         "instead of Alpa/JAX Jaxpr on GPUs; TP is emulated by shapes (no all-reduce); one model serves all TP degrees "
         "(the graph carries the shapes) where PredTOP trains one per mesh/configuration.",
         "- Networks narrowed for the CPU budget: DAG Transformer 2 layers x 32 (paper 4 x 64), GCN 6 x 64 (paper 6 x 256); "
@@ -421,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         doc = json.loads(args.out.with_suffix(".json").read_text())
-        atomic_write_text(args.out.with_suffix(".md"), markdown(doc))
+        atomic_write_text(args.out.with_suffix(".md"), markdown(doc, args.out))
         return 0
     try:
         # the table to merge into is read before training, so a missing or broken one fails at once
@@ -432,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    atomic_write_text(args.out.with_suffix(".md"), markdown(doc))
+    atomic_write_text(args.out.with_suffix(".md"), markdown(doc, args.out))
     atomic_write_text(
         args.out.with_suffix(".json"), json.dumps(doc, indent=1) + "\n"
     )  # last: marks completion

@@ -42,3 +42,12 @@ def test_captured_cuda_trace_replays(tmp_path: Path):
     assert (steps["predicted_s"] > 0).all()
     # a replay of the run it came from lands near it (same kernels, same launches)
     assert (steps["predicted_s"] / steps["measured_s"]).between(0.5, 2.0).all()
+
+
+def test_stage_latency_on_cuda_is_synchronised_wall_time():
+    from predictor.stage import GPTSpec, StageSpec, measure_stage
+
+    m = GPTSpec(hidden=256, heads=4, seq=128, vocab=1024, n_layers=2, micro_batch=2)
+    tm = measure_stage(StageSpec(m, 0, 1), warmup=1, repeats=3, device="cuda")
+    assert len(tm.repeats_s) == 3 and 0 < tm.min_s <= tm.median_s
+    assert tm.median_s == pytest.approx(tm.wall_median_s, rel=0.5)  # both clocks hold the wall time on a GPU

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from predictor.stage import DEFAULT_DATASET, GPTSpec, StageSpec, load_dataset, measure_stage
-from predictor.stage.dataset import all_stage_specs
+from predictor.stage.dataset import GPU_MODELS, H100_DATASET, all_stage_specs, default_specs
 
 
 def test_committed_dataset_is_complete_and_sane():
@@ -20,6 +20,21 @@ def test_committed_dataset_is_complete_and_sane():
     assert {s.spec.tp for s in samples} == {1, 2, 4}
     assert header["machine"]["torch_num_threads"] == 1
     # more layers of the same model at the same TP never run much faster
+    by_key = {(s.spec.model, s.spec.tp, s.spec.first, s.spec.last): s.latency_s for s in samples}
+    for (m, tp, i, j), t in by_key.items():
+        longer = by_key.get((m, tp, i, j + 1))
+        if longer is not None:
+            assert longer > 0.8 * t
+
+
+def test_committed_h100_dataset_is_complete_and_sane():
+    """The stages measured on the lent H100 (collect --device cuda): every GPU_MODELS stage, GPU-bound sizes."""
+    samples, header = load_dataset(H100_DATASET)
+    assert len(samples) == len(default_specs(GPU_MODELS)) == 495
+    assert {s.spec.model for s in samples} == set(GPU_MODELS)
+    assert "H100" in header["machine"]["gpu"] and header["protocol"]["device"].startswith("cuda")
+    y = np.array([s.latency_s for s in samples])
+    assert np.all(np.isfinite(y)) and y.min() > 1e-3 and y.max() < 1.0  # milliseconds, not launch-bound microseconds
     by_key = {(s.spec.model, s.spec.tp, s.spec.first, s.spec.last): s.latency_s for s in samples}
     for (m, tp, i, j), t in by_key.items():
         longer = by_key.get((m, tp, i, j + 1))

@@ -338,6 +338,31 @@ def write_asset_pack(
     return target
 
 
+def pack_at_revision(repo: str | Path, rev: str, pack: str, dest: str | Path) -> Path:
+    """Extract the pack folder ``pack`` (relative to ``repo``, e.g. ``assets/h100``) as committed at git
+    revision ``rev`` into ``dest``; return the extracted pack's path (to compare packs across commits).
+
+    Raises:
+        AssetPackError: ``rev`` or ``pack`` is unknown to git, or git is missing.
+    """
+    import subprocess
+    import tarfile
+
+    try:
+        blob = subprocess.run(["git", "-C", str(repo), "archive", rev, pack], check=True,
+                              capture_output=True).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        raise AssetPackError(f"cannot read {pack} at git revision {rev} ({exc})") from None
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tar = dest / "pack.tar"
+    tar.write_bytes(blob)
+    with tarfile.open(tar) as t:
+        t.extractall(dest, filter="data")
+    tar.unlink()
+    return dest / pack
+
+
 # ----------------------------------------------------------------------------- resolve
 def _this_cpu() -> str:
     from predictor.platforms.cpu_local import _cpu_model
