@@ -384,7 +384,8 @@ def markdown(doc: dict, out: Path | None = None) -> str:
         if floor:
             lines.append(
                 f"- Label noise: the per-pass spread puts a label ~{floor} % off its true value (measurement noise of "
-                "this shared VM, see above). Networks scoring below that show this estimate is pessimistic (it "
+                + ("the GPU machine" if gpu else "this shared VM") + ", see above)."
+                " Networks scoring below that show this estimate is pessimistic (it "
                 "assumes independent, normal pass medians), but differences between the networks of a few tenths of "
                 "a percent are within the seed-to-seed spread."
             )
