@@ -292,27 +292,26 @@ def predict(args) -> None:
     The first file is reported row by row (and predicted from the traces, captured in its
     session); the others (runs on other machine instances) by their summary only.
     """
-    from predictor.kernels import timing_for
-
-    files = [Path(f) for f in args.predict]
     import tempfile
 
+    from predictor.kernels import timing_for
     from predictor.platforms.assets import AssetPackError, pack_at_revision
 
+    files = [Path(f) for f in args.predict]
     platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
-    work = Path(tempfile.mkdtemp(prefix="e2e_gpu_"))
-    sources: dict[str, str] = {}  # column label -> what timing_for takes
-    for p in platforms:
-        if p.startswith("git:"):  # the committed assets/h100 of an earlier revision: h100@REV
-            try:
-                sources[f"h100@{p[4:]}"] = str(pack_at_revision(REPO, p[4:], "assets/h100", work / p[4:]))
+    timings = {}
+    with tempfile.TemporaryDirectory(prefix="e2e_gpu_") as work:  # git:REV packs, extracted while they load
+        for p in platforms:
+            if not p.startswith("git:"):
+                timings[p] = timing_for(p)
+                continue
+            try:  # the committed assets/h100 of an earlier revision, shown as h100@REV
+                pack = pack_at_revision(REPO, p[4:], "assets/h100", Path(work) / p[4:])
             except AssetPackError as exc:
                 print(f"error: --platforms {p}: {exc}", file=sys.stderr)
                 raise SystemExit(2) from None
-        else:
-            sources[p] = p
-    platforms = list(sources)
-    timings = {p: timing_for(src) for p, src in sources.items()}
+            timings[f"h100@{p[4:]}"] = timing_for(str(pack))
+    platforms = list(timings)
     chosen = args.gpt_program
     other = "megatron" if chosen == "eager" else "eager"
     try:

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predictor.calibration.overheads import measure_overheads  # noqa: E402
+from tuner.files import atomic_write_text  # noqa: E402
 
 #: name -> keyword arguments of measure_overheads
 SETTINGS: dict[str, dict] = {
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                   + f"  step {o['iteration_s_unprofiled'] * 1e3:.3f} ms", flush=True)
     doc = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
            "settings": SETTINGS, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
-    args.out.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    atomic_write_text(args.out, json.dumps(doc, indent=1))
     return 0
 
 

@@ -256,9 +256,11 @@ def _command(doc: dict, out: Path | None) -> str:
     cmd = (f"python experiments/predtop_tables.py --dataset {doc['dataset']['path']} --models {' '.join(k for k in doc['mre_pct'] if k in MODELS or k in VARIANTS)} "
            f"--seeds {doc['protocol']['seeds']} --fractions {fr}")
     train = doc["protocol"].get("train", {})
-    for key, default in (("target", "relative"), ("anchor", "work"), ("max_steps", 1500), ("lr", 3e-3), ("batch_size", 8)):
-        if key in train and train[key] != default:
-            cmd += f" --{'batch' if key == 'batch_size' else key.replace('_', '-')} {train[key]}"
+    defaults = _parser()
+    for key, flag in (("target", "target"), ("anchor", "anchor"), ("max_steps", "max-steps"), ("lr", "lr"),
+                      ("batch_size", "batch")):
+        if key in train and train[key] != defaults.get_default(flag.replace("-", "_")):
+            cmd += f" --{flag} {train[key]}"
     if out is not None:
         cmd += f" --out {out.relative_to(ROOT) if out.is_absolute() and out.is_relative_to(ROOT) else out}"
     return cmd
@@ -428,7 +430,8 @@ def markdown(doc: dict, out: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (its defaults also decide which flags a results file's reproduce line names)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", type=Path, default=DEFAULT_DATASET)
     ap.add_argument("--seeds", type=int, default=3)
@@ -447,7 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (one (seed, fraction) each)")
     ap.add_argument("--out", type=Path, default=RESULTS / "predtop_tables")
     ap.add_argument("--render", action="store_true", help="only re-write the .md from the existing .json")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.render:
         doc = json.loads(args.out.with_suffix(".json").read_text())
         atomic_write_text(args.out.with_suffix(".md"), markdown(doc, args.out))

@@ -270,8 +270,11 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device(args.device)
     out = measure_overheads(dev, iterations=args.iterations)
     out["device_name"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(out, fh, indent=1)
+    from pathlib import Path
+
+    from tuner.files import atomic_write_text
+
+    atomic_write_text(Path(args.out), json.dumps(out, indent=1))
     print(json.dumps({k: v for k, v in out.items() if k.startswith("t")}, indent=1))
 
 
