@@ -150,3 +150,43 @@ def test_work_anchor_recovers_a_linear_cost_and_the_network_learns_the_rest():
     assert "anchor=work" in model.describe()
     with pytest.raises(ValueError, match="anchor"):
         StageLatencyModel("gcn", TrainConfig(anchor="flops"))
+
+
+def test_lr_factor_warms_up_then_follows_the_per_epoch_cosine():
+    from predictor.stage.model import lr_factor
+
+    # no warm-up: PredTOP's cosine, one value per epoch
+    assert lr_factor(0, 10, 4) == 1.0 and lr_factor(9, 10, 4) == 1.0
+    assert lr_factor(10, 10, 4) == pytest.approx(0.5 * (1 + np.cos(np.pi / 4)))
+    assert lr_factor(40, 10, 4) == pytest.approx(0.0)
+    # warm-up: a linear ramp over the first steps, multiplied into the cosine
+    assert lr_factor(0, 10, 4, warmup_steps=20) == pytest.approx(1 / 20)
+    assert lr_factor(9, 10, 4, warmup_steps=20) == pytest.approx(10 / 20)
+    assert lr_factor(14, 10, 4, warmup_steps=20) == pytest.approx(15 / 20 * lr_factor(14, 10, 4))
+    assert lr_factor(25, 10, 4, warmup_steps=20) == lr_factor(25, 10, 4)
+
+
+def test_weight_average_and_clipping_change_what_is_kept(synthetic, tmp_path):
+    graphs, y = synthetic
+    torch.set_num_threads(1)
+    cfg = dict(epochs=6, patience=6, seed=2)
+
+    def fitted(**extra):
+        m = StageLatencyModel("gcn", TrainConfig(**cfg, **extra), dim=16, layers=2)
+        m.fit(graphs[:48], y[:48])
+        return m
+
+    plain = fitted().predict(graphs)
+    # an average with decay 0 is the current weights: same network as no average at all
+    assert np.allclose(fitted(ema_decay=0.0).predict(graphs), plain, rtol=1e-5)
+    # a real average keeps other weights; so does clipping the gradient hard
+    ema = fitted(ema_decay=0.9)
+    assert not np.allclose(ema.predict(graphs), plain, rtol=1e-3)
+    assert not np.allclose(fitted(clip_norm=1e-3).predict(graphs), plain, rtol=1e-3)
+    # a huge clip norm never clips
+    assert np.allclose(fitted(clip_norm=1e9).predict(graphs), plain, rtol=1e-5)
+    # the settings travel with the saved model
+    ema.save(tmp_path / "ema.pt")
+    again = StageLatencyModel.load(tmp_path / "ema.pt")
+    assert again.config.ema_decay == 0.9
+    assert np.allclose(again.predict(graphs), ema.predict(graphs), rtol=1e-6)

@@ -23,6 +23,10 @@ the same training recipe, PredTOP §IV-B6..8:
   needs far fewer samples than learning the latency's scale across stages of very different
   sizes.
 
+* ``warmup_steps``, ``clip_norm``, ``ema_decay`` (ours, off by default): a linear learning-rate
+  warm-up, gradient-norm clipping, and an exponential moving average of the weights (the EMA is
+  what is validated, kept and used) — the usual transformer-training stabilisers.
+
 * ``ensemble`` (ours): ``k`` networks of the same kind trained with different initial weights
   and batch orders on the same data, their outputs averaged — it lowers the variance a single
   network has from its initialisation (the seed-to-seed std of the tables).
@@ -50,7 +54,8 @@ from .dag_transformer import DAGTransformer
 from .gnn_baselines import GAT, GCN
 from .graph import DTYPE_VOCAB, MAX_RANK, N_FEATURES, NODE_KINDS, OP_VOCAB, StageGraph
 
-__all__ = ["DEFAULT_NETWORKS", "KINDS", "FitReport", "StageLatencyModel", "TrainConfig", "fit_work_anchor"]
+__all__ = ["DEFAULT_NETWORKS", "KINDS", "FitReport", "StageLatencyModel", "TrainConfig", "fit_work_anchor",
+           "lr_factor"]
 
 #: network kind -> class; every class takes ``n_features`` first and has a static ``collate``
 KINDS: dict[str, type[nn.Module]] = {"dag_transformer": DAGTransformer, "gcn": GCN, "gat": GAT}
@@ -97,6 +102,13 @@ class TrainConfig:
     #: networks trained (different initialisation and batch order, same data); predictions are
     #: their mean in target space. 1 = a single network, as PredTOP
     ensemble: int = 1
+    #: optimiser steps over which the learning rate ramps linearly from 0 (0: no warm-up, as PredTOP)
+    warmup_steps: int = 0
+    #: clip the gradient's global L2 norm to this value before each step (None: no clipping)
+    clip_norm: float | None = None
+    #: when set, validate and keep an exponential moving average of the weights with this decay
+    #: per optimiser step (``torch.optim.swa_utils``) instead of the raw weights
+    ema_decay: float | None = None
 
 
 @dataclass
@@ -123,6 +135,18 @@ def fit_work_anchor(graphs: Sequence[StageGraph], latencies_s: Sequence[float]) 
     scale = np.maximum(work.max(axis=0), 1e-30)  # conditioning: columns of order 1
     w, _ = nnls(work / scale / y[:, None], np.ones(y.size))
     return w / scale
+
+
+def lr_factor(step: int, steps_per_epoch: int, epochs: int, warmup_steps: int = 0) -> float:
+    """Learning-rate multiplier of optimiser step ``step`` (0-based).
+
+    A linear ramp from ``1 / warmup_steps`` to 1 over the first ``warmup_steps`` steps (none when
+    0), times a cosine decay from 1 to 0 over ``epochs`` that steps once per epoch (PredTOP's
+    schedule; every step of one epoch has the same value).
+    """
+    ramp = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    epoch = min(step // max(1, steps_per_epoch), epochs)
+    return ramp * 0.5 * (1 + math.cos(math.pi * epoch / max(1, epochs)))
 
 
 class StageLatencyModel:
@@ -267,9 +291,13 @@ class StageLatencyModel:
         net = KINDS[self.kind](N_FEATURES, **self.net_kwargs)
         collate = net.collate
         opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, betas=(0.9, 0.999), foreach=True)
+        per_epoch = max(1, math.ceil(len(train_items) / cfg.batch_size))
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda e: 0.5 * (1 + math.cos(math.pi * min(e, epochs) / epochs))
-        )
+            opt, lambda step: lr_factor(step, per_epoch, epochs, cfg.warmup_steps))
+        ema = (torch.optim.swa_utils.AveragedModel(
+            net, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(cfg.ema_decay))
+            if cfg.ema_decay is not None else None)
+        scored = ema.module if ema is not None else net  # the weights validated and kept
         best_loss, best_epoch, best_state = math.inf, -1, None
         history: list[float] = []
         t0 = time.perf_counter()
@@ -282,14 +310,18 @@ class StageLatencyModel:
                 loss = self._loss(net(batch), t_train[b])
                 opt.zero_grad()
                 loss.backward()
+                if cfg.clip_norm is not None:
+                    nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_norm)
                 opt.step()
+                sched.step()
+                if ema is not None:
+                    ema.update_parameters(net)
                 total += float(loss.detach()) * len(b)
-            sched.step()
             history.append(total / len(train_items))
-            val_loss = self._eval_loss(net, val_batches, t_val) if val_batches else history[-1]
+            val_loss = self._eval_loss(scored, val_batches, t_val) if val_batches else history[-1]
             if val_loss < best_loss:
                 best_loss, best_epoch = val_loss, epoch
-                best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+                best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
             if epoch - best_epoch >= patience:
                 break
             if cfg.max_seconds is not None and time.perf_counter() - t0 > cfg.max_seconds:
