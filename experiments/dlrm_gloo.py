@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from experiments.measure_env import cpu_accounting
+from predictor.calibration.collectives import free_port
 
 __all__ = ["DLRMJobSpec", "measure_dlrm", "batch_reuse_histogram", "table_batch", "cold_embedding_seconds",
            "EmbeddingOverride"]
@@ -235,19 +235,13 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure_dlrm(spec: DLRMJobSpec) -> dict:
     """Run the job; returns ``{"iteration_s", "per_rank_s", "times", "rf", "system"}``: the median
     iteration per rank (seconds), its max over ranks, every timed iteration of every rank, the reuse
     histograms, and per rank the CPU accounting of a timed iteration (user / system seconds, minor
     page faults, involuntary context switches; see :func:`_worker`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(spec, _free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
+        mp.start_processes(_worker, args=(spec, free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
         per_rank = []
         times = []
         rf: dict[int, list[float]] = {}

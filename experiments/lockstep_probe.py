@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -31,9 +30,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from predictor.calibration.collectives import free_port  # noqa: E402
+from tuner.files import atomic_write_text  # noqa: E402
+
+WORLD = 2
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -69,7 +74,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
                 work.wait()
             if step >= 3:
                 rows[mode].append([arrive, back, arrive - start])
-    Path(out).write_text(json.dumps(rows))
+    Path(tmp, f"r{rank}.json").write_text(json.dumps(rows))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -81,24 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-ms", type=float, default=20.0)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "lockstep_probe.json")
-    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker:
-        _worker(int(args.worker[0]), 2, int(args.worker[1]), args, args.worker[2])
-        return 0
-    import subprocess
+    import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        outs = [f"{tmp}/r{r}.json" for r in range(2)]
-        procs = [subprocess.Popen([sys.executable, __file__, "--bytes", str(args.bytes), "--ddp-bytes",
-                                   str(args.ddp_bytes), "--work-ms", str(args.work_ms), "--steps", str(args.steps),
-                                   "--worker", str(r), str(port), outs[r]]) for r in range(2)]
-        for p in procs:
-            p.wait()
-        ranks = [json.loads(Path(o).read_text()) for o in outs]
+        mp.start_processes(_worker, args=(WORLD, free_port(), args, tmp), nprocs=WORLD, join=True,
+                           start_method="fork")
+        ranks = [json.loads(Path(tmp, f"r{r}.json").read_text()) for r in range(WORLD)]
     summary = {}
     for mode in ranks[0]:
         t = np.array([r[mode] for r in ranks])  # (rank, step, [arrive, back])
@@ -112,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:14s} collective from the later arrival: median {summary[mode]['median_ms']:.2f} ms, "
               f"p90 {summary[mode]['p90_ms']:.2f}, max {summary[mode]['max_ms']:.2f}; GEMM loop before it "
               f"{' / '.join(f'{w:.2f}' for w in work_ms)} ms")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"bytes": args.bytes, "ddp_bytes": args.ddp_bytes, "work_ms": args.work_ms,
+    atomic_write_text(args.out, json.dumps({"bytes": args.bytes, "ddp_bytes": args.ddp_bytes, "work_ms": args.work_ms,
                                     "steps": args.steps, "summary": summary}, indent=1))
     return 0
 

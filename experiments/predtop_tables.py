@@ -256,18 +256,23 @@ def label_noise_pct(samples: list) -> float | None:
 LEGACY_TRAIN = {"warmup_steps": 0, "clip_norm": None, "ema_decay": None}
 
 
+def _train_of(doc: dict) -> dict:
+    """A table's training settings, the ones it predates filled in as off."""
+    return {**LEGACY_TRAIN, **doc["protocol"].get("train", {})}
+
+
 def _command(doc: dict, out: Path | None) -> str:
     """The command line that re-runs the experiment behind ``doc``."""
     fr = " ".join(f"{f:g}" for f in doc["protocol"]["fractions"])
     cmd = (f"python experiments/predtop_tables.py --dataset {doc['dataset']['path']} --models {' '.join(k for k in doc['mre_pct'] if k in MODELS or k in VARIANTS)} "
            f"--seeds {doc['protocol']['seeds']} --fractions {fr}")
-    train = {**LEGACY_TRAIN, **doc["protocol"].get("train", {})}
+    train = _train_of(doc)
     defaults = _parser()
     for key, flag in (("target", "target"), ("anchor", "anchor"), ("max_steps", "max-steps"), ("lr", "lr"),
                       ("batch_size", "batch"), ("warmup_steps", "warmup"), ("clip_norm", "clip"),
                       ("ema_decay", "ema")):
         value = train.get(key)
-        if key in ("warmup_steps", "clip_norm", "ema_decay"):
+        if key in LEGACY_TRAIN:
             value = value or 0  # off is 0 on the command line
         if key in train and value != defaults.get_default(flag.replace("-", "_")):
             cmd += f" --{flag} {value}"
@@ -414,7 +419,7 @@ def markdown(doc: dict, out: Path | None = None) -> str:
                 "assumes independent, normal pass medians), but differences between the networks of a few tenths of "
                 "a percent are within the seed-to-seed spread."
             )
-    train = {**LEGACY_TRAIN, **doc["protocol"].get("train", {})}
+    train = _train_of(doc)
     lines += [
         "",
         "## Deviations from PredTOP",

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from predictor.calibration.collectives import free_port  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error  # noqa: E402
 from predictor.transform import parse_sets, predict_trace  # noqa: E402
 
@@ -223,14 +224,10 @@ def _ddp_worker(rank: int, world: int, port: int, batch: int, layers: int, iters
 def measure_ddp(world: int, batch: int, layers: int, iters: int, warm: int, attempts: int = 3) -> dict:
     """Median/min iteration of a ``world``-process gloo DDP run (rank 0's clock); a run whose
     processes fail to rendezvous (a port taken meanwhile) is retried on a new port."""
-    import socket as _s
-
     import torch.multiprocessing as mp
 
     for attempt in range(attempts):
-        with _s.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         with tempfile.TemporaryDirectory() as tmp:
             out = str(Path(tmp) / "times.json")
             try:

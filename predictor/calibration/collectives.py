@@ -92,7 +92,7 @@ def _launch(world: int, cfg: dict, tmp: Path, timeout_s: float) -> list[dict]:
     out = tmp / "rank0.json"
     cfg_file = tmp / "cfg.json"
     cfg_file.write_text(json.dumps(cfg))
-    port = _free_port()
+    port = free_port()
     run = run_module_processes("predictor.calibration.collectives",
                                [[str(r), str(world), str(port), str(cfg_file), str(out)] for r in range(world)],
                                tmp, timeout_s)
@@ -101,7 +101,8 @@ def _launch(world: int, cfg: dict, tmp: Path, timeout_s: float) -> list[dict]:
     return json.loads(out.read_text())
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a local process group's rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
