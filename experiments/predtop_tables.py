@@ -137,14 +137,15 @@ def run(args: argparse.Namespace) -> dict:
     specs = [s.spec for s in samples]
     y = np.array([s.latency_s for s in samples])
     tps = np.array([s.tp for s in specs])
-    t0 = time.perf_counter()
-    graphs = load_graphs(specs)
-    graph_s = time.perf_counter() - t0
     fractions = [round(f, 2) for f in args.fractions]
     cfg = {"max_steps": args.max_steps, "lr": args.lr, "batch_size": args.batch, "target": args.target,
            "anchor": args.anchor}
     # training stabilisers (0 on the command line: off)
     cfg.update(warmup_steps=args.warmup, clip_norm=args.clip or None, ema_decay=args.ema or None)
+    StageLatencyModel(network_of(args.models[0])[0], TrainConfig(**cfg))  # a bad setting fails here, not after tracing
+    t0 = time.perf_counter()
+    graphs = load_graphs(specs)
+    graph_s = time.perf_counter() - t0
     _SHARED.update(graphs=graphs, y=y, tps=tps)
     jobs = [(seed, f, list(args.models), cfg, args.threads) for seed in range(args.seeds) for f in fractions]
     t0 = time.perf_counter()

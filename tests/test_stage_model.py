@@ -190,3 +190,17 @@ def test_weight_average_and_clipping_change_what_is_kept(synthetic, tmp_path):
     again = StageLatencyModel.load(tmp_path / "ema.pt")
     assert again.config.ema_decay == 0.9
     assert np.allclose(again.predict(graphs), ema.predict(graphs), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
+        (dict(clip_norm=0.0), "clip_norm must be > 0"),
+        (dict(ema_decay=1.0), r"ema_decay must be in \[0, 1\)"),
+        (dict(ema_decay=-0.1), r"ema_decay must be in \[0, 1\)"),
+    ],
+)
+def test_bad_stabiliser_settings_are_refused(setting, message):
+    with pytest.raises(ValueError, match=message):
+        StageLatencyModel("gcn", TrainConfig(**setting))

@@ -165,6 +165,12 @@ class StageLatencyModel:
             raise ValueError(f"anchor must be 'geomean' or 'work', not {self.config.anchor!r}")
         if self.config.ensemble < 1:
             raise ValueError(f"ensemble must be >= 1, not {self.config.ensemble}")
+        if self.config.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, not {self.config.warmup_steps}")
+        if self.config.clip_norm is not None and not self.config.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0 (or None: no clipping), not {self.config.clip_norm}")
+        if self.config.ema_decay is not None and not 0 <= self.config.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1) (or None: no average), not {self.config.ema_decay}")
         self.net_kwargs = dict(net_kwargs) if net_kwargs else dict(DEFAULT_NETWORKS[kind])
         #: the trained networks (``config.ensemble`` of them); ``net`` is the first
         self.members: list[nn.Module] = []
