@@ -517,11 +517,13 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             raw = feature_matrix(cols, spec.features, len(train))
             net = fit_mlp(raw, train["seconds"].to_numpy(), spec.features,
                           log_features=[f for f in spec.features if f not in spec.raw_features], work=spec.work,
-                          grid=grid, epochs=epochs, seed=seed, budget_s=budget)
+                          grid=grid, epochs=epochs, seed=seed, budget_s=budget, optional=spec.optional_features)
             nets.setdefault(spec.model_key, {})[spec.route] = net
             mlp_specs.setdefault(spec.model_key, spec)
             c = net.config
             methods[spec.kernel] = f"MLP {c['layers']}x{c['width']} {c['optimizer']} lr={c['lr']:g}"
+            if c.get("optional", {}).get("used"):
+                methods[spec.kernel] += " + " + ", ".join(c["optional"]["features"])
         elif spec.method == "roofline":
             for kind in spec.kinds:
                 roof_fits[kind] = fit_roofline(train["bytes"].to_numpy(), train["seconds"].to_numpy())

@@ -208,3 +208,76 @@ def test_held_out_split_of_a_kernel_does_not_depend_on_other_kernels():
     assert np.array_equal(te, te2) and np.array_equal(tr, tr2)
     assert not np.array_equal(te, _split(100, 0, "gelu")[1])  # kernels get their own permutations
     assert not np.array_equal(te, _split(100, 1, "relu")[1])  # and the pack seed matters
+
+
+def _ragged_or_aligned(rng: np.random.Generator, n: int) -> np.ndarray:
+    """(n, 3) GEMM shapes, half rounded to multiples of 16 (as the calibration draws them)."""
+    x = np.round(np.exp(rng.uniform(np.log(16), np.log(1024), size=(n, 3))))
+    half = rng.random(n) < 0.5
+    x[half] = np.maximum(16.0, np.round(x[half] / 16.0) * 16.0)
+    return x
+
+
+def _fit_with_alignment(x: np.ndarray, t: np.ndarray):
+    from predictor.kernels.learned import ALIGN16_FEATURES, feature_matrix
+
+    feats = ("m", "n", "k", *ALIGN16_FEATURES)
+    raw = feature_matrix({"m": x[:, 0], "n": x[:, 1], "k": x[:, 2]}, feats, len(x))
+    return fit_mlp(raw, t, feats, log_features=("m", "n", "k"), work=("m", "n", "k"),
+                   grid=[MLPConfig(3, 32, "adam", 1e-2)], epochs=800, seed=0, optional=ALIGN16_FEATURES), feats
+
+
+def test_alignment_features_are_kept_where_ragged_shapes_run_slower():
+    # a BLAS-like cost: a shape with a ragged n pays a tail that doubles its time
+    rng = np.random.default_rng(3)
+    x = _ragged_or_aligned(rng, 400)
+    t = _gemm_like(x[:, 0], x[:, 1], x[:, 2]) * np.where(x[:, 1] % 16 == 0, 1.0, 2.0)
+    net, feats = _fit_with_alignment(x[:320], t[:320])
+    assert net.config["optional"]["used"] and net.features == feats
+    from predictor.kernels.learned import feature_matrix
+
+    test = feature_matrix({"m": x[320:, 0], "n": x[320:, 1], "k": x[320:, 2]}, net.features, 80)
+    err = np.abs(net.predict(test) / t[320:] - 1) * 100
+    assert np.median(err) < 10.0  # without the indicator half the shapes are off by ~33-50 %
+
+
+def test_alignment_features_are_dropped_where_they_do_not_matter():
+    rng = np.random.default_rng(4)
+    x = _ragged_or_aligned(rng, 320)
+    net, _ = _fit_with_alignment(x, _gemm_like(x[:, 0], x[:, 1], x[:, 2]))
+    assert not net.config["optional"]["used"]
+    assert net.features == ("m", "n", "k")
+    # the net keeps only the columns it was trained on, and a routed model feeds it exactly those
+    assert net.predict(x[:4]).shape == (4,)
+
+
+def test_optional_features_must_be_among_the_features():
+    x = np.exp(np.random.default_rng(5).uniform(1, 5, size=(20, 3)))
+    with pytest.raises(ValueError, match="optional features"):
+        fit_mlp(x, x.prod(axis=1), ("m", "n", "k"), grid=[MLPConfig(3, 8, "adam", 1e-2)], epochs=5,
+                optional=("m_al16",))
+
+
+def test_align16_features_mark_multiples_of_16():
+    from predictor.kernels.learned import feature_matrix
+
+    cols = {"m": np.array([16.0, 17.0, 1024.0]), "n": np.array([8.0, 32.0, 48.0]), "k": np.array([0.0, 160.0, 5.0])}
+    got = feature_matrix(cols, ["m_al16", "n_al16", "k_al16"], 3)
+    assert got.tolist() == [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+
+
+def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
+    import torch
+
+    from predictor.calibration.base import BenchContext
+    from predictor.calibration.gemm import GemmBenchmark
+    from predictor.calibration.timing import Timer
+
+    bench = GemmBenchmark()
+    ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
+    shapes = bench._shapes(ctx, "bmm", 200, 2048, bench.flop_cap(ctx))
+    aligned = [s for s in shapes if s[0] % 16 == 0 and s[1] % 16 == 0 and s[2] % 16 == 0]
+    assert 0.3 < len(aligned) / len(shapes) < 0.7
+    assert max(max(s[:3]) for s in shapes) <= 2048 // 4 + 16
+    for spec in bench.specs(ctx):
+        assert set(spec.optional_features) == {"m_al16", "n_al16", "k_al16"} <= set(spec.raw_features)

@@ -54,6 +54,8 @@ class ModelSpec:
         features: parameter columns fed to an MLP; ``log`` ones are log2-transformed,
             the others (reuse-factor fractions) are used as they are.
         raw_features: the subset of ``features`` used without the log transform.
+        optional_features: the subset of ``features`` that the fit tries on and off as one group,
+            keeping them only if they lower the validation error (see ``fit_mlp(optional=)``).
         work: columns whose product measures the kernel's work (used to extrapolate beyond the
             benchmarked range: time scales with work outside it).
         route: for families with several MLPs behind one model (GEMM by op and dtype), the key.
@@ -70,6 +72,7 @@ class ModelSpec:
     method: Method
     features: tuple[str, ...] = ()
     raw_features: tuple[str, ...] = ()
+    optional_features: tuple[str, ...] = ()
     work: tuple[str, ...] = ()
     route: str = ""
     model: str = ""

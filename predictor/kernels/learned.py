@@ -46,6 +46,7 @@ __all__ = [
     "TABLE_II_GRID",
     "QUICK_GRID",
     "TINY_GRID",
+    "OPTIONAL_GAIN",
     "fit_mlp",
     "MLPKernelModel",
     "RooflineFit",
@@ -53,6 +54,7 @@ __all__ = [
     "FittedRoofline",
     "uniform_reuse_factors",
     "DERIVED_FEATURES",
+    "ALIGN16_FEATURES",
     "feature_matrix",
     "model_to_dict",
     "model_from_dict",
@@ -79,6 +81,10 @@ TABLE_II_GRID = _grid((3, 4, 5, 6, 7), (128, 256, 512, 1024), ("adam", "sgd"),
                       (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2))
 #: the ``--quick`` subset (a 2-core CPU trains it for every kernel in a few minutes)
 QUICK_GRID = _grid((3, 4), (48, 96), ("adam",), (3e-3,))
+#: optional features are kept only if they bring the validation MSE below this share of the MSE
+#: without them (fp32 GEMMs on the 2-core VM: 0.24-0.57; a spurious gain on bmm/bf16 data
+#: without aligned shapes: 0.86)
+OPTIONAL_GAIN = 0.75
 #: tests only
 TINY_GRID = _grid((3,), (32,), ("adam",), (1e-2,))
 
@@ -263,6 +269,8 @@ def fit_mlp(
     val_fraction: float = 0.2,
     seed: int = 0,
     budget_s: float | None = None,
+    optional: Sequence[str] = (),
+    _force_val: bool = False,
 ) -> MLPNet:
     """Grid-search and train an :class:`MLPNet` on (features, seconds) samples.
 
@@ -277,6 +285,12 @@ def fit_mlp(
         val_fraction: share of the samples held out for choosing the configuration.
         seed: RNG seed (split and initialisation).
         budget_s: stop trying new configurations after this many seconds (at least one runs).
+        optional: columns of ``features`` tried as one group, on and off: the grid runs once
+            without them and once with them, and the lower validation error decides (the net
+            keeps only the features it was trained on). Used for shape-alignment indicators,
+            which matter for one kernel library and dtype (fp32 GEMMs on a CPU: up to 2x between
+            a multiple-of-16 shape and its ragged neighbour) and are noise for another. They are
+            kept only if their validation MSE is below :data:`OPTIONAL_GAIN` times the MSE without.
     """
     import torch
 
@@ -286,6 +300,22 @@ def fit_mlp(
         raise ValueError("raw must be (n, len(features)) and seconds (n,)")
     if seconds.size < 4 or np.any(~np.isfinite(seconds)) or np.any(seconds <= 0):
         raise ValueError("fit_mlp needs at least 4 finite, positive times")
+    unknown = [f for f in optional if f not in features]
+    if unknown:
+        raise ValueError(f"optional features {unknown} are not among the features {list(features)}")
+    if optional:
+        keep = [i for i, f in enumerate(features) if f not in set(optional)]
+        trials = [(tuple(features[i] for i in keep), raw[:, keep]), (tuple(features), raw)]
+        nets = [fit_mlp(r, seconds, f, log_features=log_features, work=work, grid=grid, epochs=epochs,
+                        val_fraction=val_fraction, seed=seed, budget_s=budget_s, _force_val=True)
+                for f, r in trials]
+        # the extra columns must earn their keep: a validation split of ~60 samples moves the
+        # MSE by 10-20 % between equivalent fits, so they stay only for a clear gain
+        with_them = nets[1].config["val_mse_log2"] < OPTIONAL_GAIN * nets[0].config["val_mse_log2"]
+        best = nets[1] if with_them else nets[0]
+        best.config["optional"] = {"features": list(optional), "used": best is nets[1],
+                                   "val_mse_log2": [n.config["val_mse_log2"] for n in nets]}
+        return best
     logs = set(features if log_features is None else log_features)
     log_mask = np.array([f in logs for f in features])
     work_mask = np.array([f in set(work) for f in features])
@@ -300,14 +330,14 @@ def fit_mlp(
 
     rng = np.random.default_rng(seed)
     perm = rng.permutation(seconds.size)
-    n_val = max(1, int(round(val_fraction * seconds.size))) if len(grid) > 1 else 0
+    n_val = max(1, int(round(val_fraction * seconds.size))) if len(grid) > 1 or _force_val else 0
     val, fit = perm[:n_val], perm[n_val:]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny networks: threading costs more than it gives
     try:
         start = time.perf_counter()
         scores: list[tuple[float, MLPConfig]] = []
-        if len(grid) > 1:
+        if len(grid) > 1 or _force_val:
             for i, cfg in enumerate(grid):
                 if i and budget_s is not None and time.perf_counter() - start > budget_s:
                     break
@@ -365,8 +395,12 @@ def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
 #: embedding-lookup features computed from B, L, E, D and the reuse factors (log2-transformed):
 #: ``lookups = B L``; ``distinct_rows = lookups * sum_j rf_j / c_j`` (rows touched, ``c_j`` the
 #: representative access count of bin ``j``); ``distinct_bytes`` and ``table_bytes`` their bytes.
-#: GEMMs on a GPU: ``ld_aligned`` (1 when the rows of n and k are 16-byte multiples, else 0; not logged)
-DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned")
+#: GEMMs on a GPU: ``ld_aligned`` (1 when the rows of n and k are 16-byte multiples, else 0; not logged).
+#: GEMMs on a CPU: ``m_al16``, ``n_al16``, ``k_al16`` (1 when that dimension is a multiple of 16
+#: elements, else 0; not logged): BLAS micro-kernels work on register tiles of 8-16 fp32 lanes,
+#: and a ragged edge costs a masked or scalar tail.
+ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
+DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES)
 
 
 def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n: int) -> np.ndarray:
@@ -380,6 +414,8 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             rows_n = np.asarray(columns["n"], dtype=np.float64) * dt
             rows_k = np.asarray(columns["k"], dtype=np.float64) * dt
             out.append(((np.mod(rows_n, 16) == 0) & (np.mod(rows_k, 16) == 0)).astype(np.float64))
+        elif f in ALIGN16_FEATURES:
+            out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
         elif f in DERIVED_FEATURES:
             b = np.asarray(columns["batch"], dtype=np.float64)
             L = np.asarray(columns["pooling"], dtype=np.float64)
@@ -472,7 +508,7 @@ class MLPKernelModel(KernelModel):
     def _columns(self, tasks: TaskView, features: Sequence[str]) -> np.ndarray:
         cols = {f: tasks.get(f) for f in features if f not in DERIVED_FEATURES}
         if any(f in DERIVED_FEATURES for f in features):
-            for c in ("batch", "pooling", "rows", "dim", "dtype_bytes", "n", "k", *RF_COLUMNS):
+            for c in ("batch", "pooling", "rows", "dim", "dtype_bytes", "m", "n", "k", *RF_COLUMNS):
                 cols.setdefault(c, tasks.get(c))
         if self.fill == "rows_by_width" and "m" in cols and "n" in cols:
             elems = tasks.get("elements")
