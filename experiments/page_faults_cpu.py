@@ -1,0 +1,152 @@
+"""What a page fault costs on this CPU, and how much of a training step's system time it explains.
+
+The e2e runs (``experiments/e2e_cpu.py``) record per training step the system CPU time and the minor
+page faults of each process (``getrusage``). This measures the cost of one fault where nothing else
+happens: a fresh process allocates a tensor above glibc's mmap threshold, writes it once (every 4 KiB
+page faults, the kernel zero-fills it) and frees it (glibc unmaps it), ``--repeats`` times per size;
+against the same write into a buffer kept mapped, the difference per fault is the fault's cost,
+and the system time per fault is read from ``getrusage`` too. It then prices each e2e row's faults
+at that cost and compares with the row's measured system time: where they agree, the system time
+of a step is page faults (a host-memory model would need only the bytes faulted per step); where
+the measured system time is far larger, it is something else (gloo's socket calls on 2 ranks).
+
+Nothing here feeds a prediction.
+
+Run:  flock /tmp/tuner-measure.lock python experiments/page_faults_cpu.py
+      (writes benchmarks/results/page_faults_cpu.{md,json}; a few seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+PAGE = 4096
+#: a step's system time below this (seconds) is too small to apportion
+MIN_SYSTEM_S = 1e-4
+#: tensor sizes, bytes: all above glibc's largest dynamic mmap threshold (32 MiB), so every
+#: allocation is a fresh mapping
+SIZES = (48 * 2**20, 96 * 2**20, 192 * 2**20)
+
+
+def fault_cost(size: int, repeats: int) -> dict:
+    """Per-fault wall and system seconds of writing ``size`` fresh bytes, against a kept buffer."""
+    import torch
+
+    kept = torch.empty(size, dtype=torch.uint8)
+    kept.fill_(1)
+    warm_wall = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        kept.fill_(2)
+        warm_wall.append(time.perf_counter() - t0)
+    fresh_wall, sys_s, faults = [], [], []
+    for _ in range(repeats):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        x = torch.empty(size, dtype=torch.uint8)
+        x.fill_(2)
+        del x
+        t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        fresh_wall.append(t1 - t0)
+        sys_s.append(r1.ru_stime - r0.ru_stime)
+        faults.append(r1.ru_minflt - r0.ru_minflt)
+    n_faults = statistics.median(faults)
+    pages = size / PAGE
+    return {
+        "size_bytes": size,
+        "faults_per_alloc": n_faults,
+        "pages": pages,
+        "fresh_wall_s": statistics.median(fresh_wall),
+        "kept_wall_s": statistics.median(warm_wall),
+        "wall_per_fault_s": (statistics.median(fresh_wall) - statistics.median(warm_wall)) / max(n_faults, 1.0),
+        "system_per_fault_s": statistics.median(sys_s) / max(n_faults, 1.0),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--e2e", default=str(REPO / "benchmarks" / "results" / "e2e_cpu.json"),
+                    help="an e2e_cpu.py result whose rows carry per-step system time and faults")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "page_faults_cpu"))
+    args = ap.parse_args()
+    if args.repeats < 3:
+        sys.exit("error: --repeats must be >= 3")
+    e2e_path = Path(args.e2e)
+    try:
+        rows = json.loads(e2e_path.read_text(encoding="utf-8"))["rows"]
+        steps = [(r["model"], r["batch"], r["ranks"], r["system"]) for r in rows if r.get("system")]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        sys.exit(f"error: --e2e {e2e_path}: not a readable e2e_cpu.py result ({exc})")
+
+    import torch
+
+    torch.set_num_threads(1)
+    costs = [fault_cost(s, args.repeats) for s in SIZES]
+    wall_fault = statistics.median(c["wall_per_fault_s"] for c in costs)
+    sys_fault = statistics.median(c["system_per_fault_s"] for c in costs)
+    priced = []
+    for model, batch, ranks, s in steps:
+        faults, system = float(s["minor_faults"]), float(s["system_s"])
+        priced.append({"model": model, "batch": batch, "ranks": ranks, "wall_s": s["wall_s"], "system_s": system,
+                       "faults": faults, "faults_priced_s": faults * sys_fault,
+                       "explained": (faults * sys_fault / system) if system >= MIN_SYSTEM_S else None})
+
+    from tuner.files import atomic_write_text
+
+    out = Path(args.out)
+    meta = {"date": dt.date.today().isoformat(), "torch": torch.__version__, "repeats": args.repeats,
+            "e2e": str(e2e_path.relative_to(REPO) if e2e_path.is_relative_to(REPO) else e2e_path)}
+    atomic_write_text(out.with_suffix(".json"), json.dumps(
+        {"meta": meta, "fault_cost": costs, "wall_per_fault_s": wall_fault, "system_per_fault_s": sys_fault,
+         "steps": priced}, indent=1))
+    lines = [
+        "# Page faults on this CPU: their cost, and the system time of a training step",
+        "",
+        f"{meta['date']}, torch {meta['torch']}, 1 thread. Reproduce: `flock /tmp/tuner-measure.lock python "
+        "experiments/page_faults_cpu.py` (module doc: what is measured).",
+        "",
+        "## One fault alone",
+        "",
+        "| tensor MiB | faults per allocation | pages | fresh write ms | kept-buffer write ms | wall us per fault "
+        "| system us per fault |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in costs:
+        lines.append(f"| {c['size_bytes'] / 2**20:.0f} | {c['faults_per_alloc']:.0f} | {c['pages']:.0f} | "
+                     f"{c['fresh_wall_s'] * 1e3:.2f} | {c['kept_wall_s'] * 1e3:.2f} | {c['wall_per_fault_s'] * 1e6:.2f} | "
+                     f"{c['system_per_fault_s'] * 1e6:.2f} |")
+    lines += [
+        "",
+        f"Median: **{wall_fault * 1e6:.2f} us of wall time, {sys_fault * 1e6:.2f} us of system time per fault** "
+        f"({PAGE / sys_fault / 1e9:.1f} GB/s of freshly faulted memory).",
+        "",
+        f"## Training steps (`{meta['e2e']}`, per step)",
+        "",
+        "`explained` = faults x the system time per fault above, over the step's measured system time "
+        "('-': under 0.1 ms of system time).",
+        "",
+        "| model | batch | ranks | step ms | system ms | faults | faults priced ms | explained |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in priced:
+        expl = "-" if p["explained"] is None else f"{p['explained']:.0%}"
+        lines.append(f"| {p['model']} | {p['batch']} | {p['ranks']} | {p['wall_s'] * 1e3:.2f} | "
+                     f"{p['system_s'] * 1e3:.2f} | {p['faults']:.0f} | {p['faults_priced_s'] * 1e3:.2f} | {expl} |")
+    lines.append("")
+    atomic_write_text(out.with_suffix(".md"), "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
