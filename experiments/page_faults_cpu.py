@@ -39,6 +39,11 @@ MIN_SYSTEM_S = 1e-4
 SIZES = (48 * 2**20, 96 * 2**20, 192 * 2**20)
 
 
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def fault_cost(size: int, repeats: int) -> dict:
     """Per-fault wall and system seconds of writing ``size`` fresh bytes, against a kept buffer."""
     import torch
@@ -81,13 +86,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "page_faults_cpu"))
     args = ap.parse_args()
     if args.repeats < 3:
-        sys.exit("error: --repeats must be >= 3")
+        _fail("--repeats must be >= 3")
     e2e_path = Path(args.e2e)
     try:
         rows = json.loads(e2e_path.read_text(encoding="utf-8"))["rows"]
         steps = [(r["model"], r["batch"], r["ranks"], r["system"]) for r in rows if r.get("system")]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        sys.exit(f"error: --e2e {e2e_path}: not a readable e2e_cpu.py result ({exc})")
+        _fail(f"--e2e {e2e_path}: not a readable e2e_cpu.py result ({exc})")
 
     import torch
 
