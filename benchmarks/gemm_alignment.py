@@ -36,32 +36,42 @@ def compare(csv: Path) -> list[dict]:
     """Per GEMM kernel of ``csv``: held-out and validation errors with and without the indicators."""
     import numpy as np
     import pandas as pd
+    import torch
 
     from predictor.calibrate import MLP_SETTINGS, _split
-    from predictor.kernels.learned import ALIGN16_FEATURES, OPTIONAL_GAIN, feature_matrix, fit_mlp
+    from predictor.calibration.base import BenchContext
+    from predictor.calibration.gemm import GemmBenchmark
+    from predictor.calibration.timing import Timer
+    from predictor.kernels.learned import feature_matrix, fit_mlp, keeps_optional
     from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error
 
+    # the CPU calibration's own model specs: features, which of them are optional, log or raw, work
+    ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
+    specs = {s.kernel: s for s in GemmBenchmark().specs(ctx)}
     grid, epochs, budget = MLP_SETTINGS["quick"]
     frame = pd.read_csv(csv)
     rows = []
     for kernel, sub in frame.groupby("kernel", sort=False):
+        spec = specs[str(kernel)]
         sub = sub.reset_index(drop=True)
-        base = ("m", "n", "k", "batch") if str(kernel).startswith("bmm") else ("m", "n", "k")
         tr, te = _split(len(sub), 0, str(kernel))
         train, test = sub.iloc[tr], sub.iloc[te]
+        cols = {c: train[c].to_numpy(dtype=np.float64) for c in ("m", "n", "k", "batch")}
+        tcols = {c: test[c].to_numpy(dtype=np.float64) for c in ("m", "n", "k", "batch")}
+        actual = test["seconds"].to_numpy()
+        base = tuple(f for f in spec.features if f not in spec.optional_features)
+        logs = [f for f in spec.features if f not in spec.raw_features]
         row: dict = {"kernel": kernel, "samples": len(sub), "held_out": len(te),
                      "aligned_share": float(((sub.m % 16 == 0) & (sub.n % 16 == 0) & (sub.k % 16 == 0)).mean())}
-        for tag, feats in (("without", base), ("with", base + ALIGN16_FEATURES)):
-            cols = {c: train[c].to_numpy(dtype=np.float64) for c in ("m", "n", "k", "batch")}
-            tcols = {c: test[c].to_numpy(dtype=np.float64) for c in ("m", "n", "k", "batch")}
+        for tag, feats in (("without", base), ("with", spec.features)):
             net = fit_mlp(feature_matrix(cols, feats, len(train)), train["seconds"].to_numpy(), feats,
-                          log_features=base, work=base, grid=grid, epochs=epochs, seed=0, budget_s=budget)
+                          log_features=[f for f in feats if f in logs], work=spec.work, grid=grid, epochs=epochs,
+                          seed=0, budget_s=budget)
             pred = net.predict(feature_matrix(tcols, feats, len(test)))
-            actual = test["seconds"].to_numpy()
             row[f"gmae_{tag}_pct"] = geomean_abs_pct_error(pred, actual)
             row[f"max_{tag}_pct"] = max_abs_pct_error(pred, actual)
             row[f"val_mse_{tag}"] = net.config["val_mse_log2"]
-        row["kept"] = row["val_mse_with"] < OPTIONAL_GAIN * row["val_mse_without"]
+        row["kept"] = keeps_optional(row["val_mse_without"], row["val_mse_with"])
         row["gmae_calibrated_pct"] = row["gmae_with_pct"] if row["kept"] else row["gmae_without_pct"]
         rows.append(row)
     return rows

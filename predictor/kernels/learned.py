@@ -47,6 +47,7 @@ __all__ = [
     "QUICK_GRID",
     "TINY_GRID",
     "OPTIONAL_GAIN",
+    "keeps_optional",
     "fit_mlp",
     "MLPKernelModel",
     "RooflineFit",
@@ -257,6 +258,14 @@ def _eval(net, x: np.ndarray) -> np.ndarray:
         return net(torch.as_tensor(x, dtype=torch.float64)).numpy()[:, 0]
 
 
+def keeps_optional(val_mse_without: float, val_mse_with: float) -> bool:
+    """Whether a fit keeps its optional features, from the validation MSE (log2 seconds) without
+    and with them: they must bring it below :data:`OPTIONAL_GAIN` times the MSE without. A
+    validation split of ~60 samples moves the MSE by 10-20 % between equivalent fits, so extra
+    columns stay only for a clear gain."""
+    return val_mse_with < OPTIONAL_GAIN * val_mse_without
+
+
 def fit_mlp(
     raw: np.ndarray,
     seconds: np.ndarray,
@@ -290,7 +299,7 @@ def fit_mlp(
             keeps only the features it was trained on). Used for shape-alignment indicators,
             which matter for one kernel library and dtype (fp32 GEMMs on a CPU: up to 2x between
             a multiple-of-16 shape and its ragged neighbour) and are noise for another. They are
-            kept only if their validation MSE is below :data:`OPTIONAL_GAIN` times the MSE without.
+            kept only for a clear gain (:func:`keeps_optional`).
     """
     import torch
 
@@ -309,10 +318,7 @@ def fit_mlp(
         nets = [fit_mlp(r, seconds, f, log_features=log_features, work=work, grid=grid, epochs=epochs,
                         val_fraction=val_fraction, seed=seed, budget_s=budget_s, _force_val=True)
                 for f, r in trials]
-        # the extra columns must earn their keep: a validation split of ~60 samples moves the
-        # MSE by 10-20 % between equivalent fits, so they stay only for a clear gain
-        with_them = nets[1].config["val_mse_log2"] < OPTIONAL_GAIN * nets[0].config["val_mse_log2"]
-        best = nets[1] if with_them else nets[0]
+        best = nets[1] if keeps_optional(nets[0].config["val_mse_log2"], nets[1].config["val_mse_log2"]) else nets[0]
         best.config["optional"] = {"features": list(optional), "used": best is nets[1],
                                    "val_mse_log2": [n.config["val_mse_log2"] for n in nets]}
         return best
