@@ -32,8 +32,17 @@ DEFAULT_SOURCES = {
 }
 
 
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def compare(csv: Path) -> list[dict]:
-    """Per GEMM kernel of ``csv``: held-out and validation errors with and without the indicators."""
+    """Per GEMM kernel of ``csv``: held-out and validation errors with and without the indicators.
+
+    Raises:
+        ValueError: ``csv`` is malformed, lacks the benchmark columns, or holds other kernels.
+    """
     import numpy as np
     import pandas as pd
     import torch
@@ -49,7 +58,15 @@ def compare(csv: Path) -> list[dict]:
     ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
     specs = {s.kernel: s for s in GemmBenchmark().specs(ctx)}
     grid, epochs, budget = MLP_SETTINGS["quick"]
-    frame = pd.read_csv(csv)
+    frame = pd.read_csv(csv)  # a malformed file raises a ValueError (pandas' parser errors are ones)
+    need = {"kernel", "m", "n", "k", "batch", "seconds"}
+    if not need <= set(frame.columns):
+        raise ValueError(f"lacks the GEMM benchmark columns {sorted(need - set(frame.columns))}")
+    if frame[sorted(need)].isna().any().any():
+        raise ValueError("rows with empty GEMM columns (a truncated file?)")
+    foreign = sorted(set(frame["kernel"].astype(str)) - set(specs))
+    if foreign:
+        raise ValueError(f"kernels {foreign} are not CPU GEMM kernels ({', '.join(specs)})")
     rows = []
     for kernel, sub in frame.groupby("kernel", sort=False):
         spec = specs[str(kernel)]
@@ -126,11 +143,16 @@ def main() -> None:
         {k: ROOT / v for k, v in DEFAULT_SOURCES.items()}
     missing = [str(p) for p in sources.values() if not p.is_file()]
     if missing:
-        sys.exit(f"error: no such measurement file: {', '.join(missing)}")
+        _fail(f"no such measurement file: {', '.join(missing)}")
 
     from tuner.files import atomic_write_text
 
-    results = {label: compare(path) for label, path in sources.items()}
+    results = {}
+    for label, path in sources.items():
+        try:
+            results[label] = compare(path)
+        except (ValueError, UnicodeDecodeError) as exc:  # before anything is written
+            _fail(f"{path}: not a GEMM benchmark file of a CPU calibration: {exc}")
     out = Path(args.out)
     atomic_write_text(out.with_suffix(".json"), json.dumps(results, indent=1, default=float))
     text = render(results)
