@@ -33,8 +33,15 @@ overheads or waits). Summary: geomean and max absolute % error (``predictor.metr
 Targets (issue 4): geomean under 5 %, max under 10 % (Lin et al. 2022 report 7.96 % E2E on
 GPUs; the multi-GPU paper of Lin et al. 2024, 5.21 %).
 
-Run: ``flock /tmp/tuner-measure.lock python experiments/e2e_cpu.py``
-Writes ``benchmarks/results/e2e_cpu.md`` and ``benchmarks/results/e2e_cpu.json`` (last).
+``--allocator no_trim`` measures the same programs with glibc's malloc told never to hand freed
+memory back to the OS (:func:`predictor.platforms.host.allocator_env`; the script re-executes
+itself with that environment, so every rank process inherits it). Under the default allocator a
+step pays 0 to a few thousand page faults depending on the process's allocation history
+(``experiments/allocator_spread_cpu.py``), which no kernel model sees.
+
+Run: ``flock /tmp/tuner-measure.lock python experiments/e2e_cpu.py [--allocator no_trim]``
+Writes ``benchmarks/results/e2e_cpu.md`` and ``benchmarks/results/e2e_cpu.json`` (last; with
+``--allocator no_trim``: ``e2e_cpu_no_trim.{md,json}``).
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ from experiments.measure_env import (  # noqa: E402
     time_call,
 )
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.platforms.host import comm_thread_has_core  # noqa: E402
+from predictor.platforms.host import ALLOCATORS, allocator_env, comm_thread_has_core  # noqa: E402
 from predictor.simulate import simulate  # noqa: E402
 from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
 from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
@@ -540,6 +547,9 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
         "iterations (DLRM: the slowest rank's). `measured` = median of the pass medians, [p10-p90] of every timed "
         "iteration, `passes` = spread of the pass medians. Each pass waited for the machine to be quiet; `bg` = "
         "most cores other processes used during a kept pass (a 2-core VM shared with other users).",
+        f"C allocator: `{meta.get('allocator', 'default')}`"
+        + (" (glibc told never to return freed memory to the OS: only blocks above 32 MiB are mapped afresh)."
+           if meta.get("allocator") == "no_trim" else " (glibc as it comes)."),
         f"Reproduce: `flock /tmp/tuner-measure.lock {meta['command']}`",
         "",
         "| model | config | batch | ranks | measured ms [p10-p90] | passes | predicted ms | error | kernel-sum ms | "
@@ -705,6 +715,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--retries", type=int, default=2)
     ap.add_argument("--quiet-timeout", type=float, default=300.0,
                     help="seconds to wait for the machine to be quiet before each run")
+    ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
+                    help="C allocator mode of the measured processes (no_trim: no page faults from trimming)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-archive", action="store_true",
                     help=f"do not append this run to {RESULTS.name}/{WINDOWS_FILE}")
@@ -713,6 +725,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
     if args.passes < 1:
         ap.error("--passes must be >= 1")
+    want = {k: v for k, v in os.environ.items() if k not in allocator_env("no_trim")} | allocator_env(args.allocator)
+    if want != dict(os.environ):  # glibc reads its settings at process start: run again with them
+        own = argv if argv is not None else sys.argv[1:]
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *own], want)
 
     timing, manifest, pack_path = resolve(args.platform)
     threads = args.threads or int((manifest or {}).get("threads", 1))
@@ -746,14 +762,16 @@ def main(argv: list[str] | None = None) -> None:
         "warmup": args.warmup,
         "dlrm_warmup": args.dlrm_warmup,
         "gemm_drift": drift,
+        "allocator": args.allocator,
         "wall_s": round(time.perf_counter() - t0, 1),
         "command": "python experiments/e2e_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     from tuner.report import atomic_write_text
 
     text = markdown(rows, summary, meta, checks)
-    atomic_write_text(args.out / "e2e_cpu.md", text)
-    atomic_write_text(args.out / "e2e_cpu.json",
+    stem = "e2e_cpu" if args.allocator == "default" else f"e2e_cpu_{args.allocator}"
+    atomic_write_text(args.out / f"{stem}.md", text)
+    atomic_write_text(args.out / f"{stem}.json",
                       json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows],
                                   "kernel_context_check": checks}, indent=1))
     if args.out == RESULTS and not args.no_archive:
@@ -777,6 +795,7 @@ def archive_window(path: Path, meta: dict, rows: list[Row]) -> None:
     windows.append({"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
                     "iters": meta.get("iters"), "passes": meta.get("passes"),
+                    "allocator": meta.get("allocator", "default"),
                     "gemm_drift": meta.get("gemm_drift"),
                     "rows": [{"model": r.model, "batch": r.batch, "ranks": r.ranks, "measured_s": r.measured_s,
                               "pass_medians_s": r.pass_medians_s} for r in rows]})

@@ -14,7 +14,11 @@ the predictions against every archived window:
 
 Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself is never written here).
 
-    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK ...]
+    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|refit:DIR ...]
+                                      [--allocator default|no_trim]
+
+A pack spec prefixed ``faults32:`` adds, as a diagnosis, the page faults of sparse embedding
+gradients above glibc's 32 MiB mmap ceiling (:class:`EmbeddingGradFaults`).
 """
 
 from __future__ import annotations
@@ -62,7 +66,12 @@ def materialise(spec: str, workdir: Path) -> str:
     * ``git:REV`` -> ``assets/cpu-local`` as committed at ``REV``, extracted to ``workdir``;
     * ``lq:PACK`` -> PACK refitted with each sample's lower quartile of its fastest round as its
       time (``lq_s``: the estimator before 2026-11-23), same data, so only the estimator differs;
+    * ``refit:DIR`` -> the benchmark data of DIR (a pack written with ``--no-fit``, such as those
+      kept in ``benchmarks/results/data/packs/``) fitted into ``workdir``;
     * anything else is a pack name or path as ``--platform`` takes it.
+
+    (``faults32:SPEC``, any of these with the embedding-gradient page-fault term, is handled by
+    :func:`predictions`.)
     """
     if spec.startswith("git:"):
         from predictor.platforms.assets import AssetPackError, pack_at_revision
@@ -72,6 +81,15 @@ def materialise(spec: str, workdir: Path) -> str:
             return str(pack_at_revision(REPO, rev, "assets/cpu-local", workdir / f"git-{rev}"))
         except AssetPackError as exc:
             _fail(f"--compare {spec}: {exc}")
+    if spec.startswith("refit:"):
+        from predictor.calibrate import CalibrationError, refit
+
+        out = workdir / "refit"
+        try:
+            refit(Path(spec[6:]), out, log=lambda _m: None, register=False)
+        except CalibrationError as exc:
+            _fail(f"--compare {spec}: {exc}")
+        return str(out)
     if spec.startswith("lq:"):
         import shutil
 
@@ -98,8 +116,45 @@ def materialise(spec: str, workdir: Path) -> str:
     return spec
 
 
-def predictions(platform: str) -> tuple[dict[tuple[str, int], float], str]:
-    """Predicted seconds per (model, batch) with ``platform``, and the timing source it used."""
+#: glibc maps every block at or above this many bytes afresh (its largest dynamic mmap threshold)
+MMAP_CEILING_BYTES = 32 * 2**20
+#: the measured cost of one minor page fault on this VM (``experiments/page_faults_cpu.py``)
+PAGE_FAULTS_FILE = RESULTS / "page_faults_cpu.json"
+
+
+class EmbeddingGradFaults:
+    """A diagnosis, not yet a model of the predictor: ``base`` plus the page faults of every sparse
+    embedding gradient of at least :data:`MMAP_CEILING_BYTES` (batch x pooling x dim x 4 bytes:
+    glibc maps such a block afresh on every backward, so each of its 4 KiB pages faults), priced
+    at ``fault_s`` seconds per fault."""
+
+    def __init__(self, base, fault_s: float) -> None:
+        self.base, self.fault_s = base, float(fault_s)
+        self.source = f"{getattr(base, 'source', base)} + embedding-gradient page faults"
+
+    def durations(self, graph) -> np.ndarray:
+        from experiments.dlrm_gloo import _embedding_tasks
+
+        d = np.array(self.base.durations(graph), dtype=float)
+        idx, _ = _embedding_tasks(graph, "embedding_bag_bwd")
+        if idx.size:
+            grad = graph.param("batch")[idx] * graph.param("pooling")[idx] * graph.param("dim")[idx] * 4.0
+            d[idx] += np.where(grad >= MMAP_CEILING_BYTES, np.ceil(grad / 4096.0) * self.fault_s, 0.0)
+        return d
+
+
+def measured_fault_s(path: Path = PAGE_FAULTS_FILE) -> float:
+    """Median wall seconds per minor page fault from ``experiments/page_faults_cpu.py``'s results."""
+    try:
+        rows = json.loads(path.read_text())["fault_cost"]
+        return float(np.median([float(r["wall_per_fault_s"]) for r in rows]))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        _fail(f"{path}: no measured page-fault cost (run experiments/page_faults_cpu.py): {exc}")
+
+
+def predictions(platform: str, embedding_faults: bool = False) -> tuple[dict[tuple[str, int], float], str]:
+    """Predicted seconds per (model, batch) with ``platform``, and the timing source it used;
+    ``embedding_faults``: with :class:`EmbeddingGradFaults`."""
     from predictor.platforms.assets import AssetPackError, resolve_platform
 
     try:
@@ -107,6 +162,8 @@ def predictions(platform: str) -> tuple[dict[tuple[str, int], float], str]:
     except (AssetPackError, KeyError, ValueError) as exc:
         _fail(f"--platform {platform}: {exc}")
     timing = plat.timing()
+    if embedding_faults:
+        timing = EmbeddingGradFaults(timing, measured_fault_s())
     args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
                                  gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
                                  dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1)
@@ -141,7 +198,13 @@ def score(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
             "per_config_vs_median": med_errs}
 
 
-def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]) -> str:
+def _label(spec: str) -> str:
+    """A pack spec as a column name: paths shortened to their last part (``refit:a/b/c`` -> ``refit:c``)."""
+    head, _, tail = spec.rpartition(":") if ":" in spec and "/" in spec else ("", "", spec)
+    return (head + ":" if head else "") + (Path(tail).name if "/" in tail else tail)
+
+
+def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str], allocator: str = "default") -> str:
     spread = {}
     for w in windows:
         for r in w["rows"]:
@@ -152,30 +215,33 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
         "",
         f"{date.today().isoformat()}; {len(windows)} archived runs of `experiments/e2e_cpu.py` "
         f"(`benchmarks/results/{WINDOWS_FILE}`), each the median of 3 interleaved passes of the 12 training "
-        "iterations. Reproduce: `python experiments/e2e_windows.py --platform " + platforms[0]
-        + (" --compare " + " ".join(platforms[1:]) if len(platforms) > 1 else "") + "`.",
+        f"iterations, measured with the C allocator `{allocator}`. Reproduce: "
+        "`python experiments/e2e_windows.py --platform " + platforms[0]
+        + (" --compare " + " ".join(platforms[1:]) if len(platforms) > 1 else "")
+        + (f" --allocator {allocator}" if allocator != "default" else "") + "`.",
         "",
-        f"How much the machine moves: one configuration's measurement differs between windows by a median of "
-        f"{100 * float(np.median(sp)):.1f} % (slowest / fastest window - 1; max {100 * max(sp):.1f} %).",
+        (f"How much the machine moves: one configuration's measurement differs between windows by a median of "
+         f"{100 * float(np.median(sp)):.1f} % (slowest / fastest window - 1; max {100 * max(sp):.1f} %)."
+         if sp else "One window only: how much the machine moves between windows is not known from these."),
         "",
         "| pack | pooled geomean % | pooled max % | median signed % | vs median of windows: geomean % / max % |",
         "|---|---:|---:|---:|---:|",
     ]
     for p in platforms:
         r = results[p]
-        lines.append(f"| {p} | {r['pooled']['geomean_abs_pct']:.2f} | {r['pooled']['max_abs_pct']:.1f} | "
+        lines.append(f"| {_label(p)} | {r['pooled']['geomean_abs_pct']:.2f} | {r['pooled']['max_abs_pct']:.1f} | "
                      f"{r['pooled']['median_signed_pct']:+.1f} | {r['vs_median_of_windows']['geomean_abs_pct']:.2f} / "
                      f"{r['vs_median_of_windows']['max_abs_pct']:.1f} |")
     lines += ["", "Per window (geomean % / max % / median signed %):", "",
-              "| measured at | " + " | ".join(platforms) + " |", "|---|" + "---:|" * len(platforms)]
+              "| measured at | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
     for i, w in enumerate(windows):
         cells = [f"{results[p]['windows'][i]['geomean_abs_pct']:.1f} / {results[p]['windows'][i]['max_abs_pct']:.1f} / "
                  f"{results[p]['windows'][i]['median_signed_pct']:+.1f}" for p in platforms]
         lines.append(f"| {w['measured_at']} | " + " | ".join(cells) + " |")
-    lines += ["", f"Per configuration against the median of the windows ({platforms[0]}):", "",
-              "| configuration | error % |", "|---|---:|"]
-    for k, e in results[platforms[0]]["per_config_vs_median"].items():
-        lines.append(f"| {k} | {e:+.1f} |")
+    lines += ["", "Per configuration against the median of the windows (error %):", "",
+              "| configuration | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
+    for k in results[platforms[0]]["per_config_vs_median"]:
+        lines.append(f"| {k} | " + " | ".join(f"{results[p]['per_config_vs_median'][k]:+.1f}" for p in platforms) + " |")
     lines += ["", "Target (issue 4): geomean under 5 %, max under 10 %."]
     return "\n".join(lines) + "\n"
 
@@ -185,22 +251,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--platform", default="cpu-local", help="the pack to score (first column)")
     ap.add_argument("--compare", nargs="*", default=[], help="more packs (paths or names) scored beside it")
     ap.add_argument("--archive", type=Path, default=RESULTS / WINDOWS_FILE)
-    ap.add_argument("--out", type=Path, default=RESULTS / "e2e_windows")
+    ap.add_argument("--allocator", choices=("default", "no_trim"), default="default",
+                    help="score the windows measured under this C allocator mode (e2e_cpu.py --allocator)")
+    ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = RESULTS / ("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
     if args.out.with_suffix(".json").resolve() == args.archive.resolve():
         _fail(f"--out {args.out}: would overwrite the archive {args.archive}")
-    windows = load_windows(args.archive)
+    windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator]
+    if not windows:
+        _fail(f"{args.archive}: no window measured with --allocator {args.allocator}")
     platforms = [args.platform, *args.compare]
     results = {}
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         for i, p in enumerate(platforms):
-            pred, source = predictions(materialise(p, Path(tmp) / str(i)))
+            faults = p.startswith("faults32:")
+            pred, source = predictions(materialise(p.removeprefix("faults32:"), Path(tmp) / str(i)), faults)
             results[p] = {"timing_source": source, **score(pred, windows)}
     from tuner.report import atomic_write_text
 
-    text = markdown(results, windows, platforms)
+    text = markdown(results, windows, platforms, args.allocator)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(results, indent=1))
     atomic_write_text(args.out.with_suffix(".md"), text)
     print(text)

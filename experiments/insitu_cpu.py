@@ -38,12 +38,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from predictor.platforms.host import allocator_env  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results"
 #: (model, batch) rows of experiments/e2e_cpu.py taken apart
 CONFIGS = (("mlp", 64), ("mlp", 1024), ("gpt", 2), ("gpt", 8))
 #: environment that stops glibc from returning freed memory to the OS (no page faults in steady state)
 #: (32 MiB is the largest mmap threshold glibc accepts; a larger value is ignored)
-NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": str(10**15), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+NO_TRIM = allocator_env("no_trim")
 #: profiled blocks of 5 steps; each op keeps its fastest block (a shared VM has slow spells)
 PROFILE_BLOCKS = 3
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")

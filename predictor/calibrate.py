@@ -117,6 +117,7 @@ def calibrate(
     seed: int = 0,
     families: list[str] | None = None,
     memory_bound: str | None = None,
+    gemm_timing: str = "warm",
     log: Callable[[str], None] = print,
     register: bool = True,
     fit: bool = True,
@@ -137,6 +138,8 @@ def calibrate(
         memory_bound: ``"cold"`` or ``"warm"``: how the memory-bound families are timed (see
             :attr:`~predictor.calibration.base.BenchContext.cold_memory_bound`); default cold on a
             CPU, warm on a GPU.
+        gemm_timing: ``"warm"`` (default) or ``"cold"``: how the GEMMs are timed (see
+            :attr:`~predictor.calibration.base.BenchContext.cold_gemm`).
         log: progress lines.
         register: remember the pack's location so ``--platform NAME`` finds it anywhere.
         fit: ``False`` writes the benchmarks and overheads only (manifest ``"fitted": false``, no
@@ -145,7 +148,7 @@ def calibrate(
             pack cannot be used for predictions until it is refitted.
 
     Raises:
-        CalibrationError: bad device, world size or ``memory_bound``.
+        CalibrationError: bad device, world size, ``memory_bound`` or ``gemm_timing``.
     """
     dev = parse_device(device)
     level: Level = "tiny" if tiny else ("quick" if quick else "full")
@@ -172,6 +175,8 @@ def calibrate(
     n_threads = torch.get_num_threads()
     if memory_bound not in (None, "cold", "warm"):
         raise CalibrationError(f"--memory-bound {memory_bound}: expected cold or warm")
+    if gemm_timing not in ("cold", "warm"):
+        raise CalibrationError(f"--gemm-timing {gemm_timing}: expected cold or warm")
     started = time.perf_counter()
     log(f"calibrating {dev} ({level} grids, {n_threads} torch thread(s), world size {world_size}) -> {out}")
 
@@ -211,6 +216,7 @@ def calibrate(
                 passes=passes if bench.name == "collectives" else 1,
                 shuffle_seed=seeds[bench.name] + 1 + p,
                 cold_memory_bound=cold_memory,
+                cold_gemm=gemm_timing == "cold",
             )
             t0 = time.perf_counter()
             frame = bench.run(ctx)
@@ -253,6 +259,8 @@ def calibrate(
         "timing_estimator": ESTIMATOR,
         #: how the memory-bound families were timed: "cold" (cache evicted before each call) or "warm"
         "memory_bound_timing": "cold" if cold_memory else "warm",
+        #: how the GEMMs were timed: "warm" (repeated on one instance) or "cold" (as memory-bound ones)
+        "gemm_timing": gemm_timing,
         "overheads": overheads,
         "host_contention": {str(world_size): contention} if contention else {},
         #: seconds of benchmarking (and overhead / contention measurement), before any fitting

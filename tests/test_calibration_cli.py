@@ -42,7 +42,18 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     # on a CPU the memory-bound families are timed cold (cache evicted before each call), GEMMs warm
     assert pack.manifest["memory_bound_timing"] == "cold"
     assert set(pd.read_csv(out / "data" / "elementwise.csv")["cold"]) == {1}
-    assert "cold" not in pd.read_csv(out / "data" / "gemm.csv").columns
+    assert set(pd.read_csv(out / "data" / "gemm.csv")["cold"]) == {0} and pack.manifest["gemm_timing"] == "warm"
+
+
+def test_calibrate_gemms_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    out = tmp_path / "packs" / "cold"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(out), "--threads", "1",
+                              "--families", "gemm", "--gemm-timing", "cold"])
+    assert res.exit_code == 0, res.output
+    pack = load_asset_pack(out)
+    assert pack.manifest["gemm_timing"] == "cold"
+    assert set(pd.read_csv(out / "data" / "gemm.csv")["cold"]) == {1}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -62,6 +73,7 @@ def test_calibrate_cuda_without_cuda_fails_cleanly(tmp_path: Path, device: str):
         (["--world-size", "0"], "--world-size 0: must be >= 1"),
         (["--families", "gemm,nosuch"], "unknown benchmark family 'nosuch'"),
         (["--memory-bound", "lukewarm"], "--memory-bound lukewarm: expected cold or warm"),
+        (["--gemm-timing", "hot"], "--gemm-timing hot: expected cold or warm"),
     ],
 )
 def test_calibrate_bad_input_is_one_line(tmp_path: Path, args: list[str], expect: str):
@@ -133,6 +145,8 @@ def test_no_fit_writes_benchmarks_that_refit_fits_later(tmp_path: Path, monkeypa
     assert "(calibrated" in pack.platform.name
     res = runner.invoke(app, ["calibrate", "--refit", str(raw), "--no-fit"])
     assert res.exit_code == 2 and "--no-fit goes with a fresh calibration" in res.output
+    res = runner.invoke(app, ["calibrate", "--refit", str(raw), "--gemm-timing", "cold"])
+    assert res.exit_code == 2 and "--gemm-timing goes with a fresh calibration" in res.output
 
 
 @pytest.mark.parametrize("setup, message", [

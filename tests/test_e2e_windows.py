@@ -53,3 +53,14 @@ def test_the_scores_never_overwrite_the_archive(tmp_path, capsys) -> None:
         main(["--archive", str(archive), "--out", str(tmp_path / "w")])
     assert exc.value.code == 2 and "would overwrite the archive" in capsys.readouterr().err
     assert json.loads(archive.read_text())[0]["measured_at"] == "a"
+
+
+def test_windows_of_another_allocator_mode_are_left_out(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    archive = tmp_path / "w.json"
+    archive.write_text(json.dumps([_window("a", 0.01, 0.05)]))  # no "allocator": measured as glibc comes
+    with pytest.raises(SystemExit) as exc:
+        main(["--archive", str(archive), "--allocator", "no_trim", "--out", str(tmp_path / "s")])
+    assert exc.value.code == 2 and "no window measured with --allocator no_trim" in capsys.readouterr().err
+    assert not (tmp_path / "s.md").exists()

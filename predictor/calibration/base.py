@@ -113,6 +113,11 @@ class BenchContext:
     #: other kernels ran since, so a warm repeat, which finds them in cache, runs them 1.5-4x faster
     #: than the step does (``experiments/insitu_cpu.py``)
     cold_memory_bound: bool = False
+    #: GEMMs are timed cold too (``tuner calibrate --gemm-timing cold``): on a quiet 2-core VM a step
+    #: runs a small GEMM 1.1-1.2x slower than a warm repeat (``experiments/insitu_cpu.py``), and a
+    #: pack with cold GEMMs predicted that machine's MLP and GPT steps within 5 % where the warm one
+    #: was 4-18 % low (``benchmarks/results/e2e_quietpair.md``); off by default
+    cold_gemm: bool = False
     extra: dict = field(default_factory=dict)
 
     @property
@@ -151,16 +156,19 @@ def log_uniform_int(rng: np.random.Generator, lo: float, hi: float, size: int, m
 Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]]
 
 
-def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound: bool = False) -> pd.DataFrame:
+def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound: bool = False,
+              cold: bool | None = None) -> pd.DataFrame:
     """Time every case, ``ctx.passes`` times in a fresh random order, within the family budget.
 
     A case keeps the median of its passes' ``seconds`` (:func:`~.timing.typical`). The first
     pass stops adding cases once the budget is spent; later passes run only while budget
     remains, over the cases the first pass reached. ``memory_bound`` families are timed
-    cold when ``ctx.cold_memory_bound`` (column ``cold`` = 1).
+    cold when ``ctx.cold_memory_bound`` (column ``cold`` = 1); ``cold`` set: timed cold or warm
+    as it says, whatever the family (column ``cold`` written).
     """
     start = time.perf_counter()
-    cold = memory_bound and ctx.cold_memory_bound
+    column = memory_bound or cold is not None
+    cold = (memory_bound and ctx.cold_memory_bound) if cold is None else bool(cold)
     best: dict[int, dict] = {}
     seen: dict[int, list[float]] = {}
     order = list(range(len(cases)))
@@ -180,7 +188,7 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound
             m = time_case(ctx.timer, build, cold)
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
-                best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if memory_bound else {})}
+                best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if column else {})}
     for i, row in best.items():
         keep_typical(row, seen[i])
     return pd.DataFrame([best[i] for i in sorted(best)])

@@ -30,6 +30,8 @@ def calibrate(
     memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax and "
                                      "data-movement kernels are timed: cold (cache evicted before each call, as a "
                                      "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
+    gemm_timing: str = typer.Option("warm", "--gemm-timing", help="how GEMMs are timed: warm (repeated on "
+                                    "cached operands) or cold (cache evicted first, as memory-bound kernels)"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
@@ -52,6 +54,8 @@ def calibrate(
         fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
     if memory_bound is not None and refit is not None:
         fail("--memory-bound goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if gemm_timing != "warm" and refit is not None:
+        fail("--gemm-timing goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if no_fit and refit is not None:
         fail("--no-fit goes with a fresh calibration (--refit fits a pack's stored benchmarks)")
     if overheads is not None and refit is None:
@@ -65,7 +69,7 @@ def calibrate(
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
-                                   log=lambda line: err_console.print(line, highlight=False), fit=not no_fit)
+                                   gemm_timing=gemm_timing, log=lambda line: err_console.print(line, highlight=False), fit=not no_fit)
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
     except OSError as exc:
