@@ -38,11 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from predictor.platforms.host import ALLOCATORS, allocator_env  # noqa: E402
+from experiments.insitu_cpu import CONFIGS  # noqa: E402  (the same e2e rows)
+from predictor.platforms.host import ALLOCATORS, with_allocator  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
-#: (model, batch) rows of experiments/e2e_cpu.py
-CONFIGS = (("mlp", 64), ("mlp", 1024), ("gpt", 2), ("gpt", 8))
 #: seconds of one 4 KiB fault on this VM (benchmarks/results/page_faults_cpu.md, wall time)
 FAULT_S_NOTE = "1.5 us"
 
@@ -76,7 +75,7 @@ def child(model: str, batch: int, warmup: int, steps: int) -> dict:
 
 
 def run_process(model: str, batch: int, allocator: str, warmup: int, steps: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in allocator_env("no_trim")} | allocator_env(allocator)
+    env = with_allocator(dict(os.environ), allocator)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", model, str(batch),
                           str(warmup), str(steps)], capture_output=True, text=True, env=env, timeout=600)

@@ -86,7 +86,7 @@ from experiments.measure_env import (  # noqa: E402
     time_call,
 )
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.platforms.host import ALLOCATORS, allocator_env, comm_thread_has_core  # noqa: E402
+from predictor.platforms.host import ALLOCATORS, comm_thread_has_core, with_allocator  # noqa: E402
 from predictor.simulate import simulate  # noqa: E402
 from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
 from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
@@ -725,7 +725,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
     if args.passes < 1:
         ap.error("--passes must be >= 1")
-    want = {k: v for k, v in os.environ.items() if k not in allocator_env("no_trim")} | allocator_env(args.allocator)
+    want = with_allocator(dict(os.environ), args.allocator)
     if want != dict(os.environ):  # glibc reads its settings at process start: run again with them
         own = argv if argv is not None else sys.argv[1:]
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *own], want)

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import allocator_spread_cpu as spread  # noqa: E402
-from predictor.platforms.host import ALLOCATORS, allocator_env  # noqa: E402
+from predictor.platforms.host import ALLOCATORS, allocator_env, with_allocator  # noqa: E402
 
 
 def test_allocator_env_modes() -> None:
@@ -22,6 +22,10 @@ def test_allocator_env_modes() -> None:
     assert set(ALLOCATORS) == {"default", "no_trim"}
     with pytest.raises(ValueError, match="allocator must be one of"):
         allocator_env("jemalloc")
+    # a new process's environment: the other mode's settings go, the user's other variables stay
+    base = {"PATH": "/bin", **env}
+    assert with_allocator(base, "default") == {"PATH": "/bin"}
+    assert with_allocator({"PATH": "/bin"}, "no_trim") == {"PATH": "/bin", **env}
 
 
 def test_spread_summary_and_report() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["comm_thread_has_core", "ALLOCATORS", "allocator_env"]
+__all__ = ["comm_thread_has_core", "ALLOCATORS", "allocator_env", "with_allocator"]
 
 #: how the host's C allocator is configured for a measured run: ``default`` = glibc as it comes;
 #: ``no_trim`` = glibc never returns freed memory to the OS (trim threshold ~1 PB) and maps only
@@ -41,3 +41,9 @@ def allocator_env(allocator: str) -> dict[str, str]:
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)} (got {allocator!r})")
     return dict(_NO_TRIM_ENV) if allocator == "no_trim" else {}
+
+
+def with_allocator(environ: dict[str, str], allocator: str) -> dict[str, str]:
+    """A copy of ``environ`` with every setting of :func:`allocator_env` removed, then ``allocator``'s
+    added: the environment of a new process whose C allocator runs in that mode."""
+    return {k: v for k, v in environ.items() if k not in allocator_env("no_trim")} | allocator_env(allocator)
