@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
+from predictor.platforms.host import ALLOCATORS  # noqa: E402
 
 
 def _fail(msg: str) -> None:
@@ -124,7 +125,7 @@ PAGE_FAULTS_FILE = RESULTS / "page_faults_cpu.json"
 
 class EmbeddingGradFaults:
     """A diagnosis, not yet a model of the predictor: ``base`` plus the page faults of every sparse
-    embedding gradient of at least :data:`MMAP_CEILING_BYTES` (batch x pooling x dim x 4 bytes:
+    embedding gradient of at least :data:`MMAP_CEILING_BYTES` (batch x pooling x dim x dtype bytes:
     glibc maps such a block afresh on every backward, so each of its 4 KiB pages faults), priced
     at ``fault_s`` seconds per fault."""
 
@@ -138,7 +139,8 @@ class EmbeddingGradFaults:
         d = np.array(self.base.durations(graph), dtype=float)
         idx, _ = _embedding_tasks(graph, "embedding_bag_bwd")
         if idx.size:
-            grad = graph.param("batch")[idx] * graph.param("pooling")[idx] * graph.param("dim")[idx] * 4.0
+            grad = (graph.param("batch")[idx] * graph.param("pooling")[idx] * graph.param("dim")[idx]
+                    * graph.param("dtype_bytes")[idx])
             d[idx] += np.where(grad >= MMAP_CEILING_BYTES, np.ceil(grad / 4096.0) * self.fault_s, 0.0)
         return d
 
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--platform", default="cpu-local", help="the pack to score (first column)")
     ap.add_argument("--compare", nargs="*", default=[], help="more packs (paths or names) scored beside it")
     ap.add_argument("--archive", type=Path, default=RESULTS / WINDOWS_FILE)
-    ap.add_argument("--allocator", choices=("default", "no_trim"), default="default",
+    ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
                     help="score the windows measured under this C allocator mode (e2e_cpu.py --allocator)")
     ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)

@@ -156,19 +156,17 @@ def log_uniform_int(rng: np.random.Generator, lo: float, hi: float, size: int, m
 Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]]
 
 
-def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, memory_bound: bool = False,
-              cold: bool | None = None) -> pd.DataFrame:
+def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool | None = None) -> pd.DataFrame:
     """Time every case, ``ctx.passes`` times in a fresh random order, within the family budget.
 
     A case keeps the median of its passes' ``seconds`` (:func:`~.timing.typical`). The first
     pass stops adding cases once the budget is spent; later passes run only while budget
-    remains, over the cases the first pass reached. ``memory_bound`` families are timed
-    cold when ``ctx.cold_memory_bound`` (column ``cold`` = 1); ``cold`` set: timed cold or warm
-    as it says, whatever the family (column ``cold`` written).
+    remains, over the cases the first pass reached. ``cold`` (:meth:`Benchmark.cold`): True times
+    every case cold, False warm, both writing the column ``cold``; None times warm without it.
     """
     start = time.perf_counter()
-    column = memory_bound or cold is not None
-    cold = (memory_bound and ctx.cold_memory_bound) if cold is None else bool(cold)
+    column = cold is not None
+    cold = bool(cold)
     best: dict[int, dict] = {}
     seen: dict[int, list[float]] = {}
     order = list(range(len(cases)))
@@ -231,6 +229,11 @@ class Benchmark(ABC):
     #: ``ctx.cold_memory_bound``
     memory_bound: bool = False
 
+    def cold(self, ctx: BenchContext) -> bool | None:
+        """Whether :func:`run_cases` times this family cold: memory-bound families as
+        ``ctx.cold_memory_bound`` says, others warm (None: no ``cold`` column)."""
+        return ctx.cold_memory_bound if self.memory_bound else None
+
     @abstractmethod
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         """How each kernel of the family is modelled."""
@@ -241,4 +244,4 @@ class Benchmark(ABC):
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         """Time the family's kernels; one row per configuration (see the module docstring)."""
-        return run_cases(ctx, self.cases(ctx), self.name, memory_bound=self.memory_bound)
+        return run_cases(ctx, self.cases(ctx), self.name, cold=self.cold(ctx))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int, run_cases
+from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 from predictor.kernels.learned import ALIGN16_FEATURES
 
 __all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_builder", "gemm_route"]
@@ -68,10 +68,10 @@ class GemmBenchmark(Benchmark):
             return {"tiny": 1e10, "quick": 2e11, "full": 2e12}[ctx.range_level]
         return {"tiny": 5e7, "quick": 1.5e9, "full": 1e10}[ctx.level]
 
-    def run(self, ctx: BenchContext):
-        """Time the grid, warm (repeated calls on one instance) or, with ``ctx.cold_gemm``, data cold
-        and code warm (:meth:`~.timing.Timer.measure_cold`); column ``cold`` says which."""
-        return run_cases(ctx, self.cases(ctx), self.name, cold=ctx.cold_gemm)
+    def cold(self, ctx: BenchContext) -> bool:
+        """Warm (repeated calls on one instance) or, with ``ctx.cold_gemm``, data cold and code warm
+        (:meth:`~.timing.Timer.measure_cold`); the column ``cold`` says which."""
+        return ctx.cold_gemm
 
     def cases(self, ctx: BenchContext) -> list[Case]:
         n_each = ctx.count(tiny=12, quick=350, full=1500)

@@ -69,7 +69,8 @@ def calibrate(
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
-                                   gemm_timing=gemm_timing, log=lambda line: err_console.print(line, highlight=False), fit=not no_fit)
+                                   gemm_timing=gemm_timing, fit=not no_fit,
+                                   log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
     except OSError as exc:
