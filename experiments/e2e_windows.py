@@ -17,8 +17,12 @@ Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself i
     python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|refit:DIR ...]
                                       [--allocator default|no_trim]
 
-A pack spec prefixed ``faults32:`` adds, as a diagnosis, the page faults of sparse embedding
-gradients above glibc's 32 MiB mmap ceiling (:class:`EmbeddingGradFaults`).
+A pack spec prefixed ``faults32:`` gives a pack calibrated before ``tuner calibrate`` measured the
+cost of a page fault this VM's measured cost (``experiments/page_faults_cpu.py``), so its embedding
+backward pays the faults of gradients at or above glibc's 32 MiB mmap ceiling
+(:func:`predictor.kernels.embedding.gradient_fault_seconds`): a ``refit:`` pack is fitted with it
+(the fit takes the faults out of the large-gradient samples), a fitted pack adds it at prediction.
+Packs that carry their own ``page_fault_s`` are left as they are.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def load_windows(path: Path) -> list[dict]:
     return windows
 
 
-def materialise(spec: str, workdir: Path) -> str:
+def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     """A platform argument for ``spec``:
 
     * ``git:REV`` -> ``assets/cpu-local`` as committed at ``REV``, extracted to ``workdir``;
@@ -71,8 +75,8 @@ def materialise(spec: str, workdir: Path) -> str:
       kept in ``benchmarks/results/data/packs/``) fitted into ``workdir``;
     * anything else is a pack name or path as ``--platform`` takes it.
 
-    (``faults32:SPEC``, any of these with the embedding-gradient page-fault term, is handled by
-    :func:`predictions`.)
+    ``fault_s``: a page-fault cost (seconds) that ``refit:`` gives a pack lacking one, so its fit
+    takes the faults out of the large-gradient embedding samples (``faults32:`` specs).
     """
     if spec.startswith("git:"):
         from predictor.platforms.assets import AssetPackError, pack_at_revision
@@ -87,7 +91,8 @@ def materialise(spec: str, workdir: Path) -> str:
 
         out = workdir / "refit"
         try:
-            refit(Path(spec[6:]), out, log=lambda _m: None, register=False)
+            refit(Path(spec[6:]), out, log=lambda _m: None, register=False,
+                  platform_facts=fault_facts(fault_s) if fault_s is not None else None)
         except CalibrationError as exc:
             _fail(f"--compare {spec}: {exc}")
         return str(out)
@@ -117,32 +122,8 @@ def materialise(spec: str, workdir: Path) -> str:
     return spec
 
 
-#: glibc maps every block at or above this many bytes afresh (its largest dynamic mmap threshold)
-MMAP_CEILING_BYTES = 32 * 2**20
 #: the measured cost of one minor page fault on this VM (``experiments/page_faults_cpu.py``)
 PAGE_FAULTS_FILE = RESULTS / "page_faults_cpu.json"
-
-
-class EmbeddingGradFaults:
-    """A diagnosis, not yet a model of the predictor: ``base`` plus the page faults of every sparse
-    embedding gradient of at least :data:`MMAP_CEILING_BYTES` (batch x pooling x dim x dtype bytes:
-    glibc maps such a block afresh on every backward, so each of its 4 KiB pages faults), priced
-    at ``fault_s`` seconds per fault."""
-
-    def __init__(self, base, fault_s: float) -> None:
-        self.base, self.fault_s = base, float(fault_s)
-        self.source = f"{getattr(base, 'source', base)} + embedding-gradient page faults"
-
-    def durations(self, graph) -> np.ndarray:
-        from experiments.dlrm_gloo import _embedding_tasks
-
-        d = np.array(self.base.durations(graph), dtype=float)
-        idx, _ = _embedding_tasks(graph, "embedding_bag_bwd")
-        if idx.size:
-            grad = (graph.param("batch")[idx] * graph.param("pooling")[idx] * graph.param("dim")[idx]
-                    * graph.param("dtype_bytes")[idx])
-            d[idx] += np.where(grad >= MMAP_CEILING_BYTES, np.ceil(grad / 4096.0) * self.fault_s, 0.0)
-        return d
 
 
 def measured_fault_s(path: Path = PAGE_FAULTS_FILE) -> float:
@@ -154,23 +135,35 @@ def measured_fault_s(path: Path = PAGE_FAULTS_FILE) -> float:
         _fail(f"{path}: no measured page-fault cost (run experiments/page_faults_cpu.py): {exc}")
 
 
-def predictions(platform: str, embedding_faults: bool = False) -> tuple[dict[tuple[str, int], float], str]:
+def fault_facts(fault_s: float) -> dict[str, float]:
+    """Platform fields of a glibc host whose page fault costs ``fault_s`` seconds."""
+    from predictor.calibration.page_faults import GLIBC_MMAP_CEILING_BYTES
+
+    return {"page_fault_s": float(fault_s), "fresh_mapping_bytes": float(GLIBC_MMAP_CEILING_BYTES)}
+
+
+def predictions(platform: str, fault_s: float | None = None) -> tuple[dict[tuple[str, int], float], str]:
     """Predicted seconds per (model, batch) with ``platform``, and the timing source it used;
-    ``embedding_faults``: with :class:`EmbeddingGradFaults`."""
+    ``fault_s``: a page-fault cost (seconds) for a platform that has none (packs calibrated before
+    ``tuner calibrate`` measured it), added to its large embedding gradients at prediction."""
+    import dataclasses
+
     from predictor.platforms.assets import AssetPackError, resolve_platform
 
     try:
         plat = resolve_platform(platform)
     except (AssetPackError, KeyError, ValueError) as exc:
         _fail(f"--platform {platform}: {exc}")
+    source = plat.source
+    if fault_s is not None and plat.platform.page_fault_s <= 0:
+        plat = dataclasses.replace(plat, platform=plat.platform.model_copy(update=fault_facts(fault_s)))
+        source += f" + page faults at {fault_s * 1e6:.2f} us"
     timing = plat.timing()
-    if embedding_faults:
-        timing = EmbeddingGradFaults(timing, measured_fault_s())
     args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
                                  gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
                                  dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1)
     cases = build_cases(args, timing, 1)
-    return {(c.model, c.batch): float(c.predicted[0]) for c in cases}, str(getattr(timing, "source", platform))
+    return {(c.model, c.batch): float(c.predicted[0]) for c in cases}, source
 
 
 def _stats(pairs: list[tuple[float, float]]) -> dict:
@@ -270,8 +263,8 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         for i, p in enumerate(platforms):
-            faults = p.startswith("faults32:")
-            pred, source = predictions(materialise(p.removeprefix("faults32:"), Path(tmp) / str(i)), faults)
+            fault_s = measured_fault_s() if p.startswith("faults32:") else None
+            pred, source = predictions(materialise(p.removeprefix("faults32:"), Path(tmp) / str(i), fault_s), fault_s)
             results[p] = {"timing_source": source, **score(pred, windows)}
     from tuner.report import atomic_write_text
 

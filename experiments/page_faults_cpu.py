@@ -10,7 +10,9 @@ at that cost and compares with the row's measured system time: where they agree,
 of a step is page faults (a host-memory model would need only the bytes faulted per step); where
 the measured system time is far larger, it is something else (gloo's socket calls on 2 ranks).
 
-Nothing here feeds a prediction.
+The fault cost is measured by :func:`predictor.calibration.page_faults.measure_page_fault_s`, which
+``tuner calibrate`` runs too (the platform's ``page_fault_s``, priced into the embedding backward);
+this script's own results feed no prediction.
 
 Run:  flock /tmp/tuner-measure.lock python experiments/page_faults_cpu.py
       (writes benchmarks/results/page_faults_cpu.{md,json}; a few seconds)
@@ -21,61 +23,21 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import resource
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-PAGE = 4096
 #: a step's system time below this (seconds) is too small to apportion
 MIN_SYSTEM_S = 1e-4
-#: tensor sizes, bytes: all above glibc's largest dynamic mmap threshold (32 MiB), so every
-#: allocation is a fresh mapping
-SIZES = (48 * 2**20, 96 * 2**20, 192 * 2**20)
 
 
 def _fail(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def fault_cost(size: int, repeats: int) -> dict:
-    """Per-fault wall and system seconds of writing ``size`` fresh bytes, against a kept buffer."""
-    import torch
-
-    kept = torch.empty(size, dtype=torch.uint8)
-    kept.fill_(1)
-    warm_wall = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        kept.fill_(2)
-        warm_wall.append(time.perf_counter() - t0)
-    fresh_wall, sys_s, faults = [], [], []
-    for _ in range(repeats):
-        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        x = torch.empty(size, dtype=torch.uint8)
-        x.fill_(2)
-        del x
-        t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-        fresh_wall.append(t1 - t0)
-        sys_s.append(r1.ru_stime - r0.ru_stime)
-        faults.append(r1.ru_minflt - r0.ru_minflt)
-    n_faults = statistics.median(faults)
-    pages = size / PAGE
-    return {
-        "size_bytes": size,
-        "faults_per_alloc": n_faults,
-        "pages": pages,
-        "fresh_wall_s": statistics.median(fresh_wall),
-        "kept_wall_s": statistics.median(warm_wall),
-        "wall_per_fault_s": (statistics.median(fresh_wall) - statistics.median(warm_wall)) / max(n_faults, 1.0),
-        "system_per_fault_s": statistics.median(sys_s) / max(n_faults, 1.0),
-    }
 
 
 def main() -> None:
@@ -96,9 +58,9 @@ def main() -> None:
 
     import torch
 
-    torch.set_num_threads(1)
-    costs = [fault_cost(s, args.repeats) for s in SIZES]
-    wall_fault = statistics.median(c["wall_per_fault_s"] for c in costs)
+    from predictor.calibration.page_faults import PAGE_BYTES, measure_page_fault_s
+
+    wall_fault, costs = measure_page_fault_s(args.repeats)
     sys_fault = statistics.median(c["system_per_fault_s"] for c in costs)
     priced = []
     for model, batch, ranks, s in steps:
@@ -134,7 +96,7 @@ def main() -> None:
     lines += [
         "",
         f"Median: **{wall_fault * 1e6:.2f} us of wall time, {sys_fault * 1e6:.2f} us of system time per fault** "
-        f"({PAGE / sys_fault / 1e9:.1f} GB/s of freshly faulted memory).",
+        f"({PAGE_BYTES / sys_fault / 1e9:.1f} GB/s of freshly faulted memory).",
         "",
         f"## Training steps (`{meta['e2e']}`, per step)",
         "",

@@ -42,6 +42,7 @@ from predictor.kernels.collective import (
     wire_factor,
 )
 from predictor.kernels.learned import (
+    KNOWN_TERM_KINDS,
     QUICK_GRID,
     TABLE_II_GRID,
     TINY_GRID,
@@ -239,6 +240,12 @@ def calibrate(
     overheads = measure_overheads(dev, iterations=4 if level == "tiny" else 12)
     log(f"  {'overheads':<14} T1..T5 from a profiled run in {time.perf_counter() - t0:6.1f} s")
 
+    if dev.type == "cpu":
+        t0 = time.perf_counter()
+        base = _with_page_faults(base, level)
+        log(f"  {'page faults':<14} {base.page_fault_s * 1e6:.2f} us per 4 KiB fault; blocks >= "
+            f"{base.fresh_mapping_bytes / 2**20:.0f} MiB mapped afresh ({time.perf_counter() - t0:.1f} s)")
+
     contention: dict[str, float] = {}
     if dev.type == "cpu" and world_size >= 2 and (families is None or "collectives" in families):
         from predictor.calibration.contention import measure_host_contention
@@ -261,6 +268,10 @@ def calibrate(
         "memory_bound_timing": "cold" if cold_memory else "warm",
         #: how the GEMMs were timed: "warm" (repeated on one instance) or "cold" (as memory-bound ones)
         "gemm_timing": gemm_timing,
+        #: wall seconds of one minor page fault (CPU; 0: not measured) and the allocation size from
+        #: which every step's block faults afresh, bytes (see predictor/calibration/page_faults.py)
+        "page_fault_s": base.page_fault_s,
+        "fresh_mapping_bytes": base.fresh_mapping_bytes,
         "overheads": overheads,
         "host_contention": {str(world_size): contention} if contention else {},
         #: seconds of benchmarking (and overhead / contention measurement), before any fitting
@@ -319,7 +330,8 @@ def _write_unfitted(out: Path, pack_name: str, dev: torch.device, base: Platform
 
 
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
-          log: Callable[[str], None] = print, register: bool = True) -> AssetPack:
+          platform_facts: dict | None = None, log: Callable[[str], None] = print,
+          register: bool = True) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
     The models, the held-out error table and the calibrated platform are rebuilt by the same code
@@ -328,7 +340,9 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     calibrated on hardware one no longer holds (a lent GPU, say). ``out`` defaults to ``pack``
     (replaced atomically). ``overheads``: a JSON of T1..T5 measured since
     (``python -m predictor.calibration.overheads --device cuda --out FILE`` on the device) to use
-    instead of the pack's.
+    instead of the pack's. ``platform_facts``: platform fields measured since, set before fitting
+    (``{"page_fault_s": ..., "fresh_mapping_bytes": ...}`` for a CPU pack calibrated before
+    calibration measured page faults: the fit then takes them out of the large embedding gradients).
 
     Raises:
         CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.
@@ -364,8 +378,15 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
                        timer=Timer(torch.device("cpu")), log=log)
     specs = [(b.name, s) for b in make_benchmarks(world_size, list(data)) for s in b.specs(ctx)]
     base = old.platform.model_copy(update={"name": re.sub(r" \(calibrated [0-9-]+\)$", "", old.platform.name)})
+    if platform_facts:
+        try:
+            base = Platform.model_validate({**base.model_dump(), **platform_facts})
+        except ValueError as exc:
+            raise CalibrationError(f"--refit {pack}: bad platform facts {platform_facts}: {exc}") from None
     contention = {k: float(v) for k, v in (m.get("host_contention") or {}).get(str(world_size), {}).items()}
     refit_info = {"date": _dt.date.today().isoformat(), "from": str(old.path)}
+    if platform_facts:
+        refit_info["platform_facts"] = dict(platform_facts)
     if overheads is not None:
         refit_info["overheads_from"] = str(overheads)
         overheads = _read_overheads(Path(overheads))
@@ -378,6 +399,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit", "fitted")}
     extra["overheads"] = overheads
     extra["refit"] = refit_info
+    if platform_facts:
+        extra.update({k: getattr(base, k) for k in ("page_fault_s", "fresh_mapping_bytes")})
     log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")
     return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
                           extra, started, log, register)
@@ -408,6 +431,25 @@ def _base_platform(dev: torch.device, level: Level) -> Platform:
         if p.kind == "gpu" and key.split("-")[0] in gpu:
             return p
     raise CalibrationError(f"GPU {torch.cuda.get_device_name(dev)!r} is not in the catalog; add an entry to calibrate it")
+
+
+def _with_page_faults(base: Platform, level: Level) -> Platform:
+    """``base`` with the measured cost of a page fault and, under glibc, its fresh-mapping ceiling
+    (:mod:`predictor.calibration.page_faults`); other C libraries keep ``fresh_mapping_bytes`` 0."""
+    import platform as _pyplatform
+
+    from predictor.calibration.page_faults import FAULT_SIZES, GLIBC_MMAP_CEILING_BYTES, measure_page_fault_s
+
+    fault_s, _ = measure_page_fault_s(repeats=3 if level == "tiny" else 9,
+                                      sizes=FAULT_SIZES[:1] if level == "tiny" else FAULT_SIZES)
+    glibc = _pyplatform.libc_ver()[0] == "glibc"
+    src = f"tuner calibrate {_dt.date.today().isoformat()}"
+    sources = {**base.sources, "page_fault_s": f"{src}: fresh blocks written vs a kept one "
+               "(predictor/calibration/page_faults.py)"}
+    if glibc:
+        sources["fresh_mapping_bytes"] = "glibc DEFAULT_MMAP_THRESHOLD_MAX on 64-bit Linux (malloc/malloc.c)"
+    return base.model_copy(update={"page_fault_s": fault_s, "sources": sources,
+                                   "fresh_mapping_bytes": float(GLIBC_MMAP_CEILING_BYTES) if glibc else 0.0})
 
 
 def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame], models: dict[str, KernelModel],
@@ -496,8 +538,33 @@ def _merge_passes(frames: list[pd.DataFrame]) -> pd.DataFrame:
     best = allp.loc[by.idxmin()].set_index(keys)
     best["pass_spread"] = spread
     best["seconds"] = by.agg(typical)
+    if "faults" in allp:
+        best["faults"] = allp.groupby(keys)["faults"].agg(typical)
     best["rounds"] = by.size()
     return best.reset_index().sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+#: a sample keeps at least this fraction of its measured time as the MLP's target when its page
+#: faults are taken out (guards a fault cost measured in a faster spell than the sample)
+_MIN_LEARNED_FRACTION = 0.1
+
+
+def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
+    """The MLP target of each benchmark row: the measured seconds, less the page faults the sample
+    paid (its ``faults`` column x ``platform.page_fault_s``) for kinds whose model adds its faults back
+    from platform facts (:func:`~predictor.kernels.learned.known_seconds`: the embedding backward);
+    at least :data:`_MIN_LEARNED_FRACTION` of the measured time.
+
+    The faults are the ones counted, not the ones the model assumes: whether a benchmark's large
+    gradient is a fresh mapping depends on the calibration process's allocation history (glibc reuses
+    a free heap block when one is large enough). Rows without a count (packs calibrated before the
+    timer counted faults) are fitted as measured."""
+    seconds = frame["seconds"].to_numpy(dtype=np.float64)
+    if "faults" not in frame or platform.page_fault_s <= 0:
+        return seconds
+    paid = np.nan_to_num(frame["faults"].to_numpy(dtype=np.float64), nan=0.0) * platform.page_fault_s
+    priced = frame["kind"].isin(KNOWN_TERM_KINDS).to_numpy()
+    return np.where(priced, np.maximum(seconds - paid, _MIN_LEARNED_FRACTION * seconds), seconds)
 
 
 def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], level: Level, seed: int,
@@ -523,7 +590,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             cols = {c: train[c].to_numpy(dtype=np.float64) for c in train.columns
                     if pd.api.types.is_numeric_dtype(train[c])}
             raw = feature_matrix(cols, spec.features, len(train))
-            net = fit_mlp(raw, train["seconds"].to_numpy(), spec.features,
+            net = fit_mlp(raw, _learned_seconds(train, platform), spec.features,
                           log_features=[f for f in spec.features if f not in spec.raw_features], work=spec.work,
                           grid=grid, epochs=epochs, seed=seed, budget_s=budget, optional=spec.optional_features)
             nets.setdefault(spec.model_key, {})[spec.route] = net

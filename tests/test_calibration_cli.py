@@ -34,6 +34,8 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     for r in pack.error_table:
         assert r["test"] >= 1 and r["gmae_pct"] >= 0
     assert pack.platform.key == "smoke" and pack.platform.overheads.t1_s > 0
+    # the host's page-fault cost is measured and kept with the platform (priced into the embedding backward)
+    assert 0 < pack.platform.page_fault_s < 1e-3 and pack.manifest["page_fault_s"] == pack.platform.page_fault_s
     # registered: --platform smoke resolves to it from anywhere
     from predictor.kernels import timing_for
 
@@ -116,6 +118,17 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
     assert b.manifest["created"] == a.manifest["created"] and b.manifest["level"] == "tiny"
     assert b.platform.overheads.t2_s == pytest.approx(a.platform.overheads.t2_s)
     assert "(calibrated" in b.platform.name and b.platform.name.count("(calibrated") == 1
+    assert b.platform.page_fault_s == a.platform.page_fault_s > 0  # measured facts travel with the pack
+    # facts measured since (a pack calibrated before page faults were measured) go into the platform
+    from predictor.calibrate import CalibrationError, refit
+
+    facts = {"page_fault_s": 2e-6, "fresh_mapping_bytes": 32.0 * 2**20}
+    c = refit(src, tmp_path / "packs" / "facts", platform_facts=facts, log=lambda _m: None, register=False)
+    assert c.platform.page_fault_s == 2e-6 and c.manifest["refit"]["platform_facts"] == facts
+    assert c.manifest["page_fault_s"] == 2e-6
+    with pytest.raises(CalibrationError, match="bad platform facts"):
+        refit(src, tmp_path / "packs" / "bad", platform_facts={"page_fault_s": -1.0}, log=lambda _m: None,
+              register=False)
     # in place by default
     res = runner.invoke(app, ["calibrate", "--refit", str(out)])
     assert res.exit_code == 0, res.output

@@ -147,6 +147,49 @@ def test_calibrated_models_survive_serialisation():
     np.testing.assert_allclose(gemm.predict(tv_fp64, platform), AnalyticGemm().predict(tv_fp64, platform))
 
 
+def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back():
+    """Synthetic backward times = a smooth function of the work + 1.5 us per fault the timer counted:
+    one per page of every gradient of at least 32 MiB, except where the calibration process happened
+    to reuse a free heap block (no faults). The net learns only the smooth part, and the model gives
+    back the smooth part plus the faults of a fresh mapping."""
+    import pandas as pd
+
+    from predictor.calibrate import _learned_seconds
+    from predictor.kernels.embedding import gradient_fault_seconds
+
+    host = get_platform("a100-80gb").model_copy(update={"page_fault_s": 1.5e-6, "fresh_mapping_bytes": 32 * 2**20})
+    rng = np.random.default_rng(0)
+    n = 300
+    cols = {"batch": 2.0 ** rng.integers(8, 13, n), "pooling": np.exp(rng.uniform(0, np.log(200), n)),
+            "dim": rng.choice([32.0, 64.0, 128.0], n), "rows": np.full(n, 1e5), "dtype_bytes": np.full(n, 4.0)}
+    work = cols["batch"] * cols["pooling"] * cols["dim"]
+    smooth = 5e-6 + work * 4.0 / 5e9
+    tv = TaskView.from_columns("embedding_bag_bwd", **cols)
+    faults = gradient_fault_seconds(tv, host)
+    assert 0 < (faults > 0).sum() < n  # both sides of the ceiling are in the data
+    counted = np.ceil(cols["batch"] * cols["pooling"] * cols["dim"] * 4.0 / 4096) * (faults > 0)
+    counted[np.flatnonzero(faults > 0)[::3]] = 0.0  # a third of them served from a free heap block
+    frame = pd.DataFrame({**cols, "kind": "embedding_bag_bwd", "seconds": smooth + counted * 1.5e-6,
+                          "faults": counted})
+    target = _learned_seconds(frame, host)
+    np.testing.assert_allclose(target, smooth)  # the fit sees only the smooth part
+    # without a fault count (packs calibrated before the timer counted them) the times are fitted as measured
+    np.testing.assert_array_equal(_learned_seconds(frame.drop(columns="faults"), host), frame["seconds"])
+    feats = ("batch", "pooling", "dim")
+    x = np.stack([cols[f] for f in feats], axis=1)
+    net = fit_mlp(x[:240], target[:240], feats, work=feats, grid=[MLPConfig(3, 32, "adam", 1e-2)], epochs=1500, seed=0)
+    model = MLPKernelModel("mlp-embedding_bag_bwd", ("embedding_bag_bwd",), {"": net}, fallback="analytic-embedding")
+    test = TaskView.from_columns("embedding_bag_bwd", **{k: v[240:] for k, v in cols.items()})
+    pred = model.predict(test, host)
+    err = np.abs(pred / (smooth + faults)[240:] - 1) * 100
+    assert np.median(err) < 5.0
+    # the term is added back: the same model on a host without faults predicts the smooth part only
+    np.testing.assert_allclose(pred - model.predict(test, get_platform("a100-80gb")), faults[240:], rtol=1e-9)
+    # the target never drops below a tenth of the measurement (a fault cost measured in a faster spell)
+    over = host.model_copy(update={"page_fault_s": 1.0})
+    assert (_learned_seconds(frame, over) >= 0.1 * frame["seconds"].to_numpy() - 1e-18).all()
+
+
 def test_rounds_merge_keeps_the_median_round_and_spread():
     import pandas as pd
 

@@ -107,3 +107,27 @@ def test_cold_measurement_warms_the_code_path_after_the_flush() -> None:
     m = timer.measure(lambda: order.append("call"), cold=True, warm_code=lambda: order.append("spare"))
     assert m.samples == 2
     assert order == ["flush", "spare", "call"] * 3
+
+
+def test_cpu_samples_count_the_page_faults_of_each_call() -> None:
+    """A call that maps 8 MiB afresh and touches every page pays 2048 faults; the timer reports them
+    per call (warm and cold), and a call that allocates nothing reports about none."""
+    import mmap
+
+    pages = 2048
+
+    def fresh() -> None:
+        m = mmap.mmap(-1, pages * 4096)
+        for off in range(0, pages * 4096, 4096):
+            m[off] = 1
+        m.close()
+
+    kept = bytearray(4096)
+
+    def nothing() -> None:
+        kept[0] = 1
+
+    timer = Timer(torch.device("cpu"), warmup=1, repeats=3, cold_repeats=3, cache_bytes=2**20)
+    assert abs(timer.measure(fresh).faults - pages) < 0.05 * pages
+    assert abs(timer.measure(fresh, cold=True).faults - pages) < 0.05 * pages
+    assert timer.measure(nothing).faults < 5

@@ -65,6 +65,26 @@ def test_embedding_reuse_lowers_forward_time_and_backward_costs_more():
     assert repeat_fraction_from_rf(heavy[None])[0] == pytest.approx(1 - 1 / 48)
 
 
+def _host(page_fault_s: float = 1.5e-6, ceiling: float = 32 * 2**20):
+    return A100.model_copy(update={"page_fault_s": page_fault_s, "fresh_mapping_bytes": ceiling})
+
+
+def test_gradient_faults_charge_every_page_of_a_gradient_from_the_ceiling_up():
+    from predictor.kernels.embedding import gradient_fault_seconds
+
+    # gradients of 16, 32 (exactly the ceiling) and 64 MiB: batch x pooling x dim x 4 bytes
+    tv = TaskView.from_columns("embedding_bag_bwd", batch=[1024.0, 4096.0, 4096.0], pooling=[64.0, 32.0, 64.0],
+                               dim=[64.0, 64.0, 64.0], dtype_bytes=[4.0, 4.0, 4.0])
+    np.testing.assert_allclose(gradient_fault_seconds(tv, _host()), [0.0, 8192 * 1.5e-6, 16384 * 1.5e-6])
+    # forward kernels, hosts without a measured cost, and devices that keep their blocks pay nothing
+    fwd = TaskView.from_columns("embedding_bag_fwd", **{k: v for k, v in tv.columns.items()})
+    assert not gradient_fault_seconds(fwd, _host()).any()
+    assert not gradient_fault_seconds(tv, A100).any() and not gradient_fault_seconds(tv, _host(ceiling=0.0)).any()
+    # the analytic model adds exactly that term to the backward
+    e = AnalyticEmbedding()
+    np.testing.assert_allclose(e.predict(tv, _host()) - e.predict(tv, A100), gradient_fault_seconds(tv, _host()))
+
+
 def test_piecewise_sigmoid_regions_and_continuity():
     c = PiecewiseSigmoid.continuous(ts=10e-6, bw_max=100e9, m1=1e4, m2=1e7)
     assert c(np.array([4.0, 1e3]))== pytest.approx([10e-6, 10e-6])

@@ -202,11 +202,14 @@ def time_case(timer: Timer, build: Callable[[], tuple[Callable[[], object], Call
     return timer.measure(fn, setup)
 
 
-def keep_typical(row: dict, values: list[float]) -> dict:
+def keep_typical(row: dict, values: list[float], faults: list[float] | None = None) -> dict:
     """``row`` (the record of a case's fastest pass) with ``seconds`` set to the typical time of all
-    its passes (:func:`~.timing.typical`) and ``pass_spread`` to their spread; returns ``row``."""
+    its passes (:func:`~.timing.typical`), ``pass_spread`` to their spread and, given the passes'
+    page faults per call, ``faults`` to their typical count; returns ``row``."""
     row["pass_spread"] = pass_spread(values)
     row["seconds"] = typical(values)
+    if faults:
+        row["faults"] = typical(faults)
     return row
 
 
@@ -217,7 +220,8 @@ def pass_spread(values: list[float]) -> float:
 
 def record(row: dict, m: Measurement) -> dict:
     """``row`` with the timing columns of ``m`` added."""
-    return {**row, "seconds": m.seconds, "median_s": m.median_s, "lq_s": m.lq_s, "min_s": m.min_s}
+    return {**row, "seconds": m.seconds, "median_s": m.median_s, "lq_s": m.lq_s, "min_s": m.min_s,
+            "faults": m.faults}
 
 
 class Benchmark(ABC):

@@ -41,6 +41,7 @@ cache-resident data runs them. Two forms:
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,13 +70,16 @@ class Measurement:
     samples: int  #: timed samples taken
     calls_per_sample: int  #: back-to-back calls in each sample
     lq_s: float = float("nan")  #: lower quartile of the samples, s
+    #: minor page faults per call, median over the samples (CPU; NaN where not counted)
+    faults: float = float("nan")
 
     @classmethod
-    def of(cls, samples: np.ndarray, calls_per_sample: int) -> Measurement:
-        """The statistics of ``samples`` (seconds per call)."""
+    def of(cls, samples: np.ndarray, calls_per_sample: int, faults: np.ndarray | None = None) -> Measurement:
+        """The statistics of ``samples`` (seconds per call) and of ``faults`` (page faults per call)."""
         return cls(seconds=float(np.median(samples)), median_s=float(np.median(samples)),
                    min_s=float(samples.min()), samples=int(samples.size), calls_per_sample=calls_per_sample,
-                   lq_s=float(np.quantile(samples, 0.25)))
+                   lq_s=float(np.quantile(samples, 0.25)),
+                   faults=float(np.median(faults)) if faults is not None and faults.size else float("nan"))
 
 
 class CacheFlusher:
@@ -186,12 +190,14 @@ class Timer:
             calls = int(min(self.max_calls, max(1, np.ceil(self.min_sample_s / max(probe, 1e-9)))))
         n = self.cold_repeats if cold else self.repeats
         samples = np.empty(min(n, 3) if long_call else n)  # long calls: relative noise is small
+        faults = np.empty(samples.size)
         for i in range(samples.size):
             if setup is not None:
                 setup()
                 self.sync()
             samples[i] = self._sample(fn, calls)
-        return Measurement.of(samples, calls)
+            faults[i] = self._faults
+        return Measurement.of(samples, calls, faults)
 
     def measure_cold(self, build: Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]
                      ) -> Measurement:
@@ -228,6 +234,7 @@ class Timer:
 
         # long calls: relative noise is small, the budget goes to shapes
         samples = np.empty(min(self.cold_repeats, 3) if warm > self.long_call_s else self.cold_repeats)
+        faults = np.empty(samples.size)
         for i in range(samples.size):
             for inst in (spare, *timed):
                 if inst[1] is not None:
@@ -238,7 +245,8 @@ class Timer:
             spare[0]()
             self.sync()
             samples[i] = self._sample(batch, 1) / k
-        return Measurement.of(samples, k)
+            faults[i] = self._faults / k
+        return Measurement.of(samples, k, faults)
 
     def _gpu_sleep(self, seconds: float) -> None:
         """Queue a GPU-side sleep of about ``seconds`` on the current stream (no-op if unsupported)."""
@@ -257,7 +265,13 @@ class Timer:
         sleep(int(min(seconds, 0.05) * self._sleep_rate))
 
     def _sample(self, fn: Callable[[], object], calls: int) -> float:
-        """Seconds per call of ``calls`` back-to-back calls (CUDA: kernel time, see the module doc)."""
+        """Seconds per call of ``calls`` back-to-back calls (CUDA: kernel time, see the module doc).
+
+        On a CPU it also counts the process's minor page faults during the calls (``getrusage``,
+        outside the timed interval) and leaves their number per call in ``self._faults`` (NaN on
+        CUDA): a block the C allocator maps afresh faults in every page, which the embedding
+        backward's model prices separately (:mod:`predictor.calibration.page_faults`)."""
+        self._faults = float("nan")
         if self.is_cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -272,7 +286,10 @@ class Timer:
             end.synchronize()
             self._issue_s = max(self._issue_s, issued / calls)  # a slower issue: a longer sleep next time
             return start.elapsed_time(end) * 1e-3 / calls
+        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        return (time.perf_counter() - t0) / calls
+        t1 = time.perf_counter()
+        self._faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / calls
+        return (t1 - t0) / calls

@@ -36,7 +36,7 @@ import numpy as np
 from predictor.kernels.base import KernelModel, TaskView
 from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
 from predictor.kernels.elementwise import Roofline
-from predictor.kernels.embedding import RF_COLUMNS, RF_COUNTS, AnalyticEmbedding
+from predictor.kernels.embedding import RF_COLUMNS, RF_COUNTS, AnalyticEmbedding, gradient_fault_seconds
 from predictor.kernels.gemm import AnalyticGemm
 from predictor.platforms.schema import Platform
 
@@ -536,9 +536,12 @@ class MLPKernelModel(KernelModel):
         return feature_matrix(cols, features, len(tasks))
 
     def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        """Seconds per task: the routed net's time plus the terms the nets were fitted without
+        (:func:`known_seconds`); tasks no net can time go to the analytic fallback."""
         n = len(tasks)
         out = np.full(n, np.nan)
         keys = self._keys(tasks)
+        known = known_seconds(tasks, platform)
         for key in np.unique(keys) if n else []:
             net = self.nets.get(key)
             sel = np.flatnonzero(keys == key)
@@ -547,11 +550,24 @@ class MLPKernelModel(KernelModel):
             raw = self._columns(_subset(tasks, sel), net.features)
             ok = np.isfinite(raw).all(axis=1)
             if ok.any():
-                out[sel[ok]] = net.predict(raw[ok])
+                out[sel[ok]] = net.predict(raw[ok]) + known[sel[ok]]
         todo = np.flatnonzero(~np.isfinite(out))
         if todo.size:
             out[todo] = self.fallback.predict(_subset(tasks, todo), platform)
         return np.maximum(out, 0.0)
+
+
+#: the op kinds :func:`known_seconds` can be non-zero for
+KNOWN_TERM_KINDS = ("embedding_bag_bwd",)
+
+
+def known_seconds(tasks: TaskView, platform: Platform) -> np.ndarray:
+    """Seconds of each task that a calibrated MLP does not learn because they follow from measured
+    platform facts: the page faults of a large sparse embedding gradient
+    (:func:`~predictor.kernels.embedding.gradient_fault_seconds`; zero for other kinds, and on
+    platforms without a measured fault cost). Calibration fits the nets to the measured times less
+    the faults each sample was counted paying, and :meth:`MLPKernelModel.predict` adds these back."""
+    return gradient_fault_seconds(tasks, platform)
 
 
 def _subset(tasks: TaskView, idx: np.ndarray) -> TaskView:

@@ -79,6 +79,13 @@ class Platform(_Strict):
     #: CPU hosts: ranks sharing the host -> slow-down of each kernel class ("embedding", "memory",
     #: "compute") when they all run at once, measured by ``tuner calibrate --world-size K``
     host_contention: dict[int, dict[str, float]] = Field(default_factory=dict)
+    #: CPU hosts: wall seconds of one minor page fault (a freshly mapped 4 KiB page) in a training
+    #: process, measured by ``tuner calibrate`` (:mod:`predictor.calibration.page_faults`); 0: not
+    #: measured, or a device whose allocator keeps its blocks (GPUs' caching allocators): no fault term
+    page_fault_s: float = Field(default=0.0, ge=0)
+    #: CPU hosts: allocations of at least this many bytes are mapped afresh on every step (glibc's
+    #: largest mmap threshold, 32 MiB), so each of their pages faults; 0: none do
+    fresh_mapping_bytes: float = Field(default=0.0, ge=0)
     sources: dict[str, str] = Field(default_factory=dict, description="field path -> citation")
     notes: str = ""
 
