@@ -116,7 +116,12 @@ def main() -> None:
            "does not find their operands cached; warm repeats ran them 1.5-4x faster than the step does). "
            "Embedding-bag kernels: one call per sample after the eviction and a code-warming call on a small "
            "table."
-           if pack.manifest.get("memory_bound_timing") == "cold" else ""),
+           if pack.manifest.get("memory_bound_timing") == "cold" else "")
+        + (" GEMMs are timed the same way, data cold (`--gemm-timing cold`)."
+           if pack.manifest.get("gemm_timing") == "cold" else "")
+        + (f" The models were fitted by `tuner calibrate --refit` on {pack.manifest['refit'].get('date', '')} "
+           "from the benchmark samples the pack stores."
+           if isinstance(pack.manifest.get("refit"), dict) else ""),
         "",
         "Noise floor: two timings of the same shape in different rounds differ by a median of "
         + ", ".join(f"{k} {v:.0f} %" for k, v in _spreads(pack).items())

@@ -18,10 +18,11 @@ Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself i
                                       [--allocator default|no_trim]
 
 A pack spec prefixed ``faults32:`` gives a pack calibrated before ``tuner calibrate`` measured the
-cost of a page fault this VM's measured cost (``experiments/page_faults_cpu.py``), so its embedding
-backward pays the faults of gradients at or above glibc's 32 MiB mmap ceiling
-(:func:`predictor.kernels.embedding.gradient_fault_seconds`): a ``refit:`` pack is fitted with it
-(the fit takes the faults out of the large-gradient samples), a fitted pack adds it at prediction.
+cost of a page fault this VM's measured cost (``experiments/page_faults_cpu.py``), so its kernels pay
+the faults of output blocks at or above glibc's 32 MiB mmap ceiling
+(:func:`predictor.kernels.host_memory.allocation_fault_seconds`): a ``refit:`` pack is fitted with it
+(the fit takes out the faults its samples were counted paying, where the pack has counts), a fitted
+pack adds it at prediction.
 Packs that carry their own ``page_fault_s`` are left as they are.
 """
 

@@ -550,13 +550,14 @@ _MIN_LEARNED_FRACTION = 0.1
 
 
 def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
-    """The MLP target of each benchmark row: the measured seconds, less the page faults the sample
-    paid (its ``faults`` column x ``platform.page_fault_s``) for kinds whose model adds its faults back
-    from platform facts (:func:`~predictor.kernels.learned.known_seconds`: the embedding backward);
-    at least :data:`_MIN_LEARNED_FRACTION` of the measured time.
+    """The fitting target of each benchmark row (MLPs and fitted rooflines): the measured seconds,
+    less the page faults the sample paid (its ``faults`` column x ``platform.page_fault_s``) for kinds
+    whose model adds its output block's faults back from platform facts
+    (:func:`~predictor.kernels.learned.known_seconds`: embedding backward, GEMMs, concat); at least
+    :data:`_MIN_LEARNED_FRACTION` of the measured time.
 
     The faults are the ones counted, not the ones the model assumes: whether a benchmark's large
-    gradient is a fresh mapping depends on the calibration process's allocation history (glibc reuses
+    output is a fresh mapping depends on the calibration process's allocation history (glibc reuses
     a free heap block when one is large enough). Rows without a count (packs calibrated before the
     timer counted faults) are fitted as measured."""
     seconds = frame["seconds"].to_numpy(dtype=np.float64)
@@ -601,7 +602,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
                 methods[spec.kernel] += " + " + ", ".join(c["optional"]["features"])
         elif spec.method == "roofline":
             for kind in spec.kinds:
-                roof_fits[kind] = fit_roofline(train["bytes"].to_numpy(), train["seconds"].to_numpy())
+                roof_fits[kind] = fit_roofline(train["bytes"].to_numpy(), _learned_seconds(train, platform))
             f = roof_fits[spec.kinds[0]]
             methods[spec.kernel] = f"roofline, {len(f.bandwidths)} regime(s), peak {f.peak_bandwidth / 1e9:.1f} GB/s"
         else:

@@ -155,7 +155,7 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     import pandas as pd
 
     from predictor.calibrate import _learned_seconds
-    from predictor.kernels.embedding import gradient_fault_seconds
+    from predictor.kernels.host_memory import allocation_fault_seconds
 
     host = get_platform("a100-80gb").model_copy(update={"page_fault_s": 1.5e-6, "fresh_mapping_bytes": 32 * 2**20})
     rng = np.random.default_rng(0)
@@ -165,7 +165,7 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     work = cols["batch"] * cols["pooling"] * cols["dim"]
     smooth = 5e-6 + work * 4.0 / 5e9
     tv = TaskView.from_columns("embedding_bag_bwd", **cols)
-    faults = gradient_fault_seconds(tv, host)
+    faults = allocation_fault_seconds(tv, host)
     assert 0 < (faults > 0).sum() < n  # both sides of the ceiling are in the data
     counted = np.ceil(cols["batch"] * cols["pooling"] * cols["dim"] * 4.0 / 4096) * (faults > 0)
     counted[np.flatnonzero(faults > 0)[::3]] = 0.0  # a third of them served from a free heap block
@@ -185,6 +185,15 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     assert np.median(err) < 5.0
     # the term is added back: the same model on a host without faults predicts the smooth part only
     np.testing.assert_allclose(pred - model.predict(test, get_platform("a100-80gb")), faults[240:], rtol=1e-9)
+    # concatenations and GEMMs likewise (their fitted models add the term back); kinds whose output the
+    # model does not know keep their measured time
+    other = pd.DataFrame({"kind": ["concat", "mm", "relu"], "elements": [1e7, np.nan, 1e7], "m": [np.nan, 4096.0, np.nan],
+                          "n": [np.nan, 4096.0, np.nan], "dtype_bytes": 4.0, "seconds": 0.05, "faults": 1000.0})
+    np.testing.assert_allclose(_learned_seconds(other, host), [0.05 - 1.5e-3, 0.05 - 1.5e-3, 0.05])
+    roof = FittedRoofline({"concat": RooflineFit(2e-6, (), (20e9,))})
+    cat = TaskView.from_columns("concat", elements=[1e7, 1e3], dtype_bytes=[4.0, 4.0])
+    np.testing.assert_allclose(roof.predict(cat, host) - roof.predict(cat, get_platform("a100-80gb")),
+                               [np.ceil(4e7 / 4096) * 1.5e-6, 0.0])
     # the target never drops below a tenth of the measurement (a fault cost measured in a faster spell)
     over = host.model_copy(update={"page_fault_s": 1.0})
     assert (_learned_seconds(frame, over) >= 0.1 * frame["seconds"].to_numpy() - 1e-18).all()

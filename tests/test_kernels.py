@@ -69,20 +69,28 @@ def _host(page_fault_s: float = 1.5e-6, ceiling: float = 32 * 2**20):
     return A100.model_copy(update={"page_fault_s": page_fault_s, "fresh_mapping_bytes": ceiling})
 
 
-def test_gradient_faults_charge_every_page_of_a_gradient_from_the_ceiling_up():
-    from predictor.kernels.embedding import gradient_fault_seconds
+def test_output_blocks_from_the_ceiling_up_fault_every_page():
+    from predictor.kernels.host_memory import allocation_fault_seconds
 
-    # gradients of 16, 32 (exactly the ceiling) and 64 MiB: batch x pooling x dim x 4 bytes
+    # embedding gradients of 16, 32 (exactly the ceiling) and 64 MiB: batch x pooling x dim x 4 bytes
     tv = TaskView.from_columns("embedding_bag_bwd", batch=[1024.0, 4096.0, 4096.0], pooling=[64.0, 32.0, 64.0],
                                dim=[64.0, 64.0, 64.0], dtype_bytes=[4.0, 4.0, 4.0])
-    np.testing.assert_allclose(gradient_fault_seconds(tv, _host()), [0.0, 8192 * 1.5e-6, 16384 * 1.5e-6])
-    # forward kernels, hosts without a measured cost, and devices that keep their blocks pay nothing
+    np.testing.assert_allclose(allocation_fault_seconds(tv, _host()), [0.0, 8192 * 1.5e-6, 16384 * 1.5e-6])
+    # a GEMM's product (4096 x 2364 fp32: 37 MiB, DLRM's interaction gradient) and a concatenation
+    mm = TaskView.from_columns("mm", m=[4096.0, 64.0], n=[2364.0, 64.0], k=[256.0, 64.0], dtype_bytes=[4.0, 4.0])
+    np.testing.assert_allclose(allocation_fault_seconds(mm, _host()), [np.ceil(4096 * 2364 * 4 / 4096) * 1.5e-6, 0])
+    bmm = TaskView.from_columns("bmm", batch=[8.0], m=[1024.0], n=[1024.0], k=[64.0], dtype_bytes=[4.0])
+    assert allocation_fault_seconds(bmm, _host())[0] == pytest.approx(8192 * 1.5e-6)  # 8 x 4 MiB
+    cat = TaskView.from_columns("concat", elements=[4096.0 * 2364], dtype_bytes=[4.0])
+    assert allocation_fault_seconds(cat, _host())[0] == pytest.approx(np.ceil(4096 * 2364 * 4 / 4096) * 1.5e-6)
+    # forward lookups and other kinds, hosts without a measured cost, and devices that keep their blocks pay nothing
     fwd = TaskView.from_columns("embedding_bag_fwd", **{k: v for k, v in tv.columns.items()})
-    assert not gradient_fault_seconds(fwd, _host()).any()
-    assert not gradient_fault_seconds(tv, A100).any() and not gradient_fault_seconds(tv, _host(ceiling=0.0)).any()
-    # the analytic model adds exactly that term to the backward
+    relu = TaskView.from_columns("relu", elements=[1e9], dtype_bytes=[4.0])
+    assert not allocation_fault_seconds(fwd, _host()).any() and not allocation_fault_seconds(relu, _host()).any()
+    assert not allocation_fault_seconds(tv, A100).any() and not allocation_fault_seconds(tv, _host(ceiling=0.0)).any()
+    # the analytic embedding model adds exactly that term to the backward
     e = AnalyticEmbedding()
-    np.testing.assert_allclose(e.predict(tv, _host()) - e.predict(tv, A100), gradient_fault_seconds(tv, _host()))
+    np.testing.assert_allclose(e.predict(tv, _host()) - e.predict(tv, A100), allocation_fault_seconds(tv, _host()))
 
 
 def test_piecewise_sigmoid_regions_and_continuity():

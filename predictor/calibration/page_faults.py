@@ -13,9 +13,10 @@ threshold moves up when a mapped block is freed), which no model of the step can
 :func:`measure_page_fault_s` times it where nothing else happens: a fresh block above the ceiling
 is allocated, written once and freed, against the same write into a block kept mapped; the
 difference divided by the faults counted (``getrusage``) is the wall time of one fault. The kernel
-models add ``pages x page_fault_s`` to each embedding backward whose gradient reaches the ceiling
-(:func:`predictor.kernels.embedding.gradient_fault_seconds`); ``tuner calibrate`` stores both
-numbers in the platform (``page_fault_s``, ``fresh_mapping_bytes``).
+models add ``pages x page_fault_s`` to each kernel whose output block reaches the ceiling
+(:func:`predictor.kernels.host_memory.allocation_fault_seconds`: embedding gradients, GEMM products,
+concatenations); ``tuner calibrate`` stores both numbers in the platform (``page_fault_s``,
+``fresh_mapping_bytes``).
 """
 
 from __future__ import annotations

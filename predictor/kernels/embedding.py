@@ -18,9 +18,10 @@ Calibration replaces this with the reuse-factor MLP of Lin et al. 2024.
 
 On a CPU host the backward also pays for its sparse gradient's memory: a gradient of at least the
 platform's ``fresh_mapping_bytes`` (glibc maps such blocks afresh every step) faults in every page
-at ``page_fault_s`` each (:func:`gradient_fault_seconds`, :mod:`predictor.calibration.page_faults`).
-Both the analytic model and the calibrated MLP add that term; the MLP is fitted to the measured
-times less the term, so a step function at 32 MiB is not left to a smooth network.
+at ``page_fault_s`` each (:func:`~predictor.kernels.host_memory.allocation_fault_seconds`). Both the
+analytic model and the calibrated MLP add that term; the MLP is fitted to the measured times less
+the faults each sample was counted paying, so a step function at 32 MiB is not left to a smooth
+network.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from predictor.kernels.base import KernelModel, TaskView
+from predictor.kernels.host_memory import allocation_fault_seconds
 from predictor.platforms.schema import Platform
 
 RF_BINS = 17
@@ -44,27 +46,6 @@ def repeat_fraction_from_rf(rf: np.ndarray) -> np.ndarray:
     total = rf.sum(axis=1, keepdims=True)
     f = np.divide(rf, total, out=np.zeros_like(rf), where=total > 0)
     return (f * (1.0 - 1.0 / RF_COUNTS)).sum(axis=1)
-
-
-#: bytes per faulted page
-PAGE_BYTES = 4096.0
-
-
-def gradient_fault_seconds(tasks: TaskView, platform: Platform) -> np.ndarray:
-    """Seconds of page faults each task's sparse embedding gradient pays on ``platform``'s host.
-
-    Non-zero only for ``embedding_bag_bwd`` tasks on a platform with a measured ``page_fault_s``
-    and ``fresh_mapping_bytes``: a gradient of ``batch x pooling x dim x dtype_bytes`` bytes at or
-    above ``fresh_mapping_bytes`` is a fresh mapping every step, so each of its 4 KiB pages faults.
-    Smaller gradients reuse freed heap memory or not depending on the process's history (glibc's
-    default) and are charged nothing.
-    """
-    n = len(tasks)
-    fault_s, ceiling = float(platform.page_fault_s), float(platform.fresh_mapping_bytes)
-    if not n or tasks.kind != "embedding_bag_bwd" or fault_s <= 0 or ceiling <= 0:
-        return np.zeros(n)
-    grad = tasks.get("batch", 1.0) * tasks.get("pooling", 1.0) * tasks.get("dim", 1.0) * tasks.get("dtype_bytes", 4.0)
-    return np.where(grad >= ceiling, np.ceil(grad / PAGE_BYTES) * fault_s, 0.0)
 
 
 @dataclass(frozen=True)
@@ -114,4 +95,4 @@ class AnalyticEmbedding(KernelModel):
         bwd = b * d * dt + 2.0 * distinct * row_bytes + p.sort_passes * 2.0 * lookups * (p.index_bytes + 4.0)
         traffic = bwd if tasks.kind.endswith("_bwd") else fwd
         bw = platform.memory_bandwidth * platform.memory_efficiency
-        return traffic / bw + platform.kernel_floor_s + gradient_fault_seconds(tasks, platform)
+        return traffic / bw + platform.kernel_floor_s + allocation_fault_seconds(tasks, platform)

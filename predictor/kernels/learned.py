@@ -36,8 +36,9 @@ import numpy as np
 from predictor.kernels.base import KernelModel, TaskView
 from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
 from predictor.kernels.elementwise import Roofline
-from predictor.kernels.embedding import RF_COLUMNS, RF_COUNTS, AnalyticEmbedding, gradient_fault_seconds
+from predictor.kernels.embedding import RF_COLUMNS, RF_COUNTS, AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
+from predictor.kernels.host_memory import FRESH_OUTPUT_KINDS, allocation_fault_seconds
 from predictor.platforms.schema import Platform
 
 __all__ = [
@@ -558,16 +559,18 @@ class MLPKernelModel(KernelModel):
 
 
 #: the op kinds :func:`known_seconds` can be non-zero for
-KNOWN_TERM_KINDS = ("embedding_bag_bwd",)
+KNOWN_TERM_KINDS = FRESH_OUTPUT_KINDS
 
 
 def known_seconds(tasks: TaskView, platform: Platform) -> np.ndarray:
-    """Seconds of each task that a calibrated MLP does not learn because they follow from measured
-    platform facts: the page faults of a large sparse embedding gradient
-    (:func:`~predictor.kernels.embedding.gradient_fault_seconds`; zero for other kinds, and on
-    platforms without a measured fault cost). Calibration fits the nets to the measured times less
-    the faults each sample was counted paying, and :meth:`MLPKernelModel.predict` adds these back."""
-    return gradient_fault_seconds(tasks, platform)
+    """Seconds of each task that a calibrated model does not learn because they follow from measured
+    platform facts: the page faults of an output block the host maps afresh every step
+    (:func:`~predictor.kernels.host_memory.allocation_fault_seconds`: embedding gradients, GEMM
+    products and concatenations of at least 32 MiB; zero for other kinds, and on platforms without a
+    measured fault cost). Calibration fits the models to the measured times less the faults each
+    sample was counted paying; :meth:`MLPKernelModel.predict` and :meth:`FittedRoofline.predict` add
+    these back."""
+    return allocation_fault_seconds(tasks, platform)
 
 
 def _subset(tasks: TaskView, idx: np.ndarray) -> TaskView:
@@ -689,7 +692,7 @@ class FittedRoofline(Roofline):
         elems = tasks.get("elements")
         dt = tasks.get("dtype_bytes", 4.0)
         moved = np.nan_to_num(np.where(np.isnan(moved), 2.0 * elems * dt, moved), nan=0.0)
-        return fit(moved)
+        return fit(moved) + known_seconds(tasks, platform)
 
 
 # ============================================================================ serialisation
