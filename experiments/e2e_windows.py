@@ -76,8 +76,8 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
       kept in ``benchmarks/results/data/packs/``) fitted into ``workdir``;
     * anything else is a pack name or path as ``--platform`` takes it.
 
-    ``fault_s``: a page-fault cost (seconds) that ``refit:`` gives a pack lacking one, so its fit
-    takes the faults out of the large-gradient embedding samples (``faults32:`` specs).
+    ``fault_s``: a page-fault cost (seconds) that ``refit:`` gives a pack lacking one (``faults32:``
+    specs; see :func:`predictor.calibrate.refit`'s ``platform_facts``).
     """
     if spec.startswith("git:"):
         from predictor.platforms.assets import AssetPackError, pack_at_revision
@@ -146,7 +146,7 @@ def fault_facts(fault_s: float) -> dict[str, float]:
 def predictions(platform: str, fault_s: float | None = None) -> tuple[dict[tuple[str, int], float], str]:
     """Predicted seconds per (model, batch) with ``platform``, and the timing source it used;
     ``fault_s``: a page-fault cost (seconds) for a platform that has none (packs calibrated before
-    ``tuner calibrate`` measured it), added to its large embedding gradients at prediction."""
+    ``tuner calibrate`` measured it), added to its large output blocks at prediction."""
     import dataclasses
 
     from predictor.platforms.assets import AssetPackError, resolve_platform

@@ -58,7 +58,8 @@ def main() -> None:
 
     import torch
 
-    from predictor.calibration.page_faults import PAGE_BYTES, measure_page_fault_s
+    from predictor.calibration.page_faults import measure_page_fault_s
+    from predictor.kernels.host_memory import PAGE_BYTES
 
     wall_fault, costs = measure_page_fault_s(args.repeats)
     sys_fault = statistics.median(c["system_per_fault_s"] for c in costs)

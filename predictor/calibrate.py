@@ -342,7 +342,9 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     (``python -m predictor.calibration.overheads --device cuda --out FILE`` on the device) to use
     instead of the pack's. ``platform_facts``: platform fields measured since, set before fitting
     (``{"page_fault_s": ..., "fresh_mapping_bytes": ...}`` for a CPU pack calibrated before
-    calibration measured page faults: the fit then takes them out of the large embedding gradients).
+    calibration measured page faults: its models then add the faults of output blocks of at least
+    ``fresh_mapping_bytes``; the fit takes out only faults its samples were counted paying, and
+    such a pack has no counts).
 
     Raises:
         CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.

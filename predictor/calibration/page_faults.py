@@ -2,8 +2,9 @@
 
 A CPU training step allocates its tensors from glibc's malloc. A block of at least
 :data:`GLIBC_MMAP_CEILING_BYTES` (glibc's largest dynamic mmap threshold on 64-bit Linux,
-``DEFAULT_MMAP_THRESHOLD_MAX``) is always mapped on its own and unmapped when freed, so every one
-of its 4 KiB pages faults (the kernel zero-fills it) each time the step allocates it again. In a
+``DEFAULT_MMAP_THRESHOLD_MAX``) is mapped on its own and unmapped when freed (unless a free heap
+block large enough happens to exist), so every one of its 4 KiB pages faults (the kernel zero-fills
+it) each time the step allocates it again. In a
 DLRM step the sparse embedding gradients are such blocks: a table's gradient holds one row per
 lookup, ``batch x pooling x dim x dtype`` bytes. Measured on this project's 2-core VM, an
 embedding backward with a 64 MiB gradient pays 16 385 faults per call (16 384 pages), every call;
@@ -25,10 +26,10 @@ import resource
 import statistics
 import time
 
-__all__ = ["PAGE_BYTES", "GLIBC_MMAP_CEILING_BYTES", "FAULT_SIZES", "fault_cost", "measure_page_fault_s"]
+from predictor.kernels.host_memory import PAGE_BYTES
 
-#: bytes per page the kernel faults in (x86-64 / aarch64 Linux default)
-PAGE_BYTES = 4096
+__all__ = ["GLIBC_MMAP_CEILING_BYTES", "FAULT_SIZES", "fault_cost", "measure_page_fault_s"]
+
 #: glibc's largest dynamic mmap threshold on 64-bit Linux (``DEFAULT_MMAP_THRESHOLD_MAX``), bytes:
 #: a block at least this large is mapped afresh on every allocation
 GLIBC_MMAP_CEILING_BYTES = 32 * 2**20
