@@ -118,6 +118,8 @@ def test_cpu_samples_count_the_page_faults_of_each_call() -> None:
 
     def fresh() -> None:
         m = mmap.mmap(-1, pages * 4096)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):  # 4 KiB pages even where transparent huge pages are "always"
+            m.madvise(mmap.MADV_NOHUGEPAGE)
         for off in range(0, pages * 4096, 4096):
             m[off] = 1
         m.close()
