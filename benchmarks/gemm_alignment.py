@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 #: measurement files compared by default: label -> gemm.csv (repo-relative)
 DEFAULT_SOURCES = {
-    "cpu-local (committed pack, session 8)": "assets/cpu-local/data/gemm.csv",
+    "cpu-local (the committed pack)": "assets/cpu-local/data/gemm.csv",
     "quiet VM (session 11, pack not committed)": "benchmarks/results/data/gemm_cpu_quiet.csv",
 }
 
