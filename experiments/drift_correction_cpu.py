@@ -7,9 +7,9 @@ state relative to the pack. This script asks whether a predictor that scaled its
 those ratios (a drift probe of a few seconds before each prediction) would have predicted the
 windows better. For every archived window measured against one pack (``--pack-created``, default
 the pack committed on 2026-11-23 07:51, ``git:e459faf``) it predicts the 12 configurations three
-ways — as the pack says; GEMM and conv kernels scaled by the GEMM ratio (geometric mean of before
-and after); and also the memory-bound kernels (element-wise, data movement, norms, embeddings)
-scaled by the memcpy ratio — and scores each against the window.
+ways — as the pack says; compute kernels (GEMM, conv) scaled by the GEMM ratio (geometric mean of
+before and after); and also the memory-bound kernels (element-wise, data movement, norms,
+embeddings) scaled by the memcpy ratio — and scores each against the window.
 
 Nothing here feeds a prediction. Writes ``benchmarks/results/drift_correction_cpu.{md,json}``.
 
@@ -22,7 +22,6 @@ import argparse
 import json
 import sys
 import tempfile
-import types
 from datetime import date
 from pathlib import Path
 
@@ -32,17 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
-from experiments.e2e_windows import load_windows, materialise  # noqa: E402
-from predictor.kernels.host_memory import GEMM_KINDS  # noqa: E402
+from experiments.e2e_cpu import RESULTS, WINDOWS_FILE  # noqa: E402
+from experiments.e2e_windows import load_windows, predict_rows, resolve_spec  # noqa: E402
+from predictor.graph import Category  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-
-#: kinds scaled by the GEMM ratio
-COMPUTE_KINDS = (*GEMM_KINDS, "conv2d", "conv")
-#: kinds scaled by the memcpy ratio (memory-bound)
-MEMORY_KINDS = ("relu", "gelu", "tanh", "add", "mul", "relu_bwd", "gelu_bwd", "tanh_bwd", "sigmoid", "sigmoid_bwd",
-                "dropout", "concat", "memcpy", "transpose", "layer_norm", "softmax", "softmax_bwd", "log_softmax_bwd",
-                "embedding_bag_fwd", "embedding_bag_bwd", "sum", "loss", "optimizer", "elementwise", "interaction")
 
 
 def _fail(msg: str) -> None:
@@ -51,7 +43,9 @@ def _fail(msg: str) -> None:
 
 
 class DriftScaled:
-    """``base`` timing with compute kernels x ``compute`` and memory-bound kernels x ``memory``."""
+    """``base`` timing with compute kernels x ``compute`` and memory-bound kernels x ``memory`` (the
+    graph's task categories, as :class:`~predictor.kernels.timing.ModelTiming` classes them for host
+    contention; embeddings count as memory-bound)."""
 
     def __init__(self, base, compute: float, memory: float) -> None:
         self.base, self.compute, self.memory = base, float(compute), float(memory)
@@ -62,9 +56,8 @@ class DriftScaled:
 
     def durations(self, graph) -> np.ndarray:
         d = np.array(self.base.durations(graph), dtype=float)
-        kinds = np.asarray(graph.kinds)[graph.kind]
-        d[np.isin(kinds, COMPUTE_KINDS)] *= self.compute
-        d[np.isin(kinds, MEMORY_KINDS)] *= self.memory
+        d[graph.category == Category.COMPUTE] *= self.compute
+        d[graph.category == Category.MEMORY] *= self.memory
         return d
 
 
@@ -81,13 +74,6 @@ def drift_ratios(window: dict) -> tuple[float, float] | None:
     except (KeyError, TypeError):
         m = 1.0
     return g, m
-
-
-def predictions(timing) -> dict[tuple[str, int], float]:
-    args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
-                                 gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
-                                 dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1)
-    return {(c.model, c.batch): float(c.predicted[0]) for c in build_cases(args, timing, 1)}
 
 
 def score(pred: dict, window: dict) -> tuple[float, float]:
@@ -109,19 +95,15 @@ def main(argv: list[str] | None = None) -> None:
                if str(w.get("pack_created") or "").startswith(args.pack_created) and drift_ratios(w)]
     if not windows:
         _fail(f"{args.archive}: no window with drift probes measured against a pack created {args.pack_created}")
-    from predictor.platforms.assets import AssetPackError, resolve_platform
 
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            base = resolve_platform(materialise(args.pack, Path(tmp))).timing()
-        except (AssetPackError, KeyError, ValueError) as exc:
-            _fail(f"--pack {args.pack}: {exc}")
-        plain = predictions(base)
+        base, _source = resolve_spec(args.pack, Path(tmp))
+        plain = predict_rows(base)
         rows = []
         for w in windows:
             g, m = drift_ratios(w)
-            variants = {"as calibrated": plain, "compute scaled": predictions(DriftScaled(base, g, 1.0)),
-                        "compute + memory scaled": predictions(DriftScaled(base, g, m))}
+            variants = {"as calibrated": plain, "compute scaled": predict_rows(DriftScaled(base, g, 1.0)),
+                        "compute + memory scaled": predict_rows(DriftScaled(base, g, m))}
             rows.append({"measured_at": w["measured_at"], "allocator": w.get("allocator", "default"),
                          "gemm_ratio": g, "memory_ratio": m,
                          **{k: dict(zip(("geomean_abs_pct", "max_abs_pct"), score(p, w), strict=True))

@@ -138,33 +138,39 @@ def measured_fault_s(path: Path = PAGE_FAULTS_FILE) -> float:
 
 def fault_facts(fault_s: float) -> dict[str, float]:
     """Platform fields of a glibc host whose page fault costs ``fault_s`` seconds."""
-    from predictor.calibration.page_faults import GLIBC_MMAP_CEILING_BYTES
+    from predictor.platforms.host import GLIBC_MMAP_CEILING_BYTES
 
     return {"page_fault_s": float(fault_s), "fresh_mapping_bytes": float(GLIBC_MMAP_CEILING_BYTES)}
 
 
-def predictions(platform: str, fault_s: float | None = None) -> tuple[dict[tuple[str, int], float], str]:
-    """Predicted seconds per (model, batch) with ``platform``, and the timing source it used;
-    ``fault_s``: a page-fault cost (seconds) for a platform that has none (packs calibrated before
-    ``tuner calibrate`` measured it), added to its large output blocks at prediction."""
+def resolve_spec(spec: str, workdir: Path):
+    """``(timing, source)`` of a pack spec (:func:`materialise`), a ``faults32:`` prefix included: a pack
+    without a page-fault cost of its own gets this VM's measured one (:func:`measured_fault_s`),
+    through ``refit``'s ``platform_facts`` for ``refit:`` specs and on its platform for fitted packs.
+    One line and exit 2 on a spec that does not resolve."""
     import dataclasses
 
     from predictor.platforms.assets import AssetPackError, resolve_platform
 
+    fault_s = measured_fault_s() if spec.startswith("faults32:") else None
+    path = materialise(spec.removeprefix("faults32:"), workdir, fault_s)
     try:
-        plat = resolve_platform(platform)
+        plat = resolve_platform(path)
     except (AssetPackError, KeyError, ValueError) as exc:
-        _fail(f"--platform {platform}: {exc}")
+        _fail(f"--platform {path}: {exc}")
     source = plat.source
     if fault_s is not None and plat.platform.page_fault_s <= 0:
         plat = dataclasses.replace(plat, platform=plat.platform.model_copy(update=fault_facts(fault_s)))
         source += f" + page faults at {fault_s * 1e6:.2f} us"
-    timing = plat.timing()
+    return plat.timing(), source
+
+
+def predict_rows(timing) -> dict[tuple[str, int], float]:
+    """Predicted seconds of every e2e configuration, keyed by (model, batch), with ``timing``."""
     args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
                                  gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
                                  dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1)
-    cases = build_cases(args, timing, 1)
-    return {(c.model, c.batch): float(c.predicted[0]) for c in cases}, source
+    return {(c.model, c.batch): float(c.predicted[0]) for c in build_cases(args, timing, 1)}
 
 
 def _stats(pairs: list[tuple[float, float]]) -> dict:
@@ -264,8 +270,8 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         for i, p in enumerate(platforms):
-            fault_s = measured_fault_s() if p.startswith("faults32:") else None
-            pred, source = predictions(materialise(p.removeprefix("faults32:"), Path(tmp) / str(i), fault_s), fault_s)
+            timing, source = resolve_spec(p, Path(tmp) / str(i))
+            pred = predict_rows(timing)
             results[p] = {"timing_source": source, **score(pred, windows)}
     from tuner.report import atomic_write_text
 

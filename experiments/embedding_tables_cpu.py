@@ -37,30 +37,13 @@ if str(REPO) not in sys.path:
 
 from experiments.dlrm_gloo import cold_embedding_seconds, predicted_embedding_seconds  # noqa: E402
 from experiments.e2e_cpu import DLRM_BATCHES, RESULTS, dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
-from experiments.e2e_windows import fault_facts, materialise, measured_fault_s  # noqa: E402
+from experiments.e2e_windows import resolve_spec  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 
 
 def _fail(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def pack_timing(spec: str, workdir: Path):
-    """``(timing, source)`` of a pack spec (see ``experiments/e2e_windows.py``)."""
-    import dataclasses
-
-    from predictor.platforms.assets import AssetPackError, resolve_platform
-
-    fault_s = measured_fault_s() if spec.startswith("faults32:") else None
-    path = materialise(spec.removeprefix("faults32:"), workdir, fault_s)
-    try:
-        plat = resolve_platform(path)
-    except (AssetPackError, KeyError, ValueError) as exc:
-        _fail(f"--compare {spec}: {exc}")
-    if fault_s is not None and plat.platform.page_fault_s <= 0:
-        plat = dataclasses.replace(plat, platform=plat.platform.model_copy(update=fault_facts(fault_s)))
-    return plat.timing(), plat.source
 
 
 def measure_tables(batch: int, threads: int) -> dict:
@@ -131,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail("--batches and --threads must be >= 1")
     packs = [args.platform, *args.compare]
     with tempfile.TemporaryDirectory() as tmp:
-        timings = {p: pack_timing(p, Path(tmp) / str(i)) for i, p in enumerate(packs)}
+        timings = {p: resolve_spec(p, Path(tmp) / str(i)) for i, p in enumerate(packs)}
         results: dict[int, dict] = {}
         for b in args.batches:
             m = measure_tables(b, args.threads)

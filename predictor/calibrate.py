@@ -440,7 +440,8 @@ def _with_page_faults(base: Platform, level: Level) -> Platform:
     (:mod:`predictor.calibration.page_faults`); other C libraries keep ``fresh_mapping_bytes`` 0."""
     import platform as _pyplatform
 
-    from predictor.calibration.page_faults import FAULT_SIZES, GLIBC_MMAP_CEILING_BYTES, measure_page_fault_s
+    from predictor.calibration.page_faults import FAULT_SIZES, measure_page_fault_s
+    from predictor.platforms.host import GLIBC_MMAP_CEILING_BYTES
 
     fault_s, _ = measure_page_fault_s(repeats=3 if level == "tiny" else 9,
                                       sizes=FAULT_SIZES[:1] if level == "tiny" else FAULT_SIZES)

@@ -1,7 +1,7 @@
 """What one minor page fault costs a training process on this host, and which allocations fault.
 
 A CPU training step allocates its tensors from glibc's malloc. A block of at least
-:data:`GLIBC_MMAP_CEILING_BYTES` (glibc's largest dynamic mmap threshold on 64-bit Linux,
+:data:`~predictor.platforms.host.GLIBC_MMAP_CEILING_BYTES` (glibc's largest dynamic mmap threshold on 64-bit Linux,
 ``DEFAULT_MMAP_THRESHOLD_MAX``) is mapped on its own and unmapped when freed (unless a free heap
 block large enough happens to exist), so every one of its 4 KiB pages faults (the kernel zero-fills
 it) each time the step allocates it again. In a
@@ -28,11 +28,8 @@ import time
 
 from predictor.kernels.host_memory import PAGE_BYTES
 
-__all__ = ["GLIBC_MMAP_CEILING_BYTES", "FAULT_SIZES", "fault_cost", "measure_page_fault_s"]
+__all__ = ["FAULT_SIZES", "fault_cost", "measure_page_fault_s"]
 
-#: glibc's largest dynamic mmap threshold on 64-bit Linux (``DEFAULT_MMAP_THRESHOLD_MAX``), bytes:
-#: a block at least this large is mapped afresh on every allocation
-GLIBC_MMAP_CEILING_BYTES = 32 * 2**20
 #: block sizes timed, bytes: all above the ceiling, so every allocation is a fresh mapping
 FAULT_SIZES = (48 * 2**20, 96 * 2**20, 192 * 2**20)
 

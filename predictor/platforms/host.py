@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["comm_thread_has_core", "ALLOCATORS", "allocator_env", "with_allocator"]
+__all__ = ["comm_thread_has_core", "ALLOCATORS", "GLIBC_MMAP_CEILING_BYTES", "allocator_env", "with_allocator"]
+
+#: glibc's largest dynamic mmap threshold on 64-bit Linux (``DEFAULT_MMAP_THRESHOLD_MAX``), bytes:
+#: a block at least this large is mapped on its own (afresh on every allocation, unless a free heap
+#: block happens to fit)
+GLIBC_MMAP_CEILING_BYTES = 32 * 2**20
 
 #: how the host's C allocator is configured for a measured run: ``default`` = glibc as it comes;
 #: ``no_trim`` = glibc never returns freed memory to the OS (trim threshold ~1 PB) and maps only
 #: blocks above 32 MiB on their own, which is what a caching allocator (jemalloc, tcmalloc, as
 #: PyTorch's CPU launcher ``torch.backends.xeon.run_cpu`` recommends) does for a training loop
 ALLOCATORS = ("default", "no_trim")
-_NO_TRIM_ENV = {"MALLOC_TRIM_THRESHOLD_": str(10**15), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+_NO_TRIM_ENV = {"MALLOC_TRIM_THRESHOLD_": str(10**15), "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_CEILING_BYTES)}
 
 
 def comm_thread_has_core(ranks: int, threads_per_rank: int, cores: int | None = None) -> bool:
