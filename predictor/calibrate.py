@@ -76,6 +76,9 @@ MLP_SETTINGS = {
     "quick": (QUICK_GRID, 1500, 45.0),
     "full": (TABLE_II_GRID, 3000, 1800.0),
 }
+#: networks per MLP, by level (:func:`~predictor.kernels.learned.fit_mlp` ``members``: the winning
+#: configuration trained from that many initial seeds, their geometric mean predicted)
+MLP_MEMBERS = {"tiny": 1, "quick": 5, "full": 5}
 
 
 class CalibrationError(ValueError):
@@ -556,7 +559,8 @@ def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
     """The fitting target of each benchmark row (MLPs and fitted rooflines): the measured seconds,
     less the page faults the sample paid (its ``faults`` column x ``platform.page_fault_s``) for kinds
     whose model adds its output block's faults back from platform facts
-    (:func:`~predictor.kernels.learned.known_seconds`: embedding backward, GEMMs, concat); at least
+    (:func:`~predictor.kernels.learned.known_seconds`: embedding backward, GEMMs, memory-bound kinds
+    with a new output block); at least
     :data:`_MIN_LEARNED_FRACTION` of the measured time.
 
     The faults are the ones counted, not the ones the model assumes: whether a benchmark's large
@@ -571,6 +575,48 @@ def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
     return np.where(priced, np.maximum(seconds - paid, _MIN_LEARNED_FRACTION * seconds), seconds)
 
 
+def _fit_mlp_job(job: dict) -> tuple[object, float]:
+    """One kernel's :func:`fit_mlp` (a worker process's task): the net and its seconds of fitting."""
+    t0 = time.perf_counter()
+    net = fit_mlp(job["raw"], job["seconds"], job["features"], **job["kwargs"])
+    return net, time.perf_counter() - t0
+
+
+def _fit_mlps(jobs: dict[str, dict], workers: int, log: Callable[[str], None]) -> dict[str, object]:
+    """Every kernel's MLP, fitted in ``workers`` spawned processes (1: in this process). Each fit is
+    seeded and single-threaded, so the nets do not depend on the number of workers."""
+    done: dict[str, object] = {}
+
+    def report(kernel: str, net, seconds: float) -> None:
+        done[kernel] = net
+        c = net.config
+        log(f"    {kernel:<20} MLP {c['layers']}x{c['width']} x{c.get('members', 1)}  ({seconds:.1f} s)")
+
+    if workers <= 1 or len(jobs) <= 1:
+        for kernel, job in jobs.items():
+            report(kernel, *_fit_mlp_job(job))
+        return done
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_fit_mlp_job, job): kernel for kernel, job in jobs.items()}
+        for fut in as_completed(futures):
+            report(futures[fut], *fut.result())
+    return done
+
+
+def _fit_workers(level: Level, jobs: int) -> int:
+    """Processes that fit MLPs: one per CPU core (at most one per job); the tiny level (tests) fits
+    in-process, where starting workers would cost more than it saves."""
+    import os
+
+    if level == "tiny":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, jobs))
+
+
 def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], level: Level, seed: int,
              platform: Platform, log: Callable[[str], None]) -> tuple[dict[str, KernelModel], list[dict]]:
     grid, epochs, budget = MLP_SETTINGS[level]
@@ -580,6 +626,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
     roof_fits: dict = {}
     curves: dict = {}
     methods: dict[str, str] = {}
+    mlp_jobs: dict[str, dict] = {}
     for family, spec in specs:
         frame = data[family]
         sub = frame[frame["kernel"] == spec.kernel].reset_index(drop=True)
@@ -593,17 +640,16 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         if spec.method == "mlp":
             cols = {c: train[c].to_numpy(dtype=np.float64) for c in train.columns
                     if pd.api.types.is_numeric_dtype(train[c])}
-            raw = feature_matrix(cols, spec.features, len(train))
-            net = fit_mlp(raw, _learned_seconds(train, platform), spec.features,
-                          log_features=[f for f in spec.features if f not in spec.raw_features], work=spec.work,
-                          grid=grid, epochs=epochs, seed=seed, budget_s=budget, optional=spec.optional_features)
-            nets.setdefault(spec.model_key, {})[spec.route] = net
-            mlp_specs.setdefault(spec.model_key, spec)
-            c = net.config
-            methods[spec.kernel] = f"MLP {c['layers']}x{c['width']} {c['optimizer']} lr={c['lr']:g}"
-            if c.get("optional", {}).get("used"):
-                methods[spec.kernel] += " + " + ", ".join(c["optional"]["features"])
-        elif spec.method == "roofline":
+            mlp_jobs[spec.kernel] = {
+                "raw": feature_matrix(cols, spec.features, len(train)),
+                "seconds": _learned_seconds(train, platform),
+                "features": spec.features,
+                "kwargs": {"log_features": [f for f in spec.features if f not in spec.raw_features],
+                           "work": spec.work, "grid": grid, "epochs": epochs, "seed": seed, "budget_s": budget,
+                           "optional": spec.optional_features, "members": MLP_MEMBERS[level]},
+            }
+            continue
+        if spec.method == "roofline":
             for kind in spec.kinds:
                 roof_fits[kind] = fit_roofline(train["bytes"].to_numpy(), _learned_seconds(train, platform))
             f = roof_fits[spec.kinds[0]]
@@ -614,6 +660,19 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             curves[(kind, world)] = fit_piecewise_sigmoid(train["msg_bytes"].to_numpy(), train["seconds"].to_numpy())
             methods[spec.kernel] = "piecewise sigmoid (8 params)"
         log(f"    {spec.kernel:<20} {methods[spec.kernel]}  ({time.perf_counter() - t0:.1f} s)")
+    fitted = _fit_mlps(mlp_jobs, _fit_workers(level, len(mlp_jobs)), log)
+    for _family, spec in specs:
+        if spec.kernel not in fitted:
+            continue
+        net = fitted[spec.kernel]
+        nets.setdefault(spec.model_key, {})[spec.route] = net
+        mlp_specs.setdefault(spec.model_key, spec)
+        c = net.config
+        methods[spec.kernel] = f"MLP {c['layers']}x{c['width']} {c['optimizer']} lr={c['lr']:g}"
+        if c.get("members", 1) > 1:
+            methods[spec.kernel] += f", {c['members']} nets"
+        if c.get("optional", {}).get("used"):
+            methods[spec.kernel] += " + " + ", ".join(c["optional"]["features"])
 
     models: dict[str, KernelModel] = {}
     for key, by_route in nets.items():

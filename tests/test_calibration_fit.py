@@ -12,6 +12,7 @@ from predictor.kernels.learned import (
     FittedRoofline,
     MLPConfig,
     MLPKernelModel,
+    MLPNet,
     RooflineFit,
     fit_mlp,
     fit_roofline,
@@ -104,6 +105,40 @@ def test_mlp_grid_search_keeps_the_better_config_and_extrapolates_by_work():
     assert net.predict(big)[0] == pytest.approx(4.0 * net.predict(edge)[0], rel=1e-9)
 
 
+def test_mlp_residual_is_clamped_to_its_training_range():
+    # samples on two edges of the (m, n) box only: the corner where both are large is inside the
+    # feature box but away from every sample, where an unclamped net may invent any correction
+    rng = np.random.default_rng(2)
+    small = np.exp(rng.uniform(np.log(4), np.log(16), size=120))
+    large = np.exp(rng.uniform(np.log(4), np.log(4096), size=120))
+    x = np.vstack([np.column_stack([small, large]), np.column_stack([large, small])])
+    t = 1e-6 + 1e-9 * x[:, 0] * x[:, 1] * (1.0 + 0.3 * np.sin(np.log(x[:, 0] * x[:, 1])))
+    net = fit_mlp(x, t, ("m", "n"), grid=[MLPConfig(4, 64, "adam", 1e-2)], epochs=800, seed=0)
+    assert net.res_lo is not None and net.res_lo < net.res_hi
+    z = (net.transform(x) - net.x_mean) / net.x_std
+    ws = [w.astype(np.float32) for w in net.weights]
+    bs = [b.astype(np.float32) for b in net.biases]
+    res = MLPNet._residual(z, ws, bs)
+    assert res.min() == pytest.approx(net.res_lo) and res.max() == pytest.approx(net.res_hi)
+    # at the far corner the log2 prediction stays within the skip's trend plus the residual range
+    corner = np.array([[2000.0, 2000.0]])
+    zc = (net.transform(corner) - net.x_mean) / net.x_std
+    skip = float((zc @ net.lin_w + net.lin_b)[0])
+    got = np.log2(net.predict(corner)[0])
+    lo, hi = (skip + net.res_lo) * net.y_std + net.y_mean, (skip + net.res_hi) * net.y_std + net.y_mean
+    assert lo - 1e-6 <= got <= hi + 1e-6
+    # the bounds survive serialisation; a net stored without them (older packs) is not clamped
+    back = MLPNet.from_dict(net.to_dict())
+    assert (back.res_lo, back.res_hi) == (net.res_lo, net.res_hi)
+    np.testing.assert_allclose(back.predict(x[:5]), net.predict(x[:5]))
+    old = net.to_dict()
+    del old["res_lo"], old["res_hi"]
+    unclamped = MLPNet.from_dict(old)
+    assert unclamped.res_lo is None
+    free = (MLPNet._residual(zc, ws, bs)[0] + skip) * net.y_std + net.y_mean
+    assert np.log2(unclamped.predict(corner)[0]) == pytest.approx(free, rel=1e-6)
+
+
 def test_uniform_reuse_factors_match_random_draws():
     rng = np.random.default_rng(0)
     for lookups, rows in ((5000, 100000), (20000, 2000), (4096, 64)):
@@ -185,10 +220,11 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     assert np.median(err) < 5.0
     # the term is added back: the same model on a host without faults predicts the smooth part only
     np.testing.assert_allclose(pred - model.predict(test, get_platform("a100-80gb")), faults[240:], rtol=1e-9)
-    # concatenations and GEMMs likewise (their fitted models add the term back); kinds whose output the
-    # model does not know keep their measured time
-    other = pd.DataFrame({"kind": ["concat", "mm", "relu"], "elements": [1e7, np.nan, 1e7], "m": [np.nan, 4096.0, np.nan],
-                          "n": [np.nan, 4096.0, np.nan], "dtype_bytes": 4.0, "seconds": 0.05, "faults": 1000.0})
+    # concatenations, GEMMs and element-wise ops likewise (their fitted models add the term back); kinds whose
+    # output the model does not know (in-place updates) keep their measured time
+    other = pd.DataFrame({"kind": ["concat", "mm", "optimizer"], "elements": [1e7, np.nan, 1e7],
+                          "m": [np.nan, 4096.0, np.nan], "n": [np.nan, 4096.0, np.nan], "dtype_bytes": 4.0,
+                          "seconds": 0.05, "faults": 1000.0})
     np.testing.assert_allclose(_learned_seconds(other, host), [0.05 - 1.5e-3, 0.05 - 1.5e-3, 0.05])
     roof = FittedRoofline({"concat": RooflineFit(2e-6, (), (20e9,))})
     cat = TaskView.from_columns("concat", elements=[1e7, 1e3], dtype_bytes=[4.0, 4.0])

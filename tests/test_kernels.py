@@ -83,10 +83,19 @@ def test_output_blocks_from_the_ceiling_up_fault_every_page():
     assert allocation_fault_seconds(bmm, _host())[0] == pytest.approx(8192 * 1.5e-6)  # 8 x 4 MiB
     cat = TaskView.from_columns("concat", elements=[4096.0 * 2364], dtype_bytes=[4.0])
     assert allocation_fault_seconds(cat, _host())[0] == pytest.approx(np.ceil(4096 * 2364 * 4 / 4096) * 1.5e-6)
-    # forward lookups and other kinds, hosts without a measured cost, and devices that keep their blocks pay nothing
+    # memory-bound kinds that write a new block of `elements`: an add of 16 M fp32 elements (64 MiB), a
+    # log-softmax backward just under the ceiling, a transpose that carries only its shape
+    add = TaskView.from_columns("add", elements=[16 * 2**20], dtype_bytes=[4.0])
+    assert allocation_fault_seconds(add, _host())[0] == pytest.approx(16384 * 1.5e-6)
+    lsm = TaskView.from_columns("log_softmax_bwd", elements=[8 * 2**20 - 1024], dtype_bytes=[4.0])
+    assert allocation_fault_seconds(lsm, _host())[0] == 0.0
+    tr = TaskView.from_columns("transpose", batch=[16.0], m=[1024.0], n=[1024.0], dtype_bytes=[4.0])
+    assert allocation_fault_seconds(tr, _host())[0] == pytest.approx(16384 * 1.5e-6)
+    # forward lookups and in-place kinds, hosts without a measured cost, and devices that keep their blocks
+    # pay nothing
     fwd = TaskView.from_columns("embedding_bag_fwd", **{k: v for k, v in tv.columns.items()})
-    relu = TaskView.from_columns("relu", elements=[1e9], dtype_bytes=[4.0])
-    assert not allocation_fault_seconds(fwd, _host()).any() and not allocation_fault_seconds(relu, _host()).any()
+    opt = TaskView.from_columns("optimizer", elements=[1e9], dtype_bytes=[4.0])
+    assert not allocation_fault_seconds(fwd, _host()).any() and not allocation_fault_seconds(opt, _host()).any()
     assert not allocation_fault_seconds(tv, A100).any() and not allocation_fault_seconds(tv, _host(ceiling=0.0)).any()
     # the analytic embedding model adds exactly that term to the backward
     e = AnalyticEmbedding()

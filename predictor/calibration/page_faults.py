@@ -15,8 +15,8 @@ threshold moves up when a mapped block is freed), which no model of the step can
 is allocated, written once and freed, against the same write into a block kept mapped; the
 difference divided by the faults counted (``getrusage``) is the wall time of one fault. The kernel
 models add ``pages x page_fault_s`` to each kernel whose output block reaches the ceiling
-(:func:`predictor.kernels.host_memory.allocation_fault_seconds`: embedding gradients, GEMM products,
-concatenations); ``tuner calibrate`` stores both numbers in the platform (``page_fault_s``,
+(:func:`predictor.kernels.host_memory.allocation_fault_seconds`: embedding gradients, GEMM products
+and the new blocks of memory-bound kernels); ``tuner calibrate`` stores both numbers in the platform (``page_fault_s``,
 ``fresh_mapping_bytes``).
 """
 

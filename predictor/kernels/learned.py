@@ -43,6 +43,7 @@ from predictor.platforms.schema import Platform
 
 __all__ = [
     "MLPNet",
+    "MLPMember",
     "MLPConfig",
     "TABLE_II_GRID",
     "QUICK_GRID",
@@ -102,8 +103,29 @@ def _unb64(d: Mapping) -> np.ndarray:
 
 
 @dataclass
+class MLPMember:
+    """One more network of an ensemble (:attr:`MLPNet.members`): its layers and residual range,
+    as :class:`MLPNet` holds its first network's."""
+
+    weights: list[np.ndarray]
+    biases: list[np.ndarray]
+    res_lo: float | None = None
+    res_hi: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"weights": [_b64(w) for w in self.weights], "biases": [_b64(b) for b in self.biases],
+                "res_lo": self.res_lo, "res_hi": self.res_hi}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MLPMember:
+        return cls([_unb64(w) for w in d["weights"]], [_unb64(b) for b in d["biases"]],
+                   None if d.get("res_lo") is None else float(d["res_lo"]),
+                   None if d.get("res_hi") is None else float(d["res_hi"]))
+
+
+@dataclass
 class MLPNet:
-    """A trained network: features -> log2 seconds (numpy inference).
+    """A trained network (or an ensemble of them): features -> log2 seconds (numpy inference).
 
     Attributes:
         features: parameter columns, in input order.
@@ -116,6 +138,16 @@ class MLPNet:
         x_mean, x_std, y_mean, y_std: standardisation of inputs and the log2-seconds target.
         lo, hi: range of the transformed training features (clamping bounds).
         config: the grid point that won, and training facts.
+        res_lo, res_hi: range of the network's output (the residual over the skip, standardised
+            log2 seconds) on the training samples; :meth:`forward` clamps to it, so a point inside
+            the feature box but away from every sample (a corner two features never reached
+            together) gets at most the largest correction the network made on real data. Without
+            the clamp a log-softmax backward net of a quick calibration predicted 93 s for a
+            35 ms shape. ``None`` (packs fitted before) leaves the output unclamped.
+        members: further networks of the same configuration trained from other initial seeds
+            (:func:`fit_mlp` ``members``); the prediction is the mean of all networks' clamped
+            residuals, i.e. the geometric mean of their times. Averaging removes most of the
+            spread that one initialisation adds on a few hundred noisy samples.
     """
 
     features: tuple[str, ...]
@@ -132,6 +164,9 @@ class MLPNet:
     config: dict = field(default_factory=dict)
     lin_w: np.ndarray | None = None
     lin_b: float = 0.0
+    res_lo: float | None = None
+    res_hi: float | None = None
+    members: list[MLPMember] = field(default_factory=list)
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         """Raw feature matrix (n, f) -> model space (log2 where ``log_mask``)."""
@@ -140,26 +175,36 @@ class MLPNet:
         return z
 
     def forward(self, z: np.ndarray, chunk: int = 32768) -> np.ndarray:
-        """log2 seconds for transformed features ``z`` (no clamping).
+        """log2 seconds for transformed features ``z`` (no clamping of ``z``; the network's
+        residual is clamped to ``[res_lo, res_hi]`` when those are set).
 
         Computed in float32 (the stored precision of the weights) in chunks of ``chunk`` rows,
         so a million tasks take well under a second and little memory.
         """
         if not hasattr(self, "_f32"):
-            self._f32 = ([w.astype(np.float32) for w in self.weights], [b.astype(np.float32) for b in self.biases])
-        ws, bs = self._f32
+            self._f32 = [([w.astype(np.float32) for w in m.weights], [b.astype(np.float32) for b in m.biases],
+                          m.res_lo, m.res_hi) for m in (self, *self.members)]
         out = np.empty(z.shape[0])
-        last = len(ws) - 1
         for lo in range(0, z.shape[0], chunk):
             x = (z[lo:lo + chunk] - self.x_mean) / self.x_std
             skip = x @ self.lin_w + self.lin_b if self.lin_w is not None else 0.0
-            h = x.astype(np.float32)
-            for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
-                h = h @ w + b
-                if i < last:
-                    h = h / (np.float32(1.0) + np.exp(-np.clip(h, -60.0, 60.0)))  # SiLU
-            out[lo:lo + chunk] = (h[:, 0].astype(np.float64) + skip) * self.y_std + self.y_mean
+            res = np.zeros(x.shape[0])
+            for ws, bs, r_lo, r_hi in self._f32:
+                r = self._residual(x, ws, bs)
+                res += np.clip(r, r_lo, r_hi) if r_lo is not None and r_hi is not None else r
+            out[lo:lo + chunk] = (res / len(self._f32) + skip) * self.y_std + self.y_mean
         return out
+
+    @staticmethod
+    def _residual(x: np.ndarray, ws: list[np.ndarray], bs: list[np.ndarray]) -> np.ndarray:
+        """The network's output (standardised log2 seconds over the skip) for standardised ``x``."""
+        h = x.astype(np.float32)
+        last = len(ws) - 1
+        for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+            h = h @ w + b
+            if i < last:
+                h = h / (np.float32(1.0) + np.exp(-np.clip(h, -60.0, 60.0)))  # SiLU
+        return h[:, 0].astype(np.float64)
 
     def predict(self, raw: np.ndarray) -> np.ndarray:
         """Seconds for raw features (n, f); clamps to the trained range and scales by work."""
@@ -172,7 +217,8 @@ class MLPNet:
 
     @property
     def n_params(self) -> int:
-        return int(sum(w.size + b.size for w, b in zip(self.weights, self.biases, strict=True)))
+        return int(sum(w.size + b.size for m in (self, *self.members)
+                       for w, b in zip(m.weights, m.biases, strict=True)))
 
     def to_dict(self) -> dict:
         return {
@@ -190,6 +236,9 @@ class MLPNet:
             "config": self.config,
             "lin_w": None if self.lin_w is None else self.lin_w.tolist(),
             "lin_b": self.lin_b,
+            "res_lo": self.res_lo,
+            "res_hi": self.res_hi,
+            "members": [m.to_dict() for m in self.members],
         }
 
     @classmethod
@@ -209,6 +258,9 @@ class MLPNet:
             config=dict(d.get("config", {})),
             lin_w=None if d.get("lin_w") is None else np.asarray(d["lin_w"], dtype=np.float64),
             lin_b=float(d.get("lin_b", 0.0)),
+            res_lo=None if d.get("res_lo") is None else float(d["res_lo"]),
+            res_hi=None if d.get("res_hi") is None else float(d["res_hi"]),
+            members=[MLPMember.from_dict(m) for m in d.get("members", [])],
         )
 
 
@@ -280,6 +332,7 @@ def fit_mlp(
     seed: int = 0,
     budget_s: float | None = None,
     optional: Sequence[str] = (),
+    members: int = 1,
     _force_val: bool = False,
 ) -> MLPNet:
     """Grid-search and train an :class:`MLPNet` on (features, seconds) samples.
@@ -301,6 +354,10 @@ def fit_mlp(
             which matter for one kernel library and dtype (fp32 GEMMs on a CPU: up to 2x between
             a multiple-of-16 shape and its ragged neighbour) and are noise for another. They are
             kept only for a clear gain (:func:`keeps_optional`).
+        members: networks trained with the winning configuration on all the training data, from
+            initial seeds ``seed .. seed + members - 1``; the net predicts their geometric mean
+            (:attr:`MLPNet.members`). The grid search runs once, so each member beyond the first
+            costs one more training.
     """
     import torch
 
@@ -317,7 +374,7 @@ def fit_mlp(
         keep = [i for i, f in enumerate(features) if f not in set(optional)]
         trials = [(tuple(features[i] for i in keep), raw[:, keep]), (tuple(features), raw)]
         nets = [fit_mlp(r, seconds, f, log_features=log_features, work=work, grid=grid, epochs=epochs,
-                        val_fraction=val_fraction, seed=seed, budget_s=budget_s, _force_val=True)
+                        val_fraction=val_fraction, seed=seed, budget_s=budget_s, members=members, _force_val=True)
                 for f, r in trials]
         best = nets[1] if keeps_optional(nets[0].config["val_mse_log2"], nets[1].config["val_mse_log2"]) else nets[0]
         best.config["optional"] = {"features": list(optional), "used": best is nets[1],
@@ -356,21 +413,34 @@ def fit_mlp(
         else:
             best_cfg = grid[0]
         lin_w, lin_b = _linear(xs, ys)
-        net = _train(best_cfg, xs, ys - (xs @ lin_w + lin_b), epochs, seed)
+        trained = [_member(_train(best_cfg, xs, ys - (xs @ lin_w + lin_b), epochs, seed + i), xs)
+                   for i in range(max(1, int(members)))]
     finally:
         torch.set_num_threads(threads)
+    first = trained[0]
+    config = {"layers": best_cfg.layers, "width": best_cfg.width, "optimizer": best_cfg.optimizer,
+              "lr": best_cfg.lr, "epochs": epochs, "tried": len(scores) or 1, "samples": int(seconds.size),
+              "activation": "silu", "skip": "linear least squares", "weight_decay": 1e-4,
+              "members": len(trained)}
+    if scores:
+        config["val_mse_log2"] = float(min(s[0] for s in scores)) * y_std**2
+    return MLPNet(tuple(features), log_mask, work_mask, first.weights, first.biases, x_mean, x_std, y_mean, y_std,
+                  z.min(axis=0), z.max(axis=0), config, lin_w=lin_w, lin_b=lin_b,
+                  res_lo=first.res_lo, res_hi=first.res_hi, members=trained[1:])
+
+
+def _member(net, xs: np.ndarray) -> MLPMember:
+    """A trained torch network as numpy layers (float32 precision, as stored) with the range of its
+    output on the standardised training inputs ``xs``."""
+    import torch
+
     weights, biases = [], []
     for mod in net:
         if isinstance(mod, torch.nn.Linear):
             weights.append(mod.weight.detach().numpy().T.astype(np.float32).astype(np.float64))
             biases.append(mod.bias.detach().numpy().astype(np.float32).astype(np.float64))
-    config = {"layers": best_cfg.layers, "width": best_cfg.width, "optimizer": best_cfg.optimizer,
-              "lr": best_cfg.lr, "epochs": epochs, "tried": len(scores) or 1, "samples": int(seconds.size),
-              "activation": "silu", "skip": "linear least squares", "weight_decay": 1e-4}
-    if scores:
-        config["val_mse_log2"] = float(min(s[0] for s in scores)) * y_std**2
-    return MLPNet(tuple(features), log_mask, work_mask, weights, biases, x_mean, x_std, y_mean, y_std,
-                  z.min(axis=0), z.max(axis=0), config, lin_w=lin_w, lin_b=lin_b)
+    res = MLPNet._residual(xs, [w.astype(np.float32) for w in weights], [b.astype(np.float32) for b in biases])
+    return MLPMember(weights, biases, float(res.min()), float(res.max()))
 
 
 # ============================================================================ reuse factors
@@ -565,9 +635,9 @@ KNOWN_TERM_KINDS = FRESH_OUTPUT_KINDS
 def known_seconds(tasks: TaskView, platform: Platform) -> np.ndarray:
     """Seconds of each task that a calibrated model does not learn because they follow from measured
     platform facts: the page faults of an output block the host maps afresh every step
-    (:func:`~predictor.kernels.host_memory.allocation_fault_seconds`: embedding gradients, GEMM
-    products and concatenations of at least 32 MiB; zero for other kinds, and on platforms without a
-    measured fault cost). Calibration fits the models to the measured times less the faults each
+    (:func:`~predictor.kernels.host_memory.allocation_fault_seconds`: outputs of at least 32 MiB of
+    embedding backwards, GEMMs and the memory-bound kinds that write a new block; zero for other
+    kinds, and on platforms without a measured fault cost). Calibration fits the models to the measured times less the faults each
     sample was counted paying; :meth:`MLPKernelModel.predict` and :meth:`FittedRoofline.predict` add
     these back."""
     return allocation_fault_seconds(tasks, platform)
