@@ -68,7 +68,8 @@ BUDGETS: dict[str, dict[str, float]] = {
               "softmax": 45.0, "data_movement": 30.0, "collectives": 30.0, "default": 30.0},
     "full": {"default": 1800.0},
 }
-#: rounds over every benchmark grid, by level (a shape keeps its fastest round)
+#: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family may
+#: take fewer, `Benchmark.rounds`)
 PASSES = {"tiny": 1, "quick": 3, "full": 3}
 #: MLP training: grid, epochs, seconds per kernel, by level
 MLP_SETTINGS = {
@@ -208,13 +209,16 @@ def calibrate(
     # each grid is run `passes` times, every family once per round, so two timings of one shape
     # lie minutes apart (the shared machine's slow spells last seconds to minutes); a shape
     # keeps its fastest round
+    rounds = {b.name: min(passes, b.rounds or passes) for b in benches}
     for p in range(passes):
         for bench in benches:
             if bench.name == "collectives" and p:
                 continue  # its ranks make their own passes
+            if p >= rounds[bench.name]:
+                continue
             ctx = BenchContext(
                 device=dev, level=level, rng=np.random.default_rng(seeds[bench.name]), timer=timer,
-                budget_s=budgets.get(bench.name, budgets["default"]) / passes, log=log,
+                budget_s=budgets.get(bench.name, budgets["default"]) / rounds[bench.name], log=log,
                 llc_bytes=llc_bytes,
                 max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
                 passes=passes if bench.name == "collectives" else 1,
@@ -267,6 +271,8 @@ def calibrate(
         "seed": seed,
         "holdout_fraction": HOLDOUT_FRACTION,
         "timing_estimator": ESTIMATOR,
+        #: rounds over each family's grid (collectives: passes inside their processes)
+        "rounds": rounds,
         #: how the memory-bound families were timed: "cold" (cache evicted before each call) or "warm"
         "memory_bound_timing": "cold" if cold_memory else "warm",
         #: how the GEMMs were timed: "warm" (repeated on one instance) or "cold" (as memory-bound ones)
@@ -505,7 +511,9 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
     fields["overheads"] = {k: float(overheads[k]) for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")}
     sources["overheads"] = f"{src}: profiled training run, whisker-trimmed means ({overheads.get('definition', '')})"
     fields["sources"] = sources
-    fields["notes"] = (fields.get("notes") or "") + " Calibrated by tuner calibrate; kernel models in the asset pack."
+    note = "Calibrated by tuner calibrate; kernel models in the asset pack."
+    if note not in (fields.get("notes") or ""):  # a refit starts from a calibrated platform
+        fields["notes"] = ((fields.get("notes") or "") + " " + note).strip()
     return Platform.model_validate(fields)
 
 

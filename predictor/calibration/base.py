@@ -232,6 +232,10 @@ class Benchmark(ABC):
     #: the family's kernels are memory-bound: :func:`run_cases` times them cold when
     #: ``ctx.cold_memory_bound``
     memory_bound: bool = False
+    #: rounds over the family's grid in one calibration; None: the level's (``calibrate.PASSES``).
+    #: A family whose timing noise is small next to its model's error spends its budget on more
+    #: shapes in one round instead (GEMMs, convolutions; ``benchmarks/round_noise_cpu.py``)
+    rounds: int | None = None
 
     def cold(self, ctx: BenchContext) -> bool | None:
         """Whether :func:`run_cases` times this family cold: memory-bound families as
