@@ -105,7 +105,7 @@ def main() -> None:
         wall = time.perf_counter() - started
         today = _dt.date.today().isoformat()
     table = pack.error_table
-    rounds = dict(pack.manifest.get("rounds") or {})
+    spread = list(pack.manifest.get("spread_rounds") or [])
     met = [r for r in table if r["gmae_pct"] < TARGET_GMAE]
     o = pack.platform.overheads
     lines = [
@@ -127,8 +127,8 @@ def main() -> None:
         f"{pack.manifest.get('timing_estimator', 'lower quartile of the timed samples')} (7 timed repeats, "
         "calls batched to >= 0.2 ms; 3 rounds over all grids in shuffled order, so the timings of one shape "
         "lie minutes apart; a family whose round budget ran out has fewer rounds for some shapes"
-        + (f"; one round over three times the shapes for {', '.join(k for k, v in rounds.items() if v == 1)}"
-           if any(v == 1 for v in rounds.values()) else "") + "); "
+        + (f"; {', '.join(spread)}: each of three times as many shapes timed once, the grid spread over the "
+           "rounds" if spread else "") + "); "
         "collectives: 15 samples of batched calls after a barrier, slowest rank, 2 passes. "
         + ("Memory-bound kernels (element-wise, layer norm, softmax family, data movement) are timed cold, "
            "data cold and code warm: per sample the last-level cache is evicted, one untimed call on a spare "

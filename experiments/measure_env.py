@@ -209,7 +209,10 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
 
     Re-times ``cases`` of the pack's own fp32 ``addmm`` / ``mm`` microbenchmark shapes (the larger
     half by FLOPs, where a training step spends its time), with the calibration's timer and
-    statistic, and compares with the times recorded in the pack (``data/gemm.csv``). A shared VM's
+    statistic, warm or cold as the pack timed them (its data column ``cold``: ``--gemm-timing
+    cold``), and compares with the times recorded in the pack (``data/gemm.csv``). Until
+    2026-11-24 03:00 the probe timed warm whatever the pack did; against a cold-timed pack (session
+    14's) it read x0.72-0.80 where the machine had not changed. A shared VM's
     speed drifts by tens of percent within an hour; this separates that drift from model error.
 
     Returns ``{"ratio_geomean": now / then, "ratio_min", "ratio_max", "cases"}`` (ratio > 1: the
@@ -235,7 +238,8 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     ratios = []
     for r in d.itertuples():
         build = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))
-        ratios.append(time_case(timer, build, cold=False).seconds / float(r.seconds))
+        cold = bool(getattr(r, "cold", 0) == 1)
+        ratios.append(time_case(timer, build, cold=cold).seconds / float(r.seconds))
     return _ratios(ratios)
 
 

@@ -68,8 +68,8 @@ BUDGETS: dict[str, dict[str, float]] = {
               "softmax": 45.0, "data_movement": 30.0, "collectives": 30.0, "default": 30.0},
     "full": {"default": 1800.0},
 }
-#: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family may
-#: take fewer, `Benchmark.rounds`)
+#: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family with
+#: `Benchmark.spread_rounds` times each shape in one round only)
 PASSES = {"tiny": 1, "quick": 3, "full": 3}
 #: MLP training: grid, epochs, seconds per kernel, by level
 MLP_SETTINGS = {
@@ -209,22 +209,20 @@ def calibrate(
     # each grid is run `passes` times, every family once per round, so two timings of one shape
     # lie minutes apart (the shared machine's slow spells last seconds to minutes); a shape
     # keeps its fastest round
-    rounds = {b.name: min(passes, b.rounds or passes) for b in benches}
     for p in range(passes):
         for bench in benches:
             if bench.name == "collectives" and p:
                 continue  # its ranks make their own passes
-            if p >= rounds[bench.name]:
-                continue
             ctx = BenchContext(
                 device=dev, level=level, rng=np.random.default_rng(seeds[bench.name]), timer=timer,
-                budget_s=budgets.get(bench.name, budgets["default"]) / rounds[bench.name], log=log,
+                budget_s=budgets.get(bench.name, budgets["default"]) / passes, log=log,
                 llc_bytes=llc_bytes,
                 max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
                 passes=passes if bench.name == "collectives" else 1,
                 shuffle_seed=seeds[bench.name] + 1 + p,
                 cold_memory_bound=cold_memory,
                 cold_gemm=gemm_timing == "cold",
+                part=(p, passes) if bench.spread_rounds else None,
             )
             t0 = time.perf_counter()
             frame = bench.run(ctx)
@@ -271,8 +269,9 @@ def calibrate(
         "seed": seed,
         "holdout_fraction": HOLDOUT_FRACTION,
         "timing_estimator": ESTIMATOR,
-        #: rounds over each family's grid (collectives: passes inside their processes)
-        "rounds": rounds,
+        #: rounds over every grid; families that time each shape once, spread over the rounds
+        "rounds": passes,
+        "spread_rounds": [b.name for b in benches if b.spread_rounds],
         #: how the memory-bound families were timed: "cold" (cache evicted before each call) or "warm"
         "memory_bound_timing": "cold" if cold_memory else "warm",
         #: how the GEMMs were timed: "warm" (repeated on one instance) or "cold" (as memory-bound ones)

@@ -133,3 +133,33 @@ def test_cpu_samples_count_the_page_faults_of_each_call() -> None:
     assert abs(timer.measure(fresh).faults - pages) < 0.05 * pages
     assert abs(timer.measure(fresh, cold=True).faults - pages) < 0.05 * pages
     assert timer.measure(nothing).faults < 5
+
+
+def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
+    # a family with Benchmark.spread_rounds: round k of n times the cases whose index is k mod n, and the
+    # rows keep the grid's case index, so the rounds' frames merge into one row per shape
+    import numpy as np
+    import pandas as pd
+
+    from predictor.calibrate import _merge_passes
+    from predictor.calibration.base import BenchContext, run_cases
+
+    calls: list[int] = []
+
+    def case(i: int):
+        def build():
+            return (lambda: calls.append(i)), None
+        return {"kernel": "k", "kind": "add", "elements": float(i + 1)}, build
+
+    cases = [case(i) for i in range(7)]
+    frames = []
+    for k in range(3):
+        ctx = BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
+                           timer=Timer("cpu", warmup=0, repeats=1, min_sample_s=0.0, max_calls=1),
+                           budget_s=1e9, passes=1, part=(k, 3), log=lambda _m: None)
+        frame = run_cases(ctx, cases, "k")
+        assert sorted(frame["case"]) == [i for i in range(7) if i % 3 == k]
+        frames.append(frame)
+    merged = _merge_passes(frames)
+    assert sorted(merged["case"]) == list(range(7)) and (merged["rounds"] == 1).all()
+    assert isinstance(merged, pd.DataFrame) and set(calls) == set(range(7))

@@ -118,6 +118,9 @@ class BenchContext:
     #: pack with cold GEMMs predicted that machine's MLP and GPT steps within 5 % where the warm one
     #: was 4-18 % low (``benchmarks/results/e2e_quietpair.md``); off by default
     cold_gemm: bool = False
+    #: ``(k, n)``: time only the cases whose index is ``k`` mod ``n`` (round ``k`` of a family with
+    #: :attr:`Benchmark.spread_rounds`); None: every case
+    part: tuple[int, int] | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -169,7 +172,7 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
     cold = bool(cold)
     best: dict[int, dict] = {}
     seen: dict[int, list[float]] = {}
-    order = list(range(len(cases)))
+    order = [i for i in range(len(cases)) if ctx.part is None or i % ctx.part[1] == ctx.part[0]]
     shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
     for p in range(max(1, ctx.passes)):
         if p and time.perf_counter() - start > ctx.budget_s:
@@ -177,7 +180,7 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
         shuffler.shuffle(order)
         for done, i in enumerate(order):
             if p == 0 and done >= 4 and time.perf_counter() - start > ctx.budget_s:
-                ctx.log(f"    {family}: budget of {ctx.budget_s:.0f} s reached after {done} of {len(cases)} shapes")
+                ctx.log(f"    {family}: budget of {ctx.budget_s:.0f} s reached after {done} of {len(order)} shapes")
                 order = [j for j in order if j in best]
                 break
             if p and i not in best:
@@ -232,10 +235,12 @@ class Benchmark(ABC):
     #: the family's kernels are memory-bound: :func:`run_cases` times them cold when
     #: ``ctx.cold_memory_bound``
     memory_bound: bool = False
-    #: rounds over the family's grid in one calibration; None: the level's (``calibrate.PASSES``).
-    #: A family whose timing noise is small next to its model's error spends its budget on more
-    #: shapes in one round instead (GEMMs, convolutions; ``benchmarks/round_noise_cpu.py``)
-    rounds: int | None = None
+    #: each round of the calibration times its own share of the grid (case ``i`` in round ``i mod
+    #: rounds``), so every shape is timed once and the family's timings still spread over the whole
+    #: calibration; more shapes for the same budget where one timing is close to a shape's typical
+    #: time (``benchmarks/round_noise_cpu.py``). No family sets it: on the 2-core VM the GEMMs timed
+    #: this way came out 8 % below their median-of-rounds times (``GemmBenchmark``)
+    spread_rounds: bool = False
 
     def cold(self, ctx: BenchContext) -> bool | None:
         """Whether :func:`run_cases` times this family cold: memory-bound families as

@@ -25,8 +25,6 @@ class Conv2dBenchmark(Benchmark):
     """2-D convolution forward."""
 
     name = "conv2d"
-    #: one round over three times the shapes, as the GEMMs (see ``GemmBenchmark.rounds``)
-    rounds = 1
 
     def dtypes(self, ctx: BenchContext) -> tuple[str, ...]:
         return ("fp32", "bf16") if ctx.is_cuda else ("fp32",)
@@ -40,7 +38,7 @@ class Conv2dBenchmark(Benchmark):
         ]
 
     def cases(self, ctx: BenchContext) -> list[Case]:
-        count = ctx.count(tiny=10, quick=840, full=3000)
+        count = ctx.count(tiny=10, quick=280, full=1000)
         cap = (5e11 if ctx.is_cuda else 1.5e9) if ctx.level != "tiny" else 3e7
         rng = ctx.rng
         cases: list[Case] = []
