@@ -204,6 +204,12 @@ def _ratios(ratios: list[float]) -> dict:
             "ratio_max": float(np.max(ratios)), "cases": len(ratios)}
 
 
+def _timed_cold(row) -> bool:
+    """Whether the pack timed this benchmark row cold (its data column ``cold`` is 1; packs and
+    families without the column were timed warm)."""
+    return bool(getattr(row, "cold", 0) == 1)
+
+
 def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     """How fast this machine runs GEMMs now compared with when the asset pack was calibrated.
 
@@ -238,8 +244,7 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     ratios = []
     for r in d.itertuples():
         build = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))
-        cold = bool(getattr(r, "cold", 0) == 1)
-        ratios.append(time_case(timer, build, cold=cold).seconds / float(r.seconds))
+        ratios.append(time_case(timer, build, cold=_timed_cold(r)).seconds / float(r.seconds))
     return _ratios(ratios)
 
 
@@ -273,6 +278,5 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
     ratios = []
     for r in d.itertuples():
         build = _copy(int(r.elements), torch.device("cpu"))
-        cold = bool(int(getattr(r, "cold", 0) or 0))
-        ratios.append(time_case(timer, build, cold).seconds / float(r.seconds))
+        ratios.append(time_case(timer, build, cold=_timed_cold(r)).seconds / float(r.seconds))
     return _ratios(ratios)
