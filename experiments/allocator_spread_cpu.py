@@ -38,17 +38,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments.common import fail  # noqa: E402
 from experiments.insitu_cpu import CONFIGS  # noqa: E402  (the same e2e rows)
 from predictor.platforms.host import ALLOCATORS, with_allocator  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 #: seconds of one 4 KiB fault on this VM (benchmarks/results/page_faults_cpu.md, wall time)
 FAULT_S_NOTE = "1.5 us"
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def child(model: str, batch: int, warmup: int, steps: int) -> dict:
@@ -81,7 +77,7 @@ def run_process(model: str, batch: int, allocator: str, warmup: int, steps: int)
                           str(warmup), str(steps)], capture_output=True, text=True, env=env, timeout=600)
     if res.returncode != 0:
         tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        _fail(f"{model} batch {batch} ({allocator}): the measuring process failed: {tail}")
+        fail(f"{model} batch {batch} ({allocator}): the measuring process failed: {tail}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -140,9 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "allocator_spread_cpu")
     args = ap.parse_args(argv)
     if args.processes < 2 or args.steps < 5 or args.warmup < 0:
-        _fail("--processes must be >= 2, --steps >= 5, --warmup >= 0")
+        fail("--processes must be >= 2, --steps >= 5, --warmup >= 0")
     if not sys.platform.startswith("linux"):
-        _fail(f"needs Linux with glibc (this is {sys.platform})")
+        fail(f"needs Linux with glibc (this is {sys.platform})")
     import torch
 
     t0 = time.perf_counter()

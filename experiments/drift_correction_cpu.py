@@ -31,15 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments.common import fail  # noqa: E402
 from experiments.e2e_cpu import RESULTS, WINDOWS_FILE  # noqa: E402
 from experiments.e2e_windows import load_windows, predict_rows, resolve_spec  # noqa: E402
 from predictor.graph import Category  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 class DriftScaled:
@@ -94,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     windows = [w for w in load_windows(args.archive)
                if str(w.get("pack_created") or "").startswith(args.pack_created) and drift_ratios(w)]
     if not windows:
-        _fail(f"{args.archive}: no window with drift probes measured against a pack created {args.pack_created}")
+        fail(f"{args.archive}: no window with drift probes measured against a pack created {args.pack_created}")
 
     with tempfile.TemporaryDirectory() as tmp:
         base, _source = resolve_spec(args.pack, Path(tmp))

@@ -40,29 +40,25 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experiments.common import fail  # noqa: E402
 from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 from predictor.platforms.host import ALLOCATORS  # noqa: E402
 
 
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def load_windows(path: Path) -> list[dict]:
     """The archived windows; one line and exit 2 on a missing or malformed archive."""
     if not path.exists():
-        _fail(f"{path}: no archived measurements (run experiments/e2e_cpu.py first)")
+        fail(f"{path}: no archived measurements (run experiments/e2e_cpu.py first)")
     try:
         windows = json.loads(path.read_text())
         for w in windows:
             for r in w["rows"]:
                 float(r["measured_s"]), str(r["model"]), int(r["batch"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        _fail(f"{path}: not an archive of e2e measurements ({type(exc).__name__}: {exc})")
+        fail(f"{path}: not an archive of e2e measurements ({type(exc).__name__}: {exc})")
     if not windows:
-        _fail(f"{path}: empty archive")
+        fail(f"{path}: empty archive")
     return windows
 
 
@@ -86,7 +82,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         try:
             return str(pack_at_revision(REPO, rev, "assets/cpu-local", workdir / f"git-{rev}"))
         except AssetPackError as exc:
-            _fail(f"--compare {spec}: {exc}")
+            fail(f"--compare {spec}: {exc}")
     if spec.startswith("refit:"):
         from predictor.calibrate import CalibrationError, refit
 
@@ -95,7 +91,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
             refit(Path(spec[6:]), out, log=lambda _m: None, register=False,
                   platform_facts=fault_facts(fault_s) if fault_s is not None else None)
         except CalibrationError as exc:
-            _fail(f"--compare {spec}: {exc}")
+            fail(f"--compare {spec}: {exc}")
         return str(out)
     if spec.startswith("lq:"):
         import shutil
@@ -108,13 +104,13 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         name = spec[3:]
         src = Path(name) if (Path(name) / "manifest.json").is_file() else find_asset_pack(name)
         if src is None:
-            _fail(f"--compare {spec}: no asset pack {name!r}")
+            fail(f"--compare {spec}: no asset pack {name!r}")
         tmp = workdir / "lq-src"
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         for csv in (tmp / "data").glob("*.csv"):
             d = pd.read_csv(csv)
             if "lq_s" not in d.columns:
-                _fail(f"--compare {spec}: {csv.name} has no lq_s column (a pack calibrated before 2026-11-23)")
+                fail(f"--compare {spec}: {csv.name} has no lq_s column (a pack calibrated before 2026-11-23)")
             d["seconds"] = d["lq_s"]
             d.to_csv(csv, index=False)
         out = workdir / "lq"
@@ -133,7 +129,7 @@ def measured_fault_s(path: Path = PAGE_FAULTS_FILE) -> float:
         rows = json.loads(path.read_text())["fault_cost"]
         return float(np.median([float(r["wall_per_fault_s"]) for r in rows]))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        _fail(f"{path}: no measured page-fault cost (run experiments/page_faults_cpu.py): {exc}")
+        fail(f"{path}: no measured page-fault cost (run experiments/page_faults_cpu.py): {exc}")
 
 
 def fault_facts(fault_s: float) -> dict[str, float]:
@@ -157,7 +153,7 @@ def resolve_spec(spec: str, workdir: Path):
     try:
         plat = resolve_platform(path)
     except (AssetPackError, KeyError, ValueError) as exc:
-        _fail(f"--platform {path}: {exc}")
+        fail(f"--platform {path}: {exc}")
     source = plat.source
     if fault_s is not None and plat.platform.page_fault_s <= 0:
         plat = dataclasses.replace(plat, platform=plat.platform.model_copy(update=fault_facts(fault_s)))
@@ -260,10 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         args.out = RESULTS / ("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
     if args.out.with_suffix(".json").resolve() == args.archive.resolve():
-        _fail(f"--out {args.out}: would overwrite the archive {args.archive}")
+        fail(f"--out {args.out}: would overwrite the archive {args.archive}")
     windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator]
     if not windows:
-        _fail(f"{args.archive}: no window measured with --allocator {args.allocator}")
+        fail(f"{args.archive}: no window measured with --allocator {args.allocator}")
     platforms = [args.platform, *args.compare]
     results = {}
     import tempfile

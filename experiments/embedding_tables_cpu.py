@@ -35,15 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments.common import fail  # noqa: E402
 from experiments.dlrm_gloo import cold_embedding_seconds, predicted_embedding_seconds  # noqa: E402
 from experiments.e2e_cpu import DLRM_BATCHES, RESULTS, dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
 from experiments.e2e_windows import resolve_spec  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def measure_tables(batch: int, threads: int) -> dict:
@@ -111,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "embedding_tables_cpu")
     args = ap.parse_args(argv)
     if any(b < 1 for b in args.batches) or args.threads < 1:
-        _fail("--batches and --threads must be >= 1")
+        fail("--batches and --threads must be >= 1")
     packs = [args.platform, *args.compare]
     with tempfile.TemporaryDirectory() as tmp:
         timings = {p: resolve_spec(p, Path(tmp) / str(i)) for i, p in enumerate(packs)}

@@ -31,13 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments.common import fail  # noqa: E402
+
 #: a step's system time below this (seconds) is too small to apportion
 MIN_SYSTEM_S = 1e-4
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def main() -> None:
@@ -48,13 +45,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "page_faults_cpu"))
     args = ap.parse_args()
     if args.repeats < 3:
-        _fail("--repeats must be >= 3")
+        fail("--repeats must be >= 3")
     e2e_path = Path(args.e2e)
     try:
         rows = json.loads(e2e_path.read_text(encoding="utf-8"))["rows"]
         steps = [(r["model"], r["batch"], r["ranks"], r["system"]) for r in rows if r.get("system")]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        _fail(f"--e2e {e2e_path}: not a readable e2e_cpu.py result ({exc})")
+        fail(f"--e2e {e2e_path}: not a readable e2e_cpu.py result ({exc})")
 
     import torch
 

@@ -33,17 +33,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experiments.common import fail  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 
 RESULTS = REPO / "experiments" / "results"
 RUN_FILE = "experiments/results/sharding_selection.json"
 HEURISTICS = ("naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy")
 CRITERION = 0.10
-
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _git(*args: str) -> str:
@@ -56,14 +52,14 @@ def load_runs(revs: list[str] | None) -> list[tuple[str, dict]]:
         try:
             revs = _git("log", "--format=%h", "--", RUN_FILE).split()
         except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-            _fail(f"cannot read the history of {RUN_FILE} ({exc})")
+            fail(f"cannot read the history of {RUN_FILE} ({exc})")
     runs: list[tuple[str, dict]] = []
     texts = []
     for rev in revs:
         try:
             texts.append((rev, _git("show", f"{rev}:{RUN_FILE}")))
         except subprocess.CalledProcessError:
-            _fail(f"--revs {rev}: no {RUN_FILE} at that revision")
+            fail(f"--revs {rev}: no {RUN_FILE} at that revision")
     work = REPO / RUN_FILE
     if work.exists() and all(work.read_text() != t for _, t in texts):
         texts.insert(0, ("working tree", work.read_text()))  # an uncommitted run, the newest
@@ -77,10 +73,10 @@ def load_runs(revs: list[str] | None) -> list[tuple[str, dict]]:
             for r in run["rows"]:
                 str(r["task"]), dict(r["placements"]), dict(r["measured_s"]), dict(r["predicted_s"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            _fail(f"{label}: not a sharding_selection result ({type(exc).__name__}: {exc})")
+            fail(f"{label}: not a sharding_selection result ({type(exc).__name__}: {exc})")
         runs.append((label, run))
     if not runs:
-        _fail(f"no {RUN_FILE} found")
+        fail(f"no {RUN_FILE} found")
     return runs
 
 
