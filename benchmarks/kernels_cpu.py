@@ -81,6 +81,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--world-size", type=int, default=2, help="gloo ranks for collectives (default 2)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="K times the quick grids' shapes and time (tuner calibrate --scale; default 1)")
+    ap.add_argument("--gemm-timing", default="cold", choices=("cold", "warm"),
+                    help="how GEMMs are timed (default cold, as the committed pack)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "kernels_cpu"))
     ap.add_argument("--from-pack", action="store_true",
                     help="re-render the results from the pack at --out (its manifest) without measuring")
@@ -98,16 +102,25 @@ def main() -> None:
         wall = float(pack.manifest.get("calibration_s", float("nan")))
         args.threads = int(pack.manifest.get("threads", args.threads))
         args.world_size = int(pack.manifest.get("world_size", args.world_size))
+        args.scale = float(pack.manifest.get("scale", 1.0))
+        args.gemm_timing = str(pack.manifest.get("gemm_timing", "warm"))
         today = str(pack.manifest.get("created", ""))[:10]
     else:
         pack = calibrate("cpu", args.out, quick=True, world_size=args.world_size, threads=args.threads,
-                         seed=args.seed)
+                         seed=args.seed, scale=args.scale, gemm_timing=args.gemm_timing)
         wall = time.perf_counter() - started
         today = _dt.date.today().isoformat()
     table = pack.error_table
     spread = list(pack.manifest.get("spread_rounds") or [])
     met = [r for r in table if r["gmae_pct"] < TARGET_GMAE]
     o = pack.platform.overheads
+    shown = Path(args.out).resolve()
+    shown_out = str(shown.relative_to(ROOT)) if shown.is_relative_to(ROOT) else str(shown)
+    flags = f"--threads {args.threads} --world-size {args.world_size}" \
+        + (f" --scale {args.scale:g}" if args.scale != 1 else "") + f" --gemm-timing {args.gemm_timing}"
+    scaled = (f" With `--scale {args.scale:g}` every grid has {args.scale:g}x the quick level's shapes and every "
+              f"family {args.scale:g}x its time budget (collectives: {args.scale:g}x the passes)."
+              if args.scale != 1 else "")
     lines = [
         "# Calibrated CPU kernel models: held-out error per kernel",
         "",
@@ -116,9 +129,8 @@ def main() -> None:
         f"{args.world_size} local processes. Other engineers' jobs ran on the same two cores during the "
         "run (the measurement lock serialises only measurements), so timings carry real interference.",
         "",
-        f"Command: `flock /tmp/tuner-measure.lock python benchmarks/kernels_cpu.py --threads {args.threads} "
-        f"--world-size {args.world_size}` (= `tuner calibrate --device cpu --quick --out assets/cpu-local "
-        f"--threads {args.threads} --world-size {args.world_size}`); wall time {wall:.0f} s.",
+        f"Command: `flock /tmp/tuner-measure.lock python benchmarks/kernels_cpu.py {flags} --out {shown_out}` "
+        f"(= `tuner calibrate --device cpu --quick --out {shown_out} {flags}`); wall time {wall:.0f} s.{scaled}",
         "",
         "Ground truth: each kernel's microbenchmark samples, split at random 80/20; the models are fitted "
         "on the 80 % and every number below is the error on the held-out 20 % (times no model saw). "
@@ -129,7 +141,8 @@ def main() -> None:
         "lie minutes apart; a family whose round budget ran out has fewer rounds for some shapes"
         + (f"; {', '.join(spread)}: each of three times as many shapes timed once, the grid spread over the "
            "rounds" if spread else "") + "); "
-        "collectives: 15 samples of batched calls after a barrier, slowest rank, 2 passes. "
+        "collectives: 15 samples of batched calls after a barrier, slowest rank, median of "
+        f"{max(3, round(3 * args.scale))} passes. "
         + ("Memory-bound kernels (element-wise, layer norm, softmax family, data movement) are timed cold, "
            "data cold and code warm: per sample the last-level cache is evicted, one untimed call on a spare "
            "copy re-warms the code path, then up to 16 fresh copies run back to back; 5 samples (a training step "
@@ -168,7 +181,8 @@ def main() -> None:
     res.parent.mkdir(parents=True, exist_ok=True)
     res.with_suffix(".json").write_text(json.dumps({
         "date": today, "machine": "2-core VM (shared)", "cpu_model": _cpu_model(), "threads": args.threads,
-        "world_size": args.world_size, "torch": torch.__version__, "wall_s": round(wall, 1),
+        "world_size": args.world_size, "scale": args.scale, "gemm_timing": args.gemm_timing,
+        "torch": torch.__version__, "wall_s": round(wall, 1),
         "target_gmae_pct": TARGET_GMAE, "kernels_meeting_target": len(met), "kernels": table,
         "overheads_s": o.model_dump(), "asset_pack": str(Path(args.out)),
     }, indent=1), encoding="utf-8")

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import time
 import zlib
 from collections.abc import Callable
@@ -80,6 +81,8 @@ MLP_SETTINGS = {
 #: networks per MLP, by level (:func:`~predictor.kernels.learned.fit_mlp` ``members``: the winning
 #: configuration trained from that many initial seeds, their geometric mean predicted)
 MLP_MEMBERS = {"tiny": 1, "quick": 5, "full": 5}
+#: bounds of ``--scale`` (multiple of a level's shapes and time)
+MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
 
 class CalibrationError(ValueError):
@@ -126,6 +129,7 @@ def calibrate(
     log: Callable[[str], None] = print,
     register: bool = True,
     fit: bool = True,
+    scale: float = 1.0,
 ) -> AssetPack:
     """Benchmark ``device``, fit every kernel model, write the asset pack ``out``; return it loaded.
 
@@ -151,9 +155,13 @@ def calibrate(
             models) and returns the pack unfitted; :func:`refit` fits it later, anywhere (the device
             time goes to measuring, the CPU time of fitting to a machine that costs nothing). Such a
             pack cannot be used for predictions until it is refitted.
+        scale: ``K`` times the level's shapes per grid (:meth:`~.calibration.base.BenchContext.count`),
+            time budget per family, collective passes and MLP fitting budget: a longer calibration
+            whose learned models see more data (``--quick --scale 4``: about 40 minutes on the
+            2-core VM; held-out GEMM error falls with more shapes, ``benchmarks/results/kernels_cpu.md``).
 
     Raises:
-        CalibrationError: bad device, world size, ``memory_bound`` or ``gemm_timing``.
+        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing`` or ``scale``.
     """
     dev = parse_device(device)
     level: Level = "tiny" if tiny else ("quick" if quick else "full")
@@ -182,8 +190,11 @@ def calibrate(
         raise CalibrationError(f"--memory-bound {memory_bound}: expected cold or warm")
     if gemm_timing not in ("cold", "warm"):
         raise CalibrationError(f"--gemm-timing {gemm_timing}: expected cold or warm")
+    if not (math.isfinite(scale) and MIN_SCALE <= scale <= MAX_SCALE):
+        raise CalibrationError(f"--scale {scale}: must be between {MIN_SCALE:g} and {MAX_SCALE:g}")
     started = time.perf_counter()
-    log(f"calibrating {dev} ({level} grids, {n_threads} torch thread(s), world size {world_size}) -> {out}")
+    log(f"calibrating {dev} ({level} grids" + (f" x{scale:g}" if scale != 1 else "")
+        + f", {n_threads} torch thread(s), world size {world_size}) -> {out}")
 
     base = _base_platform(dev, level)
     llc_bytes = base.last_level_cache_bytes or 32 * 2**20
@@ -215,10 +226,11 @@ def calibrate(
                 continue  # its ranks make their own passes
             ctx = BenchContext(
                 device=dev, level=level, rng=np.random.default_rng(seeds[bench.name]), timer=timer,
-                budget_s=budgets.get(bench.name, budgets["default"]) / passes, log=log,
+                budget_s=scale * budgets.get(bench.name, budgets["default"]) / passes, log=log,
                 llc_bytes=llc_bytes,
                 max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
-                passes=passes if bench.name == "collectives" else 1,
+                passes=max(passes, round(passes * scale)) if bench.name == "collectives" else 1,
+                scale=scale if level != "tiny" else 1.0,
                 shuffle_seed=seeds[bench.name] + 1 + p,
                 cold_memory_bound=cold_memory,
                 cold_gemm=gemm_timing == "cold",
@@ -271,6 +283,8 @@ def calibrate(
         "timing_estimator": ESTIMATOR,
         #: rounds over every grid; families that time each shape once, spread over the rounds
         "rounds": passes,
+        #: multiple of the level's shapes, budgets and collective passes (``--scale``)
+        "scale": scale,
         "spread_rounds": [b.name for b in benches if b.spread_rounds],
         #: how the memory-bound families were timed: "cold" (cache evicted before each call) or "warm"
         "memory_bound_timing": "cold" if cold_memory else "warm",
@@ -314,7 +328,7 @@ def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform,
                    log: Callable[[str], None], register: bool) -> AssetPack:
     """Fit every kernel model to ``data``, build the calibrated platform, write (and register) the pack."""
     t0 = time.perf_counter()
-    models, table = _fit_all(data, specs, level, seed, base, log)
+    models, table = _fit_all(data, specs, level, seed, base, log, scale=float(manifest_extra.get("scale", 1.0)))
     log(f"  fitted {len(models)} kernel models in {time.perf_counter() - t0:.1f} s")
     platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size, contention)
     extra = {**manifest_extra, "calibration_s": round(time.perf_counter() - started, 1)}
@@ -625,8 +639,10 @@ def _fit_workers(level: Level, jobs: int) -> int:
 
 
 def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], level: Level, seed: int,
-             platform: Platform, log: Callable[[str], None]) -> tuple[dict[str, KernelModel], list[dict]]:
+             platform: Platform, log: Callable[[str], None],
+             scale: float = 1.0) -> tuple[dict[str, KernelModel], list[dict]]:
     grid, epochs, budget = MLP_SETTINGS[level]
+    budget *= max(1.0, scale)  # grid-search seconds per kernel: more samples train slower
     splits: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
     nets: dict[str, dict[str, object]] = {}
     mlp_specs: dict[str, ModelSpec] = {}

@@ -56,6 +56,33 @@ def test_calibrate_gemms_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pack = load_asset_pack(out)
     assert pack.manifest["gemm_timing"] == "cold"
     assert set(pd.read_csv(out / "data" / "gemm.csv")["cold"]) == {1}
+    assert pack.manifest["scale"] == 1.0
+
+
+def test_scale_multiplies_grids_and_is_recorded(tmp_path: Path):
+    # --scale K: K times the level's shapes per grid (the tiny level, for tests, keeps its counts)
+    import numpy as np
+
+    from predictor.calibration.base import BenchContext
+    from predictor.calibration.timing import Timer
+
+    def ctx(level: str, scale: float) -> BenchContext:
+        return BenchContext(device=torch.device("cpu"), level=level, rng=np.random.default_rng(0),  # type: ignore[arg-type]
+                            timer=Timer("cpu"), scale=scale)
+
+    assert ctx("quick", 4.0).count(tiny=3, quick=350, full=1500) == 1400
+    assert ctx("quick", 0.25).count(tiny=3, quick=2, full=9) == 1  # at least one
+    assert ctx("full", 1.0).count(tiny=3, quick=350, full=1500) == 1500
+    from predictor.calibrate import calibrate
+
+    pack = calibrate("cpu", tmp_path / "s", tiny=True, threads=1, families=["elementwise"], scale=2.0,
+                     log=lambda _: None, register=False)
+    assert pack.manifest["scale"] == 2.0
+
+
+def test_scale_goes_with_a_fresh_calibration(tmp_path: Path):
+    res = runner.invoke(app, ["calibrate", "--refit", str(tmp_path / "p"), "--scale", "2"])
+    assert res.exit_code == 2 and "--scale goes with a fresh calibration" in res.output
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -76,6 +103,9 @@ def test_calibrate_cuda_without_cuda_fails_cleanly(tmp_path: Path, device: str):
         (["--families", "gemm,nosuch"], "unknown benchmark family 'nosuch'"),
         (["--memory-bound", "lukewarm"], "--memory-bound lukewarm: expected cold or warm"),
         (["--gemm-timing", "hot"], "--gemm-timing hot: expected cold or warm"),
+        (["--scale", "0"], "--scale 0.0: must be between 0.25 and 64"),
+        (["--scale", "100"], "--scale 100.0: must be between 0.25 and 64"),
+        (["--scale", "nan"], "--scale nan: must be between 0.25 and 64"),
     ],
 )
 def test_calibrate_bad_input_is_one_line(tmp_path: Path, args: list[str], expect: str):

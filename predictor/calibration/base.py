@@ -121,6 +121,8 @@ class BenchContext:
     #: ``(k, n)``: time only the cases whose index is ``k`` mod ``n`` (round ``k`` of a family with
     #: :attr:`Benchmark.spread_rounds`); None: every case
     part: tuple[int, int] | None = None
+    #: multiple of the level's sample counts (:meth:`count`; ``tuner calibrate --scale``)
+    scale: float = 1.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -135,8 +137,8 @@ class BenchContext:
         return "full" if self.is_cuda and self.level == "quick" else self.level
 
     def count(self, tiny: int, quick: int, full: int) -> int:
-        """A sample count by level."""
-        return {"tiny": tiny, "quick": quick, "full": full}[self.level]
+        """A sample count by level, times :attr:`scale` (at least 1)."""
+        return max(1, round({"tiny": tiny, "quick": quick, "full": full}[self.level] * self.scale))
 
     def timed_loop(self, items: list) -> Iterator:
         """Yield ``items`` until the family's budget is spent (always at least a few)."""

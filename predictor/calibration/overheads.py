@@ -24,7 +24,11 @@ What a "kernel launch" is depends on the device:
 
 The profiler's own cost per event (``profiler_overhead_s``: per-iteration wall time with
 minus without the profiler, divided by the events per iteration) inflates every gap; it is
-subtracted once from each gap-type mean (T1, T2, T3, T5), clipped at zero.
+subtracted once from each gap-type mean (T1, T2, T3, T5), clipped at zero. The unprofiled
+iterations are timed both before and after the profiled ones (their median is the baseline), so a
+machine that slows down or speeds up during the measurement does not read as profiler cost: with
+all of them before, a second CPU job starting mid-measurement made the tiny calibration's overhead
+exceed T1 and clip it to zero.
 
 On CUDA that correction is partial: a gap holds many events (an op's dispatch runs several nested
 ATen calls, each with the profiler's callbacks). On an H100 host the T's so derived charge a
@@ -175,12 +179,16 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
     for _ in range(warmup):
         _train_step(model, opt, data)
     sync()
-    plain = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        _train_step(model, opt, data)
-        sync()
-        plain.append(time.perf_counter() - t0)
+    plain: list[float] = []
+
+    def time_plain() -> None:
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            _train_step(model, opt, data)
+            sync()
+            plain.append(time.perf_counter() - t0)
+
+    time_plain()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     profiled = []
     sched = schedule(wait=0, warmup=profiler_warmup, active=iterations, repeat=1) if profiler_warmup else None
@@ -193,6 +201,7 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
                 profiled.append(time.perf_counter() - t0)
             if sched is not None:
                 prof.step()
+    time_plain()  # the baseline brackets the profiled iterations
     events = [e for e in prof.events() if getattr(e, "device_type", None) is None or str(e.device_type).endswith("CPU")]
     busiest = Counter(e.thread for e in events).most_common(1)[0][0]
     events = [e for e in events if e.thread == busiest]

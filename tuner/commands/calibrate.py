@@ -32,6 +32,9 @@ def calibrate(
                                      "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
     gemm_timing: str = typer.Option("warm", "--gemm-timing", help="how GEMMs are timed: warm (repeated on "
                                     "cached operands) or cold (cache evicted first, as memory-bound kernels)"),
+    scale: float = typer.Option(1.0, "--scale", help="K times the level's shapes, time budgets and collective "
+                                "passes: a longer calibration whose learned models see more data (--quick --scale 4: "
+                                "about 40 minutes on a 2-core CPU)"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
@@ -58,6 +61,8 @@ def calibrate(
         fail("--gemm-timing goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if no_fit and refit is not None:
         fail("--no-fit goes with a fresh calibration (--refit fits a pack's stored benchmarks)")
+    if scale != 1.0 and refit is not None:
+        fail("--scale goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if overheads is not None and refit is None:
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     try:
@@ -69,7 +74,7 @@ def calibrate(
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
-                                   gemm_timing=gemm_timing, fit=not no_fit,
+                                   gemm_timing=gemm_timing, fit=not no_fit, scale=scale,
                                    log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
