@@ -138,7 +138,12 @@ def main() -> None:
         "the absolute % errors (Lin et al. 2022 Table I), max = largest. A sample's time is the "
         f"{pack.manifest.get('timing_estimator', 'lower quartile of the timed samples')} (7 timed repeats, "
         "calls batched to >= 0.2 ms; 3 rounds over all grids in shuffled order, so the timings of one shape "
-        "lie minutes apart; a family whose round budget ran out has fewer rounds for some shapes"
+        "lie minutes apart; "
+        + ("rounds 2 and 3 re-time the shapes round 1 reached, so every sample is the median of three timings "
+           "(embedding tables and collectives keep their own sequences)"
+           if pack.manifest.get("later_rounds") == "reached" else
+           "each round drew its shapes afresh until its budget ran out, so a sample is the median of one, two "
+           "or three timings")
         + (f"; {', '.join(spread)}: each of three times as many shapes timed once, the grid spread over the "
            "rounds" if spread else "") + "); "
         "collectives: 15 samples of batched calls after a barrier, slowest rank, median of "

@@ -81,6 +81,12 @@ MLP_SETTINGS = {
 #: networks per MLP, by level (:func:`~predictor.kernels.learned.fit_mlp` ``members``: the winning
 #: configuration trained from that many initial seeds, their geometric mean predicted)
 MLP_MEMBERS = {"tiny": 1, "quick": 5, "full": 5}
+#: rounds after the first time only the cases the first round reached (every sample the median of
+#: all rounds), with this multiple of their share of the family budget so they finish the set
+LATER_ROUND_SLACK = 1.25
+#: families whose rounds keep their own order (embedding tables in a fixed sequence; collectives
+#: make their passes inside their ranks)
+UNRESTRICTED_ROUNDS = ("embedding_bag", "collectives")
 #: bounds of ``--scale`` (multiple of a level's shapes and time)
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
@@ -217,16 +223,19 @@ def calibrate(
     passes = PASSES[level]
     runs: dict[str, list[pd.DataFrame]] = {}
     spent: dict[str, float] = {}
+    #: grid indices each family's first round reached; later rounds time these only
+    reached: dict[str, frozenset[int]] = {}
     # each grid is run `passes` times, every family once per round, so two timings of one shape
     # lie minutes apart (the shared machine's slow spells last seconds to minutes); a shape
-    # keeps its fastest round
+    # keeps the median of its rounds, and rounds after the first re-time the shapes the first reached
     for p in range(passes):
         for bench in benches:
             if bench.name == "collectives" and p:
                 continue  # its ranks make their own passes
             ctx = BenchContext(
                 device=dev, level=level, rng=np.random.default_rng(seeds[bench.name]), timer=timer,
-                budget_s=scale * budgets.get(bench.name, budgets["default"]) / passes, log=log,
+                budget_s=scale * budgets.get(bench.name, budgets["default"]) / passes
+                * (LATER_ROUND_SLACK if p and bench.name in reached else 1.0), log=log,
                 llc_bytes=llc_bytes,
                 max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
                 passes=max(passes, round(passes * scale)) if bench.name == "collectives" else 1,
@@ -235,12 +244,15 @@ def calibrate(
                 cold_memory_bound=cold_memory,
                 cold_gemm=gemm_timing == "cold",
                 part=(p, passes) if bench.spread_rounds else None,
+                only=reached.get(bench.name) if p else None,
             )
             t0 = time.perf_counter()
             frame = bench.run(ctx)
             spent[bench.name] = spent.get(bench.name, 0.0) + time.perf_counter() - t0
             if frame is not None and not frame.empty:
                 runs.setdefault(bench.name, []).append(frame)
+                if p == 0 and not bench.spread_rounds and bench.name not in UNRESTRICTED_ROUNDS and "case" in frame:
+                    reached[bench.name] = frozenset(int(c) for c in frame["case"])
                 if p == 0:
                     specs += [(bench.name, s) for s in bench.specs(ctx)]
         log(f"  round {p + 1} of {passes} done ({time.perf_counter() - started:.0f} s)")
@@ -286,6 +298,9 @@ def calibrate(
         #: multiple of the level's shapes, budgets and collective passes (``--scale``)
         "scale": scale,
         "spread_rounds": [b.name for b in benches if b.spread_rounds],
+        #: what rounds after the first time: "reached" = the shapes the first round reached (every sample
+        #: the median of all rounds; packs before session 16 drew each round afresh: "fresh")
+        "later_rounds": "reached",
         #: how the memory-bound families were timed: "cold" (cache evicted before each call) or "warm"
         "memory_bound_timing": "cold" if cold_memory else "warm",
         #: how the GEMMs were timed: "warm" (repeated on one instance) or "cold" (as memory-bound ones)

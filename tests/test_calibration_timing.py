@@ -163,3 +163,39 @@ def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
     merged = _merge_passes(frames)
     assert sorted(merged["case"]) == list(range(7)) and (merged["rounds"] == 1).all()
     assert isinstance(merged, pd.DataFrame) and set(calls) == set(range(7))
+
+
+def test_only_restricts_a_round_to_the_cases_given() -> None:
+    # rounds after the first time only the cases the first round reached (BenchContext.only)
+    import numpy as np
+
+    from predictor.calibration.base import BenchContext, run_cases
+
+    calls: list[int] = []
+
+    def case(i: int):
+        def build():
+            return (lambda: calls.append(i)), None
+        return {"kernel": "k", "kind": "add", "elements": float(i + 1)}, build
+
+    ctx = BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
+                       timer=Timer("cpu", warmup=0, repeats=1, min_sample_s=0.0, max_calls=1),
+                       budget_s=1e9, passes=1, only=frozenset({1, 3, 5}), log=lambda _m: None)
+    frame = run_cases(ctx, [case(i) for i in range(7)], "k")
+    assert sorted(frame["case"]) == [1, 3, 5] and set(calls) == {1, 3, 5}
+
+
+def test_every_round_of_a_calibration_retimes_the_shapes_the_first_reached(tmp_path, monkeypatch) -> None:
+    # a family's first round may stop at its budget; the later rounds re-time exactly the shapes it
+    # reached, so every sample is the median of all rounds (not a mix of one-, two- and three-round samples)
+    import pandas as pd
+
+    import predictor.calibrate as cal
+
+    monkeypatch.setitem(cal.PASSES, "tiny", 3)
+    monkeypatch.setitem(cal.BUDGETS, "tiny", {"default": 1e-3})  # each round stops after its first few shapes
+    pack = cal.calibrate("cpu", tmp_path / "r", tiny=True, threads=1, families=["elementwise"],
+                         log=lambda _: None, register=False)
+    frame = pd.read_csv(pack.path / "data" / "elementwise.csv")
+    assert 4 <= len(frame) < 60 and (frame["rounds"] == 3).all()
+    assert pack.manifest["later_rounds"] == "reached"

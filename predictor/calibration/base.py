@@ -121,6 +121,11 @@ class BenchContext:
     #: ``(k, n)``: time only the cases whose index is ``k`` mod ``n`` (round ``k`` of a family with
     #: :attr:`Benchmark.spread_rounds`); None: every case
     part: tuple[int, int] | None = None
+    #: grid indices to time (None: every case): rounds after the first of a calibration time only
+    #: the cases the first round reached, so every sample is the median of all rounds; drawn afresh,
+    #: each round reached ~2/3 of the grid and a third of the samples had a single timing, which
+    #: fitted 25-45 % worse than the three-round ones (``benchmarks/results/kernels_cpu_scale4.md``)
+    only: frozenset[int] | None = None
     #: multiple of the level's sample counts (:meth:`count`; ``tuner calibrate --scale``)
     scale: float = 1.0
     extra: dict = field(default_factory=dict)
@@ -174,7 +179,8 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
     cold = bool(cold)
     best: dict[int, dict] = {}
     seen: dict[int, list[float]] = {}
-    order = [i for i in range(len(cases)) if ctx.part is None or i % ctx.part[1] == ctx.part[0]]
+    order = [i for i in range(len(cases)) if (ctx.part is None or i % ctx.part[1] == ctx.part[0])
+             and (ctx.only is None or i in ctx.only)]
     shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
     for p in range(max(1, ctx.passes)):
         if p and time.perf_counter() - start > ctx.budget_s:
