@@ -135,29 +135,39 @@ def test_cpu_samples_count_the_page_faults_of_each_call() -> None:
     assert timer.measure(nothing).faults < 5
 
 
-def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
-    # a family with Benchmark.spread_rounds: round k of n times the cases whose index is k mod n, and the
-    # rows keep the grid's case index, so the rounds' frames merge into one row per shape
-    import numpy as np
-    import pandas as pd
-
-    from predictor.calibrate import _merge_passes
-    from predictor.calibration.base import BenchContext, run_cases
-
-    calls: list[int] = []
-
+def _recording_cases(n: int, calls: list[int]) -> list:
+    """``n`` benchmark cases of kind ``add``; running case ``i`` appends ``i`` to ``calls``."""
     def case(i: int):
         def build():
             return (lambda: calls.append(i)), None
         return {"kernel": "k", "kind": "add", "elements": float(i + 1)}, build
+    return [case(i) for i in range(n)]
 
-    cases = [case(i) for i in range(7)]
+
+def _instant_ctx(**kw):
+    """A tiny-level context whose timer calls each case once, with no budget limit."""
+    import numpy as np
+
+    from predictor.calibration.base import BenchContext
+
+    return BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
+                        timer=Timer("cpu", warmup=0, repeats=1, min_sample_s=0.0, max_calls=1),
+                        budget_s=1e9, passes=1, log=lambda _m: None, **kw)
+
+
+def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
+    # a family with Benchmark.spread_rounds: round k of n times the cases whose index is k mod n, and the
+    # rows keep the grid's case index, so the rounds' frames merge into one row per shape
+    import pandas as pd
+
+    from predictor.calibrate import _merge_passes
+    from predictor.calibration.base import run_cases
+
+    calls: list[int] = []
+    cases = _recording_cases(7, calls)
     frames = []
     for k in range(3):
-        ctx = BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
-                           timer=Timer("cpu", warmup=0, repeats=1, min_sample_s=0.0, max_calls=1),
-                           budget_s=1e9, passes=1, part=(k, 3), log=lambda _m: None)
-        frame = run_cases(ctx, cases, "k")
+        frame = run_cases(_instant_ctx(part=(k, 3)), cases, "k")
         assert sorted(frame["case"]) == [i for i in range(7) if i % 3 == k]
         frames.append(frame)
     merged = _merge_passes(frames)
@@ -167,21 +177,10 @@ def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
 
 def test_only_restricts_a_round_to_the_cases_given() -> None:
     # rounds after the first time only the cases the first round reached (BenchContext.only)
-    import numpy as np
-
-    from predictor.calibration.base import BenchContext, run_cases
+    from predictor.calibration.base import run_cases
 
     calls: list[int] = []
-
-    def case(i: int):
-        def build():
-            return (lambda: calls.append(i)), None
-        return {"kernel": "k", "kind": "add", "elements": float(i + 1)}, build
-
-    ctx = BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
-                       timer=Timer("cpu", warmup=0, repeats=1, min_sample_s=0.0, max_calls=1),
-                       budget_s=1e9, passes=1, only=frozenset({1, 3, 5}), log=lambda _m: None)
-    frame = run_cases(ctx, [case(i) for i in range(7)], "k")
+    frame = run_cases(_instant_ctx(only=frozenset({1, 3, 5})), _recording_cases(7, calls), "k")
     assert sorted(frame["case"]) == [1, 3, 5] and set(calls) == {1, 3, 5}
 
 
