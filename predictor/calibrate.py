@@ -84,9 +84,6 @@ MLP_MEMBERS = {"tiny": 1, "quick": 5, "full": 5}
 #: rounds after the first time only the cases the first round reached (every sample the median of
 #: all rounds), with this multiple of their share of the family budget so they finish the set
 LATER_ROUND_SLACK = 1.25
-#: families whose rounds keep their own order (embedding tables in a fixed sequence; collectives
-#: make their passes inside their ranks)
-UNRESTRICTED_ROUNDS = ("embedding_bag", "collectives")
 #: bounds of ``--scale`` (multiple of a level's shapes and time)
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
@@ -251,7 +248,7 @@ def calibrate(
             spent[bench.name] = spent.get(bench.name, 0.0) + time.perf_counter() - t0
             if frame is not None and not frame.empty:
                 runs.setdefault(bench.name, []).append(frame)
-                if p == 0 and not bench.spread_rounds and bench.name not in UNRESTRICTED_ROUNDS and "case" in frame:
+                if p == 0 and bench.retimes_first_round and not bench.spread_rounds and "case" in frame:
                     reached[bench.name] = frozenset(int(c) for c in frame["case"])
                 if p == 0:
                     specs += [(bench.name, s) for s in bench.specs(ctx)]

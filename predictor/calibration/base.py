@@ -249,6 +249,10 @@ class Benchmark(ABC):
     #: time (``benchmarks/round_noise_cpu.py``). No family sets it: on the 2-core VM the GEMMs timed
     #: this way came out 8 % below their median-of-rounds times (``GemmBenchmark``)
     spread_rounds: bool = False
+    #: the family's :meth:`run` honours ``ctx.only`` (:func:`run_cases` does), so ``calibrate`` has
+    #: rounds after the first re-time the cases the first round reached; a family with its own
+    #: sequence (embedding tables, collective passes inside their ranks) sets False
+    retimes_first_round: bool = True
 
     def cold(self, ctx: BenchContext) -> bool | None:
         """Whether :func:`run_cases` times this family cold: memory-bound families as

@@ -48,6 +48,8 @@ class CollectivesBenchmark(Benchmark):
     """all-reduce / all-to-all / all-gather / reduce-scatter on ``world_size`` local ranks."""
 
     name = "collectives"
+    #: its passes run inside the rank processes, in the first round only
+    retimes_first_round = False
 
     def __init__(self, world_size: int) -> None:
         self.world_size = int(world_size)
