@@ -92,7 +92,7 @@ def main() -> None:
 
     import torch
 
-    from predictor.calibrate import calibrate, error_table_markdown
+    from predictor.calibrate import calibrate, collective_passes, error_table_markdown
     from predictor.platforms.assets import load_asset_pack
     from predictor.platforms.cpu_local import _cpu_model
 
@@ -147,7 +147,7 @@ def main() -> None:
         + (f"; {', '.join(spread)}: each of three times as many shapes timed once, the grid spread over the "
            "rounds" if spread else "") + "); "
         "collectives: 15 samples of batched calls after a barrier, slowest rank, median of "
-        f"{max(3, round(3 * args.scale))} passes. "
+        f"{collective_passes('quick', args.scale)} passes. "
         + ("Memory-bound kernels (element-wise, layer norm, softmax family, data movement) are timed cold, "
            "data cold and code warm: per sample the last-level cache is evicted, one untimed call on a spare "
            "copy re-warms the code path, then up to 16 fresh copies run back to back; 5 samples (a training step "

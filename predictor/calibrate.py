@@ -88,6 +88,12 @@ LATER_ROUND_SLACK = 1.25
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
 
+def collective_passes(level: Level, scale: float = 1.0) -> int:
+    """Passes the collective ranks make over every size (their median is kept): the level's rounds,
+    times ``scale`` (``--scale``), at least the level's rounds."""
+    return max(PASSES[level], round(PASSES[level] * scale))
+
+
 class CalibrationError(ValueError):
     """Bad calibration input (no such device, impossible world size): one-line message."""
 
@@ -235,7 +241,7 @@ def calibrate(
                 * (LATER_ROUND_SLACK if p and bench.name in reached else 1.0), log=log,
                 llc_bytes=llc_bytes,
                 max_tensor_bytes=max_tensor if level != "tiny" else 16 * 2**20,
-                passes=max(passes, round(passes * scale)) if bench.name == "collectives" else 1,
+                passes=collective_passes(level, scale) if bench.name == "collectives" else 1,
                 scale=scale if level != "tiny" else 1.0,
                 shuffle_seed=seeds[bench.name] + 1 + p,
                 cold_memory_bound=cold_memory,
