@@ -79,12 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/round_recipe_emulation")
     args = ap.parse_args(argv)
-    import json
+    from predictor.platforms.assets import AssetPackError, load_asset_pack
 
-    manifest = args.pack / "manifest.json"
-    if not manifest.exists() or not (args.pack / "data").is_dir():
-        fail(f"--pack {args.pack}: not an asset pack with stored benchmarks (manifest.json, data/)")
-    if json.loads(manifest.read_text()).get("later_rounds") != "reached":
+    try:
+        manifest = load_asset_pack(args.pack, allow_unfitted=True).manifest
+    except AssetPackError as exc:
+        fail(f"--pack {args.pack}: {exc}")
+    if not (args.pack / "data").is_dir():
+        fail(f"--pack {args.pack}: the pack stores no benchmark data (data/)")
+    if manifest.get("later_rounds") != "reached":
         fail(f"--pack {args.pack}: not calibrated with every round re-timing the first round's shapes "
              "(manifest later_rounds is not 'reached')")
     if not 0.0 < args.keep <= 1.0:

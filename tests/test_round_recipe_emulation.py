@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from experiments.round_recipe_emulation import emulate_fresh_rounds, main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _table(n: int) -> pd.DataFrame:
@@ -31,10 +34,11 @@ def test_emulation_keeps_one_of_the_three_round_values_or_their_median(tmp_path)
 
 
 def test_a_pack_of_the_old_recipe_is_one_line_and_exit_2(tmp_path, capsys) -> None:
-    (tmp_path / "data").mkdir()
-    (tmp_path / "manifest.json").write_text(json.dumps({"name": "old"}))
+    # a stored pack of the old recipe (session 16's --scale 4 calibration), its tables left out
+    pack = tmp_path / "old"
+    shutil.copytree(REPO / "benchmarks/results/data/packs/cpu-scale4", pack, ignore=shutil.ignore_patterns("*.csv"))
     with pytest.raises(SystemExit) as e:
-        main(["--pack", str(tmp_path), "--out", str(tmp_path / "out")])
+        main(["--pack", str(pack), "--out", str(tmp_path / "out")])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "later_rounds" in err[0]
