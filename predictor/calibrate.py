@@ -43,6 +43,7 @@ from predictor.kernels.collective import (
     wire_factor,
 )
 from predictor.kernels.learned import (
+    DERIVED_FEATURES,
     KNOWN_TERM_KINDS,
     QUICK_GRID,
     TABLE_II_GRID,
@@ -673,6 +674,11 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         sub = frame[frame["kernel"] == spec.kernel].reset_index(drop=True)
         if len(sub) < 5:
             log(f"    {spec.kernel}: only {len(sub)} samples, not fitted")
+            continue
+        lacking = [f for f in spec.features if f not in DERIVED_FEATURES and f not in sub.columns]
+        if lacking:
+            log(f"    {spec.kernel}: not fitted, its benchmark data lack column(s) {', '.join(lacking)} "
+                "(measured before the benchmark recorded them)")
             continue
         tr, te = _split(len(sub), seed, spec.kernel)
         train, test = sub.iloc[tr], sub.iloc[te]

@@ -88,7 +88,9 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "m",  # GEMM rows of the output
     "n",  # GEMM columns of the output
     "k",  # GEMM reduction dimension
-    "batch",  # batch count of a batched GEMM, or samples of an embedding lookup
+    "batch",  # batch count of a batched GEMM, samples of an embedding lookup, or the outer slices of a
+    # concatenation (the product of the dims before the concatenated one: each input is copied as that
+    # many contiguous chunks)
     "rows",  # embedding-table rows E
     "dim",  # embedding dimension D
     "pooling",  # mean pooling factor L (lookups per sample)
@@ -97,6 +99,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "world",  # ranks taking part in a collective
     "nodes",  # nodes a collective's group spans (NaN: the group fills nodes in order)
     "dtype_bytes",  # bytes per element
+    "parts",  # input tensors of a concatenation
     # reuse-factor histogram of an embedding lookup's batch (Lin et al. 2024 §III-E): fraction of
     # lookups whose row is accessed 1, 2, 3-4, 5-8, ... times in the batch
     *(f"rf{i}" for i in range(17)),

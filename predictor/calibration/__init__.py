@@ -8,7 +8,7 @@
 | ``elementwise`` | :mod:`.elementwise` | relu, gelu, tanh, add, mul; dropout | fitted roofline; MLP |
 | ``layer_norm`` | :mod:`.layer_norm` | layer-norm forward | MLP |
 | ``softmax`` | :mod:`.softmax` | softmax forward | MLP |
-| ``data_movement`` | :mod:`.data_movement` | concat, memcpy; transpose | fitted roofline; MLP |
+| ``data_movement`` | :mod:`.data_movement` | memcpy; concat, transpose | fitted roofline; MLP |
 | ``collectives`` | :mod:`.collectives` | all-reduce, all-to-all, all-gather, reduce-scatter | piecewise sigmoid |
 
 Host overheads T1..T5 come from a profiled run (:mod:`.overheads`); the shared timer is

@@ -1,8 +1,11 @@
 """Data-movement microbenchmarks: concat, memcpy (tensor copy) and batched transpose.
 
 * ``concat``: ``torch.cat`` of 2..32 tensors ``B x d_i`` along dim 1 (DLRM's feature
-  interaction input). Bytes: read every input, write the output (``2 x`` output bytes).
-  Roofline with fitted bandwidth (Lin et al. 2022 §III-B1).
+  interaction input). Bytes: read every input, write the output (``2 x`` output bytes). MLP on
+  ``log2 elements, B, parts``: each input is copied as ``B`` chunks, so beyond the bytes the time
+  grows with ``parts`` (a fixed cost per input) and ``B x parts`` (per chunk), and a large copy
+  interleaving many inputs streams slower than one with few (on the 2-core VM a bytes-only
+  roofline was 21 % GMAE, 30 % low at 20-31 inputs and 50-75 % high at 2-7; with ``parts`` 5-6 %).
 * ``memcpy``: ``dst.copy_(src)`` into a preallocated tensor. Bytes ``2 x`` payload. Roofline.
 * ``transpose``: ``x.transpose(1, 2).contiguous()`` of a ``batch x m x n`` tensor, the one
   permutation DLRM uses (Lin et al. 2022 §III-B). MLP on ``log2 batch, m, n`` (§III-B2).
@@ -25,7 +28,8 @@ class DataMovementBenchmark(Benchmark):
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
         return [
-            ModelSpec(kernel="concat", kinds=("concat",), method="roofline"),
+            ModelSpec(kernel="concat", kinds=("concat",), method="mlp", features=("elements", "batch", "parts"),
+                      work=("elements", "parts"), fill="concat"),
             ModelSpec(kernel="memcpy", kinds=("memcpy",), method="roofline"),
             ModelSpec(kernel="transpose", kinds=("transpose",), method="mlp", features=("batch", "m", "n"),
                       work=("batch", "m", "n")),
@@ -50,8 +54,8 @@ class DataMovementBenchmark(Benchmark):
             if n > cap or n < 64:
                 continue
             made += 1
-            cases.append(({"kernel": "concat", "kind": "concat", "elements": n, "batch": b, "dtype_bytes": 4,
-                           "bytes": 8.0 * n}, _cat(b, widths, dev)))
+            cases.append(({"kernel": "concat", "kind": "concat", "elements": n, "batch": b, "parts": parts,
+                           "dtype_bytes": 4, "bytes": 8.0 * n}, _cat(b, widths, dev)))
         made = 0
         while made < count:
             b = int(log_uniform_int(rng, 1, 4096, 1)[0])

@@ -530,7 +530,8 @@ class MLPKernelModel(KernelModel):
 
     Fill-ins before prediction: ``"rows_by_width"`` (layer-norm, softmax) reads a task with
     only ``elements`` as rows of width 1024; ``"reuse"`` (embedding) gives a task without
-    reuse factors the uniform-access expectation (:func:`uniform_reuse_factors`). Tasks
+    reuse factors the uniform-access expectation (:func:`uniform_reuse_factors`); ``"concat"`` reads a
+    concatenation without ``batch`` / ``parts`` as two inputs of one contiguous slice. Tasks
     that still lack a feature, or whose route has no net, go to the analytic ``fallback``.
     """
 
@@ -592,6 +593,11 @@ class MLPKernelModel(KernelModel):
             n = np.where(np.isnan(cols["n"]), np.minimum(1024.0, np.maximum(elems, 1.0)), cols["n"])
             m = np.where(np.isnan(cols["m"]), elems / n, cols["m"])
             cols["m"], cols["n"] = m, n
+        if self.fill == "concat":
+            # a concatenation without its inputs' layout reads as two inputs of one contiguous slice each
+            for c, default in (("batch", 1.0), ("parts", 2.0)):
+                if c in cols:
+                    cols[c] = np.where(np.isnan(cols[c]), default, cols[c])
         if self.fill == "reuse":
             rf = np.stack([tasks.get(c) for c in RF_COLUMNS], axis=1)
             missing = ~np.isfinite(rf).all(axis=1) | (np.nan_to_num(rf).sum(axis=1) <= 0)

@@ -155,8 +155,38 @@ def _numel(s: list[int]) -> float:
     return float(math.prod(s)) if s else 1.0
 
 
-def kernel_params(kind: str, name: str, shapes: list, types: list | None) -> dict[str, float]:
-    """Kernel-model parameters (PARAM_COLUMNS plus ``flops``/``bytes``) of an op from its input shapes."""
+def _concat_rows(shapes: list[list[int]], dim: int | None = None) -> float:
+    """Outer slices of a concatenation: the product of the dims before the concatenated one (each
+    input is copied as that many contiguous chunks).
+
+    ``dim`` is the op's argument when the trace recorded it (Kineto's ``Concrete Inputs``); else it
+    is the one dim where the inputs' shapes differ, and inputs of equal shapes read as a
+    concatenation along the last dim (DLRM's feature interaction; a ``stack``'s unsqueezed inputs
+    give one slice either way). Inputs of different ranks read as one slice.
+    """
+    if not shapes or len({len(s) for s in shapes}) != 1 or not shapes[0]:
+        return 1.0
+    rank = len(shapes[0])
+    if dim is None:
+        differ = [d for d in range(rank) if len({s[d] for s in shapes}) > 1]
+        dim = differ[0] if len(differ) == 1 else (rank - 1 if not differ else 0)
+    dim = dim % rank if -rank <= dim < rank else 0
+    return float(math.prod(shapes[0][:dim]))
+
+
+def _int_arg(concrete: list | None, types: list | None) -> int | None:
+    """The first integer scalar argument recorded in Kineto's ``Concrete Inputs`` (None if absent)."""
+    for i, v in enumerate(concrete or []):
+        t = types[i] if types is not None and i < len(types) else ""
+        if t in ("Int", "Scalar", "int") and isinstance(v, str) and v.lstrip("-").isdigit():
+            return int(v)
+    return None
+
+
+def kernel_params(kind: str, name: str, shapes: list, types: list | None,
+                  concrete: list | None = None) -> dict[str, float]:
+    """Kernel-model parameters (PARAM_COLUMNS plus ``flops``/``bytes``) of an op from its input shapes
+    (and, where the trace recorded them, its scalar arguments: ``concrete``, Kineto's ``Concrete Inputs``)."""
     if kind in ("addmm", "mm", "bmm", "matmul", "linear", "gemm", "conv2d", "embedding_bag_fwd", "embedding_bag_bwd",
                 "embedding_bag_bwd_dense"):
         out = op_params(name, shapes, types, "embedding_bag_bwd" if kind == "embedding_bag_bwd_dense" else kind)
@@ -200,7 +230,8 @@ def kernel_params(kind: str, name: str, shapes: list, types: list | None) -> dic
         return out
     if kind == "concat":
         el = sum(_numel(s) for _, s in ts)
-        out.update(elements=el, bytes=2.0 * el * dt)
+        out.update(elements=el, bytes=2.0 * el * dt, parts=float(len(ts)),
+                   batch=_concat_rows([s for _, s in ts], _int_arg(concrete, types)))
         return out
     if kind == "gather" and name == "aten::index_select" and len(ts) >= 2:
         src, idx = ts[0][1], ts[-1][1]
@@ -641,7 +672,7 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
                         if kk == "embedding_bag_bwd" and _calls(tree, x, "aten::_embedding_bag_dense_backward"):
                             kk = "embedding_bag_bwd_dense"  # dense gradient: not the calibrated sparse kernel
                         a = kt.args[x]
-                        p = kernel_params(kk, xname, a.get("Input Dims", []), a.get("Input type"))
+                        p = kernel_params(kk, xname, a.get("Input Dims", []), a.get("Input type"), a.get("Concrete Inputs"))
                         flops = p.pop("flops", math.nan)
                         nbytes = p.pop("bytes", math.nan)
                         k = int(ed.add(g.proc[i], xname, kk, cat, pos, duration=dur, flops=flops, nbytes=nbytes,

@@ -33,7 +33,7 @@ import numpy as np
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.kernels.embedding import RF_COLUMNS
 from predictor.workloads.dlrm_tables import EmbeddingTables
-from predictor.workloads.emit import ExecMode, OpEmitter, eltwise, gemm
+from predictor.workloads.emit import ExecMode, OpEmitter, concat, eltwise, gemm
 
 __all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
 
@@ -225,7 +225,7 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
                                  eltwise("interaction.tril", "interaction", b_local * width, dt)],
                  after=a2a_f)
         else:
-            e.op("interaction", [eltwise("interaction.cat", "concat", b_local * width, dt)], after=a2a_f)
+            e.op("interaction", [concat("interaction.cat", b_local, width, len(t) + 1, dt)], after=a2a_f)
         for name, i, o in layers[n_bottom:]:
             e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
             e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
@@ -330,6 +330,9 @@ def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, comm
     width = spec.interaction_width()
     dims_per_rank = np.bincount(assignment, weights=t.dim.astype(float), minlength=n_ranks)
     multi = n_ranks > 1
+    #: embedding blocks the interaction concatenates: one per table (one rank), else one per rank
+    #: holding tables (the all-to-all's output split by source)
+    cat_blocks = int(np.count_nonzero(dims_per_rank)) if multi else len(t)
     a2a_params = {"msg_bytes": all_to_all_message_bytes(spec, assignment, n_ranks) if multi else 0.0,
                   "world": n_ranks, "dtype_bytes": dt}
     buckets = ddp_buckets(layers, dt, spec.ddp_bucket_bytes) if multi else []
@@ -346,11 +349,13 @@ def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, comm
             e.op(f"embedding_bag[{ti}]", [_table_kernel(spec, int(ti), "fwd")])
         wait: list[int] = []
         if multi:
-            e.op("cat(pooled)", [eltwise("cat_pooled", "concat", B * dims_per_rank[r], dt, rw=2.0)])
+            e.op("cat(pooled)", [concat("cat_pooled", B, dims_per_rank[r], max(len(local), 1), dt)])
             wait = [h.collective("all_to_all_fwd", "all_to_all", dict(a2a_params), g_a2a_fwd, [])]
         for li, (name, i, o) in enumerate(layers):
             if li == n_bottom:
-                e.op("interaction", [eltwise("interaction.cat", "concat", b * width, dt, rw=2.0)])
+                # inputs: the bottom MLP's output and one block per table (one rank) or per rank
+                # holding tables (the all-to-all's output, split by source rank)
+                e.op("interaction", [concat("interaction.cat", b, width, 1 + cat_blocks, dt)])
             # the all-to-all blocks the main thread: the bottom MLP starts after it
             linear_forward(e, name, b, i, o, dt, after=wait if li == 0 else ())
             activation_forward(e, name, h.activation(li), b * o, dt)
@@ -361,8 +366,7 @@ def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, comm
             h.layer_backward(li)
         wait = []
         if multi:
-            pack = e.op("split.backward", [eltwise("pack_embedding_grads", "concat", b * float(t.dim.sum()), dt,
-                                                   rw=2.0)])
+            pack = e.op("split.backward", [concat("pack_embedding_grads", b, float(t.dim.sum()), n_ranks, dt)])
             wait = [h.collective("all_to_all_bwd", "all_to_all", dict(a2a_params), g_a2a_bwd, pack)]
         for j, ti in enumerate(local[::-1]):
             e.op(f"embedding_bag_backward[{ti}]", [_table_kernel(spec, int(ti), "bwd")], after=wait if j == 0 else ())

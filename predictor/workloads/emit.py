@@ -25,7 +25,7 @@ from typing import Literal
 
 from predictor.graph import Category, DepKind, GraphBuilder, Overhead, ProcKind
 
-__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "ExecMode"]
+__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "concat", "ExecMode"]
 
 #: (name, op kind, category, params incl. optional "flops" and "bytes")
 Kernel = tuple[str, str, Category, dict]
@@ -47,6 +47,14 @@ def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0, *
 def eltwise(name: str, kind: str, elements: float, dt: int, rw: float = 2.0) -> Kernel:
     """A bandwidth-bound kernel touching ``elements`` elements ``rw`` times (reads + writes)."""
     return (name, kind, Category.MEMORY, {"elements": elements, "dtype_bytes": dt, "bytes": rw * elements * dt})
+
+
+def concat(name: str, rows: float, width: float, parts: int, dt: int) -> Kernel:
+    """A concatenation of ``parts`` tensors of ``rows`` rows along their last dim into ``rows x width``
+    elements (``width`` = the sum of the inputs' widths): reads every input, writes the output."""
+    elements = float(rows) * float(width)
+    return (name, "concat", Category.MEMORY, {"elements": elements, "batch": float(rows), "parts": float(parts),
+                                             "dtype_bytes": dt, "bytes": 2.0 * elements * dt})
 
 
 class OpEmitter:

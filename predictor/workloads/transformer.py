@@ -87,7 +87,7 @@ import numpy as np
 
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.workloads.assemble import GraphAssembler
-from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, eltwise, gemm
+from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, concat, eltwise, gemm
 from predictor.workloads.pipeline_schedule import ScheduleError, Step, schedule
 
 __all__ = [
@@ -520,7 +520,7 @@ class _Ops:
                                               self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh),
                                               eltwise(f"{p}attn_scores.scale_k", "mul", bh * s * d, dt)])
             # unbind's backward stacks q, k, v; the permute's backward copies them back to tokens
-            e.op(f"{p}qkv_split.backward", [eltwise(f"{p}qkv_split.stack", "concat", 3.0 * self.T * hl * d, dt),
+            e.op(f"{p}qkv_split.backward", [concat(f"{p}qkv_split.stack", 1, 3.0 * self.T * hl * d, 3, dt),
                                             eltwise(f"{p}qkv_split.copy_bwd", "memcpy", 3.0 * self.T * hl * d, dt)])
             return
         e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
@@ -924,7 +924,7 @@ class _GraphBuilder:
         norm = e.op("grad_norm.foreach_norm", [eltwise(f"grad_norm.foreach_norm[{i}]", "elementwise", params / chunks,
                                                        dt, rw=1.0) for i in range(chunks)], after=after)
         markers["grad_norm"] = norm[0]
-        e.op("grad_norm.stack", [eltwise("grad_norm.stack", "concat", float(tensors), 4, rw=2.0)])
+        e.op("grad_norm.stack", [concat("grad_norm.stack", 1, tensors, tensors, 4)])
         e.op("grad_norm.vector_norm", [eltwise("grad_norm.vector_norm", "elementwise", float(tensors), 4, rw=1.0)])
         e.op("optimizer.step_count", [eltwise("adam.foreach_add", "elementwise", float(tensors), 4, rw=2.0)])
         e.op("optimizer.step", [("adam.fused", "optimizer", Category.MEMORY,
