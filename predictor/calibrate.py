@@ -285,7 +285,7 @@ def calibrate(
 
         t0 = time.perf_counter()
         contention = measure_host_contention(world_size, n_threads, llc_bytes,
-                                             slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 4)
+                                             slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 8)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 
