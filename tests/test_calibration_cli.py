@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -126,6 +127,15 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
     coll = next(m for m in pack.models if type(m).__name__ == "PiecewiseCollective")
     assert ("all_to_all", 2) in coll.params
     assert pack.platform.interconnect.intra_node_latency_s > 0
+    # every pass's median is kept: the sample is their median, mean_s their mean
+    from predictor.calibrate import collective_passes
+
+    data = pd.read_csv(tmp_path / "coll" / "data" / "collectives.csv")
+    passes = [[float(v) for v in str(s).split(";")] for s in data["pass_s"]]
+    assert {len(p) for p in passes} == {collective_passes("tiny")}
+    np.testing.assert_allclose(data["seconds"], [np.median(p) for p in passes], rtol=1e-4)
+    np.testing.assert_allclose(data["mean_s"], [np.mean(p) for p in passes], rtol=1e-4)
+    assert (data["median_s"] <= data["seconds"] * (1 + 1e-4)).all()  # the fastest pass's median
 
 
 def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -1,0 +1,41 @@
+"""The kernel-table report's collective noise floor and the model-variants report (no benchmarks run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks.kernels_cpu import collective_floor
+from experiments.kernel_model_variants import markdown
+
+
+def _pack(tmp_path: Path, frame: pd.DataFrame) -> SimpleNamespace:
+    (tmp_path / "data").mkdir()
+    frame.to_csv(tmp_path / "data" / "collectives.csv", index=False)
+    return SimpleNamespace(path=tmp_path)
+
+
+def test_collective_floor_compares_odd_and_even_passes(tmp_path):
+    # odd passes 1 ms, even passes 2 ms at every size: the halves differ by 50 % (against the even half)
+    frame = pd.DataFrame({"kernel": "all_reduce/w2", "msg_bytes": [4.0, 8.0, 16.0],
+                          "pass_s": ["0.001;0.002;0.001;0.002"] * 3})
+    assert collective_floor(_pack(tmp_path, frame)) == {"all_reduce/w2": pytest.approx(50.0 / np.sqrt(2.0))}
+
+
+def test_collective_floor_is_empty_without_recorded_passes(tmp_path):
+    frame = pd.DataFrame({"kernel": "all_reduce/w2", "msg_bytes": [4.0], "seconds": [1e-3]})
+    assert collective_floor(_pack(tmp_path, frame)) == {}
+
+
+def test_variants_report_has_one_column_per_pack():
+    df = pd.DataFrame({"pack": ["a", "a", "b", "b"], "kernel": "concat",
+                       "variant": ["current", "roofline", "current", "roofline"], "samples": [100, 100, 200, 200],
+                       "gmae_pct": [4.0, 15.0, 5.0, 16.0], "mape_pct": 0.0, "max_pct": 0.0, "model": ""})
+    text = markdown(df, "cmd")
+    assert "| variant | a | b |" in text
+    assert "| current | 4.00 | 5.00 |" in text and "| roofline | 15.00 | 16.00 |" in text
+    assert "Samples per pack: a 100, b 200" in text and "Reproduce: `cmd`" in text
