@@ -125,3 +125,14 @@ def test_add_concat_parts_rederives_the_committed_packs_inputs(tmp_path):
     again.loc[again.kernel == "concat", "batch"] += 1
     again.drop(columns="parts").to_csv(csv, index=False)
     assert migrate(pack).startswith("NOT migrated") and "parts" not in pd.read_csv(csv)
+
+
+def test_committed_pack_times_concatenations_by_their_inputs():
+    from predictor.kernels import timing_for
+
+    timing = timing_for("cpu-local")
+    model = timing.model_for("concat")
+    assert type(model).__name__ == "MLPKernelModel"
+    few = TaskView.from_columns("concat", elements=[4096 * 512.0], batch=[4096.0], parts=[2.0], dtype_bytes=[4.0])
+    many = TaskView.from_columns("concat", elements=[4096 * 512.0], batch=[4096.0], parts=[30.0], dtype_bytes=[4.0])
+    assert model.predict(many, timing.platform)[0] > 1.1 * model.predict(few, timing.platform)[0]
