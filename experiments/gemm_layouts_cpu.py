@@ -63,11 +63,29 @@ def builder(op: str, layout: str, m: int, n: int, k: int):
     return build
 
 
+def score_pack(pack: str, rows: list[dict]) -> dict[str, float]:
+    """A fitted pack's predicted NN time of every row over its measured NN time: by time, and geomeans."""
+    from predictor.kernels import TaskView
+    from predictor.platforms.assets import find_asset_pack, load_asset_pack
+
+    p = load_asset_pack(pack if Path(pack).exists() else (find_asset_pack(pack) or pack))
+    model = next(m for m in p.models if "gemm" in m.kinds or "addmm" in m.kinds)
+    pred = np.array([model.predict(TaskView.from_columns(r["op"], m=[float(r["m"])], n=[float(r["n"])],
+                                                         k=[float(r["k"])], batch=[1.0], dtype_bytes=[4.0]),
+                                   p.platform)[0] for r in rows])
+    nn = np.array([r["NN_s"] for r in rows])
+    large = np.array([2.0 * r["m"] * r["n"] * r["k"] > 5e7 for r in rows])
+    return {"by_time": float(pred.sum() / nn.sum()), "geomean_large": geomean(pred[large] / nn[large]),
+            "geomean_all": geomean(pred / nn)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--packs", nargs="*", default=[],
+                    help="fitted asset packs (names or paths) whose GEMM predictions are scored against the NN times")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gemm_layouts_cpu")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -96,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
                "step_layouts_over_NN_geomean": geomean(step_ratio),
                "step_layouts_time_weighted": float(sum(r[f"{used[r['gemm'].split()[-1]]}_s"] for r in rows)
                                                    / sum(r["NN_s"] for r in rows))}
+    scores = {str(p): score_pack(p, rows) for p in a.packs}
+    summary["packs"] = scores
     meta = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
             "threads": 1, "rounds": a.rounds, "wall_s": round(wall, 1),
             "command": "flock /tmp/tuner-measure.lock python experiments/gemm_layouts_cpu.py "
@@ -122,6 +142,13 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         lines.append(f"| {r['gemm']} ({r['m']} x {r['n']} x {r['k']}) | {r['NN_s'] * 1e6:.1f} | "
                      f"{r['NT_over_NN']:.3f} | {r['TN_over_NN']:.3f} |")
+    if scores:
+        lines += ["", "Each pack's prediction of the NN GEMMs over their times measured here (the calibration times NN; "
+                  "> 1: the pack predicts slower):", "",
+                  "| pack | by time (sum predicted / sum measured) | geomean, GEMMs above 5e7 FLOPs | geomean, all |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| {p} | x{v['by_time']:.3f} | x{v['geomean_large']:.3f} | x{v['geomean_all']:.3f} |"
+                  for p, v in scores.items()]
     a.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

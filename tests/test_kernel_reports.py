@@ -39,3 +39,19 @@ def test_variants_report_has_one_column_per_pack():
     assert "| variant | a | b |" in text
     assert "| current | 4.00 | 5.00 |" in text and "| roofline | 15.00 | 16.00 |" in text
     assert "Samples per pack: a 100, b 200" in text and "Reproduce: `cmd`" in text
+
+
+def test_gemm_layouts_scores_a_packs_predictions_against_measured_times():
+    from experiments.gemm_layouts_cpu import score_pack
+    from predictor.kernels import TaskView, timing_for
+
+    model = timing_for("cpu-local").model_for("mm")
+    platform = timing_for("cpu-local").platform
+    rows = []
+    for m, n, k in ((64, 64, 64), (1024, 1024, 1024)):
+        t = model.predict(TaskView.from_columns("mm", m=[float(m)], n=[float(n)], k=[float(k)], batch=[1.0],
+                                                dtype_bytes=[4.0]), platform)[0]
+        rows.append({"op": "mm", "m": m, "n": n, "k": k, "NN_s": 2.0 * t})  # measured twice the prediction
+    s = score_pack("cpu-local", rows)
+    assert s["by_time"] == pytest.approx(0.5) and s["geomean_all"] == pytest.approx(0.5)
+    assert s["geomean_large"] == pytest.approx(0.5)  # only the 2.1 GFLOP shape is above 5e7 FLOPs
