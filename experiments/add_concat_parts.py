@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predictor.calibrate import make_benchmarks  # noqa: E402
 from predictor.calibration.base import log_uniform_int  # noqa: E402
+from predictor.calibration.data_movement import concat_draws  # noqa: E402
 
 
 def concat_cases(seed: int, level: str, scale: float, world_size: int,
@@ -37,16 +38,8 @@ def concat_cases(seed: int, level: str, scale: float, world_size: int,
     cap = {"tiny": 2**18, "quick": 2**24, "full": 2**27}["full" if cuda and level == "quick" else level]
     log_uniform_int(r, 2**6, cap, count)  # the memcpy sizes come first
     out: dict[int, tuple[int, int, int]] = {}
-    made = 0
-    while made < count:
-        parts = int(r.integers(2, 33))
-        b = int(log_uniform_int(r, 1, 8192, 1)[0])
-        widths = [int(w) for w in log_uniform_int(r, 1, 512, parts)]
-        n = b * sum(widths)
-        if n > cap or n < 64:
-            continue
-        out[count + made] = (n, b, parts)
-        made += 1
+    for i, (b, widths) in enumerate(concat_draws(r, count, cap)):
+        out[count + i] = (b * sum(widths), b, len(widths))
     return out
 
 

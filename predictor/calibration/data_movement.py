@@ -13,11 +13,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
 
-__all__ = ["DataMovementBenchmark"]
+__all__ = ["DataMovementBenchmark", "concat_draws"]
 
 
 class DataMovementBenchmark(Benchmark):
@@ -45,16 +46,9 @@ class DataMovementBenchmark(Benchmark):
             n = int(n)
             cases.append(({"kernel": "memcpy", "kind": "memcpy", "elements": n, "dtype_bytes": 4,
                            "bytes": 8.0 * n}, _copy(n, dev)))
-        made = 0
-        while made < count:
-            parts = int(rng.integers(2, 33))
-            b = int(log_uniform_int(rng, 1, 8192, 1)[0])
-            widths = [int(w) for w in log_uniform_int(rng, 1, 512, parts)]
+        for b, widths in concat_draws(rng, count, cap):
             n = b * sum(widths)
-            if n > cap or n < 64:
-                continue
-            made += 1
-            cases.append(({"kernel": "concat", "kind": "concat", "elements": n, "batch": b, "parts": parts,
+            cases.append(({"kernel": "concat", "kind": "concat", "elements": n, "batch": b, "parts": len(widths),
                            "dtype_bytes": 4, "bytes": 8.0 * n}, _cat(b, widths, dev)))
         made = 0
         while made < count:
@@ -66,6 +60,20 @@ class DataMovementBenchmark(Benchmark):
             cases.append(({"kernel": "transpose", "kind": "transpose", "batch": b, "m": m, "n": n,
                            "elements": b * m * n, "dtype_bytes": 4, "bytes": 8.0 * b * m * n}, _transpose(b, m, n, dev)))
         return cases
+
+
+def concat_draws(rng: np.random.Generator, count: int, cap: int) -> list[tuple[int, list[int]]]:
+    """``count`` concatenations ``(B, [d_1, ..])``: 2..32 inputs of ``B x d_i``, ``B`` log-uniform 1..8192,
+    widths log-uniform 1..512, output elements in ``[64, cap]`` (the grid of :class:`DataMovementBenchmark`;
+    ``experiments/add_concat_parts.py`` re-derives a stored pack's inputs from it)."""
+    out: list[tuple[int, list[int]]] = []
+    while len(out) < count:
+        parts = int(rng.integers(2, 33))
+        b = int(log_uniform_int(rng, 1, 8192, 1)[0])
+        widths = [int(w) for w in log_uniform_int(rng, 1, 512, parts)]
+        if 64 <= b * sum(widths) <= cap:
+            out.append((b, widths))
+    return out
 
 
 def _copy(n: int, device: torch.device):
