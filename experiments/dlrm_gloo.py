@@ -61,6 +61,46 @@ class DLRMJobSpec:
     #: when set, 3 more iterations run under torch.profiler after the timed ones (diagnosis;
     #: never part of the timed iterations); rank r writes ``rank{r}.trace.json`` there
     trace_dir: str = ""
+    #: when set, every timed iteration records the wall clock at its phase boundaries
+    #: (:data:`PHASES`; a few ``perf_counter`` calls, no profiler), returned as ``phases``
+    phases: bool = False
+
+
+#: phase boundaries one timed iteration records with ``DLRMJobSpec.phases``, in order: the
+#: embedding lookups, their all-to-all (with the packing ``cat``), the dense forward and loss, the
+#: dense backward (top, then bottom MLP, DDP's bucket copies; up to the all-to-all of gradients),
+#: the all-to-all of gradients, the tables' backward with their SGD row updates, the end of
+#: ``backward()`` (DDP waits for its all-reduces and copies the buckets back) and the optimizer step.
+#: One process: no all-to-all phases.
+PHASES = ("emb_fwd", "a2a_fwd", "dense_fwd", "dense_bwd", "a2a_bwd", "emb_bwd", "ddp_tail", "optimizer")
+#: the running iteration's ``(label, perf_counter seconds)`` marks (set in a rank process with ``phases``)
+_MARKS: list[tuple[str, float]] | None = None
+
+
+def _mark(label: str) -> None:
+    if _MARKS is not None:
+        _MARKS.append((label, time.perf_counter()))
+
+
+def phase_seconds(marks: list[tuple[str, float]]) -> dict[str, float]:
+    """Seconds of each of :data:`PHASES` in one iteration's marks (phases it lacks are left out)."""
+    at: dict[str, list[float]] = {}
+    for label, t in marks:
+        at.setdefault(label, []).append(t)
+    ends = {"start": at["start"][0], "emb_fwd": at["emb_fwd"][0], "a2a_fwd": at.get("a2a_fwd", [None])[0],
+            "dense_fwd": at["dense_fwd"][0],
+            "dense_bwd": (at.get("a2a_bwd_start") or at.get("emb_grad") or at["backward"])[0],
+            "a2a_bwd": at.get("a2a_bwd_end", [None])[0],
+            "emb_bwd": max(at.get("emb_bwd") or at.get("emb_grad") or at["backward"]),
+            "ddp_tail": at["backward"][0], "optimizer": at["optimizer"][0]}
+    out: dict[str, float] = {}
+    prev = ends["start"]
+    for name in PHASES:
+        if ends[name] is None:
+            continue
+        out[name] = ends[name] - prev
+        prev = ends[name]
+    return out
 
 
 def batch_reuse_histogram(indices: np.ndarray, bins: int = 17) -> np.ndarray:
@@ -112,16 +152,23 @@ class _AllToAll(torch.autograd.Function):
         ctx.send_split, ctx.recv_split = send_split, recv_split
         out = x.new_empty(sum(recv_split))
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv_split, input_split_sizes=send_split)
+        _mark("a2a_fwd")
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        _mark("a2a_bwd_start")
         out = grad.new_empty(sum(ctx.send_split))
         dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=ctx.send_split, input_split_sizes=ctx.recv_split)
+        _mark("a2a_bwd_end")
         return out, None, None
 
 
 SPARSE_LR = 0.01
+
+
+def _mark_grad(grad: torch.Tensor) -> None:
+    _mark("emb_grad")
 
 
 def _sgd_in_backward(w: torch.Tensor) -> None:
@@ -129,6 +176,7 @@ def _sgd_in_backward(w: torch.Tensor) -> None:
     with torch.no_grad():
         w.add_(w.grad, alpha=-SPARSE_LR)
     w.grad = None
+    _mark("emb_bwd")
 
 
 def _mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
@@ -192,7 +240,14 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
 
     def step(it: int) -> None:
         lookups, x, y = batches[it % 2]
-        pooled = [tables[k](i, o) for k, (i, o) in enumerate(lookups)]
+        pooled = []
+        for k, (i, o) in enumerate(lookups):
+            pooled.append(tables[k](i, o))
+            _mark("emb_fwd_table")
+        _mark("emb_fwd")
+        if _MARKS is not None:  # a pooled vector's gradient arrives just before its table's backward
+            for p in pooled:
+                p.register_hook(_mark_grad)
         if n > 1:
             send = torch.cat(pooled, dim=1) if pooled else torch.zeros(spec.batch_size, 0)
             # rows q*b:(q+1)*b go to rank q
@@ -202,20 +257,33 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
             embs = pooled
         logits = ddp(x, embs)
         loss = loss_fn(logits, y)
+        _mark("dense_fwd")
         opt_dense.zero_grad(set_to_none=True)
         loss.backward()
+        _mark("backward")
         opt_dense.step()
+        _mark("optimizer")
 
+    global _MARKS
+    phases: list[dict[str, float]] = []
+    marks: list[list[tuple[str, float]]] = []
     for it in range(spec.warmup + spec.iters):
         if it == spec.warmup:
             ru0 = resource.getrusage(resource.RUSAGE_SELF)
         if n > 1:
             dist.barrier()
+        if spec.phases and it >= spec.warmup:
+            _MARKS = []
         t0 = time.perf_counter()
+        _mark("start")
         step(it)
         dt = time.perf_counter() - t0
         if it >= spec.warmup:
             times.append(dt)
+        if _MARKS is not None:
+            phases.append(phase_seconds(_MARKS))
+            marks.append([(label, t - _MARKS[0][1]) for label, t in _MARKS])
+            _MARKS = None
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     # per timed iteration (barriers included): CPU time of all this rank's threads, page faults, and
     # involuntary context switches (the rank's threads pre-empted on a full host)
@@ -230,29 +298,37 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
                 step(it)
         prof.export_chrome_trace(str(Path(spec.trace_dir) / f"rank{rank}.trace.json"))
     rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)}
-    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf, "system": system}))
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf, "system": system,
+                                                                "phases": phases, "marks": marks}))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def measure_dlrm(spec: DLRMJobSpec) -> dict:
-    """Run the job; returns ``{"iteration_s", "per_rank_s", "times", "rf", "system"}``: the median
-    iteration per rank (seconds), its max over ranks, every timed iteration of every rank, the reuse
-    histograms, and per rank the CPU accounting of a timed iteration (user / system seconds, minor
-    page faults, involuntary context switches; see :func:`_worker`)."""
+    """Run the job; returns ``{"iteration_s", "per_rank_s", "times", "rf", "system", "phases"}``: the
+    median iteration per rank (seconds), its max over ranks, every timed iteration of every rank, the
+    reuse histograms, per rank the CPU accounting of a timed iteration (user / system seconds, minor
+    page faults, involuntary context switches; see :func:`_worker`) and (``spec.phases``) per rank and
+    timed iteration the seconds of each of :data:`PHASES` (:func:`phase_seconds`) and its raw
+    ``(label, seconds since the iteration's start)`` marks."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(spec, free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
         per_rank = []
         times = []
         rf: dict[int, list[float]] = {}
         system = []
+        phases = []
+        marks = []
         for r in range(spec.n_ranks):
             d = json.loads((Path(tmp) / f"rank{r}.json").read_text())
             system.append(d["system"])
+            phases.append(d["phases"])
+            marks.append(d["marks"])
             per_rank.append(float(np.median(d["times"])))
             times.append([float(t) for t in d["times"]])
             rf.update({int(k): v for k, v in d["rf"].items()})
-    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "times": times, "rf": rf, "system": system}
+    return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "times": times, "rf": rf, "system": system,
+            "phases": phases, "marks": marks}
 
 
 # ----------------------------------------------------------------------------- diagnosis
@@ -301,12 +377,12 @@ def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
 
 def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """Every table's embedding-bag forward and backward (+ SGD row update) on its real batch, timed
-    alone with the last-level cache evicted before each call and the code path re-warmed on a small
-    table (seconds; data cold, code warm, as the calibration times them)."""
+    alone with the last-level cache evicted before each call and another table's call in between
+    (seconds; as the calibration times them: :func:`~predictor.calibration.embedding_bag.neighbour_warmers`)."""
     import torch.nn.functional as F
 
     from experiments.measure_env import llc_flush_buffer, time_call
-    from predictor.calibration.embedding_bag import code_warmers
+    from predictor.calibration.embedding_bag import neighbour_warmers
 
     torch.set_num_threads(base.threads)
     flush = llc_flush_buffer()
@@ -324,7 +400,7 @@ def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndar
                 w.add_(w.grad, alpha=-0.01)
             w.grad = None
 
-        warm_fwd, warm_bwd = code_warmers(int(base.dim[t]), torch.device("cpu"))
+        warm_fwd, warm_bwd = neighbour_warmers(base.batch_size, torch.device("cpu"))
         fwd[t] = time_call(lambda it=it, w=w, ot=ot: F.embedding_bag(it, w, ot, mode="sum", sparse=True),
                            lambda warm=warm_fwd: (flush(), warm()), n=n_calls, warmup=1)
         bwd[t] = time_call(backward, lambda warm=warm_bwd: (flush(), warm()), n=n_calls, warmup=1)

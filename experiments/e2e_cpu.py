@@ -432,15 +432,15 @@ def _dlrm_times(job: DLRMJobSpec, system: dict | None = None) -> list[float]:
 # ----------------------------------------------------------------------------- kernel context check
 def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
     """The kernels that dominate the errors, timed alone: the pack's prediction, the kernel repeated
-    on the same inputs (warm caches), and after evicting the LLC with the code path re-warmed by the
-    same op on small data (cold, as in a training step where other ops ran in between and the op
-    before was of the same kind; the calibration times embeddings this way). Seconds.
+    on the same inputs (warm caches), and after evicting the LLC with the op before it of the same
+    kind (embeddings: another table's call; dropout: the same op on small data) (cold, as in a
+    training step where other ops ran in between; the calibration times these kernels this way). Seconds.
 
     Rows: every embedding-bag forward / backward (+ SGD update) of the DLRM rows' tables at
     ``batch`` (summed), and the GPT's dropout forward and backward (which the transformer
     synthesiser times with the same dropout kernel).
     """
-    from predictor.calibration.embedding_bag import code_warmers
+    from predictor.calibration.embedding_bag import neighbour_warmers
     from predictor.kernels.base import TaskView
     from predictor.kernels.embedding import RF_COLUMNS
 
@@ -467,7 +467,7 @@ def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
                 w.add_(w.grad, alpha=-1e-3)
             w.grad = None
 
-        warm_fwd, warm_bwd = code_warmers(int(tables.dim[ti]), torch.device("cpu"))
+        warm_fwd, warm_bwd = neighbour_warmers(batch, torch.device("cpu"))
         for kind, fn, warm in (("embedding_bag_fwd", fwd, warm_fwd), ("embedding_bag_bwd", bwd, warm_bwd)):
             pred = float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
             sums[kind] += [pred, time_call(fn, None), time_call(fn, lambda warm=warm: (flush(), warm()))]
@@ -593,8 +593,7 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
             "",
             "Not a prediction (it uses measured kernel times): each DLRM row's graph simulated again with every "
             "table's embedding-bag forward and backward (+ SGD update) timed alone on its real batch after evicting "
-            "the last-level cache and re-warming the code path on a small table (data cold, code warm, as the "
-            "calibration times them), instead of the asset pack's embedding models; everything else unchanged.",
+            "the last-level cache and running another table's call before it (as the calibration times them), instead of the asset pack's embedding models; everything else unchanged.",
             "",
             "| model | batch | measured ms | predicted (pack) ms | error | with cold embeddings ms | error |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -612,7 +611,8 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
             "",
             "The kernels behind most of the error, timed alone on this machine: the asset pack's prediction, the "
             "kernel repeated on the same inputs (`warm`: how the calibration times GEMMs) and after evicting the "
-            "last-level cache before each call, with the code path re-warmed by the same op on small data (`cold`: "
+            "last-level cache before each call, with an op of the same kind run between (`cold`: embeddings after another "
+            "table's call, dropout after the same op on small data; "
             "closer to a training step, where other ops ran since the kernel last touched its data; how the "
             "calibration times embeddings and memory-bound kernels).",
             "",

@@ -2,7 +2,7 @@
 
 The DLRM rows of ``experiments/e2e_cpu.py`` look up the 29 tables of one sharding task. For each of
 its batch sizes this times every table's embedding-bag forward and backward (+ SGD row update) on
-its real index batch, cache evicted before each call and the code path re-warmed
+its real index batch, cache evicted before each call and another table's call run before it
 (:func:`experiments.dlrm_gloo.cold_embedding_seconds`, the way calibration times them), counts the
 page faults of each backward, and sets each pack's per-table prediction beside it
 (:func:`experiments.dlrm_gloo.predicted_embedding_seconds`: one rank, no host contention). Where a
@@ -76,7 +76,8 @@ def markdown(results: dict, packs: list[str], meta: dict) -> str:
         "# The e2e DLRM's embedding tables one by one (CPU)",
         "",
         f"{meta['measured_at']}, {meta['threads']} thread(s). Each table's forward and backward (+ SGD row update) "
-        "on its real index batch, cache evicted before each call, code path re-warmed (median of 5 calls), "
+        "on its real index batch, cache evicted before each call, another table's call before it (the calibration's "
+        "protocol since session 18; code path re-warmed on a small table before) (median of 5 calls), "
         "against each pack's prediction for the table alone. Reproduce: `flock /tmp/tuner-measure.lock python "
         f"experiments/embedding_tables_cpu.py --platform {packs[0]} --compare {' '.join(packs[1:])}`.",
         "",

@@ -112,3 +112,30 @@ def test_without_spare_cores_collectives_serialise_with_compute():
     # the same tasks and durations; only the overlap of the all-reduces with backward is gone
     assert t_serial.iteration_s > t_over.iteration_s
     assert float(t_serial.duration.sum()) == pytest.approx(float(t_over.duration.sum()), rel=1e-9)
+
+
+@pytest.mark.parametrize("n_ranks,comm_threads", [(1, True), (2, False), (2, True)])
+def test_simulated_phases_add_up_to_each_ranks_iteration(n_ranks, comm_threads):
+    from experiments.dlrm_gloo import PHASES
+    from experiments.dlrm_phases_cpu import simulated_phases
+
+    a = np.array([0, 1, 0, 1]) if n_ranks > 1 else np.zeros(4, dtype=int)
+    tl = simulate(build_dlrm_graph(_spec(), a, n_ranks, mode="host", comm_threads=comm_threads), ModelTiming(CPU))
+    for r in range(n_ranks):
+        ph = simulated_phases(tl, r)
+        assert list(ph) == [p for p in PHASES if p in ph] and min(ph.values()) >= 0
+        assert ("a2a_fwd" in ph) == ("a2a_bwd" in ph) == (n_ranks > 1)
+        assert sum(ph.values()) == pytest.approx(float(tl.per_rank_s[r]), rel=1e-9)
+
+
+def test_table_seconds_reads_each_tables_calls_from_the_marks():
+    from experiments.dlrm_phases_cpu import table_seconds
+
+    local = np.array([2, 5, 7])
+    # forwards in table order; the gradients' hooks may all fire first or one before each backward
+    marks = [("start", 0.0), ("emb_fwd_table", 1.0), ("emb_fwd_table", 1.5), ("emb_fwd_table", 3.5),
+             ("emb_fwd", 3.5), ("dense_fwd", 5.0), ("emb_grad", 6.0), ("emb_bwd", 7.0), ("emb_grad", 7.5),
+             ("emb_bwd", 8.0), ("emb_bwd", 9.5), ("backward", 9.5), ("optimizer", 10.0)]
+    got = table_seconds(marks, local)
+    assert got["fwd"] == {2: 1.0, 5: 0.5, 7: 2.0}
+    assert got["bwd"] == {7: 1.0, 5: 0.5, 2: 1.5}  # last table first

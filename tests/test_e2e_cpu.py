@@ -78,9 +78,10 @@ from experiments.dlrm_gloo import DLRMJobSpec, measure_dlrm
 out = []
 for n, a in ((1, (0, 0, 0)), (2, (0, 1, 1))):
     spec = DLRMJobSpec(rows=(100, 200, 50), dim=(8, 8, 16), pooling=(2.0, 0.5, 5.0), assignment=a, n_ranks=n,
-                       batch_size=16, bottom_mlp=(16, 8), top_mlp=(16, 1), warmup=1, iters=2)
+                       batch_size=16, bottom_mlp=(16, 8), top_mlp=(16, 1), warmup=1, iters=2, phases=True)
     r = measure_dlrm(spec)
-    out.append({"n": n, "times": r["times"], "iteration_s": r["iteration_s"], "rf": sorted(r["rf"])})
+    out.append({"n": n, "times": r["times"], "iteration_s": r["iteration_s"], "rf": sorted(r["rf"]),
+                "phases": r["phases"]})
 print(json.dumps(out))
 """
 
@@ -98,6 +99,26 @@ def test_dlrm_gloo_runs_on_one_and_two_ranks():
     for r in json.loads(res.stdout.strip().splitlines()[-1]):
         assert len(r["times"]) == r["n"] and all(len(t) == 2 for t in r["times"])
         assert r["iteration_s"] > 0 and r["rf"] == [0, 1, 2]
+        # phase marks: every timed iteration of every rank, adding up to its time
+        for times, phases in zip(r["times"], r["phases"], strict=True):
+            assert len(phases) == 2
+            for t, ph in zip(times, phases, strict=True):
+                assert ("a2a_bwd" in ph) == (r["n"] > 1) and "emb_bwd" in ph and min(ph.values()) >= 0
+                assert sum(ph.values()) == pytest.approx(t, abs=5e-4)
+
+
+def test_phase_seconds_cuts_an_iteration_at_its_marks():
+    from experiments.dlrm_gloo import phase_seconds
+
+    two = [("start", 10.0), ("emb_fwd_table", 10.5), ("emb_fwd", 11.0), ("a2a_fwd", 12.0), ("dense_fwd", 14.0),
+           ("a2a_bwd_start", 17.0), ("a2a_bwd_end", 18.5), ("emb_grad", 18.6), ("emb_bwd", 19.0),
+           ("emb_bwd", 21.0), ("backward", 21.5), ("optimizer", 22.0)]
+    assert phase_seconds(two) == {"emb_fwd": 1.0, "a2a_fwd": 1.0, "dense_fwd": 2.0, "dense_bwd": 3.0, "a2a_bwd": 1.5,
+                                  "emb_bwd": 2.5, "ddp_tail": 0.5, "optimizer": 0.5}
+    one = [("start", 0.0), ("emb_fwd", 1.0), ("dense_fwd", 3.0), ("emb_grad", 6.0), ("emb_grad", 6.1),
+           ("emb_bwd", 7.0), ("emb_bwd", 8.0), ("backward", 8.0), ("optimizer", 9.0)]
+    assert phase_seconds(one) == {"emb_fwd": 1.0, "dense_fwd": 2.0, "dense_bwd": 3.0, "emb_bwd": 2.0, "ddp_tail": 0.0,
+                                  "optimizer": 1.0}
 
 
 def test_main_writes_the_table_and_json_last(tmp_path):

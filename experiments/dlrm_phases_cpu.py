@@ -1,0 +1,225 @@
+"""Where a DLRM step's predicted time goes wrong: measured vs simulated time per phase, per rank.
+
+Diagnosis for issue 4's end-to-end DLRM rows. The real program of ``experiments/e2e_cpu.py``
+(:mod:`experiments.dlrm_gloo`, the same tables, sharding and batches) runs with phase marks
+(``DLRMJobSpec.phases``: a wall-clock reading at each boundary of :data:`~experiments.dlrm_gloo.PHASES`,
+no profiler, so nothing slows the step), and the simulated timeline of the same host-mode graph is
+cut at the same boundaries. Each phase's measured time is the median over timed iterations; a
+phase that waits for the other rank (the all-to-alls, DDP's tail) carries that rank's lateness.
+
+    flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py --platform cpu-local \
+        refit:benchmarks/results/data/packs/cpu-emb-nb18 refit:benchmarks/results/data/packs/cpu-emb-old18
+
+(``--platform`` takes the pack specs of ``experiments/e2e_windows.py``: a pack, ``refit:DIR`` for a stored
+pack's benchmark data fitted on the fly) writes ``experiments/results/dlrm_phases_cpu.md`` and ``.json`` (about 1 minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments.dlrm_gloo import PHASES, measure_dlrm  # noqa: E402
+from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
+from experiments.e2e_windows import resolve_spec  # noqa: E402
+from predictor.graph import ExecutionGraph  # noqa: E402
+from predictor.metrics import geomean_abs_pct_error  # noqa: E402
+from predictor.platforms.host import comm_thread_has_core  # noqa: E402
+from predictor.simulate import Timeline, simulate  # noqa: E402
+from predictor.workloads.dlrm import build_dlrm_graph  # noqa: E402
+
+
+def simulated_phases(tl: Timeline, rank: int) -> dict[str, float]:
+    """Seconds of each phase of ``rank`` in the simulated timeline, cut at the tasks that end the
+    phases in the real program (see :data:`~experiments.dlrm_gloo.PHASES`)."""
+    g: ExecutionGraph = tl.graph
+    f = g.tasks_frame()
+    f = f.assign(start=tl.start, end=tl.end)
+    f = f[f["rank"] == rank]
+    kind = f["kind"].to_numpy()
+
+    def last_end(mask) -> float | None:
+        return float(f["end"][mask].max()) if np.any(mask) else None
+
+    def first_start(mask) -> float | None:
+        return float(f["start"][mask].min()) if np.any(mask) else None
+
+    names = f["name"].to_numpy()
+    emb_b = kind == "embedding_bag_bwd"
+    ends = {
+        "emb_fwd": last_end(kind == "embedding_bag_fwd"),
+        "a2a_fwd": last_end(names == "all_to_all_fwd"),
+        "dense_fwd": last_end(names == "bce_loss"),
+        "dense_bwd": first_start(names == "all_to_all_bwd") if np.any(names == "all_to_all_bwd") else first_start(emb_b),
+        "a2a_bwd": last_end(names == "all_to_all_bwd"),
+        "emb_bwd": last_end(emb_b),
+        # one rank: no DDP, backward() ends with the last table's backward
+        "ddp_tail": last_end(np.char.startswith(names.astype(str), "copy_bucket_to_grad")) or last_end(emb_b),
+        "optimizer": float(f["end"].max()),
+    }
+    out, prev = {}, 0.0
+    for p in PHASES:
+        if ends[p] is None:
+            continue
+        out[p] = ends[p] - prev
+        prev = ends[p]
+    return out
+
+
+def table_seconds(marks: list[tuple[str, float]], local: np.ndarray) -> dict[str, dict[int, float]]:
+    """Seconds of each local table's embedding-bag forward and backward (+ SGD row update) in one
+    iteration's marks: forwards run in table order, each ending at an ``emb_fwd_table`` mark;
+    backwards in reverse order, each ending at an ``emb_bwd`` mark and starting at the later of the
+    previous table's end and the last ``emb_grad`` mark (its input's gradient arriving) before it."""
+    fwd_ends = [t for label, t in marks if label == "emb_fwd_table"]
+    start = next(t for label, t in marks if label == "start")
+    fwd = dict(zip((int(t) for t in local), np.diff([start, *fwd_ends]), strict=True))
+    bwd: dict[int, float] = {}
+    prev, grad_at, order = None, None, iter(int(t) for t in local[::-1])
+    for label, t in marks:
+        if label == "emb_grad":
+            grad_at = t
+        elif label == "emb_bwd":
+            begin = max(x for x in (prev, grad_at) if x is not None)
+            bwd[next(order)] = t - begin
+            prev = t
+    return {"fwd": fwd, "bwd": bwd}
+
+
+def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
+        log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(phases, tables): per phase and rank, measured and simulated (with ``platforms[0]``) seconds in
+    ms; per table and rank, its forward / backward in situ and each platform's prediction (ms)."""
+    with tempfile.TemporaryDirectory(prefix="dlrm-phases-") as work:  # refit: specs are fitted here first
+        timings = {p: resolve_spec(p, Path(work))[0] for p in platforms}
+    timing = timings[platforms[0]]
+    rows, per_table = [], []
+    for bs in batches:
+        for n in ranks:
+            tables = dlrm_tables(bs)
+            job = replace(dlrm_job(tables, bs, n, 1, 3, iters), phases=True)
+            graph = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), n, mode="host",
+                                     comm_threads=comm_thread_has_core(n, 1))
+            tl = simulate(graph, timing)
+            durations = {p: pd.Series(simulate(graph, t).duration, index=graph.tasks_frame()["name"])
+                         for p, t in timings.items()}
+            meas = measure_dlrm(job)
+            assignment = np.asarray(job.assignment)
+            for r in range(n):
+                local = np.flatnonzero(assignment == r)
+                insitu = [table_seconds(mk, local) for mk in meas["marks"][r]]
+                for ti in local:
+                    row = {"batch": bs, "ranks": n, "rank": r, "table": int(ti), "rows": int(tables.rows[ti]),
+                           "dim": int(tables.dim[ti]), "pooling": float(tables.pooling[ti])}
+                    for kind in ("fwd", "bwd"):
+                        row[f"{kind}_insitu_ms"] = float(np.median([x[kind][int(ti)] for x in insitu])) * 1e3
+                        for p, d in durations.items():
+                            row[f"{kind}_{p}_ms"] = float(d[f"embedding_bag_{kind}[{ti}]"].sum()) * 1e3
+                    per_table.append(row)
+            for r in range(n):
+                ph = pd.DataFrame(meas["phases"][r])
+                s = simulated_phases(tl, r)
+                for p in PHASES:
+                    if p in s or p in ph:
+                        col = ph[p] if p in ph else pd.Series([np.nan])
+                        rows.append({"batch": bs, "ranks": n, "rank": r, "phase": p,
+                                     "measured_ms": float(col.mean()) * 1e3, "median_ms": float(col.median()) * 1e3,
+                                     "p90_ms": float(col.quantile(0.9)) * 1e3,
+                                     "simulated_ms": float(s.get(p, np.nan)) * 1e3})
+                it = np.asarray(meas["times"][r])
+                rows.append({"batch": bs, "ranks": n, "rank": r, "phase": "iteration",
+                             "measured_ms": float(it.mean()) * 1e3, "median_ms": float(np.median(it)) * 1e3,
+                             "p90_ms": float(np.quantile(it, 0.9)) * 1e3,
+                             "simulated_ms": float(tl.per_rank_s[r]) * 1e3})
+                log(f"batch {bs} ranks {n} rank {r}: measured {np.median(meas['times'][r]) * 1e3:.2f} ms, "
+                    f"simulated {tl.per_rank_s[r] * 1e3:.2f} ms")
+    return pd.DataFrame(rows), pd.DataFrame(per_table)
+
+
+def markdown(df: pd.DataFrame, platform: str, command: str) -> str:
+    lines = ["# DLRM step phases: measured vs simulated", "",
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, this 2-core VM, 1 torch thread per rank; prediction: "
+             f"`{platform}`. Reproduce: `{command}`", "",
+             "Measured: the real program (`experiments/dlrm_gloo.py`, the e2e rows' tables and sharding) with a wall "
+             "clock read at each phase boundary; `mean` over the timed iterations (the phases' means add up to the "
+             "iteration's), `median` and `p90` beside it; simulated: the host-mode graph's timeline cut at the same "
+             "boundaries. A phase that ends in a collective (`a2a_*`, `ddp_tail`) includes the wait for the other "
+             "rank. `delta` = measured mean - simulated. The e2e rows score the median iteration.", ""]
+    for (bs, n), part in df.groupby(["batch", "ranks"], sort=False):
+        cols = sorted(part["rank"].unique())
+        head = "| phase | " + " | ".join(f"rank {r}: mean ms | median | p90 | simulated ms | delta ms"
+                                         for r in cols) + " |"
+        lines += [f"## batch {bs}, {n} rank(s)", "", head, "|---|" + "---:|---:|---:|---:|---:|" * len(cols)]
+        for phase, rows in part.groupby("phase", sort=False):
+            cells = []
+            for r in cols:
+                x = rows[rows["rank"] == r]
+                if x.empty:
+                    cells += [""] * 5
+                    continue
+                m, s = float(x.measured_ms.iloc[0]), float(x.simulated_ms.iloc[0])
+                cells += [f"{m:.2f}", f"{float(x.median_ms.iloc[0]):.2f}", f"{float(x.p90_ms.iloc[0]):.2f}",
+                          f"{s:.2f}", f"{m - s:+.2f}"]
+            lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def tables_markdown(tab: pd.DataFrame, platforms: list[str]) -> list[str]:
+    """Per configuration and kernel: the tables' summed time in situ and as each platform predicts it,
+    the GMAE over tables, and the median in situ / predicted of light (pooling <= 2) and other tables."""
+    lines = ["## Per table: embedding-bag kernels in situ vs predicted", "",
+             "In situ: each table's forward (between consecutive lookups) and backward + SGD row update (from its "
+             "input gradient's arrival to its update hook), median over the timed iterations; predicted: the "
+             "platform's duration of that table's task in the same graph (host contention applied).", "",
+             "| batch | ranks | kernel | in situ ms (sum) | " + " | ".join(
+                 f"`{Path(p).name}` ms (sum) | GMAE % | light x | others x" for p in platforms) + " |",
+             "|---:|---:|---|---:|" + "---:|---:|---:|---:|" * len(platforms)]
+    light = tab["pooling"] <= 2.0
+    for (bs, n), part in tab.groupby(["batch", "ranks"], sort=False):
+        lt = light[part.index]
+        for kind in ("fwd", "bwd"):
+            ins = part[f"{kind}_insitu_ms"]
+            cells = [f"{ins.sum():.2f}"]
+            for p in platforms:
+                pred = part[f"{kind}_{p}_ms"]
+                ratio = ins / pred
+                cells += [f"{pred.sum():.2f}", f"{geomean_abs_pct_error(pred.to_numpy(), ins.to_numpy()):.1f}",
+                          f"{ratio[lt].median():.2f}", f"{ratio[~lt].median():.2f}"]
+            lines.append(f"| {bs} | {n} | {kind} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--platform", nargs="+", default=["cpu-local"],
+                    help="pack specs to predict with, as experiments/e2e_windows.py takes them (refit:DIR fits a "
+                         "stored pack's data first); the phase tables use the first, every one gets per-table figures")
+    ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024, 4096])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "dlrm_phases_cpu.md"))
+    a = ap.parse_args()
+    df, tab = run(a.platform, a.batches, a.ranks, a.iters)
+    command = f"flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py --platform {' '.join(a.platform)}"
+    out = Path(a.out)
+    out.with_suffix(".json").write_text(json.dumps({"phases": df.to_dict(orient="records"),
+                                                    "tables": tab.to_dict(orient="records")}, indent=1))
+    out.write_text(markdown(df, a.platform[0], command) + "\n".join(tables_markdown(tab, a.platform)))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
