@@ -309,6 +309,10 @@ def calibrate(
         "memory_bound_timing": "cold" if cold_memory else "warm",
         #: how the GEMMs were timed: "warm" (repeated on one instance) or "cold" (as memory-bound ones)
         "gemm_timing": gemm_timing,
+        #: the untimed embedding-bag call between the cache eviction and a timed one: "neighbour" = a
+        #: typical other table's (calibration.embedding_bag.neighbour_warmers, since session 18); "tiny"
+        #: (packs without the key): the same op on a 256-row table
+        "embedding_warmup": "neighbour",
         #: wall seconds of one minor page fault (CPU; 0: not measured) and the allocation size from
         #: which every step's block faults afresh, bytes (see predictor/calibration/page_faults.py)
         "page_fault_s": base.page_fault_s,

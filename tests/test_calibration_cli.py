@@ -46,6 +46,7 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     assert pack.manifest["memory_bound_timing"] == "cold"
     assert set(pd.read_csv(out / "data" / "elementwise.csv")["cold"]) == {1}
     assert set(pd.read_csv(out / "data" / "gemm.csv")["cold"]) == {0} and pack.manifest["gemm_timing"] == "warm"
+    assert pack.manifest["embedding_warmup"] == "neighbour"
 
 
 def test_calibrate_gemms_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
