@@ -93,10 +93,16 @@ def phase_seconds(marks: list[tuple[str, float]]) -> dict[str, float]:
             "a2a_bwd": at.get("a2a_bwd_end", [None])[0],
             "emb_bwd": max(at.get("emb_bwd") or at.get("emb_grad") or at["backward"]),
             "ddp_tail": at["backward"][0], "optimizer": at["optimizer"][0]}
+    return phase_durations(ends, ends["start"])
+
+
+def phase_durations(ends: dict[str, float | None], start: float) -> dict[str, float]:
+    """Seconds of each of :data:`PHASES` from the time each one ends (``None``: the iteration lacks
+    it) and the iteration's start (seconds, one clock)."""
     out: dict[str, float] = {}
-    prev = ends["start"]
+    prev = start
     for name in PHASES:
-        if ends[name] is None:
+        if ends.get(name) is None:
             continue
         out[name] = ends[name] - prev
         prev = ends[name]

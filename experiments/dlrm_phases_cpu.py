@@ -30,7 +30,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.dlrm_gloo import PHASES, measure_dlrm  # noqa: E402
+from experiments.dlrm_gloo import PHASES, measure_dlrm, phase_durations  # noqa: E402
 from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
 from experiments.e2e_windows import resolve_spec  # noqa: E402
 from predictor.graph import ExecutionGraph  # noqa: E402
@@ -68,13 +68,7 @@ def simulated_phases(tl: Timeline, rank: int) -> dict[str, float]:
         "ddp_tail": last_end(np.char.startswith(names.astype(str), "copy_bucket_to_grad")) or last_end(emb_b),
         "optimizer": float(f["end"].max()),
     }
-    out, prev = {}, 0.0
-    for p in PHASES:
-        if ends[p] is None:
-            continue
-        out[p] = ends[p] - prev
-        prev = ends[p]
-    return out
+    return phase_durations(ends, 0.0)
 
 
 def table_seconds(marks: list[tuple[str, float]], local: np.ndarray) -> dict[str, dict[int, float]]:
