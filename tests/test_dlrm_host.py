@@ -139,3 +139,17 @@ def test_table_seconds_reads_each_tables_calls_from_the_marks():
     got = table_seconds(marks, local)
     assert got["fwd"] == {2: 1.0, 5: 0.5, 7: 2.0}
     assert got["bwd"] == {7: 1.0, 5: 0.5, 2: 1.5}  # last table first
+
+
+def test_embedding_generalisation_markdown_has_a_table_per_pack_and_kernel():
+    import pandas as pd
+
+    from experiments.embedding_generalisation_cpu import markdown
+
+    rows = [{"pack": "p", "variant": v, "seed": s, "batch": b, "kernel": k, "heldout_gmae_pct": 3.0 + s,
+             "sum_err_pct": -10.0 + s, "tables_gmae_pct": 12.0}
+            for v in ("current", "x") for s in (0, 1) for b in (256, 1024)
+            for k in ("embedding_bag_fwd", "embedding_bag_bwd")]
+    md = markdown(pd.DataFrame(rows), "cmd", "then")
+    assert md.count("## p, embedding_bag_") == 2
+    assert "| current | 3.5 | -9.5 | 12.0 | -9.5 | 12.0 |" in md  # mean over the seeds
