@@ -388,10 +388,11 @@ def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndar
     import torch.nn.functional as F
 
     from experiments.measure_env import llc_flush_buffer, time_call
-    from predictor.calibration.embedding_bag import neighbour_warmers
+    from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight
 
     torch.set_num_threads(base.threads)
     flush = llc_flush_buffer()
+    neighbour = neighbour_weight(torch.device("cpu"))
     fwd, bwd = np.zeros(len(base.rows)), np.zeros(len(base.rows))
     for t in range(len(base.rows)):
         idx, off = table_batch(base, t, 0)
@@ -406,7 +407,7 @@ def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndar
                 w.add_(w.grad, alpha=-0.01)
             w.grad = None
 
-        warm_fwd, warm_bwd = neighbour_warmers(base.batch_size, torch.device("cpu"))
+        warm_fwd, warm_bwd = neighbour_warmers(base.batch_size, neighbour)
         fwd[t] = time_call(lambda it=it, w=w, ot=ot: F.embedding_bag(it, w, ot, mode="sum", sparse=True),
                            lambda warm=warm_fwd: (flush(), warm()), n=n_calls, warmup=1)
         bwd[t] = time_call(backward, lambda warm=warm_bwd: (flush(), warm()), n=n_calls, warmup=1)

@@ -61,7 +61,7 @@ def simulated_phases(tl: Timeline, rank: int) -> dict[str, float]:
         "emb_fwd": last_end(kind == "embedding_bag_fwd"),
         "a2a_fwd": last_end(names == "all_to_all_fwd"),
         "dense_fwd": last_end(names == "bce_loss"),
-        "dense_bwd": first_start(names == "all_to_all_bwd") if np.any(names == "all_to_all_bwd") else first_start(emb_b),
+        "dense_bwd": first_start(names == "all_to_all_bwd") or first_start(emb_b),
         "a2a_bwd": last_end(names == "all_to_all_bwd"),
         "emb_bwd": last_end(emb_b),
         # one rank: no DDP, backward() ends with the last table's backward
@@ -97,7 +97,6 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
     ms; per table and rank, its forward / backward in situ and each platform's prediction (ms)."""
     with tempfile.TemporaryDirectory(prefix="dlrm-phases-") as work:  # refit: specs are fitted here first
         timings = {p: resolve_spec(p, Path(work))[0] for p in platforms}
-    timing = timings[platforms[0]]
     rows, per_table = [], []
     for bs in batches:
         for n in ranks:
@@ -105,9 +104,10 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
             job = replace(dlrm_job(tables, bs, n, 1, 3, iters), phases=True)
             graph = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), n, mode="host",
                                      comm_threads=comm_thread_has_core(n, 1))
-            tl = simulate(graph, timing)
-            durations = {p: pd.Series(simulate(graph, t).duration, index=graph.tasks_frame()["name"])
-                         for p, t in timings.items()}
+            timelines = {p: simulate(graph, t) for p, t in timings.items()}
+            tl = timelines[platforms[0]]
+            names = graph.tasks_frame()["name"]
+            durations = {p: pd.Series(x.duration, index=names) for p, x in timelines.items()}
             meas = measure_dlrm(job)
             assignment = np.asarray(job.assignment)
             for r in range(n):

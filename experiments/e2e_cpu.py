@@ -440,11 +440,12 @@ def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
     ``batch`` (summed), and the GPT's dropout forward and backward (which the transformer
     synthesiser times with the same dropout kernel).
     """
-    from predictor.calibration.embedding_bag import neighbour_warmers
+    from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight
     from predictor.kernels.base import TaskView
     from predictor.kernels.embedding import RF_COLUMNS
 
     flush = llc_flush_buffer()
+    neighbour = neighbour_weight(torch.device("cpu"))
     tables = dlrm_tables(batch)
     job = dlrm_job(tables, batch, 1, 1, 0, 10)
     sums = {k: np.zeros(3) for k in ("embedding_bag_fwd", "embedding_bag_bwd")}
@@ -467,7 +468,7 @@ def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
                 w.add_(w.grad, alpha=-1e-3)
             w.grad = None
 
-        warm_fwd, warm_bwd = neighbour_warmers(batch, torch.device("cpu"))
+        warm_fwd, warm_bwd = neighbour_warmers(batch, neighbour)
         for kind, fn, warm in (("embedding_bag_fwd", fwd, warm_fwd), ("embedding_bag_bwd", bwd, warm_bwd)):
             pred = float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
             sums[kind] += [pred, time_call(fn, None), time_call(fn, lambda warm=warm: (flush(), warm()))]

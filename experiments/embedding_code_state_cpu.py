@@ -41,7 +41,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration.embedding_bag import neighbour_warmers  # noqa: E402
+from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight  # noqa: E402
 from predictor.calibration.timing import CacheFlusher  # noqa: E402
 
 #: (label, rows, dim, batch, pooling): tables of the e2e DLRM task at batch 1024 (light ones with many
@@ -81,12 +81,13 @@ def measure(repeats: int, llc_bytes: float, log=print) -> list[dict]:
     torch.set_num_threads(1)
     flush = CacheFlusher(torch.device("cpu"), llc_bytes)
     big_fwd, big_bwd = _table(*BIG[1:], seed=99)
+    neighbour = neighbour_weight(torch.device("cpu"))
     small = torch.randn(1024, 32)
     rows = []
     for label, r, d, b, pooling in TABLES:
         fwd, bwd = _table(r, d, b, pooling, seed=r)
         warm_fwd, warm_bwd = _table(TINY[0], d, TINY[2], TINY[1] / TINY[2], seed=7)
-        nb_fwd, nb_bwd = neighbour_warmers(b, torch.device("cpu"))
+        nb_fwd, nb_bwd = neighbour_warmers(b, neighbour)
         for kind, call, warm, big, nb in (("fwd", fwd, warm_fwd, big_fwd, nb_fwd), ("bwd", bwd, warm_bwd, big_bwd, nb_bwd)):
             states: dict[str, list[Callable[[], None]]] = {
                 "tiny warm": [warm], "cold code": [], "after big": [big], "after big + warm": [big, warm],
