@@ -32,6 +32,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import fail  # noqa: E402
 from experiments.dlrm_gloo import predicted_embedding_seconds  # noqa: E402
 from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
 from experiments.kernel_model_variants import _specs  # noqa: E402
@@ -41,7 +42,7 @@ from predictor.kernels import analytic_models  # noqa: E402
 from predictor.kernels.embedding import RF_COLUMNS  # noqa: E402
 from predictor.kernels.timing import ModelTiming  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import load_asset_pack  # noqa: E402
+from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 #: (label, spec -> variant spec); applied to both embedding kernels
 VARIANTS: list[tuple[str, Callable[[ModelSpec], ModelSpec] | None]] = [
@@ -114,6 +115,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "embedding_generalisation_cpu.md"))
     a = ap.parse_args()
+    for p in a.packs:  # bad input: one line and exit 2 before any fitting
+        try:
+            pack = load_asset_pack(p, allow_unfitted=True)
+        except AssetPackError as exc:
+            fail(f"--packs {p}: {exc}")
+        if not (pack.path / "data" / "embedding_bag.csv").is_file():
+            fail(f"--packs {p}: the pack stores no embedding_bag benchmark data (data/embedding_bag.csv)")
+    try:
+        json.loads(Path(a.tables).read_text())["batches"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        fail(f"--tables {a.tables}: not a results file of experiments/embedding_tables_cpu.py ({exc!r})")
     df = run([Path(p) for p in a.packs], Path(a.tables), a.seeds)
     rel = [str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p for p in a.packs]
     command = (f"python experiments/embedding_generalisation_cpu.py --packs {' '.join(rel)} --seeds "

@@ -153,3 +153,17 @@ def test_embedding_generalisation_markdown_has_a_table_per_pack_and_kernel():
     md = markdown(pd.DataFrame(rows), "cmd", "then")
     assert md.count("## p, embedding_bag_") == 2
     assert "| current | 3.5 | -9.5 | 12.0 | -9.5 | 12.0 |" in md  # mean over the seeds
+
+
+@pytest.mark.parametrize("args", [["--packs", "/nonexistent-pack"],
+                                  ["--packs", "benchmarks/results/data/packs/cpu-emb-nb18", "--tables", "README.md"]])
+def test_embedding_generalisation_refuses_bad_input_with_exit_2(args, monkeypatch, capsys):
+    from pathlib import Path
+
+    from experiments.embedding_generalisation_cpu import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.setattr("sys.argv", ["embedding_generalisation_cpu.py", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("error: ")
