@@ -185,6 +185,22 @@ def _sgd_in_backward(w: torch.Tensor) -> None:
     _mark("emb_bwd")
 
 
+def _timed_allreduce_hook(state, bucket):
+    """DDP's default hook (all-reduce of the bucket divided by the world size) with a mark when each
+    bucket's all-reduce is issued (``ar_issue``, on the main thread) and when it completes
+    (``ar_done``, on gloo's thread), so the phases show the all-reduces in situ."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    _mark("ar_issue")
+    fut = allreduce_hook(state, bucket)
+
+    def done(f):
+        _mark("ar_done")
+        return f.value()
+
+    return fut.then(done)
+
+
 def _mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
@@ -223,6 +239,8 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     dense = _Dense(bottom, top)
     # one process: plain training (no DDP, no all-to-all), as the synthesiser's 1-rank graph
     ddp = nn.parallel.DistributedDataParallel(dense) if n > 1 else dense
+    if n > 1 and spec.phases:
+        ddp.register_comm_hook(None, _timed_allreduce_hook)
     opt_dense = torch.optim.SGD(ddp.parameters(), lr=0.01)
     # tables: SGD fused into the backward, as FBGEMM's backward-SGD kernel does on GPUs (and as the
     # calibrated embedding_bag_bwd kernel is timed): the row update runs as soon as a table's

@@ -91,13 +91,33 @@ def table_seconds(marks: list[tuple[str, float]], local: np.ndarray) -> dict[str
     return {"fwd": fwd, "bwd": bwd}
 
 
+def allreduce_seconds(marks: list[tuple[str, float]]) -> list[tuple[float, float]]:
+    """(issued, done) seconds after the iteration's start of each DDP bucket all-reduce in one
+    iteration's marks (``ar_issue`` / ``ar_done`` of :func:`~experiments.dlrm_gloo._timed_allreduce_hook`),
+    in issue order; the k-th completion is paired with the k-th issue (gloo's queue is FIFO)."""
+    start = next(t for label, t in marks if label == "start")
+    issued = [t - start for label, t in marks if label == "ar_issue"]
+    done = sorted(t - start for label, t in marks if label == "ar_done")
+    return list(zip(issued, done, strict=False))
+
+
+def simulated_allreduces(tl: Timeline, rank: int) -> list[tuple[float, float]]:
+    """(start, end) seconds of ``rank``'s DDP all-reduce tasks in the simulated timeline, bucket order."""
+    f = tl.graph.tasks_frame().assign(start=tl.start, end=tl.end)
+    f = f[(f["rank"] == rank) & f["name"].astype(str).str.startswith("ddp.all_reduce[")]
+    f = f.assign(bucket=f["name"].str.extract(r"\[(\d+)\]", expand=False).astype(int)).sort_values("bucket")
+    return list(zip(f["start"].astype(float), f["end"].astype(float), strict=True))
+
+
 def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
-        log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(phases, tables): per phase and rank, measured and simulated (with ``platforms[0]``) seconds in
-    ms; per table and rank, its forward / backward in situ and each platform's prediction (ms)."""
+        log=print) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(phases, tables, all-reduces): per phase and rank, measured and simulated (with ``platforms[0]``)
+    seconds in ms; per table and rank, its forward / backward in situ and each platform's prediction
+    (ms); per DDP bucket and rank (several ranks), its all-reduce's issue and completion in situ and
+    in the simulated timeline (ms after the iteration's start)."""
     with tempfile.TemporaryDirectory(prefix="dlrm-phases-") as work:  # refit: specs are fitted here first
         timings = {p: resolve_spec(p, Path(work))[0] for p in platforms}
-    rows, per_table = [], []
+    rows, per_table, reduces = [], [], []
     for bs in batches:
         for n in ranks:
             tables = dlrm_tables(bs)
@@ -121,6 +141,20 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
                         for p, d in durations.items():
                             row[f"{kind}_{p}_ms"] = float(d[f"embedding_bag_{kind}[{ti}]"].sum()) * 1e3
                     per_table.append(row)
+            for r in range(n) if n > 1 else ():
+                sim = simulated_allreduces(tl, r)
+                insitu_ar = [allreduce_seconds(mk) for mk in meas["marks"][r]]
+                for bi, (s0, s1) in enumerate(sim):
+                    got = np.array([x[bi] for x in insitu_ar if len(x) > bi]).reshape(-1, 2)
+                    if not len(got):
+                        continue
+                    reduces.append({"batch": bs, "ranks": n, "rank": r, "bucket": bi,
+                                    "issued_ms": float(np.median(got[:, 0])) * 1e3,
+                                    "done_ms": float(np.median(got[:, 1])) * 1e3,
+                                    "insitu_ms": float(np.median(got[:, 1] - got[:, 0])) * 1e3,
+                                    "insitu_p90_ms": float(np.quantile(got[:, 1] - got[:, 0], 0.9)) * 1e3,
+                                    "sim_start_ms": s0 * 1e3, "sim_end_ms": s1 * 1e3,
+                                    "sim_ms": (s1 - s0) * 1e3})
             for r in range(n):
                 ph = pd.DataFrame(meas["phases"][r])
                 s = simulated_phases(tl, r)
@@ -138,7 +172,26 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
                              "simulated_ms": float(tl.per_rank_s[r]) * 1e3})
                 log(f"batch {bs} ranks {n} rank {r}: measured {np.median(meas['times'][r]) * 1e3:.2f} ms, "
                     f"simulated {tl.per_rank_s[r] * 1e3:.2f} ms")
-    return pd.DataFrame(rows), pd.DataFrame(per_table)
+    return pd.DataFrame(rows), pd.DataFrame(per_table), pd.DataFrame(reduces)
+
+
+def allreduce_markdown(ar: pd.DataFrame) -> list[str]:
+    """The DDP bucket all-reduces in situ against the simulated timeline, per batch, rank and bucket."""
+    if ar.empty:
+        return []
+    lines = ["## DDP all-reduces in situ vs simulated", "",
+             "In situ: DDP's default all-reduce wrapped in a comm hook that marks when each bucket's all-reduce is "
+             "issued (main thread) and when it completes (gloo's thread), median over the timed iterations, ms after "
+             "the iteration's start; simulated: the same bucket's `ddp.all_reduce` task.", "",
+             "| batch | rank | bucket | issued ms | done ms | in situ ms (p90) | simulated start ms | end ms | "
+             "simulated ms | in situ / simulated |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in ar.itertuples():
+        lines.append(f"| {x.batch} | {x.rank} | {x.bucket} | {x.issued_ms:.2f} | {x.done_ms:.2f} | "
+                     f"{x.insitu_ms:.2f} ({x.insitu_p90_ms:.2f}) | {x.sim_start_ms:.2f} | {x.sim_end_ms:.2f} | "
+                     f"{x.sim_ms:.2f} | {x.insitu_ms / max(x.sim_ms, 1e-9):.2f} |")
+    lines.append("")
+    return lines
 
 
 def markdown(df: pd.DataFrame, platform: str, command: str) -> str:
@@ -206,12 +259,14 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "dlrm_phases_cpu.md"))
     a = ap.parse_args()
-    df, tab = run(a.platform, a.batches, a.ranks, a.iters)
+    df, tab, ar = run(a.platform, a.batches, a.ranks, a.iters)
     command = f"flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py --platform {' '.join(a.platform)}"
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps({"phases": df.to_dict(orient="records"),
-                                                    "tables": tab.to_dict(orient="records")}, indent=1))
-    out.write_text(markdown(df, a.platform[0], command) + "\n".join(tables_markdown(tab, a.platform)))
+                                                    "tables": tab.to_dict(orient="records"),
+                                                    "all_reduces": ar.to_dict(orient="records")}, indent=1))
+    out.write_text(markdown(df, a.platform[0], command) + "\n".join(tables_markdown(tab, a.platform)
+                                                                    + allreduce_markdown(ar)))
     print(f"wrote {out}")
 
 

@@ -56,12 +56,18 @@ VARIANTS: list[Variant] = [
     *[(k, "+ optional n_al16", lambda s: dataclasses.replace(s, features=(*s.features, "n_al16"),
                                                                optional_features=("n_al16",)))
       for k in ("softmax", "softmax_bwd", "log_softmax_bwd", "layer_norm")],
+    *[(k, "MLP on elements", lambda s: dataclasses.replace(s, method="mlp", features=("elements", "dtype_bytes"),
+                                                             work=("elements",)))
+      for k in ("relu", "gelu", "tanh", "add", "mul", "relu_bwd", "gelu_bwd", "tanh_bwd", "memcpy")],
+    ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
+        s, features=tuple(f for f in s.features if f != "conv_native"), raw_features=())),
 ]
 
 
 def _specs(pack_manifest: dict, families: list[str]) -> list[tuple[str, ModelSpec]]:
     ctx = BenchContext(device=torch.device("cpu"), level=pack_manifest.get("level", "quick"),
-                       rng=np.random.default_rng(0), timer=Timer(torch.device("cpu")))
+                       rng=np.random.default_rng(0), timer=Timer(torch.device("cpu")),
+                       threads=int(pack_manifest.get("threads") or 1))
     return [(b.name, s) for b in make_benchmarks(int(pack_manifest.get("world_size", 1)), families)
             for s in b.specs(ctx)]
 

@@ -249,6 +249,7 @@ def calibrate(
                 cold_gemm=gemm_timing == "cold",
                 part=(p, passes) if bench.spread_rounds else None,
                 only=reached.get(bench.name) if p else None,
+                threads=n_threads,
             )
             t0 = time.perf_counter()
             frame = bench.run(ctx)
@@ -422,7 +423,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     world_size = int(m.get("world_size", 1))
     seed = int(m.get("seed", 0))
     ctx = BenchContext(device=dev, level=level, rng=np.random.default_rng(seed),
-                       timer=Timer(torch.device("cpu")), log=log)
+                       timer=Timer(torch.device("cpu")), log=log, threads=int(m.get("threads") or 1))
     specs = [(b.name, s) for b in make_benchmarks(world_size, list(data)) for s in b.specs(ctx)]
     base = old.platform.model_copy(update={"name": re.sub(r" \(calibrated [0-9-]+\)$", "", old.platform.name)})
     if platform_facts:

@@ -128,6 +128,9 @@ class BenchContext:
     only: frozenset[int] | None = None
     #: multiple of the level's sample counts (:meth:`count`; ``tuner calibrate --scale``)
     scale: float = 1.0
+    #: torch intra-op threads the CPU benchmarks run on (the pack's ``threads``); some kernel
+    #: libraries pick their code path by it (PyTorch's CPU convolution: see :mod:`.conv2d`)
+    threads: int = 1
     extra: dict = field(default_factory=dict)
 
     @property

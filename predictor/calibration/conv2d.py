@@ -4,7 +4,10 @@ A convolution of ``N x C_in x H x W`` by ``C_out x C_in x kh x kw`` (stride 1, "
 padding) is a GEMM with ``m = H_out * W_out`` output pixels per image, ``n = C_out`` and
 ``k = C_in * kh * kw``, repeated over ``batch = N`` images. Those are the parameters a graph
 task carries (columns ``m, n, k, batch``, plus ``dim`` = the kernel height ``kh``), and the
-MLP's features (a task without ``dim`` falls back to the analytic GEMM model). Kernel sizes 1, 3 and 5;
+MLP's features (a task without ``dim`` falls back to the analytic GEMM model). On a CPU the MLP also
+gets ``conv_native`` (one thread; ``conv_native_mt`` with more): whether PyTorch runs the convolution
+with its own kernel or hands it to oneDNN (:func:`~predictor.kernels.learned.conv_native`, ATen's
+rule: 1x1 filters on fewer than 16 images, and small single images, stay native). Kernel sizes 1, 3 and 5;
 channels and spatial sizes log-uniform. fp32 (the CPU's conv path for bf16 is a slow
 fallback; on CUDA bf16 is added).
 """
@@ -30,9 +33,13 @@ class Conv2dBenchmark(Benchmark):
         return ("fp32", "bf16") if ctx.is_cuda else ("fp32",)
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
+        # on a CPU, which of PyTorch's two convolution paths runs (its own or oneDNN's; the rule
+        # depends on the thread count): an indicator the MLP gets as it is (not logged)
+        path = () if ctx.is_cuda else ("conv_native" if ctx.threads == 1 else "conv_native_mt",)
         return [
             ModelSpec(kernel=f"conv2d/{dt}", kinds=("conv2d", "conv"), method="mlp",
-                      features=("m", "n", "k", "batch", "dim"), work=("m", "n", "k", "batch"), route=f"conv2d/{dt}",
+                      features=("m", "n", "k", "batch", "dim", *path), raw_features=path,
+                      work=("m", "n", "k", "batch"), route=f"conv2d/{dt}",
                       model="conv2d", router="dtype", prefix="conv2d", fallback="analytic-gemm")
             for dt in self.dtypes(ctx)
         ]

@@ -56,6 +56,8 @@ __all__ = [
     "fit_roofline",
     "FittedRoofline",
     "uniform_reuse_factors",
+    "CONV_PATH_FEATURES",
+    "conv_native",
     "DERIVED_FEATURES",
     "ALIGN16_FEATURES",
     "feature_matrix",
@@ -477,7 +479,28 @@ def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
 #: elements, else 0; not logged): BLAS micro-kernels work on register tiles of 8-16 fp32 lanes,
 #: and a ragged edge costs a masked or scalar tail.
 ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
-DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES)
+#: PyTorch's CPU convolution path (columns ``m = H W``, ``k``, ``dim = kh``, ``batch``): 1 when an fp32
+#: convolution runs ATen's own kernel (im2col + GEMM, ``Slow2d``), 0 when it goes to oneDNN. ATen's
+#: ``use_mkldnn`` rule: a 1x1 filter on fewer than 16 images stays native on one thread
+#: (``conv_native``; with more threads, ``conv_native_mt``, oneDNN takes it), and so does a filter of at
+#: most 3x3 on a single image of at most 20480 input elements. The two paths differ by up to 3x at
+#: the same FLOPs on the 2-core VM; an MLP on log sizes cannot place that edge from a few hundred
+#: samples (held-out conv2d GMAE 10-12 % -> 6-8 %, ``experiments/results/kernel_model_variants.md``)
+CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
+DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
+                    *CONV_PATH_FEATURES)
+
+
+def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -> np.ndarray:
+    """Whether PyTorch runs each stride-1 fp32 convolution on the CPU with its own kernel rather than
+    oneDNN (bool array; :data:`CONV_PATH_FEATURES`), from columns ``m`` (output pixels per image, = H W
+    with "same" padding), ``k`` (``C_in kh kw``), ``dim`` (``kh``, square filters) and ``batch`` (images)."""
+    kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
+    k = np.asarray(columns["k"], dtype=np.float64)
+    images = np.asarray(columns["batch"], dtype=np.float64)
+    in_elements = k / (kh * kh) * np.asarray(columns["m"], dtype=np.float64)  # C_in H W of one image
+    one_by_one = (kh == 1) & (images < 16) if single_thread else np.zeros(len(k), dtype=bool)
+    return one_by_one | ((kh <= 3) & (images <= 1) & (in_elements <= 20480))
 
 
 def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n: int) -> np.ndarray:
@@ -493,6 +516,8 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             out.append(((np.mod(rows_n, 16) == 0) & (np.mod(rows_k, 16) == 0)).astype(np.float64))
         elif f in ALIGN16_FEATURES:
             out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
+        elif f in CONV_PATH_FEATURES:
+            out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
         elif f in DERIVED_FEATURES:
             b = np.asarray(columns["batch"], dtype=np.float64)
             L = np.asarray(columns["pooling"], dtype=np.float64)
