@@ -157,6 +157,7 @@ class _AllToAll(torch.autograd.Function):
     def forward(ctx, x, send_split, recv_split):  # noqa: D401 - torch signature
         ctx.send_split, ctx.recv_split = send_split, recv_split
         out = x.new_empty(sum(recv_split))
+        _mark("a2a_fwd_start")
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv_split, input_split_sizes=send_split)
         _mark("a2a_fwd")
         return out
@@ -291,6 +292,7 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     global _MARKS
     phases: list[dict[str, float]] = []
     marks: list[list[tuple[str, float]]] = []
+    starts: list[float] = []  # perf_counter (CLOCK_MONOTONIC: one clock for every process of the host)
     for it in range(spec.warmup + spec.iters):
         if it == spec.warmup:
             ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -307,6 +309,7 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
         if _MARKS is not None:
             phases.append(phase_seconds(_MARKS))
             marks.append([(label, t - _MARKS[0][1]) for label, t in _MARKS])
+            starts.append(_MARKS[0][1])
             _MARKS = None
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     # per timed iteration (barriers included): CPU time of all this rank's threads, page faults, and
@@ -323,7 +326,8 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
         prof.export_chrome_trace(str(Path(spec.trace_dir) / f"rank{rank}.trace.json"))
     rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)}
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf, "system": system,
-                                                                "phases": phases, "marks": marks}))
+                                                                "phases": phases, "marks": marks,
+                                                                "starts": starts}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -333,8 +337,9 @@ def measure_dlrm(spec: DLRMJobSpec) -> dict:
     median iteration per rank (seconds), its max over ranks, every timed iteration of every rank, the
     reuse histograms, per rank the CPU accounting of a timed iteration (user / system seconds, minor
     page faults, involuntary context switches; see :func:`_worker`) and (``spec.phases``) per rank and
-    timed iteration the seconds of each of :data:`PHASES` (:func:`phase_seconds`) and its raw
-    ``(label, seconds since the iteration's start)`` marks."""
+    timed iteration the seconds of each of :data:`PHASES` (:func:`phase_seconds`), its raw
+    ``(label, seconds since the iteration's start)`` marks and (``starts``) the start's
+    ``perf_counter`` reading (CLOCK_MONOTONIC on Linux, comparable across the ranks' processes)."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_worker, args=(spec, free_port(), tmp), nprocs=spec.n_ranks, join=True, start_method="fork")
         per_rank = []
@@ -343,16 +348,18 @@ def measure_dlrm(spec: DLRMJobSpec) -> dict:
         system = []
         phases = []
         marks = []
+        starts = []
         for r in range(spec.n_ranks):
             d = json.loads((Path(tmp) / f"rank{r}.json").read_text())
             system.append(d["system"])
             phases.append(d["phases"])
             marks.append(d["marks"])
+            starts.append(d.get("starts", []))
             per_rank.append(float(np.median(d["times"])))
             times.append([float(t) for t in d["times"]])
             rf.update({int(k): v for k, v in d["rf"].items()})
     return {"iteration_s": max(per_rank), "per_rank_s": per_rank, "times": times, "rf": rf, "system": system,
-            "phases": phases, "marks": marks}
+            "phases": phases, "marks": marks, "starts": starts}
 
 
 # ----------------------------------------------------------------------------- diagnosis

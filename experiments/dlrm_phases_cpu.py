@@ -101,6 +101,24 @@ def allreduce_seconds(marks: list[tuple[str, float]]) -> list[tuple[float, float
     return list(zip(issued, done, strict=False))
 
 
+def collective_seconds(marks: list[list[tuple[str, float]]], starts: list[float], begin: str, end: str,
+                       nth: int = 0) -> tuple[float, float] | None:
+    """(seconds from the last rank's arrival to the collective's end, arrival skew in seconds) of the
+    ``nth`` collective that starts at mark ``begin`` and ends at mark ``end`` in one iteration, from
+    every rank's marks (``marks[r]``, seconds after ``starts[r]``, all on one host clock); None when
+    a rank lacks the marks. The end is the last rank's (the collective ends together on all ranks,
+    up to the wake-up of each rank's waiting thread)."""
+    arrive, done = [], []
+    for mk, t0 in zip(marks, starts, strict=True):
+        b = [t for label, t in mk if label == begin]
+        e = sorted(t for label, t in mk if label == end)
+        if len(b) <= nth or len(e) <= nth:
+            return None
+        arrive.append(t0 + b[nth])
+        done.append(t0 + e[nth])
+    return max(done) - max(arrive), max(arrive) - min(arrive)
+
+
 def simulated_allreduces(tl: Timeline, rank: int) -> list[tuple[float, float]]:
     """(start, end) seconds of ``rank``'s DDP all-reduce tasks in the simulated timeline, bucket order."""
     f = tl.graph.tasks_frame().assign(start=tl.start, end=tl.end)
@@ -110,14 +128,15 @@ def simulated_allreduces(tl: Timeline, rank: int) -> list[tuple[float, float]]:
 
 
 def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
-        log=print) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(phases, tables, all-reduces): per phase and rank, measured and simulated (with ``platforms[0]``)
+        log=print) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(phases, tables, all-reduces, collectives): per phase and rank, measured and simulated (with ``platforms[0]``)
     seconds in ms; per table and rank, its forward / backward in situ and each platform's prediction
     (ms); per DDP bucket and rank (several ranks), its all-reduce's issue and completion in situ and
-    in the simulated timeline (ms after the iteration's start)."""
+    in the simulated timeline (ms after the iteration's start); per collective of the step (several
+    ranks), its in-situ time from the last rank's arrival and its calibrated duration (ms)."""
     with tempfile.TemporaryDirectory(prefix="dlrm-phases-") as work:  # refit: specs are fitted here first
         timings = {p: resolve_spec(p, Path(work))[0] for p in platforms}
-    rows, per_table, reduces = [], [], []
+    rows, per_table, reduces, colls = [], [], [], []
     for bs in batches:
         for n in ranks:
             tables = dlrm_tables(bs)
@@ -141,6 +160,27 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
                         for p, d in durations.items():
                             row[f"{kind}_{p}_ms"] = float(d[f"embedding_bag_{kind}[{ti}]"].sum()) * 1e3
                     per_table.append(row)
+            if n > 1 and meas.get("starts") and all(meas["starts"]):
+                f = graph.tasks_frame().assign(dur=tl.duration)
+                f = f[f["rank"] == 0]
+                probes = [("all_to_all_fwd", "a2a_fwd_start", "a2a_fwd", 0),
+                          ("all_to_all_bwd", "a2a_bwd_start", "a2a_bwd_end", 0)]
+                probes += [(f"ddp.all_reduce[{bi}]", "ar_issue", "ar_done", bi)
+                           for bi in range(int(f["name"].astype(str).str.startswith("ddp.all_reduce[").sum()))]
+                for task, begin, end, nth in probes:
+                    got = [collective_seconds([meas["marks"][r][i] for r in range(n)],
+                                              [meas["starts"][r][i] for r in range(n)], begin, end, nth)
+                           for i in range(len(meas["starts"][0]))]
+                    got = np.array([g for g in got if g is not None]).reshape(-1, 2)
+                    sel = f[f["name"] == task]
+                    if not len(got) or sel.empty:
+                        continue
+                    colls.append({"batch": bs, "ranks": n, "collective": task,
+                                  "msg_bytes": float(sel["msg_bytes"].iloc[0]) if "msg_bytes" in sel else np.nan,
+                                  "insitu_ms": float(np.median(got[:, 0])) * 1e3,
+                                  "insitu_p90_ms": float(np.quantile(got[:, 0], 0.9)) * 1e3,
+                                  "skew_ms": float(np.median(got[:, 1])) * 1e3,
+                                  "calibrated_ms": float(sel["dur"].iloc[0]) * 1e3})
             for r in range(n) if n > 1 else ():
                 sim = simulated_allreduces(tl, r)
                 insitu_ar = [allreduce_seconds(mk) for mk in meas["marks"][r]]
@@ -172,7 +212,26 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
                              "simulated_ms": float(tl.per_rank_s[r]) * 1e3})
                 log(f"batch {bs} ranks {n} rank {r}: measured {np.median(meas['times'][r]) * 1e3:.2f} ms, "
                     f"simulated {tl.per_rank_s[r] * 1e3:.2f} ms")
-    return pd.DataFrame(rows), pd.DataFrame(per_table), pd.DataFrame(reduces)
+    return pd.DataFrame(rows), pd.DataFrame(per_table), pd.DataFrame(reduces), pd.DataFrame(colls)
+
+
+def collectives_markdown(co: pd.DataFrame, platform: str) -> list[str]:
+    """Each collective of the step in situ (from the last rank's arrival) against its calibrated time."""
+    if co.empty:
+        return []
+    lines = ["## Collectives in situ vs calibrated", "",
+             "In situ: from the last rank's arrival at the collective to its end (marks on one host clock; the "
+             "all-to-all of gradients and the all-reduces include waiting in gloo's queue behind earlier "
+             "collectives), median and p90 over the timed iterations; skew: the median gap between the ranks' "
+             f"arrivals; calibrated: the task's duration from `{platform}` (the piecewise model of the "
+             "calibration's batched back-to-back calls).", "",
+             "| batch | collective | msg bytes | in situ ms (p90) | skew ms | calibrated ms | in situ / calibrated |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for x in co.itertuples():
+        lines.append(f"| {x.batch} | {x.collective} | {x.msg_bytes:,.0f} | {x.insitu_ms:.2f} ({x.insitu_p90_ms:.2f}) | "
+                     f"{x.skew_ms:.2f} | {x.calibrated_ms:.2f} | {x.insitu_ms / max(x.calibrated_ms, 1e-9):.2f} |")
+    lines.append("")
+    return lines
 
 
 def allreduce_markdown(ar: pd.DataFrame) -> list[str]:
@@ -259,14 +318,16 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "dlrm_phases_cpu.md"))
     a = ap.parse_args()
-    df, tab, ar = run(a.platform, a.batches, a.ranks, a.iters)
+    df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters)
     command = f"flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py --platform {' '.join(a.platform)}"
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps({"phases": df.to_dict(orient="records"),
                                                     "tables": tab.to_dict(orient="records"),
-                                                    "all_reduces": ar.to_dict(orient="records")}, indent=1))
+                                                    "all_reduces": ar.to_dict(orient="records"),
+                                                    "collectives": co.to_dict(orient="records")}, indent=1))
     out.write_text(markdown(df, a.platform[0], command) + "\n".join(tables_markdown(tab, a.platform)
-                                                                    + allreduce_markdown(ar)))
+                                                                    + allreduce_markdown(ar)
+                                                                    + collectives_markdown(co, a.platform[0])))
     print(f"wrote {out}")
 
 

@@ -141,6 +141,23 @@ def test_table_seconds_reads_each_tables_calls_from_the_marks():
     assert got["bwd"] == {7: 1.0, 5: 0.5, 2: 1.5}  # last table first
 
 
+def test_collective_seconds_counts_from_the_last_ranks_arrival():
+    from experiments.dlrm_phases_cpu import allreduce_seconds, collective_seconds
+
+    # rank 1 starts its iteration 0.5 s later on the host clock and reaches the all-to-all later
+    marks = [[("start", 0.0), ("a2a_fwd_start", 1.0), ("a2a_fwd", 3.0), ("ar_issue", 4.0), ("ar_issue", 4.5),
+              ("ar_done", 6.0), ("ar_done", 7.0)],
+             [("start", 0.0), ("a2a_fwd_start", 1.5), ("a2a_fwd", 2.6), ("ar_issue", 3.0), ("ar_issue", 4.0),
+              ("ar_done", 5.5), ("ar_done", 6.5)]]
+    starts = [10.0, 10.5]
+    span, skew = collective_seconds(marks, starts, "a2a_fwd_start", "a2a_fwd")
+    assert span == pytest.approx(13.1 - 12.0) and skew == pytest.approx(1.0)
+    span, skew = collective_seconds(marks, starts, "ar_issue", "ar_done", nth=1)
+    assert span == pytest.approx(17.0 - 14.5) and skew == pytest.approx(0.0)
+    assert collective_seconds(marks, starts, "a2a_bwd_start", "a2a_bwd_end") is None
+    assert allreduce_seconds(marks[0]) == [(4.0, 6.0), (4.5, 7.0)]
+
+
 def test_embedding_generalisation_markdown_has_a_table_per_pack_and_kernel():
     import pandas as pd
 
