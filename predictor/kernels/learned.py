@@ -483,9 +483,11 @@ ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 #: convolution runs ATen's own kernel (im2col + GEMM, ``Slow2d``), 0 when it goes to oneDNN. ATen's
 #: ``use_mkldnn`` rule: a 1x1 filter on fewer than 16 images stays native on one thread
 #: (``conv_native``; with more threads, ``conv_native_mt``, oneDNN takes it), and so does a filter of at
-#: most 3x3 on a single image of at most 20480 input elements. The two paths differ by up to 3x at
-#: the same FLOPs on the 2-core VM; an MLP on log sizes cannot place that edge from a few hundred
-#: samples (held-out conv2d GMAE 10-12 % -> 6-8 %, ``experiments/results/kernel_model_variants.md``)
+#: most 3x3 on a single image of at most 20480 input elements (strided and dilated convolutions always
+#: go to oneDNN; graph tasks do not carry the stride and read as stride 1). An MLP on log sizes did not
+#: place that edge from a few hundred samples: the native path was 18 % off where the rest was 11 %;
+#: with the indicator the held-out conv2d GMAE of five stored calibrations fell from 8.6-12.0 % to
+#: 7.1-8.2 % (``experiments/results/kernel_model_variants_conv.md``)
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
                     *CONV_PATH_FEATURES)
