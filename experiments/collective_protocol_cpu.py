@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +35,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration.collectives import _time_collective, free_port  # noqa: E402
+from experiments.common import run_gloo_ranks, span_after_last_arrival  # noqa: E402
+from predictor.calibration.collectives import _time_collective  # noqa: E402
 
 PROTOCOLS = ("batched", "single", "after_work")
 
@@ -72,59 +71,39 @@ def _call(dist, kind: str, nbytes: float):
     return lambda: dist.all_to_all_single(dst, src)
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _probe(dist, rank: int, cfg: dict) -> list[dict]:
+    """One rank's side of the probe (:func:`experiments.common.run_gloo_ranks`); rank 0's rows are kept."""
     a, b = torch.rand(256, 256), torch.rand(256, 256)
     flush = torch.empty(int(2 * cfg["llc_bytes"]) // 4)
     rows = []
-    try:
-        calls = [(kind, nbytes, _call(dist, kind, nbytes)) for kind, nbytes in cfg["sizes"]]
-        for fn in (c[2] for c in calls):
-            fn()
-        for rnd in range(cfg["rounds"]):
-            for kind, nbytes, fn in calls:
-                for proto in PROTOCOLS:
-                    if proto == "batched":
-                        t = float(np.median(_time_collective(dist, fn, torch.device("cpu"), 1, 5, world)))
-                        rows.append({"round": rnd, "kind": kind, "bytes": nbytes, "protocol": proto, "seconds": t})
-                        continue
-                    dist.barrier()
-                    if proto == "after_work":
-                        end = time.perf_counter() + cfg["work_ms"] / 1e3
-                        while time.perf_counter() < end:
-                            torch.mm(a, b)
-                        flush.fill_(1.0)
-                    t0 = time.perf_counter()
-                    fn()
-                    t1 = time.perf_counter()
-                    mine = torch.tensor([t0, t1], dtype=torch.float64)
-                    every = [torch.empty(2, dtype=torch.float64) for _ in range(world)]
-                    dist.all_gather(every, mine)
-                    arrive = max(float(e[0]) for e in every)
-                    done = max(float(e[1]) for e in every)
-                    rows.append({"round": rnd, "kind": kind, "bytes": nbytes, "protocol": proto,
-                                 "seconds": done - arrive})
-        if rank == 0:
-            Path(out).write_text(json.dumps(rows))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    calls = [(kind, nbytes, _call(dist, kind, nbytes)) for kind, nbytes in cfg["sizes"]]
+    for fn in (c[2] for c in calls):
+        fn()
+    for rnd in range(cfg["rounds"]):
+        for kind, nbytes, fn in calls:
+            for proto in PROTOCOLS:
+                if proto == "batched":
+                    t = float(np.median(_time_collective(dist, fn, torch.device("cpu"), 1, 5, dist.get_world_size())))
+                    rows.append({"round": rnd, "kind": kind, "bytes": nbytes, "protocol": proto, "seconds": t})
+                    continue
+                dist.barrier()
+                if proto == "after_work":
+                    end = time.perf_counter() + cfg["work_ms"] / 1e3
+                    while time.perf_counter() < end:
+                        torch.mm(a, b)
+                    flush.fill_(1.0)
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                rows.append({"round": rnd, "kind": kind, "bytes": nbytes, "protocol": proto,
+                             "seconds": span_after_last_arrival(dist, t0, t1)})
+    return rows
 
 
 def run(batches: list[int], rounds: int, work_ms: float, llc_bytes: float) -> pd.DataFrame:
     """One row per (round, kind, bytes, protocol): seconds of one call."""
-    import torch.multiprocessing as mp
-
     cfg = {"sizes": step_sizes(batches), "rounds": rounds, "work_ms": work_ms, "llc_bytes": llc_bytes}
-    with tempfile.TemporaryDirectory(prefix="coll-protocol-") as tmp:
-        out = str(Path(tmp) / "rows.json")
-        mp.start_processes(_worker, args=(2, free_port(), cfg, out), nprocs=2, join=True, start_method="fork")
-        return pd.DataFrame(json.loads(Path(out).read_text()))
+    return pd.DataFrame(run_gloo_ranks(_probe, cfg))
 
 
 def markdown(df: pd.DataFrame, command: str, work_ms: float) -> str:

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,20 +36,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration.collectives import free_port  # noqa: E402
+from experiments.common import run_gloo_ranks, span_after_last_arrival  # noqa: E402
 
 #: (all-reduce A, all-reduce B, all-to-all) bytes of the e2e DLRM step on 2 ranks at batch 256 / 1024 / 4096
 #: (DDP's two buckets; the all-to-all's max-of-max message; ``collective_protocol_cpu.step_sizes``)
 STEP_SIZES = {256: (2295812, 178944, 1179648), 1024: (2295812, 178944, 4718592), 4096: (2295812, 178944, 18874368)}
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _probe(dist, rank: int, cfg: dict) -> list[dict]:
+    """One rank's side of the probe (:func:`experiments.common.run_gloo_ranks`); rank 0's rows are kept."""
     a, b = torch.rand(256, 256), torch.rand(256, 256)
     t0 = time.perf_counter()
     for _ in range(50):
@@ -66,26 +59,19 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
             torch.mm(a, b)
 
     rows = []
-    try:
-        for batch, sizes in cfg["sizes"].items():
-            pieces = _pieces(dist, sizes, compute, max(1, n_calls // 10))
-            for fn in pieces.values():
+    for batch, sizes in cfg["sizes"].items():
+        pieces = _pieces(dist, sizes, compute, max(1, n_calls // 10))
+        for fn in pieces.values():
+            fn()
+        for rnd in range(cfg["rounds"]):
+            for name, fn in pieces.items():
+                dist.barrier()
+                s = time.perf_counter()
                 fn()
-            for rnd in range(cfg["rounds"]):
-                for name, fn in pieces.items():
-                    dist.barrier()
-                    s = time.perf_counter()
-                    fn()
-                    e = time.perf_counter()
-                    every = [torch.empty(2, dtype=torch.float64) for _ in range(world)]
-                    dist.all_gather(every, torch.tensor([s, e], dtype=torch.float64))
-                    rows.append({"batch": int(batch), "round": rnd, "piece": name,
-                                 "seconds": max(float(v[1]) for v in every) - max(float(v[0]) for v in every)})
-        if rank == 0:
-            Path(out).write_text(json.dumps(rows))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+                e = time.perf_counter()
+                rows.append({"batch": int(batch), "round": rnd, "piece": name,
+                             "seconds": span_after_last_arrival(dist, s, e)})
+    return rows
 
 
 def _pieces(dist, sizes: tuple[int, int, int], compute, tail_calls: int) -> dict:
@@ -110,13 +96,8 @@ def _pieces(dist, sizes: tuple[int, int, int], compute, tail_calls: int) -> dict
 
 def run(rounds: int, work_ms: float, batches: list[int]) -> pd.DataFrame:
     """One row per (batch, round, piece): seconds."""
-    import torch.multiprocessing as mp
-
     cfg = {"sizes": {b: STEP_SIZES[b] for b in batches}, "rounds": rounds, "work_ms": work_ms}
-    with tempfile.TemporaryDirectory(prefix="comm-overlap-") as tmp:
-        out = str(Path(tmp) / "rows.json")
-        mp.start_processes(_worker, args=(2, free_port(), cfg, out), nprocs=2, join=True, start_method="fork")
-        return pd.DataFrame(json.loads(Path(out).read_text()))
+    return pd.DataFrame(run_gloo_ranks(_probe, cfg))
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
