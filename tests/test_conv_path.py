@@ -52,3 +52,40 @@ def test_conv_spec_takes_the_path_of_its_thread_count() -> None:
     m = feature_matrix(cols, ["conv_native", "conv_native_mt"], len(SHAPES))
     assert set(np.unique(m)) <= {0.0, 1.0}
     assert (m[:, 1] <= m[:, 0]).all()  # more threads: fewer native convolutions
+
+
+def test_a_conv_model_with_the_path_indicator_recovers_a_slower_native_path():
+    """Synthetic convolutions whose native path runs 2x slower at the same FLOPs: the fit puts the known
+    factor 2 on the indicator, and a graph task reaches the feature through the routed model."""
+    from predictor.kernels.base import TaskView
+    from predictor.kernels.learned import MLPConfig, MLPKernelModel, fit_mlp
+    from predictor.platforms import get_platform
+
+    rng = np.random.default_rng(0)
+    n_samples = 500
+    kh = rng.choice([1.0, 3.0], n_samples)
+    cols = {"batch": np.round(np.exp(rng.uniform(0, np.log(64), n_samples))),
+            "k": np.round(np.exp(rng.uniform(np.log(8), np.log(256), n_samples))) * kh * kh,
+            "m": np.round(np.exp(rng.uniform(np.log(16), np.log(4096), n_samples))),
+            "n": np.round(np.exp(rng.uniform(np.log(8), np.log(256), n_samples))), "dim": kh}
+    native = conv_native(cols)
+    flops = 2 * cols["m"] * cols["n"] * cols["k"] * cols["batch"]
+    seconds = (2e-6 + flops / 5e10) * np.where(native, 2.0, 1.0)
+    feats = ("m", "n", "k", "batch", "dim", "conv_native")
+    raw = feature_matrix(cols, feats, n_samples)
+    net = fit_mlp(raw[:400], seconds[:400], feats, log_features=feats[:-1], work=("m", "n", "k", "batch"),
+                  grid=[MLPConfig(3, 32, "adam", 1e-2)], epochs=800, seed=0)
+    model = MLPKernelModel("mlp-conv2d", ("conv2d",), {"conv2d/fp32": net}, router="dtype", prefix="conv2d",
+                           fallback="analytic-gemm")
+    view = TaskView.from_columns("conv2d", **{c: v[400:] for c, v in cols.items()},
+                                      dtype_bytes=np.full(100, 4.0))
+    pred = model.predict(view, get_platform("cpu-local"))
+    err = np.abs(pred / seconds[400:] - 1)
+    assert np.median(err) < 0.15 and native[400:].any() and (~native[400:]).any()
+    assert np.median(err[native[400:]]) < 0.25
+    # the parameter recovered: the same shapes with the indicator flipped cost half (native) or twice
+    flipped = raw[400:].copy()
+    flipped[:, -1] = 1.0 - flipped[:, -1]
+    ratio = net.predict(raw[400:]) / net.predict(flipped)
+    assert 1.7 < np.median(ratio[native[400:]]) < 2.3
+    assert 1.7 < 1.0 / np.median(ratio[~native[400:]]) < 2.3
