@@ -64,6 +64,9 @@ class DLRMJobSpec:
     #: when set, every timed iteration records the wall clock at its phase boundaries
     #: (:data:`PHASES`; a few ``perf_counter`` calls, no profiler), returned as ``phases``
     phases: bool = False
+    #: diagnosis: pin rank r (and the threads it starts, gloo's included) to CPU ``r mod cores``
+    #: before it joins the group; the default leaves placement to the scheduler, as a user's job does
+    pin: bool = False
 
 
 #: phase boundaries one timed iteration records with ``DLRMJobSpec.phases``, in order: the
@@ -223,6 +226,9 @@ class _Dense(nn.Module):
 
 
 def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
+    if spec.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(spec.threads)

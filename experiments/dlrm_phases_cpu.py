@@ -128,7 +128,7 @@ def simulated_allreduces(tl: Timeline, rank: int) -> list[tuple[float, float]]:
 
 
 def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
-        log=print) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        log=print, pin: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(phases, tables, all-reduces, collectives): per phase and rank, measured and simulated (with ``platforms[0]``)
     seconds in ms; per table and rank, its forward / backward in situ and each platform's prediction
     (ms); per DDP bucket and rank (several ranks), its all-reduce's issue and completion in situ and
@@ -140,7 +140,7 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
     for bs in batches:
         for n in ranks:
             tables = dlrm_tables(bs)
-            job = replace(dlrm_job(tables, bs, n, 1, 3, iters), phases=True)
+            job = replace(dlrm_job(tables, bs, n, 1, 3, iters), phases=True, pin=pin)
             graph = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), n, mode="host",
                                      comm_threads=comm_thread_has_core(n, 1))
             timelines = {p: simulate(graph, t) for p, t in timings.items()}
@@ -316,10 +316,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--pin", action="store_true",
+                    help="diagnosis: pin each rank (and its gloo threads) to its own CPU (DLRMJobSpec.pin)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "dlrm_phases_cpu.md"))
     a = ap.parse_args()
-    df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters)
+    df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters, pin=a.pin)
     command = f"flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py --platform {' '.join(a.platform)}"
+    if a.pin:
+        command += " --pin"
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps({"phases": df.to_dict(orient="records"),
                                                     "tables": tab.to_dict(orient="records"),

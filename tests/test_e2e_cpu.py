@@ -78,10 +78,12 @@ from experiments.dlrm_gloo import DLRMJobSpec, measure_dlrm
 out = []
 for n, a in ((1, (0, 0, 0)), (2, (0, 1, 1))):
     spec = DLRMJobSpec(rows=(100, 200, 50), dim=(8, 8, 16), pooling=(2.0, 0.5, 5.0), assignment=a, n_ranks=n,
-                       batch_size=16, bottom_mlp=(16, 8), top_mlp=(16, 1), warmup=1, iters=2, phases=True)
+                       batch_size=16, bottom_mlp=(16, 8), top_mlp=(16, 1), warmup=1, iters=2, phases=True,
+                       pin=n > 1)
     r = measure_dlrm(spec)
     out.append({"n": n, "times": r["times"], "iteration_s": r["iteration_s"], "rf": sorted(r["rf"]),
-                "phases": r["phases"]})
+                "phases": r["phases"], "starts": r["starts"],
+                "labels": sorted({label for it in r["marks"][0] for label, _ in it})})
 print(json.dumps(out))
 """
 
@@ -99,6 +101,10 @@ def test_dlrm_gloo_runs_on_one_and_two_ranks():
     for r in json.loads(res.stdout.strip().splitlines()[-1]):
         assert len(r["times"]) == r["n"] and all(len(t) == 2 for t in r["times"])
         assert r["iteration_s"] > 0 and r["rf"] == [0, 1, 2]
+        # every timed iteration's start on the host clock; with several ranks (pinned here) the
+        # all-to-all's arrival and DDP's all-reduces (comm hook) are marked
+        assert [len(s) for s in r["starts"]] == [2] * r["n"]
+        assert ({"a2a_fwd_start", "ar_issue", "ar_done"} <= set(r["labels"])) == (r["n"] > 1)
         # phase marks: every timed iteration of every rank, adding up to its time
         for times, phases in zip(r["times"], r["phases"], strict=True):
             assert len(phases) == 2
