@@ -718,10 +718,18 @@ def main(argv: list[str] | None = None) -> None:
                     help="seconds to wait for the machine to be quiet before each run")
     ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
                     help="C allocator mode of the measured processes (no_trim: no page faults from trimming)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="folder the results go to (e2e_cpu.md and .json; default benchmarks/results, where the run "
+                         f"is also archived as a window in {WINDOWS_FILE})")
+    ap.add_argument("--archive", action="store_true",
+                    help=f"append this run to {RESULTS.name}/{WINDOWS_FILE} with another --out too")
     ap.add_argument("--no-archive", action="store_true",
                     help=f"do not append this run to {RESULTS.name}/{WINDOWS_FILE}")
     args = ap.parse_args(argv)
+    if args.out.suffix in (".md", ".json"):
+        ap.error(f"--out {args.out}: a folder (e2e_cpu.md and e2e_cpu.json are written into it), not a file")
+    if args.archive and args.no_archive:
+        ap.error("--archive and --no-archive contradict each other")
     if args.iters < 10:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
     if args.passes < 1:
@@ -775,8 +783,8 @@ def main(argv: list[str] | None = None) -> None:
     atomic_write_text(args.out / f"{stem}.json",
                       json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows],
                                   "kernel_context_check": checks}, indent=1))
-    if args.out == RESULTS and not args.no_archive:
-        archive_window(args.out / WINDOWS_FILE, meta, rows)
+    if (args.out == RESULTS or args.archive) and not args.no_archive:
+        archive_window(RESULTS / WINDOWS_FILE, meta, rows)
     print(text)
 
 

@@ -144,13 +144,24 @@ def test_main_writes_the_table_and_json_last(tmp_path):
     assert "| mlp |" in md and "kernel-sum baseline" in md
 
 
-def test_bad_arguments_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize("args", [["--iters", "3"], ["--archive", "--no-archive"]])
+def test_bad_arguments_exit_2(args, tmp_path, capsys):
     from experiments.e2e_cpu import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["--iters", "3", "--out", str(tmp_path)])
+        main([*args, "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert not (tmp_path / "e2e_cpu.json").exists()
+
+
+def test_an_out_that_names_a_file_exits_2_before_measuring(tmp_path, capsys):
+    from experiments.e2e_cpu import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "e2e_cpu_mine.md")])
+    assert exc.value.code == 2
+    assert "a folder" in capsys.readouterr().err
+    assert not (tmp_path / "e2e_cpu_mine.md").exists()
 
 
 def test_system_time_per_step_counts_iterations():
