@@ -41,23 +41,25 @@ from predictor.calibration.collectives import _time_collective  # noqa: E402
 PROTOCOLS = ("batched", "single", "after_work")
 
 
-def step_sizes(batches: list[int]) -> list[tuple[str, float]]:
-    """(kind, bytes per rank) of the e2e DLRM step's collectives on 2 ranks at each batch: the all-to-all's
-    max-of-max message and each DDP bucket's all-reduce (distinct sizes only)."""
+def step_collectives(batch: int) -> dict[str, tuple[str, float]]:
+    """Task name -> (kind, bytes per rank) of every collective of the e2e DLRM step on 2 ranks at ``batch``
+    (rank 0's, in graph order): the all-to-alls (max-of-max message) and DDP's bucket all-reduces."""
     from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables
     from predictor.workloads.dlrm import build_dlrm_graph
 
-    out: dict[tuple[str, float], None] = {}
-    for bs in batches:
-        tables = dlrm_tables(bs)
-        job = dlrm_job(tables, bs, 2, 1, 3, 5)
-        g = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), 2, mode="host",
-                             comm_threads=False)
-        f = g.tasks_frame()
-        f = f[(f["rank"] == 0) & f["kind"].isin(["all_to_all", "all_reduce"])]
-        for kind, msg in zip(f["kind"], f["msg_bytes"], strict=True):
-            out[(str(kind), float(msg))] = None
-    return list(out)
+    tables = dlrm_tables(batch)
+    job = dlrm_job(tables, batch, 2, 1, 3, 5)
+    g = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), 2, mode="host", comm_threads=False)
+    f = g.tasks_frame()
+    f = f[(f["rank"] == 0) & f["kind"].isin(["all_to_all", "all_reduce"])]
+    return {str(name): (str(kind), float(msg)) for name, kind, msg in zip(f["name"], f["kind"], f["msg_bytes"],
+                                                                         strict=True)}
+
+
+def step_sizes(batches: list[int]) -> list[tuple[str, float]]:
+    """(kind, bytes per rank) of the e2e DLRM step's collectives on 2 ranks at each batch
+    (:func:`step_collectives`; distinct sizes only)."""
+    return list(dict.fromkeys(c for bs in batches for c in step_collectives(bs).values()))
 
 
 def _call(dist, kind: str, nbytes: float):

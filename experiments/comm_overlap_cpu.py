@@ -38,9 +38,17 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.common import run_gloo_ranks, span_after_last_arrival  # noqa: E402
 
-#: (all-reduce A, all-reduce B, all-to-all) bytes of the e2e DLRM step on 2 ranks at batch 256 / 1024 / 4096
-#: (DDP's two buckets; the all-to-all's max-of-max message; ``collective_protocol_cpu.step_sizes``)
-STEP_SIZES = {256: (2295812, 178944, 1179648), 1024: (2295812, 178944, 4718592), 4096: (2295812, 178944, 18874368)}
+#: the e2e DLRM rows' batches
+BATCHES = (256, 1024, 4096)
+
+
+def step_sizes(batch: int) -> tuple[int, int, int]:
+    """(all-reduce A, all-reduce B, all-to-all) bytes per rank of the e2e DLRM step on 2 ranks at ``batch``:
+    DDP's two buckets and the all-to-all's max-of-max message (:func:`~experiments.collective_protocol_cpu.step_collectives`)."""
+    from experiments.collective_protocol_cpu import step_collectives
+
+    c = step_collectives(batch)
+    return int(c["ddp.all_reduce[0]"][1]), int(c["ddp.all_reduce[1]"][1]), int(c["all_to_all_fwd"][1])
 
 
 def _probe(dist, rank: int, cfg: dict) -> list[dict]:
@@ -96,7 +104,7 @@ def _pieces(dist, sizes: tuple[int, int, int], compute, tail_calls: int) -> dict
 
 def run(rounds: int, work_ms: float, batches: list[int]) -> pd.DataFrame:
     """One row per (batch, round, piece): seconds."""
-    cfg = {"sizes": {b: STEP_SIZES[b] for b in batches}, "rounds": rounds, "work_ms": work_ms}
+    cfg = {"sizes": {b: step_sizes(b) for b in batches}, "rounds": rounds, "work_ms": work_ms}
     return pd.DataFrame(run_gloo_ranks(_probe, cfg))
 
 
@@ -133,7 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--work-ms", type=float, default=10.0, help="GEMM work per rank between the all-reduces, ms")
-    ap.add_argument("--batches", type=int, nargs="+", default=sorted(STEP_SIZES), choices=sorted(STEP_SIZES))
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), choices=BATCHES)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "comm_overlap_cpu.md"))
     a = ap.parse_args()
     df = run(a.rounds, a.work_ms, a.batches)

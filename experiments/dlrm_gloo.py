@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from experiments.measure_env import cpu_accounting
 from predictor.calibration.collectives import free_port
@@ -193,8 +194,6 @@ def _timed_allreduce_hook(state, bucket):
     """DDP's default hook (all-reduce of the bucket divided by the world size) with a mark when each
     bucket's all-reduce is issued (``ar_issue``, on the main thread) and when it completes
     (``ar_done``, on gloo's thread), so the phases show the all-reduces in situ."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
     _mark("ar_issue")
     fut = allreduce_hook(state, bucket)
 

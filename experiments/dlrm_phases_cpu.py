@@ -127,6 +127,53 @@ def simulated_allreduces(tl: Timeline, rank: int) -> list[tuple[float, float]]:
     return list(zip(f["start"].astype(float), f["end"].astype(float), strict=True))
 
 
+def collective_rows(frame: pd.DataFrame, tl: Timeline, meas: dict, batch: int, n: int) -> list[dict]:
+    """One row per collective of rank 0 in ``frame`` (the graph's tasks): its time in situ from the last
+    rank's arrival (:func:`collective_seconds` over ``meas``, a :func:`measure_dlrm` result with ``starts``),
+    median and p90, the arrival skew, and its duration in ``tl`` (ms)."""
+    if not meas.get("starts") or not all(meas["starts"]):
+        return []
+    f = frame.assign(dur=tl.duration)
+    f = f[f["rank"] == 0]
+    probes = [("all_to_all_fwd", "a2a_fwd_start", "a2a_fwd", 0), ("all_to_all_bwd", "a2a_bwd_start", "a2a_bwd_end", 0)]
+    probes += [(f"ddp.all_reduce[{bi}]", "ar_issue", "ar_done", bi)
+               for bi in range(int(f["name"].astype(str).str.startswith("ddp.all_reduce[").sum()))]
+    rows = []
+    for task, begin, end, nth in probes:
+        got = [collective_seconds([meas["marks"][r][i] for r in range(n)], [meas["starts"][r][i] for r in range(n)],
+                                  begin, end, nth)
+               for i in range(len(meas["starts"][0]))]
+        got = np.array([g for g in got if g is not None]).reshape(-1, 2)
+        sel = f[f["name"] == task]
+        if not len(got) or sel.empty:
+            continue
+        rows.append({"batch": batch, "ranks": n, "collective": task,
+                     "msg_bytes": float(sel["msg_bytes"].iloc[0]) if "msg_bytes" in sel else np.nan,
+                     "insitu_ms": float(np.median(got[:, 0])) * 1e3,
+                     "insitu_p90_ms": float(np.quantile(got[:, 0], 0.9)) * 1e3,
+                     "skew_ms": float(np.median(got[:, 1])) * 1e3,
+                     "calibrated_ms": float(sel["dur"].iloc[0]) * 1e3})
+    return rows
+
+
+def allreduce_rows(tl: Timeline, meas: dict, batch: int, n: int) -> list[dict]:
+    """One row per rank and DDP bucket: its all-reduce's issue, completion and duration in situ
+    (:func:`allreduce_seconds`, medians and p90 over the timed iterations) and in ``tl`` (ms)."""
+    rows = []
+    for r in range(n):
+        insitu = [allreduce_seconds(mk) for mk in meas["marks"][r]]
+        for bi, (s0, s1) in enumerate(simulated_allreduces(tl, r)):
+            got = np.array([x[bi] for x in insitu if len(x) > bi]).reshape(-1, 2)
+            if not len(got):
+                continue
+            rows.append({"batch": batch, "ranks": n, "rank": r, "bucket": bi,
+                         "issued_ms": float(np.median(got[:, 0])) * 1e3, "done_ms": float(np.median(got[:, 1])) * 1e3,
+                         "insitu_ms": float(np.median(got[:, 1] - got[:, 0])) * 1e3,
+                         "insitu_p90_ms": float(np.quantile(got[:, 1] - got[:, 0], 0.9)) * 1e3,
+                         "sim_start_ms": s0 * 1e3, "sim_end_ms": s1 * 1e3, "sim_ms": (s1 - s0) * 1e3})
+    return rows
+
+
 def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
         log=print, pin: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(phases, tables, all-reduces, collectives): per phase and rank, measured and simulated (with ``platforms[0]``)
@@ -145,7 +192,8 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
                                      comm_threads=comm_thread_has_core(n, 1))
             timelines = {p: simulate(graph, t) for p, t in timings.items()}
             tl = timelines[platforms[0]]
-            names = graph.tasks_frame()["name"]
+            frame = graph.tasks_frame()
+            names = frame["name"]
             durations = {p: pd.Series(x.duration, index=names) for p, x in timelines.items()}
             meas = measure_dlrm(job)
             assignment = np.asarray(job.assignment)
@@ -160,41 +208,9 @@ def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
                         for p, d in durations.items():
                             row[f"{kind}_{p}_ms"] = float(d[f"embedding_bag_{kind}[{ti}]"].sum()) * 1e3
                     per_table.append(row)
-            if n > 1 and meas.get("starts") and all(meas["starts"]):
-                f = graph.tasks_frame().assign(dur=tl.duration)
-                f = f[f["rank"] == 0]
-                probes = [("all_to_all_fwd", "a2a_fwd_start", "a2a_fwd", 0),
-                          ("all_to_all_bwd", "a2a_bwd_start", "a2a_bwd_end", 0)]
-                probes += [(f"ddp.all_reduce[{bi}]", "ar_issue", "ar_done", bi)
-                           for bi in range(int(f["name"].astype(str).str.startswith("ddp.all_reduce[").sum()))]
-                for task, begin, end, nth in probes:
-                    got = [collective_seconds([meas["marks"][r][i] for r in range(n)],
-                                              [meas["starts"][r][i] for r in range(n)], begin, end, nth)
-                           for i in range(len(meas["starts"][0]))]
-                    got = np.array([g for g in got if g is not None]).reshape(-1, 2)
-                    sel = f[f["name"] == task]
-                    if not len(got) or sel.empty:
-                        continue
-                    colls.append({"batch": bs, "ranks": n, "collective": task,
-                                  "msg_bytes": float(sel["msg_bytes"].iloc[0]) if "msg_bytes" in sel else np.nan,
-                                  "insitu_ms": float(np.median(got[:, 0])) * 1e3,
-                                  "insitu_p90_ms": float(np.quantile(got[:, 0], 0.9)) * 1e3,
-                                  "skew_ms": float(np.median(got[:, 1])) * 1e3,
-                                  "calibrated_ms": float(sel["dur"].iloc[0]) * 1e3})
-            for r in range(n) if n > 1 else ():
-                sim = simulated_allreduces(tl, r)
-                insitu_ar = [allreduce_seconds(mk) for mk in meas["marks"][r]]
-                for bi, (s0, s1) in enumerate(sim):
-                    got = np.array([x[bi] for x in insitu_ar if len(x) > bi]).reshape(-1, 2)
-                    if not len(got):
-                        continue
-                    reduces.append({"batch": bs, "ranks": n, "rank": r, "bucket": bi,
-                                    "issued_ms": float(np.median(got[:, 0])) * 1e3,
-                                    "done_ms": float(np.median(got[:, 1])) * 1e3,
-                                    "insitu_ms": float(np.median(got[:, 1] - got[:, 0])) * 1e3,
-                                    "insitu_p90_ms": float(np.quantile(got[:, 1] - got[:, 0], 0.9)) * 1e3,
-                                    "sim_start_ms": s0 * 1e3, "sim_end_ms": s1 * 1e3,
-                                    "sim_ms": (s1 - s0) * 1e3})
+            if n > 1:
+                colls += collective_rows(frame, tl, meas, bs, n)
+                reduces += allreduce_rows(tl, meas, bs, n)
             for r in range(n):
                 ph = pd.DataFrame(meas["phases"][r])
                 s = simulated_phases(tl, r)
