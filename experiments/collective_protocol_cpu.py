@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--llc-bytes", type=float, default=32 * 2**20)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "collective_protocol_cpu.md"))
     a = ap.parse_args()
+    if a.rounds < 1 or a.work_ms < 0 or a.llc_bytes <= 0 or min(a.batches) < 2:
+        ap.error("--rounds must be >= 1, --work-ms >= 0, --llc-bytes > 0 and every batch >= 2 (2 ranks)")
     df = run(a.batches, a.rounds, a.work_ms, a.llc_bytes)
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps(df.to_dict(orient="records"), indent=1))

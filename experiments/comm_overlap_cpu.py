@@ -144,6 +144,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), choices=BATCHES)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "comm_overlap_cpu.md"))
     a = ap.parse_args()
+    if a.rounds < 1 or a.work_ms <= 0:
+        ap.error("--rounds must be >= 1 and --work-ms > 0")
     df = run(a.rounds, a.work_ms, a.batches)
     med = summary(df)
     out = Path(a.out)

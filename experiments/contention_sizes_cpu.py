@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "contention_sizes_cpu.md"))
     a = ap.parse_args()
+    if min(a.llc_mib) <= 0 or a.rounds < 1 or a.world < 2:
+        ap.error("--llc-mib must be > 0, --rounds >= 1 and --world >= 2")
     rows = run(a.llc_mib, a.world, a.rounds)
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))

@@ -42,3 +42,20 @@ def test_run_gloo_ranks_returns_rank_0s_rows_and_spans_start_at_the_last_arrival
     rows = json.loads(res.stdout.strip().splitlines()[-1])
     assert rows == [{"rank": 0, "sum": 3.0, "span": rows[0]["span"], "world": 2}]
     assert 0.0 <= rows[0]["span"] < 0.25  # rank 0 waited ~0.3 s in the barrier; that is not counted
+
+
+@pytest.mark.parametrize("module,args", [
+    ("experiments.contention_sizes_cpu", ["--llc-mib", "0"]),
+    ("experiments.comm_overlap_cpu", ["--rounds", "0"]),
+    ("experiments.comm_overlap_cpu", ["--batches", "7"]),
+    ("experiments.collective_protocol_cpu", ["--work-ms", "-1"]),
+])
+def test_the_gloo_probes_refuse_bad_arguments_with_exit_2_before_measuring(module, args, tmp_path, monkeypatch):
+    import importlib
+
+    out = tmp_path / "r.md"
+    monkeypatch.setattr(sys, "argv", [module, *args, "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(module).main()
+    assert exc.value.code == 2
+    assert not out.exists() and not out.with_suffix(".json").exists()
