@@ -303,6 +303,9 @@ def calibrate(
         #: multiple of the level's shapes, budgets and collective passes (``--scale``)
         "scale": scale,
         "spread_rounds": [b.name for b in benches if b.spread_rounds],
+        #: the benchmark families in the order their grid seeds were drawn from ``seed`` (a family's
+        #: shapes can be rebuilt from it: ``benchmarks/heldout_retime_cpu.py``)
+        "families": [b.name for b in benches],
         #: what rounds after the first time: "reached" = the shapes the first round reached (every sample
         #: the median of all rounds; packs before session 16 drew each round afresh: "fresh")
         "later_rounds": "reached",
