@@ -54,7 +54,12 @@ from predictor.kernels.learned import (
     fit_mlp,
     fit_roofline,
 )
-from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error
+from predictor.metrics import (
+    geomean_abs_pct_error,
+    geomean_abs_pct_error_interval,
+    max_abs_pct_error,
+    mean_abs_pct_error,
+)
 from predictor.platforms.assets import AssetPack, load_asset_pack, register_asset_pack, write_asset_pack
 from predictor.platforms.schema import Platform
 
@@ -762,6 +767,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             "samples": int(len(train) + len(test)),
             "test": int(len(test)),
             "gmae_pct": geomean_abs_pct_error(pred, actual),
+            #: 90 % bootstrap interval of the GMAE over the held-out samples (None with fewer than two)
+            "gmae_ci90_pct": _finite_or_none(geomean_abs_pct_error_interval(pred, actual)),
             "mape_pct": mean_abs_pct_error(pred, actual),
             "std_pct": float(err.std()) if err.size else float("nan"),
             "max_pct": max_abs_pct_error(pred, actual),
@@ -770,15 +777,23 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
     return models, table
 
 
+def _finite_or_none(interval: tuple[float, float]) -> list[float] | None:
+    return list(interval) if all(math.isfinite(v) for v in interval) else None
+
+
 def error_table_markdown(table: list[dict]) -> str:
     """The held-out error table as Markdown (Lin et al. 2022 Table I layout plus samples and max)."""
+    ci = any(r.get("gmae_ci90_pct") for r in table)
     lines = [
-        "| kernel | samples | held out | GMAE % | MAPE % | std % | max % | model |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| kernel | samples | held out | GMAE % |" + (" GMAE 90 % interval |" if ci else "")
+        + " MAPE % | std % | max % | model |",
+        "|---|---:|---:|---:|" + ("---:|" if ci else "") + "---:|---:|---:|---|",
     ]
     for r in table:
+        interval = r.get("gmae_ci90_pct")
+        cell = (f" {interval[0]:.1f}-{interval[1]:.1f} |" if interval else " |") if ci else ""
         lines.append(
-            f"| {r['kernel']} | {r['samples']} | {r['test']} | {r['gmae_pct']:.2f} | {r['mape_pct']:.2f} | "
+            f"| {r['kernel']} | {r['samples']} | {r['test']} | {r['gmae_pct']:.2f} |{cell} {r['mape_pct']:.2f} | "
             f"{r['std_pct']:.2f} | {r['max_pct']:.1f} | {r['model']} |"
         )
     return "\n".join(lines) + "\n"
