@@ -86,11 +86,12 @@ def calibrate(
         return
 
     table = Table(title=f"Kernel models of {pack.name}: error on the held-out 20% (Lin et al. 2022 Table I layout)")
-    for col in ("kernel", "samples", "GMAE %", "MAPE %", "std %", "max %", "model"):
+    for col in ("kernel", "samples", "GMAE %", "90 % interval", "MAPE %", "std %", "max %", "model"):
         table.add_column(col, justify="left" if col in ("kernel", "model") else "right")
     for r in pack.error_table:
-        table.add_row(r["kernel"], str(r["samples"]), f"{r['gmae_pct']:.2f}", f"{r['mape_pct']:.2f}",
-                      f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}", r["model"])
+        ci = r.get("gmae_ci90_pct")
+        table.add_row(r["kernel"], str(r["samples"]), f"{r['gmae_pct']:.2f}", f"{ci[0]:.1f}-{ci[1]:.1f}" if ci else "",
+                      f"{r['mape_pct']:.2f}", f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}", r["model"])
     console.print(table)
     o = pack.platform.overheads
     console.print(f"overheads: T1 {o.t1_s * 1e6:.2f} us, T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, "
