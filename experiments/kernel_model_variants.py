@@ -28,7 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibrate import _fit_all, make_benchmarks  # noqa: E402
+import predictor.calibrate as calibrate_mod  # noqa: E402
+from predictor.calibrate import make_benchmarks  # noqa: E402
 from predictor.calibration.base import BenchContext, ModelSpec  # noqa: E402
 from predictor.calibration.timing import Timer  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
@@ -72,6 +73,17 @@ def _specs(pack_manifest: dict, families: list[str]) -> list[tuple[str, ModelSpe
             for s in b.specs(ctx)]
 
 
+def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec) -> tuple[dict, dict | None]:
+    """``spec`` fitted on ``frame`` (one family's benchmark data) by the calibration's own code
+    (:func:`predictor.calibrate._fit_all`) with the pack's level, seed and scale: (the fitted models
+    by key, the kernel's error-table row or None when it was not fitted)."""
+    m = pack.manifest
+    models, table = calibrate_mod._fit_all({family: frame}, [(family, spec)], m.get("level", "quick"),
+                                           int(m.get("seed", 0)), pack.platform, log=lambda _s: None,
+                                           scale=float(m.get("scale") or 1.0))
+    return models, (table[0] if table else None)
+
+
 def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] = print) -> pd.DataFrame:
     """One row per (pack, kernel, variant): held-out GMAE / MAPE / max (percent) and the fitted model."""
     rows: list[dict] = []
@@ -92,11 +104,9 @@ def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] 
                      for k, label, col in ESTIMATORS if k == kernel and col in data[fam]]
             for label, s, frame in todo:
                 t0 = time.perf_counter()
-                _, table = _fit_all({fam: frame}, [(fam, s)], m.get("level", "quick"), int(m.get("seed", 0)),
-                                    pack.platform, log=lambda _s: None, scale=float(m.get("scale") or 1.0))
-                if not table:
+                _, r = fit_spec(pack, fam, frame, s)
+                if r is None:
                     continue
-                r = table[0]
                 rows.append({"pack": pack.name, "kernel": kernel, "variant": label, "samples": r["samples"],
                              "gmae_pct": r["gmae_pct"], "mape_pct": r["mape_pct"], "max_pct": r["max_pct"],
                              "model": r["model"]})

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import predictor.calibrate as calibrate_mod  # noqa: E402
-from experiments.kernel_model_variants import _specs  # noqa: E402
+from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
 
 DEFAULT_SHARES = (0.1, 0.25, 0.5, 0.75, 1.0)
@@ -58,14 +58,11 @@ def run(packs: list[Path], kernels: list[str], shares: list[float],
 
                 calibrate_mod._split = subset
                 try:
-                    _, table = calibrate_mod._fit_all({fam: data[fam]}, [(fam, spec)], m.get("level", "quick"),
-                                                      int(m.get("seed", 0)), pack.platform, log=lambda _s: None,
-                                                      scale=float(m.get("scale") or 1.0))
+                    _, r = fit_spec(pack, fam, data[fam], spec)
                 finally:
                     calibrate_mod._split = split
-                if not table:
+                if r is None:
                     continue
-                r = table[0]
                 rows.append({"pack": pack.name, "kernel": kernel, "share": share, "train": used[0] if used else 0,
                              "test": r["test"], "gmae_pct": r["gmae_pct"], "mape_pct": r["mape_pct"],
                              "model": r["model"]})

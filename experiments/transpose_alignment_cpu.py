@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import predictor.calibrate as calibrate_mod  # noqa: E402
-from experiments.kernel_model_variants import _specs  # noqa: E402
-from predictor.calibrate import _fit_all, _split  # noqa: E402
+from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
+from predictor.calibrate import _split  # noqa: E402
 from predictor.calibration.base import log_uniform_int  # noqa: E402
 from predictor.graph import PARAM_COLUMNS  # noqa: E402
 from predictor.kernels.base import TaskView  # noqa: E402
@@ -165,7 +165,7 @@ def probe_scores(pred: np.ndarray, shapes: pd.DataFrame, measured: np.ndarray) -
             "ratio_max_pred": float(np.max(ratio_p)), "ratio_max_meas": float(np.max(ratio_m))}
 
 
-def _fit(frame: pd.DataFrame, spec, m: dict, platform, drop_train: np.ndarray | None):
+def _fit(frame: pd.DataFrame, spec, pack, drop_train: np.ndarray | None):
     """The transpose model fitted by the calibration's code; ``drop_train`` (bool per transpose
     sample) leaves those samples out of the training split, the held-out split unchanged."""
     if drop_train is not None:
@@ -174,12 +174,10 @@ def _fit(frame: pd.DataFrame, spec, m: dict, platform, drop_train: np.ndarray | 
             return (train[~drop_train[train]] if name == "transpose" else train), test
         calibrate_mod._split = split
     try:
-        models, table = _fit_all({"data_movement": frame}, [("data_movement", spec)], m.get("level", "quick"),
-                                 int(m.get("seed", 0)), platform, log=lambda _s: None,
-                                 scale=float(m.get("scale") or 1.0))
+        models, row = fit_spec(pack, "data_movement", frame, spec)
     finally:
         calibrate_mod._split = _split
-    return models["transpose"], (table[0]["model"] if table else "")
+    return models["transpose"], (row["model"] if row else "")
 
 
 def run(packs: list[Path], compare: list[Path], probe_rounds: int = 0,
@@ -228,7 +226,7 @@ def run(packs: list[Path], compare: list[Path], probe_rounds: int = 0,
         scores: dict[str, dict] = {}
         notes: dict[str, str] = {}
         for label, (s, drop) in variants.items():
-            model, notes[label] = _fit(frame, s, m, pack.platform, drop)
+            model, notes[label] = _fit(frame, s, pack, drop)
             scores[label] = score(model.predict(view, pack.platform), actual, masks)
             if probe:
                 probe["scores"][f"{pack.name}: {label}"] = probe_scores(
