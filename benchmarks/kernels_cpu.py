@@ -100,22 +100,6 @@ def _collective_floor_sentence(pack) -> str:
             "model of the typical time cannot score under 5 % against such samples.")
 
 
-def _spreads(pack) -> dict[str, float]:
-    """Median round-to-round spread (%) per kernel from the pack's sample CSVs."""
-    import pandas as pd
-
-    out: dict[str, float] = {}
-    for csv in sorted((pack.path / "data").glob("*.csv")):
-        frame = pd.read_csv(csv)
-        if "pass_spread" not in frame:
-            continue
-        for kernel, part in frame.groupby("kernel", sort=False):
-            v = part["pass_spread"].dropna()
-            if len(v):
-                out[str(kernel)] = float(v.median() * 100.0)
-    return out
-
-
 def _interval_sentence(table: list[dict]) -> str:
     """Which kernels the held-out samples place clearly above or below the target (their GMAE's 90 %
     bootstrap interval, when the pack's table has it)."""
@@ -148,7 +132,7 @@ def main() -> None:
 
     import torch
 
-    from predictor.calibrate import calibrate, collective_passes, error_table_markdown
+    from predictor.calibrate import calibrate, collective_passes, error_table_markdown, round_spreads
     from predictor.platforms.assets import load_asset_pack
     from predictor.platforms.cpu_local import _cpu_model
 
@@ -222,7 +206,7 @@ def main() -> None:
            if isinstance(pack.manifest.get("refit"), dict) else ""),
         "",
         "Round spread: two timings of the same shape in different rounds differ by a median of "
-        + ", ".join(f"{k} {v:.0f} %" for k, v in _spreads(pack).items())
+        + ", ".join(f"{k} {v:.0f} %" for k, v in round_spreads(pack.path).items())
         + " (slowest / fastest round - 1). That is the extreme of up to three rounds, not the error of a "
         "sample." + _noise_floor_sentence() + " This 2-core VM shares its cores and caches with other jobs, and "
         "memory-bound kernels of a few MB switch between a fast and a ~2x slower state for seconds to "

@@ -63,7 +63,8 @@ from predictor.metrics import (
 from predictor.platforms.assets import AssetPack, load_asset_pack, register_asset_pack, write_asset_pack
 from predictor.platforms.schema import Platform
 
-__all__ = ["calibrate", "CalibrationError", "parse_device", "error_table_markdown", "HOLDOUT_FRACTION"]
+__all__ = ["calibrate", "CalibrationError", "parse_device", "error_table_markdown", "HOLDOUT_FRACTION", "round_spreads",
+           "compute_round_spread", "NOISY_ROUND_SPREAD_PCT"]
 
 #: share of each kernel's samples held out for the error table
 HOLDOUT_FRACTION = 0.2
@@ -779,6 +780,39 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
 
 def _finite_or_none(interval: tuple[float, float]) -> list[float] | None:
     return list(interval) if all(math.isfinite(v) for v in interval) else None
+
+
+#: median round spread (percent) of the fp32 GEMM and conv2d samples above which ``tuner calibrate`` says
+#: the machine was noisy: over 14 calibrations on the shared 2-core VM (2026-11-23/24) these kernels'
+#: spreads were 4-10 %, and 18-25 % in one slow, noisy window whose GEMM models came out 11-12 % GMAE
+#: (``experiments/results/learning_curve_gemm.md``)
+NOISY_ROUND_SPREAD_PCT = 15.0
+
+
+def round_spreads(pack_dir: str | Path) -> dict[str, float]:
+    """Per kernel, the median over its samples of the spread between its rounds' timings (slowest /
+    fastest - 1, percent) from a pack's stored benchmark data (``data/*.csv``, column ``pass_spread``);
+    kernels whose samples have a single timing, or packs without data, are left out."""
+    out: dict[str, float] = {}
+    for csv in sorted((Path(pack_dir) / "data").glob("*.csv")):
+        try:
+            frame = pd.read_csv(csv)
+        except (OSError, ValueError, pd.errors.ParserError):
+            continue
+        if "pass_spread" not in frame or "kernel" not in frame:
+            continue
+        for kernel, part in frame.groupby("kernel", sort=False):
+            v = pd.to_numeric(part["pass_spread"], errors="coerce").dropna()
+            if len(v):
+                out[str(kernel)] = float(v.median() * 100.0)
+    return out
+
+
+def compute_round_spread(spreads: dict[str, float]) -> float | None:
+    """The median of :func:`round_spreads` over the fp32 GEMM and conv2d kernels (the steadiest
+    timings a calibration takes: their spread is the machine's noise, not a kernel's), or None."""
+    keys = [k for k in spreads if k.endswith("/fp32") and k.split("/")[0] in ("addmm", "mm", "bmm", "conv2d")]
+    return float(np.median([spreads[k] for k in keys])) if keys else None
 
 
 def error_table_markdown(table: list[dict]) -> str:

@@ -252,3 +252,27 @@ def test_refit_takes_overheads_measured_since(tmp_path: Path, monkeypatch: pytes
     assert res.exit_code == 2 and "t1_s must be a non-negative number" in res.output
     res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(tmp_path / "x"), "--overheads", str(ov)])
     assert res.exit_code == 2 and "--overheads goes with --refit" in res.output
+
+
+def test_round_spreads_and_the_noisy_machine_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from predictor.calibrate import NOISY_ROUND_SPREAD_PCT, compute_round_spread, round_spreads
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    src = tmp_path / "packs" / "src"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(src), "--threads", "1", "--families", "gemm"])
+    assert res.exit_code == 0, res.output
+    assert "warning" not in res.output  # tiny: one round, no spread to judge by
+    gemm = pd.read_csv(src / "data" / "gemm.csv")
+    noisy = np.where(gemm["kernel"].str.endswith("fp32"), 0.25, 0.05)
+    gemm.assign(pass_spread=noisy).to_csv(src / "data" / "gemm.csv", index=False)
+    spreads = round_spreads(src)
+    assert spreads["addmm/fp32"] == pytest.approx(25.0) and spreads["mm/bf16"] == pytest.approx(5.0)
+    assert compute_round_spread(spreads) == pytest.approx(25.0) and NOISY_ROUND_SPREAD_PCT < 25.0
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--out", str(tmp_path / "packs" / "again")])
+    assert res.exit_code == 0, res.output
+    assert "round spread" in res.output and "machine was noisy" in res.output
+    # quiet rounds: no warning; a pack without data or spreads: nothing to judge
+    gemm.assign(pass_spread=0.05).to_csv(src / "data" / "gemm.csv", index=False)
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--out", str(tmp_path / "packs" / "quiet")])
+    assert res.exit_code == 0 and "machine was noisy" not in res.output
+    assert round_spreads(tmp_path / "nowhere") == {} and compute_round_spread({"relu": 40.0}) is None

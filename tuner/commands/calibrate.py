@@ -47,7 +47,12 @@ def calibrate(
     and write an asset pack that `--platform NAME` then uses."""
     from rich.table import Table
 
-    from predictor.calibrate import CalibrationError
+    from predictor.calibrate import (
+        NOISY_ROUND_SPREAD_PCT,
+        CalibrationError,
+        compute_round_spread,
+        round_spreads,
+    )
     from predictor.calibrate import calibrate as run_calibration
     from predictor.calibration.collectives import CollectiveError
     from predictor.calibration.contention import ContentionError
@@ -85,14 +90,26 @@ def calibrate(
                       f"needed) with: tuner calibrate --refit {pack.path}", highlight=False)
         return
 
+    spreads = round_spreads(pack.path)
     table = Table(title=f"Kernel models of {pack.name}: error on the held-out 20% (Lin et al. 2022 Table I layout)")
-    for col in ("kernel", "samples", "GMAE %", "90 % interval", "MAPE %", "std %", "max %", "model"):
+    for col in ("kernel", "samples", "GMAE %", "90 % interval", "MAPE %", "std %", "max %", "round spread %", "model"):
         table.add_column(col, justify="left" if col in ("kernel", "model") else "right")
     for r in pack.error_table:
         ci = r.get("gmae_ci90_pct")
+        spread = spreads.get(r["kernel"])
         table.add_row(r["kernel"], str(r["samples"]), f"{r['gmae_pct']:.2f}", f"{ci[0]:.1f}-{ci[1]:.1f}" if ci else "",
-                      f"{r['mape_pct']:.2f}", f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}", r["model"])
+                      f"{r['mape_pct']:.2f}", f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}",
+                      f"{spread:.0f}" if spread is not None else "", r["model"])
     console.print(table)
+    if spreads:
+        console.print("round spread: median over a kernel's samples of slowest / fastest round - 1 (the timing noise "
+                      "of one shape, not a model error)", highlight=False)
+    noise = compute_round_spread(spreads)
+    if noise is not None and noise > NOISY_ROUND_SPREAD_PCT:
+        err_console.print(f"warning: the machine was noisy during these benchmarks: one fp32 GEMM / conv2d shape's "
+                          f"rounds differ by a median {noise:.0f} % (a quiet machine: under "
+                          f"{NOISY_ROUND_SPREAD_PCT:.0f} %); the models can be no better than their samples, so "
+                          "calibrate again when the machine is quiet", highlight=False)
     o = pack.platform.overheads
     console.print(f"overheads: T1 {o.t1_s * 1e6:.2f} us, T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, "
                   f"T4 {o.t4_s * 1e6:.2f} us, T5 {o.t5_s * 1e6:.2f} us", highlight=False)
