@@ -19,6 +19,29 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def host_check(manifest: dict | None) -> dict:
+    """This host's CPU signature and, when a calibrated CPU pack predicts it, why the pack may not
+    describe this CPU (:func:`predictor.platforms.cpu_local.signature_mismatch`; None when they agree or
+    no pack is used). A mismatch is printed on stderr at once, before anything is measured."""
+    from predictor.platforms.cpu_local import cpu_signature, signature_mismatch
+
+    here = cpu_signature()
+    why = signature_mismatch((manifest or {}).get("cpu"), here) if manifest is not None else None
+    if why:
+        print(f"warning: {why}", file=sys.stderr)
+    return {"cpu": here, "pack_cpu_mismatch": why}
+
+
+def host_line(check: dict) -> str:
+    """One line for a result file: the CPU measured on and, if any, the pack's host mismatch."""
+    c = check.get("cpu") or {}
+    line = (f"CPU: {c.get('model_name', '?')} (family {c.get('family', '?')}, model {c.get('model', '?')}), "
+            f"PyTorch capability {c.get('torch_capability', '?')}, ISA {c.get('isa') or '-'}.")
+    if check.get("pack_cpu_mismatch"):
+        line += f" **Host check: {check['pack_cpu_mismatch']}.**"
+    return line
+
+
 def _gloo_rank(rank: int, world: int, port: int, probe: Callable, cfg: dict, out: str) -> None:
     """One forked rank: join the local gloo group of ``world`` ranks on 127.0.0.1:``port`` with one torch
     thread, run ``probe(dist, rank, cfg)``; rank 0 writes its rows to ``out`` (JSON)."""

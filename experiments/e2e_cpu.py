@@ -68,6 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments.common import host_check, host_line  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     DLRMJobSpec,
     EmbeddingOverride,
@@ -552,6 +553,7 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
         + (" (glibc told never to return freed memory to the OS: only blocks above 32 MiB are mapped afresh)."
            if meta.get("allocator") == "no_trim" else " (glibc as it comes)."),
         f"Reproduce: `flock /tmp/tuner-measure.lock {meta['command']}`",
+        *([host_line(meta), ""] if "cpu" in meta else []),
         "",
         "| model | config | batch | ranks | measured ms [p10-p90] | passes | predicted ms | error | kernel-sum ms | "
         "kernel-sum error | bg cores |",
@@ -740,6 +742,7 @@ def main(argv: list[str] | None = None) -> None:
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *own], want)
 
     timing, manifest, pack_path = resolve(args.platform)
+    host = host_check(manifest)
     threads = args.threads or int((manifest or {}).get("threads", 1))
     t0 = time.perf_counter()
     torch.set_num_threads(threads)
@@ -771,6 +774,7 @@ def main(argv: list[str] | None = None) -> None:
         "warmup": args.warmup,
         "dlrm_warmup": args.dlrm_warmup,
         "gemm_drift": drift,
+        **host,
         "allocator": args.allocator,
         "wall_s": round(time.perf_counter() - t0, 1),
         "command": "python experiments/e2e_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -806,6 +810,7 @@ def archive_window(path: Path, meta: dict, rows: list[Row]) -> None:
                     "iters": meta.get("iters"), "passes": meta.get("passes"),
                     "allocator": meta.get("allocator", "default"),
                     "gemm_drift": meta.get("gemm_drift"),
+                    "cpu": meta.get("cpu"),
                     "rows": [{"model": r.model, "batch": r.batch, "ranks": r.ranks, "measured_s": r.measured_s,
                               "pass_medians_s": r.pass_medians_s} for r in rows]})
     atomic_write_text(path, json.dumps(windows, indent=1))

@@ -38,6 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experiments.common import host_check, host_line  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     DLRMJobSpec,
     EmbeddingOverride,
@@ -197,6 +198,7 @@ def main() -> None:
         ap.error("--passes must be >= 1")
 
     platform, timing, manifest = resolve_timing(args.platform)
+    host = host_check(manifest)
     args.threads_used = args.threads or int((manifest or {}).get("threads", 1))
     tasks = generate_tasks(args.ranks, n_tasks=args.tasks, seed=args.seed, device_memory_bytes=args.table_memory_gib * 2**30,
                            batch_size=args.batch)
@@ -253,7 +255,7 @@ def main() -> None:
                 "max_err_pct": float(abs_pct_errors(p_k, m_k).max()),
                 "predicted_sum_s": float(np.sum(p_k)), "measured_sum_s": float(np.sum(m_k))}
     meta = {"date": date.today().isoformat(), "machine": f"{os.cpu_count()}-core {pyplatform.machine()} VM",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, **host}
     sm = summary
     lines = [
         "# Sharding selection, measured on this machine (Lin et al. 2024 Table IV, redone)",
@@ -264,6 +266,7 @@ def main() -> None:
         f"Prediction: `{sm['timing_source']}` on `{platform.key}` (host-mode DLRM graph, simulated).",
         "Reproduce: `flock /tmp/tuner-measure.lock python experiments/sharding_selection.py "
         f"--tasks {args.tasks} --ranks {args.ranks} --batch {args.batch}`",
+        host_line(meta),
         "",
         "Columns as Table IV of the paper: P = predicted fastest of the six sharders, AF = actual (measured) fastest, "
         "P vs AF = |time(P) - time(AF)| / time(AF) (0 when P is AF); criterion: P is AF or within 10 %. "

@@ -298,6 +298,7 @@ def calibrate(
 
     manifest_extra = {
         "cpu_model": _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
+        **({"cpu": _cpu_signature()} if dev.type == "cpu" else {}),
         "threads": n_threads,
         "level": level,
         "world_size": world_size,
@@ -468,6 +469,12 @@ def _cpu_model() -> str:
     from predictor.platforms.cpu_local import _cpu_model as model
 
     return model()
+
+
+def _cpu_signature() -> dict[str, str]:
+    from predictor.platforms.cpu_local import cpu_signature
+
+    return cpu_signature()
 
 
 def _base_platform(dev: torch.device, level: Level) -> Platform:
@@ -784,8 +791,8 @@ def _finite_or_none(interval: tuple[float, float]) -> list[float] | None:
 
 #: median round spread (percent) of the fp32 GEMM and conv2d samples above which ``tuner calibrate`` says
 #: the machine was noisy: over 14 calibrations on the shared 2-core VM (2026-11-23/24) these kernels'
-#: spreads were 4-10 %, and 18-25 % in one slow, noisy window whose GEMM models came out 11-12 % GMAE
-#: (``experiments/results/learning_curve_gemm.md``)
+#: spreads were 4-10 %; on the AVX2-only VM of session 21 the fp32 GEMMs' were 18-25 % and their
+#: models came out 11-14 % GMAE (``experiments/results/learning_curve_gemm.md``)
 NOISY_ROUND_SPREAD_PCT = 15.0
 
 

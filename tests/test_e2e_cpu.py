@@ -142,6 +142,9 @@ def test_main_writes_the_table_and_json_last(tmp_path):
     assert "geomean_abs_pct_error" in doc["summary"]
     md = (tmp_path / "e2e_cpu.md").read_text()
     assert "| mlp |" in md and "kernel-sum baseline" in md
+    # the host is recorded, and the committed pack (calibrated before packs recorded their CPU) is flagged
+    assert doc["meta"]["cpu"]["torch_capability"] and "does not record its CPU" in doc["meta"]["pack_cpu_mismatch"]
+    assert "CPU: " in md and "Host check" in md
 
 
 @pytest.mark.parametrize("args", [["--iters", "3"], ["--archive", "--no-archive"]])

@@ -36,7 +36,7 @@ import torch
 
 from predictor.platforms.schema import Platform
 
-__all__ = ["cache_path", "measure_cpu_local"]
+__all__ = ["cache_path", "measure_cpu_local", "cpu_signature", "signature_mismatch", "ISA_FLAGS"]
 
 _FALLBACK_LLC_BYTES = 32 * 1024 * 1024
 _COPY_BYTES = 256 * 1024 * 1024
@@ -224,6 +224,42 @@ def _cpuinfo_field(field: str) -> str | None:
 
 def _cpu_model() -> str:
     return _cpuinfo_field("model name") or _platform.processor() or _platform.machine() or "unknown CPU"
+
+
+#: instruction-set flags that change which kernels PyTorch runs on a CPU (oneDNN / MKL pick their
+#: code paths by them): without ``avx512_bf16`` / ``amx_bf16`` a bf16 GEMM takes a slow reference
+#: path (1-3 GFLOP/s on one Zen 3 core, 50-60 with AVX-512 BF16 on the VM of sessions 1-20)
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_signature() -> dict[str, str]:
+    """What identifies this CPU for its kernel timings: vendor, model name, family / model / stepping
+    (``/proc/cpuinfo``; a VM's model name may be as vague as "AMD EPYC"), PyTorch's CPU capability
+    (``torch.backends.cpu.get_cpu_capability()``: the vector ISA ATen's kernels use) and which of
+    :data:`ISA_FLAGS` the CPU has (space-separated)."""
+    try:
+        import torch
+
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except (ImportError, AttributeError, RuntimeError):
+        capability = "unknown"
+    flags = set((_cpuinfo_field("flags") or "").split())
+    return {"vendor": _cpu_vendor(), "model_name": _cpu_model(),
+            "family": _cpuinfo_field("cpu family") or "", "model": _cpuinfo_field("model") or "",
+            "stepping": _cpuinfo_field("stepping") or "", "torch_capability": capability,
+            "isa": " ".join(f for f in ISA_FLAGS if f in flags)}
+
+
+def signature_mismatch(recorded: dict | None, current: dict | None = None) -> str | None:
+    """Why a pack measured on the CPU ``recorded`` (:func:`cpu_signature`, from its manifest ``cpu``)
+    may not describe this one (``current``, default: this host): a one-line reason, or None when they
+    agree. A pack without a record gets a reason too (its host cannot be checked)."""
+    current = current or cpu_signature()
+    if not recorded:
+        return "the pack does not record its CPU (calibrated before session 21), so its host cannot be checked"
+    diffs = [f"{k} {recorded.get(k) or '?'} vs {current.get(k) or '?'} here"
+             for k in ("model_name", "family", "model", "torch_capability", "isa") if recorded.get(k) != current.get(k)]
+    return ("the pack was measured on another CPU: " + "; ".join(diffs)) if diffs else None
 
 
 def _cpu_vendor() -> str:

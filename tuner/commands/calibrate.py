@@ -113,5 +113,9 @@ def calibrate(
     o = pack.platform.overheads
     console.print(f"overheads: T1 {o.t1_s * 1e6:.2f} us, T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, "
                   f"T4 {o.t4_s * 1e6:.2f} us, T5 {o.t5_s * 1e6:.2f} us", highlight=False)
+    cpu = pack.manifest.get("cpu")
+    if cpu:  # what the timings belong to: another CPU (ISA, model) runs other kernels
+        console.print(f"measured on: {cpu.get('model_name')} (family {cpu.get('family')}, model {cpu.get('model')}), "
+                      f"PyTorch capability {cpu.get('torch_capability')}, ISA {cpu.get('isa') or '-'}", highlight=False)
     console.print(f"asset pack [bold]{pack.name}[/] written to {pack.path}; use it with --platform {pack.name} "
                   f"(or --platform {pack.path})", highlight=False)

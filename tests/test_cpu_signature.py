@@ -1,0 +1,39 @@
+"""CPU packs record the CPU they measured; programs that compare a pack with this host say when they differ."""
+
+from __future__ import annotations
+
+from experiments.common import host_check, host_line
+from predictor.platforms.cpu_local import ISA_FLAGS, cpu_signature, signature_mismatch
+
+
+def test_signature_names_the_cpu_and_its_vector_isa():
+    s = cpu_signature()
+    assert set(s) == {"vendor", "model_name", "family", "model", "stepping", "torch_capability", "isa"}
+    assert s["torch_capability"] and all(f in ISA_FLAGS for f in s["isa"].split())
+
+
+def test_mismatch_names_what_differs():
+    here = {"model_name": "AMD EPYC", "family": "25", "model": "1", "torch_capability": "AVX2", "isa": "avx2 fma"}
+    assert signature_mismatch(dict(here), here) is None
+    other = {**here, "model": "17", "torch_capability": "AVX512", "isa": "avx2 fma avx512f avx512_bf16"}
+    why = signature_mismatch(other, here)
+    assert why.startswith("the pack was measured on another CPU") and "AVX512 vs AVX2" in why and "model 17" in why
+    assert "does not record its CPU" in signature_mismatch(None, here)
+
+
+def test_host_check_warns_once_and_only_for_a_pack(capsys):
+    assert host_check(None)["pack_cpu_mismatch"] is None  # analytic models: nothing to compare
+    assert capsys.readouterr().err == ""
+    check = host_check({"cpu": {**cpu_signature(), "isa": "amx_bf16"}})
+    assert "another CPU" in check["pack_cpu_mismatch"] and "warning:" in capsys.readouterr().err
+    assert "Host check" in host_line(check) and "Host check" not in host_line(host_check({"cpu": cpu_signature()}))
+
+
+def test_a_fresh_cpu_calibration_records_its_cpu(tmp_path):
+    from predictor.calibrate import calibrate, refit
+
+    pack = calibrate("cpu", tmp_path / "p", tiny=True, threads=1, families=["elementwise"], register=False,
+                     log=lambda s: None)
+    assert pack.manifest["cpu"] == cpu_signature()
+    again = refit(tmp_path / "p", tmp_path / "q", log=lambda s: None, register=False)
+    assert again.manifest["cpu"] == pack.manifest["cpu"]  # a refit keeps the measuring host's record
