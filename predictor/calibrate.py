@@ -310,6 +310,8 @@ def calibrate(
         #: multiple of the level's shapes, budgets and collective passes (``--scale``)
         "scale": scale,
         "spread_rounds": [b.name for b in benches if b.spread_rounds],
+        #: families whose first round shares its time equally between their kernels (Benchmark.time_fair)
+        "time_fair": [b.name for b in benches if b.time_fair],
         #: the benchmark families in the order their grid seeds were drawn from ``seed`` (a family's
         #: shapes can be rebuilt from it: ``benchmarks/heldout_retime_cpu.py``)
         "families": [b.name for b in benches],

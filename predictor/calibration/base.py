@@ -21,6 +21,7 @@ on a 2-core CPU), ``"full"`` (real devices; wide grids).
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -169,13 +170,36 @@ def log_uniform_int(rng: np.random.Generator, lo: float, hi: float, size: int, m
 Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]]
 
 
-def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool | None = None) -> pd.DataFrame:
+def time_fair_order(order: list[int], kernels: list[str]) -> Callable[[dict[str, float]], int | None]:
+    """A picker over ``order`` (case indices, already shuffled) that serves the kernel with the least
+    time spent so far (``spent``: seconds per kernel), each kernel's cases in ``order``'s order; None
+    when every case was served. One kernel: ``order`` as it is."""
+    queues: dict[str, list[int]] = {}
+    for i in order:
+        queues.setdefault(kernels[i], []).append(i)
+    for q in queues.values():
+        q.reverse()  # pop() from the end serves them in order
+
+    def pick(spent: dict[str, float]) -> int | None:
+        live = [k for k, q in queues.items() if q]
+        if not live:
+            return None
+        k = min(live, key=lambda name: spent.get(name, 0.0))  # ties: the kernel first seen in order
+        return queues[k].pop()
+
+    return pick
+
+
+def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool | None = None,
+              time_fair: bool = False) -> pd.DataFrame:
     """Time every case, ``ctx.passes`` times in a fresh random order, within the family budget.
 
     A case keeps the median of its passes' ``seconds`` (:func:`~.timing.typical`). The first
     pass stops adding cases once the budget is spent; later passes run only while budget
     remains, over the cases the first pass reached. ``cold`` (:meth:`Benchmark.cold`): True times
     every case cold, False warm, both writing the column ``cold``; None times warm without it.
+    ``time_fair`` (:attr:`Benchmark.time_fair`): the first pass gives each kernel of the family an
+    equal share of the time (:func:`time_fair_order`) instead of taking the shuffled grid in order.
     """
     start = time.perf_counter()
     column = cold is not None
@@ -189,7 +213,12 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
         if p and time.perf_counter() - start > ctx.budget_s:
             break
         shuffler.shuffle(order)
-        for done, i in enumerate(order):
+        sequence = iter(order)
+        if p == 0 and time_fair:
+            spent: dict[str, float] = {}
+            sequence = iter(functools.partial(time_fair_order(order, [str(c[0].get("kernel", "")) for c in cases]),
+                                              spent), None)
+        for done, i in enumerate(sequence):
             if p == 0 and done >= 4 and time.perf_counter() - start > ctx.budget_s:
                 ctx.log(f"    {family}: budget of {ctx.budget_s:.0f} s reached after {done} of {len(order)} shapes")
                 order = [j for j in order if j in best]
@@ -197,7 +226,10 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
             if p and i not in best:
                 continue
             row, build = cases[i]
+            t_case = time.perf_counter()
             m = time_case(ctx.timer, build, cold)
+            if p == 0 and time_fair:
+                spent[str(row.get("kernel", ""))] = spent.get(str(row.get("kernel", "")), 0.0) + time.perf_counter() - t_case
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
                 best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if column else {})}
@@ -256,6 +288,11 @@ class Benchmark(ABC):
     #: rounds after the first re-time the cases the first round reached; a family with its own
     #: sequence (embedding tables, collective passes inside their ranks) sets False
     retimes_first_round: bool = True
+    #: the first round shares the family's time equally between its kernels (:func:`time_fair_order`)
+    #: rather than taking the shuffled grid in order: where one kernel runs far slower than the rest
+    #: (bf16 GEMMs on a CPU without native bf16: ~2 GFLOP/s on the AVX2 VM of session 21, where they
+    #: took ~99 % of the GEMM budget and left 16-20 samples per kernel), the others still get theirs
+    time_fair: bool = False
 
     def cold(self, ctx: BenchContext) -> bool | None:
         """Whether :func:`run_cases` times this family cold: memory-bound families as
@@ -272,4 +309,4 @@ class Benchmark(ABC):
 
     def run(self, ctx: BenchContext) -> pd.DataFrame:
         """Time the family's kernels; one row per configuration (see the module docstring)."""
-        return run_cases(ctx, self.cases(ctx), self.name, cold=self.cold(ctx))
+        return run_cases(ctx, self.cases(ctx), self.name, cold=self.cold(ctx), time_fair=self.time_fair)
