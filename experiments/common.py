@@ -34,9 +34,9 @@ def host_check(manifest: dict | None) -> dict:
 
 def host_line(check: dict) -> str:
     """One line for a result file: the CPU measured on and, if any, the pack's host mismatch."""
-    c = check.get("cpu") or {}
-    line = (f"CPU: {c.get('model_name', '?')} (family {c.get('family', '?')}, model {c.get('model', '?')}), "
-            f"PyTorch capability {c.get('torch_capability', '?')}, ISA {c.get('isa') or '-'}.")
+    from predictor.platforms.cpu_local import describe_cpu
+
+    line = f"CPU: {describe_cpu(check.get('cpu') or {})}."
     if check.get("pack_cpu_mismatch"):
         line += f" **Host check: {check['pack_cpu_mismatch']}.**"
     return line

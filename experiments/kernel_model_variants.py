@@ -73,14 +73,26 @@ def _specs(pack_manifest: dict, families: list[str]) -> list[tuple[str, ModelSpe
             for s in b.specs(ctx)]
 
 
-def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec) -> tuple[dict, dict | None]:
+def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec,
+             train: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[dict, dict | None]:
     """``spec`` fitted on ``frame`` (one family's benchmark data) by the calibration's own code
     (:func:`predictor.calibrate._fit_all`) with the pack's level, seed and scale: (the fitted models
-    by key, the kernel's error-table row or None when it was not fitted)."""
+    by key, the kernel's error-table row or None when it was not fitted). ``train`` maps the spec's
+    kernel's training indices (of the calibration's own split) to the ones to fit on; the held-out
+    indices stay as they are."""
     m = pack.manifest
-    models, table = calibrate_mod._fit_all({family: frame}, [(family, spec)], m.get("level", "quick"),
-                                           int(m.get("seed", 0)), pack.platform, log=lambda _s: None,
-                                           scale=float(m.get("scale") or 1.0))
+    split = calibrate_mod._split
+    if train is not None:
+        def narrowed(n: int, seed: int, name: str):
+            tr, te = split(n, seed, name)
+            return (train(tr) if name == spec.kernel else tr), te
+        calibrate_mod._split = narrowed
+    try:
+        models, table = calibrate_mod._fit_all({family: frame}, [(family, spec)], m.get("level", "quick"),
+                                               int(m.get("seed", 0)), pack.platform, log=lambda _s: None,
+                                               scale=float(m.get("scale") or 1.0))
+    finally:
+        calibrate_mod._split = split
     return models, (table[0] if table else None)
 
 

@@ -25,7 +25,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import predictor.calibrate as calibrate_mod  # noqa: E402
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
 
@@ -36,7 +35,6 @@ def run(packs: list[Path], kernels: list[str], shares: list[float],
         log: Callable[[str], None] = print) -> pd.DataFrame:
     """One row per (pack, kernel, share): training samples used and held-out GMAE / MAPE (percent)."""
     rows: list[dict] = []
-    split = calibrate_mod._split
     for path in packs:
         pack = load_asset_pack(path, allow_unfitted=True)
         m = pack.manifest
@@ -50,17 +48,12 @@ def run(packs: list[Path], kernels: list[str], shares: list[float],
             for share in shares:
                 used: list[int] = []
 
-                def subset(n: int, seed: int, name: str, _share: float = share, _used: list[int] = used):
-                    train, test = split(n, seed, name)
+                def subset(train: np.ndarray, _share: float = share, _used: list[int] = used) -> np.ndarray:
                     keep = np.sort(np.random.default_rng(1).permutation(train)[: max(4, round(_share * len(train)))])
                     _used.append(len(keep))
-                    return keep, test
+                    return keep
 
-                calibrate_mod._split = subset
-                try:
-                    _, r = fit_spec(pack, fam, data[fam], spec)
-                finally:
-                    calibrate_mod._split = split
+                _, r = fit_spec(pack, fam, data[fam], spec, train=subset)
                 if r is None:
                     continue
                 rows.append({"pack": pack.name, "kernel": kernel, "share": share, "train": used[0] if used else 0,

@@ -42,7 +42,6 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import predictor.calibrate as calibrate_mod  # noqa: E402
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
 from predictor.calibrate import _split  # noqa: E402
 from predictor.calibration.base import log_uniform_int  # noqa: E402
@@ -168,15 +167,8 @@ def probe_scores(pred: np.ndarray, shapes: pd.DataFrame, measured: np.ndarray) -
 def _fit(frame: pd.DataFrame, spec, pack, drop_train: np.ndarray | None):
     """The transpose model fitted by the calibration's code; ``drop_train`` (bool per transpose
     sample) leaves those samples out of the training split, the held-out split unchanged."""
-    if drop_train is not None:
-        def split(n: int, seed: int, name: str):
-            train, test = _split(n, seed, name)
-            return (train[~drop_train[train]] if name == "transpose" else train), test
-        calibrate_mod._split = split
-    try:
-        models, row = fit_spec(pack, "data_movement", frame, spec)
-    finally:
-        calibrate_mod._split = _split
+    keep = None if drop_train is None else (lambda train: train[~drop_train[train]])
+    models, row = fit_spec(pack, "data_movement", frame, spec, train=keep)
     return models["transpose"], (row["model"] if row else "")
 
 

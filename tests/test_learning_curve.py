@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import predictor.calibrate as calibrate_mod
 from experiments import learning_curve
 from predictor.calibrate import _split, calibrate
 
@@ -15,7 +16,7 @@ def test_shares_grow_the_training_set_and_keep_the_split(tmp_path):
     assert list(df.share) == [0.5, 1.0]
     assert df.train.iloc[0] < df.train.iloc[1]
     assert df.test.nunique() == 1  # the held-out set does not move with the share
-    assert learning_curve.calibrate_mod._split is _split  # the patch is undone
+    assert calibrate_mod._split is _split  # the patch is undone
     assert "## add" in learning_curve.markdown(df, "cmd")
 
 

@@ -15,16 +15,15 @@ from predictor.calibration.timing import Timer
 def test_picker_serves_the_kernel_with_the_least_time():
     order = [3, 0, 4, 1, 2, 5]
     kernels = ["a", "a", "b", "a", "b", "b"]
-    pick = time_fair_order(order, kernels)
     spent: dict[str, float] = {}
     got = []
     cost = {"a": 1.0, "b": 3.0}
-    while (i := pick(spent)) is not None:
+    for i in time_fair_order(order, kernels, spent):
         got.append(i)
         spent[kernels[i]] = spent.get(kernels[i], 0.0) + cost[kernels[i]]
     # a (cheap) is served three times while b (3x dearer) runs once, each kernel's cases in shuffled order
     assert got == [3, 4, 0, 1, 2, 5]
-    assert time_fair_order([2, 0, 1], ["x", "x", "x"])({}) == 2  # one kernel: the order as it is
+    assert next(time_fair_order([2, 0, 1], ["x", "x", "x"], {})) == 2  # one kernel: the order as it is
 
 
 def _slow_and_fast_cases():

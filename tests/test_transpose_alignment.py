@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import predictor.calibrate as calibrate_mod
 from experiments import transpose_alignment_cpu as ta
 from predictor.calibrate import _split, calibrate
 
@@ -52,7 +53,7 @@ def test_run_on_a_tiny_calibration(tmp_path):
     out = tmp_path / "p"
     calibrate("cpu", out, tiny=True, threads=1, families=["data_movement"], register=False, log=lambda s: None)
     results, probe = ta.run([out], [], probe_rounds=0, log=lambda s: None)
-    assert probe == {} and ta.calibrate_mod._split is _split
+    assert probe == {} and calibrate_mod._split is _split
     assert "today's model (MLP on batch, m, n)" in results[0]["scores"]
     assert "## `p`" in ta.markdown(results, "cmd")
 

@@ -21,7 +21,6 @@ on a 2-core CPU), ``"full"`` (real devices; wide grids).
 
 from __future__ import annotations
 
-import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -170,24 +169,18 @@ def log_uniform_int(rng: np.random.Generator, lo: float, hi: float, size: int, m
 Case = tuple[dict, Callable[[], tuple[Callable[[], object], Callable[[], object] | None]]]
 
 
-def time_fair_order(order: list[int], kernels: list[str]) -> Callable[[dict[str, float]], int | None]:
-    """A picker over ``order`` (case indices, already shuffled) that serves the kernel with the least
-    time spent so far (``spent``: seconds per kernel), each kernel's cases in ``order``'s order; None
-    when every case was served. One kernel: ``order`` as it is."""
+def time_fair_order(order: list[int], kernels: list[str], spent: dict[str, float]) -> Iterator[int]:
+    """``order`` (case indices, already shuffled) served kernel by kernel: each step yields a case of
+    the kernel with the least time in ``spent`` (seconds per kernel, which the caller adds to between
+    steps; ties go to the kernel first seen in ``order``), each kernel's cases in ``order``'s order.
+    One kernel: ``order`` as it is."""
     queues: dict[str, list[int]] = {}
     for i in order:
         queues.setdefault(kernels[i], []).append(i)
     for q in queues.values():
         q.reverse()  # pop() from the end serves them in order
-
-    def pick(spent: dict[str, float]) -> int | None:
-        live = [k for k, q in queues.items() if q]
-        if not live:
-            return None
-        k = min(live, key=lambda name: spent.get(name, 0.0))  # ties: the kernel first seen in order
-        return queues[k].pop()
-
-    return pick
+    while live := [k for k, q in queues.items() if q]:
+        yield queues[min(live, key=lambda name: spent.get(name, 0.0))].pop()
 
 
 def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool | None = None,
@@ -209,15 +202,14 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
     order = [i for i in range(len(cases)) if (ctx.part is None or i % ctx.part[1] == ctx.part[0])
              and (ctx.only is None or i in ctx.only)]
     shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
+    kernels = [str(c[0].get("kernel", "")) for c in cases] if time_fair else []
+    spent: dict[str, float] = {}  # seconds per kernel in the first pass (time_fair)
     for p in range(max(1, ctx.passes)):
         if p and time.perf_counter() - start > ctx.budget_s:
             break
         shuffler.shuffle(order)
-        sequence = iter(order)
-        if p == 0 and time_fair:
-            spent: dict[str, float] = {}
-            sequence = iter(functools.partial(time_fair_order(order, [str(c[0].get("kernel", "")) for c in cases]),
-                                              spent), None)
+        fair = p == 0 and time_fair
+        sequence = time_fair_order(order, kernels, spent) if fair else iter(order)
         for done, i in enumerate(sequence):
             if p == 0 and done >= 4 and time.perf_counter() - start > ctx.budget_s:
                 ctx.log(f"    {family}: budget of {ctx.budget_s:.0f} s reached after {done} of {len(order)} shapes")
@@ -228,8 +220,8 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
             row, build = cases[i]
             t_case = time.perf_counter()
             m = time_case(ctx.timer, build, cold)
-            if p == 0 and time_fair:
-                spent[str(row.get("kernel", ""))] = spent.get(str(row.get("kernel", "")), 0.0) + time.perf_counter() - t_case
+            if fair:
+                spent[kernels[i]] = spent.get(kernels[i], 0.0) + time.perf_counter() - t_case
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
                 best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if column else {})}

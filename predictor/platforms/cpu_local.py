@@ -36,7 +36,8 @@ import torch
 
 from predictor.platforms.schema import Platform
 
-__all__ = ["cache_path", "measure_cpu_local", "cpu_signature", "signature_mismatch", "ISA_FLAGS"]
+__all__ = ["cache_path", "measure_cpu_local", "cpu_signature", "describe_cpu", "signature_mismatch",
+           "ISA_FLAGS"]
 
 _FALLBACK_LLC_BYTES = 32 * 1024 * 1024
 _COPY_BYTES = 256 * 1024 * 1024
@@ -248,6 +249,13 @@ def cpu_signature() -> dict[str, str]:
             "family": _cpuinfo_field("cpu family") or "", "model": _cpuinfo_field("model") or "",
             "stepping": _cpuinfo_field("stepping") or "", "torch_capability": capability,
             "isa": " ".join(f for f in ISA_FLAGS if f in flags)}
+
+
+def describe_cpu(signature: dict) -> str:
+    """One line for people: model name, family / model, PyTorch capability and ISA of a :func:`cpu_signature`."""
+    s = signature
+    return (f"{s.get('model_name') or '?'} (family {s.get('family') or '?'}, model {s.get('model') or '?'}), "
+            f"PyTorch capability {s.get('torch_capability') or '?'}, ISA {s.get('isa') or '-'}")
 
 
 def signature_mismatch(recorded: dict | None, current: dict | None = None) -> str | None:

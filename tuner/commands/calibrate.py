@@ -115,7 +115,8 @@ def calibrate(
                   f"T4 {o.t4_s * 1e6:.2f} us, T5 {o.t5_s * 1e6:.2f} us", highlight=False)
     cpu = pack.manifest.get("cpu")
     if cpu:  # what the timings belong to: another CPU (ISA, model) runs other kernels
-        console.print(f"measured on: {cpu.get('model_name')} (family {cpu.get('family')}, model {cpu.get('model')}), "
-                      f"PyTorch capability {cpu.get('torch_capability')}, ISA {cpu.get('isa') or '-'}", highlight=False)
+        from predictor.platforms.cpu_local import describe_cpu
+
+        console.print(f"measured on: {describe_cpu(cpu)}", highlight=False)
     console.print(f"asset pack [bold]{pack.name}[/] written to {pack.path}; use it with --platform {pack.name} "
                   f"(or --platform {pack.path})", highlight=False)
