@@ -15,7 +15,12 @@ the predictions against every archived window:
 Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself is never written here).
 
     python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|refit:DIR ...]
-                                      [--allocator default|no_trim]
+                                      [--allocator default|no_trim] [--cpu pack|host|all]
+
+Only the windows measured on the ``--platform`` pack's CPU are pooled (``--cpu pack``, the default:
+the manifest's ``cpu`` record against each window's; windows and packs from before session 21 have
+none and are the AVX-512 EPYC of sessions 1-20's), since a pack describes one CPU; ``--cpu host``
+takes this host's windows, ``--cpu all`` every window.
 
 A pack spec prefixed ``faults32:`` gives a pack calibrated before ``tuner calibrate`` measured the
 cost of a page fault this VM's measured cost (``experiments/page_faults_cpu.py``), so its kernels pay
@@ -144,6 +149,13 @@ def resolve_spec(spec: str, workdir: Path):
     without a page-fault cost of its own gets this VM's measured one (:func:`measured_fault_s`),
     through ``refit``'s ``platform_facts`` for ``refit:`` specs and on its platform for fitted packs.
     One line and exit 2 on a spec that does not resolve."""
+    plat, source = resolve_pack(spec, workdir)
+    return plat.timing(), source
+
+
+def resolve_pack(spec: str, workdir: Path):
+    """``(resolved platform, source)`` of a pack spec, as :func:`resolve_spec` (whose timing is the
+    platform's); the resolved platform's ``pack`` (None for a catalog platform) has the manifest."""
     import dataclasses
 
     from predictor.platforms.assets import AssetPackError, resolve_platform
@@ -158,7 +170,16 @@ def resolve_spec(spec: str, workdir: Path):
     if fault_s is not None and plat.platform.page_fault_s <= 0:
         plat = dataclasses.replace(plat, platform=plat.platform.model_copy(update=fault_facts(fault_s)))
         source += f" + page faults at {fault_s * 1e6:.2f} us"
-    return plat.timing(), source
+    return plat, source
+
+
+def windows_of_cpu(windows: list[dict], cpu: dict | None) -> list[dict]:
+    """The windows measured on the CPU ``cpu`` (a :func:`~predictor.platforms.cpu_local.cpu_signature`
+    record; None: the unrecorded host of the windows before session 21, the AVX-512 EPYC of sessions
+    1-20): a pack is judged on the machine it describes, and one CPU's windows are pooled."""
+    from predictor.platforms.cpu_local import same_cpu
+
+    return [w for w in windows if same_cpu(w.get("cpu"), cpu)]
 
 
 def predict_rows(timing) -> dict[tuple[str, int], float]:
@@ -202,7 +223,8 @@ def _label(spec: str) -> str:
     return (head + ":" if head else "") + (Path(tail).name if "/" in tail else tail)
 
 
-def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str], allocator: str = "default") -> str:
+def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str], allocator: str = "default",
+             cpu_note: str = "") -> str:
     spread = {}
     for w in windows:
         for r in w["rows"]:
@@ -218,6 +240,7 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
         + (" --compare " + " ".join(platforms[1:]) if len(platforms) > 1 else "")
         + (f" --allocator {allocator}" if allocator != "default" else "") + "`.",
         "",
+        *([f"Windows: {cpu_note}.", ""] if cpu_note else []),
         (f"How much the machine moves: one configuration's measurement differs between windows by a median of "
          f"{100 * float(np.median(sp)):.1f} % (slowest / fastest window - 1; max {100 * max(sp):.1f} %)."
          if sp else "One window only: how much the machine moves between windows is not known from these."),
@@ -251,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--archive", type=Path, default=RESULTS / WINDOWS_FILE)
     ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
                     help="score the windows measured under this C allocator mode (e2e_cpu.py --allocator)")
+    ap.add_argument("--cpu", choices=("pack", "host", "all"), default="pack",
+                    help="pool the windows measured on the CPU of the --platform pack (default; a pack without a "
+                         "record: the windows without one), on this host's CPU, or all of them")
     ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)
     if args.out is None:
@@ -264,14 +290,25 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     import tempfile
 
+    from predictor.platforms.cpu_local import cpu_signature, describe_cpu
+
+    cpu_note = f"all {len(windows)} windows, of every CPU (`--cpu all`)"
     with tempfile.TemporaryDirectory() as tmp:
         for i, p in enumerate(platforms):
-            timing, source = resolve_spec(p, Path(tmp) / str(i))
-            pred = predict_rows(timing)
-            results[p] = {"timing_source": source, **score(pred, windows)}
+            plat, source = resolve_pack(p, Path(tmp) / str(i))
+            if i == 0 and args.cpu != "all":
+                cpu = cpu_signature() if args.cpu == "host" else (plat.pack.manifest.get("cpu") if plat.pack else None)
+                n_all, windows = len(windows), windows_of_cpu(windows, cpu)
+                who = "this host's" if args.cpu == "host" else f"the CPU of `{_label(p)}`"
+                cpu_note = (f"the {len(windows)} of {n_all} windows measured on {who} CPU: "
+                            + (describe_cpu(cpu) if cpu else "unrecorded, the AVX-512 EPYC of sessions 1-20"))
+                if not windows:
+                    fail(f"{args.archive}: no window measured on {who} CPU "
+                         f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
+            results[p] = {"timing_source": source, **score(predict_rows(plat.timing()), windows)}
     from tuner.report import atomic_write_text
 
-    text = markdown(results, windows, platforms, args.allocator)
+    text = markdown(results, windows, platforms, args.allocator, cpu_note)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(results, indent=1))
     atomic_write_text(args.out.with_suffix(".md"), text)
     print(text)

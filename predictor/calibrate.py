@@ -72,8 +72,10 @@ HOLDOUT_FRACTION = 0.2
 #: wall-clock budget per benchmark family, seconds, by level
 BUDGETS: dict[str, dict[str, float]] = {
     "tiny": {"default": 3.0, "collectives": 10.0},
-    "quick": {"gemm": 90.0, "conv2d": 45.0, "embedding_bag": 165.0, "elementwise": 75.0, "layer_norm": 20.0,
-              "softmax": 45.0, "data_movement": 30.0, "collectives": 30.0, "default": 30.0},
+    # quick: 400 s in all, so that with the fits, the contention probe and the overheads a calibration ends
+    # inside 10 minutes on a slower 2-core CPU too (the AVX2 VM of session 22 took 887 s with 500 s here)
+    "quick": {"gemm": 72.0, "conv2d": 36.0, "embedding_bag": 132.0, "elementwise": 60.0, "layer_norm": 16.0,
+              "softmax": 36.0, "data_movement": 24.0, "collectives": 24.0, "default": 24.0},
     "full": {"default": 1800.0},
 }
 #: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family with
@@ -91,6 +93,8 @@ MLP_MEMBERS = {"tiny": 1, "quick": 5, "full": 5}
 #: rounds after the first time only the cases the first round reached (every sample the median of
 #: all rounds), with this multiple of their share of the family budget so they finish the set
 LATER_ROUND_SLACK = 1.25
+#: seconds of one time slot of the host-contention probe (8 rounds of 3 probes x (world + 1) slots), by level
+CONTENTION_SLOT_S = {"tiny": 0.3, "quick": 0.75, "full": 1.0}
 #: bounds of ``--scale`` (multiple of a level's shapes and time)
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
@@ -292,7 +296,7 @@ def calibrate(
 
         t0 = time.perf_counter()
         contention = measure_host_contention(world_size, n_threads, llc_bytes,
-                                             slot_s=0.3 if level == "tiny" else 1.0, rounds=1 if level == "tiny" else 8)
+                                             slot_s=CONTENTION_SLOT_S[level], rounds=1 if level == "tiny" else 8)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 
@@ -638,32 +642,43 @@ def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
     return np.where(priced, np.maximum(seconds - paid, _MIN_LEARNED_FRACTION * seconds), seconds)
 
 
-def _fit_mlp_job(job: dict) -> tuple[object, float]:
-    """One kernel's :func:`fit_mlp` (a worker process's task): the net and its seconds of fitting."""
+def _fit_job(job: dict) -> tuple[object, float]:
+    """One kernel's fit (a worker process's task): :func:`fit_mlp` for ``method`` "mlp", the piecewise
+    sigmoid of a collective (:func:`fit_piecewise_sigmoid`) for "sigmoid"; the fitted model and its
+    seconds of fitting."""
     t0 = time.perf_counter()
-    net = fit_mlp(job["raw"], job["seconds"], job["features"], **job["kwargs"])
-    return net, time.perf_counter() - t0
+    if job["method"] == "sigmoid":
+        fitted = fit_piecewise_sigmoid(job["msg_bytes"], job["seconds"])
+    else:
+        fitted = fit_mlp(job["raw"], job["seconds"], job["features"], **job["kwargs"])
+    return fitted, time.perf_counter() - t0
 
 
-def _fit_mlps(jobs: dict[str, dict], workers: int, log: Callable[[str], None]) -> dict[str, object]:
-    """Every kernel's MLP, fitted in ``workers`` spawned processes (1: in this process). Each fit is
-    seeded and single-threaded, so the nets do not depend on the number of workers."""
+def _fit_jobs(jobs: dict[str, dict], workers: int, log: Callable[[str], None]) -> dict[str, object]:
+    """Every kernel's fitted model (:func:`_fit_job`), in ``workers`` spawned processes (1: in this
+    process), the collectives' sigmoid searches first (an uneven all-to-all's: ~50 s on session 22's
+    AVX2 VM, which in-process had run before the MLPs started). Each fit is seeded and single-threaded,
+    so the models do not depend on the number of workers."""
     done: dict[str, object] = {}
 
-    def report(kernel: str, net, seconds: float) -> None:
-        done[kernel] = net
-        c = net.config
+    def report(kernel: str, fitted, seconds: float) -> None:
+        done[kernel] = fitted
+        if jobs[kernel]["method"] == "sigmoid":
+            log(f"    {kernel:<20} piecewise sigmoid (8 params)  ({seconds:.1f} s)")
+            return
+        c = fitted.config
         log(f"    {kernel:<20} MLP {c['layers']}x{c['width']} x{c.get('members', 1)}  ({seconds:.1f} s)")
 
+    order = sorted(jobs, key=lambda k: jobs[k]["method"] != "sigmoid")  # stable: sigmoids first
     if workers <= 1 or len(jobs) <= 1:
-        for kernel, job in jobs.items():
-            report(kernel, *_fit_mlp_job(job))
+        for kernel in order:
+            report(kernel, *_fit_job(jobs[kernel]))
         return done
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_fit_mlp_job, job): kernel for kernel, job in jobs.items()}
+        futures = {pool.submit(_fit_job, jobs[kernel]): kernel for kernel in order}
         for fut in as_completed(futures):
             report(futures[fut], *fut.result())
     return done
@@ -691,7 +706,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
     roof_fits: dict = {}
     curves: dict = {}
     methods: dict[str, str] = {}
-    mlp_jobs: dict[str, dict] = {}
+    jobs: dict[str, dict] = {}  # kernel -> a fit for the worker processes (_fit_job)
     for family, spec in specs:
         frame = data[family]
         sub = frame[frame["kernel"] == spec.kernel].reset_index(drop=True)
@@ -710,7 +725,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         if spec.method == "mlp":
             cols = {c: train[c].to_numpy(dtype=np.float64) for c in train.columns
                     if pd.api.types.is_numeric_dtype(train[c])}
-            mlp_jobs[spec.kernel] = {
+            jobs[spec.kernel] = {
+                "method": "mlp",
                 "raw": feature_matrix(cols, spec.features, len(train)),
                 "seconds": _learned_seconds(train, platform),
                 "features": spec.features,
@@ -725,14 +741,17 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             f = roof_fits[spec.kinds[0]]
             methods[spec.kernel] = f"roofline, {len(f.bandwidths)} regime(s), peak {f.peak_bandwidth / 1e9:.1f} GB/s"
         else:
-            kind = spec.kinds[0]
-            world = int(train["world"].iloc[0])
-            curves[(kind, world)] = fit_piecewise_sigmoid(train["msg_bytes"].to_numpy(), train["seconds"].to_numpy())
-            methods[spec.kernel] = "piecewise sigmoid (8 params)"
+            jobs[spec.kernel] = {"method": "sigmoid", "msg_bytes": train["msg_bytes"].to_numpy(),
+                                 "seconds": train["seconds"].to_numpy()}
+            continue
         log(f"    {spec.kernel:<20} {methods[spec.kernel]}  ({time.perf_counter() - t0:.1f} s)")
-    fitted = _fit_mlps(mlp_jobs, _fit_workers(level, len(mlp_jobs)), log)
+    fitted = _fit_jobs(jobs, _fit_workers(level, len(jobs)), log)
     for _family, spec in specs:
         if spec.kernel not in fitted:
+            continue
+        if jobs[spec.kernel]["method"] == "sigmoid":
+            curves[(spec.kinds[0], int(splits[spec.kernel][0]["world"].iloc[0]))] = fitted[spec.kernel]
+            methods[spec.kernel] = "piecewise sigmoid (8 params)"
             continue
         net = fitted[spec.kernel]
         nets.setdefault(spec.model_key, {})[spec.route] = net

@@ -64,3 +64,27 @@ def test_windows_of_another_allocator_mode_are_left_out(tmp_path, capsys) -> Non
         main(["--archive", str(archive), "--allocator", "no_trim", "--out", str(tmp_path / "s")])
     assert exc.value.code == 2 and "no window measured with --allocator no_trim" in capsys.readouterr().err
     assert not (tmp_path / "s.md").exists()
+
+
+def test_only_the_windows_of_the_packs_cpu_are_pooled() -> None:
+    from experiments.e2e_windows import windows_of_cpu
+
+    avx2 = {"model_name": "AMD EPYC", "family": "25", "model": "1", "torch_capability": "AVX2", "isa": "avx2 fma"}
+    avx512 = {**avx2, "torch_capability": "AVX512", "isa": "avx2 fma avx512f avx512_bf16"}
+    windows = [_window("old", 0.01, 0.05), {**_window("a", 0.02, 0.08), "cpu": avx2},
+               {**_window("b", 0.01, 0.05), "cpu": avx512}]
+    assert [w["measured_at"] for w in windows_of_cpu(windows, avx2)] == ["a"]
+    assert [w["measured_at"] for w in windows_of_cpu(windows, {**avx2, "stepping": "9"})] == ["a"]  # not compared
+    assert [w["measured_at"] for w in windows_of_cpu(windows, None)] == ["old"]  # unrecorded: sessions 1-20's host
+    assert windows_of_cpu(windows, {**avx2, "model": "17"}) == []
+
+
+def test_a_pack_without_windows_of_its_cpu_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    archive = tmp_path / "w.json"
+    archive.write_text(json.dumps([{**_window("a", 0.01, 0.05), "cpu": {"model_name": "Other CPU"}}]))
+    with pytest.raises(SystemExit) as exc:  # a catalog platform has no pack, so no CPU record
+        main(["--archive", str(archive), "--platform", "h100-sxm", "--out", str(tmp_path / "s")])
+    assert exc.value.code == 2 and "no window measured on the CPU of" in capsys.readouterr().err
+    assert not (tmp_path / "s.md").exists()

@@ -50,3 +50,32 @@ def test_a_slow_kernel_does_not_starve_a_fast_one():
 
 def test_the_gemm_family_is_time_fair():
     assert GemmBenchmark.time_fair
+
+
+def test_a_case_that_would_overrun_the_budget_is_left_out():
+    # 20 small cases (5 ms for 1 unit of work) and one whose work says it takes 100x as long (0.5 s)
+    def build(seconds):
+        def b():
+            return (lambda: time.sleep(seconds)), None
+        return b
+    small = [({"kernel": "k", "kind": "mm", "flops": 1.0}, build(0.005)) for _ in range(20)]
+    cases = [*small[:10], ({"kernel": "k", "kind": "mm", "flops": 100.0}, build(0.5)), *small[10:]]
+    # a shuffle that brings the big case (index 10) after ten small ones, so its kernel has a pace
+    seed = next(s for s in range(100) if list(np.random.default_rng(s).permutation(21)).index(10) >= 10)
+    ctx = _ctx()
+    ctx.budget_s, ctx.shuffle_seed = 0.3, seed
+    frame = run_cases(ctx, cases, "t")
+    # its kernel's pace (>= 5 ms per unit of work) says it would end at >= 0.55 s, past the 0.3 s budget
+    assert 100.0 not in set(frame["flops"])
+    assert (frame["flops"] == 1.0).sum() >= 10
+
+
+def test_overrun_estimate_follows_the_kernels_pace():
+    from predictor.calibration.base import _would_overrun, case_work
+
+    assert case_work({"flops": 2e9}) == 2e9 and case_work({"bytes": 8.0}) == 8.0 and case_work({"m": 3}) == 0.0
+    pace = [1.0, 1e9]  # 1 s per GFLOP so far
+    assert _would_overrun({"flops": 2e9}, pace, elapsed_s=9.0, budget_s=10.0)
+    assert not _would_overrun({"flops": 5e8}, pace, elapsed_s=9.0, budget_s=10.0)
+    assert not _would_overrun({"flops": 2e9}, None, elapsed_s=9.0, budget_s=10.0)  # no pace yet
+    assert not _would_overrun({"m": 4}, pace, elapsed_s=9.0, budget_s=10.0)  # no work measure

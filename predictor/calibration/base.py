@@ -21,6 +21,7 @@ on a 2-core CPU), ``"full"`` (real devices; wide grids).
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -202,8 +203,10 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
     order = [i for i in range(len(cases)) if (ctx.part is None or i % ctx.part[1] == ctx.part[0])
              and (ctx.only is None or i in ctx.only)]
     shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
-    kernels = [str(c[0].get("kernel", "")) for c in cases] if time_fair else []
+    kernels = [str(c[0].get("kernel", "")) for c in cases]
     spent: dict[str, float] = {}  # seconds per kernel in the first pass (time_fair)
+    pace: dict[str, list[float]] = {}  # kernel -> [wall seconds, work] of its cases timed so far
+    skipped = 0
     for p in range(max(1, ctx.passes)):
         if p and time.perf_counter() - start > ctx.budget_s:
             break
@@ -219,15 +222,46 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
                 continue
             row, build = cases[i]
             t_case = time.perf_counter()
+            if p == 0 and done >= 4 and _would_overrun(row, pace.get(kernels[i]), t_case - start, ctx.budget_s):
+                skipped += 1
+                continue
             m = time_case(ctx.timer, build, cold)
+            took = time.perf_counter() - t_case
             if fair:
-                spent[kernels[i]] = spent.get(kernels[i], 0.0) + time.perf_counter() - t_case
+                spent[kernels[i]] = spent.get(kernels[i], 0.0) + took
+            if (w := case_work(row)) > 0:
+                acc = pace.setdefault(kernels[i], [0.0, 0.0])
+                acc[0] += took
+                acc[1] += w
             seen.setdefault(i, []).append(m.seconds)
             if i not in best or m.seconds < best[i]["seconds"]:
                 best[i] = {**record(row, m), "case": i, **({"cold": int(cold)} if column else {})}
+    if skipped:
+        ctx.log(f"    {family}: {skipped} shape(s) left out that would have overrun the budget")
     for i, row in best.items():
         keep_typical(row, seen[i])
     return pd.DataFrame([best[i] for i in sorted(best)])
+
+
+def case_work(row: dict) -> float:
+    """A case's work, the unit its time grows with: FLOPs (``flops``) where the row has them, else bytes
+    moved (``bytes``); 0 where it has neither."""
+    for key in ("flops", "bytes"):
+        v = row.get(key)
+        if v is not None and math.isfinite(float(v)) and float(v) > 0:
+            return float(v)
+    return 0.0
+
+
+def _would_overrun(row: dict, pace: list[float] | None, elapsed_s: float, budget_s: float) -> bool:
+    """Whether a case, at its kernel's pace so far (``pace`` = [wall seconds, work] of the kernel's
+    timed cases, warm-ups and repeats included), would end after the family's budget. A single call
+    can take seconds (bf16 GEMMs of ~1e9 FLOPs on a CPU without native bf16: ~2 GFLOP/s), and the
+    budget is checked between cases, so one such case near the end overran it by its whole time."""
+    w = case_work(row)
+    if not pace or pace[1] <= 0 or w <= 0:
+        return False
+    return elapsed_s + w * pace[0] / pace[1] > budget_s
 
 
 def time_case(timer: Timer, build: Callable[[], tuple[Callable[[], object], Callable[[], object] | None]],

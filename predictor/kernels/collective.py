@@ -206,7 +206,11 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
 
     if sizes.size > 32:  # many distinct sizes (uneven all-to-all): boundaries from 32 quantiles
         sizes = np.unique(np.quantile(sizes, np.linspace(0.0, 1.0, 32), method="nearest"))
-    best: tuple[float, PiecewiseSigmoid] | None = None
+    # every admissible pair's continuous member first (cheap); then the sigmoid fits, best-first, each
+    # skipped where the pair cannot win: the flat and linear regions' share of its loss does not depend
+    # on the sigmoid, so once it exceeds the best loss found the fit cannot help (the winner is the one
+    # the plain pair-by-pair loop finds; ties go to the earlier pair). An uneven all-to-all has ~500 pairs.
+    pairs: list[tuple[float, int, PiecewiseSigmoid, np.ndarray, float]] = []
     for i1 in range(0, sizes.size - 2):
         m1 = float(sizes[i1])
         low = m <= m1
@@ -218,34 +222,48 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
             denom = float(np.sum(r * r))
             u = float(np.sum(r * (1.0 - ts / t[high])) / denom) if denom > 0 else 0.0
             u = max(u, 1e-18)  # seconds per byte; noise must not make bandwidth negative
-            bw = 1.0 / u
             try:
-                curve = PiecewiseSigmoid.continuous(ts, bw, m1, m2)
+                curve = PiecewiseSigmoid.continuous(ts, 1.0 / u, m1, m2)
             except (ValueError, ZeroDivisionError, OverflowError):
                 continue
             mid = (~low) & (~high)
-            if mid.sum() >= 4:
-                # the latency curve rises with message size: 0 <= L <= 20 decades, k > 0
-                p0 = (min(max(curve.L, 1e-6), 19.9), curve.x0, min(max(curve.k, 1e-3), 100.0), curve.b)
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # OptimizeWarning on flat, well-fitted data
-                        popt, _ = curve_fit(sig, x[mid], y[mid], p0=p0, maxfev=2000,
-                                            bounds=([0.0, -np.inf, 1e-3, -np.inf], [20.0, np.inf, 100.0, np.inf]))
-                    cand = PiecewiseSigmoid(ts=ts, m1=m1, m2=m2, bw_max=bw, L=float(popt[0]), x0=float(popt[1]),
-                                            k=float(popt[2]), b=float(popt[3]))
-                    # keep the fitted sigmoid only where it joins the flat and the linear regions
-                    # (within 0.1 decade at both boundaries): a steep sigmoid can thread the
-                    # measured mid points and plunge between them (seen: 85 % held-out error)
-                    joins = (abs(float(sig(np.log2(m1), *popt)) - np.log10(ts)) <= 0.1
-                             and abs(float(sig(np.log2(m2), *popt)) - np.log10(ts + m2 / bw)) <= 0.1)
-                    if joins and _log_loss(cand, m, t) < _log_loss(curve, m, t):
-                        curve = cand
-                except (RuntimeError, ValueError, FloatingPointError):
-                    pass
-            loss = _log_loss(curve, m, t)
-            if best is None or loss < best[0]:
-                best = (loss, curve)
+            fixed = _log_loss(curve, m[~mid], t[~mid])
+            pairs.append((_log_loss(curve, m, t), len(pairs), curve, mid, fixed))
+    best: tuple[float, int, PiecewiseSigmoid] | None = None
+    for loss, idx, curve, mid, fixed in sorted(pairs, key=lambda c: (c[0], c[1])):
+        if best is not None and (fixed, idx) > (best[0], best[1]):
+            continue
+        if mid.sum() >= 4:
+            curve, loss = _fit_mid(sig, curve, loss, x, y, m, t, mid, curve_fit)
+        if best is None or (loss, idx) < (best[0], best[1]):
+            best = (loss, idx, curve)
     if best is None:
         raise ValueError("fit_piecewise_sigmoid: no admissible region boundaries")
-    return best[1]
+    return best[2]
+
+
+def _fit_mid(sig, curve: PiecewiseSigmoid, loss: float, x: np.ndarray, y: np.ndarray, m: np.ndarray, t: np.ndarray,
+             mid: np.ndarray, curve_fit) -> tuple[PiecewiseSigmoid, float]:
+    """The sigmoid of eq. 3-4 fitted to the ``mid`` points of one boundary pair, from its continuous
+    member ``curve`` (loss ``loss``); the fitted curve and its loss where it joins both regions and
+    fits better, else ``curve`` and ``loss`` unchanged."""
+    # the latency curve rises with message size: 0 <= L <= 20 decades, k > 0
+    p0 = (min(max(curve.L, 1e-6), 19.9), curve.x0, min(max(curve.k, 1e-3), 100.0), curve.b)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # OptimizeWarning on flat, well-fitted data
+            popt, _ = curve_fit(sig, x[mid], y[mid], p0=p0, maxfev=2000,
+                                bounds=([0.0, -np.inf, 1e-3, -np.inf], [20.0, np.inf, 100.0, np.inf]))
+    except (RuntimeError, ValueError, FloatingPointError):
+        return curve, loss
+    cand = PiecewiseSigmoid(ts=curve.ts, m1=curve.m1, m2=curve.m2, bw_max=curve.bw_max, L=float(popt[0]),
+                            x0=float(popt[1]), k=float(popt[2]), b=float(popt[3]))
+    # keep the fitted sigmoid only where it joins the flat and the linear regions (within 0.1 decade
+    # at both boundaries): a steep sigmoid can thread the measured mid points and plunge between them
+    # (seen: 85 % held-out error)
+    joins = (abs(float(sig(np.log2(curve.m1), *popt)) - np.log10(curve.ts)) <= 0.1
+             and abs(float(sig(np.log2(curve.m2), *popt)) - np.log10(curve.ts + curve.m2 / curve.bw_max)) <= 0.1)
+    cand_loss = _log_loss(cand, m, t)
+    if joins and cand_loss < loss:
+        return cand, cand_loss
+    return curve, loss

@@ -275,10 +275,17 @@ def _linear(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     return coef[:-1], float(coef[-1])
 
 
+#: precision the MLPs train in: "float32" (with PyTorch's fused AdamW) or "float64". The trained weights
+#: are stored as float32 either way; on the AVX2 VM of session 22 float32 trained 1.5-2x faster
+#: (``experiments/fit_precision.py``)
+TRAIN_DTYPE = "float32"
+
+
 def _train(config: MLPConfig, x: np.ndarray, y: np.ndarray, epochs: int, seed: int, weight_decay: float = 1e-4):
-    """Train one torch MLP on standardised arrays; returns the torch module."""
+    """Train one torch MLP on standardised arrays (in :data:`TRAIN_DTYPE`); returns the torch module."""
     import torch
 
+    dtype = getattr(torch, TRAIN_DTYPE)
     torch.manual_seed(seed)
     dims = [x.shape[1]] + [config.width] * (config.layers - 1) + [1]
     mods: list = []
@@ -286,13 +293,14 @@ def _train(config: MLPConfig, x: np.ndarray, y: np.ndarray, epochs: int, seed: i
         mods.append(torch.nn.Linear(dims[i], dims[i + 1]))
         if i < len(dims) - 2:
             mods.append(torch.nn.SiLU())
-    net = torch.nn.Sequential(*mods).double()
-    xt = torch.as_tensor(x, dtype=torch.float64)
-    yt = torch.as_tensor(y, dtype=torch.float64).reshape(-1, 1)
+    net = torch.nn.Sequential(*mods).to(dtype)
+    xt = torch.as_tensor(x, dtype=dtype)
+    yt = torch.as_tensor(y, dtype=dtype).reshape(-1, 1)
     if config.optimizer == "sgd":
         opt = torch.optim.SGD(net.parameters(), lr=config.lr * 10.0, momentum=0.9, weight_decay=weight_decay)
     else:
-        opt = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=weight_decay)
+        opt = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=weight_decay,
+                                fused=dtype == torch.float32)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=config.lr * 0.01)
     loss_fn = torch.nn.MSELoss()
     for _ in range(epochs):
@@ -310,7 +318,7 @@ def _eval(net, x: np.ndarray) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        return net(torch.as_tensor(x, dtype=torch.float64)).numpy()[:, 0]
+        return net(torch.as_tensor(x, dtype=next(net.parameters()).dtype)).numpy()[:, 0].astype(np.float64)
 
 
 def keeps_optional(val_mse_without: float, val_mse_with: float) -> bool:

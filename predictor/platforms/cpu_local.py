@@ -37,7 +37,7 @@ import torch
 from predictor.platforms.schema import Platform
 
 __all__ = ["cache_path", "measure_cpu_local", "cpu_signature", "describe_cpu", "signature_mismatch",
-           "ISA_FLAGS"]
+           "ISA_FLAGS", "SIGNATURE_KEYS", "same_cpu"]
 
 _FALLBACK_LLC_BYTES = 32 * 1024 * 1024
 _COPY_BYTES = 256 * 1024 * 1024
@@ -266,8 +266,21 @@ def signature_mismatch(recorded: dict | None, current: dict | None = None) -> st
     if not recorded:
         return "the pack does not record its CPU (calibrated before session 21), so its host cannot be checked"
     diffs = [f"{k} {recorded.get(k) or '?'} vs {current.get(k) or '?'} here"
-             for k in ("model_name", "family", "model", "torch_capability", "isa") if recorded.get(k) != current.get(k)]
+             for k in SIGNATURE_KEYS if recorded.get(k) != current.get(k)]
     return ("the pack was measured on another CPU: " + "; ".join(diffs)) if diffs else None
+
+
+#: the fields of a :func:`cpu_signature` that must agree for two measurements to be of one CPU
+SIGNATURE_KEYS = ("model_name", "family", "model", "torch_capability", "isa")
+
+
+def same_cpu(a: dict | None, b: dict | None) -> bool:
+    """Whether two recorded :func:`cpu_signature` s are of one CPU (:data:`SIGNATURE_KEYS` agree). Two
+    missing records agree: measurements from before CPUs were recorded (session 21) all come from one
+    host, the AVX-512 EPYC of sessions 1-20; a missing record never agrees with a present one."""
+    if not a or not b:
+        return not a and not b
+    return all(a.get(k) == b.get(k) for k in SIGNATURE_KEYS)
 
 
 def _cpu_vendor() -> str:
