@@ -16,7 +16,12 @@ heuristic placement's *ground truth* is the median of its measured times over al
 Runs are read from git history (``git show REV:experiments/results/sharding_selection.json``)
 plus the working tree's file. Writes ``experiments/results/sharding_windows.md`` and ``.json``.
 
-    python experiments/sharding_windows.py [--revs REV ...]
+    python experiments/sharding_windows.py [--revs REV ...] [--run-file FILE] [--all-cpus]
+
+Only runs measured on the newest run's CPU are pooled (``meta.cpu``, recorded since session 21; runs
+without a record are the AVX-512 EPYC of sessions 1-20); ``--all-cpus`` pools every run, and
+``--run-file`` reads another results file's history (a run on another CPU written with
+``sharding_selection.py --out``).
 """
 
 from __future__ import annotations
@@ -46,21 +51,22 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout
 
 
-def load_runs(revs: list[str] | None) -> list[tuple[str, dict]]:
-    """``(label, run)`` for each revision of the results file (newest first), the working tree first."""
+def load_runs(revs: list[str] | None, run_file: str = RUN_FILE) -> list[tuple[str, dict]]:
+    """``(label, run)`` for each revision of the results file ``run_file`` (a path relative to the
+    repository; newest first), the working tree's first."""
     if revs is None:
         try:
-            revs = _git("log", "--format=%h", "--", RUN_FILE).split()
+            revs = _git("log", "--format=%h", "--", run_file).split()
         except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-            fail(f"cannot read the history of {RUN_FILE} ({exc})")
+            fail(f"cannot read the history of {run_file} ({exc})")
     runs: list[tuple[str, dict]] = []
     texts = []
     for rev in revs:
         try:
-            texts.append((rev, _git("show", f"{rev}:{RUN_FILE}")))
+            texts.append((rev, _git("show", f"{rev}:{run_file}")))
         except subprocess.CalledProcessError:
-            fail(f"--revs {rev}: no {RUN_FILE} at that revision")
-    work = REPO / RUN_FILE
+            fail(f"--revs {rev}: no {run_file} at that revision")
+    work = REPO / run_file
     if work.exists() and all(work.read_text() != t for _, t in texts):
         texts.insert(0, ("working tree", work.read_text()))  # an uncommitted run, the newest
     seen: set[str] = set()
@@ -76,7 +82,7 @@ def load_runs(revs: list[str] | None) -> list[tuple[str, dict]]:
             fail(f"{label}: not a sharding_selection result ({type(exc).__name__}: {exc})")
         runs.append((label, run))
     if not runs:
-        fail(f"no {RUN_FILE} found")
+        fail(f"no {run_file} found")
     return runs
 
 
@@ -151,7 +157,8 @@ def run_summary(run: dict) -> dict:
             "tasks": len(run["rows"]), "model_guided_vs_best_six_pct": s.get("model_guided_vs_best_six_mean_pct")}
 
 
-def markdown(labels: list[str], runs: list[dict], truth: dict, judged: list[dict], skipped: list[str]) -> str:
+def markdown(labels: list[str], runs: list[dict], truth: dict, judged: list[dict], skipped: list[str],
+             command: str = "python experiments/sharding_windows.py") -> str:
     spread = [max(v) / min(v) - 1.0 for task in truth for s in HEURISTICS
               for v in [[float(r["measured_s"][s]) for run in runs for r in run["rows"] if r["task"] == task]]
               if len(v) > 1]
@@ -160,11 +167,13 @@ def markdown(labels: list[str], runs: list[dict], truth: dict, judged: list[dict
         "",
         f"{date.today().isoformat()}; {len(runs)} runs of `experiments/sharding_selection.py` with identical tasks "
         f"and heuristic placements ({', '.join(labels)}"
-        + (f"; skipped, different placements: {', '.join(skipped)}" if skipped else "") + "). "
-        "Reproduce: `python experiments/sharding_windows.py`.",
+        + (f"; skipped (different placements, or measured on another CPU than the newest run): {', '.join(skipped)}"
+           if skipped else "") + "). "
+        f"Reproduce: `{command}`.",
         "",
-        f"How much one placement's measurement moves between runs: median {100 * float(np.median(spread)):.1f} %, "
-        f"max {100 * max(spread):.1f} % (slowest / fastest run - 1).",
+        (f"How much one placement's measurement moves between runs: median {100 * float(np.median(spread)):.1f} %, "
+         f"max {100 * max(spread):.1f} % (slowest / fastest run - 1)." if spread else
+         "One run only: how much a placement's measurement moves between runs is not known from it."),
         "",
         "Ground truth: each of the 60 heuristic placements' median measured time over the runs, each run's "
         "times divided first by its window factor (the geomean of its 60 placements' times over their geomean "
@@ -199,13 +208,21 @@ def markdown(labels: list[str], runs: list[dict], truth: dict, judged: list[dict
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--revs", nargs="*", default=None, help="git revisions (default: every commit of the file)")
+    ap.add_argument("--run-file", default=RUN_FILE,
+                    help="the results file whose committed versions are the runs (relative to the repository)")
+    ap.add_argument("--all-cpus", action="store_true",
+                    help="pool runs measured on any CPU (default: only the newest run's CPU)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sharding_windows")
     args = ap.parse_args(argv)
-    loaded = load_runs(args.revs)
+    loaded = load_runs(args.revs, args.run_file)
     ref = loaded[0][1]
     labels, runs, skipped = [], [], []
+    from predictor.platforms.cpu_local import same_cpu
+
     for label, run in loaded:
-        if same_placements(ref, run):
+        if not args.all_cpus and not same_cpu(run.get("meta", {}).get("cpu"), ref.get("meta", {}).get("cpu")):
+            skipped.append(f"{label} (another CPU)")
+        elif same_placements(ref, run):
             labels.append(label)
             runs.append(run)
         else:
@@ -215,7 +232,9 @@ def main(argv: list[str] | None = None) -> None:
               for run in runs]
     from tuner.report import atomic_write_text
 
-    text = markdown(labels, runs, truth, judged, skipped)
+    command = "python experiments/sharding_windows.py" + (f" --run-file {args.run_file}" if args.run_file != RUN_FILE
+                                                         else "") + (" --all-cpus" if args.all_cpus else "")
+    text = markdown(labels, runs, truth, judged, skipped, command)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(
         {"runs": labels, "skipped": skipped, "pooled_truth_s": truth, "judged": dict(zip(labels, judged, strict=True)),
          "reported": {lb: run_summary(r) for lb, r in zip(labels, runs, strict=True)},

@@ -52,3 +52,20 @@ def test_runs_with_other_placements_are_not_pooled() -> None:
     assert same_placements(a, b)
     b["rows"][0]["placements"]["random"] = [1, 1]
     assert not same_placements(a, b)
+
+
+def test_runs_of_another_cpu_are_not_pooled(tmp_path, monkeypatch) -> None:
+    import json
+
+    import experiments.sharding_windows as sw
+
+    avx2 = {"model_name": "AMD EPYC", "family": "25", "model": "1", "torch_capability": "AVX2", "isa": "avx2 fma"}
+    new = {**_run(1.0, TIMES, mg=1.0), "meta": {"cpu": avx2}, "summary": {"model_guided_vs_best_six_mean_pct": 0.0}}
+    old = {**_run(2.0, TIMES, mg=2.0), "summary": {"model_guided_vs_best_six_mean_pct": 0.0}}  # no record: the AVX-512 host of sessions 1-20
+    monkeypatch.setattr(sw, "load_runs", lambda revs, run_file: [("new", new), ("old", old)])
+    sw.main(["--out", str(tmp_path / "w")])
+    got = json.loads((tmp_path / "w.json").read_text())
+    assert got["runs"] == ["new"] and got["skipped"] == ["old (another CPU)"]
+    assert "One run only" in (tmp_path / "w.md").read_text()
+    sw.main(["--out", str(tmp_path / "all"), "--all-cpus"])
+    assert json.loads((tmp_path / "all.json").read_text())["runs"] == ["new", "old"]
