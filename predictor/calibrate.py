@@ -72,10 +72,11 @@ HOLDOUT_FRACTION = 0.2
 #: wall-clock budget per benchmark family, seconds, by level
 BUDGETS: dict[str, dict[str, float]] = {
     "tiny": {"default": 3.0, "collectives": 10.0},
-    # quick: 400 s in all, so that with the fits, the contention probe and the overheads a calibration ends
-    # inside 10 minutes on a slower 2-core CPU too (the AVX2 VM of session 22 took 887 s with 500 s here)
-    "quick": {"gemm": 72.0, "conv2d": 36.0, "embedding_bag": 132.0, "elementwise": 60.0, "layer_norm": 16.0,
-              "softmax": 36.0, "data_movement": 24.0, "collectives": 24.0, "default": 24.0},
+    # quick: 370 s in all, so that with the fits, the contention probe and the overheads a calibration ends
+    # inside 10 minutes on a slower 2-core CPU too (the AVX2 VM of session 22: 887 s with 500 s here, float64
+    # fits, 5 nets and 8 contention rounds of 1 s slots; 635 s with 400 s, float32 fits, 0.75 s slots)
+    "quick": {"gemm": 66.0, "conv2d": 33.0, "embedding_bag": 122.0, "elementwise": 56.0, "layer_norm": 15.0,
+              "softmax": 33.0, "data_movement": 22.0, "collectives": 23.0, "default": 22.0},
     "full": {"default": 1800.0},
 }
 #: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family with
@@ -88,13 +89,15 @@ MLP_SETTINGS = {
     "full": (TABLE_II_GRID, 3000, 1800.0),
 }
 #: networks per MLP, by level (:func:`~predictor.kernels.learned.fit_mlp` ``members``: the winning
-#: configuration trained from that many initial seeds, their geometric mean predicted)
-MLP_MEMBERS = {"tiny": 1, "quick": 5, "full": 5}
+#: configuration trained from that many initial seeds, their geometric mean predicted). Quick: 3 since
+#: session 22 (5 before), for the 10-minute bound on a slower CPU; a refit of an older quick pack fits 3
+MLP_MEMBERS = {"tiny": 1, "quick": 3, "full": 5}
 #: rounds after the first time only the cases the first round reached (every sample the median of
 #: all rounds), with this multiple of their share of the family budget so they finish the set
 LATER_ROUND_SLACK = 1.25
-#: seconds of one time slot of the host-contention probe (8 rounds of 3 probes x (world + 1) slots), by level
+#: the host-contention probe by level: seconds of one time slot, and rounds (each 3 probes x (world + 1) slots)
 CONTENTION_SLOT_S = {"tiny": 0.3, "quick": 0.75, "full": 1.0}
+CONTENTION_ROUNDS = {"tiny": 1, "quick": 6, "full": 8}
 #: bounds of ``--scale`` (multiple of a level's shapes and time)
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
@@ -296,7 +299,7 @@ def calibrate(
 
         t0 = time.perf_counter()
         contention = measure_host_contention(world_size, n_threads, llc_bytes,
-                                             slot_s=CONTENTION_SLOT_S[level], rounds=1 if level == "tiny" else 8)
+                                             slot_s=CONTENTION_SLOT_S[level], rounds=CONTENTION_ROUNDS[level])
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 

@@ -119,3 +119,38 @@ def test_rewriting_a_pack_replaces_it_whole(pack: Path):
     assert not (pack / "stale.txt").exists()
     assert [type(m).__name__ for m in again.models] == ["FittedRoofline"]
     assert not list(pack.parent.glob(".testpack*"))
+
+
+def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    import shutil
+
+    import predictor.platforms.assets as assets
+    from predictor.platforms.cpu_local import _cpu_model, cpu_signature
+
+    root = tmp_path / "assets"
+    root.mkdir()
+    monkeypatch.setattr(assets, "asset_search_paths", lambda: [root])
+    monkeypatch.setattr(assets, "_registry_path", lambda: tmp_path / "no-registry.json")
+
+    def copy(name: str, **manifest) -> Path:
+        d = root / name
+        shutil.copytree(pack, d)
+        m = json.loads((d / "manifest.json").read_text())
+        m.pop("cpu", None)
+        m.update(manifest)
+        (d / "manifest.json").write_text(json.dumps(m))
+        return d
+
+    other = {**cpu_signature(), "torch_capability": "SOMETHING_ELSE"}
+    copy("cpu-local", cpu_model=_cpu_model())  # no CPU record (before session 21), same model name
+    assert assets.cpu_local_pack() == root / "cpu-local"
+    copy("cpu-local-b", cpu=other)  # another CPU's: never chosen
+    assert assets.cpu_local_pack() == root / "cpu-local"
+    copy("cpu-local-c", cpu=cpu_signature())  # this CPU's: chosen over the unrecorded one
+    assert assets.cpu_local_pack() == root / "cpu-local-c"
+    assert resolve_platform("cpu-local").pack.path == root / "cpu-local-c"
+    shutil.rmtree(root / "cpu-local-c")
+    shutil.rmtree(root / "cpu-local")
+    copy("cpu-local", cpu=other)  # only packs of other CPUs: the measured platform, saying so
+    assert assets.cpu_local_pack() is None
+    assert "from another CPU" in resolve_platform("cpu-local").source

@@ -277,7 +277,7 @@ def _linear(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
 
 #: precision the MLPs train in: "float32" (with PyTorch's fused AdamW) or "float64". The trained weights
 #: are stored as float32 either way; on the AVX2 VM of session 22 float32 trained 1.5-2x faster
-#: (``experiments/fit_precision.py``)
+#: (``experiments/fit_recipe.py``)
 TRAIN_DTYPE = "float32"
 
 

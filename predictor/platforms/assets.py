@@ -370,13 +370,52 @@ def _this_cpu() -> str:
     return _cpu_model()
 
 
+def cpu_local_pack() -> Path | None:
+    """The pack ``--platform cpu-local`` stands for on this host: of the packs named ``cpu-local`` or
+    ``cpu-local-*`` on the search path, the first whose manifest records this CPU
+    (:func:`~predictor.platforms.cpu_local.same_cpu` with this host's signature); else the pack named
+    ``cpu-local`` when it records no CPU (calibrated before session 21) and its ``cpu_model`` is this
+    host's; else None. So one checkout carries a pack per CPU its team runs on (``assets/cpu-local``:
+    the AVX-512 EPYC of sessions 1-20; ``assets/cpu-local-avx2``: session 22's AVX2 EPYC) and each host
+    picks its own."""
+    from predictor.platforms.cpu_local import cpu_signature, same_cpu
+
+    here = cpu_signature()
+    candidates: list[Path] = []
+    for root in asset_search_paths():
+        if root.is_dir():
+            candidates += sorted(d for d in root.glob("cpu-local*") if (d / "manifest.json").is_file()
+                                 and (d.name == "cpu-local" or d.name.startswith("cpu-local-")))
+    try:
+        reg = json.loads(_registry_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        reg = {}
+    if isinstance(reg, dict):  # packs calibrated with --out elsewhere, by the name they were written as
+        candidates += [Path(v) for k, v in sorted(reg.items()) if isinstance(v, str)
+                       and (k == "cpu-local" or k.startswith("cpu-local-")) and (Path(v) / "manifest.json").is_file()]
+    legacy = None
+    for d in candidates:
+        try:
+            m = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict):
+            continue
+        if m.get("cpu"):
+            if same_cpu(m["cpu"], here):
+                return d
+        elif legacy is None and d.name == "cpu-local" and m.get("cpu_model") == _this_cpu():
+            legacy = d
+    return legacy
+
+
 def resolve_platform(name_or_path: str, extra: str | Path | None = None) -> ResolvedPlatform:
     """A ``--platform`` value -> platform, kernel models and a source label.
 
     * a pack folder path, or the name of a pack on the search path -> its calibrated models
       (``"asset pack NAME"``);
-    * ``cpu-local`` -> the pack named ``cpu-local`` if one calibrated on this CPU model is
-      found, else the measured platform with analytic models
+    * ``cpu-local`` -> the pack calibrated on this CPU (:func:`cpu_local_pack`: ``cpu-local`` or a
+      ``cpu-local-*`` sibling), else the measured platform with analytic models
       (``"analytic (measured cpu-local)"``);
     * a catalog key -> the catalog entry with analytic models (``"analytic (catalog)"``).
 
@@ -392,13 +431,12 @@ def resolve_platform(name_or_path: str, extra: str | Path | None = None) -> Reso
         pack = load_asset_pack(value)
         return ResolvedPlatform(pack.platform, [*pack.models, *analytic_models()], pack.source, pack)
     key = value.lower()
-    found = find_asset_pack(key)
+    found = cpu_local_pack() if key == CPU_LOCAL else find_asset_pack(key)
     if found is not None:
         pack = load_asset_pack(found)
-        if key != CPU_LOCAL or pack.manifest.get("cpu_model") == _this_cpu():
-            return ResolvedPlatform(pack.platform, [*pack.models, *analytic_models()], pack.source, pack)
-        platform = get_platform(key, extra)
-        return ResolvedPlatform(platform, analytic_models(),
+        return ResolvedPlatform(pack.platform, [*pack.models, *analytic_models()], pack.source, pack)
+    if key == CPU_LOCAL and find_asset_pack(key) is not None:
+        return ResolvedPlatform(get_platform(key, extra), analytic_models(),
                                 "analytic (measured cpu-local; the cpu-local asset pack is from another CPU)")
     platform = get_platform(key, extra)
     source = "analytic (measured cpu-local)" if key == CPU_LOCAL else "analytic (catalog)"
