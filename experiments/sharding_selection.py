@@ -168,6 +168,12 @@ def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
     }
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=10)
@@ -265,7 +271,10 @@ def main() -> None:
         f"{args.iters} timed iterations after {args.warmup} warm-up per pass (the per-iteration slowest rank). "
         f"Prediction: `{sm['timing_source']}` on `{platform.key}` (host-mode DLRM graph, simulated).",
         "Reproduce: `flock /tmp/tuner-measure.lock python experiments/sharding_selection.py "
-        f"--tasks {args.tasks} --ranks {args.ranks} --batch {args.batch}`",
+        f"--tasks {args.tasks} --ranks {args.ranks} --batch {args.batch}"
+        + (f" --platform {args.platform}" if args.platform != "cpu-local" else "")
+        + (" --cold-embedding-check" if args.cold_embedding_check else "")
+        + (f" --out {_shown(args.out)}" if Path(args.out).resolve() != RESULTS.resolve() else "") + "`",
         host_line(meta),
         "",
         "Columns as Table IV of the paper: P = predicted fastest of the six sharders, AF = actual (measured) fastest, "
