@@ -299,11 +299,11 @@ def main(argv: list[str] | None = None) -> None:
             if i == 0 and args.cpu != "all":
                 cpu = cpu_signature() if args.cpu == "host" else (plat.pack.manifest.get("cpu") if plat.pack else None)
                 n_all, windows = len(windows), windows_of_cpu(windows, cpu)
-                who = "this host's" if args.cpu == "host" else f"the CPU of `{_label(p)}`"
-                cpu_note = (f"the {len(windows)} of {n_all} windows measured on {who} CPU: "
+                who = "this host's CPU" if args.cpu == "host" else f"the CPU of `{_label(p)}`"
+                cpu_note = (f"the {len(windows)} of {n_all} windows measured on {who}: "
                             + (describe_cpu(cpu) if cpu else "unrecorded, the AVX-512 EPYC of sessions 1-20"))
                 if not windows:
-                    fail(f"{args.archive}: no window measured on {who} CPU "
+                    fail(f"{args.archive}: no window measured on {who} "
                          f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
             results[p] = {"timing_source": source, **score(predict_rows(plat.timing()), windows)}
     from tuner.report import atomic_write_text
