@@ -66,9 +66,11 @@ def builder(op: str, layout: str, m: int, n: int, k: int):
 def score_pack(pack: str, rows: list[dict]) -> dict[str, float]:
     """A fitted pack's predicted NN time of every row over its measured NN time: by time, and geomeans."""
     from predictor.kernels import TaskView
-    from predictor.platforms.assets import find_asset_pack, load_asset_pack
+    from predictor.platforms.assets import resolve_platform
 
-    p = load_asset_pack(pack if Path(pack).exists() else (find_asset_pack(pack) or pack))
+    p = resolve_platform(pack).pack  # names resolve as --platform does (cpu-local: this CPU's pack)
+    if p is None:
+        raise ValueError(f"{pack}: not an asset pack (no fitted GEMM model to score)")
     model = next(m for m in p.models if "gemm" in m.kinds or "addmm" in m.kinds)
     pred = np.array([model.predict(TaskView.from_columns(r["op"], m=[float(r["m"])], n=[float(r["n"])],
                                                          k=[float(r["k"])], batch=[1.0], dtype_bytes=[4.0]),

@@ -133,7 +133,8 @@ def test_main_writes_the_table_and_json_last(tmp_path):
     from experiments.e2e_cpu import main
 
     main(["--models", "mlp", "--mlp-batches", "4", "8", "--iters", "10", "--passes", "2", "--warmup", "1",
-          "--quiet-timeout", "0", "--retries", "0", "--no-check", "--platform", "cpu-local", "--out", str(tmp_path)])
+          "--quiet-timeout", "0", "--retries", "0", "--no-check", "--platform", str(REPO / "assets" / "cpu-local"),
+          "--out", str(tmp_path)])
     doc = json.loads((tmp_path / "e2e_cpu.json").read_text())
     assert [r["batch"] for r in doc["rows"]] == [4, 8]
     r = doc["rows"][0]

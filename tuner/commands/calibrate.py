@@ -17,7 +17,7 @@ def calibrate(
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N"),
     out: Path = typer.Option(None, "--out", help="asset pack folder to write, e.g. assets/cpu-local "
                              "(required unless --refit, which defaults to rewriting the pack it refits)"),
-    quick: bool = typer.Option(False, "--quick", help="small grids: a few minutes on a 2-core CPU"),
+    quick: bool = typer.Option(False, "--quick", help="small grids: under 10 minutes on a 2-core CPU"),
     world_size: int = typer.Option(1, "--world-size", help="local processes for the collective benchmarks "
                                    "(gloo on CPU, NCCL on GPUs); 1 skips collectives"),
     threads: int = typer.Option(None, "--threads", help="torch intra-op threads for CPU benchmarks "
