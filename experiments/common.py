@@ -19,6 +19,16 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_relative(path: str | Path) -> str:
+    """``path`` relative to the repository where it lies inside it (for the reproduce lines of result
+    files), else as given."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+
+
 def host_check(manifest: dict | None) -> dict:
     """This host's CPU signature and, when a calibrated CPU pack predicts it, why the pack may not
     describe this CPU (:func:`predictor.platforms.cpu_local.signature_mismatch`; None when they agree or

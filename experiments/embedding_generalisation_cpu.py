@@ -32,7 +32,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.common import fail  # noqa: E402
+from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import predicted_embedding_seconds  # noqa: E402
 from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
 from experiments.kernel_model_variants import _specs  # noqa: E402
@@ -127,7 +127,7 @@ def main() -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         fail(f"--tables {a.tables}: not a results file of experiments/embedding_tables_cpu.py ({exc!r})")
     df = run([Path(p) for p in a.packs], Path(a.tables), a.seeds)
-    rel = [str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p for p in a.packs]
+    rel = [repo_relative(p) for p in a.packs]
     command = (f"python experiments/embedding_generalisation_cpu.py --packs {' '.join(rel)} --seeds "
                f"{' '.join(map(str, a.seeds))}")
     measured_at = json.loads(Path(a.tables).read_text())["meta"]["measured_at"]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import predictor.calibrate as calibrate_mod  # noqa: E402
 import predictor.kernels.learned as learned  # noqa: E402
-from experiments.common import fail, host_line  # noqa: E402
+from experiments.common import fail, host_line, repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
 from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     if df.empty:
         fail("no MLP kernel was fitted (check --packs / --kernels)")
     command = "python experiments/fit_recipe.py --packs " + " ".join(
-        str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p for p in a.packs)
+        repo_relative(p) for p in a.packs)
     if list(a.variants) != list(DEFAULT_VARIANTS):
         command += " --variants " + " ".join(a.variants)
     if a.kernels:

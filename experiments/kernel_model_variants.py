@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import predictor.calibrate as calibrate_mod  # noqa: E402
+from experiments.common import repo_relative  # noqa: E402
 from predictor.calibrate import make_benchmarks  # noqa: E402
 from predictor.calibration.base import BenchContext, ModelSpec  # noqa: E402
 from predictor.calibration.timing import Timer  # noqa: E402
@@ -161,7 +162,7 @@ def main() -> None:
     a = ap.parse_args()
     df = run([Path(p) for p in a.packs], set(a.kernels) if a.kernels else None)
     command = "python experiments/kernel_model_variants.py --packs " + " ".join(
-        str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p for p in a.packs)
+        repo_relative(p) for p in a.packs)
     if a.kernels:
         command += " --kernels " + " ".join(a.kernels)
     Path(a.out).write_text(markdown(df, command))

@@ -25,6 +25,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {missing[0]}: not a pack with stored benchmark data (data/)", file=sys.stderr)
         raise SystemExit(2)
     df = run([Path(p) for p in a.packs], a.kernels, a.shares)
-    rel = [str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else p for p in a.packs]
+    rel = [repo_relative(p) for p in a.packs]
     command = (f"python experiments/learning_curve.py --packs {' '.join(rel)} --kernels {' '.join(a.kernels)} "
                f"--shares {' '.join(f'{s:g}' for s in a.shares)}")
     if Path(a.out).resolve() != (ROOT / "experiments" / "results" / "learning_curve.md").resolve():

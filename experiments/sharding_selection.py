@@ -38,7 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import host_check, host_line  # noqa: E402
+from experiments.common import host_check, host_line, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     DLRMJobSpec,
     EmbeddingOverride,
@@ -168,12 +168,6 @@ def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
     }
 
 
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository where it lies inside it."""
-    p = Path(path).resolve()
-    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=10)
@@ -274,7 +268,7 @@ def main() -> None:
         f"--tasks {args.tasks} --ranks {args.ranks} --batch {args.batch}"
         + (f" --platform {args.platform}" if args.platform != "cpu-local" else "")
         + (" --cold-embedding-check" if args.cold_embedding_check else "")
-        + (f" --out {_shown(args.out)}" if Path(args.out).resolve() != RESULTS.resolve() else "") + "`",
+        + (f" --out {repo_relative(args.out)}" if Path(args.out).resolve() != RESULTS.resolve() else "") + "`",
         host_line(meta),
         "",
         "Columns as Table IV of the paper: P = predicted fastest of the six sharders, AF = actual (measured) fastest, "

@@ -186,8 +186,6 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     Raises:
         ValueError: too few points or non-positive values.
     """
-    from scipy.optimize import curve_fit
-
     m = np.asarray(m, dtype=np.float64)
     t = np.asarray(t, dtype=np.float64)
     if m.shape != t.shape or m.ndim != 1:
@@ -200,9 +198,6 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     order = np.argsort(m, kind="stable")
     m, t = m[order], t[order]
     x, y = np.log2(m), np.log10(t)
-
-    def sig(xv: np.ndarray, L: float, x0: float, k: float, b: float) -> np.ndarray:
-        return L / (1.0 + np.exp(-np.clip(k * (xv - x0), -60.0, 60.0))) + b
 
     if sizes.size > 32:  # many distinct sizes (uneven all-to-all): boundaries from 32 quantiles
         sizes = np.unique(np.quantile(sizes, np.linspace(0.0, 1.0, 32), method="nearest"))
@@ -234,7 +229,7 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
         if best is not None and (fixed, idx) > (best[0], best[1]):
             continue
         if mid.sum() >= 4:
-            curve, loss = _fit_mid(sig, curve, loss, x, y, m, t, mid, curve_fit)
+            curve, loss = _fit_mid(curve, loss, x, y, m, t, mid)
         if best is None or (loss, idx) < (best[0], best[1]):
             best = (loss, idx, curve)
     if best is None:
@@ -242,17 +237,24 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     return best[2]
 
 
-def _fit_mid(sig, curve: PiecewiseSigmoid, loss: float, x: np.ndarray, y: np.ndarray, m: np.ndarray, t: np.ndarray,
-             mid: np.ndarray, curve_fit) -> tuple[PiecewiseSigmoid, float]:
-    """The sigmoid of eq. 3-4 fitted to the ``mid`` points of one boundary pair, from its continuous
-    member ``curve`` (loss ``loss``); the fitted curve and its loss where it joins both regions and
-    fits better, else ``curve`` and ``loss`` unchanged."""
+def _sigmoid(xv: np.ndarray, L: float, x0: float, k: float, b: float) -> np.ndarray:
+    """Eq. 3-4 in log space: log10 seconds at log2 bytes ``xv``."""
+    return L / (1.0 + np.exp(-np.clip(k * (xv - x0), -60.0, 60.0))) + b
+
+
+def _fit_mid(curve: PiecewiseSigmoid, loss: float, x: np.ndarray, y: np.ndarray, m: np.ndarray, t: np.ndarray,
+             mid: np.ndarray) -> tuple[PiecewiseSigmoid, float]:
+    """The sigmoid of eq. 3-4 fitted to the ``mid`` points of one boundary pair (``x, y``: log2 bytes,
+    log10 seconds; ``m, t``: bytes, seconds), from its continuous member ``curve`` (loss ``loss``); the
+    fitted curve and its loss where it joins both regions and fits better, else ``curve`` and ``loss``."""
+    from scipy.optimize import curve_fit
+
     # the latency curve rises with message size: 0 <= L <= 20 decades, k > 0
     p0 = (min(max(curve.L, 1e-6), 19.9), curve.x0, min(max(curve.k, 1e-3), 100.0), curve.b)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # OptimizeWarning on flat, well-fitted data
-            popt, _ = curve_fit(sig, x[mid], y[mid], p0=p0, maxfev=2000,
+            popt, _ = curve_fit(_sigmoid, x[mid], y[mid], p0=p0, maxfev=2000,
                                 bounds=([0.0, -np.inf, 1e-3, -np.inf], [20.0, np.inf, 100.0, np.inf]))
     except (RuntimeError, ValueError, FloatingPointError):
         return curve, loss
@@ -261,8 +263,8 @@ def _fit_mid(sig, curve: PiecewiseSigmoid, loss: float, x: np.ndarray, y: np.nda
     # keep the fitted sigmoid only where it joins the flat and the linear regions (within 0.1 decade
     # at both boundaries): a steep sigmoid can thread the measured mid points and plunge between them
     # (seen: 85 % held-out error)
-    joins = (abs(float(sig(np.log2(curve.m1), *popt)) - np.log10(curve.ts)) <= 0.1
-             and abs(float(sig(np.log2(curve.m2), *popt)) - np.log10(curve.ts + curve.m2 / curve.bw_max)) <= 0.1)
+    joins = (abs(float(_sigmoid(np.log2(curve.m1), *popt)) - np.log10(curve.ts)) <= 0.1
+             and abs(float(_sigmoid(np.log2(curve.m2), *popt)) - np.log10(curve.ts + curve.m2 / curve.bw_max)) <= 0.1)
     cand_loss = _log_loss(cand, m, t)
     if joins and cand_loss < loss:
         return cand, cand_loss

@@ -148,6 +148,15 @@ def register_asset_pack(name: str, path: str | Path) -> None:
         pass
 
 
+def _read_registry() -> dict:
+    """The registry of pack names -> folders (:func:`register_asset_pack`); empty when missing or unreadable."""
+    try:
+        reg = json.loads(_registry_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return reg if isinstance(reg, dict) else {}
+
+
 def find_asset_pack(name: str) -> Path | None:
     """The folder of pack ``name`` (case-insensitive), or None."""
     key = name.strip().lower()
@@ -157,11 +166,8 @@ def find_asset_pack(name: str) -> Path | None:
         cand = root / key
         if (cand / "manifest.json").is_file():
             return cand
-    try:
-        reg = json.loads(_registry_path().read_text(encoding="utf-8"))
-        hit = Path(reg[key]) if isinstance(reg, dict) and key in reg else None
-    except (OSError, ValueError):
-        hit = None
+    reg = _read_registry()
+    hit = Path(reg[key]) if isinstance(reg.get(key), str) else None
     if hit is not None and (hit / "manifest.json").is_file():
         return hit
     return None
@@ -386,13 +392,9 @@ def cpu_local_pack() -> Path | None:
         if root.is_dir():
             candidates += sorted(d for d in root.glob("cpu-local*") if (d / "manifest.json").is_file()
                                  and (d.name == "cpu-local" or d.name.startswith("cpu-local-")))
-    try:
-        reg = json.loads(_registry_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        reg = {}
-    if isinstance(reg, dict):  # packs calibrated with --out elsewhere, by the name they were written as
-        candidates += [Path(v) for k, v in sorted(reg.items()) if isinstance(v, str)
-                       and (k == "cpu-local" or k.startswith("cpu-local-")) and (Path(v) / "manifest.json").is_file()]
+    # packs calibrated with --out elsewhere, by the name they were written as
+    candidates += [Path(v) for k, v in sorted(_read_registry().items()) if isinstance(v, str)
+                   and (k == "cpu-local" or k.startswith("cpu-local-")) and (Path(v) / "manifest.json").is_file()]
     legacy = None
     for d in candidates:
         try:

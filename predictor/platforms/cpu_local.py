@@ -258,6 +258,10 @@ def describe_cpu(signature: dict) -> str:
             f"PyTorch capability {s.get('torch_capability') or '?'}, ISA {s.get('isa') or '-'}")
 
 
+#: the fields of a :func:`cpu_signature` that must agree for two measurements to be of one CPU
+SIGNATURE_KEYS = ("model_name", "family", "model", "torch_capability", "isa")
+
+
 def signature_mismatch(recorded: dict | None, current: dict | None = None) -> str | None:
     """Why a pack measured on the CPU ``recorded`` (:func:`cpu_signature`, from its manifest ``cpu``)
     may not describe this one (``current``, default: this host): a one-line reason, or None when they
@@ -268,10 +272,6 @@ def signature_mismatch(recorded: dict | None, current: dict | None = None) -> st
     diffs = [f"{k} {recorded.get(k) or '?'} vs {current.get(k) or '?'} here"
              for k in SIGNATURE_KEYS if recorded.get(k) != current.get(k)]
     return ("the pack was measured on another CPU: " + "; ".join(diffs)) if diffs else None
-
-
-#: the fields of a :func:`cpu_signature` that must agree for two measurements to be of one CPU
-SIGNATURE_KEYS = ("model_name", "family", "model", "torch_capability", "isa")
 
 
 def same_cpu(a: dict | None, b: dict | None) -> bool:
