@@ -76,7 +76,9 @@ def _iteration_times(spec: DLRMJobSpec) -> list[float]:
     return [float(x) for x in per_rank.max(axis=0)]
 
 
-def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
+def task_job(ti: int, tables: EmbeddingTables, args, platform, timing) -> tuple[DLRMJobSpec, DLRMShardingJob]:
+    """The measured program (every table on rank 0: callers set ``assignment``) and the predicted
+    sharding job of task ``ti``; the predictor sees the reuse factors of the real batches."""
     n = args.ranks
     base = DLRMJobSpec(rows=tuple(int(x) for x in tables.rows), dim=tuple(int(x) for x in tables.dim),
                        pooling=tuple(float(x) for x in tables.pooling), assignment=tuple([0] * len(tables)),
@@ -89,6 +91,13 @@ def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
     tables = EmbeddingTables(rows=tables.rows, dim=tables.dim, pooling=tables.pooling, reuse=rf, label=tables.label)
     job = DLRMShardingJob(DLRMSpec(tables=tables, batch_size=args.batch, bottom_mlp=tuple(args.bottom),
                                    top_mlp=tuple(args.top)), n, platform, timing, threads_per_rank=args.threads_used)
+    return base, job
+
+
+def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
+    n = args.ranks
+    base, job = task_job(ti, tables, args, platform, timing)
+    tables = job.spec.tables
     capacity = job.table_capacity_bytes(0.8)
     placements: dict[str, np.ndarray] = {}
     predicted: dict[str, float] = {}
