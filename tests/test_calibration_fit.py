@@ -369,3 +369,20 @@ def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
     assert max(max(s[:3]) for s in shapes) <= 2048 // 4 + 16
     for spec in bench.specs(ctx):
         assert set(spec.optional_features) == {"m_al16", "n_al16", "k_al16"} <= set(spec.raw_features)
+
+
+def test_large_gemm_shapes_keep_their_drawn_flops_inside_the_dim_bounds() -> None:
+    """A dim clipped to the grid's top hands its excess to the others, so the top of the FLOP range is
+    sampled (clipping alone left ~1 % of a quick grid above 1e9 FLOPs)."""
+    from predictor.calibration.gemm import LARGE_RANGE, _large_shape
+
+    rng = np.random.default_rng(3)
+    cap, top = 2.5e9, 2048
+    shapes = [_large_shape(rng, 4, top, cap, mult) for mult in (1, 16) for _ in range(400)]
+    flops = np.array([2.0 * m * n * k for m, n, k in shapes])
+    assert all(4 <= d <= top for s in shapes for d in s)
+    assert flops.max() <= cap
+    assert all(d % 16 == 0 for s in shapes[400:] for d in s)
+    # log-uniform over [cap / LARGE_RANGE, cap]: about a fifth above 1e9 (log 2.5 / log 64), none far below
+    assert 0.12 < np.mean(flops > 1e9) < 0.3
+    assert np.mean(flops < 0.5 * cap / LARGE_RANGE) < 0.02

@@ -97,6 +97,11 @@ def test_measure_cold_uses_one_instance_for_a_long_call_and_runs_setups() -> Non
     assert m.calls_per_sample == 1 and m.seconds >= 2e-3
     # spare: 1 warm-up (it sizes K) + 2 samples; the timed instance: 1 untimed first call + 2 samples
     assert counts == {"fn": 6, "setup": 6}
+    # a call longer than code_warm_max_s: no spare call after the flushes (setups still run)
+    counts.update(fn=0, setup=0)
+    timer.code_warm_max_s = 1e-3
+    m = timer.measure_cold(build)
+    assert m.calls_per_sample == 1 and counts == {"fn": 4, "setup": 6}
 
 
 def test_cold_measurement_warms_the_code_path_after_the_flush() -> None:

@@ -113,6 +113,10 @@ class Timer:
         max_cold_instances: most instances :meth:`measure_cold` times per flush.
         long_call_s: a call whose warm-up takes longer than this (seconds) gets one warm-up and at
             most 3 timed samples (its relative timing noise is small; the budget goes to shapes).
+        code_warm_max_s: :meth:`measure_cold` calls its spare instance after each flush (to bring the
+            code path back) only for calls shorter than this (seconds): the refill costs a cold call
+            tens of microseconds (module doc), under 1 % of a longer call, while the spare call
+            costs a whole one — for the large GEMMs of a grid, 5 of a case's 13 calls.
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class Timer:
         cold_repeats: int = 5,
         max_cold_instances: int = 16,
         long_call_s: float = 0.05,
+        code_warm_max_s: float = 5e-3,
     ) -> None:
         self.device = torch.device(device)
         self.warmup = warmup
@@ -138,6 +143,7 @@ class Timer:
         self.cold_repeats = cold_repeats
         self.max_cold_instances = max_cold_instances
         self.long_call_s = long_call_s
+        self.code_warm_max_s = code_warm_max_s
         #: CUDA: GPU clock cycles per second of ``torch.cuda._sleep`` (measured on first use)
         self._sleep_rate: float | None = None
         #: CUDA: host seconds to issue one call of the callable being measured
@@ -205,7 +211,8 @@ class Timer:
 
         ``build`` returns a fresh instance ``(fn, setup)`` (its own input buffers; ``setup`` may
         be None and then runs before every sample). The first instance is the spare called
-        untimed after each flush; ``K`` more (``ceil(min_sample_s / warm call)``, at most
+        untimed after each flush (not for a call longer than ``code_warm_max_s``, whose code
+        refill is negligible); ``K`` more (``ceil(min_sample_s / warm call)``, at most
         ``max_cold_instances``) are timed back to back, ``cold_repeats`` samples (3 for a call
         longer than ``long_call_s``, which gets one warm-up).
         """
@@ -242,8 +249,9 @@ class Timer:
             self.sync()
             self.flush()
             self.sync()
-            spare[0]()
-            self.sync()
+            if warm <= self.code_warm_max_s:
+                spare[0]()
+                self.sync()
             samples[i] = self._sample(batch, 1) / k
             faults[i] = self._faults / k
         return Measurement.of(samples, k, faults)
