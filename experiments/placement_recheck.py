@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import PHASES, measure_dlrm  # noqa: E402
-from experiments.dlrm_phases_cpu import simulated_phases  # noqa: E402
+from experiments.dlrm_phases_cpu import simulated_phases, table_seconds  # noqa: E402
 from experiments.measure_env import measure_quietly  # noqa: E402
 from experiments.sharding_selection import resolve_timing, task_job  # noqa: E402
 from predictor.workloads.dlrm_tables import generate_tasks  # noqa: E402
@@ -81,6 +81,48 @@ def summarise(pred_ranks: list[float], pred_phases: list[dict], passes: list[dic
             "background_cores": [p["background_cores"] for p in passes], "phases": phases}
 
 
+def table_rows(assignment: np.ndarray, passes: list[dict], predicted: dict[str, float],
+               alone: dict[str, list[float]]) -> list[dict]:
+    """Per table: its embedding-bag forward and backward (+ SGD row update) in situ (median over every
+    timed iteration of every pass, cut from the phase marks by :func:`~experiments.dlrm_phases_cpu.table_seconds`),
+    as the simulation priced it (``predicted``: task name -> seconds) and, where the run timed it,
+    alone after a cache flush (``alone``: ``fwd`` / ``bwd`` -> seconds per table, the run's cold check)."""
+    out = []
+    for r in range(int(assignment.max()) + 1):
+        local = np.flatnonzero(assignment == r)
+        cut = [table_seconds(mk, local) for p in passes for mk in p["marks"][r]]
+        for t in (int(x) for x in local):
+            row = {"table": t, "rank": r}
+            for kind in ("fwd", "bwd"):
+                got = [c[kind][t] for c in cut if t in c[kind]]
+                row[f"{kind}_insitu_s"] = float(np.median(got)) if got else float("nan")
+                row[f"{kind}_predicted_s"] = float(predicted.get(f"embedding_bag_{kind}[{t}]", float("nan")))
+                vals = alone.get(kind) or []
+                row[f"{kind}_alone_s"] = float(vals[t]) if t < len(vals) else float("nan")
+            out.append(row)
+    return out
+
+
+def tables_markdown(out: dict) -> list[str]:
+    """Per placement, rank and kernel: the tables' summed time in situ, alone after a cache flush (the run's
+    cold check) and as predicted, ms."""
+    lines = ["## Embedding tables per rank: in situ / alone cold / predicted (sum, ms)", "",
+             "In situ: each table's forward (between consecutive lookups) and backward + SGD row update (from its "
+             "input gradient's arrival to its update hook), median over every timed iteration; alone cold: the "
+             "sharding run's cold-embedding check (one table on its real batch after evicting the cache); "
+             "predicted: the pack's duration of the table's task in the simulated graph.", "",
+             "| sharder | rank | tables | fwd in situ | fwd alone | fwd predicted | bwd in situ | bwd alone | bwd predicted |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, p in out["placements"].items():
+        rows = p.get("tables") or []
+        for r in sorted({x["rank"] for x in rows}):
+            mine = [x for x in rows if x["rank"] == r]
+            cells = [f"{1e3 * float(np.sum([x[f'{k}_{w}_s'] for x in mine])):.1f}"
+                     for k in ("fwd", "bwd") for w in ("insitu", "alone", "predicted")]
+            lines.append(f"| {name} | {r} | {len(mine)} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def markdown(out: dict, command: str) -> str:
     m = out["meta"]
     lines = [f"# Placements of {m['task']} measured again, per rank and phase", "",
@@ -114,6 +156,8 @@ def markdown(out: dict, command: str) -> str:
         " ; ".join(f"{a * 1e3:.1f} / {b * 1e3:.1f}" for a, b in zip(out["placements"][n]["measured_rank_s"],
                                                                       out["placements"][n]["predicted_rank_s"],
                                                                       strict=True)) for n in names) + " |")
+    if any(p.get("tables") for p in out["placements"].values()):
+        lines += [""] + tables_markdown(out)
     return "\n".join(lines) + "\n"
 
 
@@ -167,10 +211,17 @@ def main() -> None:
         a = np.asarray(row["placements"][s])
         cost, tl = job.evaluate(a)
         pr = [float(x) for x in tl.per_rank_s]
+        names = tl.graph.tasks_frame()["name"].astype(str).to_numpy()
+        task_s: dict[str, float] = {}
+        for name, d in zip(names, np.asarray(tl.duration, dtype=float), strict=True):
+            task_s[name] = task_s.get(name, 0.0) + float(d)
+        cold = row.get("cold_embedding_check") or {}
+        alone = {"fwd": cold.get("embedding_fwd_s") or [], "bwd": cold.get("embedding_bwd_s") or []}
         out["placements"][s] = {"assignment": a.tolist(), "run_predicted_s": row["predicted_s"][s],
                                 "run_measured_s": row["measured_s"][s],
                                 **summarise(pr, [simulated_phases(tl, r) for r in range(len(pr))], measured[s]),
-                                "predicted_s": cost.predicted_iteration_s}
+                                "predicted_s": cost.predicted_iteration_s,
+                                "tables": table_rows(a, measured[s], task_s, alone)}
     command = "python experiments/placement_recheck.py " + " ".join(
         [f"--run-file {repo_relative(args.run_file)}", f"--task {args.task}", "--sharders " + " ".join(args.sharders),
          f"--passes {args.passes}", f"--out {repo_relative(args.out)}"]

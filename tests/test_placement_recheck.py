@@ -65,3 +65,26 @@ def test_a_foreign_or_missing_run_file_is_one_line_and_exit_2(tmp_path: Path) ->
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     with pytest.raises(SystemExit):
         load_run(bad)
+
+
+def test_tables_are_cut_from_the_marks_and_set_beside_alone_and_predicted() -> None:
+    from experiments.placement_recheck import table_rows, tables_markdown
+
+    # rank 0 holds tables 0 and 2: forwards in table order, backwards in reverse after the gradient arrives
+    marks0 = [("start", 0.0), ("emb_fwd_table", 1.0), ("emb_fwd_table", 3.0), ("emb_grad", 10.0),
+              ("emb_bwd", 14.0), ("emb_bwd", 15.0)]
+    marks1 = [("start", 0.0), ("emb_fwd_table", 0.5), ("emb_grad", 9.0), ("emb_bwd", 11.0)]
+    passes = [{"marks": [[marks0, marks0], [marks1, marks1]]}]
+    predicted = {"embedding_bag_fwd[0]": 1.5, "embedding_bag_bwd[0]": 2.0, "embedding_bag_fwd[2]": 2.5,
+                 "embedding_bag_bwd[2]": 3.0, "embedding_bag_fwd[1]": 0.4, "embedding_bag_bwd[1]": 1.0}
+    alone = {"fwd": [1.1, 0.6, 2.2], "bwd": [0.9, 1.9, 4.1]}
+    rows = table_rows(np.array([0, 1, 0]), passes, predicted, alone)
+    by = {x["table"]: x for x in rows}
+    assert by[0]["fwd_insitu_s"] == pytest.approx(1.0) and by[2]["fwd_insitu_s"] == pytest.approx(2.0)
+    assert by[2]["bwd_insitu_s"] == pytest.approx(4.0) and by[0]["bwd_insitu_s"] == pytest.approx(1.0)
+    assert by[1]["rank"] == 1 and by[1]["bwd_insitu_s"] == pytest.approx(2.0)
+    assert by[2]["bwd_predicted_s"] == 3.0 and by[2]["bwd_alone_s"] == 4.1
+    md = "\n".join(tables_markdown({"placements": {"a": {"tables": rows}}}))
+    assert "| a | 0 | 2 | 3000.0 | 3300.0 | 4000.0 | 5000.0 | 5000.0 | 5000.0 |" in md
+    # a run without a cold check: alone times unknown, not zero
+    assert np.isnan(table_rows(np.array([0, 1, 0]), passes, predicted, {})[0]["fwd_alone_s"])
