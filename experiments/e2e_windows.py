@@ -75,11 +75,16 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
       time (``lq_s``: the estimator before 2026-11-23), same data, so only the estimator differs;
     * ``refit:DIR`` -> the benchmark data of DIR (a pack written with ``--no-fit``, such as those
       kept in ``benchmarks/results/data/packs/``) fitted into ``workdir``;
+    * ``hc:CLASS=F[,CLASS=F]:SPEC`` -> the pack of ``SPEC`` with its host-contention factors of those
+      classes (``embedding``, ``memory``, ``compute``; every world size) set to ``F``: a what-if on
+      the contention model, e.g. ``hc:embedding=1.0:cpu-local-avx2``;
     * anything else is a pack name or path as ``--platform`` takes it.
 
     ``fault_s``: a page-fault cost (seconds) that ``refit:`` gives a pack lacking one (``faults32:``
     specs; see :func:`predictor.calibrate.refit`'s ``platform_facts``).
     """
+    if spec.startswith("hc:"):
+        return _contention_variant(spec, workdir, fault_s)
     if spec.startswith("git:"):
         from predictor.platforms.assets import AssetPackError, pack_at_revision
 
@@ -122,6 +127,40 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         refit(tmp, out, log=lambda _m: None, register=False)
         return str(out)
     return spec
+
+
+def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
+    """The ``hc:CLASS=F,...:SPEC`` pack (:func:`materialise`): SPEC's pack copied into ``workdir`` with
+    those host-contention factors replaced in its ``platform.yaml``."""
+    import shutil
+
+    import yaml
+
+    from predictor.calibration.contention import CLASSES
+    from predictor.platforms.assets import find_asset_pack
+
+    head, sep, inner = spec[3:].partition(":")
+    try:
+        factors = {k.strip(): float(v) for k, v in (kv.split("=") for kv in head.split(","))}
+    except ValueError:
+        factors = {}
+    if not sep or not factors or any(k not in CLASSES or f <= 0 for k, f in factors.items()):
+        fail(f"--compare {spec}: expected hc:CLASS=F[,CLASS=F]:PACK with CLASS in {', '.join(CLASSES)} and F > 0")
+    base = materialise(inner, workdir / "hc-inner", fault_s)
+    src = Path(base) if (Path(base) / "platform.yaml").is_file() else find_asset_pack(base)
+    if src is None:
+        fail(f"--compare {spec}: no asset pack {inner!r}")
+    out = workdir / ("hc-" + "-".join(f"{k}{v:g}" for k, v in factors.items()))
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    doc = yaml.safe_load((out / "platform.yaml").read_text())
+    for plat in doc.values():
+        hc = plat.get("host_contention") or {}
+        if not hc:
+            fail(f"--compare {spec}: {src} has no host-contention factors to replace")
+        for world in hc:
+            hc[world].update(factors)
+    (out / "platform.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(out)
 
 
 #: the measured cost of one minor page fault on this VM (``experiments/page_faults_cpu.py``)

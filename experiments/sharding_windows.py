@@ -16,7 +16,11 @@ heuristic placement's *ground truth* is the median of its measured times over al
 Runs are read from git history (``git show REV:experiments/results/sharding_selection.json``)
 plus the working tree's file. Writes ``experiments/results/sharding_windows.md`` and ``.json``.
 
-    python experiments/sharding_windows.py [--revs REV ...] [--run-file FILE] [--all-cpus]
+    python experiments/sharding_windows.py [--revs REV ...] [--run-file FILE] [--all-cpus] [--predict-with SPEC ...]
+
+``--predict-with`` predicts the same placements again with other packs (the pack specs of
+``experiments/e2e_windows.py``: a name or path, ``refit:DIR``, ``hc:CLASS=F:PACK`` for a contention
+what-if) and judges them on the same pooled truth, beside the runs' own predictions.
 
 Only runs measured on the newest run's CPU are pooled (``meta.cpu``, recorded since session 21; runs
 without a record are the AVX-512 EPYC of sessions 1-20); ``--all-cpus`` pools every run, and
@@ -151,6 +155,32 @@ def mg_vs_pooled_best(run: dict, truth: dict[str, dict[str, float]]) -> float:
     return 100.0 * float(np.mean(gaps)) if gaps else float("nan")
 
 
+def repredict(run: dict, spec: str, workdir: Path) -> dict[str, dict[str, float]]:
+    """task -> heuristic sharder -> seconds predicted by the pack ``spec`` for ``run``'s placements (the
+    tasks rebuilt from the run's arguments, as ``sharding_selection.py`` built them)."""
+    import types
+
+    from experiments.e2e_windows import resolve_pack
+    from experiments.sharding_selection import task_job
+    from predictor.workloads.dlrm_tables import generate_tasks
+
+    plat, _ = resolve_pack(spec, workdir)
+    timing = plat.timing()
+    a = dict(run["meta"]["args"])
+    a.setdefault("threads_used", a.get("threads") or int((plat.pack.manifest if plat.pack else {}).get("threads", 1)))
+    args = types.SimpleNamespace(**a)
+    tasks = generate_tasks(args.ranks, n_tasks=args.tasks, seed=args.seed,
+                           device_memory_bytes=args.table_memory_gib * 2**30, batch_size=args.batch)
+    out: dict[str, dict[str, float]] = {}
+    for ti, (tables, row) in enumerate(zip(tasks, run["rows"], strict=False)):  # a run may keep fewer rows
+        if tables.label != row["task"]:
+            fail(f"--predict-with: rebuilt task {tables.label!r} is not the run's {row['task']!r}")
+        _, job = task_job(ti, tables, args, timing.platform, timing)
+        out[row["task"]] = {s: float(job.objective(np.asarray(row["placements"][s])))
+                            for s in HEURISTICS if s in row["placements"]}
+    return out
+
+
 def run_summary(run: dict) -> dict:
     s = run.get("summary", {})
     return {"date": run.get("meta", {}).get("date"), "criterion_met": s.get("criterion_met"),
@@ -212,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="the results file whose committed versions are the runs (relative to the repository)")
     ap.add_argument("--all-cpus", action="store_true",
                     help="pool runs measured on any CPU (default: only the newest run's CPU)")
+    ap.add_argument("--predict-with", nargs="*", default=[],
+                    help="pack specs whose predictions of the same placements are judged too (see e2e_windows.py)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sharding_windows")
     args = ap.parse_args(argv)
     loaded = load_runs(args.revs, args.run_file)
@@ -234,11 +266,25 @@ def main(argv: list[str] | None = None) -> None:
 
     command = "python experiments/sharding_windows.py" + (f" --run-file {args.run_file}" if args.run_file != RUN_FILE
                                                          else "") + (" --all-cpus" if args.all_cpus else "")
+    command += (" --predict-with " + " ".join(args.predict_with)) if args.predict_with else ""
     text = markdown(labels, runs, truth, judged, skipped, command)
+    repredicted = {}
+    if args.predict_with:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="sharding-windows-") as work:
+            for i, spec in enumerate(args.predict_with):
+                repredicted[spec] = judge(repredict(runs[0], spec, Path(work) / str(i)), truth)
+        text += "\n" + "\n".join(
+            ["## The same placements predicted by other packs, on the same pooled truth", "",
+             "| pack | criterion met | P = AF | mean P vs AF % | prediction GMAE % |", "|---|---:|---:|---:|---:|"]
+            + [f"| `{spec}` | {j['criterion_met']}/{j['tasks']} | {j['p_is_af']}/{j['tasks']} | "
+               f"{j['mean_gap_pct']:.1f} | {j['prediction_gmae_pct']:.1f} |" for spec, j in repredicted.items()]) + "\n"
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(
         {"runs": labels, "skipped": skipped, "pooled_truth_s": truth, "judged": dict(zip(labels, judged, strict=True)),
          "reported": {lb: run_summary(r) for lb, r in zip(labels, runs, strict=True)},
-         "model_guided_vs_pooled_best_pct": {lb: mg_vs_pooled_best(r, truth) for lb, r in zip(labels, runs, strict=True)}},
+         "model_guided_vs_pooled_best_pct": {lb: mg_vs_pooled_best(r, truth) for lb, r in zip(labels, runs, strict=True)},
+         "predicted_with": repredicted},
         indent=1))
     atomic_write_text(args.out.with_suffix(".md"), text)
     print(text)

@@ -88,3 +88,23 @@ def test_a_pack_without_windows_of_its_cpu_is_one_line_and_exit_2(tmp_path, caps
         main(["--archive", str(archive), "--platform", "h100-sxm", "--out", str(tmp_path / "s")])
     assert exc.value.code == 2 and "no window measured on the CPU of" in capsys.readouterr().err
     assert not (tmp_path / "s.md").exists()
+
+
+def test_a_contention_what_if_replaces_only_the_named_factors(tmp_path) -> None:
+    from experiments.e2e_windows import resolve_spec
+
+    base, _ = resolve_spec("cpu-local-avx2", tmp_path / "a")
+    t, _ = resolve_spec("hc:embedding=1.0,memory=1.1:cpu-local-avx2", tmp_path / "b")
+    for world, f in base.platform.host_contention.items():
+        assert t.platform.host_contention[world] == {**f, "embedding": 1.0, "memory": 1.1}
+
+
+@pytest.mark.parametrize("spec", ["hc:embedding=1.0", "hc:cache=1.0:cpu-local-avx2", "hc:embedding=x:cpu-local-avx2",
+                                  "hc:embedding=0:cpu-local-avx2"])
+def test_a_malformed_contention_what_if_is_one_line_and_exit_2(tmp_path, capsys, spec) -> None:
+    from experiments.e2e_windows import resolve_spec
+
+    with pytest.raises(SystemExit) as exc:
+        resolve_spec(spec, tmp_path)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "expected hc:CLASS=F" in err and len(err.strip().splitlines()) == 1

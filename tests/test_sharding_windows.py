@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from experiments.sharding_windows import (
@@ -22,6 +24,7 @@ def _run(scale: float, times: dict[str, float], mg: float | None = None) -> dict
     return {"rows": [row]}
 
 
+REPO = Path(__file__).resolve().parents[1]
 TIMES = {s: 1.0 + 0.1 * i for i, s in enumerate(HEURISTICS)}  # naive fastest
 
 
@@ -69,3 +72,21 @@ def test_runs_of_another_cpu_are_not_pooled(tmp_path, monkeypatch) -> None:
     assert "One run only" in (tmp_path / "w.md").read_text()
     sw.main(["--out", str(tmp_path / "all"), "--all-cpus"])
     assert json.loads((tmp_path / "all.json").read_text())["runs"] == ["new", "old"]
+
+
+def test_repredicting_a_run_with_its_own_pack_gives_its_predictions_again(tmp_path) -> None:
+    """``--predict-with``: the tasks rebuilt from the run's arguments and predicted with the run's pack
+    reproduce what the run predicted; a contention what-if (``hc:``) changes them."""
+    import json
+
+    from experiments.sharding_windows import repredict
+
+    run = json.loads((REPO / "experiments/results/avx2/sharding_selection.json").read_text())
+    run["rows"] = run["rows"][:2]
+    pack = run["meta"]["args"]["platform"]
+    got = repredict(run, pack, tmp_path / "a")
+    for row in run["rows"]:
+        for s, v in got[row["task"]].items():
+            assert v == pytest.approx(row["predicted_s"][s], rel=1e-6)
+    lower = repredict(run, f"hc:embedding=0.5:{pack}", tmp_path / "b")
+    assert all(lower[t][s] < got[t][s] for t in got for s in got[t])
