@@ -109,12 +109,9 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         import pandas as pd
 
         from predictor.calibrate import refit
-        from predictor.platforms.assets import find_asset_pack
 
         name = spec[3:]
-        src = Path(name) if (Path(name) / "manifest.json").is_file() else find_asset_pack(name)
-        if src is None:
-            fail(f"--compare {spec}: no asset pack {name!r}")
+        src = _pack_dir(name, spec)
         tmp = workdir / "lq-src"
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         for csv in (tmp / "data").glob("*.csv"):
@@ -129,6 +126,17 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     return spec
 
 
+def _pack_dir(name: str, spec: str) -> Path:
+    """The folder of the asset pack ``name`` (a pack folder, or a name ``find_asset_pack`` knows); one
+    line and exit 2, naming ``spec``, when there is none."""
+    from predictor.platforms.assets import find_asset_pack
+
+    src = Path(name) if (Path(name) / "manifest.json").is_file() else find_asset_pack(name)
+    if src is None:
+        fail(f"--compare {spec}: no asset pack {name!r}")
+    return src
+
+
 def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
     """The ``hc:CLASS=F,...:SPEC`` pack (:func:`materialise`): SPEC's pack copied into ``workdir`` with
     those host-contention factors replaced in its ``platform.yaml``."""
@@ -137,7 +145,6 @@ def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
     import yaml
 
     from predictor.calibration.contention import CLASSES
-    from predictor.platforms.assets import find_asset_pack
 
     head, sep, inner = spec[3:].partition(":")
     try:
@@ -146,10 +153,7 @@ def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
         factors = {}
     if not sep or not factors or any(k not in CLASSES or f <= 0 for k, f in factors.items()):
         fail(f"--compare {spec}: expected hc:CLASS=F[,CLASS=F]:PACK with CLASS in {', '.join(CLASSES)} and F > 0")
-    base = materialise(inner, workdir / "hc-inner", fault_s)
-    src = Path(base) if (Path(base) / "platform.yaml").is_file() else find_asset_pack(base)
-    if src is None:
-        fail(f"--compare {spec}: no asset pack {inner!r}")
+    src = _pack_dir(materialise(inner, workdir / "hc-inner", fault_s), spec)
     out = workdir / ("hc-" + "-".join(f"{k}{v:g}" for k, v in factors.items()))
     shutil.copytree(src, out, dirs_exist_ok=True)
     doc = yaml.safe_load((out / "platform.yaml").read_text())

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import types
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,8 +35,7 @@ from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import PHASES, measure_dlrm  # noqa: E402
 from experiments.dlrm_phases_cpu import simulated_phases, table_seconds  # noqa: E402
 from experiments.measure_env import measure_quietly  # noqa: E402
-from experiments.sharding_selection import resolve_timing, task_job  # noqa: E402
-from predictor.workloads.dlrm_tables import generate_tasks  # noqa: E402
+from experiments.sharding_selection import rebuilt_tasks, resolve_timing, run_args, task_job  # noqa: E402
 
 
 def load_run(path: Path) -> dict:
@@ -50,15 +48,6 @@ def load_run(path: Path) -> dict:
     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
         fail(f"{path}: not a sharding_selection results file ({type(exc).__name__}: {exc})")
     return run
-
-
-def run_args(run: dict, platform: str | None) -> types.SimpleNamespace:
-    """The run's arguments as ``task_job`` reads them (``platform`` overrides the run's)."""
-    a = dict(run["meta"]["args"])
-    if platform:
-        a["platform"] = platform
-    a.setdefault("threads_used", a.get("threads") or 1)
-    return types.SimpleNamespace(**a)
 
 
 def summarise(pred_ranks: list[float], pred_phases: list[dict], passes: list[dict]) -> dict:
@@ -179,14 +168,9 @@ def main() -> None:
         fail(f"--sharders {' '.join(unknown)}: not in {row['task']} (has {', '.join(row['placements'])})")
     if args.passes < 1:
         fail("--passes must be >= 1")
-    ra = run_args(run, args.platform)
-    platform, timing, _ = resolve_timing(ra.platform)
-    tasks = generate_tasks(ra.ranks, n_tasks=ra.tasks, seed=ra.seed, device_memory_bytes=ra.table_memory_gib * 2**30,
-                           batch_size=ra.batch)
-    tables = tasks[args.task]
-    if tables.label != row["task"]:
-        fail(f"rebuilt task {tables.label!r} is not the run's {row['task']!r} (task generator changed since the run)")
-    base, job = task_job(args.task, tables, ra, platform, timing)
+    platform, timing, manifest = resolve_timing(args.platform or run["meta"]["args"]["platform"])
+    ra = run_args(run, args.platform, pack_threads=int((manifest or {}).get("threads", 1)))
+    base, job = task_job(args.task, rebuilt_tasks(run, ra)[args.task], ra, platform, timing)
     measured: dict[str, list[dict]] = {s: [] for s in args.sharders}
     for p in range(args.passes):
         for s in args.sharders:

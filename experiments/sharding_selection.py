@@ -30,6 +30,7 @@ import os
 import platform as pyplatform
 import sys
 import time
+import types
 from datetime import date
 from pathlib import Path
 
@@ -38,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import host_check, host_line, repo_relative  # noqa: E402
+from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     DLRMJobSpec,
     EmbeddingOverride,
@@ -74,6 +75,32 @@ def _iteration_times(spec: DLRMJobSpec) -> list[float]:
     """Seconds of each timed iteration: the slowest rank's (ranks start each iteration together)."""
     per_rank = np.asarray(measure_dlrm(spec)["times"])
     return [float(x) for x in per_rank.max(axis=0)]
+
+
+def run_tasks(args) -> list[EmbeddingTables]:
+    """The tasks of a run with these arguments (seeded: the same tables in every run that shares them)."""
+    return generate_tasks(args.ranks, n_tasks=args.tasks, seed=args.seed,
+                          device_memory_bytes=args.table_memory_gib * 2**30, batch_size=args.batch)
+
+
+def run_args(run: dict, platform: str | None = None, pack_threads: int = 1) -> types.SimpleNamespace:
+    """A results file's arguments as :func:`run_tasks` and :func:`task_job` read them (``platform``
+    overrides the run's; ``pack_threads``: the torch threads per rank of a run that recorded none)."""
+    a = dict(run["meta"]["args"])
+    if platform:
+        a["platform"] = platform
+    a.setdefault("threads_used", a.get("threads") or pack_threads)
+    return types.SimpleNamespace(**a)
+
+
+def rebuilt_tasks(run: dict, args) -> list[EmbeddingTables]:
+    """:func:`run_tasks` for a results file's ``args`` (:func:`run_args`); one line and exit 2 when a
+    rebuilt task is not the run's (the task generator changed since the run)."""
+    tasks = run_tasks(args)
+    for tables, row in zip(tasks, run["rows"], strict=False):  # a run may keep fewer rows
+        if tables.label != row["task"]:
+            fail(f"rebuilt task {tables.label!r} is not the run's {row['task']!r} (task generator changed since the run)")
+    return tasks
 
 
 def task_job(ti: int, tables: EmbeddingTables, args, platform, timing) -> tuple[DLRMJobSpec, DLRMShardingJob]:
@@ -209,8 +236,7 @@ def main() -> None:
     platform, timing, manifest = resolve_timing(args.platform)
     host = host_check(manifest)
     args.threads_used = args.threads or int((manifest or {}).get("threads", 1))
-    tasks = generate_tasks(args.ranks, n_tasks=args.tasks, seed=args.seed, device_memory_bytes=args.table_memory_gib * 2**30,
-                           batch_size=args.batch)
+    tasks = run_tasks(args)
     rows = []
     t0 = time.perf_counter()
     for ti, t in enumerate(tasks):

@@ -158,23 +158,14 @@ def mg_vs_pooled_best(run: dict, truth: dict[str, dict[str, float]]) -> float:
 def repredict(run: dict, spec: str, workdir: Path) -> dict[str, dict[str, float]]:
     """task -> heuristic sharder -> seconds predicted by the pack ``spec`` for ``run``'s placements (the
     tasks rebuilt from the run's arguments, as ``sharding_selection.py`` built them)."""
-    import types
-
     from experiments.e2e_windows import resolve_pack
-    from experiments.sharding_selection import task_job
-    from predictor.workloads.dlrm_tables import generate_tasks
+    from experiments.sharding_selection import rebuilt_tasks, run_args, task_job
 
     plat, _ = resolve_pack(spec, workdir)
     timing = plat.timing()
-    a = dict(run["meta"]["args"])
-    a.setdefault("threads_used", a.get("threads") or int((plat.pack.manifest if plat.pack else {}).get("threads", 1)))
-    args = types.SimpleNamespace(**a)
-    tasks = generate_tasks(args.ranks, n_tasks=args.tasks, seed=args.seed,
-                           device_memory_bytes=args.table_memory_gib * 2**30, batch_size=args.batch)
+    args = run_args(run, pack_threads=int((plat.pack.manifest if plat.pack else {}).get("threads", 1)))
     out: dict[str, dict[str, float]] = {}
-    for ti, (tables, row) in enumerate(zip(tasks, run["rows"], strict=False)):  # a run may keep fewer rows
-        if tables.label != row["task"]:
-            fail(f"--predict-with: rebuilt task {tables.label!r} is not the run's {row['task']!r}")
+    for ti, (tables, row) in enumerate(zip(rebuilt_tasks(run, args), run["rows"], strict=False)):
         _, job = task_job(ti, tables, args, timing.platform, timing)
         out[row["task"]] = {s: float(job.objective(np.asarray(row["placements"][s])))
                             for s in HEURISTICS if s in row["placements"]}
