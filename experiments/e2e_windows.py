@@ -151,7 +151,7 @@ def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
         factors = {k.strip(): float(v) for k, v in (kv.split("=") for kv in head.split(","))}
     except ValueError:
         factors = {}
-    if not sep or not factors or any(k not in CLASSES or f <= 0 for k, f in factors.items()):
+    if not sep or not factors or any(k not in CLASSES or not 0 < f < float("inf") for k, f in factors.items()):
         fail(f"--compare {spec}: expected hc:CLASS=F[,CLASS=F]:PACK with CLASS in {', '.join(CLASSES)} and F > 0")
     src = _pack_dir(materialise(inner, workdir / "hc-inner", fault_s), spec)
     out = workdir / ("hc-" + "-".join(f"{k}{v:g}" for k, v in factors.items()))

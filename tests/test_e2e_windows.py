@@ -100,7 +100,7 @@ def test_a_contention_what_if_replaces_only_the_named_factors(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("spec", ["hc:embedding=1.0", "hc:cache=1.0:cpu-local-avx2", "hc:embedding=x:cpu-local-avx2",
-                                  "hc:embedding=0:cpu-local-avx2"])
+                                  "hc:embedding=0:cpu-local-avx2", "hc:embedding=nan:cpu-local-avx2"])
 def test_a_malformed_contention_what_if_is_one_line_and_exit_2(tmp_path, capsys, spec) -> None:
     from experiments.e2e_windows import resolve_spec
 
