@@ -294,12 +294,14 @@ def calibrate(
             f"{base.fresh_mapping_bytes / 2**20:.0f} MiB mapped afresh ({time.perf_counter() - t0:.1f} s)")
 
     contention: dict[str, float] = {}
+    contention_probe: list = []
     if dev.type == "cpu" and world_size >= 2 and (families is None or "collectives" in families):
-        from predictor.calibration.contention import measure_host_contention
+        from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors, probe_host_contention
 
         t0 = time.perf_counter()
-        contention = measure_host_contention(world_size, n_threads, llc_bytes,
-                                             slot_s=CONTENTION_SLOT_S[level], rounds=CONTENTION_ROUNDS[level])
+        contention_probe = probe_host_contention(world_size, n_threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level],
+                                                 rounds=CONTENTION_ROUNDS[level])
+        contention = factors(contention_probe, CONTENTION_ESTIMATOR)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 
@@ -339,6 +341,10 @@ def calibrate(
         "fresh_mapping_bytes": base.fresh_mapping_bytes,
         "overheads": overheads,
         "host_contention": {str(world_size): contention} if contention else {},
+        #: the contention probe's raw timings (per process, per class, [alone_s, together_s] per round),
+        #: so that a refit can estimate the factors again (contention.factors)
+        **({"host_contention_probe": {"world": world_size, "estimator": CONTENTION_ESTIMATOR,
+                                      "per_process": contention_probe}} if contention_probe else {}),
         #: seconds of benchmarking (and overhead / contention measurement), before any fitting
         "benchmark_s": round(time.perf_counter() - started, 1),
     }
@@ -375,6 +381,8 @@ def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform,
     log(f"  fitted {len(models)} kernel models in {time.perf_counter() - t0:.1f} s")
     platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size, contention)
     extra = {**manifest_extra, "calibration_s": round(time.perf_counter() - started, 1)}
+    if contention:  # a refit may have estimated them again from the stored probe
+        extra["host_contention"] = {str(world_size): dict(contention)}
     write_asset_pack(out, name=pack_name, device=str(dev), platform=platform, models=models, error_table=table,
                      data=data, manifest_extra=extra, errors_md=error_table_markdown(table))
     if register:
@@ -452,6 +460,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
             raise CalibrationError(f"--refit {pack}: bad platform facts {platform_facts}: {exc}") from None
     contention = {k: float(v) for k, v in (m.get("host_contention") or {}).get(str(world_size), {}).items()}
     refit_info = {"date": _dt.date.today().isoformat(), "from": str(old.path)}
+    contention = _contention_again(m, world_size, contention, refit_info)
     if platform_facts:
         refit_info["platform_facts"] = dict(platform_facts)
     if overheads is not None:
@@ -526,6 +535,21 @@ def _with_page_faults(base: Platform, level: Level) -> Platform:
                                    "fresh_mapping_bytes": float(GLIBC_MMAP_CEILING_BYTES) if glibc else 0.0})
 
 
+def _contention_again(m: dict, world_size: int, contention: dict[str, float], refit_info: dict) -> dict[str, float]:
+    """A refit's host-contention factors: estimated again from the pack's raw probe timings with
+    today's estimator when the pack stores them (packs since 2026-11-25), else the stored factors."""
+    from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
+
+    probe = m.get("host_contention_probe") or {}
+    if int(probe.get("world", 0)) != world_size or not probe.get("per_process"):
+        return contention
+    again = factors(probe["per_process"], CONTENTION_ESTIMATOR)
+    if probe.get("estimator") != CONTENTION_ESTIMATOR:
+        refit_info["host_contention"] = f"estimated again from the stored probe ({CONTENTION_ESTIMATOR})"
+        m["host_contention_probe"] = {**probe, "estimator": CONTENTION_ESTIMATOR}
+    return again
+
+
 def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame], models: dict[str, KernelModel],
                          overheads: dict, world_size: int, contention: dict[str, float] | None = None) -> Platform:
     """``base`` with measured peaks, bandwidths, collective latency and overheads."""
@@ -568,8 +592,10 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
     if contention:
         fields["host_contention"] = {world_size: dict(contention)}
-        sources["host_contention"] = (f"{src}: probe kernels, the slowest of {world_size} processes at once vs alone "
-                                      "(predictor/calibration/contention.py)")
+        from predictor.calibration.contention import CONTENTION_ESTIMATOR
+
+        sources["host_contention"] = (f"{src}: probe kernels, {world_size} processes at once vs alone, "
+                                      f"'{CONTENTION_ESTIMATOR}' estimator (predictor/calibration/contention.py)")
     fields["overheads"] = {k: float(overheads[k]) for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")}
     sources["overheads"] = f"{src}: profiled training run, whisker-trimmed means ({overheads.get('definition', '')})"
     fields["sources"] = sources

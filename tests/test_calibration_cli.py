@@ -137,6 +137,30 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
     np.testing.assert_allclose(data["seconds"], [np.median(p) for p in passes], rtol=1e-4)
     np.testing.assert_allclose(data["mean_s"], [np.mean(p) for p in passes], rtol=1e-4)
     assert (data["median_s"] <= data["seconds"] * (1 + 1e-4)).all()  # the fastest pass's median
+    # the contention probe's raw timings travel with the pack, and the factors are their estimate
+    from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
+
+    probe = pack.manifest["host_contention_probe"]
+    assert probe["world"] == 2 and probe["estimator"] == CONTENTION_ESTIMATOR and len(probe["per_process"]) == 2
+    assert pack.platform.host_contention[2] == pytest.approx(factors(probe["per_process"], CONTENTION_ESTIMATOR))
+
+
+def test_a_refit_estimates_the_contention_again_from_the_stored_probe():
+    from predictor.calibrate import _contention_again
+    from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
+
+    raw = [{c: [[1.0, 1.2], [1.0, 1.4]] for c in ("embedding", "memory", "compute")},
+           {c: [[1.0, 1.0], [1.0, 1.1]] for c in ("embedding", "memory", "compute")}]
+    stored = {"embedding": 9.0, "memory": 9.0, "compute": 9.0}
+    m = {"host_contention_probe": {"world": 2, "estimator": "an older one", "per_process": raw}}
+    info: dict = {}
+    again = _contention_again(m, 2, stored, info)
+    assert again == pytest.approx(factors(raw, CONTENTION_ESTIMATOR))
+    assert CONTENTION_ESTIMATOR in info["host_contention"]
+    assert m["host_contention_probe"]["estimator"] == CONTENTION_ESTIMATOR
+    # a pack without the raw timings (before 2026-11-25), or of another world size, keeps its factors
+    assert _contention_again({}, 2, stored, {}) == stored
+    assert _contention_again(m, 4, stored, {}) == stored
 
 
 def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -63,16 +63,37 @@ def test_platform_yaml_round_trip_keeps_the_factors():
 
 
 def test_the_slowest_process_sets_the_factor():
-    from predictor.calibration.contention import slowest_rank_factors
+    from predictor.calibration.contention import factors
 
     # two processes, two rounds; [alone_s, together_s]
     p0 = {"compute": [[10.0, 10.5], [10.0, 10.5]], "memory": [[1.0, 1.5], [1.0, 1.7]],
           "embedding": [[1.0, 1.1], [1.0, 1.1]]}
     p1 = {"compute": [[11.0, 12.0], [11.0, 12.6]], "memory": [[1.0, 1.2], [1.0, 1.2]],
           "embedding": [[2.0, 2.6], [2.0, 2.4]]}
-    f = slowest_rank_factors([p0, p1])
+    f = factors([p0, p1], "slowest")
     # compute: the slower process at once over the mean alone (10.5): 12.0 / 10.5 and 12.6 / 10.5
     assert f["compute"] == pytest.approx(np.median([12.0 / 10.5, 12.6 / 10.5]))
     assert f["memory"] == pytest.approx(np.median([1.5, 1.7]))
     # embedding: each process against its own time alone (placement differences are not the host's)
     assert f["embedding"] == pytest.approx(np.median([1.3, 1.2]))
+
+
+def test_the_mean_estimator_averages_the_processes_ratios():
+    from predictor.calibration.contention import factors
+
+    p0 = {"compute": [[10.0, 10.5], [10.0, 10.5]], "memory": [[1.0, 1.5], [1.0, 1.7]],
+          "embedding": [[1.0, 1.1], [1.0, 1.1]]}
+    p1 = {"compute": [[11.0, 12.0], [11.0, 12.6]], "memory": [[1.0, 1.2], [1.0, 1.2]],
+          "embedding": [[2.0, 2.6], [2.0, 2.4]]}
+    f = factors([p0, p1], "mean")
+    # embedding: per round the mean of each process's own ratio: (1.1 + 1.3) / 2 and (1.1 + 1.2) / 2
+    assert f["embedding"] == pytest.approx(np.median([1.2, 1.15]))
+    assert f["compute"] == pytest.approx(np.median([(10.5 + 12.0) / 2 / 10.5, (10.5 + 12.6) / 2 / 10.5]))
+    # never above the slowest process's factor
+    slow = factors([p0, p1], "slowest")
+    assert all(f[c] <= slow[c] for c in CLASSES)
+    with pytest.raises(ValueError, match="unknown contention estimator"):
+        factors([p0, p1], "fastest")
+    # the calibration's: the slowest process for the dense classes, the mean for the embedding tables
+    d = factors([p0, p1], "slowest-dense")
+    assert d == pytest.approx({"embedding": f["embedding"], "memory": slow["memory"], "compute": slow["compute"]})

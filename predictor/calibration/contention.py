@@ -17,8 +17,10 @@ the median process ratio (x1.06) missed both the contention of the slower proces
 8 % between the two cores; a lockstep run (work + a one-float all-reduce) took 12.7 ms on both.
 The embedding class is the exception: its time alone differs by up to 2x between two processes of
 the same program (where the allocator placed the table, huge pages or not), which says nothing
-about the host, so each process compares its own two medians and the factor is the slowest
-process's ratio.
+about the host, so each process compares its own two medians; and since the ranks hold different
+tables, whose slowest rank the simulator already waits for at each collective, the factor is the
+*mean* of the processes' ratios (the slowest process's, until 2026-11-25, counted the noise's
+maximum twice: see :func:`factors`).
 
 * ``embedding``: embedding-bag forward + sparse backward + SGD row update on a table larger than
   the LLC (random rows);
@@ -43,12 +45,16 @@ import numpy as np
 
 from predictor.calibration.processes import run_module_processes
 
-__all__ = ["CLASSES", "ContentionError", "measure_host_contention", "slowest_rank_factors"]
+__all__ = ["CLASSES", "CONTENTION_ESTIMATOR", "ESTIMATORS", "ContentionError", "factors", "measure_host_contention", "probe_host_contention"]
 
 #: kernel classes a factor is measured for
 CLASSES: tuple[str, ...] = ("embedding", "memory", "compute")
 #: seconds of one time slot
 SLOT_S = 1.0
+#: how a round's per-process ratios become one factor (see :func:`factors`)
+ESTIMATORS: tuple[str, ...] = ("slowest", "mean", "slowest-dense")
+#: the estimator ``tuner calibrate`` stores factors by (until 2026-11-25: ``slowest``)
+CONTENTION_ESTIMATOR = "slowest-dense"
 
 
 class ContentionError(RuntimeError):
@@ -56,7 +62,8 @@ class ContentionError(RuntimeError):
 
 
 def measure_host_contention(world: int, threads: int = 1, llc_bytes: float = 32 * 2**20,
-                            slot_s: float = SLOT_S, rounds: int = 5, timeout_s: float = 300.0) -> dict[str, float]:
+                            slot_s: float = SLOT_S, rounds: int = 5, timeout_s: float = 300.0,
+                            estimator: str = CONTENTION_ESTIMATOR) -> dict[str, float]:
     """Slow-down of each kernel class when ``world`` processes run it at once (>= 1 each; 1 = none).
 
     Args:
@@ -66,27 +73,52 @@ def measure_host_contention(world: int, threads: int = 1, llc_bytes: float = 32 
         slot_s: seconds of each time slot.
         rounds: alone / together rounds per probe.
         timeout_s: limit for the whole measurement.
+        estimator: how a round's per-process ratios become one factor (:func:`factors`).
 
     Raises:
         ContentionError: a probe process failed.
     """
     if world < 2:
         return dict.fromkeys(CLASSES, 1.0)
-    return slowest_rank_factors(_run_group(world, threads, llc_bytes, slot_s, rounds, timeout_s))
+    return factors(probe_host_contention(world, threads, llc_bytes, slot_s, rounds, timeout_s), estimator)
 
 
-def slowest_rank_factors(per_process: list[dict[str, list[list[float]]]]) -> dict[str, float]:
-    """Factor per class from each process's ``[alone_s, together_s]`` per round (see the module doc):
-    median over rounds of max over processes of ``together / mean(alone)`` (``together / alone`` of
-    the same process for ``embedding``)."""
+def probe_host_contention(world: int, threads: int = 1, llc_bytes: float = 32 * 2**20, slot_s: float = SLOT_S,
+                          rounds: int = 5, timeout_s: float = 300.0) -> list[dict[str, list[list[float]]]]:
+    """The probe's raw timings: per process, per class, ``[alone_s, together_s]`` (median seconds per
+    call in each slot) of each round — what :func:`factors` turns into one factor per class.
+
+    Raises:
+        ContentionError: a probe process failed.
+    """
+    if world < 2:
+        raise ValueError("the contention probe needs at least 2 processes")
+    return _run_group(world, threads, llc_bytes, slot_s, rounds, timeout_s)
+
+
+def factors(per_process: list[dict[str, list[list[float]]]], estimator: str = CONTENTION_ESTIMATOR) -> dict[str, float]:
+    """Factor per class from each process's ``[alone_s, together_s]`` per round, then the median over rounds.
+
+    A round's ratio is ``together / mean(alone)`` over the processes for ``memory`` and ``compute``, and
+    each process's own ``together / alone`` for ``embedding``. ``estimator`` (one of :data:`ESTIMATORS`)
+    says how the processes' ratios of a round become one: ``slowest`` takes the slowest process's for
+    every class; ``mean`` their mean for every class; ``slowest-dense`` the slowest for ``memory`` and
+    ``compute`` (every rank runs the same dense work and waits for the slowest core at the next
+    collective; the simulator, which gives the ranks identical dense tasks, cannot see which core that
+    is) and the mean for ``embedding`` (the ranks hold different tables and the simulator already waits
+    for the slowest rank at each collective: the slowest process's ratio would count the noise's
+    maximum a second time — measured against the tables in situ of 30 rank-placements on the AVX2 VM,
+    x1.076: slowest x1.121, mean x1.048 over 6 probe runs; ``experiments/contention_estimator_cpu.py``).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown contention estimator {estimator!r} (one of {', '.join(ESTIMATORS)})")
     out = {}
     for c in CLASSES:
         alone = np.array([[r[0] for r in proc[c]] for proc in per_process])  # (processes, rounds)
         together = np.array([[r[1] for r in proc[c]] for proc in per_process])
-        if c == "embedding":
-            per_round = (together / alone).max(axis=0)
-        else:
-            per_round = together.max(axis=0) / alone.mean(axis=0)
+        ratio = together / alone if c == "embedding" else together / alone.mean(axis=0)
+        slowest = estimator == "slowest" or (estimator == "slowest-dense" and c != "embedding")
+        per_round = ratio.max(axis=0) if slowest else ratio.mean(axis=0)
         out[c] = float(np.median(per_round))
     return out
 
