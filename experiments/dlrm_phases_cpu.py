@@ -337,9 +337,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "dlrm_phases_cpu.md"))
     a = ap.parse_args()
     df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters, pin=a.pin)
-    command = f"flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py --platform {' '.join(a.platform)}"
-    if a.pin:
-        command += " --pin"
+    command = "flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py " + " ".join(sys.argv[1:])
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps({"phases": df.to_dict(orient="records"),
                                                     "tables": tab.to_dict(orient="records"),

@@ -260,6 +260,27 @@ def score(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
             "per_config_vs_median": med_errs}
 
 
+def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[str, dict]:
+    """Per DLRM batch: the 2-rank step over the 1-rank step of the same window (both measured minutes
+    apart, so the machine's drift between windows cancels), median over the windows, against the same
+    ratio predicted — the 2-rank model (contention, collectives, DDP) judged apart from the machine's pace."""
+    out = {}
+    for (model, batch), p2 in pred.items():
+        if model != "dlrm-2rank" or ("dlrm", batch) not in pred:
+            continue
+        ratios = []
+        for w in windows:
+            got = {(r["model"], int(r["batch"])): r["measured_s"] for r in w["rows"]}
+            if (model, batch) in got and ("dlrm", batch) in got:
+                ratios.append(got[(model, batch)] / got[("dlrm", batch)])
+        if ratios:
+            measured, predicted = float(np.median(ratios)), p2 / pred[("dlrm", batch)]
+            out[str(batch)] = {"measured": measured, "predicted": predicted, "n": len(ratios),
+                               "measured_range": [float(min(ratios)), float(max(ratios))],
+                               "error_pct": (predicted / measured - 1.0) * 100.0}
+    return out
+
+
 def _label(spec: str) -> str:
     """A pack spec as a column name: paths shortened to their last part (``refit:a/b/c`` -> ``refit:c``)."""
     head, _, tail = spec.rpartition(":") if ":" in spec and "/" in spec else ("", "", spec)
@@ -306,6 +327,17 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
               "| configuration | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
     for k in results[platforms[0]]["per_config_vs_median"]:
         lines.append(f"| {k} | " + " | ".join(f"{results[p]['per_config_vs_median'][k]:+.1f}" for p in platforms) + " |")
+    first = results[platforms[0]].get("rank_ratio") or {}
+    if first:
+        lines += ["", "The 2-rank DLRM step over the 1-rank step of the same window (the machine's drift between windows "
+                  "cancels; the 2-rank model — host contention, collectives, DDP — judged alone): measured median over "
+                  "the windows [range], and each pack's predicted ratio (error %):", "",
+                  "| batch | measured | " + " | ".join(map(_label, platforms)) + " |", "|---:|---|" + "---:|" * len(platforms)]
+        for b, r in first.items():
+            cells = [f"{results[p]['rank_ratio'][b]['predicted']:.3f} ({results[p]['rank_ratio'][b]['error_pct']:+.1f})"
+                     for p in platforms]
+            lines.append(f"| {b} | {r['measured']:.3f} [{r['measured_range'][0]:.3f}-{r['measured_range'][1]:.3f}] | "
+                         + " | ".join(cells) + " |")
     lines += ["", "Target (issue 4): geomean under 5 %, max under 10 %."]
     return "\n".join(lines) + "\n"
 
@@ -348,7 +380,8 @@ def main(argv: list[str] | None = None) -> None:
                 if not windows:
                     fail(f"{args.archive}: no window measured on {who} "
                          f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
-            results[p] = {"timing_source": source, **score(predict_rows(plat.timing()), windows)}
+            pred = predict_rows(plat.timing())
+            results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows)}
     from tuner.report import atomic_write_text
 
     text = markdown(results, windows, platforms, args.allocator, cpu_note)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.e2e_windows import load_windows, score
+from experiments.e2e_windows import load_windows, rank_ratios, score
 
 
 def _window(t: str, mlp64: float, gpt2: float) -> dict:
@@ -24,6 +24,21 @@ def test_score_per_window_pooled_and_against_the_median_of_windows() -> None:
     # the per-configuration medians (11 ms, 45 ms) are exactly the predictions
     assert got["vs_median_of_windows"]["max_abs_pct"] == pytest.approx(0.0, abs=1e-9)
     assert got["per_config_vs_median"] == {"mlp 64": pytest.approx(0.0, abs=1e-9), "gpt 2": pytest.approx(0.0, abs=1e-9)}
+
+
+def test_the_two_rank_ratio_is_taken_inside_each_window() -> None:
+    def w(t: str, one: float, two: float) -> dict:
+        return {"measured_at": t, "rows": [{"model": "dlrm", "batch": 256, "ranks": 1, "measured_s": one},
+                                           {"model": "dlrm-2rank", "batch": 256, "ranks": 2, "measured_s": two}]}
+
+    # the machine twice as slow in the second window: the ratio does not move
+    windows = [w("a", 0.040, 0.030), w("b", 0.080, 0.060), w("c", 0.050, 0.040)]
+    got = rank_ratios({("dlrm", 256): 0.050, ("dlrm-2rank", 256): 0.030, ("mlp", 64): 0.01}, windows)
+    assert list(got) == ["256"]
+    r = got["256"]
+    assert r["measured"] == pytest.approx(0.75) and r["measured_range"] == pytest.approx([0.75, 0.8])
+    assert r["predicted"] == pytest.approx(0.6) and r["error_pct"] == pytest.approx(-20.0)
+    assert r["n"] == 3
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps([{"measured_at": "x", "rows": [{"model": "mlp"}]}]),
