@@ -29,6 +29,14 @@ def repo_relative(path: str | Path) -> str:
     return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
 
 
+def write_results(out: Path, data: dict, markdown_text: str) -> None:
+    """Write an experiment's results as ``OUT.json`` and ``OUT.md`` (folders made) and say where."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    out.with_suffix(".md").write_text(markdown_text)
+    print(f"wrote {repo_relative(out.with_suffix('.md'))}")
+
+
 def host_check(manifest: dict | None) -> dict:
     """This host's CPU signature and, when a calibrated CPU pack predicts it, why the pack may not
     describe this CPU (:func:`predictor.platforms.cpu_local.signature_mismatch`; None when they agree or

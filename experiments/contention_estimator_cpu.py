@@ -30,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
+from experiments.common import fail, host_check, host_line, repo_relative, write_results  # noqa: E402
 from predictor.calibration.contention import CLASSES, ESTIMATORS, factors, probe_host_contention  # noqa: E402
 
 
@@ -157,10 +157,7 @@ def main() -> None:
     out = {"meta": meta, "probe_runs": runs, "probe_factors": probe_factors, "probe_median": median,
            "reference": ref, "reference_summary": summary,
            "rechecks": [repo_relative(p) for p in a.rechecks]}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps(out, indent=1))
-    a.out.with_suffix(".md").write_text(markdown(out, command))
-    print(f"wrote {repo_relative(a.out.with_suffix('.md'))}")
+    write_results(a.out, out, markdown(out, command))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import fail, repo_relative  # noqa: E402
+from experiments.common import fail, repo_relative, write_results  # noqa: E402
 from experiments.dlrm_gloo import PHASES, measure_dlrm  # noqa: E402
 from experiments.dlrm_phases_cpu import simulated_phases, table_seconds  # noqa: E402
 from experiments.measure_env import measure_quietly  # noqa: E402
@@ -210,10 +210,7 @@ def main() -> None:
         [f"--run-file {repo_relative(args.run_file)}", f"--task {args.task}", "--sharders " + " ".join(args.sharders),
          f"--passes {args.passes}", f"--out {repo_relative(args.out)}"]
         + ([f"--platform {args.platform}"] if args.platform else []))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(out, indent=1))
-    args.out.with_suffix(".md").write_text(markdown(out, command))
-    print(f"wrote {repo_relative(args.out.with_suffix('.md'))}")
+    write_results(args.out, out, markdown(out, command))
 
 
 if __name__ == "__main__":
