@@ -36,8 +36,7 @@ from predictor.calibration.contention import CLASSES, ESTIMATORS, factors, probe
 
 def reference_ratios(paths: list[Path]) -> list[dict]:
     """Per (task, sharder, rank) of each recheck: the tables' in-situ sum over their alone-cold sum
-    (forward, backward, both) and the in-situ sum over the pack's alone prediction (the graph's
-    duration divided by the factor it applied)."""
+    (forward, backward, both), and the in-situ and simulated-graph sums of both (seconds)."""
     rows = []
     for p in paths:
         try:
@@ -148,10 +147,9 @@ def main() -> None:
                 "command": command}
     probe_factors = [{e: factors(r, e) for e in ESTIMATORS} for r in runs]
     median = {e: {c: float(np.median([f[e][c] for f in probe_factors])) for c in CLASSES} for e in ESTIMATORS}
-    both = np.array([r["both"] for r in ref]) if ref else np.array([])
     summary = {}
     if ref:
-        w = np.array([r["insitu_s"] for r in ref])
+        both, w = np.array([r["both"] for r in ref]), np.array([r["insitu_s"] for r in ref])
         summary = {"geomean": float(np.exp(np.log(both).mean())), "median": float(np.median(both)),
                    "min": float(both.min()), "max": float(both.max()), "weighted": float((both * w).sum() / w.sum())}
     out = {"meta": meta, "probe_runs": runs, "probe_factors": probe_factors, "probe_median": median,

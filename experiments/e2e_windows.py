@@ -265,14 +265,12 @@ def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict
     apart, so the machine's drift between windows cancels), median over the windows, against the same
     ratio predicted — the 2-rank model (contention, collectives, DDP) judged apart from the machine's pace."""
     out = {}
+    measured_rows = [{(r["model"], int(r["batch"])): r["measured_s"] for r in w["rows"]} for w in windows]
     for (model, batch), p2 in pred.items():
         if model != "dlrm-2rank" or ("dlrm", batch) not in pred:
             continue
-        ratios = []
-        for w in windows:
-            got = {(r["model"], int(r["batch"])): r["measured_s"] for r in w["rows"]}
-            if (model, batch) in got and ("dlrm", batch) in got:
-                ratios.append(got[(model, batch)] / got[("dlrm", batch)])
+        ratios = [got[(model, batch)] / got[("dlrm", batch)] for got in measured_rows
+                  if (model, batch) in got and ("dlrm", batch) in got]
         if ratios:
             measured, predicted = float(np.median(ratios)), p2 / pred[("dlrm", batch)]
             out[str(batch)] = {"measured": measured, "predicted": predicted, "n": len(ratios),

@@ -9,6 +9,9 @@ in-cache GEMM and the DLRM's own shapes, ``--repeats`` times.
 
 Writes ``OUT.json`` (raw per-process [alone_s, together_s] per round) and ``OUT.md``.
 """
+
+from __future__ import annotations
+
 import argparse
 import multiprocessing as mp
 import sys
@@ -26,42 +29,26 @@ SHAPES = {"384^3 (in cache)": (384, 384, 384), "top0 b512: 512x2112x256": (512, 
           "top0 b2048: 2048x2112x256": (2048, 2112, 256), "bwd dgrad b2048: 2048x256x2112": (2048, 256, 2112)}
 SLOT, ROUNDS = 0.5, 6
 
-def worker(rank, start, q):
-    """One probe process: the slot schedule of every shape; puts (rank, results) on ``q``."""
+
+def worker(rank: int, start: float, q) -> None:
+    """One probe process: the shared slot schedule over every shape
+    (:func:`predictor.calibration.contention.slot_schedule`); puts (rank, results) on ``q``."""
     import torch
 
+    from predictor.calibration.contention import slot_schedule
+
     torch.set_num_threads(1)
-    ops = {k: (torch.rand(m, kk), torch.rand(kk, n)) for k, (m, kk, n) in SHAPES.items()}
-    for a, b in ops.values():
-        torch.mm(a, b)
-    slot, res = 0, {}
-    def run(fn, active):
-        nonlocal slot
-        begin, end = start + slot * SLOT, start + (slot + 1) * SLOT - 0.03
-        slot += 1
-        while time.time() < begin:
-            time.sleep(0.002)
-        if not active:
-            while time.time() < end:
-                time.sleep(0.005)
-            return float("nan")
-        ts = []
-        while time.time() < end or len(ts) < 3:
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
-    for k, (a, b) in ops.items():
-        res[k] = []
+    calls = {}
+    for k, (m, kk, n) in SHAPES.items():
+        x, y = torch.rand(m, kk), torch.rand(kk, n)
 
-        def call(a=a, b=b) -> None:
-            torch.mm(a, b)
+        def call(x=x, y=y) -> None:
+            torch.mm(x, y)
 
-        for _ in range(ROUNDS):
-            alone = [run(call, r == rank) for r in range(2)][rank]
-            together = run(call, True)
-            res[k].append([alone, together])
-    q.put((rank, res))
+        call()
+        calls[k] = call
+    q.put((rank, slot_schedule(calls, start, SLOT, rank, 2, ROUNDS)))
+
 
 def measure() -> dict:
     """One probe run: shape -> per process, per round, ``[alone_s, together_s]``."""

@@ -537,7 +537,9 @@ def _with_page_faults(base: Platform, level: Level) -> Platform:
 
 def _contention_again(m: dict, world_size: int, contention: dict[str, float], refit_info: dict) -> dict[str, float]:
     """A refit's host-contention factors: estimated again from the pack's raw probe timings with
-    today's estimator when the pack stores them (packs since 2026-11-25), else the stored factors."""
+    today's estimator when the pack stores them (packs since 2026-11-25), else the stored factors.
+    When the estimator differs from the one the pack's probe record names, the record in ``m`` (the
+    manifest the refit writes again) is set to today's and ``refit_info`` says so."""
     from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
 
     probe = m.get("host_contention_probe") or {}

@@ -39,13 +39,15 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from predictor.calibration.processes import run_module_processes
 
-__all__ = ["CLASSES", "CONTENTION_ESTIMATOR", "ESTIMATORS", "ContentionError", "factors", "measure_host_contention", "probe_host_contention"]
+__all__ = ["CLASSES", "CONTENTION_ESTIMATOR", "ESTIMATORS", "ContentionError", "factors", "measure_host_contention", "probe_host_contention",
+           "slot_schedule"]
 
 #: kernel classes a factor is measured for
 CLASSES: tuple[str, ...] = ("embedding", "memory", "compute")
@@ -169,17 +171,15 @@ def _probes(llc_bytes: float) -> dict:
     return {"embedding": embedding, "memory": memory, "compute": compute}
 
 
-def _probe_main(start_at: float, threads: int, llc_bytes: float, slot_s: float, out: str, rank: int = 0,
-                world: int = 1, rounds: int = 3) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-    probes = _probes(llc_bytes)
-    for fn in probes.values():
-        fn()
+def slot_schedule(probes: dict[str, Callable[[], None]], start_at: float, slot_s: float, rank: int, world: int,
+                  rounds: int) -> dict[str, list[list[float]]]:
+    """One process's part of the probe's shared slot schedule (every process calls it with the same
+    ``start_at``, ``slot_s``, ``world``, ``rounds`` and probe order): for each probe and round, ``world``
+    slots in which process r alone runs it, then one slot in which all do. Returns per probe, per round,
+    ``[alone_s, together_s]``: the median seconds per call in this process's two active slots."""
     slot = 0
 
-    def run_slot(fn, active: bool) -> float:
+    def run_slot(fn: Callable[[], None], active: bool) -> float:
         nonlocal slot
         begin, end = start_at + slot * slot_s, start_at + (slot + 1) * slot_s - 0.05 * slot_s
         slot += 1
@@ -203,7 +203,18 @@ def _probe_main(start_at: float, threads: int, llc_bytes: float, slot_s: float, 
             alone = [run_slot(fn, r == rank) for r in range(world)][rank]
             together = run_slot(fn, True)
             result[name].append([alone, together])
-    Path(out).write_text(json.dumps(result))
+    return result
+
+
+def _probe_main(start_at: float, threads: int, llc_bytes: float, slot_s: float, out: str, rank: int = 0,
+                world: int = 1, rounds: int = 3) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    probes = _probes(llc_bytes)
+    for fn in probes.values():
+        fn()
+    Path(out).write_text(json.dumps(slot_schedule(probes, start_at, slot_s, rank, world, rounds)))
 
 
 if __name__ == "__main__":  # one probe process (see _run_group)
