@@ -83,6 +83,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True, help="output stem (OUT.md, OUT.json)")
     a = ap.parse_args()
+    if a.repeats < 1:
+        from experiments.common import fail
+
+        fail(f"--repeats {a.repeats}: must be >= 1")
     runs = [measure() for _ in range(a.repeats)]
     scored = [ratios(r) for r in runs]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
