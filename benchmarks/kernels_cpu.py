@@ -203,7 +203,12 @@ def main() -> None:
            if pack.manifest.get("gemm_timing") == "cold" else "")
         + (f" The models were fitted by `tuner calibrate --refit` on {pack.manifest['refit'].get('date', '')} "
            "from the benchmark samples the pack stores."
-           if isinstance(pack.manifest.get("refit"), dict) else ""),
+           if isinstance(pack.manifest.get("refit"), dict) else "")
+        + "".join(f" Its {fam} samples come from another calibration of this machine (`--data-from`): "
+                  f"`{src.get('pack')}`, created {src.get('created')}, {src.get('level')} level at scale "
+                  f"{src.get('scale')}, {src.get('samples')} samples."
+                  for fam, src in ((pack.manifest.get("refit") or {}).get("data_from") or {}).items()
+                  if isinstance(src, dict)),
         "",
         "Round spread: two timings of the same shape in different rounds differ by a median of "
         + ", ".join(f"{k} {v:.0f} %" for k, v in round_spreads(pack.path).items())

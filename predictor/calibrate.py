@@ -402,9 +402,50 @@ def _write_unfitted(out: Path, pack_name: str, dev: torch.device, base: Platform
     return load_asset_pack(out, allow_unfitted=True)
 
 
+#: manifest fields that say how a pack's samples were timed: a family's data taken from another pack
+#: (``refit(data_from=)``) must agree with the refitted pack's on each, or the fit mixes protocols
+TIMING_FIELDS = ("device", "threads", "gemm_timing", "memory_bound_timing", "embedding_warmup", "timing_estimator")
+
+
+def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
+    the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables, the record of where
+    each came from). CalibrationError, naming the family and the pack, when one cannot be used."""
+    from predictor.calibration import FAMILIES
+    from predictor.platforms.assets import AssetPackError
+    from predictor.platforms.cpu_local import same_cpu
+
+    tables, record = {}, {}
+    for family, src in data_from.items():
+        if family not in FAMILIES:
+            raise CalibrationError(f"--data-from {family}={src}: unknown family {family!r} "
+                                   f"(one of {', '.join(FAMILIES)})")
+        try:
+            other = load_asset_pack(src, allow_unfitted=True)
+        except AssetPackError as exc:
+            raise CalibrationError(f"--data-from {family}={src}: {exc}") from None
+        om = other.manifest
+        for key in TIMING_FIELDS:
+            if om.get(key) != m.get(key):
+                raise CalibrationError(f"--data-from {family}={src}: its {key} is {om.get(key)!r}, the refitted "
+                                       f"pack's {m.get(key)!r}: samples timed another way")
+        if str(m.get("device", "cpu")).startswith("cpu") and not same_cpu(om.get("cpu"), m.get("cpu")):
+            raise CalibrationError(f"--data-from {family}={src}: measured on another CPU than the refitted pack")
+        f = other.path / "data" / f"{family}.csv"
+        try:
+            tables[family] = pd.read_csv(f)
+        except FileNotFoundError:
+            raise CalibrationError(f"--data-from {family}={src}: the pack has no {family} benchmarks ({f})") from None
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise CalibrationError(f"--data-from {family}={src}: {f}: not a benchmark table ({exc})") from None
+        record[family] = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
+                          "scale": om.get("scale", 1.0), "samples": len(tables[family])}
+    return tables, record
+
+
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
-          platform_facts: dict | None = None, log: Callable[[str], None] = print,
-          register: bool = True) -> AssetPack:
+          platform_facts: dict | None = None, data_from: dict[str, str | Path] | None = None,
+          log: Callable[[str], None] = print, register: bool = True) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
     The models, the held-out error table and the calibrated platform are rebuilt by the same code
@@ -418,6 +459,11 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     calibration measured page faults: its models then add the faults of output blocks of at least
     ``fresh_mapping_bytes``; the fit takes out only faults its samples were counted paying, and
     such a pack has no counts).
+    ``data_from``: ``family -> pack`` whose stored benchmarks of that family replace the refitted
+    pack's (or add a family it lacks), e.g. a one-family calibration at a larger ``--scale`` on the
+    same machine; each must have been timed as this pack's were (:data:`TIMING_FIELDS`) on the same
+    CPU. The written pack stores the data it was fitted on and records where each family came from
+    (manifest ``refit.data_from``).
 
     Raises:
         CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.
@@ -446,6 +492,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
                 raise CalibrationError(f"--refit: {f}: not a benchmark table ({exc})") from None
     if not data:
         raise CalibrationError(f"--refit {pack}: the pack stores no benchmark data (data/*.csv)")
+    replaced, data_record = _family_data_from(m, data_from or {})
+    data.update(replaced)
     dev = torch.device(str(m.get("device", "cpu")))
     world_size = int(m.get("world_size", 1))
     seed = int(m.get("seed", 0))
@@ -463,6 +511,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     contention = _contention_again(m, world_size, contention, refit_info)
     if platform_facts:
         refit_info["platform_facts"] = dict(platform_facts)
+    if data_record:
+        refit_info["data_from"] = data_record
     if overheads is not None:
         refit_info["overheads_from"] = str(overheads)
         overheads = _read_overheads(Path(overheads))
@@ -593,11 +643,14 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         sources["interconnect.intra_node_latency_s"] = f"{src}: fitted all-reduce start-up latency / ring steps"
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
     if contention:
+        stored = (fields.get("host_contention") or {})
+        kept = stored.get(world_size, stored.get(str(world_size))) == dict(contention)
         fields["host_contention"] = {world_size: dict(contention)}
         from predictor.calibration.contention import CONTENTION_ESTIMATOR
 
-        sources["host_contention"] = (f"{src}: probe kernels, {world_size} processes at once vs alone, "
-                                      f"'{CONTENTION_ESTIMATOR}' estimator (predictor/calibration/contention.py)")
+        if not (kept and "host_contention" in sources):  # a refit keeping the factors keeps where they came from
+            sources["host_contention"] = (f"{src}: probe kernels, {world_size} processes at once vs alone, "
+                                          f"'{CONTENTION_ESTIMATOR}' estimator (predictor/calibration/contention.py)")
     fields["overheads"] = {k: float(overheads[k]) for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")}
     sources["overheads"] = f"{src}: profiled training run, whisker-trimmed means ({overheads.get('definition', '')})"
     fields["sources"] = sources

@@ -278,6 +278,52 @@ def test_refit_takes_overheads_measured_since(tmp_path: Path, monkeypatch: pytes
     assert res.exit_code == 2 and "--overheads goes with --refit" in res.output
 
 
+def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    import json
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    base, other = tmp_path / "base", tmp_path / "gemm-only"
+    for out, fams in ((base, "gemm,elementwise"), (other, "gemm")):
+        res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(out), "--threads", "1",
+                                  "--families", fams, "--seed", "0" if out == base else "1"])
+        assert res.exit_code == 0, res.output
+    theirs = pd.read_csv(other / "data" / "gemm.csv")
+    assert not theirs.equals(pd.read_csv(base / "data" / "gemm.csv"))  # another seed: other shapes
+    merged = tmp_path / "merged"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged), "--data-from", f"gemm={other}"])
+    assert res.exit_code == 0, res.output
+    pack = load_asset_pack(merged)
+    # the pack stores (and was fitted on) the other pack's GEMMs and its own element-wise samples
+    pd.testing.assert_frame_equal(pd.read_csv(merged / "data" / "gemm.csv"), theirs)
+    pd.testing.assert_frame_equal(pd.read_csv(merged / "data" / "elementwise.csv"),
+                                  pd.read_csv(base / "data" / "elementwise.csv"))
+    rec = pack.manifest["refit"]["data_from"]["gemm"]
+    assert rec["pack"] == str(other) and rec["samples"] == len(theirs)
+    # bad sources: one line naming the problem, exit 2, nothing written
+    man = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**man, "gemm_timing": "cold"}))
+    for args, message in (([f"gemm={other}"], "its gemm_timing is 'cold'"),
+                          ([f"gemms={other}"], "unknown family 'gemms'"),
+                          ([f"conv2d={base}"], "has no conv2d benchmarks"),
+                          (["gemm"], "expected FAMILY=PACK"),
+                          ([f"gemm={tmp_path / 'nowhere'}"], "not found")):
+        cmd = ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad")]
+        for a in args:
+            cmd += ["--data-from", a]
+        res = runner.invoke(app, cmd)
+        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, (args, res.output)
+        assert not (tmp_path / "bad").exists()
+    man["cpu"] = {**(man.get("cpu") or {}), "model": "another"}
+    (other / "manifest.json").write_text(json.dumps(man))
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"),
+                              "--data-from", f"gemm={other}"])
+    assert res.exit_code == 2 and "another CPU" in res.output
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(tmp_path / "x"), "--data-from",
+                              f"gemm={other}"])
+    assert res.exit_code == 2 and "--data-from goes with --refit" in res.output
+
+
 def test_round_spreads_and_the_noisy_machine_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from predictor.calibrate import NOISY_ROUND_SPREAD_PCT, compute_round_spread, round_spreads
 

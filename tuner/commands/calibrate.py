@@ -42,6 +42,9 @@ def calibrate(
                                 "(on a rented device); fit them later, anywhere, with --refit OUT"),
     overheads: Path = typer.Option(None, "--overheads", help="with --refit: T1..T5 JSON measured since on the device "
                                    "(python -m predictor.calibration.overheads --device cuda --out FILE)"),
+    data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=PACK fits that "
+                                        "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
+                                        "--families gemm --scale 4 calibration of the same machine)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
@@ -70,11 +73,22 @@ def calibrate(
         fail("--scale goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if overheads is not None and refit is None:
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
+    if data_from and refit is None:
+        fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
+    sources: dict[str, str] = {}
+    for item in data_from or []:
+        family, sep, src = item.partition("=")
+        if not sep or not family.strip() or not src.strip():
+            fail(f"--data-from {item!r}: expected FAMILY=PACK, e.g. gemm=benchmarks/results/data/packs/NAME")
+        if family.strip() in sources:
+            fail(f"--data-from: family {family.strip()!r} given twice")
+        sources[family.strip()] = src.strip()
     try:
         if refit is not None:
             from predictor.calibrate import refit as run_refit
 
-            pack = run_refit(refit, out, overheads=overheads, log=lambda line: err_console.print(line, highlight=False))
+            pack = run_refit(refit, out, overheads=overheads, data_from=sources,
+                             log=lambda line: err_console.print(line, highlight=False))
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
