@@ -151,11 +151,7 @@ def main() -> None:
     out = Path(a.out)
     out.with_suffix(".json").write_text(json.dumps({"rows": df.to_dict(orient="records"),
                                                     "summary": med.reset_index().to_dict(orient="records")}, indent=1))
-    cmd = "flock /tmp/tuner-measure.lock python experiments/comm_overlap_cpu.py"
-    if a.rounds != 15:
-        cmd += f" --rounds {a.rounds}"
-    if a.work_ms != 10.0:
-        cmd += f" --work-ms {a.work_ms:g}"
+    cmd = " ".join(["flock /tmp/tuner-measure.lock python experiments/comm_overlap_cpu.py", *sys.argv[1:]])
     out.write_text(markdown(med, cmd, a.work_ms, a.rounds))
     print(out.read_text())
 
