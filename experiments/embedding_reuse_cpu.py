@@ -46,8 +46,10 @@ SPARSE_LR = 0.01
 
 def local_job(batch: int, ranks: int, rank: int, iters: int):
     """The e2e DLRM job (:func:`experiments.e2e_cpu.dlrm_job`) cut to ``rank``'s tables of the ``ranks``-rank
-    placement, at the per-rank batch of the lookups (the whole batch: each rank looks up its tables for every
-    sample), and the predictor's spec of it."""
+    placement, at the whole batch (each rank looks up its tables for every sample), the predictor's spec of it
+    and the tables' global indices. The cut job numbers its tables from 0, so on 2 ranks a table's index batches
+    are drawn from another seed than in the step (same rows, pooling and reuse profile); on 1 rank they are the
+    step's."""
     from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables
     from predictor.workloads.dlrm_tables import EmbeddingTables
 
