@@ -109,23 +109,25 @@ def measure(batches: list[int], passes: int, iters: int, timing, log=print) -> p
 
     torch.set_num_threads(1)
     flush = llc_flush_buffer()
+    placements = []  # (batch, ranks, rank, job, its tables, predicted (fwd, bwd)): the same in every pass
+    for batch in batches:
+        for ranks, rank in ((1, 0), (2, 0), (2, 1)):
+            job, spec, mine = local_job(batch, ranks, rank, iters)
+            placements.append((batch, ranks, rank, job, mine, predicted_embedding_seconds(timing, spec)))
     rows = []
     for p in range(passes):
-        for batch in batches:
-            for ranks, rank in ((1, 0), (2, 0), (2, 1)):
-                job, spec, mine = local_job(batch, ranks, rank, iters)
-                got = {"cold": cold_embedding_seconds(job), "sequence": sequence_seconds(job, iters),
-                       "flushed": sequence_seconds(job, iters, flush)}
-                pred = predicted_embedding_seconds(timing, spec)
-                for k, t in enumerate(mine):
-                    row = {"pass": p, "batch": batch, "ranks": ranks, "rank": rank, "table": int(t)}
-                    for kind, j in (("fwd", 0), ("bwd", 1)):
-                        for how, v in got.items():
-                            row[f"{kind}_{how}_s"] = float(v[j][k])
-                        row[f"{kind}_predicted_s"] = float(pred[j][k])
-                    rows.append(row)
-                log(f"pass {p} batch {batch} ranks {ranks} rank {rank}: bwd sum cold "
-                    f"{got['cold'][1].sum() * 1e3:.1f} ms, sequence {got['sequence'][1].sum() * 1e3:.1f} ms")
+        for batch, ranks, rank, job, mine, pred in placements:
+            got = {"cold": cold_embedding_seconds(job), "sequence": sequence_seconds(job, iters),
+                   "flushed": sequence_seconds(job, iters, flush)}
+            for k, t in enumerate(mine):
+                row = {"pass": p, "batch": batch, "ranks": ranks, "rank": rank, "table": int(t)}
+                for kind, j in (("fwd", 0), ("bwd", 1)):
+                    for how, v in got.items():
+                        row[f"{kind}_{how}_s"] = float(v[j][k])
+                    row[f"{kind}_predicted_s"] = float(pred[j][k])
+                rows.append(row)
+            log(f"pass {p} batch {batch} ranks {ranks} rank {rank}: bwd sum cold "
+                f"{got['cold'][1].sum() * 1e3:.1f} ms, sequence {got['sequence'][1].sum() * 1e3:.1f} ms")
     return pd.DataFrame(rows)
 
 

@@ -22,7 +22,6 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,5 +154,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()

@@ -402,6 +402,15 @@ def _write_unfitted(out: Path, pack_name: str, dev: torch.device, base: Platform
     return load_asset_pack(out, allow_unfitted=True)
 
 
+def _read_benchmark_table(f: Path, context: str) -> pd.DataFrame:
+    """A pack's stored benchmark table ``data/<family>.csv``; CalibrationError ``context: f: not a benchmark
+    table`` when it does not parse."""
+    try:
+        return pd.read_csv(f)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise CalibrationError(f"{context}: {f}: not a benchmark table ({exc})") from None
+
+
 #: manifest fields that say how a pack's samples were timed: a family's data taken from another pack
 #: (``refit(data_from=)``) must agree with the refitted pack's on each, or the fit mixes protocols
 TIMING_FIELDS = ("device", "threads", "gemm_timing", "memory_bound_timing", "embedding_warmup", "timing_estimator")
@@ -432,12 +441,9 @@ def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[s
         if str(m.get("device", "cpu")).startswith("cpu") and not same_cpu(om.get("cpu"), m.get("cpu")):
             raise CalibrationError(f"--data-from {family}={src}: measured on another CPU than the refitted pack")
         f = other.path / "data" / f"{family}.csv"
-        try:
-            tables[family] = pd.read_csv(f)
-        except FileNotFoundError:
-            raise CalibrationError(f"--data-from {family}={src}: the pack has no {family} benchmarks ({f})") from None
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise CalibrationError(f"--data-from {family}={src}: {f}: not a benchmark table ({exc})") from None
+        if not f.exists():
+            raise CalibrationError(f"--data-from {family}={src}: the pack has no {family} benchmarks ({f})")
+        tables[family] = _read_benchmark_table(f, f"--data-from {family}={src}")
         record[family] = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
                           "scale": om.get("scale", 1.0), "samples": len(tables[family])}
     return tables, record
@@ -486,10 +492,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     for family in FAMILIES:
         f = old.path / "data" / f"{family}.csv"
         if f.exists():
-            try:
-                data[family] = pd.read_csv(f)
-            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-                raise CalibrationError(f"--refit: {f}: not a benchmark table ({exc})") from None
+            data[family] = _read_benchmark_table(f, "--refit")
     if not data:
         raise CalibrationError(f"--refit {pack}: the pack stores no benchmark data (data/*.csv)")
     replaced, data_record = _family_data_from(m, data_from or {})
