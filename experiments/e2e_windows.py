@@ -146,6 +146,7 @@ def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
 
     from predictor.calibration.contention import CLASSES
 
+    CLASSES = (*CLASSES, "sync")  # noqa: N806 - the lockstep factor is replaced like a class's
     head, sep, inner = spec[3:].partition(":")
     try:
         factors = {k.strip(): float(v) for k, v in (kv.split("=") for kv in head.split(","))}

@@ -98,6 +98,10 @@ LATER_ROUND_SLACK = 1.25
 #: the host-contention probe by level: seconds of one time slot, and rounds (each 3 probes x (world + 1) slots)
 CONTENTION_SLOT_S = {"tiny": 0.3, "quick": 0.75, "full": 1.0}
 CONTENTION_ROUNDS = {"tiny": 1, "quick": 6, "full": 8}
+#: probes ``--families`` may name besides the benchmark families (they fit no kernel model): the embedding
+#: step-reuse curve (:mod:`predictor.calibration.step_reuse`; also run with the embedding_bag family) and
+#: the lockstep factor of K ranks (:mod:`predictor.calibration.lockstep`; also run with the collectives)
+PROBES = ("step_reuse", "lockstep")
 #: bounds of ``--scale`` (multiple of a level's shapes and time)
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
@@ -197,9 +201,14 @@ def calibrate(
         )
     from predictor.calibration import FAMILIES
 
-    unknown = [f for f in families or [] if f not in FAMILIES]
+    unknown = [f for f in families or [] if f not in FAMILIES and f not in PROBES]
     if unknown:
-        raise CalibrationError(f"--families: unknown benchmark family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+        raise CalibrationError(f"--families: unknown benchmark family {unknown[0]!r}; known: "
+                               f"{', '.join([*FAMILIES, *PROBES])}")
+    bench_families = None if families is None else [f for f in families if f in FAMILIES]
+    if bench_families == [] and fit:
+        raise CalibrationError(f"--families {','.join(families or [])}: measures no kernels to fit; add --no-fit "
+                               "and merge it into a pack with --refit PACK --data-from step_reuse=THIS")
     out = Path(out)
     pack_name = (name or out.name).strip().lower()
     if not pack_name:
@@ -235,7 +244,7 @@ def calibrate(
         min(2 * 2**30, torch.cuda.get_device_properties(dev).total_memory / 16)
     data: dict[str, pd.DataFrame] = {}
     specs: list[tuple[str, ModelSpec]] = []
-    benches = make_benchmarks(world_size, families)
+    benches = make_benchmarks(world_size, bench_families) if bench_families != [] else []
     seeds = {b.name: int(rng.integers(2**62)) for b in benches}
     passes = PASSES[level]
     runs: dict[str, list[pd.DataFrame]] = {}
@@ -293,15 +302,34 @@ def calibrate(
         log(f"  {'page faults':<14} {base.page_fault_s * 1e6:.2f} us per 4 KiB fault; blocks >= "
             f"{base.fresh_mapping_bytes / 2**20:.0f} MiB mapped afresh ({time.perf_counter() - t0:.1f} s)")
 
+    step_reuse_probe: list[dict] = []
+    if dev.type == "cpu" and (families is None or "embedding_bag" in families or "step_reuse" in families):
+        t0 = time.perf_counter()
+        base, step_reuse_probe = _with_step_reuse(base, level, llc_bytes, seed, log)
+        log(f"  {'step reuse':<14} embedding step / cold at working sets / LLC "
+            + ", ".join(f"{x:.2g}: x{f:.2f} / x{b:.2f}" for x, f, b in base.embedding_step_reuse)
+            + f" ({time.perf_counter() - t0:.1f} s)")
+
     contention: dict[str, float] = {}
     contention_probe: list = []
-    if dev.type == "cpu" and world_size >= 2 and (families is None or "collectives" in families):
+    lockstep_probe: list = []
+    if dev.type == "cpu" and world_size >= 2 and families is not None and "lockstep" in families \
+            and "collectives" not in families:  # the lockstep probe alone (merged later with --data-from)
+        from predictor.calibration.lockstep import lockstep_factor
+
+        lockstep_probe = _lockstep_probe(world_size, n_threads, level)
+        contention = {"sync": lockstep_factor(lockstep_probe)}
+        log(f"  {'lockstep':<14} {world_size} processes in lockstep: x{contention['sync']:.3f}")
+    elif dev.type == "cpu" and world_size >= 2 and (families is None or "collectives" in families):
         from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors, probe_host_contention
+        from predictor.calibration.lockstep import lockstep_factor
 
         t0 = time.perf_counter()
         contention_probe = probe_host_contention(world_size, n_threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level],
                                                  rounds=CONTENTION_ROUNDS[level])
         contention = factors(contention_probe, CONTENTION_ESTIMATOR)
+        lockstep_probe = _lockstep_probe(world_size, n_threads, level)
+        contention["sync"] = lockstep_factor(lockstep_probe)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
 
@@ -345,6 +373,12 @@ def calibrate(
         #: so that a refit can estimate the factors again (contention.factors)
         **({"host_contention_probe": {"world": world_size, "estimator": CONTENTION_ESTIMATOR,
                                       "per_process": contention_probe}} if contention_probe else {}),
+        #: the lockstep probe's raw timings per process and round (predictor/calibration/lockstep.py): the
+        #: ``sync`` factor of host_contention
+        **({"lockstep_probe": {"world": world_size, "per_process": lockstep_probe}} if lockstep_probe else {}),
+        #: the step-reuse probe's raw sums (predictor/calibration/step_reuse.py), per round and working set
+        **({"embedding_step_reuse_probe": {"estimator": STEP_REUSE_ESTIMATOR, "rows": step_reuse_probe}}
+           if step_reuse_probe else {}),
         #: seconds of benchmarking (and overhead / contention measurement), before any fitting
         "benchmark_s": round(time.perf_counter() - started, 1),
     }
@@ -416,19 +450,19 @@ def _read_benchmark_table(f: Path, context: str) -> pd.DataFrame:
 TIMING_FIELDS = ("device", "threads", "gemm_timing", "memory_bound_timing", "embedding_warmup", "timing_estimator")
 
 
-def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[str, pd.DataFrame], dict]:
+def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[str, pd.DataFrame | list], dict]:
     """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
     the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables, the record of where
-    each came from). CalibrationError, naming the family and the pack, when one cannot be used."""
+    each came from); for the probe ``step_reuse`` its raw rows (a list) instead of a table. CalibrationError, naming the family and the pack, when one cannot be used."""
     from predictor.calibration import FAMILIES
     from predictor.platforms.assets import AssetPackError
     from predictor.platforms.cpu_local import same_cpu
 
     tables, record = {}, {}
     for family, src in data_from.items():
-        if family not in FAMILIES:
+        if family not in FAMILIES and family not in PROBES:
             raise CalibrationError(f"--data-from {family}={src}: unknown family {family!r} "
-                                   f"(one of {', '.join(FAMILIES)})")
+                                   f"(one of {', '.join([*FAMILIES, *PROBES])})")
         try:
             other = load_asset_pack(src, allow_unfitted=True)
         except AssetPackError as exc:
@@ -440,6 +474,22 @@ def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[s
                                        f"pack's {m.get(key)!r}: samples timed another way")
         if str(m.get("device", "cpu")).startswith("cpu") and not same_cpu(om.get("cpu"), m.get("cpu")):
             raise CalibrationError(f"--data-from {family}={src}: measured on another CPU than the refitted pack")
+        if family == "step_reuse":
+            rows = (om.get("embedding_step_reuse_probe") or {}).get("rows")
+            if not rows:
+                raise CalibrationError(f"--data-from {family}={src}: the pack has no step-reuse probe "
+                                       "(manifest embedding_step_reuse_probe)")
+            tables[family] = rows
+            record[family] = {"pack": str(other.path), "created": om.get("created"), "rows": len(rows)}
+            continue
+        if family == "lockstep":
+            probe = om.get("lockstep_probe") or {}
+            if not probe.get("per_process"):
+                raise CalibrationError(f"--data-from {family}={src}: the pack has no lockstep probe "
+                                       "(manifest lockstep_probe)")
+            tables[family] = probe["per_process"]
+            record[family] = {"pack": str(other.path), "created": om.get("created"), "world": probe.get("world")}
+            continue
         f = other.path / "data" / f"{family}.csv"
         if not f.exists():
             raise CalibrationError(f"--data-from {family}={src}: the pack has no {family} benchmarks ({f})")
@@ -496,6 +546,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     if not data:
         raise CalibrationError(f"--refit {pack}: the pack stores no benchmark data (data/*.csv)")
     replaced, data_record = _family_data_from(m, data_from or {})
+    step_reuse_rows = replaced.pop("step_reuse", None)
+    lockstep_rows = replaced.pop("lockstep", None)
     data.update(replaced)
     dev = torch.device(str(m.get("device", "cpu")))
     world_size = int(m.get("world_size", 1))
@@ -512,6 +564,17 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     contention = {k: float(v) for k, v in (m.get("host_contention") or {}).get(str(world_size), {}).items()}
     refit_info = {"date": _dt.date.today().isoformat(), "from": str(old.path)}
     contention = _contention_again(m, world_size, contention, refit_info)
+    if lockstep_rows is not None:
+        if world_size != int(data_record["lockstep"]["world"] or 0):
+            raise CalibrationError(f"--data-from lockstep={data_record['lockstep']['pack']}: probed over "
+                                   f"{data_record['lockstep']['world']} processes, the refitted pack's world size "
+                                   f"is {world_size}")
+        m["lockstep_probe"] = {"world": world_size, "per_process": lockstep_rows}
+    contention = _lockstep_again(m, world_size, contention)
+    if step_reuse_rows is not None:
+        rec = data_record["step_reuse"]
+        base = _with_step_reuse_rows(base, step_reuse_rows, f"tuner calibrate {rec['created']} ({rec['pack']})")
+        m["embedding_step_reuse_probe"] = {"estimator": STEP_REUSE_ESTIMATOR, "rows": step_reuse_rows}
     if platform_facts:
         refit_info["platform_facts"] = dict(platform_facts)
     if data_record:
@@ -589,6 +652,41 @@ def _with_page_faults(base: Platform, level: Level) -> Platform:
                                    "fresh_mapping_bytes": float(GLIBC_MMAP_CEILING_BYTES) if glibc else 0.0})
 
 
+#: how the step-reuse curve is estimated from the probe's rows
+STEP_REUSE_ESTIMATOR = "median over rounds of the step sum / the cold sum, per working set"
+
+
+def _with_step_reuse(base: Platform, level: Level, llc_bytes: float, seed: int,
+                     log: Callable[[str], None]) -> tuple[Platform, list[dict]]:
+    """``base`` with its measured embedding step-reuse curve (:mod:`predictor.calibration.step_reuse`)
+    and the probe's raw rows."""
+    from predictor.calibration.step_reuse import STEP_REUSE_FRACTIONS, STEP_REUSE_ROUNDS, probe_step_reuse
+
+    fractions = STEP_REUSE_FRACTIONS if level != "tiny" else STEP_REUSE_FRACTIONS[:2]
+    rows = probe_step_reuse(llc_bytes, STEP_REUSE_ROUNDS[level], fractions=fractions, seed=seed)
+    return _with_step_reuse_rows(base, rows, f"tuner calibrate {_dt.date.today().isoformat()}"), rows
+
+
+def _with_step_reuse_rows(base: Platform, rows: list[dict], src: str) -> Platform:
+    """``base`` with the step-reuse curve estimated from probe ``rows`` (empty curve: ``base`` unchanged)."""
+    from predictor.calibration.step_reuse import reuse_curve
+
+    curve = reuse_curve(rows)
+    if not curve:
+        return base
+    sources = {**base.sources, "embedding_step_reuse": f"{src}: synthetic tables in a step's order vs timed cold "
+               f"({STEP_REUSE_ESTIMATOR}; predictor/calibration/step_reuse.py)"}
+    return base.model_copy(update={"embedding_step_reuse": curve, "sources": sources})
+
+
+def _lockstep_probe(world_size: int, threads: int, level: Level) -> list[dict]:
+    """The lockstep probe (:mod:`predictor.calibration.lockstep`) at the level's rounds (tiny: short segments)."""
+    from predictor.calibration.lockstep import LOCKSTEP_ROUNDS, probe_lockstep
+
+    kw = {"segment_s": 0.002, "segments": 10} if level == "tiny" else {}
+    return probe_lockstep(world_size, threads, rounds=LOCKSTEP_ROUNDS[level], **kw)
+
+
 def _contention_again(m: dict, world_size: int, contention: dict[str, float], refit_info: dict) -> dict[str, float]:
     """A refit's host-contention factors: estimated again from the pack's raw probe timings with
     today's estimator when the pack stores them (packs since 2026-11-25), else the stored factors.
@@ -600,10 +698,23 @@ def _contention_again(m: dict, world_size: int, contention: dict[str, float], re
     if int(probe.get("world", 0)) != world_size or not probe.get("per_process"):
         return contention
     again = factors(probe["per_process"], CONTENTION_ESTIMATOR)
+    if "sync" in contention:  # the lockstep factor: from its own probe (see _lockstep_again)
+        again["sync"] = contention["sync"]
     if probe.get("estimator") != CONTENTION_ESTIMATOR:
         refit_info["host_contention"] = f"estimated again from the stored probe ({CONTENTION_ESTIMATOR})"
         m["host_contention_probe"] = {**probe, "estimator": CONTENTION_ESTIMATOR}
     return again
+
+
+def _lockstep_again(m: dict, world_size: int, contention: dict[str, float]) -> dict[str, float]:
+    """``contention`` with its ``sync`` factor estimated again from the manifest's lockstep probe rows
+    (when ``m`` stores them for ``world_size`` processes)."""
+    from predictor.calibration.lockstep import lockstep_factor
+
+    probe = m.get("lockstep_probe") or {}
+    if int(probe.get("world", 0)) != world_size or not probe.get("per_process"):
+        return contention
+    return {**contention, "sync": lockstep_factor(probe["per_process"])}
 
 
 def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame], models: dict[str, KernelModel],
@@ -647,14 +758,20 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         sources["interconnect.intra_node_latency_s"] = f"{src}: fitted all-reduce start-up latency / ring steps"
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
     if contention:
-        stored = (fields.get("host_contention") or {})
-        kept = stored.get(world_size, stored.get(str(world_size))) == dict(contention)
+        stored = dict((fields.get("host_contention") or {}).get(world_size)
+                      or (fields.get("host_contention") or {}).get(str(world_size)) or {})
         fields["host_contention"] = {world_size: dict(contention)}
         from predictor.calibration.contention import CONTENTION_ESTIMATOR
 
-        if not (kept and "host_contention" in sources):  # a refit keeping the factors keeps where they came from
+        classes = {k: v for k, v in contention.items() if k != "sync"}
+        kept = {k: v for k, v in stored.items() if k != "sync"} == classes
+        if classes and not (kept and "host_contention" in sources):  # a refit keeping them keeps their source
             sources["host_contention"] = (f"{src}: probe kernels, {world_size} processes at once vs alone, "
                                           f"'{CONTENTION_ESTIMATOR}' estimator (predictor/calibration/contention.py)")
+        if "sync" in contention and not (stored.get("sync") == contention["sync"]
+                                         and "host_contention.sync" in sources):
+            sources["host_contention.sync"] = (f"{src}: {world_size} processes in lockstep vs at once "
+                                               "(predictor/calibration/lockstep.py)")
     fields["overheads"] = {k: float(overheads[k]) for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")}
     sources["overheads"] = f"{src}: profiled training run, whisker-trimmed means ({overheads.get('definition', '')})"
     fields["sources"] = sources

@@ -47,6 +47,9 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     assert set(pd.read_csv(out / "data" / "elementwise.csv")["cold"]) == {1}
     assert set(pd.read_csv(out / "data" / "gemm.csv")["cold"]) == {0} and pack.manifest["gemm_timing"] == "warm"
     assert pack.manifest["embedding_warmup"] == "neighbour"
+    # with the embedding family the step-reuse probe runs too: its curve on the platform, its rows in the manifest
+    assert len(pack.platform.embedding_step_reuse) == 2
+    assert len(pack.manifest["embedding_step_reuse_probe"]["rows"]) == 2
 
 
 def test_calibrate_gemms_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -346,3 +349,71 @@ def test_round_spreads_and_the_noisy_machine_warning(tmp_path: Path, monkeypatch
     res = runner.invoke(app, ["calibrate", "--refit", str(src), "--out", str(tmp_path / "packs" / "quiet")])
     assert res.exit_code == 0 and "machine was noisy" not in res.output
     assert round_spreads(tmp_path / "nowhere") == {} and compute_round_spread({"relu": 40.0}) is None
+
+
+def test_the_step_reuse_probe_alone_goes_into_a_pack_by_refit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    base, probe = tmp_path / "base", tmp_path / "probe"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(base), "--threads", "1",
+                              "--families", "elementwise"])
+    assert res.exit_code == 0, res.output
+    assert load_asset_pack(base).platform.embedding_step_reuse == []  # no embedding family: no probe
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(probe), "--threads", "1",
+                              "--families", "step_reuse"])
+    assert res.exit_code == 2 and "add --no-fit" in res.output and not probe.exists()
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(probe), "--threads", "1",
+                              "--families", "step_reuse", "--no-fit"])
+    assert res.exit_code == 0, res.output
+    rows = load_asset_pack(probe, allow_unfitted=True).manifest["embedding_step_reuse_probe"]["rows"]
+    merged = tmp_path / "merged"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
+                              "--data-from", f"step_reuse={probe}"])
+    assert res.exit_code == 0, res.output
+    pack = load_asset_pack(merged)
+    from predictor.calibration.step_reuse import reuse_curve
+
+    assert pack.platform.embedding_step_reuse == [pytest.approx(p) for p in reuse_curve(rows)]
+    assert pack.manifest["embedding_step_reuse_probe"]["rows"] == rows
+    assert pack.manifest["refit"]["data_from"]["step_reuse"]["rows"] == len(rows)
+    assert "embedding_step_reuse" in pack.platform.sources
+    # the models are the base pack's: only the curve was added
+    assert (merged / "data" / "elementwise.csv").read_text() == (base / "data" / "elementwise.csv").read_text()
+    # a pack without the probe cannot give one
+    res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(tmp_path / "bad"),
+                              "--data-from", f"step_reuse={base}"])
+    assert res.exit_code == 2 and "has no step-reuse probe" in res.output and not (tmp_path / "bad").exists()
+
+
+def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    import json
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    base, probe = tmp_path / "base", tmp_path / "probe"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(base), "--threads", "1",
+                              "--families", "elementwise"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(probe), "--threads", "1",
+                              "--world-size", "2", "--families", "lockstep", "--no-fit"])
+    assert res.exit_code == 0, res.output
+    rows = load_asset_pack(probe, allow_unfitted=True).manifest["lockstep_probe"]["per_process"]
+    assert len(rows) == 2
+    # the base pack was calibrated for one process: a 2-process probe does not fit it
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"),
+                              "--data-from", f"lockstep={probe}"])
+    assert res.exit_code == 2 and "probed over 2 processes" in res.output and not (tmp_path / "bad").exists()
+    man = json.loads((base / "manifest.json").read_text())
+    (base / "manifest.json").write_text(json.dumps({**man, "world_size": 2}))
+    merged = tmp_path / "merged"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
+                              "--data-from", f"lockstep={probe}"])
+    assert res.exit_code == 0, res.output
+    pack = load_asset_pack(merged)
+    from predictor.calibration.lockstep import lockstep_factor
+
+    assert pack.platform.host_contention[2]["sync"] == pytest.approx(lockstep_factor(rows))
+    assert pack.manifest["lockstep_probe"]["per_process"] == rows
+    assert "host_contention.sync" in pack.platform.sources
+    res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(tmp_path / "bad"),
+                              "--data-from", f"lockstep={base}"])
+    assert res.exit_code == 2 and "has no lockstep probe" in res.output

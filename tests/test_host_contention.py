@@ -97,3 +97,42 @@ def test_the_mean_estimator_averages_the_processes_ratios():
     # the calibration's: the slowest process for the dense classes, the mean for the embedding tables
     d = factors([p0, p1], "slowest-dense")
     assert d == pytest.approx({"embedding": f["embedding"], "memory": slow["memory"], "compute": slow["compute"]})
+
+
+def test_the_lockstep_factor_is_the_slowest_period_less_the_sync_over_the_slowest_free_segment():
+    from predictor.calibration.lockstep import lockstep_factor
+
+    p0 = {"free_s": [0.010, 0.010, 0.010], "lockstep_s": [0.0115, 0.0121, 0.0111], "sync_s": [0.0002] * 3}
+    p1 = {"free_s": [0.009, 0.011, 0.010], "lockstep_s": [0.0116, 0.0120, 0.0112], "sync_s": [0.0004] * 3}
+    # per round: (max lockstep - median sync) / max free = 1.13 / 1.0 ... -> median 1.10
+    per_round = [(0.0116 - 0.0003) / 0.010, (0.0121 - 0.0003) / 0.011, (0.0112 - 0.0003) / 0.010]
+    assert lockstep_factor([p0, p1]) == pytest.approx(np.median(per_round))
+    # waiting never makes the work faster
+    fast = {"free_s": [0.010], "lockstep_s": [0.009], "sync_s": [0.0001]}
+    assert lockstep_factor([fast, fast]) == 1.0
+
+
+def test_the_sync_factor_scales_every_kernel_class_of_a_k_rank_graph():
+    g = _graph(2)
+    base = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}})).durations(g)
+    synced = ModelTiming(CPU.model_copy(update={"host_contention": {2: {**FACTORS, "sync": 1.1}}})).durations(g)
+    comm = g.category == Category.COMMUNICATION
+    np.testing.assert_allclose(synced[comm], base[comm])
+    work = ~comm & (base > 0) & (g.category != Category.CPU)
+    assert work.any()
+    np.testing.assert_allclose(synced[work], 1.1 * base[work])
+    one = _graph(1)  # one rank waits for no one
+    np.testing.assert_allclose(ModelTiming(CPU.model_copy(update={"host_contention": {2: {"sync": 1.1}}})).durations(one),
+                               ModelTiming(CPU).durations(one))
+
+
+def test_the_lockstep_probe_runs_two_gloo_processes():
+    from predictor.calibration.lockstep import lockstep_factor, probe_lockstep
+
+    rows = probe_lockstep(2, 1, rounds=1, segment_s=0.002, segments=5)
+    assert len(rows) == 2
+    for r in rows:
+        assert all(len(r[k]) == 1 and 0 < r[k][0] < 1 for k in ("free_s", "sync_s", "lockstep_s"))
+    assert 1.0 <= lockstep_factor(rows) < 10
+    with pytest.raises(ValueError, match="at least 2"):
+        probe_lockstep(1)

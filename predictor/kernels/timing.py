@@ -7,7 +7,15 @@
   unchanged parts of a captured graph), otherwise every task is predicted;
 * on a CPU platform calibrated for K ranks on the host (``Platform.host_contention[K]``), the
   predicted kernels of a K-rank graph are slowed by the measured factor of their class (embedding
-  kinds, other memory-bound kernels, compute kernels): the ranks share caches and memory.
+  kinds, other memory-bound kernels, compute kernels): the ranks share caches and memory; and every class
+  by the ``sync`` factor when the pack has one (K ranks in lockstep vs at once: at each collective every
+  rank waits for the slowest, tails included; :mod:`predictor.calibration.lockstep`);
+* on a platform with a measured step-reuse curve (``Platform.embedding_step_reuse``), the embedding-bag
+  kernels are scaled by its forward / backward factor at the graph's embedding working set (distinct rows x
+  row bytes over every table of the ranks sharing the last-level cache: all ranks of a CPU host, each rank
+  on its own elsewhere) over the LLC: the pack's models are fitted to cold timings, and in a step a table's
+  backward finds the rows its forward read still cached while the working set fits
+  (:mod:`predictor.calibration.step_reuse`). A graph is one training step.
 """
 
 from __future__ import annotations
@@ -90,13 +98,48 @@ class ModelTiming:
             idx = np.flatnonzero(on_device & (graph.kind == kid))
             timed = self.timed_kind(kind)
             out[idx] = self.model_for(timed).predict(TaskView.from_graph(graph, idx, timed), self.platform)
+        self._apply_step_reuse(graph, on_device, out)
         factors = self.contention_factors(graph.n_ranks)
         if factors:
             emb = graph.kind_mask(*AnalyticEmbedding.kinds)  # the embedding kernel kinds
+            sync = factors.get("sync", 1.0)  # the ranks wait for each other at every collective (lockstep.py)
             for cls, sel in (("embedding", emb), ("memory", (graph.category == Category.MEMORY) & ~emb),
                              ("compute", graph.category == Category.COMPUTE)):
-                out[on_device & sel] *= factors.get(cls, 1.0)
+                out[on_device & sel] *= factors.get(cls, 1.0) * sync
         return out
+
+    def step_reuse_factors(self, graph: ExecutionGraph) -> dict[int, tuple[float, float]]:
+        """Per cache domain (-1: every rank of a CPU host; else a rank), the (forward, backward) factor of
+        the platform's step-reuse curve at that domain's embedding working set; {} without a curve, without
+        embedding tasks, or when a forward task lacks its table's rows, batch or dim."""
+        from predictor.calibration.step_reuse import reuse_factor, step_working_set_bytes
+
+        curve = self.platform.embedding_step_reuse
+        llc = self.platform.last_level_cache_bytes
+        fwd = np.flatnonzero(graph.kind_mask("embedding_bag_fwd"))
+        if not curve or llc <= 0 or fwd.size == 0:
+            return {}
+        tasks = TaskView.from_graph(graph, fwd, "embedding_bag_fwd")
+        known = np.isfinite(tasks.get("rows")) & np.isfinite(tasks.get("batch")) & np.isfinite(tasks.get("dim"))
+        if not known.all():  # a table of unknown size (a trace without its parameters): no working set
+            return {}
+        distinct = AnalyticEmbedding().distinct_rows(tasks)
+        dim, dtype = tasks.get("dim", 1.0), tasks.get("dtype_bytes", 4.0)
+        domain = np.full(fwd.size, -1) if self.platform.kind == "cpu" else graph.rank[fwd]
+        out = {}
+        for d in np.unique(domain):
+            sel = domain == d
+            x = step_working_set_bytes(distinct[sel], dim[sel], dtype[sel]) / llc
+            out[int(d)] = (reuse_factor(curve, x, "fwd"), reuse_factor(curve, x, "bwd"))
+        return out
+
+    def _apply_step_reuse(self, graph: ExecutionGraph, on_device: np.ndarray, out: np.ndarray) -> None:
+        """Scale the embedding-bag kernels of ``out`` (seconds, in place) by :meth:`step_reuse_factors`."""
+        factors = self.step_reuse_factors(graph)
+        for d, (f_fwd, f_bwd) in factors.items():
+            where = on_device if d == -1 else on_device & (graph.rank == d)
+            out[where & graph.kind_mask("embedding_bag_fwd")] *= f_fwd
+            out[where & graph.kind_mask("embedding_bag_bwd")] *= f_bwd
 
     def contention_factors(self, n_ranks: int) -> dict[str, float]:
         """The platform's host-contention factors for ``n_ranks`` ranks on one CPU host ({} if none)."""

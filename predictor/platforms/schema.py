@@ -7,6 +7,7 @@ can be overridden by the user's own YAML (:func:`predictor.platforms.load_catalo
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -77,7 +78,8 @@ class Platform(_Strict):
     #: smallest time any kernel takes (launch/tail latency on the device), seconds
     kernel_floor_s: float = Field(default=3e-6, ge=0)
     #: CPU hosts: ranks sharing the host -> slow-down of each kernel class ("embedding", "memory",
-    #: "compute") when they all run at once, measured by ``tuner calibrate --world-size K``
+    #: "compute") when they all run at once, and ("sync") of every class when they also wait for each other
+    #: at every collective, measured by ``tuner calibrate --world-size K``
     host_contention: dict[int, dict[str, float]] = Field(default_factory=dict)
     #: CPU hosts: wall seconds of one minor page fault (a freshly mapped 4 KiB page) in a training
     #: process, measured by ``tuner calibrate`` (:mod:`predictor.calibration.page_faults`); 0: not
@@ -86,6 +88,11 @@ class Platform(_Strict):
     #: CPU hosts: allocations of at least this many bytes are mapped afresh on every step (glibc's
     #: largest mmap threshold, 32 MiB), so each of their pages faults; 0: none do
     fresh_mapping_bytes: float = Field(default=0.0, ge=0)
+    #: CPU hosts: how a training step's embedding-bag kernels run against their cold calibrated timing, by
+    #: the step's embedding working set (distinct rows x row bytes over every table of the ranks sharing the
+    #: cache) over the last-level cache: ``[[working set / LLC, forward factor, backward factor], ...]``,
+    #: measured by ``tuner calibrate`` (:mod:`predictor.calibration.step_reuse`); empty: no such term
+    embedding_step_reuse: list[list[float]] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict, description="field path -> citation")
     notes: str = ""
 
@@ -98,6 +105,15 @@ class Platform(_Strict):
             if x <= 0:
                 raise ValueError(f"peak for {dt} must be > 0")
         return v
+
+    @field_validator("embedding_step_reuse")
+    @classmethod
+    def _reuse_points(cls, v: list[list[float]]) -> list[list[float]]:
+        for point in v:
+            if len(point) != 3 or not all(math.isfinite(x) and x > 0 for x in point):
+                raise ValueError(f"each point is [working set / LLC, forward factor, backward factor], all > 0; "
+                                 f"got {point}")
+        return sorted(v)
 
     # ---------------------------------------------------------------- helpers
     @property

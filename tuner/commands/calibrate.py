@@ -26,7 +26,8 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", help="seed of the shape grids and the held-out split"),
     families: str = typer.Option(None, "--families", help="comma-separated benchmark families (default: all): "
                                  "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
-                                 "collectives"),
+                                 "collectives; and the probe step_reuse (CPU: embedding tables in a step's order vs "
+                                 "cold; runs with embedding_bag too)"),
     memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax and "
                                      "data-movement kernels are timed: cold (cache evicted before each call, as a "
                                      "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
@@ -44,7 +45,8 @@ def calibrate(
                                    "(python -m predictor.calibration.overheads --device cuda --out FILE)"),
     data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=PACK fits that "
                                         "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
-                                        "--families gemm --scale 4 calibration of the same machine)"),
+                                        "--families gemm --scale 4 calibration of the same machine; step_reuse=DIR "
+                                        "takes DIR's step-reuse probe)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""

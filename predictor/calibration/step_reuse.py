@@ -1,0 +1,181 @@
+"""The last-level-cache reuse of a training step's embedding tables, measured against the calibration's
+cold timing of each table.
+
+The embedding-bag family (:mod:`predictor.calibration.embedding_bag`) times every call *cold*: the cache
+evicted, another table's call before it (:func:`~predictor.calibration.embedding_bag.neighbour_warmers`).
+In a training step a table's backward + SGD row update runs after its own forward read the same rows, with
+the other tables' lookups in between; while the step's embedding working set (distinct rows x row bytes
+over every table, summed over the ranks sharing the cache) fits in the last-level cache, those rows are
+still there. On the AVX2 VM of session 25 the e2e DLRM's tables in the step's order ran x0.80-0.88 the
+cold timing with a working set of a quarter of the L3, x1.0 at two thirds of it
+(``experiments/results/avx2/embedding_reuse_cpu.md``).
+
+:func:`probe_step_reuse` times synthetic tables both ways at working sets from 1/8 to 2x the LLC:
+
+* ``cold``: each table's forward and its backward + SGD update as the calibration times them
+  (:meth:`~predictor.calibration.timing.Timer.measure` ``cold=True`` with the neighbour warm-up);
+* ``step``: every table's forward in order, then every backward + update in reverse, a fresh batch of
+  uniformly drawn rows every iteration (a real input stream: no reuse across iterations the probe's
+  data would invent), each call timed alone.
+
+:func:`reuse_curve` keeps per working set the median over rounds of ``step sum / cold sum`` for the
+forward and the backward: ``[[working set / LLC, forward factor, backward factor], ...]``, stored as
+:attr:`~predictor.platforms.schema.Platform.embedding_step_reuse` and applied per graph by
+:class:`~predictor.kernels.timing.ModelTiming` (:func:`reuse_factor`). Times in seconds, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["STEP_REUSE_FRACTIONS", "STEP_REUSE_ROUNDS", "probe_step_reuse", "reuse_curve", "reuse_factor",
+           "step_working_set_bytes", "PROBE_TABLES"]
+
+#: working sets the probe times, as fractions of the last-level cache
+STEP_REUSE_FRACTIONS = (0.125, 0.25, 0.5, 1.0, 2.0)
+#: rounds over every working set by calibration level (each round times both protocols at every size)
+STEP_REUSE_ROUNDS = {"tiny": 1, "quick": 3, "full": 5}
+#: the probe's synthetic tables: count, embedding dim, lookups per sample; rows = ROW_MULTIPLE x the
+#: batch's lookups (so nearly every lookup is a distinct row: the working set is set by the batch)
+PROBE_TABLES = (8, 64, 16)
+ROW_MULTIPLE = 4
+#: timed iterations of the step protocol per round (after one untimed)
+STEP_ITERS = 3
+#: most bytes of one probe table (the largest working sets get fewer rows per lookup instead)
+MAX_TABLE_BYTES = 128 * 2**20
+
+
+def step_working_set_bytes(distinct_rows: np.ndarray, dim: np.ndarray, dtype_bytes: np.ndarray | float = 4.0) -> float:
+    """A step's embedding working set: distinct rows x row bytes summed over its tables, bytes."""
+    return float(np.sum(np.asarray(distinct_rows, float) * np.asarray(dim, float) * np.asarray(dtype_bytes, float)))
+
+
+def _size_for(fraction: float, llc_bytes: float) -> tuple[int, int]:
+    """(batch, rows per table) whose lookups span about ``fraction`` x ``llc_bytes`` of distinct rows."""
+    n_tables, dim, pooling = PROBE_TABLES
+    per_sample = n_tables * pooling * dim * 4.0
+    batch = max(2, int(round(fraction * llc_bytes / per_sample)))
+    rows = max(1024, min(ROW_MULTIPLE * batch * pooling, int(MAX_TABLE_BYTES // (dim * 4))))
+    return batch, rows
+
+
+def probe_step_reuse(llc_bytes: float, rounds: int, *, fractions=STEP_REUSE_FRACTIONS, iters: int = STEP_ITERS,
+                     seed: int = 0, timer=None, log: Callable[[str], None] | None = None) -> list[dict]:
+    """Time the probe tables cold and in step order at each working set (module doc), ``rounds`` times,
+    the sizes interleaved within a round. One CPU process at torch's current thread count.
+
+    Returns one row per (round, working set): ``fraction``, ``batch``, ``rows``, ``ws_bytes`` (the
+    distinct rows the batches touch x row bytes, mean over the step's batches), ``llc_bytes`` and the sums
+    over the tables ``fwd_cold_s``, ``bwd_cold_s``, ``fwd_step_s``, ``bwd_step_s`` (seconds; the step's
+    are medians over ``iters`` iterations).
+    """
+    from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight
+    from predictor.calibration.timing import Timer
+
+    dev = torch.device("cpu")
+    timer = timer or Timer(dev, warmup=1, cold_repeats=3, cache_bytes=llc_bytes)
+    neighbour = neighbour_weight(dev)
+    n_tables, dim, pooling = PROBE_TABLES
+    out = []
+    for r in range(rounds):
+        for fraction in fractions:
+            batch, rows = _size_for(fraction, llc_bytes)
+            rng = np.random.default_rng([seed, r, int(fraction * 1000)])
+            weights = [torch.nn.Parameter(torch.rand(rows, dim)) for _ in range(n_tables)]
+            offsets = torch.arange(0, batch * pooling, pooling, dtype=torch.int64)
+            batches = [[torch.as_tensor(rng.integers(0, rows, batch * pooling), dtype=torch.int64)
+                        for _ in range(n_tables)] for _ in range(iters + 1)]
+            distinct = np.mean([sum(int(torch.unique(i).numel()) for i in b) for b in batches])
+            warm_fwd, warm_bwd = neighbour_warmers(batch, neighbour)
+            cold = _cold_sums(timer, weights, batches[0], offsets, warm_fwd, warm_bwd)
+            step = _step_sums(weights, batches, offsets)
+            out.append({"round": r, "fraction": float(fraction), "batch": batch, "rows": rows,
+                        "ws_bytes": float(distinct * dim * 4), "llc_bytes": float(llc_bytes),
+                        "fwd_cold_s": cold[0], "bwd_cold_s": cold[1], "fwd_step_s": step[0], "bwd_step_s": step[1]})
+            if log is not None:
+                log(f"    step reuse round {r + 1}/{rounds}, working set {distinct * dim * 4 / 2**20:6.1f} MiB: "
+                    f"backward step / cold {step[1] / cold[1]:.2f}")
+            del weights, batches
+    return out
+
+
+def _cold_sums(timer, weights, idx, offsets, warm_fwd, warm_bwd) -> tuple[float, float]:
+    """Sum over the tables of the calibration's cold forward and backward + SGD timing, seconds."""
+    fwd = bwd = 0.0
+    for w, i in zip(weights, idx, strict=True):
+        with torch.no_grad():
+            fwd += timer.measure(lambda w=w, i=i: F.embedding_bag(i, w, offsets, mode="sum"), cold=True,
+                                 warm_code=warm_fwd).seconds
+        out = F.embedding_bag(i, w, offsets, mode="sum", sparse=True)
+        grad = torch.randn_like(out)
+
+        def backward(out=out, grad=grad, w=w) -> None:
+            out.backward(grad, retain_graph=True)
+            with torch.no_grad():
+                w.add_(w.grad, alpha=-1e-3)
+
+        def clear(w=w) -> None:
+            w.grad = None
+
+        bwd += timer.measure(backward, setup=clear, cold=True, warm_code=warm_bwd).seconds
+        w.grad = None
+    return fwd, bwd
+
+
+def _step_sums(weights, batches, offsets) -> tuple[float, float]:
+    """Median over the iterations (the first untimed) of the tables' forward sum and backward + SGD sum
+    in a step's order, seconds."""
+    fwd, bwd = [], []
+    for it, idx in enumerate(batches):
+        pooled, tf = [], 0.0
+        for w, i in zip(weights, idx, strict=True):
+            t0 = time.perf_counter()
+            pooled.append(F.embedding_bag(i, w, offsets, mode="sum", sparse=True))
+            tf += time.perf_counter() - t0
+        grads = [torch.randn_like(p) for p in pooled]
+        tb = 0.0
+        for k in reversed(range(len(weights))):
+            w = weights[k]
+            t0 = time.perf_counter()
+            pooled[k].backward(grads[k])
+            with torch.no_grad():
+                w.add_(w.grad, alpha=-1e-3)
+            w.grad = None
+            tb += time.perf_counter() - t0
+        if it:
+            fwd.append(tf)
+            bwd.append(tb)
+    return float(np.median(fwd)), float(np.median(bwd))
+
+
+def reuse_curve(probe: list[dict]) -> list[list[float]]:
+    """``[[working set / LLC, forward factor, backward factor], ...]`` by working set: per size the median
+    over rounds of each round's step sum / cold sum (the working set itself: median over rounds)."""
+    by: dict[float, list[dict]] = {}
+    for row in probe:
+        by.setdefault(float(row["fraction"]), []).append(row)
+    curve = []
+    for fraction in sorted(by):
+        rows = by[fraction]
+        x = float(np.median([r["ws_bytes"] / r["llc_bytes"] for r in rows]))
+        f = float(np.median([r["fwd_step_s"] / r["fwd_cold_s"] for r in rows]))
+        b = float(np.median([r["bwd_step_s"] / r["bwd_cold_s"] for r in rows]))
+        if all(math.isfinite(v) and v > 0 for v in (x, f, b)):
+            curve.append([x, f, b])
+    return curve
+
+
+def reuse_factor(curve, x: float, which: str) -> float:
+    """The step / cold factor of ``which`` (``"fwd"`` or ``"bwd"``) at a working set of ``x`` x the LLC:
+    linear in log2(x) between the curve's points, the end points' factors beyond them; 1 without a curve."""
+    if not curve or not math.isfinite(x) or x <= 0:
+        return 1.0
+    pts = np.asarray(sorted(curve), dtype=float)
+    col = 1 if which == "fwd" else 2
+    return float(np.interp(math.log2(x), np.log2(pts[:, 0]), pts[:, col]))
