@@ -24,7 +24,6 @@ writes ``experiments/results/comm_overlap_cpu.md`` and ``.json`` (about 1 minute
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import datetime, timezone
@@ -36,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.common import run_gloo_ranks, span_after_last_arrival  # noqa: E402
+from experiments.common import run_gloo_ranks, span_after_last_arrival, write_results  # noqa: E402
 
 #: the e2e DLRM rows' batches
 BATCHES = (256, 1024, 4096)
@@ -148,12 +147,11 @@ def main() -> None:
         ap.error("--rounds must be >= 1 and --work-ms > 0")
     df = run(a.rounds, a.work_ms, a.batches)
     med = summary(df)
-    out = Path(a.out)
-    out.with_suffix(".json").write_text(json.dumps({"rows": df.to_dict(orient="records"),
-                                                    "summary": med.reset_index().to_dict(orient="records")}, indent=1))
     cmd = " ".join(["flock /tmp/tuner-measure.lock python experiments/comm_overlap_cpu.py", *sys.argv[1:]])
-    out.write_text(markdown(med, cmd, a.work_ms, a.rounds))
-    print(out.read_text())
+    text = markdown(med, cmd, a.work_ms, a.rounds)
+    write_results(Path(a.out), {"rows": df.to_dict(orient="records"),
+                                "summary": med.reset_index().to_dict(orient="records")}, text)
+    print(text)
 
 
 if __name__ == "__main__":

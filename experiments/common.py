@@ -30,10 +30,13 @@ def repo_relative(path: str | Path) -> str:
 
 
 def write_results(out: Path, data: dict, markdown_text: str) -> None:
-    """Write an experiment's results as ``OUT.json`` and ``OUT.md`` (folders made) and say where."""
+    """Write an experiment's results as ``OUT.json`` and ``OUT.md`` (folders made; each file written aside
+    and renamed into place, the markdown last) and say where."""
+    from tuner.report import atomic_write_text
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-    out.with_suffix(".md").write_text(markdown_text)
+    atomic_write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
+    atomic_write_text(out.with_suffix(".md"), markdown_text)
     print(f"wrote {repo_relative(out.with_suffix('.md'))}")
 
 

@@ -17,7 +17,6 @@ pack's benchmark data fitted on the fly) writes ``experiments/results/dlrm_phase
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from dataclasses import replace
@@ -30,6 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import write_results  # noqa: E402
 from experiments.dlrm_gloo import PHASES, measure_dlrm, phase_durations  # noqa: E402
 from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
 from experiments.e2e_windows import resolve_spec  # noqa: E402
@@ -338,15 +338,12 @@ def main() -> None:
     a = ap.parse_args()
     df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters, pin=a.pin)
     command = "flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py " + " ".join(sys.argv[1:])
-    out = Path(a.out)
-    out.with_suffix(".json").write_text(json.dumps({"phases": df.to_dict(orient="records"),
-                                                    "tables": tab.to_dict(orient="records"),
-                                                    "all_reduces": ar.to_dict(orient="records"),
-                                                    "collectives": co.to_dict(orient="records")}, indent=1))
-    out.write_text(markdown(df, a.platform[0], command) + "\n".join(tables_markdown(tab, a.platform)
-                                                                    + allreduce_markdown(ar)
-                                                                    + collectives_markdown(co, a.platform[0])))
-    print(f"wrote {out}")
+    write_results(Path(a.out), {"phases": df.to_dict(orient="records"), "tables": tab.to_dict(orient="records"),
+                                "all_reduces": ar.to_dict(orient="records"),
+                                "collectives": co.to_dict(orient="records")},
+                  markdown(df, a.platform[0], command) + "\n".join(tables_markdown(tab, a.platform)
+                                                                   + allreduce_markdown(ar)
+                                                                   + collectives_markdown(co, a.platform[0])))
 
 
 if __name__ == "__main__":

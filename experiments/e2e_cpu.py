@@ -224,9 +224,11 @@ def dlrm_tables(batch: int) -> EmbeddingTables:
     return tasks[int(t["index"])]
 
 
-def dlrm_job(tables: EmbeddingTables, batch: int, n_ranks: int, threads: int, warmup: int, iters: int) -> DLRMJobSpec:
-    """The measured DLRM job (index batches drawn to the tables' reuse profiles); tables placed by
-    :data:`DLRM_SHARDER` on 2 ranks."""
+def dlrm_job(tables: EmbeddingTables, batch: int, n_ranks: int, threads: int, warmup: int, iters: int,
+             batch_pool: int = 2) -> DLRMJobSpec:
+    """The measured DLRM job (index batches drawn to the tables' reuse profiles, ``batch_pool`` of them
+    cycled: :attr:`~experiments.dlrm_gloo.DLRMJobSpec.batch_pool`); tables placed by :data:`DLRM_SHARDER`
+    on 2 ranks."""
     if n_ranks > 1:
         a = get_sharder(DLRM_SHARDER).shard(tables, n_ranks, float("inf"), rng=np.random.default_rng(0))
     else:
@@ -235,7 +237,7 @@ def dlrm_job(tables: EmbeddingTables, batch: int, n_ranks: int, threads: int, wa
     return DLRMJobSpec(rows=tuple(int(x) for x in tables.rows), dim=tuple(int(x) for x in tables.dim),
                        pooling=tuple(float(x) for x in tables.pooling), assignment=tuple(int(x) for x in a),
                        n_ranks=n_ranks, batch_size=batch, bottom_mlp=DLRM_BOTTOM, top_mlp=DLRM_TOP,
-                       warmup=warmup, iters=iters, threads=threads, seed=batch, reuse=reuse)
+                       warmup=warmup, iters=iters, threads=threads, seed=batch, reuse=reuse, batch_pool=batch_pool)
 
 
 def dlrm_spec_for(job: DLRMJobSpec, tables: EmbeddingTables) -> DLRMSpec:
@@ -361,7 +363,7 @@ def build_cases(args, timing, threads: int) -> list[Case]:
         for n in args.dlrm_ranks:
             for bs in args.dlrm_batches:
                 tables = dlrm_tables(bs)
-                job = dlrm_job(tables, bs, n, threads, args.dlrm_warmup, args.iters)
+                job = dlrm_job(tables, bs, n, threads, args.dlrm_warmup, args.iters, args.batch_pool)
                 spec = dlrm_spec_for(job, tables)
                 graph = build_dlrm_graph(spec, np.asarray(job.assignment), n, mode="host",
                                          comm_threads=comm_thread_has_core(n, threads))
@@ -552,6 +554,9 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
         f"C allocator: `{meta.get('allocator', 'default')}`"
         + (" (glibc told never to return freed memory to the OS: only blocks above 32 MiB are mapped afresh)."
            if meta.get("allocator") == "no_trim" else " (glibc as it comes)."),
+        f"DLRM index batches: a pool of {meta.get('batch_pool', 2)} cycled"
+        + (" (a batch's rows come back two iterations later, cached while two batches fit in the LLC)."
+           if meta.get("batch_pool", 2) <= 2 else " (each iteration's rows as fresh as the reuse profile makes them)."),
         f"Reproduce: `flock /tmp/tuner-measure.lock {meta['command']}`",
         *([host_line(meta), ""] if "cpu" in meta else []),
         "",
@@ -720,6 +725,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="seconds to wait for the machine to be quiet before each run")
     ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
                     help="C allocator mode of the measured processes (no_trim: no page faults from trimming)")
+    ap.add_argument("--batch-pool", type=int, default=2,
+                    help="distinct index batches the DLRM rows cycle through (2: every window before session 26, "
+                         "whose rows come back cached; 8: fresh rows each iteration, as a real input stream)")
     ap.add_argument("--out", type=Path, default=RESULTS,
                     help="folder the results go to (e2e_cpu.md and .json; default benchmarks/results, where the run "
                          f"is also archived as a window in {WINDOWS_FILE})")
@@ -736,6 +744,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
     if args.passes < 1:
         ap.error("--passes must be >= 1")
+    if args.batch_pool < 1:
+        ap.error("--batch-pool must be >= 1")
     want = with_allocator(dict(os.environ), args.allocator)
     if want != dict(os.environ):  # glibc reads its settings at process start: run again with them
         own = argv if argv is not None else sys.argv[1:]
@@ -776,13 +786,15 @@ def main(argv: list[str] | None = None) -> None:
         "gemm_drift": drift,
         **host,
         "allocator": args.allocator,
+        "batch_pool": args.batch_pool,
         "wall_s": round(time.perf_counter() - t0, 1),
         "command": "python experiments/e2e_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     from tuner.report import atomic_write_text
 
     text = markdown(rows, summary, meta, checks)
-    stem = "e2e_cpu" if args.allocator == "default" else f"e2e_cpu_{args.allocator}"
+    stem = ("e2e_cpu" if args.allocator == "default" else f"e2e_cpu_{args.allocator}") \
+        + ("" if args.batch_pool == 2 else f"_pool{args.batch_pool}")
     atomic_write_text(args.out / f"{stem}.md", text)
     atomic_write_text(args.out / f"{stem}.json",
                       json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows],
@@ -809,6 +821,7 @@ def archive_window(path: Path, meta: dict, rows: list[Row]) -> None:
                     "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
                     "iters": meta.get("iters"), "passes": meta.get("passes"),
                     "allocator": meta.get("allocator", "default"),
+                    "batch_pool": meta.get("batch_pool", 2),
                     "gemm_drift": meta.get("gemm_drift"),
                     "cpu": meta.get("cpu"),
                     "rows": [{"model": r.model, "batch": r.batch, "ranks": r.ranks, "measured_s": r.measured_s,

@@ -230,7 +230,7 @@ def predict_rows(timing) -> dict[tuple[str, int], float]:
     """Predicted seconds of every e2e configuration, keyed by (model, batch), with ``timing``."""
     args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
                                  gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
-                                 dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1)
+                                 dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1, batch_pool=2)
     return {(c.model, c.batch): float(c.predicted[0]) for c in build_cases(args, timing, 1)}
 
 
@@ -287,7 +287,7 @@ def _label(spec: str) -> str:
 
 
 def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str], allocator: str = "default",
-             cpu_note: str = "") -> str:
+             cpu_note: str = "", batch_pool: int = 2) -> str:
     spread = {}
     for w in windows:
         for r in w["rows"]:
@@ -298,10 +298,12 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
         "",
         f"{date.today().isoformat()}; {len(windows)} archived runs of `experiments/e2e_cpu.py` "
         f"(`benchmarks/results/{WINDOWS_FILE}`), each the median of 3 interleaved passes of the 12 training "
-        f"iterations, measured with the C allocator `{allocator}`. Reproduce: "
+        f"iterations, measured with the C allocator `{allocator}` and the DLRM rows cycling a pool of {batch_pool} "
+        "index batches (`e2e_cpu.py --batch-pool`). Reproduce: "
         "`python experiments/e2e_windows.py --platform " + platforms[0]
         + (" --compare " + " ".join(platforms[1:]) if len(platforms) > 1 else "")
-        + (f" --allocator {allocator}" if allocator != "default" else "") + "`.",
+        + (f" --allocator {allocator}" if allocator != "default" else "")
+        + (f" --batch-pool {batch_pool}" if batch_pool != 2 else "") + "`.",
         "",
         *([f"Windows: {cpu_note}.", ""] if cpu_note else []),
         (f"How much the machine moves: one configuration's measurement differs between windows by a median of "
@@ -348,18 +350,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--archive", type=Path, default=RESULTS / WINDOWS_FILE)
     ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
                     help="score the windows measured under this C allocator mode (e2e_cpu.py --allocator)")
+    ap.add_argument("--batch-pool", type=int, default=2,
+                    help="score the windows whose DLRM rows cycled this many index batches (e2e_cpu.py --batch-pool)")
     ap.add_argument("--cpu", choices=("pack", "host", "all"), default="pack",
                     help="pool the windows measured on the CPU of the --platform pack (default; a pack without a "
                          "record: the windows without one), on this host's CPU, or all of them")
     ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = RESULTS / ("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
+        args.out = RESULTS / (("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
+                              + ("" if args.batch_pool == 2 else f"_pool{args.batch_pool}"))
     if args.out.with_suffix(".json").resolve() == args.archive.resolve():
         fail(f"--out {args.out}: would overwrite the archive {args.archive}")
-    windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator]
+    windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator
+               and w.get("batch_pool", 2) == args.batch_pool]
     if not windows:
-        fail(f"{args.archive}: no window measured with --allocator {args.allocator}")
+        fail(f"{args.archive}: no window measured with --allocator {args.allocator} and --batch-pool {args.batch_pool}")
     platforms = [args.platform, *args.compare]
     results = {}
     import tempfile
@@ -383,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows)}
     from tuner.report import atomic_write_text
 
-    text = markdown(results, windows, platforms, args.allocator, cpu_note)
+    text = markdown(results, windows, platforms, args.allocator, cpu_note, args.batch_pool)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(results, indent=1))
     atomic_write_text(args.out.with_suffix(".md"), text)
     print(text)

@@ -79,7 +79,7 @@ out = []
 for n, a in ((1, (0, 0, 0)), (2, (0, 1, 1))):
     spec = DLRMJobSpec(rows=(100, 200, 50), dim=(8, 8, 16), pooling=(2.0, 0.5, 5.0), assignment=a, n_ranks=n,
                        batch_size=16, bottom_mlp=(16, 8), top_mlp=(16, 1), warmup=1, iters=2, phases=True,
-                       pin=n > 1)
+                       pin=n > 1, batch_pool=1 if n == 1 else 3)
     r = measure_dlrm(spec)
     out.append({"n": n, "times": r["times"], "iteration_s": r["iteration_s"], "rf": sorted(r["rf"]),
                 "phases": r["phases"], "starts": r["starts"],
@@ -143,12 +143,13 @@ def test_main_writes_the_table_and_json_last(tmp_path):
     assert "geomean_abs_pct_error" in doc["summary"]
     md = (tmp_path / "e2e_cpu.md").read_text()
     assert "| mlp |" in md and "kernel-sum baseline" in md
+    assert doc["meta"]["batch_pool"] == 2 and "DLRM index batches: a pool of 2 cycled" in md
     # the host is recorded, and the committed pack (calibrated before packs recorded their CPU) is flagged
     assert doc["meta"]["cpu"]["torch_capability"] and "does not record its CPU" in doc["meta"]["pack_cpu_mismatch"]
     assert "CPU: " in md and "Host check" in md
 
 
-@pytest.mark.parametrize("args", [["--iters", "3"], ["--archive", "--no-archive"]])
+@pytest.mark.parametrize("args", [["--iters", "3"], ["--archive", "--no-archive"], ["--batch-pool", "0"]])
 def test_bad_arguments_exit_2(args, tmp_path, capsys):
     from experiments.e2e_cpu import main
 

@@ -123,3 +123,14 @@ def test_a_malformed_contention_what_if_is_one_line_and_exit_2(tmp_path, capsys,
         resolve_spec(spec, tmp_path)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "expected hc:CLASS=F" in err and len(err.strip().splitlines()) == 1
+
+
+def test_windows_of_another_batch_pool_are_left_out(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    archive = tmp_path / "w.json"
+    archive.write_text(json.dumps([_window("a", 0.01, 0.05)]))  # no "batch_pool": the 2 batches of every old run
+    with pytest.raises(SystemExit) as exc:
+        main(["--archive", str(archive), "--batch-pool", "8", "--out", str(tmp_path / "s")])
+    assert exc.value.code == 2 and "and --batch-pool 8" in capsys.readouterr().err
+    assert not (tmp_path / "s.md").exists()
