@@ -145,7 +145,13 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
 
     probe = pack.manifest["host_contention_probe"]
     assert probe["world"] == 2 and probe["estimator"] == CONTENTION_ESTIMATOR and len(probe["per_process"]) == 2
-    assert pack.platform.host_contention[2] == pytest.approx(factors(probe["per_process"], CONTENTION_ESTIMATOR))
+    got = dict(pack.platform.host_contention[2])
+    assert {k: v for k, v in got.items() if k != "sync"} == pytest.approx(factors(probe["per_process"],
+                                                                                   CONTENTION_ESTIMATOR))
+    # and the lockstep probe's: the sync factor from its stored rows
+    from predictor.calibration.lockstep import lockstep_factor
+
+    assert got["sync"] == pytest.approx(lockstep_factor(pack.manifest["lockstep_probe"]["per_process"]))
 
 
 def test_a_refit_estimates_the_contention_again_from_the_stored_probe():
