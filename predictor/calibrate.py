@@ -208,7 +208,7 @@ def calibrate(
     bench_families = None if families is None else [f for f in families if f in FAMILIES]
     if bench_families == [] and fit:
         raise CalibrationError(f"--families {','.join(families or [])}: measures no kernels to fit; add --no-fit "
-                               "and merge it into a pack with --refit PACK --data-from step_reuse=THIS")
+                               "and merge it into a pack with --refit PACK --data-from PROBE=THIS")
     out = Path(out)
     pack_name = (name or out.name).strip().lower()
     if not pack_name:
@@ -453,7 +453,8 @@ TIMING_FIELDS = ("device", "threads", "gemm_timing", "memory_bound_timing", "emb
 def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[str, pd.DataFrame | list], dict]:
     """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
     the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables, the record of where
-    each came from); for the probe ``step_reuse`` its raw rows (a list) instead of a table. CalibrationError, naming the family and the pack, when one cannot be used."""
+    each came from); for a probe of :data:`PROBES` its raw rows (a list) instead of a table.
+    CalibrationError, naming the family and the pack, when one cannot be used."""
     from predictor.calibration import FAMILIES
     from predictor.platforms.assets import AssetPackError
     from predictor.platforms.cpu_local import same_cpu
