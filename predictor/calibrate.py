@@ -313,25 +313,25 @@ def calibrate(
     contention: dict[str, float] = {}
     contention_probe: list = []
     lockstep_probe: list = []
-    if dev.type == "cpu" and world_size >= 2 and families is not None and "lockstep" in families \
-            and "collectives" not in families:  # the lockstep probe alone (merged later with --data-from)
-        from predictor.calibration.lockstep import lockstep_factor
-
-        lockstep_probe = _lockstep_probe(world_size, n_threads, level)
-        contention = {"sync": lockstep_factor(lockstep_probe)}
-        log(f"  {'lockstep':<14} {world_size} processes in lockstep: x{contention['sync']:.3f}")
-    elif dev.type == "cpu" and world_size >= 2 and (families is None or "collectives" in families):
+    host_ranks = dev.type == "cpu" and world_size >= 2
+    with_collectives = families is None or "collectives" in families
+    if host_ranks and with_collectives:
         from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors, probe_host_contention
-        from predictor.calibration.lockstep import lockstep_factor
 
         t0 = time.perf_counter()
         contention_probe = probe_host_contention(world_size, n_threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level],
                                                  rounds=CONTENTION_ROUNDS[level])
         contention = factors(contention_probe, CONTENTION_ESTIMATOR)
-        lockstep_probe = _lockstep_probe(world_size, n_threads, level)
-        contention["sync"] = lockstep_factor(lockstep_probe)
         log(f"  {'contention':<14} {world_size} processes at once: "
             + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
+    if host_ranks and (with_collectives or "lockstep" in families):  # alone: merged later with --data-from
+        from predictor.calibration.lockstep import lockstep_factor
+
+        t0 = time.perf_counter()
+        lockstep_probe = _lockstep_probe(world_size, n_threads, level)
+        contention["sync"] = lockstep_factor(lockstep_probe)
+        log(f"  {'lockstep':<14} {world_size} processes in lockstep: x{contention['sync']:.3f} "
+            f"({time.perf_counter() - t0:.1f} s)")
 
     manifest_extra = {
         "cpu_model": _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
@@ -698,9 +698,7 @@ def _contention_again(m: dict, world_size: int, contention: dict[str, float], re
     probe = m.get("host_contention_probe") or {}
     if int(probe.get("world", 0)) != world_size or not probe.get("per_process"):
         return contention
-    again = factors(probe["per_process"], CONTENTION_ESTIMATOR)
-    if "sync" in contention:  # the lockstep factor: from its own probe (see _lockstep_again)
-        again["sync"] = contention["sync"]
+    again = {**contention, **factors(probe["per_process"], CONTENTION_ESTIMATOR)}  # sync: _lockstep_again
     if probe.get("estimator") != CONTENTION_ESTIMATOR:
         refit_info["host_contention"] = f"estimated again from the stored probe ({CONTENTION_ESTIMATOR})"
         m["host_contention_probe"] = {**probe, "estimator": CONTENTION_ESTIMATOR}
@@ -759,8 +757,8 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         sources["interconnect.intra_node_latency_s"] = f"{src}: fitted all-reduce start-up latency / ring steps"
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
     if contention:
-        stored = dict((fields.get("host_contention") or {}).get(world_size)
-                      or (fields.get("host_contention") or {}).get(str(world_size)) or {})
+        hc = fields.get("host_contention") or {}
+        stored = dict(hc.get(world_size) or hc.get(str(world_size)) or {})
         fields["host_contention"] = {world_size: dict(contention)}
         from predictor.calibration.contention import CONTENTION_ESTIMATOR
 

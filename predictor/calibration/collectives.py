@@ -127,9 +127,9 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
     try:
         rows = _sweep(dist, rank, world, device, cfg)
         if rank == 0:
-            tmp = out + ".tmp"
-            Path(tmp).write_text(json.dumps(rows))
-            os.replace(tmp, out)
+            from tuner.files import atomic_write_text
+
+            atomic_write_text(Path(out), json.dumps(rows))
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -86,6 +86,8 @@ def _worker(rank: int, world: int, port: int, threads: int, segment_s: float, se
     import torch
     import torch.distributed as dist
 
+    from tuner.files import atomic_write_text
+
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(threads)
@@ -136,9 +138,7 @@ def _worker(rank: int, world: int, port: int, threads: int, segment_s: float, se
             res["free_s"].append(float(np.median(free)))
             res["sync_s"].append(float(np.median(sync)))
             res["lockstep_s"].append(float(np.median(periods)))
-        tmp = out + ".tmp"
-        Path(tmp).write_text(json.dumps(res))
-        os.replace(tmp, out)
+        atomic_write_text(Path(out), json.dumps(res))
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -136,10 +136,13 @@ class ModelTiming:
     def _apply_step_reuse(self, graph: ExecutionGraph, on_device: np.ndarray, out: np.ndarray) -> None:
         """Scale the embedding-bag kernels of ``out`` (seconds, in place) by :meth:`step_reuse_factors`."""
         factors = self.step_reuse_factors(graph)
+        if not factors:
+            return
+        fwd, bwd = on_device & graph.kind_mask("embedding_bag_fwd"), on_device & graph.kind_mask("embedding_bag_bwd")
         for d, (f_fwd, f_bwd) in factors.items():
-            where = on_device if d == -1 else on_device & (graph.rank == d)
-            out[where & graph.kind_mask("embedding_bag_fwd")] *= f_fwd
-            out[where & graph.kind_mask("embedding_bag_bwd")] *= f_bwd
+            where = np.ones(graph.n_tasks, dtype=bool) if d == -1 else graph.rank == d
+            out[fwd & where] *= f_fwd
+            out[bwd & where] *= f_bwd
 
     def contention_factors(self, n_ranks: int) -> dict[str, float]:
         """The platform's host-contention factors for ``n_ranks`` ranks on one CPU host ({} if none)."""
