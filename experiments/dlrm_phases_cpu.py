@@ -175,19 +175,22 @@ def allreduce_rows(tl: Timeline, meas: dict, batch: int, n: int) -> list[dict]:
 
 
 def run(platforms: list[str], batches: list[int], ranks: list[int], iters: int,
-        log=print, pin: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        log=print, pin: bool = False,
+        batch_pool: int = 2) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(phases, tables, all-reduces, collectives): per phase and rank, measured and simulated (with ``platforms[0]``)
     seconds in ms; per table and rank, its forward / backward in situ and each platform's prediction
     (ms); per DDP bucket and rank (several ranks), its all-reduce's issue and completion in situ and
     in the simulated timeline (ms after the iteration's start); per collective of the step (several
-    ranks), its in-situ time from the last rank's arrival and its calibrated duration (ms)."""
+    ranks), its in-situ time from the last rank's arrival and its calibrated duration (ms). ``pin``: each rank on
+    its own CPU (:attr:`~experiments.dlrm_gloo.DLRMJobSpec.pin`); ``batch_pool``: index batches cycled
+    (:attr:`~experiments.dlrm_gloo.DLRMJobSpec.batch_pool`; 2 as every earlier run, 8 for fresh rows)."""
     with tempfile.TemporaryDirectory(prefix="dlrm-phases-") as work:  # refit: specs are fitted here first
         timings = {p: resolve_spec(p, Path(work))[0] for p in platforms}
     rows, per_table, reduces, colls = [], [], [], []
     for bs in batches:
         for n in ranks:
             tables = dlrm_tables(bs)
-            job = replace(dlrm_job(tables, bs, n, 1, 3, iters), phases=True, pin=pin)
+            job = replace(dlrm_job(tables, bs, n, 1, 3, iters, batch_pool), phases=True, pin=pin)
             graph = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), n, mode="host",
                                      comm_threads=comm_thread_has_core(n, 1))
             timelines = {p: simulate(graph, t) for p, t in timings.items()}
@@ -334,9 +337,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--pin", action="store_true",
                     help="diagnosis: pin each rank (and its gloo threads) to its own CPU (DLRMJobSpec.pin)")
+    ap.add_argument("--batch-pool", type=int, default=2,
+                    help="index batches the DLRM cycles (e2e_cpu.py --batch-pool; 8 = fresh rows each iteration)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "dlrm_phases_cpu.md"))
     a = ap.parse_args()
-    df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters, pin=a.pin)
+    if a.batch_pool < 1:
+        ap.error("--batch-pool must be >= 1")
+    df, tab, ar, co = run(a.platform, a.batches, a.ranks, a.iters, pin=a.pin, batch_pool=a.batch_pool)
     command = "flock /tmp/tuner-measure.lock python experiments/dlrm_phases_cpu.py " + " ".join(sys.argv[1:])
     write_results(Path(a.out), {"phases": df.to_dict(orient="records"), "tables": tab.to_dict(orient="records"),
                                 "all_reduces": ar.to_dict(orient="records"),

@@ -74,7 +74,8 @@ def markdown(summ: pd.DataFrame, steps: pd.DataFrame, meta: dict) -> str:
     rng = lambda v, d=1: f"[{v[0]:.{d}f}-{v[1]:.{d}f}]"  # noqa: E731
     lines = ["# The e2e DLRM step unpinned and pinned (CPU, 1 and 2 ranks)", "",
              f"{meta['date']}{' (written; the passes are from the files under `source`)' if meta.get('sources') else ''}, "
-             f"prediction `{meta['platform']}`. Reproduce: `{meta['command']}`", "",
+             f"prediction `{meta['platform']}`; the DLRM cycles a pool of {meta.get('batch_pool', 2)} index batches "
+             f"(`--batch-pool`). Reproduce: `{meta['command']}`", "",
              "Per mode, median over passes (range), ms: the 1-rank step, the 2-rank step (its slower rank's median "
              "iteration) and the 2-rank / 1-rank ratio of each pass (the machine's drift between passes cancels); "
              "simulated beside them (the simulation gives each rank a core: a pinned job), error % = simulated / "
@@ -119,6 +120,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2, help="unpinned-then-pinned pairs of passes")
     ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024, 4096])
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--batch-pool", type=int, default=2,
+                    help="index batches the DLRM cycles (e2e_cpu.py --batch-pool; 8 = fresh rows each iteration)")
     ap.add_argument("--from-json", help="a result of this script: write its tables again, measure nothing")
     ap.add_argument("--phases-json", nargs="+", metavar="MODE=FILE",
                     help="passes from dlrm_phases_cpu.py results instead of measuring")
@@ -127,7 +130,10 @@ def main() -> None:
     out = Path(a.out).with_suffix("")
     if a.pairs < 1:
         fail(f"--pairs must be at least 1, got {a.pairs}")
+    if a.batch_pool < 1:
+        fail(f"--batch-pool must be at least 1, got {a.batch_pool}")
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "platform": a.platform,
+            "batch_pool": a.batch_pool,
             "command": "flock /tmp/tuner-measure.lock python experiments/pinning_cpu.py " + " ".join(sys.argv[1:])}
     if a.from_json:
         try:
@@ -145,7 +151,7 @@ def main() -> None:
         rows = []
         for pair in range(a.pairs):
             for k, mode in enumerate(MODES):
-                phases = run([a.platform], a.batches, [1, 2], a.iters, pin=mode == "pinned")[0]
+                phases = run([a.platform], a.batches, [1, 2], a.iters, pin=mode == "pinned", batch_pool=a.batch_pool)[0]
                 rows += step_rows(phases, mode, 2 * pair + k)
         steps = pd.DataFrame(rows)
     summ = summary(steps)

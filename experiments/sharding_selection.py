@@ -90,6 +90,7 @@ def run_args(run: dict, platform: str | None = None, pack_threads: int = 1) -> t
     if platform:
         a["platform"] = platform
     a.setdefault("threads_used", a.get("threads") or pack_threads)
+    a.setdefault("batch_pool", 2)  # every run before the option cycled 2 index batches
     return types.SimpleNamespace(**a)
 
 
@@ -111,7 +112,8 @@ def task_job(ti: int, tables: EmbeddingTables, args, platform, timing) -> tuple[
                        pooling=tuple(float(x) for x in tables.pooling), assignment=tuple([0] * len(tables)),
                        n_ranks=n, batch_size=args.batch, bottom_mlp=tuple(args.bottom), top_mlp=tuple(args.top),
                        warmup=args.warmup, iters=args.iters, threads=args.threads_used, seed=ti,
-                       reuse=tuple(tuple(float(v) for v in row) for row in tables.reuse))
+                       reuse=tuple(tuple(float(v) for v in row) for row in tables.reuse),
+                       batch_pool=getattr(args, "batch_pool", 2))
     # the real batches follow the task's reuse profiles; the predictor sees the reuse factors of
     # the real batch, as in the paper
     rf = np.stack([batch_reuse_histogram(table_batch(base, t, 0)[0]) for t in range(len(tables))])
@@ -214,6 +216,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--passes", type=int, default=2, help="measurements of every placement, interleaved")
+    ap.add_argument("--batch-pool", type=int, default=2,
+                    help="index batches each job cycles (2 as every run before the option; 8: a batch's rows are "
+                         "no longer cached when it comes back, as in a real input stream)")
     ap.add_argument("--cold-embedding-check", action="store_true",
                     help="diagnosis: also predict with every table's embedding kernels measured alone, cache evicted")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: the asset pack's)")
@@ -232,6 +237,8 @@ def main() -> None:
         ap.error("--iters must be >= 10")
     if args.passes < 1:
         ap.error("--passes must be >= 1")
+    if args.batch_pool < 1:
+        ap.error("--batch-pool must be >= 1")
 
     platform, timing, manifest = resolve_timing(args.platform)
     host = host_check(manifest)
@@ -297,12 +304,14 @@ def main() -> None:
         "",
         f"{meta['date']}, {meta['machine']} (shared with other users); {args.ranks} gloo ranks x {args.threads_used} "
         f"torch thread(s) (the asset pack was calibrated at {sm['pack_threads']}), global batch {args.batch}, "
-        f"{args.iters} timed iterations after {args.warmup} warm-up per pass (the per-iteration slowest rank). "
+        f"{args.iters} timed iterations after {args.warmup} warm-up per pass (the per-iteration slowest rank), "
+        f"each job cycling {args.batch_pool} index batches. "
         f"Prediction: `{sm['timing_source']}` on `{platform.key}` (host-mode DLRM graph, simulated).",
         "Reproduce: `flock /tmp/tuner-measure.lock python experiments/sharding_selection.py "
         f"--tasks {args.tasks} --ranks {args.ranks} --batch {args.batch}"
         + (f" --platform {args.platform}" if args.platform != "cpu-local" else "")
         + (" --cold-embedding-check" if args.cold_embedding_check else "")
+        + (f" --batch-pool {args.batch_pool}" if args.batch_pool != 2 else "")
         + (f" --out {repo_relative(args.out)}" if Path(args.out).resolve() != RESULTS.resolve() else "") + "`",
         host_line(meta),
         "",

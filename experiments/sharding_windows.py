@@ -98,6 +98,11 @@ def same_placements(a: dict, b: dict) -> bool:
                for ra, rb in zip(a["rows"], b["rows"], strict=True) for s in HEURISTICS)
 
 
+def batch_pool(run: dict) -> int:
+    """The index batches a run's jobs cycled (``sharding_selection.py --batch-pool``; 2 before the option)."""
+    return int(run.get("meta", {}).get("args", {}).get("batch_pool", 2))
+
+
 def window_factors(runs: list[dict]) -> list[float]:
     """Each run's speed relative to all runs: the geomean over its 60 heuristic placements of its
     measured time over the placement's geomean across runs (> 1: a slow window)."""
@@ -188,7 +193,7 @@ def markdown(labels: list[str], runs: list[dict], truth: dict, judged: list[dict
         "",
         f"{date.today().isoformat()}; {len(runs)} runs of `experiments/sharding_selection.py` with identical tasks "
         f"and heuristic placements ({', '.join(labels)}"
-        + (f"; skipped (different placements, or measured on another CPU than the newest run): {', '.join(skipped)}"
+        + (f"; skipped (different placements, or measured on another CPU or with another batch pool than the newest run): {', '.join(skipped)}"
            if skipped else "") + "). "
         f"Reproduce: `{command}`.",
         "",
@@ -245,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     for label, run in loaded:
         if not args.all_cpus and not same_cpu(run.get("meta", {}).get("cpu"), ref.get("meta", {}).get("cpu")):
             skipped.append(f"{label} (another CPU)")
+        elif batch_pool(run) != batch_pool(ref):
+            skipped.append(f"{label} (a pool of {batch_pool(run)} index batches, not {batch_pool(ref)})")
         elif same_placements(ref, run):
             labels.append(label)
             runs.append(run)

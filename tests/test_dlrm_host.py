@@ -184,3 +184,15 @@ def test_embedding_generalisation_refuses_bad_input_with_exit_2(args, monkeypatc
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2 and capsys.readouterr().err.startswith("error: ")
+
+
+def test_dlrm_phases_refuses_an_empty_batch_pool(monkeypatch, capsys, tmp_path):
+    """``dlrm_phases_cpu.py --batch-pool 0``: one line and exit 2, before any measuring or writing."""
+    from experiments.dlrm_phases_cpu import main
+
+    out = tmp_path / "p.md"
+    monkeypatch.setattr("sys.argv", ["dlrm_phases_cpu.py", "--batch-pool", "0", "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and "--batch-pool must be >= 1" in capsys.readouterr().err
+    assert not out.exists()

@@ -55,6 +55,7 @@ def test_passes_from_phase_files_and_from_a_stored_result(tmp_path: Path) -> Non
     stored = json.loads(out.with_suffix(".json").read_text())
     assert {s["mode"] for s in stored["summary"]} == {"unpinned", "pinned"}
     assert "| pinned | 256 | 1 |" in out.with_suffix(".md").read_text()
+    assert "a pool of 2 index batches" in out.with_suffix(".md").read_text()
     again = tmp_path / "again"
     r = _run("--from-json", str(out.with_suffix(".json")), "--out", str(again))
     assert r.returncode == 0, r.stderr
@@ -62,7 +63,7 @@ def test_passes_from_phase_files_and_from_a_stored_result(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("args", [["--phases-json", "fast=x.json"], ["--from-json", "missing.json"],
-                                  ["--pairs", "0"]])
+                                  ["--pairs", "0"], ["--batch-pool", "0"]])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
     r = _run(*args, "--out", str(tmp_path / "o"))
     assert r.returncode == 2

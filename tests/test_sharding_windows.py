@@ -74,6 +74,20 @@ def test_runs_of_another_cpu_are_not_pooled(tmp_path, monkeypatch) -> None:
     assert json.loads((tmp_path / "all.json").read_text())["runs"] == ["new", "old"]
 
 
+def test_runs_of_another_batch_pool_are_not_pooled(tmp_path, monkeypatch) -> None:
+    import json
+
+    import experiments.sharding_windows as sw
+
+    summ = {"model_guided_vs_best_six_mean_pct": 0.0}
+    new = {**_run(1.0, TIMES, mg=1.0), "meta": {"args": {"batch_pool": 8}}, "summary": summ}
+    old = {**_run(2.0, TIMES, mg=2.0), "meta": {"args": {}}, "summary": summ}  # before --batch-pool: 2 batches
+    monkeypatch.setattr(sw, "load_runs", lambda revs, run_file: [("new", new), ("old", old)])
+    sw.main(["--out", str(tmp_path / "w")])
+    got = json.loads((tmp_path / "w.json").read_text())
+    assert got["runs"] == ["new"] and got["skipped"] == ["old (a pool of 2 index batches, not 8)"]
+
+
 def test_repredicting_a_run_with_its_own_pack_gives_its_predictions_again(tmp_path) -> None:
     """``--predict-with``: the tasks rebuilt from the run's arguments and predicted with the run's pack
     reproduce what the run predicted; a contention what-if (``hc:``) changes them."""
@@ -92,3 +106,20 @@ def test_repredicting_a_run_with_its_own_pack_gives_its_predictions_again(tmp_pa
             assert v == pytest.approx(row["predicted_s"][s], rel=1e-6)
     lower = repredict(run, f"hc:embedding=0.5:{run['meta']['args']['platform']}", tmp_path / "b")
     assert all(lower[t][s] < got[t][s] for t in got for s in got[t])
+
+
+def test_sharding_runs_carry_their_batch_pool_into_the_measured_job() -> None:
+    """``sharding_selection.py --batch-pool``: the measured program cycles that many index batches; a run
+    stored before the option reads as 2 (what every such run cycled)."""
+    import json
+
+    from experiments.sharding_selection import resolve_timing, run_args, run_tasks, task_job
+
+    run = json.loads((REPO / "experiments/results/avx2/sharding_selection.json").read_text())
+    old = run_args(run)
+    assert old.batch_pool == 2
+    new = run_args({**run, "meta": {**run["meta"], "args": {**run["meta"]["args"], "batch_pool": 8}}})
+    platform, timing, _ = resolve_timing(new.platform)
+    tables = run_tasks(new)[0]
+    assert task_job(0, tables, new, platform, timing)[0].batch_pool == 8
+    assert task_job(0, tables, old, platform, timing)[0].batch_pool == 2
