@@ -122,6 +122,36 @@ def bench(n_tasks: int, repeats: int) -> dict:
     }
 
 
+def bench_co_run(repeats: int, pack: str = "cpu-local-avx2") -> dict | None:
+    """Seconds to time and simulate one candidate of the CPU sharding search (the first task of
+    ``experiments/sharding_selection.py``: 2 gloo ranks, batch 1024, naive placement) with host contention
+    priced throughout the step and only while another rank runs (:mod:`predictor.kernels.co_run`: a few
+    extra simulations); None when ``pack`` is not found."""
+    from predictor.platforms.assets import AssetPackError, resolve_platform
+    from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
+    from predictor.workloads.dlrm_tables import generate_tasks
+
+    try:
+        timing = resolve_platform(pack).timing()
+    except (AssetPackError, KeyError, ValueError):
+        return None
+    tables = generate_tasks(2, n_tasks=10, seed=7, device_memory_bytes=2**30, batch_size=1024)[0]
+    spec = DLRMSpec(tables=tables, batch_size=1024, bottom_mlp=(256, 128, 64), top_mlp=(256, 128, 1))
+    g = build_dlrm_graph(spec, np.arange(len(tables)) % 2, 2, mode="host", comm_threads=False)
+    out = {"pack": pack, "tasks": g.n_tasks}
+    for label, co_run in (("throughout", False), ("co_run", True)):
+        timing.co_run = co_run
+        simulate(g, timing.durations(g))  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            it = simulate(g, timing.durations(g)).iteration_s
+            best = min(best, time.perf_counter() - t0)
+        out[f"{label}_s"] = best
+        out[f"{label}_iteration_s"] = it
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -130,9 +160,10 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     rows = [bench(n, args.repeats) for n in args.sizes]
+    co = bench_co_run(args.repeats)
     meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "simulate_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (args.out / "simulate_bench.json").write_text(json.dumps({"meta": meta, "rows": rows, "co_run": co}, indent=2))
     lines = [
         "# Simulator throughput",
         "",
@@ -146,6 +177,11 @@ def main() -> None:
             f"| {r['tasks']:,} | {r['edges']:,} | {r['ranks']} | {r['collective_groups']:,} | {r['seconds_with_topology']:.4f} | "
             f"{r['tasks_per_s_with_topology']:,.0f} | {r['seconds_pass_only']:.4f} | {r['tasks_per_s_pass_only']:,.0f} |"
         )
+    if co:
+        lines += ["", f"One candidate of the CPU sharding search (kernel timing + simulation, `{co['pack']}`, 2 ranks, "
+                  f"{co['tasks']:,} tasks): host contention throughout {co['throughout_s'] * 1e3:.2f} ms, only while "
+                  f"another rank runs (`predictor/kernels/co_run.py`) {co['co_run_s'] * 1e3:.2f} ms; predicted "
+                  f"iteration {co['throughout_iteration_s'] * 1e3:.1f} vs {co['co_run_iteration_s'] * 1e3:.1f} ms."]
     (args.out / "simulate_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

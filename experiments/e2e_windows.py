@@ -14,7 +14,7 @@ the predictions against every archived window:
 
 Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself is never written here).
 
-    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|refit:DIR ...]
+    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|refit:DIR|throughout:SPEC ...]
                                       [--allocator default|no_trim] [--cpu pack|host|all]
 
 Only the windows measured on the ``--platform`` pack's CPU are pooled (``--cpu pack``, the default:
@@ -78,6 +78,8 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     * ``hc:CLASS=F[,CLASS=F]:SPEC`` -> the pack of ``SPEC`` with its host-contention factors of those
       classes (``embedding``, ``memory``, ``compute``; every world size) set to ``F``: a what-if on
       the contention model, e.g. ``hc:embedding=1.0:cpu-local-avx2``;
+    * (:func:`resolve_pack`, outermost) ``throughout:SPEC`` -> SPEC with host contention priced throughout
+      the step, not only while another rank runs (the timing before session 27);
     * anything else is a pack name or path as ``--platform`` takes it.
 
     ``fault_s``: a page-fault cost (seconds) that ``refit:`` gives a pack lacking one (``faults32:``
@@ -204,6 +206,9 @@ def resolve_pack(spec: str, workdir: Path):
 
     from predictor.platforms.assets import AssetPackError, resolve_platform
 
+    if spec.startswith("throughout:"):
+        plat, source = resolve_pack(spec.removeprefix("throughout:"), workdir)
+        return _ContentionThroughout(plat), source + ", host contention throughout the step"
     fault_s = measured_fault_s() if spec.startswith("faults32:") else None
     path = materialise(spec.removeprefix("faults32:"), workdir, fault_s)
     try:
@@ -215,6 +220,23 @@ def resolve_pack(spec: str, workdir: Path):
         plat = dataclasses.replace(plat, platform=plat.platform.model_copy(update=fault_facts(fault_s)))
         source += f" + page faults at {fault_s * 1e6:.2f} us"
     return plat, source
+
+
+class _ContentionThroughout:
+    """A resolved platform whose timings price host contention throughout the step (``co_run=False``,
+    as every prediction before session 27), not only while another rank runs
+    (:mod:`predictor.kernels.co_run`): the ``throughout:SPEC`` what-if."""
+
+    def __init__(self, plat) -> None:
+        self._plat = plat
+
+    def __getattr__(self, name: str):
+        return getattr(self._plat, name)
+
+    def timing(self, *args, **kwargs):
+        t = self._plat.timing(*args, **kwargs)
+        t.co_run = False
+        return t
 
 
 def windows_of_cpu(windows: list[dict], cpu: dict | None) -> list[dict]:

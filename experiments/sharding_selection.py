@@ -274,6 +274,7 @@ def main() -> None:
         "run_to_run_max_pct": float(np.max(spread)) if spread else float("nan"),
         "background_cores_max": float(max(r["background_cores_max"] for r in rows)),
         "timing_source": getattr(timing, "source", "analytic"),
+        "co_run_contention": bool(getattr(timing, "co_run", False)),
         "platform": platform.key,
         "threads_per_rank": args.threads_used,
         "pack_threads": (manifest or {}).get("threads"),

@@ -20,7 +20,8 @@ plus the working tree's file. Writes ``experiments/results/sharding_windows.md``
 
 ``--predict-with`` predicts the same placements again with other packs (the pack specs of
 ``experiments/e2e_windows.py``: a name or path, ``refit:DIR``, ``hc:CLASS=F:PACK`` for a contention
-what-if) and judges them on the same pooled truth, beside the runs' own predictions.
+what-if, ``throughout:SPEC`` for host contention priced throughout the step as before session 27) and
+judges them on the same pooled truth, beside the runs' own predictions.
 
 Only runs measured on the newest run's CPU are pooled (``meta.cpu``, recorded since session 21; runs
 without a record are the AVX-512 EPYC of sessions 1-20); ``--all-cpus`` pools every run, and
@@ -160,14 +161,18 @@ def mg_vs_pooled_best(run: dict, truth: dict[str, dict[str, float]]) -> float:
     return 100.0 * float(np.mean(gaps)) if gaps else float("nan")
 
 
-def repredict(run: dict, spec: str, workdir: Path) -> dict[str, dict[str, float]]:
+def repredict(run: dict, spec: str, workdir: Path, co_run: bool | None = None) -> dict[str, dict[str, float]]:
     """task -> heuristic sharder -> seconds predicted by the pack ``spec`` for ``run``'s placements (the
-    tasks rebuilt from the run's arguments, as ``sharding_selection.py`` built them)."""
+    tasks rebuilt from the run's arguments, as ``sharding_selection.py`` built them). ``co_run``: price host
+    contention only while another rank runs (:mod:`predictor.kernels.co_run`; None: the timing's default,
+    False: as every run before session 27 did, :func:`run_co_run`)."""
     from experiments.e2e_windows import resolve_pack
     from experiments.sharding_selection import rebuilt_tasks, run_args, task_job
 
     plat, _ = resolve_pack(spec, workdir)
     timing = plat.timing()
+    if co_run is not None:
+        timing.co_run = co_run
     args = run_args(run, pack_threads=int((plat.pack.manifest if plat.pack else {}).get("threads", 1)))
     out: dict[str, dict[str, float]] = {}
     for ti, (tables, row) in enumerate(zip(rebuilt_tasks(run, args), run["rows"], strict=False)):
@@ -175,6 +180,12 @@ def repredict(run: dict, spec: str, workdir: Path) -> dict[str, dict[str, float]
         out[row["task"]] = {s: float(job.objective(np.asarray(row["placements"][s])))
                             for s in HEURISTICS if s in row["placements"]}
     return out
+
+
+def run_co_run(run: dict) -> bool:
+    """Whether a run's own predictions priced host contention only while another rank ran (recorded
+    since session 27; earlier runs priced it throughout)."""
+    return bool(run.get("summary", {}).get("co_run_contention", False))
 
 
 def run_summary(run: dict) -> dict:
@@ -275,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
                 repredicted[spec] = judge(repredict(runs[0], spec, Path(work) / str(i)), truth)
         text += "\n" + "\n".join(
             ["## The same placements predicted by other packs, on the same pooled truth", "",
+             "Host contention priced while another rank runs (`predictor/kernels/co_run.py`); `throughout:` specs "
+             "price it throughout the step, as every run's own predictions before session 27 did.", "",
              "| pack | criterion met | P = AF | mean P vs AF % | prediction GMAE % |", "|---|---:|---:|---:|---:|"]
             + [f"| `{spec}` | {j['criterion_met']}/{j['tasks']} | {j['p_is_af']}/{j['tasks']} | "
                f"{j['mean_gap_pct']:.1f} | {j['prediction_gmae_pct']:.1f} |" for spec, j in repredicted.items()]) + "\n"

@@ -25,7 +25,7 @@ def _graph(n_ranks: int):
 def test_factors_scale_each_kernel_class_of_a_k_rank_graph():
     g = _graph(2)
     plain = ModelTiming(CPU).durations(g)
-    contended = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}})).durations(g)
+    contended = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}}), co_run=False).durations(g)
     kinds = np.asarray(g.kinds, dtype=object)[g.kind]
     emb = np.isin(kinds, ("embedding_bag_fwd", "embedding_bag_bwd"))
     assert emb.any()
@@ -114,8 +114,9 @@ def test_the_lockstep_factor_is_the_slowest_period_less_the_sync_over_the_slowes
 
 def test_the_sync_factor_scales_every_kernel_class_of_a_k_rank_graph():
     g = _graph(2)
-    base = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}})).durations(g)
-    synced = ModelTiming(CPU.model_copy(update={"host_contention": {2: {**FACTORS, "sync": 1.1}}})).durations(g)
+    base = ModelTiming(CPU.model_copy(update={"host_contention": {2: FACTORS}}), co_run=False).durations(g)
+    synced = ModelTiming(CPU.model_copy(update={"host_contention": {2: {**FACTORS, "sync": 1.1}}}),
+                         co_run=False).durations(g)
     comm = g.category == Category.COMMUNICATION
     np.testing.assert_allclose(synced[comm], base[comm])
     work = ~comm & (base > 0) & (g.category != Category.CPU)

@@ -7,9 +7,11 @@
   unchanged parts of a captured graph), otherwise every task is predicted;
 * on a CPU platform calibrated for K ranks on the host (``Platform.host_contention[K]``), the
   predicted kernels of a K-rank graph are slowed by the measured factor of their class (embedding
-  kinds, other memory-bound kernels, compute kernels): the ranks share caches and memory; and every class
-  by the ``sync`` factor when the pack has one (K ranks in lockstep vs at once: at each collective every
-  rank waits for the slowest, tails included; :mod:`predictor.calibration.lockstep`);
+  kinds, other memory-bound kernels, compute kernels) while another rank of the host runs a kernel (the
+  ranks share caches and memory; a rank's tail that runs alone runs at its own speed:
+  :mod:`predictor.kernels.co_run`, a few simulations of the graph; ``co_run=False`` slows them throughout);
+  and every class by the ``sync`` factor when the pack has one (K ranks in lockstep vs at once: at each
+  collective every rank waits for the slowest, tails included; :mod:`predictor.calibration.lockstep`);
 * on a platform with a measured step-reuse curve (``Platform.embedding_step_reuse``), the embedding-bag
   kernels are scaled by its forward / backward factor at the graph's embedding working set (distinct rows x
   row bytes over every table of the ranks sharing the last-level cache: all ranks of a CPU host, each rank
@@ -53,11 +55,15 @@ class ModelTiming:
         overheads: CpuOverheads | None = None,
         keep_measured: bool = False,
         source: str = "analytic",
+        co_run: bool = True,
     ) -> None:
         self.platform = platform
         self.models = list(models) if models is not None else analytic_models()
         self.overheads = overheads or platform.overheads
         self.keep_measured = keep_measured
+        #: host contention only while another rank of the host runs (:mod:`predictor.kernels.co_run`);
+        #: False prices every kernel of a K-rank CPU graph at the contended speed throughout
+        self.co_run = co_run
         #: which model family produced the numbers ("analytic", or an asset pack's name)
         self.source = source
         self._by_kind: dict[str, KernelModel] = {}
@@ -100,13 +106,22 @@ class ModelTiming:
             out[idx] = self.model_for(timed).predict(TaskView.from_graph(graph, idx, timed), self.platform)
         self._apply_step_reuse(graph, on_device, out)
         factors = self.contention_factors(graph.n_ranks)
-        if factors:
-            emb = graph.kind_mask(*AnalyticEmbedding.kinds)  # the embedding kernel kinds
-            sync = factors.get("sync", 1.0)  # the ranks wait for each other at every collective (lockstep.py)
-            for cls, sel in (("embedding", emb), ("memory", (graph.category == Category.MEMORY) & ~emb),
-                             ("compute", graph.category == Category.COMPUTE)):
-                out[on_device & sel] *= factors.get(cls, 1.0) * sync
-        return out
+        if not factors:
+            return out
+        emb = graph.kind_mask(*AnalyticEmbedding.kinds)  # the embedding kernel kinds
+        factor = np.ones(graph.n_tasks)
+        busy = np.zeros(graph.n_tasks, dtype=bool)
+        for cls, sel in (("embedding", emb), ("memory", (graph.category == Category.MEMORY) & ~emb),
+                         ("compute", graph.category == Category.COMPUTE)):
+            factor[on_device & sel] = factors.get(cls, 1.0)
+            busy |= on_device & sel
+        out[busy] *= factors.get("sync", 1.0)  # the ranks wait for each other at every collective (lockstep.py)
+        if not self.co_run:
+            return out * factor
+        from predictor.kernels.co_run import co_run_durations
+        from predictor.simulate import simulate
+
+        return co_run_durations(graph, out, factor, busy, simulate)
 
     def step_reuse_factors(self, graph: ExecutionGraph) -> dict[int, tuple[float, float]]:
         """Per cache domain (-1: every rank of a CPU host; else a rank), the (forward, backward) factor of
