@@ -113,7 +113,7 @@ def task_job(ti: int, tables: EmbeddingTables, args, platform, timing) -> tuple[
                        n_ranks=n, batch_size=args.batch, bottom_mlp=tuple(args.bottom), top_mlp=tuple(args.top),
                        warmup=args.warmup, iters=args.iters, threads=args.threads_used, seed=ti,
                        reuse=tuple(tuple(float(v) for v in row) for row in tables.reuse),
-                       batch_pool=getattr(args, "batch_pool", 2))
+                       batch_pool=args.batch_pool)
     # the real batches follow the task's reuse profiles; the predictor sees the reuse factors of
     # the real batch, as in the paper
     rf = np.stack([batch_reuse_histogram(table_batch(base, t, 0)[0]) for t in range(len(tables))])
