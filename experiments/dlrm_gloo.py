@@ -75,6 +75,12 @@ class DLRMJobSpec:
     batch_pool: int = 2
 
 
+#: the index batches a run or window cycled when its record names none: every measurement before the
+#: ``--batch-pool`` option (session 26) cycled the :attr:`DLRMJobSpec.batch_pool` default of 2. Readers of
+#: older results files use this instead of spelling the 2 themselves.
+LEGACY_BATCH_POOL = DLRMJobSpec.batch_pool
+
+
 #: phase boundaries one timed iteration records with ``DLRMJobSpec.phases``, in order: the
 #: embedding lookups, their all-to-all (with the packing ``cat``), the dense forward and loss, the
 #: dense backward (top, then bottom MLP, DDP's bucket copies; up to the all-to-all of gradients),

@@ -70,6 +70,7 @@ if str(REPO) not in sys.path:
 
 from experiments.common import host_check, host_line  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
+    LEGACY_BATCH_POOL,
     DLRMJobSpec,
     EmbeddingOverride,
     batch_reuse_histogram,
@@ -554,9 +555,9 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
         f"C allocator: `{meta.get('allocator', 'default')}`"
         + (" (glibc told never to return freed memory to the OS: only blocks above 32 MiB are mapped afresh)."
            if meta.get("allocator") == "no_trim" else " (glibc as it comes)."),
-        f"DLRM index batches: a pool of {meta.get('batch_pool', 2)} cycled"
+        f"DLRM index batches: a pool of {meta.get('batch_pool', LEGACY_BATCH_POOL)} cycled"
         + (" (a batch's rows come back two iterations later, cached while two batches fit in the LLC)."
-           if meta.get("batch_pool", 2) <= 2 else " (each iteration's rows as fresh as the reuse profile makes them)."),
+           if meta.get("batch_pool", LEGACY_BATCH_POOL) <= 2 else " (each iteration's rows as fresh as the reuse profile makes them)."),
         f"Reproduce: `flock /tmp/tuner-measure.lock {meta['command']}`",
         *([host_line(meta), ""] if "cpu" in meta else []),
         "",
@@ -821,7 +822,7 @@ def archive_window(path: Path, meta: dict, rows: list[Row]) -> None:
                     "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
                     "iters": meta.get("iters"), "passes": meta.get("passes"),
                     "allocator": meta.get("allocator", "default"),
-                    "batch_pool": meta.get("batch_pool", 2),
+                    "batch_pool": meta.get("batch_pool", LEGACY_BATCH_POOL),
                     "gemm_drift": meta.get("gemm_drift"),
                     "cpu": meta.get("cpu"),
                     "rows": [{"model": r.model, "batch": r.batch, "ranks": r.ranks, "measured_s": r.measured_s,

@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments.common import fail  # noqa: E402
+from experiments.dlrm_gloo import LEGACY_BATCH_POOL  # noqa: E402
 from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 from predictor.platforms.host import ALLOCATORS  # noqa: E402
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out.with_suffix(".json").resolve() == args.archive.resolve():
         fail(f"--out {args.out}: would overwrite the archive {args.archive}")
     windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator
-               and w.get("batch_pool", 2) == args.batch_pool]
+               and w.get("batch_pool", LEGACY_BATCH_POOL) == args.batch_pool]
     if not windows:
         fail(f"{args.archive}: no window measured with --allocator {args.allocator} and --batch-pool {args.batch_pool}")
     platforms = [args.platform, *args.compare]

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import fail, repo_relative, write_results  # noqa: E402
+from experiments.dlrm_gloo import LEGACY_BATCH_POOL  # noqa: E402
 
 MODES = ("unpinned", "pinned")
 
@@ -74,7 +75,7 @@ def markdown(summ: pd.DataFrame, steps: pd.DataFrame, meta: dict) -> str:
     rng = lambda v, d=1: f"[{v[0]:.{d}f}-{v[1]:.{d}f}]"  # noqa: E731
     lines = ["# The e2e DLRM step unpinned and pinned (CPU, 1 and 2 ranks)", "",
              f"{meta['date']}{' (written; the passes are from the files under `source`)' if meta.get('sources') else ''}, "
-             f"prediction `{meta['platform']}`; the DLRM cycles a pool of {meta.get('batch_pool', 2)} index batches "
+             f"prediction `{meta['platform']}`; the DLRM cycles a pool of {meta.get('batch_pool', LEGACY_BATCH_POOL)} index batches "
              f"(`--batch-pool`). Reproduce: `{meta['command']}`", "",
              "Per mode, median over passes (range), ms: the 1-rank step, the 2-rank step (its slower rank's median "
              "iteration) and the 2-rank / 1-rank ratio of each pass (the machine's drift between passes cancels); "

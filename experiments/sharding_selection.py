@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
+    LEGACY_BATCH_POOL,
     DLRMJobSpec,
     EmbeddingOverride,
     batch_reuse_histogram,
@@ -90,7 +91,7 @@ def run_args(run: dict, platform: str | None = None, pack_threads: int = 1) -> t
     if platform:
         a["platform"] = platform
     a.setdefault("threads_used", a.get("threads") or pack_threads)
-    a.setdefault("batch_pool", 2)  # every run before the option cycled 2 index batches
+    a.setdefault("batch_pool", LEGACY_BATCH_POOL)
     return types.SimpleNamespace(**a)
 
 

@@ -100,8 +100,11 @@ def same_placements(a: dict, b: dict) -> bool:
 
 
 def batch_pool(run: dict) -> int:
-    """The index batches a run's jobs cycled (``sharding_selection.py --batch-pool``; 2 before the option)."""
-    return int(run.get("meta", {}).get("args", {}).get("batch_pool", 2))
+    """The index batches a run's jobs cycled (``sharding_selection.py --batch-pool``;
+    :data:`~experiments.dlrm_gloo.LEGACY_BATCH_POOL` for a run before the option)."""
+    from experiments.dlrm_gloo import LEGACY_BATCH_POOL
+
+    return int(run.get("meta", {}).get("args", {}).get("batch_pool", LEGACY_BATCH_POOL))
 
 
 def window_factors(runs: list[dict]) -> list[float]:
