@@ -16,9 +16,11 @@ configuration in its own fresh parent process, interleaved round by round:
 Per configuration and batch: the median iteration and, per timed iteration, the rank's user and system
 CPU time and minor page faults (``getrusage``), beside the simulated iteration of the pack.
 
-    flock /tmp/tuner-measure.lock python experiments/dlrm_process_context_cpu.py --platform cpu-local-avx2
+    flock /tmp/tuner-measure.lock python experiments/dlrm_process_context_cpu.py --platform cpu-local-avx2 \
+        --out experiments/results/avx2/dlrm_process_context_cpu.md
 
-writes ``experiments/results/avx2/dlrm_process_context_cpu.{md,json}`` (about 5 minutes).
+writes that ``.md`` and a ``.json`` beside it (about 5 minutes; default ``--out``
+``experiments/results/dlrm_process_context_cpu.md``). Nothing waits for a quiet machine here: run it alone.
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                    "--batches", *map(str, a.batches)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                fail(f"--child {mode} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                fail(f"--child {mode} failed (exit {done.returncode}): {last}")
             got = json.loads(done.stdout.strip().splitlines()[-1])
             for g in got:
                 print(f"round {r + 1} {mode:<14} batch {g['batch']:>5}: {g['median_ms']:8.1f} ms "
