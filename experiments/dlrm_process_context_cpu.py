@@ -29,11 +29,10 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +65,7 @@ def child(mode: str, batches: list[int], batch_pool: int) -> list[dict]:
     torch.set_num_threads(1)
     if mode == "after_mlp_gpt":
         for bs in MLP_BATCHES:
-            time_steps(mlp_step(type(MLP)(**{**asdict(MLP), "batch_size": bs})), 5, 20)
+            time_steps(mlp_step(replace(MLP, batch_size=bs)), 5, 20)
         for bs in GPT_BATCHES:
             time_steps(gpt_step(GPT, bs), 5, 20)
     rows = []
@@ -80,23 +79,19 @@ def child(mode: str, batches: list[int], batch_pool: int) -> list[dict]:
 
 
 def simulated_ms(platform: str, batches: list[int], batch_pool: int) -> dict[int, float]:
-    """The pack's simulated 1-rank iteration (ms) of the e2e DLRM row at each batch."""
+    """The pack's simulated 1-rank iteration (ms) of the e2e DLRM row at each batch: the e2e rows' own
+    prediction (:func:`experiments.e2e_cpu.build_cases`)."""
     import tempfile
+    import types
 
-    from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables
+    from experiments.e2e_cpu import build_cases
     from experiments.e2e_windows import resolve_spec
-    from predictor.simulate import simulate
-    from predictor.workloads.dlrm import build_dlrm_graph
 
     with tempfile.TemporaryDirectory() as work:
         timing = resolve_spec(platform, Path(work))[0]
-    out = {}
-    for bs in batches:
-        tables = dlrm_tables(bs)
-        job = dlrm_job(tables, bs, 1, 1, 3, 20, batch_pool)
-        graph = build_dlrm_graph(dlrm_spec_for(job, tables), np.asarray(job.assignment), 1, mode="host")
-        out[bs] = float(simulate(graph, timing).iteration_s) * 1e3
-    return out
+    args = types.SimpleNamespace(models=["dlrm"], dlrm_batches=list(batches), dlrm_ranks=[1], dlrm_warmup=3,
+                                 iters=20, batch_pool=batch_pool)
+    return {c.batch: c.predicted[0] * 1e3 for c in build_cases(args, timing, 1)}
 
 
 def markdown(df: pd.DataFrame, sim: dict[int, float], meta: dict) -> str:
