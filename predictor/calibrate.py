@@ -309,6 +309,10 @@ def calibrate(
         log(f"  {'step reuse':<14} embedding step / cold at working sets / LLC "
             + ", ".join(f"{x:.2g}: x{f:.2f} / x{b:.2f}" for x, f, b in base.embedding_step_reuse)
             + f" ({time.perf_counter() - t0:.1f} s)")
+        if base.embedding_step_reuse_pooling:
+            log(f"  {'':<14} backward per pooling (lookups per sample) at each working set: " + "; ".join(
+                f"{x:.2g}: " + " ".join(f"{p:g}:x{b:.2f}" for x2, p, _, b in base.embedding_step_reuse_pooling
+                                        if x2 == x) for x in sorted({q[0] for q in base.embedding_step_reuse_pooling})))
 
     contention: dict[str, float] = {}
     contention_probe: list = []
@@ -655,6 +659,8 @@ def _with_page_faults(base: Platform, level: Level) -> Platform:
 
 #: how the step-reuse curve is estimated from the probe's rows
 STEP_REUSE_ESTIMATOR = "median over rounds of the step sum / the cold sum, per working set"
+#: how the per-pooling surface is estimated from the probe's rows
+STEP_REUSE_POOLING_ESTIMATOR = "median over rounds of the step / cold ratio of the tables of each pooling, per working set"
 
 
 def _with_step_reuse(base: Platform, level: Level, llc_bytes: float, seed: int,
@@ -670,14 +676,19 @@ def _with_step_reuse(base: Platform, level: Level, llc_bytes: float, seed: int,
 
 def _with_step_reuse_rows(base: Platform, rows: list[dict], src: str) -> Platform:
     """``base`` with the step-reuse curve estimated from probe ``rows`` (empty curve: ``base`` unchanged)."""
-    from predictor.calibration.step_reuse import reuse_curve
+    from predictor.calibration.step_reuse import reuse_curve, reuse_surface
 
     curve = reuse_curve(rows)
     if not curve:
         return base
+    surface = reuse_surface(rows)
     sources = {**base.sources, "embedding_step_reuse": f"{src}: synthetic tables in a step's order vs timed cold "
                f"({STEP_REUSE_ESTIMATOR}; predictor/calibration/step_reuse.py)"}
-    return base.model_copy(update={"embedding_step_reuse": curve, "sources": sources})
+    if surface:
+        sources["embedding_step_reuse_pooling"] = f"{src}: the same probe per pooling of its tables " \
+                                                  f"({STEP_REUSE_POOLING_ESTIMATOR})"
+    return base.model_copy(update={"embedding_step_reuse": curve, "embedding_step_reuse_pooling": surface,
+                                   "sources": sources})
 
 
 def _lockstep_probe(world_size: int, threads: int, level: Level) -> list[dict]:

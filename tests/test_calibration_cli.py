@@ -50,6 +50,9 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     # with the embedding family the step-reuse probe runs too: its curve on the platform, its rows in the manifest
     assert len(pack.platform.embedding_step_reuse) == 2
     assert len(pack.manifest["embedding_step_reuse_probe"]["rows"]) == 2
+    # and per pooling of the probe's tables (1 to 64 lookups per sample) at both working sets
+    assert sorted({p[1] for p in pack.platform.embedding_step_reuse_pooling}) == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    assert len(pack.platform.embedding_step_reuse_pooling) == 14
 
 
 def test_calibrate_gemms_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -376,9 +379,11 @@ def test_the_step_reuse_probe_alone_goes_into_a_pack_by_refit(tmp_path: Path, mo
                               "--data-from", f"step_reuse={probe}"])
     assert res.exit_code == 0, res.output
     pack = load_asset_pack(merged)
-    from predictor.calibration.step_reuse import reuse_curve
+    from predictor.calibration.step_reuse import reuse_curve, reuse_surface
 
     assert pack.platform.embedding_step_reuse == [pytest.approx(p) for p in reuse_curve(rows)]
+    assert pack.platform.embedding_step_reuse_pooling == [pytest.approx(p) for p in reuse_surface(rows)]
+    assert "embedding_step_reuse_pooling" in pack.platform.sources
     assert pack.manifest["embedding_step_reuse_probe"]["rows"] == rows
     assert pack.manifest["refit"]["data_from"]["step_reuse"]["rows"] == len(rows)
     assert "embedding_step_reuse" in pack.platform.sources

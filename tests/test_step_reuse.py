@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from predictor.calibration.step_reuse import probe_step_reuse, reuse_curve, reuse_factor
+from predictor.calibration.step_reuse import (
+    PROBE_POOLINGS,
+    probe_step_reuse,
+    reuse_curve,
+    reuse_factor,
+    reuse_factors_by_pooling,
+    reuse_surface,
+)
 from predictor.kernels import ModelTiming
 from predictor.kernels.embedding import RF_BINS, repeat_fraction_from_rf
 from predictor.platforms import get_platform
@@ -107,3 +114,69 @@ def test_the_probe_times_both_protocols_at_each_working_set():
         # nearly every lookup a distinct row: the working set is about the asked fraction of the cache
         assert 0.5 * r["fraction"] < r["ws_bytes"] / r["llc_bytes"] < 1.5 * r["fraction"]
     assert len(reuse_curve(rows)) == 2
+    for r in rows:  # every table timed on its own, in a shuffled order; the sums are theirs
+        t = r["per_table"]
+        assert sorted(t["pooling"]) == sorted(float(p) for p in PROBE_POOLINGS)
+        assert sum(t["bwd_step_s"]) == pytest.approx(r["bwd_step_s"])
+        assert sum(t["fwd_cold_s"]) == pytest.approx(r["fwd_cold_s"])
+    surface = reuse_surface(rows)
+    assert len(surface) == 2 * len(set(PROBE_POOLINGS))
+
+
+def _probe_row(r: int, fraction: float, per_pooling: dict[float, tuple[float, float]]) -> dict:
+    """A probe row at ``fraction`` whose tables of each pooling run (fwd, bwd) x their cold time, two
+    tables per pooling with cold times 1 and 3 (seconds)."""
+    pooling, fc, bc, fs, bs = [], [], [], [], []
+    for p, (f, b) in per_pooling.items():
+        for cold in (1.0, 3.0):
+            pooling.append(p)
+            fc.append(cold)
+            bc.append(2 * cold)
+            fs.append(f * cold)
+            bs.append(b * 2 * cold)
+    return {"round": r, "fraction": fraction, "ws_bytes": fraction * LLC, "llc_bytes": LLC,
+            "fwd_cold_s": sum(fc), "bwd_cold_s": sum(bc), "fwd_step_s": sum(fs), "bwd_step_s": sum(bs),
+            "per_table": {"pooling": pooling, "fwd_cold_s": fc, "bwd_cold_s": bc, "fwd_step_s": fs, "bwd_step_s": bs}}
+
+
+def test_the_surface_is_the_median_ratio_per_pooling_and_working_set():
+    rows = [_probe_row(r, 0.25, {1.0: (0.9, b1), 16.0: (0.8, b16)})
+            for r, (b1, b16) in enumerate(((0.9, 0.5), (0.7, 0.6), (0.8, 0.7)))]
+    rows.append(_probe_row(0, 2.0, {1.0: (1.0, 1.0), 16.0: (1.0, 1.2)}))
+    assert reuse_surface(rows) == [pytest.approx([0.25, 1.0, 0.9, 0.8]), pytest.approx([0.25, 16.0, 0.8, 0.6]),
+                                   pytest.approx([2.0, 1.0, 1.0, 1.0]), pytest.approx([2.0, 16.0, 1.0, 1.2])]
+    old = [{k: v for k, v in r.items() if k != "per_table"} for r in rows]  # a probe from before per_table
+    assert reuse_surface(old) == []
+    assert len(reuse_curve(old)) == 2
+
+
+def test_the_pooling_factor_interpolates_in_log2_and_holds_its_ends():
+    surface = [[0.25, 1.0, 0.9, 0.8], [0.25, 16.0, 0.8, 0.6], [2.0, 1.0, 1.0, 1.0], [2.0, 16.0, 1.0, 1.2]]
+    got = reuse_factors_by_pooling(surface, 0.25, np.array([1.0, 4.0, 16.0, 64.0, 0.0, np.nan]), "bwd")
+    np.testing.assert_allclose(got, [0.8, 0.7, 0.6, 0.6, 0.8, 0.8])  # 4 is halfway from 1 to 16 in log2
+    # halfway in log2 between the working sets as well: the mean of the four corners
+    np.testing.assert_allclose(reuse_factors_by_pooling(surface, np.sqrt(0.5), np.array([4.0]), "bwd"), [0.9])
+    np.testing.assert_allclose(reuse_factors_by_pooling(surface, 100.0, np.array([1.0, 16.0]), "fwd"), [1.0, 1.0])
+    np.testing.assert_allclose(reuse_factors_by_pooling([], 0.5, np.array([1.0, 2.0]), "bwd"), [1.0, 1.0])
+
+
+def test_timing_takes_each_tables_pooling_factor_where_the_pack_has_the_surface():
+    g = _graph(1)  # four tables of pooling 1, 7.33, 13.67, 20
+    surface = [[0.01, 1.0, 0.9, 0.5], [0.01, 20.0, 0.9, 1.5], [100.0, 1.0, 0.9, 0.5], [100.0, 20.0, 0.9, 1.5]]
+    plat = CPU.model_copy(update={"embedding_step_reuse": [[0.01, 0.5, 0.25], [100.0, 0.5, 0.25]],
+                                  "embedding_step_reuse_pooling": surface})
+    plain, reused = ModelTiming(CPU).durations(g), ModelTiming(plat).durations(g)
+    kinds = _kinds(g)
+    bwd = kinds == "embedding_bag_bwd"
+    L = g.params["pooling"][bwd]
+    expected = 0.5 + (1.5 - 0.5) * np.log2(L) / np.log2(20.0)
+    np.testing.assert_allclose(reused[bwd] / plain[bwd], expected)
+    fwd = kinds == "embedding_bag_fwd"
+    np.testing.assert_allclose(reused[fwd], 0.9 * plain[fwd])  # the surface, not the sums' curve (0.5)
+    np.testing.assert_allclose(reused[~(fwd | bwd)], plain[~(fwd | bwd)])
+
+
+@pytest.mark.parametrize("point", [[0.5, 1.0, 0.9], [0.5, 0.0, 0.9, 1.0], [0.5, 4.0, float("inf"), 1.0]])
+def test_a_malformed_pooling_surface_is_refused(point):
+    with pytest.raises(ValidationError, match="pooling"):
+        CPU.model_validate({**CPU.model_dump(), "embedding_step_reuse_pooling": [point]})

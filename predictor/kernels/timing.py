@@ -17,7 +17,8 @@
   row bytes over every table of the ranks sharing the last-level cache: all ranks of a CPU host, each rank
   on its own elsewhere) over the LLC: the pack's models are fitted to cold timings, and in a step a table's
   backward finds the rows its forward read still cached while the working set fits
-  (:mod:`predictor.calibration.step_reuse`). A graph is one training step.
+  (:mod:`predictor.calibration.step_reuse`); where the pack measured it per pooling of the probe's tables
+  (``Platform.embedding_step_reuse_pooling``) each table takes its pooling's factor. A graph is one training step.
 """
 
 from __future__ import annotations
@@ -123,16 +124,16 @@ class ModelTiming:
 
         return co_run_durations(graph, out, factor, busy, simulate)
 
-    def step_reuse_factors(self, graph: ExecutionGraph) -> dict[int, tuple[float, float]]:
-        """Per cache domain (-1: every rank of a CPU host; else a rank), the (forward, backward) factor of
-        the platform's step-reuse curve at that domain's embedding working set; {} without a curve, without
-        embedding tasks, or when a forward task lacks its table's rows, batch or dim."""
-        from predictor.calibration.step_reuse import reuse_factor, step_working_set_bytes
+    def step_working_sets(self, graph: ExecutionGraph) -> dict[int, float]:
+        """Per cache domain (-1: every rank of a CPU host; else a rank), the step's embedding working set
+        over the LLC (distinct rows x row bytes over the domain's tables / LLC bytes); {} without a
+        step-reuse measurement, without embedding tasks, or when a forward task lacks its table's rows,
+        batch or dim."""
+        from predictor.calibration.step_reuse import step_working_set_bytes
 
-        curve = self.platform.embedding_step_reuse
         llc = self.platform.last_level_cache_bytes
         fwd = np.flatnonzero(graph.kind_mask("embedding_bag_fwd"))
-        if not curve or llc <= 0 or fwd.size == 0:
+        if not self.platform.embedding_step_reuse or llc <= 0 or fwd.size == 0:
             return {}
         tasks = TaskView.from_graph(graph, fwd, "embedding_bag_fwd")
         known = np.isfinite(tasks.get("rows")) & np.isfinite(tasks.get("batch")) & np.isfinite(tasks.get("dim"))
@@ -141,23 +142,48 @@ class ModelTiming:
         distinct = AnalyticEmbedding().distinct_rows(tasks)
         dim, dtype = tasks.get("dim", 1.0), tasks.get("dtype_bytes", 4.0)
         domain = np.full(fwd.size, -1) if self.platform.kind == "cpu" else graph.rank[fwd]
-        out = {}
-        for d in np.unique(domain):
-            sel = domain == d
-            x = step_working_set_bytes(distinct[sel], dim[sel], dtype[sel]) / llc
-            out[int(d)] = (reuse_factor(curve, x, "fwd"), reuse_factor(curve, x, "bwd"))
+        return {int(d): step_working_set_bytes(distinct[domain == d], dim[domain == d], dtype[domain == d]) / llc
+                for d in np.unique(domain)}
+
+    def step_reuse_factors(self, graph: ExecutionGraph) -> dict[int, tuple[float, float]]:
+        """Per cache domain (as :meth:`step_working_sets`), the (forward, backward) factor of the platform's
+        step-reuse curve of table sums at that domain's working set; {} as :meth:`step_working_sets`."""
+        from predictor.calibration.step_reuse import reuse_factor
+
+        curve = self.platform.embedding_step_reuse
+        return {d: (reuse_factor(curve, x, "fwd"), reuse_factor(curve, x, "bwd"))
+                for d, x in self.step_working_sets(graph).items()}
+
+    def step_reuse_multipliers(self, graph: ExecutionGraph) -> np.ndarray:
+        """Per task, the factor its predicted kernel time takes for the step's reuse (1 for all but the
+        embedding-bag kernels): by each table's pooling where the platform has the per-pooling surface,
+        else the curve of table sums (:meth:`step_reuse_factors`)."""
+        from predictor.calibration.step_reuse import reuse_factors_by_pooling
+
+        out = np.ones(graph.n_tasks)
+        working_sets = self.step_working_sets(graph)
+        if not working_sets:
+            return out
+        surface = self.platform.embedding_step_reuse_pooling
+        sums = self.step_reuse_factors(graph)
+        pooling = graph.params.get("pooling")
+        for which, col in (("fwd", 0), ("bwd", 1)):
+            kind = graph.kind_mask(f"embedding_bag_{which}")
+            for d, x in working_sets.items():
+                sel = kind if d == -1 else kind & (graph.rank == d)
+                if surface and pooling is not None:
+                    out[sel] = reuse_factors_by_pooling(surface, x, pooling[sel], which)
+                else:
+                    out[sel] = sums[d][col]
         return out
 
     def _apply_step_reuse(self, graph: ExecutionGraph, on_device: np.ndarray, out: np.ndarray) -> None:
-        """Scale the embedding-bag kernels of ``out`` (seconds, in place) by :meth:`step_reuse_factors`."""
-        factors = self.step_reuse_factors(graph)
-        if not factors:
+        """Scale the predicted embedding-bag kernels of ``out`` (seconds, in place) by
+        :meth:`step_reuse_multipliers`."""
+        if not self.platform.embedding_step_reuse:
             return
-        fwd, bwd = on_device & graph.kind_mask("embedding_bag_fwd"), on_device & graph.kind_mask("embedding_bag_bwd")
-        for d, (f_fwd, f_bwd) in factors.items():
-            where = np.ones(graph.n_tasks, dtype=bool) if d == -1 else graph.rank == d
-            out[fwd & where] *= f_fwd
-            out[bwd & where] *= f_bwd
+        m = self.step_reuse_multipliers(graph)
+        out[on_device] *= m[on_device]
 
     def contention_factors(self, n_ranks: int) -> dict[str, float]:
         """The platform's host-contention factors for ``n_ranks`` ranks on one CPU host ({} if none)."""

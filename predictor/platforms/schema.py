@@ -93,6 +93,10 @@ class Platform(_Strict):
     #: cache) over the last-level cache: ``[[working set / LLC, forward factor, backward factor], ...]``,
     #: measured by ``tuner calibrate`` (:mod:`predictor.calibration.step_reuse`); empty: no such term
     embedding_step_reuse: list[list[float]] = Field(default_factory=list)
+    #: the same measured per pooling of the probe's tables (lookups per sample):
+    #: ``[[working set / LLC, pooling, forward factor, backward factor], ...]``; where present the
+    #: embedding kernels take it per table instead of :attr:`embedding_step_reuse`; empty: not measured
+    embedding_step_reuse_pooling: list[list[float]] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict, description="field path -> citation")
     notes: str = ""
 
@@ -113,6 +117,15 @@ class Platform(_Strict):
             if len(point) != 3 or not all(math.isfinite(x) and x > 0 for x in point):
                 raise ValueError(f"each point is [working set / LLC, forward factor, backward factor], all > 0; "
                                  f"got {point}")
+        return sorted(v)
+
+    @field_validator("embedding_step_reuse_pooling")
+    @classmethod
+    def _reuse_pooling_points(cls, v: list[list[float]]) -> list[list[float]]:
+        for point in v:
+            if len(point) != 4 or not all(math.isfinite(x) and x > 0 for x in point):
+                raise ValueError(f"each point is [working set / LLC, pooling, forward factor, backward factor], "
+                                 f"all > 0; got {point}")
         return sorted(v)
 
     # ---------------------------------------------------------------- helpers
