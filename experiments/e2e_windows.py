@@ -71,7 +71,8 @@ def load_windows(path: Path) -> list[dict]:
 def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     """A platform argument for ``spec``:
 
-    * ``git:REV`` -> ``assets/cpu-local`` as committed at ``REV``, extracted to ``workdir``;
+    * ``git:REV[:NAME]`` -> ``assets/NAME`` (default ``cpu-local``) as committed at ``REV``, extracted to
+      ``workdir``;
     * ``lq:PACK`` -> PACK refitted with each sample's lower quartile of its fastest round as its
       time (``lq_s``: the estimator before 2026-11-23), same data, so only the estimator differs;
     * ``refit:DIR`` -> the benchmark data of DIR (a pack written with ``--no-fit``, such as those
@@ -91,9 +92,10 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     if spec.startswith("git:"):
         from predictor.platforms.assets import AssetPackError, pack_at_revision
 
-        rev = spec[4:]
+        rev, _, name = spec[4:].partition(":")
+        name = name or "cpu-local"
         try:
-            return str(pack_at_revision(REPO, rev, "assets/cpu-local", workdir / f"git-{rev}"))
+            return str(pack_at_revision(REPO, rev, f"assets/{name}", workdir / f"git-{rev}-{name}"))
         except AssetPackError as exc:
             fail(f"--compare {spec}: {exc}")
     if spec.startswith("refit:"):

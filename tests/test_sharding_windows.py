@@ -97,14 +97,24 @@ def test_repredicting_a_run_with_its_own_pack_gives_its_predictions_again(tmp_pa
 
     run = json.loads((REPO / "experiments/results/avx2/sharding_selection.json").read_text())
     run["rows"] = run["rows"][:2]
-    # the committed run file's newest run was measured with the committed pack (a pack change needs a new run,
-    # or an ``hc:`` / ``git:`` spec of the pack as it was here)
-    pack = run["meta"]["args"]["platform"]
+    # the committed run file's newest run was measured with the pack as committed beside it: that pack at the
+    # run file's last commit
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%H", "--",
+                              "experiments/results/avx2/sharding_selection.json"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        rev = ""
+    if not rev:
+        pytest.skip("needs the repository's git history (the pack as committed beside the run)")
+    pack = f"git:{rev}:{run['meta']['args']['platform']}"
     got = repredict(run, pack, tmp_path / "a", co_run=run_co_run(run))
     for row in run["rows"]:
         for s, v in got[row["task"]].items():
             assert v == pytest.approx(row["predicted_s"][s], rel=1e-6)
-    lower = repredict(run, f"hc:embedding=0.5:{run['meta']['args']['platform']}", tmp_path / "b",
+    lower = repredict(run, f"hc:embedding=0.5:{pack}", tmp_path / "b",
                       co_run=run_co_run(run))
     assert all(lower[t][s] < got[t][s] for t in got for s in got[t])
 
