@@ -158,23 +158,22 @@ class ModelTiming:
         """Per task, the factor its predicted kernel time takes for the step's reuse (1 for all but the
         embedding-bag kernels): by each table's pooling where the platform has the per-pooling surface,
         else the curve of table sums (:meth:`step_reuse_factors`)."""
-        from predictor.calibration.step_reuse import reuse_factors_by_pooling
+        from predictor.calibration.step_reuse import reuse_factor, reuse_factors_by_pooling
 
         out = np.ones(graph.n_tasks)
         working_sets = self.step_working_sets(graph)
         if not working_sets:
             return out
-        surface = self.platform.embedding_step_reuse_pooling
-        sums = self.step_reuse_factors(graph)
+        surface, curve = self.platform.embedding_step_reuse_pooling, self.platform.embedding_step_reuse
         pooling = graph.params.get("pooling")
-        for which, col in (("fwd", 0), ("bwd", 1)):
+        for which in ("fwd", "bwd"):
             kind = graph.kind_mask(f"embedding_bag_{which}")
             for d, x in working_sets.items():
                 sel = kind if d == -1 else kind & (graph.rank == d)
                 if surface and pooling is not None:
                     out[sel] = reuse_factors_by_pooling(surface, x, pooling[sel], which)
                 else:
-                    out[sel] = sums[d][col]
+                    out[sel] = reuse_factor(curve, x, which)
         return out
 
     def _apply_step_reuse(self, graph: ExecutionGraph, on_device: np.ndarray, out: np.ndarray) -> None:
