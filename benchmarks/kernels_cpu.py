@@ -115,6 +115,19 @@ def _interval_sentence(table: list[dict]) -> str:
             + (f" ({', '.join(unsure)})." if unsure else "."))
 
 
+def _fastest_round_sentence(table: list[dict], met_typical: int) -> str:
+    """What a pack fitted to the fastest round (``--fit-target fastest_round``) reports, and its second score."""
+    factors = sorted({round(r["state_factor"], 3) for r in table if r.get("state_factor")})
+    return ("**Fit target: each sample's fastest round** (the median of its repeats in the least disturbed of its "
+            "rounds; `predictor/kernels/state.py`). The columns GMAE .. max score each model against the held-out "
+            "shapes' fastest rounds: how well it knows a kernel's time as a function of its shape. Every "
+            "prediction is then multiplied by its op kind's typical-state factor, measured by the same calibration "
+            "as the median over the kind's training samples of median of rounds / fastest round "
+            f"(`state x`: {factors[0]:.3f}-{factors[-1]:.3f}); `typical GMAE %` scores those predictions against the "
+            f"held-out medians of rounds, the samples a typical-target pack is scored on: {met_typical} of "
+            f"{len(table)} kernels under {TARGET_GMAE:.0f} % there. ") if factors else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "cpu-local"), help="asset pack folder")
@@ -125,6 +138,8 @@ def main() -> None:
                     help="K times the quick grids' shapes and time (tuner calibrate --scale; default 1)")
     ap.add_argument("--gemm-timing", default="cold", choices=("cold", "warm"),
                     help="how GEMMs are timed (default cold, as the committed pack)")
+    ap.add_argument("--fit-target", default="typical", choices=("typical", "fastest_round"),
+                    help="what the models are fitted to (tuner calibrate --fit-target; default typical)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "kernels_cpu"))
     ap.add_argument("--from-pack", action="store_true",
                     help="re-render the results from the pack at --out (its manifest) without measuring")
@@ -149,17 +164,20 @@ def main() -> None:
         today = str(pack.manifest.get("created", ""))[:10]
     else:
         pack = calibrate("cpu", args.out, quick=True, world_size=args.world_size, threads=args.threads,
-                         seed=args.seed, scale=args.scale, gemm_timing=args.gemm_timing)
+                         seed=args.seed, scale=args.scale, gemm_timing=args.gemm_timing, fit_target=args.fit_target)
         wall = time.perf_counter() - started
         today = _dt.date.today().isoformat()
     table = pack.error_table
     spread = list(pack.manifest.get("spread_rounds") or [])
     met = [r for r in table if r["gmae_pct"] < TARGET_GMAE]
+    fastest = pack.manifest.get("fit_target") == "fastest_round"
+    met_typical = [r for r in table if r.get("typical") and r["typical"]["gmae_pct"] < TARGET_GMAE]
     o = pack.platform.overheads
     shown = Path(args.out).resolve()
     shown_out = str(shown.relative_to(ROOT)) if shown.is_relative_to(ROOT) else str(shown)
     flags = f"--threads {args.threads} --world-size {args.world_size}" \
-        + (f" --scale {args.scale:g}" if args.scale != 1 else "") + f" --gemm-timing {args.gemm_timing}"
+        + (f" --scale {args.scale:g}" if args.scale != 1 else "") + f" --gemm-timing {args.gemm_timing}" \
+        + (" --fit-target fastest_round" if fastest else "")
     scaled = (f" With `--scale {args.scale:g}` every grid has {args.scale:g}x the quick level's shapes and every "
               f"family {args.scale:g}x its time budget (collectives: {args.scale:g}x the passes)."
               if args.scale != 1 else "")
@@ -168,8 +186,8 @@ def main() -> None:
         "",
         f"Measured {today} on a shared **2-core VM** ({_cpu_model()}; {os.cpu_count()} logical CPUs), "
         f"torch {torch.__version__}, **{args.threads} torch thread(s)**, gloo collectives over "
-        f"{args.world_size} local processes. Other engineers' jobs ran on the same two cores during the "
-        "run (the measurement lock serialises only measurements), so timings carry real interference.",
+        f"{args.world_size} local processes. The VM shares its host with other tenants, so timings carry "
+        "interference that no process of the VM shows.",
         "",
         f"Command: `flock /tmp/tuner-measure.lock python benchmarks/kernels_cpu.py {flags} --out {shown_out}` "
         f"(= `tuner calibrate --device cpu --quick --out {shown_out} {flags}`); wall time {wall:.0f} s"
@@ -217,10 +235,12 @@ def main() -> None:
         "memory-bound kernels of a few MB switch between a fast and a ~2x slower state for seconds to "
         "minutes at a time." + _collective_floor_sentence(pack),
         "",
-        f"**Target (issue 4): GMAE < {TARGET_GMAE:.0f} % for every kernel. Met for {len(met)} of {len(table)} "
-        "kernels.**" + ("" if len(met) == len(table) else " Kernels above target: "
-                        + ", ".join(f"{r['kernel']} ({r['gmae_pct']:.1f} %)" for r in table
-                                    if r["gmae_pct"] >= TARGET_GMAE) + ".") + _interval_sentence(table),
+        (_fastest_round_sentence(table, len(met_typical)) if fastest else "")
+        + f"**Target (issue 4): GMAE < {TARGET_GMAE:.0f} % for every kernel. Met for {len(met)} of {len(table)} "
+        "kernels" + (" against the held-out fastest rounds" if fastest else "") + ".**"
+        + ("" if len(met) == len(table) else " Kernels above target: "
+           + ", ".join(f"{r['kernel']} ({r['gmae_pct']:.1f} %)" for r in table
+                       if r["gmae_pct"] >= TARGET_GMAE) + ".") + _interval_sentence(table),
         "",
         error_table_markdown(table),
         f"Host overheads (profiled training step, whisker-trimmed means): T1 {o.t1_s * 1e6:.2f} us, "
@@ -238,6 +258,8 @@ def main() -> None:
         "world_size": args.world_size, "scale": args.scale, "gemm_timing": args.gemm_timing,
         "torch": torch.__version__, "wall_s": round(wall, 1),
         "target_gmae_pct": TARGET_GMAE, "kernels_meeting_target": len(met), "kernels": table,
+        "fit_target": pack.manifest.get("fit_target", "typical"),
+        **({"kernels_meeting_target_typical": len(met_typical)} if fastest else {}),
         "collective_floor_gmae_pct": collective_floor(pack),
         "overheads_s": o.model_dump(), "asset_pack": str(Path(args.out)),
     }, indent=1), encoding="utf-8")

@@ -14,7 +14,7 @@ the predictions against every archived window:
 
 Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself is never written here).
 
-    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|refit:DIR|throughout:SPEC ...]
+    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|fastest:PACK|refit:DIR|throughout:SPEC ...]
                                       [--allocator default|no_trim] [--cpu pack|host|all]
 
 Only the windows measured on the ``--platform`` pack's CPU are pooled (``--cpu pack``, the default:
@@ -75,6 +75,9 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
       ``workdir``;
     * ``lq:PACK`` -> PACK refitted with each sample's lower quartile of its fastest round as its
       time (``lq_s``: the estimator before 2026-11-23), same data, so only the estimator differs;
+    * ``fastest:PACK`` -> PACK (a pack, or a ``refit:``-able data folder) refitted to each sample's fastest
+      round times each op kind's typical-state factor (``fit_target="fastest_round"``,
+      :mod:`predictor.kernels.state`), same data, so only the fit target differs;
     * ``refit:DIR`` -> the benchmark data of DIR (a pack written with ``--no-fit``, such as those
       kept in ``benchmarks/results/data/packs/``) fitted into ``workdir``;
     * ``hc:CLASS=F[,CLASS=F]:SPEC`` -> the pack of ``SPEC`` with its host-contention factors of those
@@ -104,6 +107,16 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         out = workdir / "refit"
         try:
             refit(Path(spec[6:]), out, log=lambda _m: None, register=False,
+                  platform_facts=fault_facts(fault_s) if fault_s is not None else None)
+        except CalibrationError as exc:
+            fail(f"--compare {spec}: {exc}")
+        return str(out)
+    if spec.startswith("fastest:"):
+        from predictor.calibrate import CalibrationError, refit
+
+        out = workdir / "fastest"
+        try:
+            refit(_pack_dir(spec[8:], spec), out, log=lambda _m: None, register=False, fit_target="fastest_round",
                   platform_facts=fault_facts(fault_s) if fault_s is not None else None)
         except CalibrationError as exc:
             fail(f"--compare {spec}: {exc}")

@@ -54,6 +54,7 @@ from predictor.kernels.learned import (
     fit_mlp,
     fit_roofline,
 )
+from predictor.kernels.state import FIT_TARGETS, StateScaled, state_factor, unwrap
 from predictor.metrics import (
     geomean_abs_pct_error,
     geomean_abs_pct_error_interval,
@@ -68,6 +69,9 @@ __all__ = ["calibrate", "CalibrationError", "parse_device", "error_table_markdow
 
 #: share of each kernel's samples held out for the error table
 HOLDOUT_FRACTION = 0.2
+#: the benchmark-data column each fit target (:data:`~predictor.kernels.state.FIT_TARGETS`) fits: the median
+#: over a sample's rounds, or the median of the repeats of its fastest round
+TARGET_COLUMN = {"typical": "seconds", "fastest_round": "median_s"}
 
 #: wall-clock budget per benchmark family, seconds, by level
 BUDGETS: dict[str, dict[str, float]] = {
@@ -157,6 +161,7 @@ def calibrate(
     register: bool = True,
     fit: bool = True,
     scale: float = 1.0,
+    fit_target: str = "typical",
 ) -> AssetPack:
     """Benchmark ``device``, fit every kernel model, write the asset pack ``out``; return it loaded.
 
@@ -186,9 +191,12 @@ def calibrate(
             time budget per family, collective passes and MLP fitting budget: a longer calibration
             whose learned models see more data (``--quick --scale 4``: about 40 minutes on the
             2-core VM; held-out GEMM error falls with more shapes, ``benchmarks/results/kernels_cpu.md``).
+        fit_target: ``"typical"`` fits each sample's median over its rounds; ``"fastest_round"`` its fastest
+            round, times each op kind's measured typical-state factor (:mod:`predictor.kernels.state`).
 
     Raises:
-        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing`` or ``scale``.
+        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing``, ``scale`` or
+            ``fit_target``.
     """
     dev = parse_device(device)
     level: Level = "tiny" if tiny else ("quick" if quick else "full")
@@ -224,6 +232,8 @@ def calibrate(
         raise CalibrationError(f"--gemm-timing {gemm_timing}: expected cold or warm")
     if not (math.isfinite(scale) and MIN_SCALE <= scale <= MAX_SCALE):
         raise CalibrationError(f"--scale {scale}: must be between {MIN_SCALE:g} and {MAX_SCALE:g}")
+    if fit_target not in FIT_TARGETS:
+        raise CalibrationError(f"--fit-target {fit_target}: expected one of {', '.join(FIT_TARGETS)}")
     started = time.perf_counter()
     log(f"calibrating {dev} ({level} grids" + (f" x{scale:g}" if scale != 1 else "")
         + f", {n_threads} torch thread(s), world size {world_size}) -> {out}")
@@ -350,6 +360,9 @@ def calibrate(
         "rounds": passes,
         #: multiple of the level's shapes, budgets and collective passes (``--scale``)
         "scale": scale,
+        #: what each sample's model is fitted to (predictor/kernels/state.py): the median of its rounds
+        #: ("typical") or its fastest round times the kind's typical-state factor ("fastest_round")
+        "fit_target": fit_target,
         "spread_rounds": [b.name for b in benches if b.spread_rounds],
         #: families whose first round shares its time equally between their kernels (Benchmark.time_fair)
         "time_fair": [b.name for b in benches if b.time_fair],
@@ -415,7 +428,8 @@ def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform,
                    log: Callable[[str], None], register: bool) -> AssetPack:
     """Fit every kernel model to ``data``, build the calibrated platform, write (and register) the pack."""
     t0 = time.perf_counter()
-    models, table = _fit_all(data, specs, level, seed, base, log, scale=float(manifest_extra.get("scale", 1.0)))
+    models, table = _fit_all(data, specs, level, seed, base, log, scale=float(manifest_extra.get("scale", 1.0)),
+                             target=str(manifest_extra.get("fit_target", "typical")))
     log(f"  fitted {len(models)} kernel models in {time.perf_counter() - t0:.1f} s")
     platform = _calibrated_platform(base, pack_name, data, models, overheads, world_size, contention)
     extra = {**manifest_extra, "calibration_s": round(time.perf_counter() - started, 1)}
@@ -506,7 +520,7 @@ def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[s
 
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
           platform_facts: dict | None = None, data_from: dict[str, str | Path] | None = None,
-          log: Callable[[str], None] = print, register: bool = True) -> AssetPack:
+          log: Callable[[str], None] = print, register: bool = True, fit_target: str | None = None) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
     The models, the held-out error table and the calibrated platform are rebuilt by the same code
@@ -524,7 +538,9 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     pack's (or add a family it lacks), e.g. a one-family calibration at a larger ``--scale`` on the
     same machine; each must have been timed as this pack's were (:data:`TIMING_FIELDS`) on the same
     CPU. The written pack stores the data it was fitted on and records where each family came from
-    (manifest ``refit.data_from``).
+    (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
+    fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's
+    ``fit_target``, ``"typical"`` for packs before it was recorded).
 
     Raises:
         CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.
@@ -596,6 +612,10 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit", "fitted")}
     extra["overheads"] = overheads
     extra["refit"] = refit_info
+    if fit_target is not None:
+        if fit_target not in FIT_TARGETS:
+            raise CalibrationError(f"--fit-target {fit_target}: expected one of {', '.join(FIT_TARGETS)}")
+        extra["fit_target"] = fit_target
     if platform_facts:
         extra.update({k: getattr(base, k) for k in ("page_fault_s", "fresh_mapping_bytes")})
     log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")
@@ -745,7 +765,7 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
                 peaks[dtype] = float((sel["flops"] / sel["seconds"]).max())
                 sources[f"peak_flops.{dtype}"] = f"{src}: best achieved rate over the GEMM microbenchmarks"
         fields["peak_flops"] = peaks
-    roof = models.get("roofline")
+    roof = unwrap(models["roofline"]) if "roofline" in models else None
     if isinstance(roof, FittedRoofline) and "memcpy" in roof.fits:
         fit = roof.fits["memcpy"]
         mem = [dict(m) for m in fields["memory"]]
@@ -758,7 +778,7 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         fields["kernel_floor_s"] = float(min(f.floor_s for f in roof.fits.values()))
         sources["kernel_floor_s"] = f"{src}: smallest fitted roofline floor"
         fields["memory_efficiency"] = 1.0
-    coll = models.get("collectives")
+    coll = unwrap(models["collectives"]) if "collectives" in models else None
     if isinstance(coll, PiecewiseCollective) and ("all_reduce", world_size) in coll.params:
         c = coll.params[("all_reduce", world_size)]
         ic = dict(fields["interconnect"])
@@ -837,7 +857,7 @@ def _merge_passes(frames: list[pd.DataFrame]) -> pd.DataFrame:
 _MIN_LEARNED_FRACTION = 0.1
 
 
-def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
+def _learned_seconds(frame: pd.DataFrame, platform: Platform, column: str = "seconds") -> np.ndarray:
     """The fitting target of each benchmark row (MLPs and fitted rooflines): the measured seconds,
     less the page faults the sample paid (its ``faults`` column x ``platform.page_fault_s``) for kinds
     whose model adds its output block's faults back from platform facts
@@ -848,8 +868,9 @@ def _learned_seconds(frame: pd.DataFrame, platform: Platform) -> np.ndarray:
     The faults are the ones counted, not the ones the model assumes: whether a benchmark's large
     output is a fresh mapping depends on the calibration process's allocation history (glibc reuses
     a free heap block when one is large enough). Rows without a count (packs calibrated before the
-    timer counted faults) are fitted as measured."""
-    seconds = frame["seconds"].to_numpy(dtype=np.float64)
+    timer counted faults) are fitted as measured. ``column``: the time estimate fitted (``seconds``, the
+    median of the rounds; ``median_s``, the fastest round: :data:`TARGET_COLUMN`)."""
+    seconds = frame[column].to_numpy(dtype=np.float64)
     if "faults" not in frame or platform.page_fault_s <= 0:
         return seconds
     paid = np.nan_to_num(frame["faults"].to_numpy(dtype=np.float64), nan=0.0) * platform.page_fault_s
@@ -912,7 +933,20 @@ def _fit_workers(level: Level, jobs: int) -> int:
 
 def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], level: Level, seed: int,
              platform: Platform, log: Callable[[str], None],
-             scale: float = 1.0) -> tuple[dict[str, KernelModel], list[dict]]:
+             scale: float = 1.0, target: str = "typical") -> tuple[dict[str, KernelModel], list[dict]]:
+    """Fit every kernel model on a random 80 % of its samples and score it on the other 20 %: (models by
+    key, the held-out error table). ``target`` (:data:`~predictor.kernels.state.FIT_TARGETS`): ``typical``
+    fits each sample's median over its rounds; ``fastest_round`` fits its fastest round and wraps every
+    model in :class:`~predictor.kernels.state.StateScaled` with each op kind's measured typical-state
+    factor; its table scores the inner model against the held-out fastest rounds (``gmae_pct`` ...) and
+    the wrapped model against the held-out medians of rounds (``typical``)."""
+    if target not in FIT_TARGETS:
+        raise CalibrationError(f"fit target {target!r}: expected one of {', '.join(FIT_TARGETS)}")
+    column = TARGET_COLUMN[target]
+    missing = sorted(f for f, frame in data.items() if column not in frame.columns)
+    if missing:
+        raise CalibrationError(f"fit target {target}: the benchmark data of {', '.join(missing)} have no "
+                               f"{column} column (measured before the calibration kept it)")
     grid, epochs, budget = MLP_SETTINGS[level]
     budget *= max(1.0, scale)  # grid-search seconds per kernel: more samples train slower
     splits: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
@@ -943,7 +977,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             jobs[spec.kernel] = {
                 "method": "mlp",
                 "raw": feature_matrix(cols, spec.features, len(train)),
-                "seconds": _learned_seconds(train, platform),
+                "seconds": _learned_seconds(train, platform, column),
                 "features": spec.features,
                 "kwargs": {"log_features": [f for f in spec.features if f not in spec.raw_features],
                            "work": spec.work, "grid": grid, "epochs": epochs, "seed": seed, "budget_s": budget,
@@ -952,12 +986,12 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             continue
         if spec.method == "roofline":
             for kind in spec.kinds:
-                roof_fits[kind] = fit_roofline(train["bytes"].to_numpy(), _learned_seconds(train, platform))
+                roof_fits[kind] = fit_roofline(train["bytes"].to_numpy(), _learned_seconds(train, platform, column))
             f = roof_fits[spec.kinds[0]]
             methods[spec.kernel] = f"roofline, {len(f.bandwidths)} regime(s), peak {f.peak_bandwidth / 1e9:.1f} GB/s"
         else:
             jobs[spec.kernel] = {"method": "sigmoid", "msg_bytes": train["msg_bytes"].to_numpy(),
-                                 "seconds": train["seconds"].to_numpy()}
+                                 "seconds": train[column].to_numpy()}
             continue
         log(f"    {spec.kernel:<20} {methods[spec.kernel]}  ({time.perf_counter() - t0:.1f} s)")
     fitted = _fit_jobs(jobs, _fit_workers(level, len(jobs)), log)
@@ -987,6 +1021,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         models["roofline"] = FittedRoofline(roof_fits, generic="add" if "add" in roof_fits else None)
     if curves:
         models["collectives"] = PiecewiseCollective(curves)
+    if target == "fastest_round":
+        models = _state_scaled(models, [splits[s.kernel][0] for _f, s in specs if s.kernel in splits])
 
     # held-out errors through the KernelModel API (the path predictions take)
     by_kind: dict[str, KernelModel] = {}
@@ -998,27 +1034,57 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         if spec.kernel not in splits:
             continue
         train, test = splits[spec.kernel]
-        pred = np.concatenate([
-            by_kind[kind].predict(_view(part, kind), platform)
-            for kind, part in test.groupby("kind", sort=False)
-        ]) if len(test) else np.zeros(0)
-        actual = np.concatenate([part["seconds"].to_numpy() for _, part in test.groupby("kind", sort=False)]) \
-            if len(test) else np.zeros(0)
-        err = np.abs(pred - actual) / actual * 100.0
-        table.append({
-            "kernel": spec.kernel,
-            "family": family,
-            "samples": int(len(train) + len(test)),
-            "test": int(len(test)),
-            "gmae_pct": geomean_abs_pct_error(pred, actual),
-            #: 90 % bootstrap interval of the GMAE over the held-out samples (None with fewer than two)
-            "gmae_ci90_pct": _finite_or_none(geomean_abs_pct_error_interval(pred, actual)),
-            "mape_pct": mean_abs_pct_error(pred, actual),
-            "std_pct": float(err.std()) if err.size else float("nan"),
-            "max_pct": max_abs_pct_error(pred, actual),
-            "model": methods[spec.kernel],
-        })
+        parts = list(test.groupby("kind", sort=False)) if len(test) else []
+        row = {"kernel": spec.kernel, "family": family, "samples": int(len(train) + len(test)),
+               "test": int(len(test))}
+        if target == "fastest_round":
+            pred = _cat([by_kind[kind].predict_undisturbed(_view(part, kind), platform) for kind, part in parts])
+            row.update(_held_out_errors(pred, _cat([part[column].to_numpy() for _, part in parts])))
+            full = _cat([by_kind[kind].predict(_view(part, kind), platform) for kind, part in parts])
+            typical_errors = _held_out_errors(full, _cat([part["seconds"].to_numpy() for _, part in parts]))
+            row["typical"] = {k: typical_errors[k] for k in ("gmae_pct", "gmae_ci90_pct", "mape_pct", "max_pct")}
+            row["state_factor"] = by_kind[spec.kinds[0]].factor(spec.kinds[0])
+        else:
+            pred = _cat([by_kind[kind].predict(_view(part, kind), platform) for kind, part in parts])
+            row.update(_held_out_errors(pred, _cat([part["seconds"].to_numpy() for _, part in parts])))
+        row["model"] = methods[spec.kernel]
+        table.append(row)
     return models, table
+
+
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0)
+
+
+def _held_out_errors(pred: np.ndarray, actual: np.ndarray) -> dict:
+    """Lin et al. 2022 Table I errors of ``pred`` against ``actual`` (seconds): GMAE, its 90 % bootstrap
+    interval over the samples (None with fewer than two), MAPE, std and max of the absolute % errors."""
+    err = np.abs(pred - actual) / actual * 100.0
+    return {
+        "gmae_pct": geomean_abs_pct_error(pred, actual),
+        "gmae_ci90_pct": _finite_or_none(geomean_abs_pct_error_interval(pred, actual)),
+        "mape_pct": mean_abs_pct_error(pred, actual),
+        "std_pct": float(err.std()) if err.size else float("nan"),
+        "max_pct": max_abs_pct_error(pred, actual),
+    }
+
+
+def _state_scaled(models: dict[str, KernelModel], trains: list[pd.DataFrame]) -> dict[str, KernelModel]:
+    """Every model wrapped in :class:`~predictor.kernels.state.StateScaled` with the typical-state factor
+    of each of its kinds (:func:`~predictor.kernels.state.state_factor` over the kind's training samples;
+    ``"*"``, for kinds a model times without data of their own, the median of its kinds' factors)."""
+    rows = pd.concat(trains, ignore_index=True) if trains else pd.DataFrame()
+    out: dict[str, KernelModel] = {}
+    for key, model in models.items():
+        factors = {}
+        for kind in model.kinds:
+            part = rows[rows["kind"] == kind] if len(rows) else rows
+            if len(part):
+                factors[kind] = state_factor(part["seconds"].to_numpy(), part[TARGET_COLUMN["fastest_round"]].to_numpy(),
+                                             part["rounds"].to_numpy() if "rounds" in part else None)
+        factors["*"] = float(np.median(list(factors.values()))) if factors else 1.0
+        out[key] = StateScaled(model, factors)
+    return out
 
 
 def _finite_or_none(interval: tuple[float, float]) -> list[float] | None:
@@ -1059,18 +1125,24 @@ def compute_round_spread(spreads: dict[str, float]) -> float | None:
 
 
 def error_table_markdown(table: list[dict]) -> str:
-    """The held-out error table as Markdown (Lin et al. 2022 Table I layout plus samples and max)."""
+    """The held-out error table as Markdown (Lin et al. 2022 Table I layout plus samples and max). A pack
+    fitted to the fastest round (rows with ``typical``) scores its models against the held-out fastest
+    rounds in the first columns, and adds the state factor and the scaled model against the held-out
+    medians of rounds (``typical GMAE %``, ``typical max %``)."""
     ci = any(r.get("gmae_ci90_pct") for r in table)
+    typ = any(r.get("typical") for r in table)
     lines = [
         "| kernel | samples | held out | GMAE % |" + (" GMAE 90 % interval |" if ci else "")
-        + " MAPE % | std % | max % | model |",
-        "|---|---:|---:|---:|" + ("---:|" if ci else "") + "---:|---:|---:|---|",
+        + " MAPE % | std % | max % |" + (" state x | typical GMAE % | typical max % |" if typ else "") + " model |",
+        "|---|---:|---:|---:|" + ("---:|" if ci else "") + "---:|---:|---:|" + ("---:|---:|---:|" if typ else "") + "---|",
     ]
     for r in table:
         interval = r.get("gmae_ci90_pct")
         cell = (f" {interval[0]:.1f}-{interval[1]:.1f} |" if interval else " |") if ci else ""
+        t = r.get("typical")
+        extra = (f" {r['state_factor']:.3f} | {t['gmae_pct']:.2f} | {t['max_pct']:.1f} |" if t else " | | |") if typ else ""
         lines.append(
             f"| {r['kernel']} | {r['samples']} | {r['test']} | {r['gmae_pct']:.2f} |{cell} {r['mape_pct']:.2f} | "
-            f"{r['std_pct']:.2f} | {r['max_pct']:.1f} | {r['model']} |"
+            f"{r['std_pct']:.2f} | {r['max_pct']:.1f} |{extra} {r['model']} |"
         )
     return "\n".join(lines) + "\n"

@@ -39,6 +39,7 @@ from predictor.kernels.elementwise import Roofline
 from predictor.kernels.embedding import RF_COLUMNS, RF_COUNTS, AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
 from predictor.kernels.host_memory import FRESH_OUTPUT_KINDS, allocation_fault_seconds
+from predictor.kernels.state import StateScaled
 from predictor.platforms.schema import Platform
 
 __all__ = [
@@ -809,6 +810,8 @@ class FittedRoofline(Roofline):
 # ============================================================================ serialisation
 def model_to_dict(model: KernelModel) -> dict:
     """JSON-ready form of a calibrated model (asset packs)."""
+    if isinstance(model, StateScaled):
+        return {"type": "state_scaled", "factors": dict(model.factors), "inner": model_to_dict(model.inner)}
     if isinstance(model, MLPKernelModel):
         return {
             "type": "mlp",
@@ -838,6 +841,8 @@ def model_to_dict(model: KernelModel) -> dict:
 def model_from_dict(d: Mapping) -> KernelModel:
     """Inverse of :func:`model_to_dict`; raises ``KeyError``/``ValueError``/``TypeError`` on bad input."""
     kind = d["type"]
+    if kind == "state_scaled":
+        return StateScaled(model_from_dict(d["inner"]), {str(k): float(v) for k, v in d["factors"].items()})
     if kind == "mlp":
         nets = {k: MLPNet.from_dict(v) for k, v in d["nets"].items()}
         return MLPKernelModel(d["name"], d["kinds"], nets, router=d.get("router", "single"),

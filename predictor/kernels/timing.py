@@ -33,6 +33,7 @@ from predictor.kernels.collective import PiecewiseCollective
 from predictor.kernels.elementwise import Roofline
 from predictor.kernels.embedding import AnalyticEmbedding
 from predictor.kernels.gemm import AnalyticGemm
+from predictor.kernels.state import unwrap
 from predictor.platforms.schema import CpuOverheads, Platform
 
 
@@ -71,7 +72,8 @@ class ModelTiming:
         for model in self.models:
             for kind in model.kinds:
                 self._by_kind.setdefault(kind, model)
-        self._fallback = next((m for m in self.models if isinstance(m, Roofline)), Roofline())
+        # the calibrated roofline (under its typical-state factor, if the pack has one) times unclaimed kinds
+        self._fallback = next((m for m in self.models if isinstance(unwrap(m), Roofline)), Roofline())
 
     def model_for(self, kind: str) -> KernelModel:
         return self._by_kind.get(self.timed_kind(kind), self._fallback)

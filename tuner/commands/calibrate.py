@@ -36,6 +36,10 @@ def calibrate(
     scale: float = typer.Option(1.0, "--scale", help="K times the level's shapes, time budgets and collective "
                                 "passes: a longer calibration whose learned models see more data (--quick --scale 4: "
                                 "about 40 minutes on a 2-core CPU)"),
+    fit_target: str = typer.Option(None, "--fit-target", help="what each benchmark sample's model is fitted to: "
+                                   "typical (the median of its rounds; default) or fastest_round (its least disturbed "
+                                   "round, times each op kind's measured typical-state factor); with --refit, "
+                                   "default: the pack's own"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
@@ -89,13 +93,14 @@ def calibrate(
         if refit is not None:
             from predictor.calibrate import refit as run_refit
 
-            pack = run_refit(refit, out, overheads=overheads, data_from=sources,
+            pack = run_refit(refit, out, overheads=overheads, data_from=sources, fit_target=fit_target,
                              log=lambda line: err_console.print(line, highlight=False))
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
                                    gemm_timing=gemm_timing, fit=not no_fit, scale=scale,
+                                   fit_target=fit_target or "typical",
                                    log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
@@ -108,15 +113,25 @@ def calibrate(
 
     spreads = round_spreads(pack.path)
     table = Table(title=f"Kernel models of {pack.name}: error on the held-out 20% (Lin et al. 2022 Table I layout)")
-    for col in ("kernel", "samples", "GMAE %", "90 % interval", "MAPE %", "std %", "max %", "round spread %", "model"):
+    typ = any(r.get("typical") for r in pack.error_table)
+    cols = ("kernel", "samples", "GMAE %", "90 % interval", "MAPE %", "std %", "max %",
+            *(("state x", "typical GMAE %") if typ else ()), "round spread %", "model")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("kernel", "model") else "right")
     for r in pack.error_table:
         ci = r.get("gmae_ci90_pct")
         spread = spreads.get(r["kernel"])
+        t = r.get("typical")
+        state = ((f"{r['state_factor']:.3f}", f"{t['gmae_pct']:.2f}") if t else ("", "")) if typ else ()
         table.add_row(r["kernel"], str(r["samples"]), f"{r['gmae_pct']:.2f}", f"{ci[0]:.1f}-{ci[1]:.1f}" if ci else "",
-                      f"{r['mape_pct']:.2f}", f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}",
+                      f"{r['mape_pct']:.2f}", f"{r['std_pct']:.2f}", f"{r['max_pct']:.1f}", *state,
                       f"{spread:.0f}" if spread is not None else "", r["model"])
     console.print(table)
+    if typ:
+        console.print("fitted to each sample's fastest round: GMAE .. max % score the models against the held-out "
+                      "fastest rounds; 'state x' is the measured factor of the machine's typical state over its "
+                      "fastest, applied to every prediction; 'typical GMAE %' scores the scaled models against the "
+                      "held-out medians of rounds", highlight=False)
     if spreads:
         console.print("round spread: median over a kernel's samples of slowest / fastest round - 1 (the timing noise "
                       "of one shape, not a model error)", highlight=False)
