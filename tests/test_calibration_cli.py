@@ -428,3 +428,31 @@ def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: P
     res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(tmp_path / "bad"),
                               "--data-from", f"lockstep={base}"])
     assert res.exit_code == 2 and "has no lockstep probe" in res.output
+
+
+def test_refit_to_the_fastest_round_and_bad_fit_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--fit-target fastest_round`` refits a pack's stored samples to their fastest rounds and keeps the
+    choice in the manifest (a later plain refit keeps it); the models carry their state factors, and the
+    table and the printout show both scores. An unknown target is one line and exit 2."""
+    from predictor.kernels.state import StateScaled
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    src = tmp_path / "packs" / "src"
+    assert runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(src), "--threads", "1",
+                               "--families", "gemm,elementwise"]).exit_code == 0
+    out = tmp_path / "packs" / "fast"
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--out", str(out), "--fit-target", "fastest_round"])
+    assert res.exit_code == 0, res.output
+    assert "state x" in res.output and "typical GMAE" in res.output
+    pack = load_asset_pack(out)
+    assert pack.manifest["fit_target"] == "fastest_round"
+    assert all(isinstance(m, StateScaled) for m in pack.models)
+    for r in pack.error_table:
+        assert r["state_factor"] >= 1.0 and r["typical"]["gmae_pct"] >= 0
+    assert "typical GMAE %" in (out / "errors.md").read_text()
+    assert runner.invoke(app, ["calibrate", "--refit", str(out)]).exit_code == 0  # in place: the target stays
+    assert load_asset_pack(out).manifest["fit_target"] == "fastest_round"
+    for args in (["calibrate", "--refit", str(src), "--out", str(tmp_path / "x"), "--fit-target", "fastest"],
+                 ["calibrate", "--device", "cpu", "--out", str(tmp_path / "y"), "--fit-target", "min"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and "--fit-target" in res.output and "Traceback" not in res.output
