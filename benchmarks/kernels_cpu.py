@@ -42,9 +42,9 @@ PAPER_GMAE = {
 TARGET_GMAE = 5.0
 
 
-def _noise_floor_sentence() -> str:
-    """What ``benchmarks/round_noise_cpu.py`` measured: the GMAE a perfect model would score (or "")."""
-    f = ROOT / "benchmarks" / "results" / "round_noise_cpu.json"
+def _noise_floor_sentence(f: Path = ROOT / "benchmarks" / "results" / "round_noise_cpu.json") -> str:
+    """What ``benchmarks/round_noise_cpu.py`` measured (its results ``f``): the GMAE a perfect model would score
+    (or "")."""
     if not f.exists():
         return ""
     per = json.loads(f.read_text()).get("per_kernel", [])
@@ -52,7 +52,8 @@ def _noise_floor_sentence() -> str:
     one = [r["floor_one_round_gmae_pct"] for r in per if "floor_one_round_gmae_pct" in r]
     if not three:
         return ""
-    return (f" Measured directly (`benchmarks/results/round_noise_cpu.md`, {len(per)} kernels), a median-of-three "
+    shown = f.with_suffix(".md").relative_to(ROOT) if f.is_relative_to(ROOT) else f.with_suffix(".md")
+    return (f" Measured directly (`{shown}`, {len(per)} kernels), a median-of-three "
             f"sample is {min(three):.1f}-{max(three):.1f} % GMAE from its shape's typical time on this VM"
             + (f" and a one-round sample {min(one):.1f}-{max(one):.1f} %" if one else "")
             + ": the GMAE a perfect model would score. Most of every GMAE below is model error, largest on "
@@ -141,6 +142,8 @@ def main() -> None:
     ap.add_argument("--fit-target", default="typical", choices=("typical", "fastest_round"),
                     help="what the models are fitted to (tuner calibrate --fit-target; default typical)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "kernels_cpu"))
+    ap.add_argument("--noise", type=Path, default=ROOT / "benchmarks" / "results" / "round_noise_cpu.json",
+                    help="benchmarks/round_noise_cpu.py results of the same machine (the noise-floor sentence)")
     ap.add_argument("--from-pack", action="store_true",
                     help="re-render the results from the pack at --out (its manifest) without measuring")
     args = ap.parse_args()
@@ -231,7 +234,7 @@ def main() -> None:
         "Round spread: two timings of the same shape in different rounds differ by a median of "
         + ", ".join(f"{k} {v:.0f} %" for k, v in round_spreads(pack.path).items())
         + " (slowest / fastest round - 1). That is the extreme of up to three rounds, not the error of a "
-        "sample." + _noise_floor_sentence() + " This 2-core VM shares its cores and caches with other jobs, and "
+        "sample." + _noise_floor_sentence(args.noise.resolve()) + " This 2-core VM shares its cores and caches with other jobs, and "
         "memory-bound kernels of a few MB switch between a fast and a ~2x slower state for seconds to "
         "minutes at a time." + _collective_floor_sentence(pack),
         "",
