@@ -103,3 +103,21 @@ def test_fastest_round_fit_needs_the_fastest_round_column():
                  log=lambda s: None, target="fastest_round")
     with pytest.raises(CalibrationError, match="fit target"):
         _fit_all({"elementwise": frame}, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None, target="fastest")
+
+
+def test_a_corrupt_state_scaled_model_is_one_clear_pack_error(tmp_path):
+    import json
+
+    from predictor.platforms.assets import AssetPackError, load_asset_pack, write_asset_pack
+
+    roof = FittedRoofline({"add": RooflineFit(2e-6, (), (40e9,))}, generic="add")
+    write_asset_pack(tmp_path / "p", name="p", device="cpu", platform=CPU,
+                     models={"roofline": StateScaled(roof, {"add": 1.1})}, error_table=[], data={})
+    assert isinstance(load_asset_pack(tmp_path / "p").models[0], StateScaled)
+    f = tmp_path / "p" / "models" / "roofline.json"
+    for factors in ([1.1], {"add": -1.0}, {"add": "fast"}):
+        doc = json.loads(f.read_text())
+        doc["factors"] = factors
+        f.write_text(json.dumps(doc))
+        with pytest.raises(AssetPackError, match="roofline.json: not a valid kernel model"):
+            load_asset_pack(tmp_path / "p")

@@ -842,6 +842,8 @@ def model_from_dict(d: Mapping) -> KernelModel:
     """Inverse of :func:`model_to_dict`; raises ``KeyError``/``ValueError``/``TypeError`` on bad input."""
     kind = d["type"]
     if kind == "state_scaled":
+        if not isinstance(d["factors"], Mapping):
+            raise TypeError("state_scaled factors must map op kinds to numbers")
         return StateScaled(model_from_dict(d["inner"]), {str(k): float(v) for k, v in d["factors"].items()})
     if kind == "mlp":
         nets = {k: MLPNet.from_dict(v) for k, v in d["nets"].items()}
