@@ -101,23 +101,15 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
             return str(pack_at_revision(REPO, rev, f"assets/{name}", workdir / f"git-{rev}-{name}"))
         except AssetPackError as exc:
             fail(f"--compare {spec}: {exc}")
-    if spec.startswith("refit:"):
+    if spec.startswith(("refit:", "fastest:")):
         from predictor.calibrate import CalibrationError, refit
 
-        out = workdir / "refit"
+        kind, _, src = spec.partition(":")
+        out = workdir / kind
         try:
-            refit(Path(spec[6:]), out, log=lambda _m: None, register=False,
-                  platform_facts=fault_facts(fault_s) if fault_s is not None else None)
-        except CalibrationError as exc:
-            fail(f"--compare {spec}: {exc}")
-        return str(out)
-    if spec.startswith("fastest:"):
-        from predictor.calibrate import CalibrationError, refit
-
-        out = workdir / "fastest"
-        try:
-            refit(_pack_dir(spec[8:], spec), out, log=lambda _m: None, register=False, fit_target="fastest_round",
-                  platform_facts=fault_facts(fault_s) if fault_s is not None else None)
+            refit(Path(src) if kind == "refit" else _pack_dir(src, spec), out, log=lambda _m: None, register=False,
+                  platform_facts=fault_facts(fault_s) if fault_s is not None else None,
+                  fit_target="fastest_round" if kind == "fastest" else None)
         except CalibrationError as exc:
             fail(f"--compare {spec}: {exc}")
         return str(out)

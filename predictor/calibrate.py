@@ -110,6 +110,13 @@ PROBES = ("step_reuse", "lockstep")
 MIN_SCALE, MAX_SCALE = 0.25, 64.0
 
 
+def _check_fit_target(fit_target: str) -> str:
+    """``fit_target`` if it is one of :data:`~predictor.kernels.state.FIT_TARGETS`; else CalibrationError."""
+    if fit_target not in FIT_TARGETS:
+        raise CalibrationError(f"--fit-target {fit_target}: expected one of {', '.join(FIT_TARGETS)}")
+    return fit_target
+
+
 def collective_passes(level: Level, scale: float = 1.0) -> int:
     """Passes the collective ranks make over every size (their median is kept): the level's rounds,
     times ``scale`` (``--scale``), at least the level's rounds."""
@@ -232,8 +239,7 @@ def calibrate(
         raise CalibrationError(f"--gemm-timing {gemm_timing}: expected cold or warm")
     if not (math.isfinite(scale) and MIN_SCALE <= scale <= MAX_SCALE):
         raise CalibrationError(f"--scale {scale}: must be between {MIN_SCALE:g} and {MAX_SCALE:g}")
-    if fit_target not in FIT_TARGETS:
-        raise CalibrationError(f"--fit-target {fit_target}: expected one of {', '.join(FIT_TARGETS)}")
+    _check_fit_target(fit_target)
     started = time.perf_counter()
     log(f"calibrating {dev} ({level} grids" + (f" x{scale:g}" if scale != 1 else "")
         + f", {n_threads} torch thread(s), world size {world_size}) -> {out}")
@@ -613,9 +619,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     extra["overheads"] = overheads
     extra["refit"] = refit_info
     if fit_target is not None:
-        if fit_target not in FIT_TARGETS:
-            raise CalibrationError(f"--fit-target {fit_target}: expected one of {', '.join(FIT_TARGETS)}")
-        extra["fit_target"] = fit_target
+        extra["fit_target"] = _check_fit_target(fit_target)
     if platform_facts:
         extra.update({k: getattr(base, k) for k in ("page_fault_s", "fresh_mapping_bytes")})
     log(f"refitting {old.name} ({dev}, {level} grids) from its stored benchmarks -> {out}")
@@ -1038,10 +1042,11 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         row = {"kernel": spec.kernel, "family": family, "samples": int(len(train) + len(test)),
                "test": int(len(test))}
         if target == "fastest_round":
-            pred = _cat([by_kind[kind].predict_undisturbed(_view(part, kind), platform) for kind, part in parts])
+            preds = [by_kind[kind].predict(_view(part, kind), platform) for kind, part in parts]
+            # the inner model's prediction is the scaled one over the kind's factor (no second prediction pass)
+            pred = _cat([p / by_kind[kind].factor(kind) for p, (kind, _) in zip(preds, parts, strict=True)])
             row.update(_held_out_errors(pred, _cat([part[column].to_numpy() for _, part in parts])))
-            full = _cat([by_kind[kind].predict(_view(part, kind), platform) for kind, part in parts])
-            typical_errors = _held_out_errors(full, _cat([part["seconds"].to_numpy() for _, part in parts]))
+            typical_errors = _held_out_errors(_cat(preds), _cat([part["seconds"].to_numpy() for _, part in parts]))
             row["typical"] = {k: typical_errors[k] for k in ("gmae_pct", "gmae_ci90_pct", "mape_pct", "max_pct")}
             row["state_factor"] = by_kind[spec.kinds[0]].factor(spec.kinds[0])
         else:
