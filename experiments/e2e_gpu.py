@@ -9,9 +9,9 @@ Two halves, because the GPU is lent for minutes and the predictions need none:
   (Kineto + execution trace), for ``tuner replay``.
 * ``--predict FILE`` (anywhere): predicts every measured row from its spec (the synthesisers in
   device mode: asynchronous kernels on a stream, the host launching them with the platform's CPU
-  overheads T1-T5) with the H100 catalog entry (analytic kernel models) and, when it exists, the
-  calibrated asset pack ``assets/h100`` (``tuner calibrate --device cuda --out assets/h100``); writes
-  ``benchmarks/results/e2e_h100.md`` and ``.json``.
+  overheads T1-T5) with the GPU's catalog entry (analytic kernel models) and, when it exists, its
+  calibrated asset pack (``--gpu h100``: ``assets/h100``; ``--gpu h200``: ``assets/h200-cal``, made by
+  ``tuner calibrate --device cuda --out assets/NAME``); writes ``benchmarks/results/e2e_GPU.md`` and ``.json``.
 
 Measurement: per configuration, ``--warmup`` untimed iterations, then ``--iters`` iterations each
 timed by CUDA events around the step on the current stream (the host runs ahead as it would in
@@ -22,6 +22,8 @@ iterations between two synchronisations, as a cross-check.
 
 Run (GPU machine): ``python experiments/e2e_gpu.py --measure --out e2e_h100_measured.json --traces T``
 Then (here):       ``python experiments/e2e_gpu.py --predict benchmarks/results/e2e_h100_measured.json``
+H200 (2026-11-26): ``python experiments/e2e_gpu.py --gpu h200 --predict benchmarks/results/e2e_h200_measured.json
+benchmarks/results/e2e_h200_measured_b.json --platforms h200 h100-sxm h100 h200-cal``
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ ROWS: dict[str, tuple[int, ...]] = {
     "gpt": (2, 8, 32),
     "gpt-bf16": (2, 4, 8),
     "dlrm": (1024, 4096, 16384),
+}
+#: ``--gpu``: the GPU a measured file is predicted for -> its catalog entry (analytic models) and its
+#: calibrated asset pack (``assets/PACK``); the pack also prices the trace what-if rows
+GPUS: dict[str, dict[str, str]] = {
+    "h100": {"catalog": "h100-sxm", "pack": "h100"},
+    "h200": {"catalog": "h200", "pack": "h200-cal"},
 }
 #: the configuration of each model recorded as a trace (``--traces``)
 TRACE_BATCH = {"mlp": 4096, "gpt": 8, "gpt-bf16": 4, "dlrm": 4096}
@@ -241,9 +249,9 @@ def graph_for(model: str, batch: int, program: str | None = None):
 
 
 def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
-                 program: str = GPT_PROGRAM) -> tuple[list[dict], dict]:
+                 program: str = GPT_PROGRAM, trace_pack: str = "h100") -> tuple[list[dict], dict]:
     """Every measured row predicted by each timing (and from its model's trace in ``traces_dir``,
-    if given); returns (rows, summary by predictor)."""
+    if given, priced by the asset pack ``trace_pack``); returns (rows, summary by predictor)."""
     from predictor.simulate import simulate
 
     rows = []
@@ -262,7 +270,7 @@ def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
         if trace is not None:
             from predictor.transform import parse_sets, predict_trace
 
-            res = predict_trace(trace, parse_sets([f"batch_size={int(r['batch'])}"]), "h100")
+            res = predict_trace(trace, parse_sets([f"batch_size={int(r['batch'])}"]), trace_pack)
             row["trace"] = trace.name
             row["trace_predicted_s"] = float(res.predicted_iteration_s)
             row["trace_unprofiled_s"] = float(res.baseline_measured_s)
@@ -277,7 +285,8 @@ def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
     traced = [row for row in rows if "trace_predicted_s" in row]
     if traced:
         pred = [row["trace_predicted_s"] for row in traced]
-        summary["trace what-if (h100)"] = {"source": "tuner predict TRACE --set batch_size=B --platform h100",
+        summary[f"trace what-if ({trace_pack})"] = {
+                                           "source": f"tuner predict TRACE --set batch_size=B --platform {trace_pack}",
                                            "geomean_pct": float(geomean_abs_pct_error(
                                                pred, [row["measured_s"] for row in traced])),
                                            "max_pct": float(max_abs_pct_error(
@@ -298,19 +307,22 @@ def predict(args) -> None:
     from predictor.platforms.assets import AssetPackError, pack_at_revision
 
     files = [Path(f) for f in args.predict]
-    platforms = [p for p in args.platforms if p != "h100" or (REPO / "assets" / "h100" / "manifest.json").exists()]
+    gpu = GPUS[args.gpu]
+    pack_name = gpu["pack"]
+    requested = args.platforms or [gpu["catalog"], pack_name]
+    platforms = [p for p in requested if p != pack_name or (REPO / "assets" / pack_name / "manifest.json").exists()]
     timings = {}
     with tempfile.TemporaryDirectory(prefix="e2e_gpu_") as work:  # git:REV packs, extracted while they load
         for p in platforms:
             if not p.startswith("git:"):
                 timings[p] = timing_for(p)
                 continue
-            try:  # the committed assets/h100 of an earlier revision, shown as h100@REV
-                pack = pack_at_revision(REPO, p[4:], "assets/h100", Path(work) / p[4:])
+            try:  # the committed assets/PACK of an earlier revision, shown as PACK@REV
+                pack = pack_at_revision(REPO, p[4:], f"assets/{pack_name}", Path(work) / p[4:])
             except AssetPackError as exc:
                 print(f"error: --platforms {p}: {exc}", file=sys.stderr)
                 raise SystemExit(2) from None
-            timings[f"h100@{p[4:]}"] = timing_for(str(pack))
+            timings[f"{pack_name}@{p[4:]}"] = timing_for(str(pack))
     platforms = list(timings)
     chosen = args.gpt_program
     other = "megatron" if chosen == "eager" else "eager"
@@ -320,7 +332,8 @@ def predict(args) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     measured = runs[0]
-    rows, summary = predict_rows(measured, timings, args.traces_dir if "h100" in platforms else None, chosen)
+    traces_dir = args.traces_dir or REPO / "benchmarks" / "traces" / args.gpu
+    rows, summary = predict_rows(measured, timings, traces_dir if pack_name in platforms else None, chosen, pack_name)
     others, programs = [], []
     for f, m in zip(files, runs, strict=True):
         s = summary if m is measured else predict_rows(m, timings, None, chosen)[1]
@@ -330,14 +343,15 @@ def predict(args) -> None:
         # the same rows with the transformer synthesiser's other program for the GPT rows
         programs.append({"file": f.name, "by_program": {chosen: {p: s[p] for p in timings},
                                                          other: predict_rows(m, timings, None, other)[1]}})
-    out = {"measured": {k: v for k, v in measured.items() if k != "rows"}, "file": files[0].name,
+    out = {"gpu": args.gpu, "pack": pack_name,
+           "measured": {k: v for k, v in measured.items() if k != "rows"}, "file": files[0].name,
            "platforms": platforms, "summary": summary, "rows": rows, "other_runs": others,
            "gpt_program": chosen, "program_comparison": programs,
-           "kernel_counts": kernel_counts(args.traces_dir, chosen)}
+           "kernel_counts": kernel_counts(traces_dir, chosen)}
     results = Path(args.results_dir)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "e2e_h100.json").write_text(json.dumps(out, indent=1))
-    (results / "e2e_h100.md").write_text(render(out))
+    (results / f"e2e_{args.gpu}.json").write_text(json.dumps(out, indent=1))
+    (results / f"e2e_{args.gpu}.md").write_text(render(out))
     print(render(out))
 
 
@@ -373,8 +387,9 @@ def _trace_for(model: str, folder: str | Path) -> Path | None:
 def render(out: dict) -> str:
     m = out["measured"]
     ps = out["platforms"]
+    gpu, pack = out.get("gpu", "h100"), out.get("pack", "h100")
     lines = [
-        "# End-to-end accuracy on one H100: predicted vs measured training iterations",
+        f"# End-to-end accuracy on one {gpu.upper()}: predicted vs measured training iterations",
         "",
         f"Measured {m['date']} on {m['gpu']} (torch {m['torch']}, CUDA {m['cuda']}; TF32 off), "
         f"{m['warmup']} warm-up + {m['iters']} timed iterations x {m['passes']} interleaved passes, CUDA events "
@@ -401,9 +416,9 @@ def render(out: dict) -> str:
     if traced:
         lines += [
             "", "## From captured traces (what-if batch size)", "",
-            "Each model's trace (`benchmarks/traces/h100/`, captured with `tuner.capture` at one batch in the same "
+            f"Each model's trace (`benchmarks/traces/{gpu}/`, captured with `tuner.capture` at one batch in the same "
             "session as the measurements, 3 profiled steps, then 15 unprofiled ones) predicted at every measured "
-            "batch with `tuner predict TRACE --set batch_size=B --platform h100`: the profiled step corrected to the "
+            f"batch with `tuner predict TRACE --set batch_size=B --platform {pack}`: the profiled step corrected to the "
             "capture's unprofiled iterations, changed kernels re-timed by the pack (anchored on the measured ones), "
             "and the loop's pace the larger of the host's step and the busiest stream's work.",
             "",
@@ -496,13 +511,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--predict", nargs="+", default=None,
                     help="measured JSON(s) to predict: the first row by row, the others summarised")
-    ap.add_argument("--platforms", nargs="+", default=["h100-sxm", "h100"],
-                    help="catalog names, packs, or git:REV (assets/h100 as committed at REV, shown as h100@REV)")
+    ap.add_argument("--gpu", choices=list(GPUS), default="h100",
+                    help="the GPU of the measured files (--predict): default platforms, traces and result names")
+    ap.add_argument("--platforms", nargs="+", default=None,
+                    help="catalog names, packs, or git:REV (the --gpu's pack as committed at REV, shown as PACK@REV); "
+                    "default: the --gpu's catalog entry and asset pack")
     ap.add_argument("--gpt-program", choices=["eager", "megatron"], default=GPT_PROGRAM,
                     help="the transformer synthesiser's program for the GPT rows (the measured GPTs are eager)")
-    ap.add_argument("--results-dir", default=str(RESULTS), help="where e2e_h100.md/.json go (--predict)")
-    ap.add_argument("--traces-dir", default=str(REPO / "benchmarks" / "traces" / "h100"),
-                    help="captured traces to predict the rows from too (--predict)")
+    ap.add_argument("--results-dir", default=str(RESULTS), help="where e2e_GPU.md/.json go (--predict)")
+    ap.add_argument("--traces-dir", default=None,
+                    help="captured traces to predict the rows from too (--predict; default benchmarks/traces/GPU)")
     args = ap.parse_args(argv)
     if args.measure:
         measure(args)

@@ -6,6 +6,9 @@
 #   bash experiments/gpu_session.sh e2e        # e2e rows, this instance's T1..T5, GPU tests, then as `stages` (~7 min)
 #   bash experiments/gpu_session.sh stages     # the H100 stage-latency dataset alone (~9 min)
 #   bash experiments/gpu_session.sh overheads  # e2e rows, then the T1..T5 measurement's spread in 2 processes (~5 min)
+#   bash experiments/gpu_session.sh lease      # one call for a 15-minute lease: e2e rows + traces, the CUDA benchmarks
+#                                              # (--no-fit), then with what is left of DEADLINE_S (default 560 s) the
+#                                              # T1..T5 spread and the GPU tests
 # Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json, traces-*.tar.gz, h100_pack.tar.gz.
 # The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
 set -u
@@ -22,6 +25,8 @@ else
 fi
 { date -u; nvidia-smi; nproc; python3 -c "import torch, pydantic; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), pydantic.__version__)"; } >>"$LOG" 2>&1
 step=${1:-measure}
+T0=$(date +%s)
+left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - T0) )); }  # seconds left of this call's budget
 if [ "$step" = measure ]; then
   echo "== e2e measure" >>"$LOG"
   timeout 240 python3 experiments/e2e_gpu.py --measure --out "$OUT/e2e_h100_measured.json" --traces /tmp/traces >>"$LOG" 2>&1
@@ -30,6 +35,26 @@ if [ "$step" = measure ]; then
   echo "== GPU tests" >>"$LOG"
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
   echo "pytest rc=$?" >>"$LOG"
+elif [ "$step" = lease ]; then  # everything a short lease can give, most valuable first, each step bounded
+  echo "== e2e measure + traces" >>"$LOG"
+  timeout "${E2E_TIMEOUT:-170}" python3 experiments/e2e_gpu.py --measure --passes 5 --out "$OUT/e2e_measured.json" \
+    --traces /tmp/traces >>"$LOG" 2>&1
+  echo "e2e rc=$? ($(left) s left)" >>"$LOG"
+  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+  echo "== calibrate --no-fit" >>"$LOG"
+  timeout "$(( $(left) > 360 ? 360 : $(left) - 10 ))" python3 -m tuner.cli calibrate --device cuda --quick --no-fit \
+    --out /tmp/gpu_pack >>"$LOG" 2>&1
+  echo "calibrate rc=$? ($(left) s left)" >>"$LOG"
+  [ -d /tmp/gpu_pack ] && tar czf "$OUT/gpu_pack.tar.gz" -C /tmp gpu_pack
+  if [ "$(left)" -gt 40 ]; then
+    timeout "$(( $(left) - 25 ))" python3 experiments/overheads_spread.py --device cuda --rounds 2 \
+      --out "$OUT/overheads_spread.json" >>"$LOG" 2>&1
+    echo "overheads_spread rc=$? ($(left) s left)" >>"$LOG"
+  fi
+  if [ "$(left)" -gt 15 ]; then
+    timeout "$(( $(left) - 5 ))" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
+    echo "pytest rc=$? ($(left) s left)" >>"$LOG"
+  fi
 elif [ "$step" = calibrate ]; then
   echo "== calibrate" >>"$LOG"
   timeout "${CAL_TIMEOUT:-540}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1

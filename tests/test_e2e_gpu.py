@@ -45,6 +45,25 @@ def test_predict_writes_both_platforms_and_the_trace_rows(tmp_path: Path):
     assert "From captured traces" in md and "other machine instances" in md
 
 
+@pytest.mark.skipif(not (REPO / "assets" / "h200-cal" / "manifest.json").exists(), reason="needs the h200-cal pack")
+def test_predict_for_the_h200_uses_its_catalog_entry_pack_and_traces(tmp_path: Path):
+    main = _measured(tmp_path, [("mlp", 16384, 5.4e-3)])
+    out = tmp_path / "res"
+    e2e_gpu.main(["--gpu", "h200", "--predict", str(main), "--results-dir", str(out)])
+    res = json.loads((out / "e2e_h200.json").read_text())
+    assert res["platforms"] == ["h200", "h200-cal"] and res["gpu"] == "h200"
+    assert res["summary"]["h200"]["source"] == "analytic (catalog)"
+    assert res["summary"]["h200-cal"]["source"] == "asset pack h200-cal"
+    assert "trace what-if (h200-cal)" in res["summary"]
+    row = res["rows"][0]
+    assert row["trace"] == "traces-mlp-b4096.tar.gz"
+    # GPU-bound: the H200's faster memory puts the calibrated MLP step below the H100 pack's
+    e2e_gpu.main(["--predict", str(main), "--platforms", "h100", "--results-dir", str(out)])
+    h100 = json.loads((out / "e2e_h100.json").read_text())["rows"][0]["predicted_s[h100]"]
+    assert row["predicted_s[h200-cal]"] < h100
+    assert "one H200" in (out / "e2e_h200.md").read_text()
+
+
 @pytest.mark.parametrize(("text", "message"), [
     (None, "cannot read measured file"),
     ('{"rows": [', "is not JSON"),
