@@ -14,7 +14,7 @@ the predictions against every archived window:
 
 Writes ``benchmarks/results/e2e_windows.md`` and ``.json`` (the archive itself is never written here).
 
-    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|fastest:PACK|refit:DIR|throughout:SPEC ...]
+    python experiments/e2e_windows.py [--platform cpu-local] [--compare PACK|git:REV|lq:PACK|fastest:PACK|fastcoll:PACK|refit:DIR|throughout:SPEC ...]
                                       [--allocator default|no_trim] [--cpu pack|host|all]
 
 Only the windows measured on the ``--platform`` pack's CPU are pooled (``--cpu pack``, the default:
@@ -68,6 +68,10 @@ def load_windows(path: Path) -> list[dict]:
     return windows
 
 
+#: pack-spec prefixes that refit a pack's stored data -> the fit target (None: the pack's own)
+REFIT_SPECS: dict[str, str | None] = {"refit": None, "fastest": "fastest_round", "fastcoll": "fastest_collectives"}
+
+
 def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     """A platform argument for ``spec``:
 
@@ -78,6 +82,8 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     * ``fastest:PACK`` -> PACK (a pack, or a ``refit:``-able data folder) refitted to each sample's fastest
       round times each op kind's typical-state factor (``fit_target="fastest_round"``,
       :mod:`predictor.kernels.state`), same data, so only the fit target differs;
+    * ``fastcoll:PACK`` -> the same with ``fit_target="fastest_collectives"`` (only the collectives fitted to
+      their fastest passes, times their state factor; every other family typical);
     * ``refit:DIR`` -> the benchmark data of DIR (a pack written with ``--no-fit``, such as those
       kept in ``benchmarks/results/data/packs/``) fitted into ``workdir``;
     * ``hc:CLASS=F[,CLASS=F]:SPEC`` -> the pack of ``SPEC`` with its host-contention factors of those
@@ -101,7 +107,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
             return str(pack_at_revision(REPO, rev, f"assets/{name}", workdir / f"git-{rev}-{name}"))
         except AssetPackError as exc:
             fail(f"--compare {spec}: {exc}")
-    if spec.startswith(("refit:", "fastest:")):
+    if spec.startswith(tuple(f"{k}:" for k in REFIT_SPECS)):
         from predictor.calibrate import CalibrationError, refit
 
         kind, _, src = spec.partition(":")
@@ -109,7 +115,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         try:
             refit(Path(src) if kind == "refit" else _pack_dir(src, spec), out, log=lambda _m: None, register=False,
                   platform_facts=fault_facts(fault_s) if fault_s is not None else None,
-                  fit_target="fastest_round" if kind == "fastest" else None)
+                  fit_target=REFIT_SPECS[kind])
         except CalibrationError as exc:
             fail(f"--compare {spec}: {exc}")
         return str(out)

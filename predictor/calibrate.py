@@ -54,7 +54,7 @@ from predictor.kernels.learned import (
     fit_mlp,
     fit_roofline,
 )
-from predictor.kernels.state import FIT_TARGETS, StateScaled, state_factor, unwrap
+from predictor.kernels.state import FIT_TARGETS, StateScaled, fits_fastest, state_factor, unwrap
 from predictor.metrics import (
     geomean_abs_pct_error,
     geomean_abs_pct_error_interval,
@@ -72,6 +72,11 @@ HOLDOUT_FRACTION = 0.2
 #: the benchmark-data column each fit target (:data:`~predictor.kernels.state.FIT_TARGETS`) fits: the median
 #: over a sample's rounds, or the median of the repeats of its fastest round
 TARGET_COLUMN = {"typical": "seconds", "fastest_round": "median_s"}
+
+
+def _target_column(target: str, family: str) -> str:
+    """The data column fit target ``target`` fits family ``family`` to (:data:`TARGET_COLUMN`)."""
+    return TARGET_COLUMN["fastest_round" if fits_fastest(target, family) else "typical"]
 
 #: wall-clock budget per benchmark family, seconds, by level
 BUDGETS: dict[str, dict[str, float]] = {
@@ -199,7 +204,8 @@ def calibrate(
             whose learned models see more data (``--quick --scale 4``: about 40 minutes on the
             2-core VM; held-out GEMM error falls with more shapes, ``benchmarks/results/kernels_cpu.md``).
         fit_target: ``"typical"`` fits each sample's median over its rounds; ``"fastest_round"`` its fastest
-            round, times each op kind's measured typical-state factor (:mod:`predictor.kernels.state`).
+            round, times each op kind's measured typical-state factor (:mod:`predictor.kernels.state`);
+            ``"fastest_collectives"`` the collectives so and every other family typical.
 
     Raises:
         CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing``, ``scale`` or
@@ -946,11 +952,11 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
     the wrapped model against the held-out medians of rounds (``typical``)."""
     if target not in FIT_TARGETS:
         raise CalibrationError(f"fit target {target!r}: expected one of {', '.join(FIT_TARGETS)}")
-    column = TARGET_COLUMN[target]
-    missing = sorted(f for f, frame in data.items() if column not in frame.columns)
+    fastest = TARGET_COLUMN["fastest_round"]
+    missing = sorted(f for f, frame in data.items() if fits_fastest(target, f) and fastest not in frame.columns)
     if missing:
         raise CalibrationError(f"fit target {target}: the benchmark data of {', '.join(missing)} have no "
-                               f"{column} column (measured before the calibration kept it)")
+                               f"{fastest} column (measured before the calibration kept it)")
     grid, epochs, budget = MLP_SETTINGS[level]
     budget *= max(1.0, scale)  # grid-search seconds per kernel: more samples train slower
     splits: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
@@ -974,6 +980,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         tr, te = _split(len(sub), seed, spec.kernel)
         train, test = sub.iloc[tr], sub.iloc[te]
         splits[spec.kernel] = (train, test)
+        column = _target_column(target, family)
         t0 = time.perf_counter()
         if spec.method == "mlp":
             cols = {c: train[c].to_numpy(dtype=np.float64) for c in train.columns
@@ -1025,8 +1032,10 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         models["roofline"] = FittedRoofline(roof_fits, generic="add" if "add" in roof_fits else None)
     if curves:
         models["collectives"] = PiecewiseCollective(curves)
-    if target == "fastest_round":
-        models = _state_scaled(models, [splits[s.kernel][0] for _f, s in specs if s.kernel in splits])
+    scaled_keys = [key for key, m in models.items()
+                   if any(fits_fastest(target, f) for f, s in specs if s.kernel in splits and set(s.kinds) & set(m.kinds))]
+    models.update(_state_scaled({k: models[k] for k in scaled_keys},
+                                [splits[s.kernel][0] for f, s in specs if s.kernel in splits and fits_fastest(target, f)]))
 
     # held-out errors through the KernelModel API (the path predictions take)
     by_kind: dict[str, KernelModel] = {}
@@ -1041,7 +1050,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         parts = list(test.groupby("kind", sort=False)) if len(test) else []
         row = {"kernel": spec.kernel, "family": family, "samples": int(len(train) + len(test)),
                "test": int(len(test))}
-        if target == "fastest_round":
+        column = _target_column(target, family)
+        if fits_fastest(target, family):
             preds = [by_kind[kind].predict(_view(part, kind), platform) for kind, part in parts]
             # the inner model's prediction is the scaled one over the kind's factor (no second prediction pass)
             pred = _cat([p / by_kind[kind].factor(kind) for p, (kind, _) in zip(preds, parts, strict=True)])

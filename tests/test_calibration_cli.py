@@ -452,6 +452,16 @@ def test_refit_to_the_fastest_round_and_bad_fit_targets(tmp_path: Path, monkeypa
     assert "typical GMAE %" in (out / "errors.md").read_text()
     assert runner.invoke(app, ["calibrate", "--refit", str(out)]).exit_code == 0  # in place: the target stays
     assert load_asset_pack(out).manifest["fit_target"] == "fastest_round"
+    # collectives only: a pack without collectives keeps every model fitted to the typical rounds
+    coll = tmp_path / "packs" / "coll"
+    res = runner.invoke(app, ["calibrate", "--refit", str(src), "--out", str(coll), "--fit-target",
+                              "fastest_collectives"])
+    assert res.exit_code == 0, res.output
+    pack = load_asset_pack(coll)
+    assert pack.manifest["fit_target"] == "fastest_collectives"
+    assert not any(isinstance(m, StateScaled) for m in pack.models)
+    assert [r["gmae_pct"] for r in pack.error_table] == pytest.approx(
+        [r["gmae_pct"] for r in load_asset_pack(src).error_table], rel=1e-2)  # MLP refits agree to ~1e-4
     for args in (["calibrate", "--refit", str(src), "--out", str(tmp_path / "x"), "--fit-target", "fastest"],
                  ["calibrate", "--device", "cpu", "--out", str(tmp_path / "y"), "--fit-target", "min"]):
         res = runner.invoke(app, args)

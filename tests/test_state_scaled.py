@@ -96,6 +96,45 @@ def test_fastest_round_fit_recovers_the_shape_curve_and_the_state_factor():
     assert "state x" in md and "typical GMAE %" in md and f"| {row['state_factor']:.3f} |" in md
 
 
+def _collective_rounds(n: int, rng: np.random.Generator, state: float) -> pd.DataFrame:
+    """A 2-rank all-reduce table: fastest passes on a known latency + bandwidth curve (3 % noise), the
+    typical pass ``state`` x slower with 25 % more noise (gloo on a shared host)."""
+    size = np.exp(rng.uniform(np.log(4.0), np.log(2.0**24), n))
+    fastest = (2e-5 + size / 2e9) * np.exp(rng.normal(0.0, 0.03, n))
+    typical = fastest * state * np.exp(np.abs(rng.normal(0.0, 0.25, n)) - 0.25 * np.sqrt(2 / np.pi))
+    return pd.DataFrame({"kernel": "all_reduce/w2", "kind": "all_reduce", "msg_bytes": size, "world": 2,
+                         "seconds": typical, "median_s": fastest, "rounds": np.nan})
+
+
+def test_fastest_collectives_scales_only_the_collectives():
+    from predictor.calibration.base import ModelSpec
+
+    rng = np.random.default_rng(3)
+    elementwise, _ = _synthetic_rounds(300, rng, state=1.10)
+    data = {"elementwise": elementwise, "collectives": _collective_rounds(120, rng, state=1.3)}
+    specs = [*_elementwise_specs(), ("collectives", ModelSpec(kernel="all_reduce/w2", kinds=("all_reduce",),
+                                                              method="piecewise"))]
+    models, table = _fit_all(data, specs, "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
+    assert isinstance(models["collectives"], StateScaled)
+    assert not isinstance(models["roofline"], StateScaled)  # element-wise stays fitted to the typical rounds
+    rows = {r["kernel"]: r for r in table}
+    assert "typical" not in rows["add"]
+    assert rows["all_reduce/w2"]["state_factor"] == pytest.approx(1.3, rel=0.05)
+    assert rows["all_reduce/w2"]["gmae_pct"] < 5.0  # the sigmoid against the held-out fastest passes
+    # element-wise: the same models as a typical fit of the same data
+    typ_models, _ = _fit_all(data, specs, "tiny", 0, CPU, log=lambda s: None)
+    view = TaskView.from_columns("add", bytes=[1e6, 1e8])
+    np.testing.assert_allclose(typ_models["roofline"].predict(view, CPU), models["roofline"].predict(view, CPU))
+    # only the collectives need the fastest-round column
+    _fit_all({"elementwise": elementwise.drop(columns="median_s"), "collectives": data["collectives"]}, specs,
+             "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
+    with pytest.raises(CalibrationError, match="collectives"):
+        _fit_all({"elementwise": elementwise, "collectives": data["collectives"].drop(columns="median_s")}, specs,
+                 "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
+    md = error_table_markdown(table)
+    assert "state x" in md
+
+
 def test_fastest_round_fit_needs_the_fastest_round_column():
     frame, _ = _synthetic_rounds(40, np.random.default_rng(2), state=1.05)
     with pytest.raises(CalibrationError, match="median_s"):

@@ -34,11 +34,23 @@ import numpy as np
 from predictor.kernels.base import KernelModel, TaskView
 from predictor.platforms.schema import Platform
 
-__all__ = ["FIT_TARGETS", "StateScaled", "state_factor", "unwrap"]
+__all__ = ["FIT_TARGETS", "FASTEST_FAMILIES", "StateScaled", "fits_fastest", "state_factor", "unwrap"]
 
 #: what a calibration fits each benchmark row to: ``typical`` (the median of its rounds, column
-#: ``seconds``) or ``fastest_round`` (its fastest round, column ``median_s``, plus a state factor)
-FIT_TARGETS = ("typical", "fastest_round")
+#: ``seconds``), ``fastest_round`` (its fastest round, column ``median_s``, plus a state factor), or
+#: ``fastest_collectives`` (the collectives' fastest passes with their state factor, every other family
+#: typical: the gloo collectives' passes scatter most, and their sigmoids fit the fastest far better)
+FIT_TARGETS = ("typical", "fastest_round", "fastest_collectives")
+#: the benchmark families each target fits to the fastest round (None: all)
+FASTEST_FAMILIES: dict[str, frozenset[str] | None] = {
+    "typical": frozenset(), "fastest_round": None, "fastest_collectives": frozenset({"collectives"}),
+}
+
+
+def fits_fastest(target: str, family: str) -> bool:
+    """Whether fit target ``target`` fits benchmark family ``family`` to its fastest round."""
+    families = FASTEST_FAMILIES[target]
+    return families is None or family in families
 
 
 def state_factor(typical_s: np.ndarray, fastest_s: np.ndarray, rounds: np.ndarray | None = None) -> float:

@@ -37,9 +37,9 @@ def calibrate(
                                 "passes: a longer calibration whose learned models see more data (--quick --scale 4: "
                                 "about 40 minutes on a 2-core CPU)"),
     fit_target: str = typer.Option(None, "--fit-target", help="what each benchmark sample's model is fitted to: "
-                                   "typical (the median of its rounds; default) or fastest_round (its least disturbed "
-                                   "round, times each op kind's measured typical-state factor); with --refit, "
-                                   "default: the pack's own"),
+                                   "typical (the median of its rounds; default), fastest_round (its least disturbed "
+                                   "round, times each op kind's measured typical-state factor) or fastest_collectives "
+                                   "(the collectives so, the rest typical); with --refit, default: the pack's own"),
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
