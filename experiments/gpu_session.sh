@@ -6,6 +6,7 @@
 #   bash experiments/gpu_session.sh e2e        # e2e rows, this instance's T1..T5, GPU tests, then as `stages` (~7 min)
 #   bash experiments/gpu_session.sh stages     # the H100 stage-latency dataset alone (~9 min)
 #   bash experiments/gpu_session.sh overheads  # e2e rows, then the T1..T5 measurement's spread in 2 processes (~5 min)
+#   bash experiments/gpu_session.sh gemm       # right after `lease`, machine still warm: GEMMs only, --scale 4 (~250 s)
 #   bash experiments/gpu_session.sh lease      # one call for a 15-minute lease: e2e rows + traces, the CUDA benchmarks
 #                                              # (--no-fit), then with what is left of DEADLINE_S (default 560 s) the
 #                                              # T1..T5 spread and the GPU tests
@@ -55,6 +56,12 @@ elif [ "$step" = lease ]; then  # everything a short lease can give, most valuab
     timeout "$(( $(left) - 5 ))" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
     echo "pytest rc=$? ($(left) s left)" >>"$LOG"
   fi
+elif [ "$step" = gemm ]; then  # the GEMMs alone at 4x the shapes (~250 s): their fits are short of samples
+  echo "== calibrate --families gemm --scale 4 --no-fit" >>"$LOG"
+  timeout "$(( $(left) - 10 ))" python3 -m tuner.cli calibrate --device cuda --quick --scale 4 --families gemm \
+    --no-fit --out /tmp/gpu_gemm >>"$LOG" 2>&1
+  echo "calibrate rc=$? ($(left) s left)" >>"$LOG"  # here: tuner calibrate --refit PACK --data-from gemm=THIS
+  [ -d /tmp/gpu_gemm ] && tar czf "$OUT/gpu_gemm.tar.gz" -C /tmp gpu_gemm
 elif [ "$step" = calibrate ]; then
   echo "== calibrate" >>"$LOG"
   timeout "${CAL_TIMEOUT:-540}" python3 -m tuner.cli calibrate --device cuda --quick --out /tmp/h100 >>"$LOG" 2>&1
