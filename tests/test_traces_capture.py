@@ -38,3 +38,24 @@ def test_capture_rejects_bad_window(tmp_path):
 
     with pytest.raises(ValueError):
         capture(tmp_path, warmup=1, active=0)
+
+
+def test_cupti_teardown_only_for_cuda_captures(tmp_path, monkeypatch):
+    """A CPU capture leaves ``TEARDOWN_CUPTI`` alone and says so in ``steps.csv``; the CUDA version gate
+    reads PyTorch's runtime version (>= 12.6: Kineto's teardown is safe with CUDA graphs there)."""
+    torch = pytest.importorskip("torch")
+    from predictor.traces import capture as cap_mod
+    from predictor.traces.capture import capture, read_step_times
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    with capture(tmp_path / "c", warmup=0, active=1, execution_trace=False, cuda=False) as cap:
+        for _ in range(3):
+            torch.ones(4).sum()
+            cap.step()
+    text = (tmp_path / "c" / "rank0.steps.csv").read_text()
+    assert "# teardown_cupti=unset" in text
+    assert "TEARDOWN_CUPTI" not in __import__("os").environ
+    assert read_step_times(tmp_path / "c" / "rank0.steps.csv")["window"] == ["active", "after", "after"]
+    for version, ok in (("13.0", True), ("12.6", True), ("12.4", False), (None, False), ("x.y", False)):
+        monkeypatch.setattr(torch.version, "cuda", version)
+        assert cap_mod._cuda_at_least(12, 6) is ok

@@ -21,11 +21,22 @@ unprofiled. Torch is imported only when a capture starts.
 the time spent inside ``step()`` — trace export — excluded) and whether the profiler was
 recording it: what-if predictions (:mod:`predictor.transform`) compare the profiled
 iterations with the unprofiled ones after the window to remove the profiler's own cost.
+
+On CUDA those unprofiled iterations are only clean if CUPTI is detached when the window ends:
+Kineto finalises CUPTI after a trace only with ``TEARDOWN_CUPTI=1`` (its default before 2026;
+pytorch/pytorch#144455: training ran 10-20 % slower after the profiler finished). The captures of
+2026-11-26 on an H200 (torch 2.11, CUDA 13.0) show it: the after-window steps ran 6-33 % slower
+than the same steps in the e2e loop (``benchmarks/traces/h200/*/rank0.steps.csv`` against
+``benchmarks/results/e2e_h200_measured.json``). A capture recording CUDA on CUDA >= 12.6 therefore
+sets ``TEARDOWN_CUPTI=1`` while it runs, unless the variable is already set or ``teardown_cupti=False``
+(PyTorch sets it to 0 itself for CUDA graphs on older CUDA, where teardown crashed);
+``steps.csv`` records whether it did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +50,17 @@ def _rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     return 0
+
+
+def _cuda_at_least(major: int, minor: int) -> bool:
+    """Whether PyTorch's CUDA runtime version is at least ``major.minor`` (False without CUDA)."""
+    import torch
+
+    try:
+        got = tuple(int(x) for x in str(torch.version.cuda or "0.0").split(".")[:2])
+    except ValueError:
+        return False
+    return got >= (major, minor)
 
 
 def kineto_path(folder: str | Path, rank: int) -> Path:
@@ -88,10 +110,13 @@ class Capture:
     ``wait`` iterations run unprofiled, ``warmup`` are profiled and discarded, ``active`` are
     recorded; :meth:`step` marks the end of an iteration. ``record_shapes`` keeps op input
     shapes (what-if transforms rescale them); ``execution_trace=False`` skips the ET.
+    ``teardown_cupti``: on CUDA >= 12.6, set ``TEARDOWN_CUPTI=1`` for the capture if it is unset, so the
+    iterations after the window run without CUPTI attached (module docstring).
     """
 
     def __init__(self, folder: str | Path, warmup: int = 2, active: int = 3, *, wait: int = 0,
-                 record_shapes: bool = True, execution_trace: bool = True, cuda: bool | None = None) -> None:
+                 record_shapes: bool = True, execution_trace: bool = True, cuda: bool | None = None,
+                 teardown_cupti: bool = True) -> None:
         if warmup < 0 or active < 1 or wait < 0:
             raise ValueError("capture needs warmup >= 0, active >= 1, wait >= 0")
         self.folder = Path(folder)
@@ -101,6 +126,8 @@ class Capture:
         self.record_shapes = record_shapes
         self.execution_trace = execution_trace
         self.cuda = cuda
+        self.teardown_cupti = teardown_cupti
+        self._set_cupti = False  # this capture set TEARDOWN_CUPTI (and unsets it on exit)
         self.rank = 0
         self.steps = 0
         self.written: list[Path] = []
@@ -133,6 +160,9 @@ class Capture:
         self.folder.mkdir(parents=True, exist_ok=True)
         use_cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+        if use_cuda and self.teardown_cupti and "TEARDOWN_CUPTI" not in os.environ and _cuda_at_least(12, 6):
+            os.environ["TEARDOWN_CUPTI"] = "1"  # detach CUPTI when the window ends (module docstring)
+            self._set_cupti = True
         if self.execution_trace:
             self._et = ExecutionTraceObserver().register_callback(str(self.et_file))
         self._prof = profile(
@@ -168,7 +198,8 @@ class Capture:
         import torch
 
         path = steps_path(self.folder, self.rank)
-        rows = [f"# torch_threads={torch.get_num_threads()}", "step,wall_s,window"]
+        rows = [f"# torch_threads={torch.get_num_threads()}",
+                f"# teardown_cupti={os.environ.get('TEARDOWN_CUPTI', 'unset')}", "step,wall_s,window"]
         rows += [f"{k},{w:.9f},{self._window(k)}" for k, w in enumerate(self.wall_s)]
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
@@ -191,6 +222,9 @@ class Capture:
         if exc_type is None and self.wall_s:
             with contextlib.suppress(OSError):
                 self._write_steps()
+        if self._set_cupti:
+            os.environ.pop("TEARDOWN_CUPTI", None)
+            self._set_cupti = False
 
 
 def capture(folder: str | Path, warmup: int = 2, active: int = 3, **kwargs) -> Capture:
