@@ -21,6 +21,9 @@ def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
     assert {"addmm/bf16", "embedding_bag_bwd", "layer_norm", "softmax"} <= kernels
     m = again.manifest
     assert m["overheads"]["t4_s"] > 0  # CUDA runtime launch calls were seen under the ops
+    # the unprofiled host probes beside the T's (per-op tight loops; step-level framework work)
+    assert m["overheads"]["unprofiled_op_s"]["addmm"] > 0
+    assert m["overheads"]["unprofiled_step_s"]["backward_32"] > m["overheads"]["unprofiled_step_s"]["backward_4"] > 0
 
 
 def test_captured_cuda_trace_replays(tmp_path: Path):

@@ -83,3 +83,18 @@ def test_real_trace_overheads_are_plausible():
         s = tab.by_type[k]
         assert s.count > 100 and 0.0 <= s.mean_s < 100e-6, (k, s)
     assert 1e-6 < tab.seconds("T4", runtime="cudaLaunchKernel") < 30e-6
+
+
+def test_unprofiled_step_costs_grow_with_the_tensors_and_layers():
+    """The step-level host probes (recorded as ``unprofiled_step_s`` on CUDA; here on the CPU for the code
+    path): every probe at both sizes, positive, and more tensors / layers cost more."""
+    import torch
+
+    from predictor.calibration.overheads import STEP_PROBE_SIZES, unprofiled_step_seconds
+
+    out = unprofiled_step_seconds(torch.device("cpu"), calls=30, rounds=2)
+    lo, hi = STEP_PROBE_SIZES
+    assert set(out) == {f"{k}_{n}" for k in ("foreach_add", "sgd_step", "backward") for n in STEP_PROBE_SIZES}
+    for kind in ("foreach_add", "sgd_step", "backward"):
+        assert 0 < out[f"{kind}_{lo}"] < out[f"{kind}_{hi}"]
+    assert out[f"sgd_step_{hi}"] > out[f"foreach_add_{hi}"]  # the optimizer's Python around its foreach op

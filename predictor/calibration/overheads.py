@@ -37,7 +37,11 @@ each (median 26 µs; :func:`unprofiled_op_seconds`, recorded as ``unprofiled_op_
 scaled down: inside a training step an op also pays the autograd engine, module calls and
 allocator work the synthesised graphs do not model as tasks, and scaling the T's to the tight loop
 (or by the calibration step's unprofiled / profiled ratio, 0.61) made the H100 end-to-end
-predictions worse (12.9 % -> 25.1 % / 23.5 % geomean; `docs/SESSION_NOTES.md`, session 5).
+predictions worse (12.9 % -> 25.1 % / 23.5 % geomean; `docs/SESSION_NOTES.md`, session 5). Session 31
+found why on both GPUs (`benchmarks/results/gpu_host_model.md`): scaled T's fix the GPT rows and under-charge the
+MLP / DLRM rows, whose steps run framework work the graphs lack (a foreach optimizer op, kernel-less autograd
+nodes, the Python of ``backward()`` and ``step()``); :func:`unprofiled_step_seconds` records what that work costs
+unprofiled (``unprofiled_step_s``), for the model still to be built.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["measure_overheads", "METADATA_OPS", "whisker_mean", "unprofiled_op_seconds", "single_kernel_ops",
-           "host_seconds_per_call"]
+__all__ = ["measure_overheads", "METADATA_OPS", "whisker_mean", "unprofiled_op_seconds", "unprofiled_step_seconds",
+           "single_kernel_ops", "host_seconds_per_call"]
 
 #: leaf ops that do no compute (views, allocation, metadata) — not "kernels" on CPU
 METADATA_OPS = frozenset(
@@ -136,6 +140,48 @@ def unprofiled_op_seconds(device: torch.device, calls: int = 2000, rounds: int =
     the fastest of ``rounds``."""
     return {name: min(host_seconds_per_call(fn, calls, device) for _ in range(rounds))
             for name, fn in single_kernel_ops(device).items()}
+
+
+#: tensor / layer counts of :func:`unprofiled_step_seconds` (two of each: a fixed and a per-unit cost)
+STEP_PROBE_SIZES = (4, 32)
+
+
+def unprofiled_step_seconds(device: torch.device, calls: int = 300, rounds: int = 3) -> dict[str, float]:
+    """Host seconds per call, unprofiled, of the step-level framework work an eager device-mode step runs
+    beside its ops (what the single-GPU e2e traces show the synthesisers lack; session 31):
+
+    * ``foreach_add_N``: one ``torch._foreach_add_`` over N tiny tensors (SGD's update as one op, many
+      tensors, as PyTorch's default foreach optimizers run it on a GPU);
+    * ``sgd_step_N``: ``SGD.step()`` over N tiny parameters with gradients (its Python and the foreach op);
+    * ``backward_N``: ``loss.backward()`` through N tiny ``Linear`` + ReLU layers, gradients set to None
+      before (engine entry, one node per op, AccumulateGrad per parameter, the layers' kernels).
+
+    Each over N in :data:`STEP_PROBE_SIZES`, the fastest of ``rounds`` (:func:`host_seconds_per_call`).
+    Recorded beside the T's (``unprofiled_step_s``), not applied by any model yet.
+    """
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, float] = {}
+    for n in STEP_PROBE_SIZES:
+        params = [torch.randn(16, generator=g).to(device) for _ in range(n)]
+        grads = [torch.randn(16, generator=g).to(device) for _ in range(n)]
+        out[f"foreach_add_{n}"] = min(host_seconds_per_call(lambda p=params, q=grads: torch._foreach_add_(p, q, alpha=-0.01),
+                                                            calls, device) for _ in range(rounds))
+        leaves = [torch.randn(16, generator=g).to(device).requires_grad_() for _ in range(n)]
+        for leaf, grad in zip(leaves, grads, strict=True):
+            leaf.grad = grad.clone()
+        opt = torch.optim.SGD(leaves, lr=0.01)
+        out[f"sgd_step_{n}"] = min(host_seconds_per_call(opt.step, calls, device) for _ in range(rounds))
+        layers = nn.Sequential(*[m for _ in range(n) for m in (nn.Linear(8, 8), nn.ReLU())]).to(device)
+        x = torch.randn(4, 8, generator=g).to(device)
+
+        def backward(model: nn.Module = layers, inp: torch.Tensor = x) -> None:
+            for prm in model.parameters():
+                prm.grad = None
+            model(inp).sum().backward()
+
+        forward = min(host_seconds_per_call(lambda m=layers, i=x: m(i).sum(), calls, device) for _ in range(rounds))
+        out[f"backward_{n}"] = max(0.0, min(host_seconds_per_call(backward, calls, device) for _ in range(rounds)) - forward)
+    return out
 
 
 def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> None:
@@ -259,6 +305,7 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
     out["samples"]["t4_s"] = n4
     if cuda:  # a record of the host's tight-loop cost per op, beside the T's (not applied; see above)
         out["unprofiled_op_s"] = unprofiled_op_seconds(device)
+        out["unprofiled_step_s"] = unprofiled_step_seconds(device)
     out["definition"] = "CUDA runtime calls are launches" if cuda else (
         "CPU: launches are compute leaves (leaf aten ops that are not views/metadata); T4 = 0, the "
         "dispatch cost of a compute leaf is inside its measured kernel time")
