@@ -133,6 +133,8 @@ def _fastest_round_sentence(table: list[dict], met_typical: int, target: str = "
 
 
 def main() -> None:
+    from predictor.kernels.state import FIT_TARGETS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "cpu-local"), help="asset pack folder")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -142,7 +144,7 @@ def main() -> None:
                     help="K times the quick grids' shapes and time (tuner calibrate --scale; default 1)")
     ap.add_argument("--gemm-timing", default="cold", choices=("cold", "warm"),
                     help="how GEMMs are timed (default cold, as the committed pack)")
-    ap.add_argument("--fit-target", default="typical", choices=("typical", "fastest_round", "fastest_collectives"),
+    ap.add_argument("--fit-target", default="typical", choices=FIT_TARGETS,
                     help="what the models are fitted to (tuner calibrate --fit-target; default typical)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "kernels_cpu"))
     ap.add_argument("--noise", type=Path, default=ROOT / "benchmarks" / "results" / "round_noise_cpu.json",

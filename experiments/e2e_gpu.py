@@ -369,13 +369,18 @@ def kernel_counts(traces_dir: str | Path, program: str = GPT_PROGRAM) -> list[di
         trace = _trace_for(model, traces_dir)
         if trace is None:
             continue
-        batch = int(trace.name.split("-b")[-1].split(".")[0])
+        batch = _trace_batch(trace)
         g = graph_for(model, batch, program)
         tg = annotate(load_traces(trace)).graphs()[0]
         frame = tg.tasks_frame()
         traced = int((tg.is_gpu() & (frame["kind"] != "gpu_gap").to_numpy()).sum())
         out.append({"model": model, "batch": batch, "synthesised": int(g.is_gpu().sum()), "traced": traced})
     return out
+
+
+def _trace_batch(trace: Path) -> int:
+    """The batch of a committed trace archive, from its name (``traces-{model}-b{B}.tar.gz``)."""
+    return int(trace.name.split("-b")[-1].split(".")[0])
 
 
 def _trace_for(model: str, folder: str | Path) -> Path | None:

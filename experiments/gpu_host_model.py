@@ -38,7 +38,7 @@ T_FIELDS = ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")
 
 def scaled_rows(pack: str, files: list[str]) -> tuple[float, list[dict]]:
     """The pack's profiled/unprofiled ratio and, per measured file and row, the prediction as is and scaled."""
-    from experiments.e2e_gpu import graph_for
+    from experiments.e2e_gpu import _read_measured, graph_for
     from predictor.kernels import timing_for
     from predictor.platforms.assets import load_asset_pack
     from predictor.simulate import simulate
@@ -50,7 +50,7 @@ def scaled_rows(pack: str, files: list[str]) -> tuple[float, list[dict]]:
     scaled = base.model_copy(update={k: getattr(base, k) * ratio for k in T_FIELDS})
     rows = []
     for f in files:
-        measured = json.loads((RESULTS / f).read_text())
+        measured = _read_measured(RESULTS / f)
         for r in measured["rows"]:
             g = graph_for(r["model"], int(r["batch"]))
             out = {"file": f, "model": r["model"], "batch": int(r["batch"]), "measured_s": r["measured_s"]}
@@ -64,15 +64,17 @@ def scaled_rows(pack: str, files: list[str]) -> tuple[float, list[dict]]:
 
 def op_counts(pack: str) -> list[dict]:
     """Host tasks per overhead type, synthesised vs traced, for each committed trace of the pack's GPU."""
-    from experiments.e2e_gpu import graph_for
+    from experiments.e2e_gpu import ROWS, _trace_batch, _trace_for, graph_for
     from predictor.graph import Overhead
     from predictor.traces.annotate import annotate
     from predictor.traces.load import load_traces
 
     out = []
-    for trace in sorted(TRACES[pack].glob("traces-*.tar.gz")):
-        model = trace.name[len("traces-"):].rsplit("-b", 1)[0]
-        batch = int(trace.name.split("-b")[-1].split(".")[0])
+    for model in ROWS:
+        trace = _trace_for(model, TRACES[pack])
+        if trace is None:
+            continue
+        batch = _trace_batch(trace)
         synth = graph_for(model, batch)
         traced = annotate(load_traces(trace)).graphs()[0]
         types = [o for o in Overhead if o != Overhead.NONE]

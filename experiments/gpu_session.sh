@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a lent GPU machine runs (issue 4, part 5). Two steps, each one `device` call:
+# What a lent GPU machine runs (issue 4, part 5). One step per `device` call:
 #   bash experiments/gpu_session.sh measure    # e2e iterations + traces + GPU tests + tiny CUDA calibration (~4 min)
 #   bash experiments/gpu_session.sh calibrate  # tuner calibrate --device cuda --quick (~8 min)
 #   bash experiments/gpu_session.sh bench      # its benchmarks only (--no-fit, ~5 min); then here: tuner calibrate --refit
@@ -10,7 +10,8 @@
 #   bash experiments/gpu_session.sh lease      # one call for a 15-minute lease: e2e rows + traces, the CUDA benchmarks
 #                                              # (--no-fit), then with what is left of DEADLINE_S (default 560 s) the
 #                                              # T1..T5 spread and the GPU tests
-# Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json, traces-*.tar.gz, h100_pack.tar.gz.
+# Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json (lease: e2e_measured.json), traces-*.tar.gz,
+# h100_pack.tar.gz (lease: gpu_pack.tar.gz, overheads_spread.json; gemm: gpu_gemm.tar.gz).
 # The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
 set -u
 export PYTHONUNBUFFERED=1
@@ -28,11 +29,14 @@ fi
 step=${1:-measure}
 T0=$(date +%s)
 left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - T0) )); }  # seconds left of this call's budget
+tar_traces() {  # each captured trace folder under /tmp/traces -> $OUT/traces-NAME.tar.gz
+  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+}
 if [ "$step" = measure ]; then
   echo "== e2e measure" >>"$LOG"
   timeout 240 python3 experiments/e2e_gpu.py --measure --out "$OUT/e2e_h100_measured.json" --traces /tmp/traces >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
-  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+  tar_traces
   echo "== GPU tests" >>"$LOG"
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
   echo "pytest rc=$?" >>"$LOG"
@@ -41,7 +45,7 @@ elif [ "$step" = lease ]; then  # everything a short lease can give, most valuab
   timeout "${E2E_TIMEOUT:-170}" python3 experiments/e2e_gpu.py --measure --passes 5 --out "$OUT/e2e_measured.json" \
     --traces /tmp/traces >>"$LOG" 2>&1
   echo "e2e rc=$? ($(left) s left)" >>"$LOG"
-  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+  tar_traces
   echo "== calibrate --no-fit" >>"$LOG"
   timeout "$(( $(left) > 360 ? 360 : $(left) - 10 ))" python3 -m tuner.cli calibrate --device cuda --quick --no-fit \
     --out /tmp/gpu_pack >>"$LOG" 2>&1
@@ -99,13 +103,13 @@ elif [ "$step" = remeasure ]; then  # the e2e rows again, more passes; traces of
   timeout 300 python3 experiments/e2e_gpu.py --measure --passes 7 --iters 60 --out "$OUT/e2e_h100_measured.json" \
     --traces /tmp/traces --trace-batches mlp=256 gpt=32 gpt-bf16=8 dlrm=16384 >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
-  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+  tar_traces
 elif [ "$step" = final ]; then  # the e2e rows and, on the same machine, traces for the what-if rows
   echo "== e2e measure + traces" >>"$LOG"
   timeout 400 python3 experiments/e2e_gpu.py --measure --passes 7 --iters 60 --out "$OUT/e2e_h100_measured.json" \
     --traces /tmp/traces >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
-  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+  tar_traces
 elif [ "$step" = hostcost ]; then  # what one eager op costs the host, with and without the profiler
   timeout 120 python3 experiments/host_op_cost.py --out "$OUT/host_op_cost.json" >>"$LOG" 2>&1
   echo "host_op_cost rc=$?" >>"$LOG"

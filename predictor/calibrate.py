@@ -1032,10 +1032,11 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         models["roofline"] = FittedRoofline(roof_fits, generic="add" if "add" in roof_fits else None)
     if curves:
         models["collectives"] = PiecewiseCollective(curves)
-    scaled_keys = [key for key, m in models.items()
-                   if any(fits_fastest(target, f) for f, s in specs if s.kernel in splits and set(s.kinds) & set(m.kinds))]
-    models.update(_state_scaled({k: models[k] for k in scaled_keys},
-                                [splits[s.kernel][0] for f, s in specs if s.kernel in splits and fits_fastest(target, f)]))
+    # the models of the families fitted to their fastest rounds carry their kinds' typical-state factors
+    fast = [s for f, s in specs if s.kernel in splits and fits_fastest(target, f)]
+    fast_kinds = {k for s in fast for k in s.kinds}
+    models.update(_state_scaled({key: m for key, m in models.items() if fast_kinds & set(m.kinds)},
+                                [splits[s.kernel][0] for s in fast]))
 
     # held-out errors through the KernelModel API (the path predictions take)
     by_kind: dict[str, KernelModel] = {}
