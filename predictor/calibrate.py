@@ -818,6 +818,31 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
     note = "Calibrated by tuner calibrate; kernel models in the asset pack."
     if note not in (fields.get("notes") or ""):  # a refit starts from a calibrated platform
         fields["notes"] = ((fields.get("notes") or "") + " " + note).strip()
+    platform = Platform.model_validate(fields)
+    if _is_device(overheads) and overheads.get("iteration_s_unprofiled"):
+        platform = _with_device_host_model(platform, models, overheads, src)
+    return platform
+
+
+def _is_device(overheads: dict) -> bool:
+    """Whether the overheads were measured on an accelerator (CUDA runtime calls as launches)."""
+    return str(overheads.get("device", "")).startswith("cuda") or "CUDA" in str(overheads.get("definition", ""))
+
+
+def _with_device_host_model(platform: Platform, models: dict[str, KernelModel], overheads: dict, src: str) -> Platform:
+    """``platform`` with the device host model (:mod:`predictor.calibration.step_graph`): T1..T5 scaled by the
+    calibration step's unprofiled / profiled ratio, ``step_s`` closed on that step with the fitted models."""
+    from predictor.calibration.step_graph import device_overheads
+    from predictor.kernels.timing import ModelTiming, analytic_models
+
+    timing = ModelTiming(platform, [*models.values(), *analytic_models()])
+    d = device_overheads(overheads, timing)
+    fields = platform.model_dump()
+    fields["overheads"] = {k: d[k] for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s", "step_s")}
+    fields["sources"] = {**fields["sources"], "overheads": (
+        f"{src}: profiled training run, whisker-trimmed means x the step's unprofiled / profiled time "
+        f"{d['profiler_ratio']:.3f}; step_s = its unprofiled step {overheads['iteration_s_unprofiled'] * 1e3:.3f} ms "
+        f"- the simulated {d['simulated_step_s'] * 1e3:.3f} ms (predictor/calibration/step_graph.py)")}
     return Platform.model_validate(fields)
 
 

@@ -80,6 +80,10 @@ class Overhead(IntEnum):
     T3 = 3  #: from an op's last kernel launch to its end
     T4 = 4  #: one CUDA runtime call (cudaLaunchKernel, cudaMemcpyAsync, ...)
     T5 = 5  #: between two kernel launches of one op
+    #: once per training step of a device-mode graph: the host's framework work outside every op (entering
+    #: ``backward()`` and handing it to the autograd engine's device thread, waking when it ends,
+    #: ``optimizer.step()``'s Python), calibrated by closing the calibration's own step (``CpuOverheads.step_s``)
+    STEP = 6
 
 
 #: Kernel-model parameters a task may carry (float64 columns, NaN where not applicable).

@@ -261,6 +261,27 @@ class Timeline:
         """Predicted iteration time: the maximum over ranks, seconds."""
         return float(self.end.max()) if self.end.size else 0.0
 
+    def loop_pace_s(self) -> float:
+        """Seconds per step of a loop repeating this device-mode step with no host-device synchronisation.
+
+        The host queues the next step's launches while the device still runs this one's kernels, so the
+        loop runs at its bottleneck's pace: the larger of the host's span (its first task's start to its
+        last task's end, over the CPU threads of the slowest rank) and the busiest stream's kernel time.
+        ``iteration_s`` is one step's latency from an idle device, which a host-device overlap near the
+        crossover over-states. A graph without GPU streams (a host-mode CPU step) has ``iteration_s``.
+        """
+        g = self.graph
+        gpu = g.proc_kind[g.proc] == ProcKind.GPU_STREAM
+        if not gpu.any():
+            return self.iteration_s
+        host = ~gpu
+        span = 0.0
+        for r in np.unique(g.proc_rank[g.proc[host]]) if host.any() else []:
+            sel = host & (g.proc_rank[g.proc] == r)
+            span = max(span, float(self.end[sel].max() - self.start[sel].min()))
+        busy = np.bincount(g.proc[gpu], weights=(self.end - self.start)[gpu], minlength=g.n_procs)
+        return float(max(span, busy.max()))
+
     def kernel_sum_s(self) -> float:
         """Baseline of Lin et al.: max over GPU streams of the summed kernel durations, seconds.
 

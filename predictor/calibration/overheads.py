@@ -33,15 +33,14 @@ exceed T1 and clip it to zero.
 On CUDA that correction is partial: a gap holds many events (an op's dispatch runs several nested
 ATen calls, each with the profiler's callbacks). On an H100 host the T's so derived charge a
 one-kernel op T1 + T2 + T3 + T4 = 50.9 µs, where a tight loop of such ops, unprofiled, costs 8-40 µs
-each (median 26 µs; :func:`unprofiled_op_seconds`, recorded as ``unprofiled_op_s``). They are *not*
-scaled down: inside a training step an op also pays the autograd engine, module calls and
-allocator work the synthesised graphs do not model as tasks, and scaling the T's to the tight loop
-(or by the calibration step's unprofiled / profiled ratio, 0.61) made the H100 end-to-end
-predictions worse (12.9 % -> 25.1 % / 23.5 % geomean; `docs/SESSION_NOTES.md`, session 5). Session 31
-found why on both GPUs (`benchmarks/results/gpu_host_model.md`): scaled T's fix the GPT rows and under-charge the
-MLP / DLRM rows, whose steps run framework work the graphs lack (a foreach optimizer op, kernel-less autograd
-nodes, the Python of ``backward()`` and ``step()``); :func:`unprofiled_step_seconds` records what that work costs
-unprofiled (``unprofiled_step_s``), for the model still to be built.
+each (median 26 µs; :func:`unprofiled_op_seconds`, recorded as ``unprofiled_op_s``). The manifest keeps
+the T's as measured; a CUDA pack's *platform* holds the device host model of
+:mod:`predictor.calibration.step_graph` (since session 32): the T's x this step's unprofiled / profiled
+ratio, and ``step_s``, what the unprofiled step costs beyond its simulated ops. Scaling alone (sessions 5
+and 31) under-charged the MLP / DLRM steps, whose device-mode graphs then lacked host work the real program
+runs (kernel-less autograd nodes, the foreach optimizer op, the framework work of ``backward()`` and
+``step()``); the synthesisers emit it since. :func:`unprofiled_step_seconds` records what that work costs
+unprofiled (``unprofiled_step_s``), to check the closure's ``step_s`` against on the next GPU run.
 """
 
 from __future__ import annotations

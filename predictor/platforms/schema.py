@@ -53,6 +53,8 @@ class CpuOverheads(_Strict):
     t3_s: float = Field(ge=0, description="last kernel launch to op end")
     t4_s: float = Field(ge=0, description="one CUDA runtime call (cudaLaunchKernel ...)")
     t5_s: float = Field(ge=0, description="between two kernel launches of one op")
+    step_s: float = Field(default=0.0, ge=0, description="once per training step on a device: framework work "
+                          "outside every op (backward() entry, optimizer.step()'s Python); 0 unless calibrated")
 
 
 class Platform(_Strict):

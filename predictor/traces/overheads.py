@@ -118,8 +118,8 @@ class OverheadTable:
         return s.mean_s if s is not None and s.count else math.nan
 
     def durations(self, graph: ExecutionGraph) -> np.ndarray:
-        """Seconds for every task with an overhead type (T1..T5) of ``graph``, looked up by its
-        name (op name or runtime call), NaN for the other tasks. For predicted graphs."""
+        """Seconds for every task with an overhead type T1..T5 of ``graph``, looked up by its
+        name (op name or runtime call), NaN for the other tasks (STEP included). For predicted graphs."""
         out = np.full(graph.n_tasks, np.nan)
         names = graph.names
         cache: dict[tuple[int, int], float] = {}
@@ -129,7 +129,9 @@ class OverheadTable:
             key = (int(graph.overhead[i]), int(graph.name[i]))
             v = cache.get(key)
             if v is None:
-                kind = kinds[key[0]]
+                kind = kinds.get(key[0])
+                if kind is None:  # STEP: no per-op trace statistic; the platform's step_s prices it
+                    continue
                 nm = names[key[1]]
                 v = self.seconds(kind, op=nm, runtime=nm if kind == "T4" else None)
                 cache[key] = v

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from predictor.graph import Category, ExecutionGraph
+from predictor.graph import Category, ExecutionGraph, Overhead
 from predictor.graph_edit import aux_of
 from predictor.whatif.common import EXP_COLS
 
@@ -92,7 +92,7 @@ class WhatIfTiming:
         # new host tasks without a duration: the platform's overhead of their type, else 0
         rest = ~np.isfinite(d)
         if rest.any():
-            ov = self.timing.overhead_seconds() if hasattr(self.timing, "overhead_seconds") else np.zeros(6)
+            ov = self.timing.overhead_seconds() if hasattr(self.timing, "overhead_seconds") else np.zeros(len(Overhead))
             d[rest] = ov[g.overhead[rest]]
             counts["new_overhead"] = int(rest.sum())
         counts["unchanged_measured"] = int((~(todo | rest)).sum())

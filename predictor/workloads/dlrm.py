@@ -33,7 +33,8 @@ import numpy as np
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.kernels.embedding import RF_COLUMNS
 from predictor.workloads.dlrm_tables import EmbeddingTables
-from predictor.workloads.emit import ExecMode, OpEmitter, concat, eltwise, gemm
+from predictor.workloads.emit import ExecMode, OpEmitter, concat, eltwise, foreach, gemm
+from predictor.workloads.mlp import backward_entry, layer_tensors, linear_grad_nodes
 
 __all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
 
@@ -140,6 +141,7 @@ def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_l
     if not first:
         kernels.insert(0, gemm(f"{name}.dgrad", b_local, i, o, dt))
     ks = e.op(f"{name}.linear.backward", kernels)
+    linear_grad_nodes(e, name)
     bi = ddp.bucket_of[name]
     ddp.bucket_last[bi] = ks[-1]
     if name == ddp.buckets[bi][-1] and ddp.n_ranks > 1:  # bucket complete: DDP launches its all-reduce
@@ -202,6 +204,7 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
     for r in range(n_ranks):
         e = OpEmitter(gb, r, mode)
         local = np.flatnonzero(assignment == r)
+        e.node("optimizer.zero_grad")
         # ------------------------------------------------------------ forward
         emb_fwd: list[int] = []
         for ti in local:
@@ -231,6 +234,7 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
             e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
         e.op("loss", [eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
         # ------------------------------------------------------------ backward
+        backward_entry(e, dt)
         e.op("loss.backward", [eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
         bucket_last: dict[int, int] = {}
         ar_kernels: list[int] = []
@@ -254,10 +258,17 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
             e.op(f"embedding_bag_backward[{ti}]",
                  [(f"embedding_bag_bwd[{ti}]", "embedding_bag_bwd", Category.MEMORY, p)],
                  after=a2a_b if first_emb else ())
+            if e.mode == "device":  # AccumulateGrad and SGD's ``add_`` of the sparse gradient (the update is in a
+                # post-accumulate hook, or in the optimizer's per-tensor loop): one op launching the row update,
+                # whose time is already inside embedding_bag_bwd's (calibrated as backward + row update)
+                e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
+                                                               Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
             first_emb = False
-        n_params = spec.mlp_param_count()
         rw = 5.0 if spec.optimizer == "adagrad" else 3.0
-        e.op("optimizer.step", [eltwise("sgd_update", "optimizer", n_params, dt, rw=rw)], after=ar_kernels)
+        # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
+        # default on a device
+        e.op("optimizer.step", foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(layers)], dt,
+                                       lists=2 if rw == 3.0 else 3, rw=rw), after=ar_kernels)
     gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
     return gb.build()
 

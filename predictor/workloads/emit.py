@@ -16,6 +16,11 @@ Two execution modes, chosen by the platform kind:
 
 Either way each call returns the task ids of the op's kernels, so a synthesiser can add data
 dependencies (``after=``) without knowing the mode.
+
+Device mode also emits the host work of an eager step that launches nothing (:meth:`OpEmitter.node`:
+autograd's ``AccumulateGrad`` and view-backward nodes, views, ``zero_grad``; T1 + T3 each)
+and, once per step, the framework work outside every op (:meth:`OpEmitter.step_framework`, overhead type
+STEP). Host mode emits neither: the CPU's T's were measured with that work inside them.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Literal
 
 from predictor.graph import Category, DepKind, GraphBuilder, Overhead, ProcKind
 
-__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "concat", "ExecMode"]
+__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "concat", "foreach", "ExecMode",
+           "MTA_CHUNK_ELEMENTS", "MTA_MAX_BLOCKS", "MTA_MAX_TENSORS"]
 
 #: (name, op kind, category, params incl. optional "flops" and "bytes")
 Kernel = tuple[str, str, Category, dict]
@@ -55,6 +61,41 @@ def concat(name: str, rows: float, width: float, parts: int, dt: int) -> Kernel:
     elements = float(rows) * float(width)
     return (name, "concat", Category.MEMORY, {"elements": elements, "batch": float(rows), "parts": float(parts),
                                              "dtype_bytes": dt, "bytes": 2.0 * elements * dt})
+
+
+#: ``multi_tensor_apply`` (ATen's foreach kernels on CUDA): elements per chunk (one thread block each),
+#: chunks per launch, and tensors per launch by the number of tensor lists (1..5)
+MTA_CHUNK_ELEMENTS = 65536
+MTA_MAX_BLOCKS = 320
+MTA_MAX_TENSORS = (110, 64, 48, 36, 30)
+
+
+def foreach(name: str, kind: str, tensors: Sequence[float], dt: int, *, lists: int = 2, rw: float = 3.0) -> list[Kernel]:
+    """The launches of one foreach op (``torch._foreach_add_`` and kin) over ``tensors`` (elements each)
+    with ``lists`` tensor lists, as ``multi_tensor_apply`` packs them: a launch closes when it holds
+    :data:`MTA_MAX_BLOCKS` chunks of :data:`MTA_CHUNK_ELEMENTS` elements or the tensor limit for ``lists``
+    lists; a tensor whose chunks overflow a launch continues in the next. Each launch is one memory-bound
+    kernel of ``kind`` over its chunks' elements, ``rw`` element accesses each (SGD's update: 3)."""
+    max_tensors = MTA_MAX_TENSORS[min(max(lists, 1), len(MTA_MAX_TENSORS)) - 1]
+    launches: list[float] = []
+    elems, blocks, held = 0.0, 0, 0
+    for n in tensors:
+        n = float(n)
+        if n <= 0:
+            continue
+        held += 1
+        chunks = int(-(-n // MTA_CHUNK_ELEMENTS))
+        for c in range(chunks):
+            elems += min(MTA_CHUNK_ELEMENTS, n - c * MTA_CHUNK_ELEMENTS)
+            blocks += 1
+            last = c == chunks - 1
+            if blocks == MTA_MAX_BLOCKS or (last and held == max_tensors):
+                launches.append(elems)
+                elems, blocks = 0.0, 0
+                held = 0 if last else 1
+    if blocks:
+        launches.append(elems)
+    return [eltwise(f"{name}[{i}]", kind, e, dt, rw=rw) for i, e in enumerate(launches)]
 
 
 class OpEmitter:
@@ -92,6 +133,21 @@ class OpEmitter:
         if self.mode == "device":
             return self._device_op(name, kernels, stream=self.comm if comm else self.compute, after=after, group=group)
         return self._host_op(name, kernels, comm=comm, async_op=async_op, after=after, group=group)
+
+    def node(self, name: str) -> None:
+        """Device mode: host work that launches no kernel (an autograd ``AccumulateGrad`` or view-backward
+        node, a view op, ``zero_grad``): the gap before it (T1) and an op's tail (T3) — no T2, which is an op's
+        way from its start to its first launch (argument checks, output allocation, the kernel's setup).
+        Host mode: nothing (see the module)."""
+        if self.mode == "device":
+            self.b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+            self.b.task(self.cpu, name, "cpu_op", Category.CPU, overhead=Overhead.T3)
+
+    def step_framework(self, name: str = "step.framework") -> None:
+        """Device mode: the step's framework work outside every op (overhead type STEP, once per
+        training step). Host mode: nothing."""
+        if self.mode == "device":
+            self.b.task(self.cpu, name, "overhead", Category.CPU, overhead=Overhead.STEP)
 
     def _device_op(self, name: str, kernels: Sequence[Kernel], *, stream: int, after: Sequence[int], group: int) -> list[int]:
         b = self.b

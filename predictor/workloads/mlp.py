@@ -14,7 +14,13 @@ backward (autograd, last layer first)
     ``m = in, n = out, k = batch``) and the bias gradient (a sum over the batch).
 optimizer
     ``torch.optim.SGD`` on CPU runs its single-tensor loop (no foreach kernels on CPU): one
-    ``param.add_(grad, alpha=-lr)`` per parameter tensor (reads param and grad, writes param).
+    ``param.add_(grad, alpha=-lr)`` per parameter tensor (reads param and grad, writes param). On a
+    device its default is the foreach path: one ``_foreach_add_`` op whose ``multi_tensor_apply``
+    launches cover every tensor (:func:`predictor.workloads.emit.foreach`).
+device mode also emits (the host work an eager step runs without kernels, see
+    :mod:`predictor.workloads.emit`): ``zero_grad``, the framework work entering ``backward()``
+    (STEP), the seed gradient (``ones_like``), per linear layer the ``TBackward0`` node of its
+    transposed weight and one ``AccumulateGrad`` node per parameter tensor.
 
 The helpers (:func:`linear_forward`, :func:`linear_backward`, :func:`sgd_step`) are shared with
 the host-mode DLRM graph. Units: elements, bytes, seconds.
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from predictor.graph import Category, ExecutionGraph, GraphBuilder
-from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, eltwise, gemm
+from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, eltwise, foreach, gemm
 
 __all__ = [
     "MLPSpec",
@@ -39,6 +45,8 @@ __all__ = [
     "activation_forward",
     "activation_backward",
     "sgd_step",
+    "linear_grad_nodes",
+    "backward_entry",
 ]
 
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid")
@@ -112,9 +120,29 @@ def activation_backward(e: OpEmitter, name: str, kind: str, elements: float, dt:
     return e.op(f"{name}.{kind}.backward", [eltwise(f"{name}.{kind}_bwd", f"{kind}_bwd", elements, dt, rw=3.0)])
 
 
+def linear_grad_nodes(e: OpEmitter, name: str) -> None:
+    """Device mode: the kernel-less autograd nodes of ``nn.Linear``'s backward — ``AccumulateGrad`` of
+    the bias, ``TBackward0`` (the weight's transpose view), ``AccumulateGrad`` of the weight (gradients
+    set to None before backward are taken over, not added)."""
+    for node in ("bias.accumulate_grad", "weight.t_backward", "weight.accumulate_grad"):
+        e.node(f"{name}.{node}")
+
+
+def backward_entry(e: OpEmitter, dt: int) -> list[int]:
+    """Device mode: ``loss.backward()`` — the step's framework work (STEP) and the seed gradient
+    (``ones_like``: one one-element fill kernel); host mode: nothing."""
+    if e.mode != "device":
+        return []
+    e.step_framework()
+    return e.op("backward.seed", [eltwise("backward.ones_like", "fill", 1.0, dt, rw=1.0)])
+
+
 def sgd_step(e: OpEmitter, tensors: Sequence[tuple[str, float]], dt: int, after: Sequence[int] = ()) -> list[int]:
-    """``torch.optim.SGD.step`` on CPU (no momentum): one ``param.add_(grad)`` per tensor
-    ``(name, elements)``; the first waits for ``after``."""
+    """``torch.optim.SGD.step`` (no momentum) over the tensors ``(name, elements)``: on a CPU one
+    ``param.add_(grad)`` per tensor, the first waiting for ``after``; on a device (foreach, the
+    default there) one ``_foreach_add_`` op (its launches: :func:`predictor.workloads.emit.foreach`)."""
+    if e.mode == "device":
+        return e.op("sgd.foreach_add_", foreach("sgd.foreach_add_", "add", [n for _, n in tensors], dt), after=after)
     out: list[int] = []
     for j, (name, n) in enumerate(tensors):
         out += e.op(f"sgd.{name}", [(f"sgd.{name}.add_", "add", Category.MEMORY,
@@ -163,17 +191,20 @@ def build_mlp_graph(spec: MLPSpec, mode: ExecMode = "host") -> ExecutionGraph:
     b = float(spec.batch_size)
     layers = spec.layers()
     last = len(layers) - 1
+    e.node("optimizer.zero_grad")
     for li, (name, i, o) in enumerate(layers):
         linear_forward(e, name, b, i, o, dt)
         if li < last:
             activation_forward(e, name, spec.activation, b * o, dt)
     _loss_forward(e, spec)
+    backward_entry(e, dt)
     _loss_backward(e, spec)
     for li in reversed(range(len(layers))):
         name, i, o = layers[li]
         if li < last:
             activation_backward(e, name, spec.activation, b * o, dt)
         linear_backward(e, name, b, i, o, dt, input_grad=li > 0)
+        linear_grad_nodes(e, name)
     sgd_step(e, layer_tensors(layers), dt)
     gb.meta.update({"workload": "mlp", "n_ranks": 1, "batch_size": spec.batch_size, "label": spec.label})
     return gb.build()

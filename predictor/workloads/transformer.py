@@ -485,13 +485,16 @@ class _Ops:
             e.op(f"{p}core_attention", [k])
             return
         bh = float(b * hl)
-        if self.eager:  # q, k, v split out of the fused projection: permute + reshape copies
+        if self.eager:  # q, k, v split out of the fused projection: view, permute + reshape copies, unbind
+            self._views(e, p, "qkv.view", "qkv.permute")
             e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", 3.0 * self.T * hl * d, dt)])
+            self._views(e, p, "qkv.unbind", "k.transpose")
         e.op(f"{p}attn_scores", [self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])  # q @ k^T
         e.op(f"{p}scale_mask_softmax", [eltwise(f"{p}softmax", "softmax", bh * s * s, dt, rw=2.0)])
         e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}attn_context", [self._bmm(f"{p}attn_context.bmm", s, d, s, bh)])
-        if self.eager:  # heads back to tokens: transpose + reshape copy
+        if self.eager:  # heads back to tokens: view, transpose + reshape copy
+            self._views(e, p, "context.view", "context.transpose")
             e.op(f"{p}context.reshape", [eltwise(f"{p}context.copy", "memcpy", self.T * hl * d, dt)])
 
     def _attn_bwd(self, e: _Emitter, p: str) -> None:
@@ -508,6 +511,7 @@ class _Ops:
             self._attn_fwd(e, f"{p}recompute.")
         bh = float(b * hl)
         if self.eager:
+            self._views(e, p, "context.unsafe_view_backward", "context.clone_backward", "context.transpose_backward")
             e.op(f"{p}context.reshape.backward", [eltwise(f"{p}context.copy_bwd", "memcpy", self.T * hl * d, dt)])
         e.op(f"{p}attn_context.backward", [self._bmm(f"{p}attn_context.dgrad_probs", s, s, d, bh),
                                            self._bmm(f"{p}attn_context.dgrad_v", s, d, s, bh)])
@@ -520,8 +524,10 @@ class _Ops:
                                               self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh),
                                               eltwise(f"{p}attn_scores.scale_k", "mul", bh * s * d, dt)])
             # unbind's backward stacks q, k, v; the permute's backward copies them back to tokens
+            self._views(e, p, "k.transpose_backward")
             e.op(f"{p}qkv_split.backward", [concat(f"{p}qkv_split.stack", 1, 3.0 * self.T * hl * d, 3, dt),
                                             eltwise(f"{p}qkv_split.copy_bwd", "memcpy", 3.0 * self.T * hl * d, dt)])
+            self._views(e, p, "qkv.unsafe_view_backward", "qkv.clone_backward", "qkv.permute_backward")
             return
         e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
                                           self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh)])
@@ -642,10 +648,20 @@ class _Ops:
 
     def _accumulate_grad(self, e: _Emitter, name: str, tensors: int) -> None:
         """Eager autograd's AccumulateGrad per parameter tensor: host work, no kernel (gradients set to
-        None before backward are taken over, not added)."""
+        None before backward are taken over, not added); a kernel-less node on a device, a T1 gap on a CPU."""
         if self.eager:
             for i in range(tensors):
-                e.op(f"{name}.accumulate_grad[{i}]", [])
+                if e.mode == "device":
+                    e.node(f"{name}.accumulate_grad[{i}]")
+                else:
+                    e.op(f"{name}.accumulate_grad[{i}]", [])
+
+    def _views(self, e: _Emitter, p: str, *names: str) -> None:
+        """Device mode, eager program: view ops and the autograd nodes of views (no kernel; T1 + T3 each,
+        :meth:`OpEmitter.node`). The CPU graphs keep them inside their T's."""
+        if self.eager:
+            for n in names:
+                e.node(f"{p}{n}")
 
     # -------------------------------------------------------------- layers
     def layer_fwd(self, e: _Emitter, p: str) -> None:
@@ -670,6 +686,7 @@ class _Ops:
         self._layernorm_bwd(e, f"{p}post_attention_layernorm")
         if self.eager:  # the residual stream's two gradients summed by autograd
             e.op(f"{p}residual_2.grad_add", [eltwise(f"{p}residual_2.grad_add", "add", Tn * h, dt, rw=3.0)])
+        self._views(e, p, "residual_2.add_backward")
         e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         if self.sp:
             self._tp(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
@@ -684,6 +701,8 @@ class _Ops:
         self._layernorm_bwd(e, f"{p}input_layernorm")
         if self.eager:
             e.op(f"{p}residual.grad_add", [eltwise(f"{p}residual.grad_add", "add", Tn * h, dt, rw=3.0)])
+        # the TBackward0 node of each linear layer's transposed weight (qkv, attention projection, fc1, fc2)
+        self._views(e, p, "residual.add_backward", *(f"{n}.t_backward" for n in ("qkv", "attn_proj", "fc1", "fc2")))
 
     # -------------------------------------------------------------- embedding and head
     def embedding_fwd(self, e: _Emitter) -> None:
@@ -725,6 +744,7 @@ class _Ops:
         self._tp_gather_in(e, "lm_head_input_all_gather")
         e.op("lm_head", [self._linear("lm_head.mm", T, V / t, h, bias=False)])
         if self.eager and t == 1:  # F.cross_entropy: log-softmax, then the NLL gather and mean
+            self._views(e, "", "logits.view", "targets.view")
             e.op("cross_entropy", [eltwise("log_softmax", "softmax", T * V, dt, rw=2.0),
                                    eltwise("nll_loss", "elementwise", T, 4, rw=2.0)])
             return
@@ -744,8 +764,10 @@ class _Ops:
         else:
             e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt,
                                                     rw=3.0)])
+        self._views(e, "", "logits.view_backward")
         e.op("lm_head.dgrad", [self._dgrad("lm_head.dgrad", T, h, V / t)])
         self._input_grad_reduce(e, "lm_head", [self._wgrad("lm_head.wgrad", V / t, h, T)])
+        self._views(e, "", "lm_head.t_backward")
         self._layernorm_bwd(e, "final_layernorm")
 
 
@@ -858,6 +880,7 @@ class _GraphBuilder:
         from predictor.workloads.transformer_memory import memory_per_stage
 
         gb, e = self._new()
+        e.step_framework()  # device mode: backward()'s and optimizer.step()'s framework work, once per step
         plan, spec = self.plan, self.spec
         mem = memory_per_stage(spec, plan)[stage]
         params = mem.params
@@ -924,12 +947,17 @@ class _GraphBuilder:
         norm = e.op("grad_norm.foreach_norm", [eltwise(f"grad_norm.foreach_norm[{i}]", "elementwise", params / chunks,
                                                        dt, rw=1.0) for i in range(chunks)], after=after)
         markers["grad_norm"] = norm[0]
+        for i in range(tensors):  # each tensor's norm moved to the first's device (kernel-less on one device)
+            e.node(f"grad_norm.to[{i}]")
         e.op("grad_norm.stack", [concat("grad_norm.stack", 1, tensors, tensors, 4)])
         e.op("grad_norm.vector_norm", [eltwise("grad_norm.vector_norm", "elementwise", float(tensors), 4, rw=1.0)])
         e.op("optimizer.step_count", [eltwise("adam.foreach_add", "elementwise", float(tensors), 4, rw=2.0)])
         e.op("optimizer.step", [("adam.fused", "optimizer", Category.MEMORY,
                                  {"elements": params, "dtype_bytes": dt, "bytes": 7.0 * dt * params})])
-        e.op("optimizer.zero_grad", [])
+        if e.mode == "device":
+            e.node("optimizer.zero_grad")
+        else:
+            e.op("optimizer.zero_grad", [])
 
     def macro_block(self, phase: str, first: bool, last: bool) -> ExecutionGraph:
         """Stage detail: one launch + one task lasting the simulated span of the kernel template."""
