@@ -14,7 +14,9 @@ Per measured file, geomean / max abs error of three pricings of the same graphs:
 
 * **profiled T's**: the manifest's T1..T5 as measured, ``step_s = 0`` (the packs' overheads before session 32);
 * **T's x ratio**: scaled, ``step_s = 0``;
-* **host model**: scaled and ``step_s`` (what the refitted pack's platform holds).
+* **host model**: scaled and ``step_s`` (what the refitted pack's platform holds);
+* **host model, latency**: the same, one step's latency from an idle device (``iteration_s``, what
+  ``e2e_gpu.py`` predicted before session 32) instead of the loop's pace.
 
 Also the host tasks per step, synthesised vs traced, per overhead type (T1: ops and nodes; T2 / T3: ops that
 launch kernels; T4: launches; T5: gaps between launches of one op). Nothing here feeds a prediction.
@@ -45,7 +47,7 @@ T_FIELDS = ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")  # as predictor.calibration.
 
 
 #: the pricings compared (see the module docstring)
-PRICINGS = ("profiled", "scaled", "host_model")
+PRICINGS = ("profiled", "scaled", "host_model", "host_model_latency")
 
 
 def scaled_rows(pack: str, files: list[str]) -> tuple[dict, list[dict]]:
@@ -71,7 +73,10 @@ def scaled_rows(pack: str, files: list[str]) -> tuple[dict, list[dict]]:
             out = {"file": f, "model": r["model"], "batch": int(r["batch"]), "measured_s": r["measured_s"]}
             for label, o in pricings.items():
                 timing.overheads = o
-                out[f"{label}_s"] = float(simulate(g, timing).loop_pace_s())
+                tl = simulate(g, timing)
+                out[f"{label}_s"] = float(tl.loop_pace_s())
+                if label == "host_model":
+                    out["host_model_latency_s"] = float(tl.iteration_s)
             rows.append(out)
     return model, rows
 
@@ -115,8 +120,9 @@ def markdown(res: dict) -> str:
         ts = " / ".join(f"{m[k] * 1e6:.1f}" for k in T_FIELDS)
         lines.append(f"| {pack} | {m['profiler_ratio']:.3f} | {ts} | {m['simulated_step_s'] * 1e3:.3f} | "
                      f"{(m['simulated_step_s'] + m['step_s']) * 1e3:.3f} | {m['step_s'] * 1e6:.0f} |")
-    lines += ["", "## Every measured file: geomean / max abs error %, loop pace of the same graphs priced three ways", "",
-              "| pack | measured file | rows | profiled T's | T's x ratio | host model |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["", "## Every measured file: geomean / max abs error %, the same graphs priced three ways (loop pace), and one step's latency", "",
+              "| pack | measured file | rows | profiled T's | T's x ratio | host model | host model, latency |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for pack, d in res["packs"].items():
         for f in FILES[pack]:
             rows = [r for r in d["rows"] if r["file"] == f]
@@ -127,8 +133,8 @@ def markdown(res: dict) -> str:
     for pack, d in res["packs"].items():
         f = FILES[pack][0]
         lines += ["", f"## {pack}, {f}: signed error % per row", "",
-                  "| model | batch | measured ms | profiled T's % | T's x ratio % | host model % |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "| model | batch | measured ms | profiled T's % | T's x ratio % | host model % | latency % |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {r['model']} | {r['batch']} | {r['measured_s'] * 1e3:.3f} | " + " | ".join(
             f"{_err(r[f'{k}_s'], r['measured_s']):+.1f}" for k in PRICINGS) + " |" for r in d["rows"] if r["file"] == f]
         lines += ["", f"Host tasks per step ({pack}'s GPU traces): synthesised / traced", "",
