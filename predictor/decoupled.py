@@ -143,7 +143,7 @@ class CacheAwareTiming:
         out = np.zeros(graph.n_tasks)
         oh = graph.overhead != Overhead.NONE
         o = p.overheads
-        out[oh] = np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s])[graph.overhead[oh]]
+        out[oh] = np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s, o.sparse_table_s])[graph.overhead[oh]]
         given = graph.kind_mask("data_loading")
         out[given] = np.nan_to_num(graph.duration[given])
         on_chip = graph.meta.get("on_chip_bytes", np.zeros(graph.n_tasks))

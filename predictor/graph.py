@@ -84,6 +84,9 @@ class Overhead(IntEnum):
     #: ``backward()`` and handing it to the autograd engine's device thread, waking when it ends,
     #: ``optimizer.step()``'s Python), calibrated by closing the calibration's own step (``CpuOverheads.step_s``)
     STEP = 6
+    #: once per embedding table with a sparse gradient in a device-mode step: the host cost of its sparse
+    #: backward and update beyond their ops' T's (``CpuOverheads.sparse_table_s``, closed by the calibration)
+    SPARSE_TABLE = 7
 
 
 #: Kernel-model parameters a task may carry (float64 columns, NaN where not applicable).

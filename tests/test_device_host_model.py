@@ -142,3 +142,33 @@ def test_calibration_step_graph_follows_the_calibrations_model():
     assert updates == [float(x) for x in dense]  # one add_ per dense tensor, in parameters() order
     assert sum(1 for n, _ in model.named_parameters() if n.startswith("emb.")) == 4
     assert model.bottom[0].in_features == DENSE and BATCH == 256
+
+
+def test_a_dense_only_calibration_step_separates_the_sparse_tables_cost():
+    full, dense = calibration_step_graph(), calibration_step_graph(tables=0)
+    assert int((full.overhead == Overhead.SPARSE_TABLE).sum()) == 4
+    assert not (dense.overhead == Overhead.SPARSE_TABLE).any()
+    dn = _names(dense)
+    assert not any(n.startswith("embedding_bag") for n in dn) and "sgd.foreach_add_[0]" in dn  # foreach SGD
+    base = dict(t1_s=2e-6, t2_s=30e-6, t3_s=15e-6, t4_s=8e-6, t5_s=16e-6, iteration_s_profiled=5.0e-3)
+    one = device_overheads({**base, "iteration_s_unprofiled": 3.0e-3}, ModelTiming(H100))
+    assert one["sparse_table_s"] == 0.0 and "simulated_dense_step_s" not in one
+    # the dense step closes step_s; the full step's remainder over the four tables is sparse_table_s
+    sim_dense = device_overheads({**base, "iteration_s_unprofiled": 3.0e-3, "iteration_s_unprofiled_dense": 1.0},
+                                 ModelTiming(H100))["simulated_dense_step_s"]
+    two = device_overheads({**base, "iteration_s_unprofiled": 3.0e-3, "iteration_s_unprofiled_dense": sim_dense + 2e-4},
+                           ModelTiming(H100))
+    assert two["step_s"] == pytest.approx(2e-4)
+    assert two["sparse_table_s"] == pytest.approx((3.0e-3 - two["simulated_step_s"] - 2e-4) / 4)
+    t = ModelTiming(H100, overheads=CpuOverheads(**{k: two[k] for k in ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s",
+                                                                          "step_s", "sparse_table_s")}))
+    assert simulate(full, t).iteration_s == pytest.approx(3.0e-3, rel=1e-6)
+    assert simulate(dense, t).iteration_s == pytest.approx(sim_dense + 2e-4, rel=1e-6)
+
+
+def test_device_dlrm_charges_each_local_table_once():
+    tables = EmbeddingTables(rows=np.full(4, 10_000), dim=np.full(4, 16), pooling=np.linspace(1, 20, 4))
+    spec = DLRMSpec(tables=tables, batch_size=256, bottom_mlp=(64, 16), top_mlp=(64, 1))
+    g = build_dlrm_graph(spec, np.array([0, 1, 1, 1]), 2, mode="device")
+    per_rank = np.bincount(g.rank[g.overhead == Overhead.SPARSE_TABLE], minlength=2)
+    assert per_rank.tolist() == [1, 3]

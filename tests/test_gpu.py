@@ -24,6 +24,10 @@ def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
     # the unprofiled host probes beside the T's (per-op tight loops; step-level framework work)
     assert m["overheads"]["unprofiled_op_s"]["addmm"] > 0
     assert m["overheads"]["unprofiled_step_s"]["backward_32"] > m["overheads"]["unprofiled_step_s"]["backward_4"] > 0
+    # the device host model: the dense-only step (the closure's second point) and the platform it priced
+    assert 0 < m["overheads"]["iteration_s_unprofiled_dense"] < m["overheads"]["iteration_s_unprofiled"]
+    o = again.platform.overheads
+    assert o.step_s >= 0 and o.sparse_table_s >= 0 and o.t2_s <= m["overheads"]["t2_s"]
 
 
 def test_captured_cuda_trace_replays(tmp_path: Path):

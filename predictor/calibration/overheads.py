@@ -183,6 +183,36 @@ def unprofiled_step_seconds(device: torch.device, calls: int = 300, rounds: int 
     return out
 
 
+class _DenseOnlyStep:
+    """The calibration model without its embedding tables (``_SmallDLRM(tables=0)``), timed unprofiled like the
+    full step (a synchronisation after each): the second point of the device host model's closure
+    (:mod:`predictor.calibration.step_graph`: the step's framework cost apart from the sparse tables' host cost).
+    Its SGD has no sparse gradient, so on a device it takes the foreach path."""
+
+    def __init__(self, device: torch.device, batch: int, warmup: int, sync) -> None:
+        torch.manual_seed(1)
+        self.model = _SmallDLRM(tables=0).to(device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(1)
+        dense = torch.randn(batch, 13, generator=gen).to(device)
+        self.data = (dense, [], torch.arange(0, batch * 4, 4).to(device), torch.rand(batch, 1, generator=gen).to(device))
+        self.sync = sync
+        self.seconds: list[float] = []
+        for _ in range(warmup):
+            _train_step(self.model, self.opt, self.data)
+        sync()
+
+    def time(self, iterations: int) -> None:
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            _train_step(self.model, self.opt, self.data)
+            self.sync()
+            self.seconds.append(time.perf_counter() - t0)
+
+    def median_s(self) -> float:
+        return float(np.median(self.seconds))
+
+
 def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> None:
     dense, idx, off, y = batch
     opt.zero_grad(set_to_none=True)
@@ -234,6 +264,9 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
             plain.append(time.perf_counter() - t0)
 
     time_plain()
+    dense_only = _DenseOnlyStep(device, batch, warmup, sync) if cuda else None
+    if dense_only is not None:
+        dense_only.time(iterations)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     profiled = []
     sched = schedule(wait=0, warmup=profiler_warmup, active=iterations, repeat=1) if profiler_warmup else None
@@ -247,6 +280,8 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
             if sched is not None:
                 prof.step()
     time_plain()  # the baseline brackets the profiled iterations
+    if dense_only is not None:
+        dense_only.time(iterations)
     events = [e for e in prof.events() if getattr(e, "device_type", None) is None or str(e.device_type).endswith("CPU")]
     busiest = Counter(e.thread for e in events).most_common(1)[0][0]
     events = [e for e in events if e.thread == busiest]
@@ -294,6 +329,7 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
     out: dict = {"device": str(device), "iterations": iterations, "warmup": warmup,
                  "profiler_warmup": profiler_warmup, "profiler_overhead_s": prof_overhead,
                  "iteration_s_unprofiled": float(np.median(plain)), "iteration_s_profiled": float(np.median(profiled)),
+                 **({"iteration_s_unprofiled_dense": dense_only.median_s()} if dense_only is not None else {}),
                  "samples": {}}
     for name, vals in (("t1_s", t1), ("t2_s", t2), ("t3_s", t3), ("t5_s", t5)):
         mean, n = whisker_mean(vals)

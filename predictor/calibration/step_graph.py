@@ -14,6 +14,12 @@ profiled (``iteration_s_profiled``), from which T1..T5 come. Two facts follow fo
   unprofiled step less the simulated :func:`calibration_step_graph` priced with the scaled T's and
   ``step_s = 0``: what the step costs the host beyond its ops (entering ``backward()``, the autograd
   device thread's hand-offs, ``optimizer.step()``'s Python), clipped at zero.
+* **sparse table cost** (``sparse_table_s``, overhead type SPARSE_TABLE, once per embedding table with a
+  sparse gradient) — when the calibration also timed the model without its tables
+  (``iteration_s_unprofiled_dense``, since session 32), two points close two unknowns: ``step_s`` from the
+  dense-only step, and the full step's remainder over its four tables (a sparse backward and update cost the
+  host more than the average op the T's price: nested ATen calls building and adding the sparse gradient).
+  Without that measurement ``step_s`` takes the whole remainder and ``sparse_table_s`` is 0.
 
 Both are calibration facts of the device, taken from the calibration's own measurements, and applied to
 every device-mode graph (CUDA asset packs; :func:`predictor.calibrate._calibrated_platform`). Units: seconds.
@@ -33,6 +39,7 @@ from predictor.workloads.mlp import (
     linear_backward,
     linear_forward,
     linear_grad_nodes,
+    sgd_step,
 )
 
 __all__ = ["calibration_step_graph", "profiler_ratio", "device_overheads", "T_FIELDS"]
@@ -56,7 +63,7 @@ def _table_reuse(batch: int) -> np.ndarray:
                      for _ in range(TABLES)])
 
 
-def calibration_step_graph(batch: int = BATCH) -> ExecutionGraph:
+def calibration_step_graph(batch: int = BATCH, tables: int = TABLES) -> ExecutionGraph:
     """One training step of ``_SmallDLRM`` on a device, as eager PyTorch runs it (see the module).
 
     Forward: ``zero_grad``, four embedding-bag lookups, bottom MLP (13-64-32, ReLU), concatenation of five
@@ -64,13 +71,15 @@ def calibration_step_graph(batch: int = BATCH) -> ExecutionGraph:
     element-wise ops, mean: five kernels). Backward: the loss node (four kernels), per linear layer
     ``AddmmBackward0`` (the first layer's input needs no gradient) and its three kernel-less nodes,
     the dropout / ReLU / layer-norm nodes, ``CatBackward0`` (views, no kernel), per table the sparse
-    backward and its ``AccumulateGrad``. Optimizer: SGD with sparse gradients in the group runs its
-    per-tensor loop (foreach does not take sparse tensors): one ``add_`` per parameter tensor.
+    backward and its ``AccumulateGrad`` (and its SPARSE_TABLE task). Optimizer: SGD with sparse gradients in
+    the group runs its per-tensor loop (foreach does not take sparse tensors): one ``add_`` per parameter tensor.
+    ``tables=0``: the dense-only step the calibration also times (``_SmallDLRM(tables=0)``: a one-part
+    concatenation, 32-wide layer norm, SGD's foreach path).
     """
     gb = GraphBuilder()
     e = OpEmitter(gb, 0, "device")
     dt, b = 4, float(batch)
-    rf = _table_reuse(batch)
+    rf = _table_reuse(batch) if tables else np.zeros((0, len(RF_COLUMNS)))
 
     def table(t: int) -> dict:
         p = {"batch": b, "rows": float(ROWS), "dim": float(DIM), "pooling": float(POOLING), "dtype_bytes": float(dt)}
@@ -78,15 +87,15 @@ def calibration_step_graph(batch: int = BATCH) -> ExecutionGraph:
         return p
 
     e.node("optimizer.zero_grad")
-    for t in range(TABLES):
+    for t in range(tables):
         e.op(f"embedding_bag[{t}]", [(f"embedding_bag_fwd[{t}]", "embedding_bag_fwd", Category.MEMORY, table(t))])
     for li, (i, o) in enumerate(BOTTOM):
         linear_forward(e, f"bottom{li}", b, i, o, dt)
         activation_forward(e, f"bottom{li}", "relu", b * o, dt)
-    width = DIM * (TABLES + 1)
-    e.op("cat", [concat("cat", b, width, TABLES + 1, dt)])
+    width = DIM * (tables + 1)
+    e.op("cat", [concat("cat", b, width, tables + 1, dt)])
     e.op("layer_norm", [eltwise("layer_norm", "layer_norm", b * width, dt, rw=2.0)])
-    (i0, o0), (i1, o1) = TOP
+    (i0, o0), (i1, o1) = (width, TOP[0][1]), TOP[1]
     linear_forward(e, "top0", b, i0, o0, dt)
     activation_forward(e, "top0", "relu", b * o0, dt)
     e.op("top0.dropout", [eltwise("top0.dropout", "dropout", b * o0, dt, rw=2.5)])
@@ -111,19 +120,23 @@ def calibration_step_graph(batch: int = BATCH) -> ExecutionGraph:
         activation_backward(e, f"bottom{li}", "relu", b * o, dt)
         linear_backward(e, f"bottom{li}", b, i, o, dt, input_grad=li > 0)
         linear_grad_nodes(e, f"bottom{li}")
-    for t in reversed(range(TABLES)):
+    for t in reversed(range(tables)):
         e.op(f"embedding_bag_backward[{t}]", [(f"embedding_bag_bwd[{t}]", "embedding_bag_bwd", Category.MEMORY, table(t))])
         e.node(f"embedding_bag[{t}].accumulate_grad")
-    # SGD's per-tensor loop in parameters() order: tables (dense += sparse rows), bottom, norm, top
-    for t in range(TABLES):
-        e.op(f"sgd.emb{t}", [eltwise(f"sgd.emb{t}.add_", "add", b * POOLING * DIM, dt, rw=3.0)])
-    for name, n in [*[(f"bottom{li}.{p}", i * o if p == "weight" else o) for li, (i, o) in enumerate(BOTTOM)
-                      for p in ("weight", "bias")],
-                    ("norm.weight", width), ("norm.bias", width),
-                    *[(f"top{li}.{p}", i * o if p == "weight" else o) for li, (i, o) in enumerate(TOP)
-                      for p in ("weight", "bias")]]:
-        e.op(f"sgd.{name}", [eltwise(f"sgd.{name}.add_", "add", float(n), dt, rw=3.0)])
-    gb.meta.update({"workload": "calibration_step", "n_ranks": 1, "batch_size": batch})
+        e.sparse_table(f"embedding_bag[{t}].sparse_host")
+    dense = [*[(f"bottom{li}.{p}", float(i * o if p == "weight" else o)) for li, (i, o) in enumerate(BOTTOM)
+               for p in ("weight", "bias")],
+             ("norm.weight", float(width)), ("norm.bias", float(width)),
+             *[(f"top{li}.{p}", float(i * o if p == "weight" else o)) for li, (i, o) in enumerate(((i0, o0), (i1, o1)))
+               for p in ("weight", "bias")]]
+    if tables:  # SGD's per-tensor loop in parameters() order: tables (dense += sparse rows), bottom, norm, top
+        for t in range(tables):
+            e.op(f"sgd.emb{t}", [eltwise(f"sgd.emb{t}.add_", "add", b * POOLING * DIM, dt, rw=3.0)])
+        for name, n in dense:
+            e.op(f"sgd.{name}", [eltwise(f"sgd.{name}.add_", "add", n, dt, rw=3.0)])
+    else:
+        sgd_step(e, dense, dt)
+    gb.meta.update({"workload": "calibration_step", "n_ranks": 1, "batch_size": batch, "tables": tables})
     return gb.build()
 
 
@@ -136,18 +149,27 @@ def profiler_ratio(overheads: dict) -> float:
 
 
 def device_overheads(overheads: dict, timing) -> dict[str, float]:
-    """T1..T5 scaled by :func:`profiler_ratio` and ``step_s`` closed on the calibration step (seconds).
+    """T1..T5 scaled by :func:`profiler_ratio`, ``step_s`` and ``sparse_table_s`` closed on the calibration's
+    step(s) (seconds; see the module).
 
     ``overheads``: a CUDA calibration's measured overheads (the manifest's ``overheads``). ``timing``: a
     :class:`predictor.kernels.timing.ModelTiming` of the device's fitted kernel models (its overheads are
-    replaced here). Returns ``t1_s..t5_s``, ``step_s``, and the ``profiler_ratio`` and ``simulated_step_s``
-    the closure used."""
+    replaced here). Returns ``t1_s..t5_s``, ``step_s``, ``sparse_table_s``, and what the closure used:
+    ``profiler_ratio``, ``simulated_step_s`` (the full step, both costs 0) and, with a dense-only step,
+    ``simulated_dense_step_s``."""
     from predictor.platforms.schema import CpuOverheads
     from predictor.simulate import simulate
 
     ratio = profiler_ratio(overheads)
     scaled = {k: float(overheads[k]) * ratio for k in T_FIELDS}
-    timing.overheads = CpuOverheads(**scaled, step_s=0.0)
+    timing.overheads = CpuOverheads(**scaled)
     simulated = float(simulate(calibration_step_graph(), timing).iteration_s)
     measured = float(overheads.get("iteration_s_unprofiled") or 0.0)
-    return {**scaled, "step_s": max(0.0, measured - simulated), "profiler_ratio": ratio, "simulated_step_s": simulated}
+    out = {**scaled, "profiler_ratio": ratio, "simulated_step_s": simulated}
+    dense = overheads.get("iteration_s_unprofiled_dense")
+    if not dense:
+        return {**out, "step_s": max(0.0, measured - simulated), "sparse_table_s": 0.0}
+    sim_dense = float(simulate(calibration_step_graph(tables=0), timing).iteration_s)
+    step_s = max(0.0, float(dense) - sim_dense)
+    sparse = max(0.0, (measured - simulated - step_s) / TABLES)
+    return {**out, "step_s": step_s, "sparse_table_s": sparse, "simulated_dense_step_s": sim_dense}

@@ -89,7 +89,7 @@ class ModelTiming:
     def overhead_seconds(self) -> np.ndarray:
         """Seconds of each :class:`Overhead` type, indexed by its value."""
         o = self.overheads
-        return np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s])
+        return np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s, o.sparse_table_s])
 
     def durations(self, graph: ExecutionGraph) -> np.ndarray:
         out = np.zeros(graph.n_tasks)

@@ -55,6 +55,8 @@ class CpuOverheads(_Strict):
     t5_s: float = Field(ge=0, description="between two kernel launches of one op")
     step_s: float = Field(default=0.0, ge=0, description="once per training step on a device: framework work "
                           "outside every op (backward() entry, optimizer.step()'s Python); 0 unless calibrated")
+    sparse_table_s: float = Field(default=0.0, ge=0, description="once per embedding table with a sparse gradient "
+                                  "on a device: host cost beyond its ops' T's; 0 unless calibrated")
 
 
 class Platform(_Strict):

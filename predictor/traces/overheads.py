@@ -130,7 +130,7 @@ class OverheadTable:
             v = cache.get(key)
             if v is None:
                 kind = kinds.get(key[0])
-                if kind is None:  # STEP: no per-op trace statistic; the platform's step_s prices it
+                if kind is None:  # STEP, SPARSE_TABLE: no per-op trace statistic; the platform prices them
                     continue
                 nm = names[key[1]]
                 v = self.seconds(kind, op=nm, runtime=nm if kind == "T4" else None)

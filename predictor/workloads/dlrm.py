@@ -263,6 +263,7 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
                 # whose time is already inside embedding_bag_bwd's (calibrated as backward + row update)
                 e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
                                                                Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
+                e.sparse_table(f"embedding_bag[{ti}].sparse_host")
             first_emb = False
         rw = 5.0 if spec.optimizer == "adagrad" else 3.0
         # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's

@@ -149,6 +149,12 @@ class OpEmitter:
         if self.mode == "device":
             self.b.task(self.cpu, name, "overhead", Category.CPU, overhead=Overhead.STEP)
 
+    def sparse_table(self, name: str) -> None:
+        """Device mode: one embedding table's sparse-gradient host cost beyond its ops' T's (overhead type
+        SPARSE_TABLE). Host mode: nothing."""
+        if self.mode == "device":
+            self.b.task(self.cpu, name, "overhead", Category.CPU, overhead=Overhead.SPARSE_TABLE)
+
     def _device_op(self, name: str, kernels: Sequence[Kernel], *, stream: int, after: Sequence[int], group: int) -> list[int]:
         b = self.b
         b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
