@@ -144,6 +144,10 @@ def calibrate(
     o = pack.platform.overheads
     console.print(f"overheads: T1 {o.t1_s * 1e6:.2f} us, T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, "
                   f"T4 {o.t4_s * 1e6:.2f} us, T5 {o.t5_s * 1e6:.2f} us", highlight=False)
+    if o.step_s or o.sparse_table_s:  # a device's host model (predictor/calibration/step_graph.py)
+        console.print(f"device host model: T's x the profiled step's unprofiled / profiled time; per step "
+                      f"{o.step_s * 1e6:.0f} us of framework work, per sparse-gradient table "
+                      f"{o.sparse_table_s * 1e6:.0f} us", highlight=False)
     cpu = pack.manifest.get("cpu")
     if cpu:  # what the timings belong to: another CPU (ISA, model) runs other kernels
         from predictor.platforms.cpu_local import describe_cpu
