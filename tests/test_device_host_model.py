@@ -142,6 +142,10 @@ def test_calibration_step_graph_follows_the_calibrations_model():
     assert updates == [float(x) for x in dense]  # one add_ per dense tensor, in parameters() order
     assert sum(1 for n, _ in model.named_parameters() if n.startswith("emb.")) == 4
     assert model.bottom[0].in_features == DENSE and BATCH == 256
+    dense_g = calibration_step_graph(tables=0)
+    upd = sum(float(e) for n, e in zip(_names(dense_g), dense_g.params["elements"], strict=True)
+              if n.startswith("sgd.foreach_add_["))
+    assert upd == sum(p.numel() for p in _SmallDLRM(tables=0).parameters())
 
 
 def test_a_dense_only_calibration_step_separates_the_sparse_tables_cost():
