@@ -30,7 +30,7 @@ from typing import Literal
 
 from predictor.graph import Category, DepKind, GraphBuilder, Overhead, ProcKind
 
-__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "concat", "foreach", "ExecMode",
+__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "concat", "foreach", "ExecMode", "NODE_OVERHEADS",
            "MTA_CHUNK_ELEMENTS", "MTA_MAX_BLOCKS", "MTA_MAX_TENSORS"]
 
 #: (name, op kind, category, params incl. optional "flops" and "bytes")
@@ -98,6 +98,11 @@ def foreach(name: str, kind: str, tensors: Sequence[float], dt: int, *, lists: i
     return [eltwise(f"{name}[{i}]", kind, e, dt, rw=rw) for i, e in enumerate(launches)]
 
 
+#: what a kernel-less host node costs in device mode (:meth:`OpEmitter.node`): the gap before it and an op's tail.
+#: ``experiments/gpu_host_model.py`` scores the alternatives (with T2, T1 alone, nothing) on the measured GPU steps.
+NODE_OVERHEADS: tuple[Overhead, ...] = (Overhead.T1, Overhead.T3)
+
+
 class OpEmitter:
     """Appends framework ops of one rank to a :class:`GraphBuilder`."""
 
@@ -140,8 +145,9 @@ class OpEmitter:
         way from its start to its first launch (argument checks, output allocation, the kernel's setup).
         Host mode: nothing (see the module)."""
         if self.mode == "device":
-            self.b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
-            self.b.task(self.cpu, name, "cpu_op", Category.CPU, overhead=Overhead.T3)
+            for o in NODE_OVERHEADS:
+                self.b.task(self.cpu, "T1" if o == Overhead.T1 else name, "overhead" if o == Overhead.T1 else "cpu_op",
+                            Category.CPU, overhead=o)
 
     def step_framework(self, name: str = "step.framework") -> None:
         """Device mode: the step's framework work outside every op (overhead type STEP, once per
