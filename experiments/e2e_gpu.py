@@ -186,8 +186,13 @@ def measure(args) -> None:
             result[r]["times"] += t["times"]
             print(f"pass {p + 1}: {r[0]:<9} batch {r[1]:>6}: {np.median(t['times']) * 1e3:9.3f} ms "
                   f"(wall mean {t['wall_mean_s'] * 1e3:9.3f} ms)", flush=True)
+    from predictor.calibration.overheads import unprofiled_op_seconds
+
     out = {
         "date": date.today().isoformat(),
+        # this host's tight-loop cost per eager op, as a CUDA calibration records it (manifest overheads
+        # unprofiled_op_s): how fast this instance's host is against the one that calibrated the pack
+        "host_probe_op_s": unprofiled_op_seconds(device, calls=500),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -1,4 +1,4 @@
-"""``experiments/e2e_gpu.py --predict`` on a small measured file (no GPU needed)."""
+"""``experiments/e2e_gpu.py``: ``--predict`` on a small measured file (no GPU needed), ``--measure`` as a CPU smoke run."""
 
 from __future__ import annotations
 
@@ -79,3 +79,14 @@ def test_bad_measured_file_exits_2_with_one_line(tmp_path: Path, capsys, text, m
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "res").exists()  # nothing half-written
+
+
+def test_measure_records_the_hosts_tight_loop_probe(tmp_path: Path, monkeypatch):
+    """``--measure`` (CPU smoke run): rows and the host probe a later prediction can compare with the pack's."""
+    monkeypatch.setattr(e2e_gpu, "ROWS", {"mlp": (8,)})
+    out = tmp_path / "m.json"
+    e2e_gpu.main(["--measure", "--device", "cpu", "--models", "mlp", "--warmup", "0", "--iters", "2", "--passes", "1",
+                  "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert [(r["model"], r["batch"]) for r in data["rows"]] == [("mlp", 8)] and data["rows"][0]["measured_s"] > 0
+    assert {"add", "addmm", "embedding_bag"} <= set(data["host_probe_op_s"]) and data["host_probe_op_s"]["add"] > 0
