@@ -262,23 +262,21 @@ class Timeline:
         return float(self.end.max()) if self.end.size else 0.0
 
     def loop_pace_s(self) -> float:
-        """Seconds per step of a loop repeating this device-mode step with no host-device synchronisation.
+        """Seconds per step of a loop repeating this one-device step with no host-device synchronisation.
 
         The host queues the next step's launches while the device still runs this one's kernels, so the
         loop runs at its bottleneck's pace: the larger of the host's span (its first task's start to its
-        last task's end, over the CPU threads of the slowest rank) and the busiest stream's kernel time.
-        ``iteration_s`` is one step's latency from an idle device, which a host-device overlap near the
-        crossover over-states. A graph without GPU streams (a host-mode CPU step) has ``iteration_s``.
+        last task's end, over the CPU threads) and the busiest stream's kernel time. ``iteration_s`` is one
+        step's latency from an idle device, which a host-device overlap near the crossover over-states.
+        A graph without GPU streams (a host-mode CPU step) or with several ranks (pipeline bubbles and
+        collective waits recur in every step, so the busiest stream is not the pace) has ``iteration_s``.
         """
         g = self.graph
         gpu = g.proc_kind[g.proc] == ProcKind.GPU_STREAM
-        if not gpu.any():
+        if not gpu.any() or g.n_ranks > 1:
             return self.iteration_s
         host = ~gpu
-        span = 0.0
-        for r in np.unique(g.proc_rank[g.proc[host]]) if host.any() else []:
-            sel = host & (g.proc_rank[g.proc] == r)
-            span = max(span, float(self.end[sel].max() - self.start[sel].min()))
+        span = float(self.end[host].max() - self.start[host].min()) if host.any() else 0.0
         busy = np.bincount(g.proc[gpu], weights=(self.end - self.start)[gpu], minlength=g.n_procs)
         return float(max(span, busy.max()))
 

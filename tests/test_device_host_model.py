@@ -176,3 +176,10 @@ def test_device_dlrm_charges_each_local_table_once():
     g = build_dlrm_graph(spec, np.array([0, 1, 1, 1]), 2, mode="device")
     per_rank = np.bincount(g.rank[g.overhead == Overhead.SPARSE_TABLE], minlength=2)
     assert per_rank.tolist() == [1, 3]
+
+
+def test_loop_pace_of_a_multi_rank_step_is_its_latency():
+    tables = EmbeddingTables(rows=np.full(4, 10_000), dim=np.full(4, 16), pooling=np.linspace(1, 20, 4))
+    spec = DLRMSpec(tables=tables, batch_size=256, bottom_mlp=(64, 16), top_mlp=(64, 1))
+    tl = simulate(build_dlrm_graph(spec, np.array([0, 1, 0, 1]), 2, mode="device"), ModelTiming(H100))
+    assert tl.loop_pace_s() == tl.iteration_s
