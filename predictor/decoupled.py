@@ -40,7 +40,7 @@ from predictor.kernels.base import TaskView
 from predictor.kernels.collective import PiecewiseCollective
 from predictor.kernels.elementwise import Roofline
 from predictor.kernels.gemm import AnalyticGemm
-from predictor.kernels.timing import ModelTiming
+from predictor.kernels.timing import ModelTiming, overhead_array
 from predictor.memory import LevelUsage
 from predictor.platforms.schema import Platform
 from predictor.simulate import Timeline, simulate
@@ -142,8 +142,7 @@ class CacheAwareTiming:
         p = self.platform
         out = np.zeros(graph.n_tasks)
         oh = graph.overhead != Overhead.NONE
-        o = p.overheads
-        out[oh] = np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s, o.sparse_table_s])[graph.overhead[oh]]
+        out[oh] = overhead_array(p.overheads)[graph.overhead[oh]]
         given = graph.kind_mask("data_loading")
         out[given] = np.nan_to_num(graph.duration[given])
         on_chip = graph.meta.get("on_chip_bytes", np.zeros(graph.n_tasks))

@@ -203,14 +203,21 @@ class _DenseOnlyStep:
         sync()
 
     def time(self, iterations: int) -> None:
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            _train_step(self.model, self.opt, self.data)
-            self.sync()
-            self.seconds.append(time.perf_counter() - t0)
+        self.seconds += _timed_steps(self.model, self.opt, self.data, iterations, self.sync)
 
     def median_s(self) -> float:
         return float(np.median(self.seconds))
+
+
+def _timed_steps(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple, iterations: int, sync) -> list[float]:
+    """Wall seconds of ``iterations`` unprofiled training steps, each ended by ``sync()``."""
+    out = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        _train_step(model, opt, batch)
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> None:
@@ -257,11 +264,7 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
     plain: list[float] = []
 
     def time_plain() -> None:
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            _train_step(model, opt, data)
-            sync()
-            plain.append(time.perf_counter() - t0)
+        plain.extend(_timed_steps(model, opt, data, iterations, sync))
 
     time_plain()
     dense_only = _DenseOnlyStep(device, batch, warmup, sync) if cuda else None

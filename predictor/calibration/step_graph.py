@@ -36,6 +36,7 @@ from predictor.workloads.mlp import (
     activation_backward,
     activation_forward,
     backward_entry,
+    layer_tensors,
     linear_backward,
     linear_forward,
     linear_grad_nodes,
@@ -48,7 +49,7 @@ T_FIELDS = ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")
 #: ``_SmallDLRM``'s defaults and ``measure_overheads``' batch (keep in step with overheads.py)
 ROWS, DIM, TABLES, POOLING, BATCH, DENSE = 20000, 32, 4, 4, 256, 13
 BOTTOM = ((DENSE, 64), (64, DIM))
-TOP = ((DIM * (TABLES + 1), 128), (128, 1))
+TOP_HIDDEN = 128  # the top MLP: concatenation width -> 128 -> 1
 
 
 def _table_reuse(batch: int) -> np.ndarray:
@@ -89,13 +90,15 @@ def calibration_step_graph(batch: int = BATCH, tables: int = TABLES) -> Executio
     e.node("optimizer.zero_grad")
     for t in range(tables):
         e.op(f"embedding_bag[{t}]", [(f"embedding_bag_fwd[{t}]", "embedding_bag_fwd", Category.MEMORY, table(t))])
-    for li, (i, o) in enumerate(BOTTOM):
-        linear_forward(e, f"bottom{li}", b, i, o, dt)
-        activation_forward(e, f"bottom{li}", "relu", b * o, dt)
     width = DIM * (tables + 1)
+    bottom = [(f"bottom{li}", i, o) for li, (i, o) in enumerate(BOTTOM)]
+    top = [("top0", width, TOP_HIDDEN), ("top1", TOP_HIDDEN, 1)]
+    for name, i, o in bottom:
+        linear_forward(e, name, b, i, o, dt)
+        activation_forward(e, name, "relu", b * o, dt)
     e.op("cat", [concat("cat", b, width, tables + 1, dt)])
     e.op("layer_norm", [eltwise("layer_norm", "layer_norm", b * width, dt, rw=2.0)])
-    (i0, o0), (i1, o1) = (width, TOP[0][1]), TOP[1]
+    (_, i0, o0), (_, i1, o1) = top
     linear_forward(e, "top0", b, i0, o0, dt)
     activation_forward(e, "top0", "relu", b * o0, dt)
     e.op("top0.dropout", [eltwise("top0.dropout", "dropout", b * o0, dt, rw=2.5)])
@@ -115,27 +118,20 @@ def calibration_step_graph(batch: int = BATCH, tables: int = TABLES) -> Executio
     e.node("layer_norm.weight.accumulate_grad")
     e.node("layer_norm.bias.accumulate_grad")
     e.node("cat.backward")
-    for li in reversed(range(len(BOTTOM))):
-        i, o = BOTTOM[li]
-        activation_backward(e, f"bottom{li}", "relu", b * o, dt)
-        linear_backward(e, f"bottom{li}", b, i, o, dt, input_grad=li > 0)
-        linear_grad_nodes(e, f"bottom{li}")
+    for li in reversed(range(len(bottom))):
+        name, i, o = bottom[li]
+        activation_backward(e, name, "relu", b * o, dt)
+        linear_backward(e, name, b, i, o, dt, input_grad=li > 0)
+        linear_grad_nodes(e, name)
     for t in reversed(range(tables)):
         e.op(f"embedding_bag_backward[{t}]", [(f"embedding_bag_bwd[{t}]", "embedding_bag_bwd", Category.MEMORY, table(t))])
         e.node(f"embedding_bag[{t}].accumulate_grad")
         e.sparse_table(f"embedding_bag[{t}].sparse_host")
-    dense = [*[(f"bottom{li}.{p}", float(i * o if p == "weight" else o)) for li, (i, o) in enumerate(BOTTOM)
-               for p in ("weight", "bias")],
-             ("norm.weight", float(width)), ("norm.bias", float(width)),
-             *[(f"top{li}.{p}", float(i * o if p == "weight" else o)) for li, (i, o) in enumerate(((i0, o0), (i1, o1)))
-               for p in ("weight", "bias")]]
-    if tables:  # SGD's per-tensor loop in parameters() order: tables (dense += sparse rows), bottom, norm, top
-        for t in range(tables):
-            e.op(f"sgd.emb{t}", [eltwise(f"sgd.emb{t}.add_", "add", b * POOLING * DIM, dt, rw=3.0)])
-        for name, n in dense:
-            e.op(f"sgd.{name}", [eltwise(f"sgd.{name}.add_", "add", n, dt, rw=3.0)])
-    else:
-        sgd_step(e, dense, dt)
+    # SGD in parameters() order: tables (dense += sparse rows), bottom, norm, top; with sparse gradients in the
+    # group its per-tensor loop (foreach takes no sparse tensors), else the foreach path
+    params = [*((f"emb{t}", b * POOLING * DIM) for t in range(tables)), *layer_tensors(bottom),
+              ("norm.weight", float(width)), ("norm.bias", float(width)), *layer_tensors(top)]
+    sgd_step(e, params, dt, use_foreach=not tables)
     gb.meta.update({"workload": "calibration_step", "n_ranks": 1, "batch_size": batch, "tables": tables})
     return gb.build()
 

@@ -37,6 +37,11 @@ from predictor.kernels.state import unwrap
 from predictor.platforms.schema import CpuOverheads, Platform
 
 
+def overhead_array(o: CpuOverheads) -> np.ndarray:
+    """Seconds of each :class:`Overhead` type of ``o``, indexed by its value (NONE: 0)."""
+    return np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s, o.sparse_table_s])
+
+
 def analytic_models() -> list[KernelModel]:
     """The analytic model of each kernel family (used when a platform has no asset pack)."""
     return [AnalyticGemm(), AnalyticEmbedding(), PiecewiseCollective(), Roofline()]
@@ -88,8 +93,7 @@ class ModelTiming:
 
     def overhead_seconds(self) -> np.ndarray:
         """Seconds of each :class:`Overhead` type, indexed by its value."""
-        o = self.overheads
-        return np.array([0.0, o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s, o.step_s, o.sparse_table_s])
+        return overhead_array(self.overheads)
 
     def durations(self, graph: ExecutionGraph) -> np.ndarray:
         out = np.zeros(graph.n_tasks)

@@ -265,11 +265,11 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
                                                                Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
                 e.sparse_table(f"embedding_bag[{ti}].sparse_host")
             first_emb = False
-        rw = 5.0 if spec.optimizer == "adagrad" else 3.0
+        adagrad = spec.optimizer == "adagrad"  # its state is a third tensor list (read and written)
         # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
         # default on a device
         e.op("optimizer.step", foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(layers)], dt,
-                                       lists=2 if rw == 3.0 else 3, rw=rw), after=ar_kernels)
+                                       lists=3 if adagrad else 2, rw=5.0 if adagrad else 3.0), after=ar_kernels)
     gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
     return gb.build()
 

@@ -137,11 +137,13 @@ def backward_entry(e: OpEmitter, dt: int) -> list[int]:
     return e.op("backward.seed", [eltwise("backward.ones_like", "fill", 1.0, dt, rw=1.0)])
 
 
-def sgd_step(e: OpEmitter, tensors: Sequence[tuple[str, float]], dt: int, after: Sequence[int] = ()) -> list[int]:
+def sgd_step(e: OpEmitter, tensors: Sequence[tuple[str, float]], dt: int, after: Sequence[int] = (),
+             use_foreach: bool | None = None) -> list[int]:
     """``torch.optim.SGD.step`` (no momentum) over the tensors ``(name, elements)``: on a CPU one
     ``param.add_(grad)`` per tensor, the first waiting for ``after``; on a device (foreach, the
-    default there) one ``_foreach_add_`` op (its launches: :func:`predictor.workloads.emit.foreach`)."""
-    if e.mode == "device":
+    default there) one ``_foreach_add_`` op (its launches: :func:`predictor.workloads.emit.foreach`).
+    ``use_foreach=False``: the per-tensor loop on a device too (a group with sparse gradients)."""
+    if e.mode == "device" if use_foreach is None else use_foreach:
         return e.op("sgd.foreach_add_", foreach("sgd.foreach_add_", "add", [n for _, n in tensors], dt), after=after)
     out: list[int] = []
     for j, (name, n) in enumerate(tensors):
