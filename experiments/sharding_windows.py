@@ -43,7 +43,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import fail  # noqa: E402
+from experiments.common import fail, repo_relative  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 
 RESULTS = REPO / "experiments" / "results"
@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     command = "python experiments/sharding_windows.py" + (f" --run-file {args.run_file}" if args.run_file != RUN_FILE
                                                          else "") + (" --all-cpus" if args.all_cpus else "")
     command += (" --predict-with " + " ".join(args.predict_with)) if args.predict_with else ""
+    if args.out != RESULTS / "sharding_windows":
+        command += f" --out {repo_relative(args.out)}"
     text = markdown(labels, runs, truth, judged, skipped, command)
     repredicted = {}
     if args.predict_with:
