@@ -269,6 +269,16 @@ def calibrate(
     benches = make_benchmarks(world_size, bench_families) if bench_families != [] else []
     seeds = {b.name: int(rng.integers(2**62)) for b in benches}
     passes = PASSES[level]
+    # CPU with several ranks: the host-contention and lockstep probes run in bursts, one after each round,
+    # so that, as the kernels' rounds, they sample the host over the whole calibration and not one minute of
+    # it (on the Zen 4 VM the lockstep factor read x1.14 at the end of a calibration, x1.04-1.08 in five
+    # probes over the next two hours)
+    host_ranks = dev.type == "cpu" and world_size >= 2
+    with_collectives = families is None or "collectives" in families
+    want_contention = host_ranks and with_collectives
+    want_lockstep = host_ranks and (with_collectives or "lockstep" in families)  # alone: merged with --data-from
+    contention_probe: list = []
+    lockstep_probe: list = []
     runs: dict[str, list[pd.DataFrame]] = {}
     spent: dict[str, float] = {}
     #: grid indices each family's first round reached; later rounds time these only
@@ -304,6 +314,10 @@ def calibrate(
                     reached[bench.name] = frozenset(int(c) for c in frame["case"])
                 if p == 0:
                     specs += [(bench.name, s) for s in bench.specs(ctx)]
+        if want_contention or want_lockstep:
+            contention_probe, lockstep_probe = _host_probe_burst(
+                p, passes, world_size, n_threads, level, llc_bytes, contention_probe if want_contention else None,
+                lockstep_probe if want_lockstep else None, log)
         log(f"  round {p + 1} of {passes} done ({time.perf_counter() - started:.0f} s)")
     for bench in benches:
         if bench.name not in runs:
@@ -337,27 +351,19 @@ def calibrate(
                                         if x2 == x) for x in sorted({q[0] for q in base.embedding_step_reuse_pooling})))
 
     contention: dict[str, float] = {}
-    contention_probe: list = []
-    lockstep_probe: list = []
-    host_ranks = dev.type == "cpu" and world_size >= 2
-    with_collectives = families is None or "collectives" in families
-    if host_ranks and with_collectives:
-        from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors, probe_host_contention
+    if contention_probe:
+        from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
 
-        t0 = time.perf_counter()
-        contention_probe = probe_host_contention(world_size, n_threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level],
-                                                 rounds=CONTENTION_ROUNDS[level])
         contention = factors(contention_probe, CONTENTION_ESTIMATOR)
         log(f"  {'contention':<14} {world_size} processes at once: "
-            + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items()) + f" ({time.perf_counter() - t0:.1f} s)")
-    if host_ranks and (with_collectives or "lockstep" in families):  # alone: merged later with --data-from
+            + ", ".join(f"{k} x{v:.2f}" for k, v in contention.items())
+            + f" (median of {len(contention_probe[0]['compute'])} rounds in {passes} burst(s))")
+    if lockstep_probe:
         from predictor.calibration.lockstep import lockstep_factor
 
-        t0 = time.perf_counter()
-        lockstep_probe = _lockstep_probe(world_size, n_threads, level)
         contention["sync"] = lockstep_factor(lockstep_probe)
         log(f"  {'lockstep':<14} {world_size} processes in lockstep: x{contention['sync']:.3f} "
-            f"({time.perf_counter() - t0:.1f} s)")
+            f"(median of {len(lockstep_probe[0]['free_s'])} rounds in {passes} burst(s))")
 
     manifest_extra = {
         "cpu_model": _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
@@ -721,12 +727,50 @@ def _with_step_reuse_rows(base: Platform, rows: list[dict], src: str) -> Platfor
                                    "sources": sources})
 
 
-def _lockstep_probe(world_size: int, threads: int, level: Level) -> list[dict]:
-    """The lockstep probe (:mod:`predictor.calibration.lockstep`) at the level's rounds (tiny: short segments)."""
-    from predictor.calibration.lockstep import LOCKSTEP_ROUNDS, probe_lockstep
+def _lockstep_probe(world_size: int, threads: int, level: Level, rounds: int) -> list[dict]:
+    """The lockstep probe (:mod:`predictor.calibration.lockstep`) for ``rounds`` rounds (tiny: short segments)."""
+    from predictor.calibration.lockstep import probe_lockstep
 
     kw = {"segment_s": 0.002, "segments": 10} if level == "tiny" else {}
-    return probe_lockstep(world_size, threads, rounds=LOCKSTEP_ROUNDS[level], **kw)
+    return probe_lockstep(world_size, threads, rounds=rounds, **kw)
+
+
+def burst_rounds(total: int, bursts: int, index: int) -> int:
+    """Rounds of burst ``index`` (0-based) when ``total`` rounds are spread over ``bursts`` bursts as evenly as
+    they go, the earlier bursts taking the remainder (5 over 3: 2, 2, 1)."""
+    return total // bursts + (1 if index < total % bursts else 0)
+
+
+def _pooled(rows: list[dict], burst: list[dict]) -> list[dict]:
+    """Per process, each key's per-round list of ``rows`` followed by the same process's in ``burst``."""
+    if not rows:
+        return [dict(b) for b in burst]
+    return [{k: list(r[k]) + list(b[k]) for k in r} for r, b in zip(rows, burst, strict=True)]
+
+
+def _host_probe_burst(p: int, passes: int, world_size: int, threads: int, level: Level, llc_bytes: float,
+                      contention_rows: list | None, lockstep_rows: list | None,
+                      log: Callable[[str], None]) -> tuple[list, list]:
+    """After round ``p`` of ``passes``: this round's share of the host-contention probe's rounds
+    (:data:`CONTENTION_ROUNDS`) and of the lockstep probe's (``LOCKSTEP_ROUNDS``), appended per process to
+    the rounds of the earlier bursts (None: that probe is not wanted). Returns both row lists."""
+    from predictor.calibration.lockstep import LOCKSTEP_ROUNDS
+
+    t0 = time.perf_counter()
+    done = []
+    if contention_rows is not None and (n := burst_rounds(CONTENTION_ROUNDS[level], passes, p)):
+        from predictor.calibration.contention import probe_host_contention
+
+        contention_rows = _pooled(contention_rows, probe_host_contention(
+            world_size, threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level], rounds=n))
+        done.append(f"contention x{n}")
+    if lockstep_rows is not None and (n := burst_rounds(LOCKSTEP_ROUNDS[level], passes, p)):
+        lockstep_rows = _pooled(lockstep_rows, _lockstep_probe(world_size, threads, level, n))
+        done.append(f"lockstep x{n}")
+    if done:
+        log(f"  {'host probes':<14} {world_size} processes: " + ", ".join(done) + f" rounds "
+            f"({time.perf_counter() - t0:.1f} s)")
+    return contention_rows or [], lockstep_rows or []
 
 
 def _contention_again(m: dict, world_size: int, contention: dict[str, float], refit_info: dict) -> dict[str, float]:

@@ -137,3 +137,20 @@ def test_the_lockstep_probe_runs_two_gloo_processes():
     assert 1.0 <= lockstep_factor(rows) < 10
     with pytest.raises(ValueError, match="at least 2"):
         probe_lockstep(1)
+
+
+def test_calibration_spreads_the_host_probes_rounds_over_its_bursts_and_pools_them_per_process():
+    from predictor.calibrate import _pooled, burst_rounds
+
+    for total in range(0, 10):
+        for bursts in (1, 2, 3):
+            got = [burst_rounds(total, bursts, i) for i in range(bursts)]
+            assert sum(got) == total and max(got) - min(got) <= 1 and got == sorted(got, reverse=True)
+    assert [burst_rounds(5, 3, i) for i in range(3)] == [2, 2, 1]
+    first = [{"free_s": [1.0], "sync_s": [0.1]}, {"free_s": [2.0], "sync_s": [0.2]}]
+    second = [{"free_s": [3.0, 4.0], "sync_s": [0.3, 0.4]}, {"free_s": [5.0, 6.0], "sync_s": [0.5, 0.6]}]
+    assert _pooled([], first) == first
+    assert _pooled(first, second) == [{"free_s": [1.0, 3.0, 4.0], "sync_s": [0.1, 0.3, 0.4]},
+                                      {"free_s": [2.0, 5.0, 6.0], "sync_s": [0.2, 0.5, 0.6]}]
+    with pytest.raises(ValueError):  # a burst of another world size
+        _pooled(first, second[:1])
