@@ -45,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import fail  # noqa: E402
+from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import LEGACY_BATCH_POOL  # noqa: E402
 from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
@@ -323,7 +323,8 @@ def _label(spec: str) -> str:
 
 
 def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str], allocator: str = "default",
-             cpu_note: str = "", batch_pool: int = 2) -> str:
+             cpu_note: str = "", batch_pool: int = 2, extra_args: str = "") -> str:
+    """The report; ``extra_args``: the command line's other non-default options (for its reproduce line)."""
     spread = {}
     for w in windows:
         for r in w["rows"]:
@@ -339,7 +340,7 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
         "`python experiments/e2e_windows.py --platform " + platforms[0]
         + (" --compare " + " ".join(platforms[1:]) if len(platforms) > 1 else "")
         + (f" --allocator {allocator}" if allocator != "default" else "")
-        + (f" --batch-pool {batch_pool}" if batch_pool != 2 else "") + "`.",
+        + (f" --batch-pool {batch_pool}" if batch_pool != 2 else "") + extra_args + "`.",
         "",
         *([f"Windows: {cpu_note}.", ""] if cpu_note else []),
         (f"How much the machine moves: one configuration's measurement differs between windows by a median of "
@@ -393,9 +394,12 @@ def main(argv: list[str] | None = None) -> None:
                          "record: the windows without one), on this host's CPU, or all of them")
     ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)
+    extra_args = f" --cpu {args.cpu}" if args.cpu != "pack" else ""
     if args.out is None:
         args.out = RESULTS / (("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
                               + ("" if args.batch_pool == 2 else f"_pool{args.batch_pool}"))
+    else:
+        extra_args += f" --out {repo_relative(args.out)}"
     if args.out.with_suffix(".json").resolve() == args.archive.resolve():
         fail(f"--out {args.out}: would overwrite the archive {args.archive}")
     windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator
@@ -425,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
             results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows)}
     from tuner.report import atomic_write_text
 
-    text = markdown(results, windows, platforms, args.allocator, cpu_note, args.batch_pool)
+    text = markdown(results, windows, platforms, args.allocator, cpu_note, args.batch_pool, extra_args)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(results, indent=1))
     atomic_write_text(args.out.with_suffix(".md"), text)
     print(text)
