@@ -759,17 +759,21 @@ def _host_probe_burst(p: int, passes: int, world_size: int, threads: int, level:
     t0 = time.perf_counter()
     done = []
     if contention_rows is not None and (n := burst_rounds(CONTENTION_ROUNDS[level], passes, p)):
-        from predictor.calibration.contention import probe_host_contention
+        from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors, probe_host_contention
 
-        contention_rows = _pooled(contention_rows, probe_host_contention(
-            world_size, threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level], rounds=n))
-        done.append(f"contention x{n}")
+        burst = probe_host_contention(world_size, threads, llc_bytes, slot_s=CONTENTION_SLOT_S[level], rounds=n)
+        contention_rows = _pooled(contention_rows, burst)
+        done.append(f"contention {n} round(s) (" + ", ".join(
+            f"{k} x{v:.2f}" for k, v in factors(burst, CONTENTION_ESTIMATOR).items()) + ")")
     if lockstep_rows is not None and (n := burst_rounds(LOCKSTEP_ROUNDS[level], passes, p)):
-        lockstep_rows = _pooled(lockstep_rows, _lockstep_probe(world_size, threads, level, n))
-        done.append(f"lockstep x{n}")
-    if done:
-        log(f"  {'host probes':<14} {world_size} processes: " + ", ".join(done) + f" rounds "
-            f"({time.perf_counter() - t0:.1f} s)")
+        from predictor.calibration.lockstep import lockstep_factor
+
+        burst = _lockstep_probe(world_size, threads, level, n)
+        lockstep_rows = _pooled(lockstep_rows, burst)
+        done.append(f"lockstep {n} round(s) (x{lockstep_factor(burst):.3f})")
+    if done:  # each burst's own factors: how much the host moved during the calibration
+        log(f"  {'host probes':<14} {world_size} processes: " + "; ".join(done)
+            + f" ({time.perf_counter() - t0:.1f} s)")
     return contention_rows or [], lockstep_rows or []
 
 
