@@ -226,6 +226,9 @@ def calibrate(
     if unknown:
         raise CalibrationError(f"--families: unknown benchmark family {unknown[0]!r}; known: "
                                f"{', '.join([*FAMILIES, *PROBES])}")
+    if families is not None and "lockstep" in families and (dev.type != "cpu" or world_size < 2):
+        raise CalibrationError("--families lockstep: the lockstep probe runs K CPU processes in lockstep; it needs "
+                               "--device cpu and --world-size 2 or more")
     bench_families = None if families is None else [f for f in families if f in FAMILIES]
     if bench_families == [] and fit:
         raise CalibrationError(f"--families {','.join(families or [])}: measures no kernels to fit; add --no-fit "

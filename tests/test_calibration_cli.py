@@ -466,3 +466,10 @@ def test_refit_to_the_fastest_round_and_bad_fit_targets(tmp_path: Path, monkeypa
                  ["calibrate", "--device", "cpu", "--out", str(tmp_path / "y"), "--fit-target", "min"]):
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and "--fit-target" in res.output and "Traceback" not in res.output
+
+
+def test_the_lockstep_probe_alone_on_one_process_is_refused_before_anything_is_written(tmp_path: Path):
+    out = tmp_path / "one"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(out), "--families", "lockstep", "--no-fit"])
+    assert res.exit_code == 2 and "--world-size 2 or more" in res.output and "Traceback" not in res.output
+    assert not out.exists()
