@@ -229,6 +229,9 @@ def calibrate(
     if families is not None and "lockstep" in families and (dev.type != "cpu" or world_size < 2):
         raise CalibrationError("--families lockstep: the lockstep probe runs K CPU processes in lockstep; it needs "
                                "--device cpu and --world-size 2 or more")
+    if families is not None and "step_reuse" in families and dev.type != "cpu":
+        raise CalibrationError("--families step_reuse: the step-reuse probe times a CPU's last-level cache; it needs "
+                               "--device cpu")
     bench_families = None if families is None else [f for f in families if f in FAMILIES]
     if bench_families == [] and fit:
         raise CalibrationError(f"--families {','.join(families or [])}: measures no kernels to fit; add --no-fit "
