@@ -276,6 +276,7 @@ def main() -> None:
         "background_cores_max": float(max(r["background_cores_max"] for r in rows)),
         "timing_source": getattr(timing, "source", "analytic"),
         "co_run_contention": bool(getattr(timing, "co_run", False)),
+        "step_reuse_capped": bool(getattr(timing, "cap_step_reuse", False)),
         "platform": platform.key,
         "threads_per_rank": args.threads_used,
         "pack_threads": (manifest or {}).get("threads"),

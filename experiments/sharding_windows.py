@@ -164,11 +164,14 @@ def mg_vs_pooled_best(run: dict, truth: dict[str, dict[str, float]]) -> float:
     return 100.0 * float(np.mean(gaps)) if gaps else float("nan")
 
 
-def repredict(run: dict, spec: str, workdir: Path, co_run: bool | None = None) -> dict[str, dict[str, float]]:
+def repredict(run: dict, spec: str, workdir: Path, co_run: bool | None = None,
+              cap_step_reuse: bool | None = None) -> dict[str, dict[str, float]]:
     """task -> heuristic sharder -> seconds predicted by the pack ``spec`` for ``run``'s placements (the
     tasks rebuilt from the run's arguments, as ``sharding_selection.py`` built them). ``co_run``: price host
     contention only while another rank runs (:mod:`predictor.kernels.co_run`; None: the timing's default,
-    False: as every run before session 27 did, :func:`run_co_run`)."""
+    False: as every run before session 27 did, :func:`run_co_run`); ``cap_step_reuse``: the step-reuse
+    factors at most 1 (None: the timing's default, True since session 33; False as runs before it,
+    :func:`run_caps_step_reuse`)."""
     from experiments.e2e_windows import resolve_pack
     from experiments.sharding_selection import rebuilt_tasks, run_args, task_job
 
@@ -176,6 +179,8 @@ def repredict(run: dict, spec: str, workdir: Path, co_run: bool | None = None) -
     timing = plat.timing()
     if co_run is not None:
         timing.co_run = co_run
+    if cap_step_reuse is not None:
+        timing.cap_step_reuse = cap_step_reuse
     args = run_args(run, pack_threads=int((plat.pack.manifest if plat.pack else {}).get("threads", 1)))
     out: dict[str, dict[str, float]] = {}
     for ti, (tables, row) in enumerate(zip(rebuilt_tasks(run, args), run["rows"], strict=False)):
@@ -183,6 +188,12 @@ def repredict(run: dict, spec: str, workdir: Path, co_run: bool | None = None) -
         out[row["task"]] = {s: float(job.objective(np.asarray(row["placements"][s])))
                             for s in HEURISTICS if s in row["placements"]}
     return out
+
+
+def run_caps_step_reuse(run: dict) -> bool:
+    """Whether a run's own predictions capped the step-reuse factors at 1 (recorded since session 33;
+    earlier runs took them as measured)."""
+    return bool(run.get("summary", {}).get("step_reuse_capped", False))
 
 
 def run_co_run(run: dict) -> bool:

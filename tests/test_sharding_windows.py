@@ -93,7 +93,7 @@ def test_repredicting_a_run_with_its_own_pack_gives_its_predictions_again(tmp_pa
     reproduce what the run predicted; a contention what-if (``hc:``) changes them."""
     import json
 
-    from experiments.sharding_windows import repredict, run_co_run
+    from experiments.sharding_windows import repredict, run_caps_step_reuse, run_co_run
 
     run = json.loads((REPO / "experiments/results/avx2/sharding_selection.json").read_text())
     run["rows"] = run["rows"][:2]
@@ -110,12 +110,12 @@ def test_repredicting_a_run_with_its_own_pack_gives_its_predictions_again(tmp_pa
     if not rev:
         pytest.skip("needs the repository's git history (the pack as committed beside the run)")
     pack = f"git:{rev}:{run['meta']['args']['platform']}"
-    got = repredict(run, pack, tmp_path / "a", co_run=run_co_run(run))
+    got = repredict(run, pack, tmp_path / "a", co_run=run_co_run(run), cap_step_reuse=run_caps_step_reuse(run))
     for row in run["rows"]:
         for s, v in got[row["task"]].items():
             assert v == pytest.approx(row["predicted_s"][s], rel=1e-6)
     lower = repredict(run, f"hc:embedding=0.5:{pack}", tmp_path / "b",
-                      co_run=run_co_run(run))
+                      co_run=run_co_run(run), cap_step_reuse=run_caps_step_reuse(run))
     assert all(lower[t][s] < got[t][s] for t in got for s in got[t])
 
 

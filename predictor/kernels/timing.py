@@ -71,6 +71,9 @@ class ModelTiming:
         #: host contention only while another rank of the host runs (:mod:`predictor.kernels.co_run`);
         #: False prices every kernel of a K-rank CPU graph at the contended speed throughout
         self.co_run = co_run
+        #: step-reuse factors capped at 1 (:meth:`step_reuse_multipliers`; since session 33); False: as measured,
+        #: as every prediction before it (re-predicting an older run, ``experiments/sharding_windows.py``)
+        self.cap_step_reuse = True
         #: which model family produced the numbers ("analytic", or an asset pack's name)
         self.source = source
         self._by_kind: dict[str, KernelModel] = {}
@@ -163,7 +166,13 @@ class ModelTiming:
     def step_reuse_multipliers(self, graph: ExecutionGraph) -> np.ndarray:
         """Per task, the factor its predicted kernel time takes for the step's reuse (1 for all but the
         embedding-bag kernels): by each table's pooling where the platform has the per-pooling surface,
-        else the curve of table sums (:meth:`step_reuse_factors`)."""
+        else the curve of table sums (:meth:`step_reuse_factors`), each measured point taken at most 1
+        (``cap_step_reuse``). The models are fitted to the cold protocol (cache evicted before every call), the
+        worst a step can leave a table; a probe reading above 1 (single calls of 0.1-0.3 ms timed one by one,
+        per-round ratios 0.4-1.9 on the Zen 4 VM) is noise, and in situ the light tables ran 0.63-0.76 their
+        cold time at every batch of the e2e DLRM (session 33, ``dlrm_phases_cpu.py`` per table). With the cap,
+        on the Zen 4 VM's nine windows 1.31 / 15.7 -> 1.26 / 13.2 % (geomean / max against the medians), on the
+        AVX2 VM's eleven fresh-batch windows 5.47 / 17.0 -> 5.51 / 14.8 %."""
         from predictor.calibration.step_reuse import reuse_factor, reuse_factors_by_pooling
 
         out = np.ones(graph.n_tasks)
@@ -171,6 +180,9 @@ class ModelTiming:
         if not working_sets:
             return out
         surface, curve = self.platform.embedding_step_reuse_pooling, self.platform.embedding_step_reuse
+        if self.cap_step_reuse:  # each measured point at most 1, before interpolating between them
+            surface = [[x, p, min(f, 1.0), min(b, 1.0)] for x, p, f, b in surface]
+            curve = [[x, min(f, 1.0), min(b, 1.0)] for x, f, b in curve]
         pooling = graph.params.get("pooling")
         for which in ("fwd", "bwd"):
             kind = graph.kind_mask(f"embedding_bag_{which}")
