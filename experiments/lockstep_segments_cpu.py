@@ -37,16 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import write_results  # noqa: E402
-from predictor.calibration.lockstep import probe_lockstep  # noqa: E402
-
-
-def per_round_factors(per_process: list[dict]) -> np.ndarray:
-    """Each round's ``(slowest lockstep period - all-reduce alone) / slowest free segment``
-    (:func:`predictor.calibration.lockstep.lockstep_factor` before its median)."""
-    free = np.array([p["free_s"] for p in per_process])
-    lock = np.array([p["lockstep_s"] for p in per_process])
-    sync = np.array([p["sync_s"] for p in per_process])
-    return (lock.max(axis=0) - np.median(sync, axis=0)) / free.max(axis=0)
+from predictor.calibration.lockstep import per_round_factors, probe_lockstep  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

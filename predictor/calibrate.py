@@ -277,7 +277,7 @@ def calibrate(
     passes = PASSES[level]
     # CPU with several ranks: the host-contention and lockstep probes run in bursts, one after each round,
     # so that, as the kernels' rounds, they sample the host over the whole calibration and not one minute of
-    # it (on the Zen 4 VM the lockstep factor read x1.14 at the end of a calibration, x1.04-1.08 in five
+    # it (on the Zen 4 VM the lockstep factor read x1.14 at the end of a calibration, x1.04-1.11 in six
     # probes over the next two hours)
     host_ranks = dev.type == "cpu" and world_size >= 2
     with_collectives = families is None or "collectives" in families

@@ -33,7 +33,8 @@ import numpy as np
 
 from predictor.calibration.processes import run_module_processes
 
-__all__ = ["LockstepError", "probe_lockstep", "lockstep_factor", "SEGMENT_S", "LOCKSTEP_ROUNDS"]
+__all__ = ["LockstepError", "probe_lockstep", "lockstep_factor", "per_round_factors", "SEGMENT_S",
+           "LOCKSTEP_ROUNDS"]
 
 #: seconds of one segment of work between two synchronisations (a DLRM step's dense forward or backward
 #: at batches 256-1024 on a 2-core host: 5-30 ms)
@@ -71,14 +72,18 @@ def probe_lockstep(world: int, threads: int = 1, *, rounds: int = 3, segment_s: 
         return [json.loads(o.read_text()) for o in outs]
 
 
-def lockstep_factor(per_process: list[dict]) -> float:
-    """Median over rounds of ``(slowest process's lockstep period - its all-reduce alone) / slowest
-    process's free segment`` (at least 1: waiting never makes the work faster)."""
+def per_round_factors(per_process: list[dict]) -> np.ndarray:
+    """Each round's ``(slowest process's lockstep period - the processes' median all-reduce alone) / slowest
+    process's free segment``."""
     free = np.array([p["free_s"] for p in per_process])  # (processes, rounds)
     lock = np.array([p["lockstep_s"] for p in per_process])
     sync = np.array([p["sync_s"] for p in per_process])
-    per_round = (lock.max(axis=0) - np.median(sync, axis=0)) / free.max(axis=0)
-    return float(max(1.0, np.median(per_round)))
+    return (lock.max(axis=0) - np.median(sync, axis=0)) / free.max(axis=0)
+
+
+def lockstep_factor(per_process: list[dict]) -> float:
+    """Median over rounds of :func:`per_round_factors` (at least 1: waiting never makes the work faster)."""
+    return float(max(1.0, np.median(per_round_factors(per_process))))
 
 
 def _worker(rank: int, world: int, port: int, threads: int, segment_s: float, segments: int, rounds: int,
