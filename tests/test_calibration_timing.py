@@ -84,7 +84,10 @@ def test_measure_cold_warms_the_code_path_on_a_spare_then_times_fresh_instances(
 def test_measure_cold_uses_one_instance_for_a_long_call_and_runs_setups() -> None:
     import time
 
-    timer = Timer("cpu", warmup=1, cold_repeats=2, cache_bytes=2**20, min_sample_s=1e-4)
+    # code_warm_max_s well above the 2 ms call: on a host whose steal time stretches a 2 ms sleep past the
+    # default 5 ms the spare call would be skipped (CI of 2cfd396 on the 2-core VM); the second part below
+    # sets it under the call
+    timer = Timer("cpu", warmup=1, cold_repeats=2, cache_bytes=2**20, min_sample_s=1e-4, code_warm_max_s=1.0)
     counts = {"setup": 0, "fn": 0}
 
     def build():
