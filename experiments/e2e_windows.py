@@ -37,7 +37,7 @@ import argparse
 import json
 import sys
 import types
-from datetime import date
+from datetime import date, datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -392,9 +392,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu", choices=("pack", "host", "all"), default="pack",
                     help="pool the windows measured on the CPU of the --platform pack (default; a pack without a "
                          "record: the windows without one), on this host's CPU, or all of them")
+    ap.add_argument("--since", default=None, metavar="ISO_TIME",
+                    help="score only the windows measured at or after this UTC time, e.g. 2026-11-26T11:18 (the "
+                         "windows held out from a pack chosen before them)")
     ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)
     extra_args = f" --cpu {args.cpu}" if args.cpu != "pack" else ""
+    since = None
+    if args.since is not None:
+        try:
+            since = datetime.fromisoformat(args.since)
+        except ValueError:
+            fail(f"--since {args.since!r}: not an ISO time (e.g. 2026-11-26T11:18)")
+        since = since if since.tzinfo else since.replace(tzinfo=timezone.utc)
+        extra_args += f" --since {args.since}"
     if args.out is None:
         args.out = RESULTS / (("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
                               + ("" if args.batch_pool == 2 else f"_pool{args.batch_pool}"))
@@ -403,9 +414,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.out.with_suffix(".json").resolve() == args.archive.resolve():
         fail(f"--out {args.out}: would overwrite the archive {args.archive}")
     windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator
-               and w.get("batch_pool", LEGACY_BATCH_POOL) == args.batch_pool]
+               and w.get("batch_pool", LEGACY_BATCH_POOL) == args.batch_pool
+               and (since is None or datetime.fromisoformat(w["measured_at"]) >= since)]
     if not windows:
-        fail(f"{args.archive}: no window measured with --allocator {args.allocator} and --batch-pool {args.batch_pool}")
+        fail(f"{args.archive}: no window measured with --allocator {args.allocator} and --batch-pool {args.batch_pool}"
+             + (f" since {args.since}" if since is not None else ""))
     platforms = [args.platform, *args.compare]
     results = {}
     import tempfile
@@ -429,6 +442,8 @@ def main(argv: list[str] | None = None) -> None:
             results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows)}
     from tuner.report import atomic_write_text
 
+    if since is not None:
+        cpu_note += f"; only those measured at or after {args.since} (`--since`)"
     text = markdown(results, windows, platforms, args.allocator, cpu_note, args.batch_pool, extra_args)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(results, indent=1))
     atomic_write_text(args.out.with_suffix(".md"), text)

@@ -134,3 +134,25 @@ def test_windows_of_another_batch_pool_are_left_out(tmp_path, capsys) -> None:
         main(["--archive", str(archive), "--batch-pool", "8", "--out", str(tmp_path / "s")])
     assert exc.value.code == 2 and "and --batch-pool 8" in capsys.readouterr().err
     assert not (tmp_path / "s.md").exists()
+
+
+def test_since_that_is_not_a_time_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--since", "yesterday", "--archive", str(tmp_path / "w.json"), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--since 'yesterday'" in err and err.count("\n") == 1
+
+
+def test_since_keeps_only_the_windows_measured_from_then_on(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    f = tmp_path / "w.json"
+    rows = [{"model": "mlp", "batch": 64, "ranks": 1, "measured_s": 0.01}]
+    f.write_text(json.dumps([{"measured_at": "2026-11-26T10:33:14+00:00", "batch_pool": 2, "rows": rows},
+                             {"measured_at": "2026-11-26T11:20:00+00:00", "batch_pool": 2, "rows": rows}]))
+    with pytest.raises(SystemExit) as exc:  # both windows are older than --since: none is left to score
+        main(["--since", "2026-11-26T11:30", "--archive", str(f), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "since 2026-11-26T11:30" in capsys.readouterr().err
