@@ -68,6 +68,15 @@ def load_windows(path: Path) -> list[dict]:
     return windows
 
 
+def utc_time(text: str, what: str) -> datetime:
+    """``text`` as an ISO time, UTC when it names no zone; one line naming ``what`` and exit 2 when it is not one."""
+    try:
+        t = datetime.fromisoformat(str(text))
+    except ValueError:
+        fail(f"{what} {text!r}: not an ISO time (e.g. 2026-11-26T11:18)")
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
 #: pack-spec prefixes that refit a pack's stored data -> the fit target (None: the pack's own)
 REFIT_SPECS: dict[str, str | None] = {"refit": None, "fastest": "fastest_round", "fastcoll": "fastest_collectives"}
 
@@ -398,13 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="default: e2e_windows[_ALLOCATOR] in benchmarks/results")
     args = ap.parse_args(argv)
     extra_args = f" --cpu {args.cpu}" if args.cpu != "pack" else ""
-    since = None
-    if args.since is not None:
-        try:
-            since = datetime.fromisoformat(args.since)
-        except ValueError:
-            fail(f"--since {args.since!r}: not an ISO time (e.g. 2026-11-26T11:18)")
-        since = since if since.tzinfo else since.replace(tzinfo=timezone.utc)
+    since = None if args.since is None else utc_time(args.since, "--since")
+    if since is not None:
         extra_args += f" --since {args.since}"
     if args.out is None:
         args.out = RESULTS / (("e2e_windows" if args.allocator == "default" else f"e2e_windows_{args.allocator}")
@@ -415,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"--out {args.out}: would overwrite the archive {args.archive}")
     windows = [w for w in load_windows(args.archive) if w.get("allocator", "default") == args.allocator
                and w.get("batch_pool", LEGACY_BATCH_POOL) == args.batch_pool
-               and (since is None or datetime.fromisoformat(w["measured_at"]) >= since)]
+               and (since is None or utc_time(w.get("measured_at"), f"{args.archive}: measured_at") >= since)]
     if not windows:
         fail(f"{args.archive}: no window measured with --allocator {args.allocator} and --batch-pool {args.batch_pool}"
              + (f" since {args.since}" if since is not None else ""))

@@ -156,3 +156,16 @@ def test_since_keeps_only_the_windows_measured_from_then_on(tmp_path, capsys) ->
     with pytest.raises(SystemExit) as exc:  # both windows are older than --since: none is left to score
         main(["--since", "2026-11-26T11:30", "--archive", str(f), "--out", str(tmp_path / "o")])
     assert exc.value.code == 2 and "since 2026-11-26T11:30" in capsys.readouterr().err
+
+
+def test_since_over_a_window_whose_time_is_not_iso_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    from experiments.e2e_windows import main
+
+    f = tmp_path / "w.json"
+    rows = [{"model": "mlp", "batch": 64, "ranks": 1, "measured_s": 0.01}]
+    f.write_text(json.dumps([{"measured_at": "noon", "batch_pool": 2, "rows": rows}]))
+    with pytest.raises(SystemExit) as exc:
+        main(["--since", "2026-11-26T11:30", "--archive", str(f), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "measured_at 'noon'" in err and err.count("\n") == 1
+    assert not (tmp_path / "o.md").exists()
