@@ -61,6 +61,7 @@ __all__ = [
     "conv_native",
     "DERIVED_FEATURES",
     "ALIGN16_FEATURES",
+    "GEMM_SHAPE_FEATURES",
     "feature_matrix",
     "model_to_dict",
     "model_from_dict",
@@ -498,8 +499,13 @@ ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 #: with the indicator the held-out conv2d GMAE of five stored calibrations fell from 8.6-12.0 % to
 #: 7.1-8.2 % (``experiments/results/kernel_model_variants_conv.md``)
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
+#: GEMM shape features (candidates, session 35): ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``,
+#: the operands' and result's bytes (log2; a GEMM timed data-cold with a thin dimension is bound by
+#: them, not its FLOPs); ``bmm_naive`` = 1 when ``m n k < 400`` (not logged): ATen's CPU ``bmm`` runs
+#: its own per-entry loop below that product instead of a BLAS batch (``bmm_out_or_baddbmm_``)
+GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive")
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
-                    *CONV_PATH_FEATURES)
+                    *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES)
 
 
 def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -> np.ndarray:
@@ -529,6 +535,14 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
         elif f in CONV_PATH_FEATURES:
             out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
+        elif f in GEMM_SHAPE_FEATURES:
+            m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
+            if f == "bmm_naive":
+                out.append((m * nn * k < 400.0).astype(np.float64))
+            else:
+                b = np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0)
+                dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+                out.append(dt * np.maximum(b, 1.0) * (m * k + k * nn + m * nn))
         elif f in DERIVED_FEATURES:
             b = np.asarray(columns["batch"], dtype=np.float64)
             L = np.asarray(columns["pooling"], dtype=np.float64)
