@@ -61,6 +61,11 @@ VARIANTS: list[Variant] = [
     *[(k, "MLP on elements", lambda s: dataclasses.replace(s, method="mlp", features=("elements", "dtype_bytes"),
                                                              work=("elements",)))
       for k in ("relu", "gelu", "tanh", "add", "mul", "relu_bwd", "gelu_bwd", "tanh_bwd", "memcpy")],
+    *[(f"{op}/{dt}", "without gemm_bytes (before session 35)", lambda s: dataclasses.replace(
+        s, features=tuple(f for f in s.features if f != "gemm_bytes")))
+      for op in ("addmm", "mm", "bmm") for dt in ("fp32", "bf16")],
+    *[(f"bmm/{dt}", "+ bmm_naive", lambda s: dataclasses.replace(
+        s, features=(*s.features, "bmm_naive"), raw_features=(*s.raw_features, "bmm_naive"))) for dt in ("fp32", "bf16")],
     ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
         s, features=tuple(f for f in s.features if f != "conv_native"), raw_features=())),
 ]

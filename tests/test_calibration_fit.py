@@ -354,6 +354,35 @@ def test_align16_features_mark_multiples_of_16():
     assert got.tolist() == [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
 
 
+def test_gemm_shape_features_count_bytes_and_atens_small_bmm_path():
+    from predictor.kernels.learned import feature_matrix
+
+    cols = {"m": np.array([1.0, 7.0, 8.0, 512.0]), "n": np.array([453.0, 7.0, 7.0, 64.0]),
+            "k": np.array([185.0, 8.0, 8.0, 32.0]), "batch": np.array([265.0, 1.0, np.nan, 4.0]),
+            "dtype_bytes": np.array([4.0, 2.0, 4.0, np.nan])}
+    got = feature_matrix(cols, ["gemm_bytes", "bmm_naive"], 4)
+    # bytes of A (m k), B (k n) and C (m n) per batch entry; a missing batch is one entry, a missing dtype fp32
+    want_bytes = [4 * 265 * (185 + 185 * 453 + 453), 2 * (56 + 56 + 49), 4 * (64 + 56 + 56), 4 * 4 * (512 * 32 + 32 * 64 + 512 * 64)]
+    assert got[:, 0].tolist() == want_bytes
+    # ATen's per-entry loop runs a bmm whose m n k is below 400: 392 is, 448 is not
+    assert got[:, 1].tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_cpu_gemm_models_see_their_bytes_and_cuda_ones_do_not():
+    import torch
+
+    from predictor.calibration.base import BenchContext
+    from predictor.calibration.gemm import GemmBenchmark
+    from predictor.calibration.timing import Timer
+
+    ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
+    for spec in GemmBenchmark().specs(ctx):
+        # logged like the dims (not a raw feature) and always used (not optional)
+        assert "gemm_bytes" in spec.features and "gemm_bytes" not in spec.raw_features + spec.optional_features
+    cuda = BenchContext(device=torch.device("cuda"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
+    assert all("gemm_bytes" not in s.features for s in GemmBenchmark().specs(cuda))
+
+
 def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
     import torch
 
