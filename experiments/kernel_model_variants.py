@@ -66,6 +66,8 @@ VARIANTS: list[Variant] = [
       for op in ("addmm", "mm", "bmm") for dt in ("fp32", "bf16")],
     *[(f"bmm/{dt}", "+ bmm_naive", lambda s: dataclasses.replace(
         s, features=(*s.features, "bmm_naive"), raw_features=(*s.raw_features, "bmm_naive"))) for dt in ("fp32", "bf16")],
+    ("conv2d/fp32", "without conv_bytes (before session 35)", lambda s: dataclasses.replace(
+        s, features=tuple(f for f in s.features if f != "conv_bytes"))),
     ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
         s, features=tuple(f for f in s.features if f != "conv_native"), raw_features=())),
 ]

@@ -366,6 +366,10 @@ def test_gemm_shape_features_count_bytes_and_atens_small_bmm_path():
     assert got[:, 0].tolist() == want_bytes
     # ATen's per-entry loop runs a bmm whose m n k is below 400: 392 is, 448 is not
     assert got[:, 1].tolist() == [0.0, 1.0, 0.0, 0.0]
+    # a 3x3 "same" convolution of 2 images, 8 -> 16 channels on 10 x 10: input 2*8*100, weight 16*72, output 2*16*100
+    conv = {"m": np.array([100.0]), "n": np.array([16.0]), "k": np.array([72.0]), "batch": np.array([2.0]),
+            "dim": np.array([3.0]), "dtype_bytes": np.array([4.0])}
+    assert feature_matrix(conv, ["conv_bytes"], 1)[0, 0] == 4 * (2 * 8 * 100 + 16 * 72 + 2 * 16 * 100)
 
 
 def test_cpu_gemm_models_see_their_bytes_and_cuda_ones_do_not():

@@ -503,7 +503,9 @@ CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 #: the operands' and result's bytes (log2; a GEMM timed data-cold with a thin dimension is bound by
 #: them, not its FLOPs); ``bmm_naive`` = 1 when ``m n k < 400`` (not logged): ATen's CPU ``bmm`` runs
 #: its own per-entry loop below that product instead of a BLAS batch (``bmm_out_or_baddbmm_``)
-GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive")
+#: ``conv_bytes`` (candidate): a "same"-padded convolution's input, weight and output bytes,
+#: ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; columns as :func:`conv_native` reads them)
+GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
                     *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES)
 
@@ -537,12 +539,15 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
         elif f in GEMM_SHAPE_FEATURES:
             m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
+            b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
+            dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
             if f == "bmm_naive":
                 out.append((m * nn * k < 400.0).astype(np.float64))
+            elif f == "conv_bytes":
+                kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
+                out.append(dt * (b * m * k / (kh * kh) + nn * k + b * nn * m))
             else:
-                b = np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0)
-                dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
-                out.append(dt * np.maximum(b, 1.0) * (m * k + k * nn + m * nn))
+                out.append(dt * b * (m * k + k * nn + m * nn))
         elif f in DERIVED_FEATURES:
             b = np.asarray(columns["batch"], dtype=np.float64)
             L = np.asarray(columns["pooling"], dtype=np.float64)
