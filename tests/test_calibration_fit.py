@@ -372,21 +372,6 @@ def test_gemm_shape_features_count_bytes_and_atens_small_bmm_path():
     assert feature_matrix(conv, ["conv_bytes"], 1)[0, 0] == 4 * (2 * 8 * 100 + 16 * 72 + 2 * 16 * 100)
 
 
-def test_cpu_gemm_models_see_their_bytes_and_cuda_ones_do_not():
-    import torch
-
-    from predictor.calibration.base import BenchContext
-    from predictor.calibration.gemm import GemmBenchmark
-    from predictor.calibration.timing import Timer
-
-    ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
-    for spec in GemmBenchmark().specs(ctx):
-        # logged like the dims (not a raw feature) and always used (not optional)
-        assert "gemm_bytes" in spec.features and "gemm_bytes" not in spec.raw_features + spec.optional_features
-    cuda = BenchContext(device=torch.device("cuda"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
-    assert all("gemm_bytes" not in s.features for s in GemmBenchmark().specs(cuda))
-
-
 def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
     import torch
 

@@ -36,9 +36,17 @@ def test_variants_report_has_one_column_per_pack():
                        "variant": ["current", "roofline", "current", "roofline"], "samples": [100, 100, 200, 200],
                        "gmae_pct": [4.0, 15.0, 5.0, 16.0], "mape_pct": 0.0, "max_pct": 0.0, "model": ""})
     text = markdown(df, "cmd")
-    assert "| variant | a | b |" in text
-    assert "| current | 4.00 | 5.00 |" in text and "| roofline | 15.00 | 16.00 |" in text
+    assert "| variant | a | b | mean |" in text
+    assert "| current | 4.00 | 5.00 | 4.50 |" in text and "| roofline | 15.00 | 16.00 | 15.50 |" in text
     assert "Samples per pack: a 100, b 200" in text and "Reproduce: `cmd`" in text
+
+
+def test_variants_report_averages_over_seeds():
+    df = pd.DataFrame({"pack": ["a"] * 4, "kernel": "mm/fp32", "variant": ["current", "x"] * 2, "seed": [1, 1, 2, 2],
+                       "samples": 100, "gmae_pct": [4.0, 6.0, 6.0, 5.0], "mape_pct": 0.0, "max_pct": 0.0, "model": ""})
+    text = markdown(df, "cmd")
+    assert "mean over seeds 1, 2" in text
+    assert "| current | 5.00 (4.00 / 6.00) | 5.00 |" in text and "| x | 5.50 (6.00 / 5.00) | 5.50 |" in text
 
 
 def test_gemm_layouts_scores_a_packs_predictions_against_measured_times():

@@ -7,8 +7,7 @@ task carries (columns ``m, n, k, batch``, plus ``dim`` = the kernel height ``kh`
 MLP's features (a task without ``dim`` falls back to the analytic GEMM model). On a CPU the MLP also
 gets ``conv_native`` (one thread; ``conv_native_mt`` with more): whether PyTorch runs the convolution
 with its own kernel or hands it to oneDNN (:func:`~predictor.kernels.learned.conv_native`, ATen's
-rule: 1x1 filters on fewer than 16 images, and small single images, stay native) and the log2 of the bytes
-it moves (``conv_bytes``: input, weight and output). Kernel sizes 1, 3 and 5;
+rule: 1x1 filters on fewer than 16 images, and small single images, stay native). Kernel sizes 1, 3 and 5;
 channels and spatial sizes log-uniform. fp32 (the CPU's conv path for bf16 is a slow
 fallback; on CUDA bf16 is added).
 """
@@ -37,13 +36,9 @@ class Conv2dBenchmark(Benchmark):
         # on a CPU, which of PyTorch's two convolution paths runs (its own or oneDNN's; the rule
         # depends on the thread count): an indicator the MLP gets as it is (not logged)
         path = () if ctx.is_cuda else ("conv_native" if ctx.threads == 1 else "conv_native_mt",)
-        # and, on a CPU, the bytes a convolution reads and writes (log2 of ``conv_bytes``): on the three Zen 4
-        # calibrations' data the held-out GMAE fell 8.52 -> 7.81 % (mean over packs,
-        # ``experiments/results/kernel_model_variants_conv_zen4.md``)
-        moved = () if ctx.is_cuda else ("conv_bytes",)
         return [
             ModelSpec(kernel=f"conv2d/{dt}", kinds=("conv2d", "conv"), method="mlp",
-                      features=("m", "n", "k", "batch", "dim", *moved, *path), raw_features=path,
+                      features=("m", "n", "k", "batch", "dim", *path), raw_features=path,
                       work=("m", "n", "k", "batch"), route=f"conv2d/{dt}",
                       model="conv2d", router="dtype", prefix="conv2d", fallback="analytic-gemm")
             for dt in self.dtypes(ctx)

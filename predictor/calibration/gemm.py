@@ -8,8 +8,7 @@ range. A shape whose FLOPs exceed the level's cap is redrawn, so one call stays 
 row: ``m, n, k, batch, dtype_bytes, flops`` (``2 m n k batch``).
 Modelled by one MLP per (op, dtype) on log2 of ``m, n, k, batch`` (Lin et al. 2022 §III-B2), plus
 alignment indicators: ``ld_aligned`` on a GPU; on a CPU ``m_al16, n_al16, k_al16``, kept per
-(op, dtype) only where they lower the validation error, and log2 of the bytes the GEMM reads and
-writes (``gemm_bytes``, bytes).
+(op, dtype) only where they lower the validation error.
 """
 
 from __future__ import annotations
@@ -58,13 +57,14 @@ class GemmBenchmark(Benchmark):
                 method="mlp",
                 # on a GPU, also whether n and k rows are 16-byte multiples (fast kernels need them);
                 # on a CPU, whether m, n, k are multiples of 16, kept where they lower the validation
-                # error (fp32 on the 2-core VM: mm 9.5 -> 4.5 % held-out GMAE; bf16: no gain); on a
-                # CPU, where GEMMs are timed data-cold, also the bytes they move (``gemm_bytes``: on the
-                # three Zen 4 calibrations' data the held-out GMAE of addmm / mm fell 7.66 -> 6.99 %,
-                # of bmm 13.52 -> 12.09 %, means over kernels x packs:
-                # ``experiments/results/kernel_model_variants_gemm_zen4.md``)
+                # error (fp32 on the 2-core VM: mm 9.5 -> 4.5 % held-out GMAE; bf16: no gain). Not
+                # ``gemm_bytes`` (session 35): it lowered the held-out GMAE of the three Zen 4 calibrations
+                # (addmm / mm 7.66 -> 6.99 %, bmm 13.52 -> 12.09 %:
+                # ``experiments/results/kernel_model_variants_gemm_zen4.md``), but the refitted pack predicted
+                # the large GEMMs of a training step 3-6 % faster, and the e2e MLP at batch 1024 went from
+                # -3.3 to -7.0 % against the windows' medians
                 features=(("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"))
-                + (("ld_aligned",) if ctx.is_cuda else ("gemm_bytes", *ALIGN16_FEATURES)),
+                + (("ld_aligned",) if ctx.is_cuda else ALIGN16_FEATURES),
                 raw_features=("ld_aligned",) if ctx.is_cuda else ALIGN16_FEATURES,
                 optional_features=() if ctx.is_cuda else ALIGN16_FEATURES,
                 work=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),

@@ -499,7 +499,7 @@ ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 #: with the indicator the held-out conv2d GMAE of five stored calibrations fell from 8.6-12.0 % to
 #: 7.1-8.2 % (``experiments/results/kernel_model_variants_conv.md``)
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
-#: GEMM shape features (candidates, session 35): ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``,
+#: GEMM shape features (candidates, session 35; no spec uses them: see :mod:`predictor.calibration.gemm`): ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``,
 #: the operands' and result's bytes (log2; a GEMM timed data-cold with a thin dimension is bound by
 #: them, not its FLOPs); ``bmm_naive`` = 1 when ``m n k < 400`` (not logged): ATen's CPU ``bmm`` runs
 #: its own per-entry loop below that product instead of a BLAS batch (``bmm_out_or_baddbmm_``)
