@@ -16,8 +16,9 @@ measures, each configuration in fresh child processes:
 
 Nothing here feeds a prediction: it says which part of the model a remaining error belongs to.
 
-Run:  flock /tmp/tuner-measure.lock python experiments/insitu_cpu.py
-      (writes benchmarks/results/insitu_cpu.{md,json}; about 3 minutes)
+Run:  flock /tmp/tuner-measure.lock python experiments/insitu_cpu.py [--platform PACK] [--compare PACK ...]
+      (writes benchmarks/results/insitu_cpu.{md,json}; about 3 minutes). ``--compare``: more packs whose
+      predictions of the same GEMM shapes are set beside the in-situ and alone times.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _gemm_shape(key: str, shapes: list) -> tuple[str, int, int, int, int]:
     return "bmm", b, m, n, k
 
 
-def child(model: str, batch: int, profile: bool, steps: int = 20) -> dict:
+def child(model: str, batch: int, profile: bool, steps: int = 20, platform: str = "cpu-local") -> dict:
     """Runs in a fresh process: step timing with rusage; with ``profile``, the GEMM and op breakdown."""
     import numpy as np
     import torch
@@ -87,7 +88,7 @@ def child(model: str, batch: int, profile: bool, steps: int = 20) -> dict:
 
     torch.set_num_threads(1)
     step, graph = _step(model, batch)
-    timing, _, _ = resolve("cpu-local")
+    timing, _, _ = resolve(platform)
     tl = simulate(graph, timing)
     kinds = np.asarray(graph.kinds)[graph.kind]
     is_gemm = np.isin(kinds, GEMM_KINDS)
@@ -148,13 +149,32 @@ def child(model: str, batch: int, profile: bool, steps: int = 20) -> dict:
     return out
 
 
-def run_child(model: str, batch: int, env: dict, profile: bool) -> dict:
+def run_child(model: str, batch: int, env: dict, profile: bool, platform: str = "cpu-local") -> dict:
     """:func:`child` in a fresh interpreter with ``env`` added."""
-    cmd = [sys.executable, __file__, "--child", model, str(batch)] + (["--profile"] if profile else [])
+    cmd = ([sys.executable, __file__, "--child", model, str(batch), "--platform", platform]
+           + (["--profile"] if profile else []))
     res = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise SystemExit(f"error: child {model} b{batch} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def predict_gemms(rows: list[dict], packs: list[str]) -> None:
+    """Each profiled GEMM's time predicted by each of ``packs`` (seconds per call), stored in its
+    ``predicted_by`` by pack."""
+    from experiments.e2e_cpu import resolve
+    from predictor.kernels.base import TaskView
+
+    for pack in packs:
+        timing, _, _ = resolve(pack)
+        for r in rows:
+            for g in r["no_trim"]["gemms"]:
+                cols = {"m": g["m"], "n": g["n"], "k": g["k"], "dtype_bytes": 4,
+                        "flops": 2.0 * g["m"] * g["n"] * g["k"] * g["batch"]}
+                if g["batch"] != 1:
+                    cols["batch"] = g["batch"]
+                task = TaskView.single(g["kind"], **cols)
+                g.setdefault("predicted_by", {})[pack] = float(timing.model_for(g["kind"]).predict(task, timing.platform)[0])
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
@@ -162,9 +182,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         "# One CPU training step taken apart: predicted vs in situ",
         "",
-        f"{meta['date']}, {meta['machine']}, torch {meta['torch']}, 1 thread; asset pack `cpu-local`; "
-        f"host-mode graphs of `experiments/e2e_cpu.py`. Reproduce: `flock /tmp/tuner-measure.lock python "
-        f"experiments/insitu_cpu.py` ({meta['wall_s']:.0f} s).",
+        f"{meta['date']}, {meta['machine']}, torch {meta['torch']}, 1 thread; asset pack "
+        f"`{meta.get('platform', 'cpu-local')}`; host-mode graphs of `experiments/e2e_cpu.py`. Reproduce: "
+        f"`flock /tmp/tuner-measure.lock python experiments/insitu_cpu.py{meta.get('args', '')}` "
+        f"({meta['wall_s']:.0f} s).",
         "",
         "Each configuration runs in fresh processes: `default` = the C allocator as it comes; `no trim` = "
         "the same program with glibc's trimming and mmap thresholds set very high, so freed memory is never "
@@ -197,6 +218,24 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {r['model']} | {r['batch']} | {sum(x['calls'] for x in g):.0f} | {s['predicted_s'] * ms:.2f} | "
                      f"{s['warm_s'] * ms:.2f} | {s['cold_s'] * ms:.2f} | {s['in_situ_s'] * ms:.2f} | "
                      f"{s['in_situ_s'] / s['warm_s']:.2f} | {s['cold_s'] / s['warm_s']:.2f} |")
+    compared = list(meta.get("compare", []))
+    if compared:
+        lines += [
+            "",
+            "The same GEMM shapes predicted by other packs (sum per step, ms; error against in situ):",
+            "",
+            "| model | batch | in situ ms | cold alone ms | " + " | ".join(f"{p} ms" for p in compared) + " |",
+            "|---|---:|---:|---:|" + "---:|" * len(compared),
+        ]
+        for r in rows:
+            g = r["no_trim"]["gemms"]
+            situ = sum(x["in_situ_s"] * x["calls"] for x in g)
+            cells = []
+            for p in compared:
+                pred = sum(x["predicted_by"][p] * x["calls"] for x in g)
+                cells.append(f"{pred * ms:.2f} ({100 * (pred / situ - 1):+.1f}%)")
+            lines.append(f"| {r['model']} | {r['batch']} | {situ * ms:.2f} | "
+                         f"{sum(x['cold_s'] * x['calls'] for x in g) * ms:.2f} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "## Everything else: predicted vs in situ (profiled, so slightly inflated)",
@@ -225,11 +264,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--platform", default="cpu-local", help="the asset pack (name or path) that predicts the steps")
+    ap.add_argument("--compare", nargs="*", default=[], help="more packs that predict the same GEMM shapes")
     ap.add_argument("--out", type=Path, default=RESULTS / "insitu_cpu")
     ap.add_argument("--render", action="store_true", help="only re-write the .md from the existing .json")
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.profile)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.profile, platform=args.platform)))
         return
     if args.render:
         from tuner.report import atomic_write_text
@@ -242,15 +283,20 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     rows = []
     for model, batch in CONFIGS:
-        r = {"model": model, "batch": batch, "default": run_child(model, batch, {}, False),
-             "no_trim": run_child(model, batch, NO_TRIM, True)}
+        r = {"model": model, "batch": batch, "default": run_child(model, batch, {}, False, args.platform),
+             "no_trim": run_child(model, batch, NO_TRIM, True, args.platform)}
         d, nt = r["default"], r["no_trim"]
         print(f"{model} b{batch}: predicted {d['predicted_s'] * 1e3:.2f} ms, step {d['step_s'] * 1e3:.2f} ms "
               f"(system {d['system_s'] * 1e3:.2f} ms, {d['faults']:.0f} faults), no trim {nt['step_s'] * 1e3:.2f} ms",
               flush=True)
         rows.append(r)
     meta = {"date": dt.date.today().isoformat(), "machine": f"{pyplatform.machine()} {os.cpu_count()}-core",
-            "torch": torch.__version__, "wall_s": time.perf_counter() - t0}
+            "torch": torch.__version__, "wall_s": time.perf_counter() - t0, "platform": args.platform,
+            "compare": list(args.compare),
+            "args": (f" --platform {args.platform}" if args.platform != "cpu-local" else "")
+            + (" --compare " + " ".join(args.compare) if args.compare else "")}
+    if args.compare:
+        predict_gemms(rows, args.compare)
     from tuner.report import atomic_write_text
 
     atomic_write_text(args.out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
