@@ -148,7 +148,7 @@ def markdown(df: pd.DataFrame, command: str) -> str:
         "# Kernel-model variants on stored calibration data",
         "",
         "Each variant is fitted by the calibration's own code (`predictor.calibrate._fit_all`: the pack's "
-        "80/20 split, MLP grid, 5-net ensemble, prediction path) on the benchmark data a pack stores; the "
+        "80/20 split, MLP grid, the level's ensemble, prediction path) on the benchmark data a pack stores; the "
         "numbers are held-out errors on the same 20 % as the pack's own table. `current` is the model the "
         "benchmark declares now; an estimator variant fits the same model to another estimate of each sample's "
         "time and is judged against that estimate on the held-out samples. MLP ensembles start from fixed seeds "

@@ -58,11 +58,10 @@ class GemmBenchmark(Benchmark):
                 # on a GPU, also whether n and k rows are 16-byte multiples (fast kernels need them);
                 # on a CPU, whether m, n, k are multiples of 16, kept where they lower the validation
                 # error (fp32 on the 2-core VM: mm 9.5 -> 4.5 % held-out GMAE; bf16: no gain). Not
-                # ``gemm_bytes`` (session 35): it lowered the held-out GMAE of the three Zen 4 calibrations
-                # (addmm / mm 7.66 -> 6.99 %, bmm 13.52 -> 12.09 %:
-                # ``experiments/results/kernel_model_variants_gemm_zen4.md``), but the refitted pack predicted
-                # the large GEMMs of a training step 3-6 % faster, and the e2e MLP at batch 1024 went from
-                # -3.3 to -7.0 % against the windows' medians
+                # ``gemm_bytes`` (session 35): over seeds 1-3 of the three Zen 4 calibrations it moved the
+                # held-out GMAE of addmm / mm 7.01 -> 6.81 % and of bmm 11.97 -> 12.24 %
+                # (``experiments/results/s35/``), and the refitted pack predicted a training step's large
+                # GEMMs 3-6 % faster (e2e MLP at batch 1024: -3.3 -> -7.0 % against the windows' medians)
                 features=(("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"))
                 + (("ld_aligned",) if ctx.is_cuda else ALIGN16_FEATURES),
                 raw_features=("ld_aligned",) if ctx.is_cuda else ALIGN16_FEATURES,

@@ -499,12 +499,14 @@ ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 #: with the indicator the held-out conv2d GMAE of five stored calibrations fell from 8.6-12.0 % to
 #: 7.1-8.2 % (``experiments/results/kernel_model_variants_conv.md``)
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
-#: GEMM shape features (candidates, session 35; no spec uses them: see :mod:`predictor.calibration.gemm`): ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``,
-#: the operands' and result's bytes (log2; a GEMM timed data-cold with a thin dimension is bound by
-#: them, not its FLOPs); ``bmm_naive`` = 1 when ``m n k < 400`` (not logged): ATen's CPU ``bmm`` runs
-#: its own per-entry loop below that product instead of a BLAS batch (``bmm_out_or_baddbmm_``)
-#: ``conv_bytes`` (candidate): a "same"-padded convolution's input, weight and output bytes,
-#: ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; columns as :func:`conv_native` reads them)
+#: GEMM and convolution shape features, tried in session 35 and used by no spec (their held-out gains
+#: did not hold over other splits, and ``gemm_bytes`` moved a step's large GEMMs: see
+#: :mod:`predictor.calibration.gemm`); ``experiments/kernel_model_variants.py`` has them as variants.
+#: ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``, the operands' and result's bytes (log2);
+#: ``bmm_naive`` = 1 when ``m n k < 400`` (not logged): ATen's CPU ``bmm`` runs its own per-entry loop
+#: below that product instead of a BLAS batch; ``conv_bytes`` = a "same"-padded convolution's input,
+#: weight and output bytes, ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; the columns
+#: :func:`conv_native` reads)
 GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
                     *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES)
