@@ -83,7 +83,6 @@ def child(model: str, batch: int, profile: bool, steps: int = 20, platform: str 
     from experiments.e2e_cpu import resolve
     from experiments.measure_env import llc_flush_buffer, time_call
     from predictor.calibration.gemm import GEMM_KINDS
-    from predictor.kernels.base import TaskView
     from predictor.simulate import simulate
 
     torch.set_num_threads(1)
@@ -128,10 +127,7 @@ def child(model: str, batch: int, profile: bool, steps: int = 20, platform: str 
             other[e.key] = other.get(e.key, 0.0) + per_step
             continue
         kind, b, m, nn_, k = _gemm_shape(e.key, e.input_shapes)
-        cols = {"m": m, "n": nn_, "k": k, "dtype_bytes": 4, "flops": 2.0 * m * nn_ * k * b}
-        if b != 1:
-            cols["batch"] = b
-        pred = float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
+        pred = gemm_prediction(timing, kind, b, m, nn_, k)
         if b == 1:
             x, y = torch.randn(m, k), torch.randn(k, nn_)
             fn = lambda x=x, y=y: torch.mm(x, y)  # noqa: E731
@@ -159,22 +155,32 @@ def run_child(model: str, batch: int, env: dict, profile: bool, platform: str = 
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def gemm_prediction(timing, kind: str, b: int, m: int, n: int, k: int) -> float:
+    """``timing``'s prediction of one fp32 GEMM call (seconds); ``b`` > 1: a batched one."""
+    from predictor.kernels.base import TaskView
+
+    cols = {"m": m, "n": n, "k": k, "dtype_bytes": 4, "flops": 2.0 * m * n * k * b}
+    if b != 1:
+        cols["batch"] = b
+    return float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
+
+
 def predict_gemms(rows: list[dict], packs: list[str]) -> None:
     """Each profiled GEMM's time predicted by each of ``packs`` (seconds per call), stored in its
     ``predicted_by`` by pack."""
     from experiments.e2e_cpu import resolve
-    from predictor.kernels.base import TaskView
 
     for pack in packs:
         timing, _, _ = resolve(pack)
         for r in rows:
             for g in r["no_trim"]["gemms"]:
-                cols = {"m": g["m"], "n": g["n"], "k": g["k"], "dtype_bytes": 4,
-                        "flops": 2.0 * g["m"] * g["n"] * g["k"] * g["batch"]}
-                if g["batch"] != 1:
-                    cols["batch"] = g["batch"]
-                task = TaskView.single(g["kind"], **cols)
-                g.setdefault("predicted_by", {})[pack] = float(timing.model_for(g["kind"]).predict(task, timing.platform)[0])
+                g.setdefault("predicted_by", {})[pack] = gemm_prediction(timing, g["kind"], g["batch"], g["m"],
+                                                                         g["n"], g["k"])
+
+
+def _per_step(gemms: list[dict], key: str) -> float:
+    """``key`` (seconds per call) summed over a step's GEMMs, each times its calls per step."""
+    return sum(x[key] * x["calls"] for x in gemms)
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
@@ -214,7 +220,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     ]
     for r in rows:
         g = r["no_trim"]["gemms"]
-        s = {k: sum(x[k] * x["calls"] for x in g) for k in ("predicted_s", "warm_s", "cold_s", "in_situ_s")}
+        s = {k: _per_step(g, k) for k in ("predicted_s", "warm_s", "cold_s", "in_situ_s")}
         lines.append(f"| {r['model']} | {r['batch']} | {sum(x['calls'] for x in g):.0f} | {s['predicted_s'] * ms:.2f} | "
                      f"{s['warm_s'] * ms:.2f} | {s['cold_s'] * ms:.2f} | {s['in_situ_s'] * ms:.2f} | "
                      f"{s['in_situ_s'] / s['warm_s']:.2f} | {s['cold_s'] / s['warm_s']:.2f} |")
@@ -229,13 +235,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
         ]
         for r in rows:
             g = r["no_trim"]["gemms"]
-            situ = sum(x["in_situ_s"] * x["calls"] for x in g)
+            situ = _per_step(g, "in_situ_s")
             cells = []
             for p in compared:
                 pred = sum(x["predicted_by"][p] * x["calls"] for x in g)
                 cells.append(f"{pred * ms:.2f} ({100 * (pred / situ - 1):+.1f}%)")
-            lines.append(f"| {r['model']} | {r['batch']} | {situ * ms:.2f} | "
-                         f"{sum(x['cold_s'] * x['calls'] for x in g) * ms:.2f} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['model']} | {r['batch']} | {situ * ms:.2f} | {_per_step(g, 'cold_s') * ms:.2f} | "
+                         + " | ".join(cells) + " |")
     lines += [
         "",
         "## Everything else: predicted vs in situ (profiled, so slightly inflated)",

@@ -127,18 +127,18 @@ def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] 
                                                      for k, label, make in VARIANTS if k == kernel]
             todo += [(label, spec, data[fam].assign(seconds=data[fam][col]))
                      for k, label, col in ESTIMATORS if k == kernel and col in data[fam]]
-            for seed in seeds or [None]:
+            for seed in seeds or [int(m.get("seed", 0))]:
                 for label, s, frame in todo:
                     t0 = time.perf_counter()
                     _, r = fit_spec(pack, fam, frame, s, seed=seed)
                     if r is None:
                         continue
                     rows.append({"pack": pack.name, "kernel": kernel, "variant": label, "samples": r["samples"],
-                                 "seed": int(m.get("seed", 0)) if seed is None else seed,
+                                 "seed": seed,
                                  "gmae_pct": r["gmae_pct"], "mape_pct": r["mape_pct"], "max_pct": r["max_pct"],
                                  "model": r["model"]})
                     log(f"{pack.name:<22} {kernel:<16} {label:<40} "
-                        f"{'' if seed is None else f'seed {seed} '}GMAE {r['gmae_pct']:6.2f} %  "
+                        f"{f'seed {seed} ' if seeds else ''}GMAE {r['gmae_pct']:6.2f} %  "
                         f"({time.perf_counter() - t0:.0f} s)")
     return pd.DataFrame(rows)
 

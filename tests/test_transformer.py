@@ -151,8 +151,8 @@ def test_graph_does_not_grow_with_data_parallelism_and_1024_gpus_stay_small():
     assert plan.devices == 1024
     g = build_transformer_graph(big, plan, timing=TIMING, detail="auto")
     assert g.n_ranks == 8 and g.meta["detail"] == "stage"
-    # stage detail keeps it to tens of thousands of tasks (27.5k here); its build time is in
-    # benchmarks/simulate_bench.py, not asserted (a wall-clock bound is flaky on a loaded 2-core host)
+    # stage detail keeps it to tens of thousands of tasks (27.5k here); its build time is not asserted
+    # (a wall-clock bound is flaky on a loaded 2-core host)
     assert g.n_tasks < 60_000
     assert simulate(g, TIMING).iteration_s > 0
 

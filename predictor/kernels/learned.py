@@ -524,6 +524,11 @@ def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -
     return one_by_one | ((kh <= 3) & (images <= 1) & (in_elements <= 20480))
 
 
+def _dtype_bytes(columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Bytes per element of each of ``n`` rows (column ``dtype_bytes``; missing or NaN: 4, fp32)."""
+    return np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+
+
 def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n: int) -> np.ndarray:
     """The (n, f) raw feature matrix of ``features`` from ``columns`` (derived ones computed)."""
     out = []
@@ -531,7 +536,7 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
         if f == "ld_aligned":
             # GEMM operands whose rows are 16-byte multiples (n and k): the GPU's fast (vectorised,
             # TMA) kernels need them; a ragged n or k runs ~5x slower on an H100 at the same FLOPs
-            dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+            dt = _dtype_bytes(columns, n)
             rows_n = np.asarray(columns["n"], dtype=np.float64) * dt
             rows_k = np.asarray(columns["k"], dtype=np.float64) * dt
             out.append(((np.mod(rows_n, 16) == 0) & (np.mod(rows_k, 16) == 0)).astype(np.float64))
@@ -542,7 +547,7 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
         elif f in GEMM_SHAPE_FEATURES:
             m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
             b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
-            dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+            dt = _dtype_bytes(columns, n)
             if f == "bmm_naive":
                 out.append((m * nn * k < 400.0).astype(np.float64))
             elif f == "conv_bytes":
@@ -554,7 +559,7 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             b = np.asarray(columns["batch"], dtype=np.float64)
             L = np.asarray(columns["pooling"], dtype=np.float64)
             d = np.asarray(columns["dim"], dtype=np.float64)
-            dt = np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
+            dt = _dtype_bytes(columns, n)
             lookups = np.maximum(b * L, 1.0)
             if f == "lookups":
                 out.append(lookups)
