@@ -165,13 +165,25 @@ def gemm_prediction(timing, kind: str, b: int, m: int, n: int, k: int) -> float:
     return float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
 
 
-def predict_gemms(rows: list[dict], packs: list[str]) -> None:
-    """Each profiled GEMM's time predicted by each of ``packs`` (seconds per call), stored in its
-    ``predicted_by`` by pack."""
+def resolve_packs(names: list[str]) -> dict:
+    """Each named pack's timing, by name; a name that is no pack or platform: one line and exit 2."""
+    from experiments.common import fail
     from experiments.e2e_cpu import resolve
+    from predictor.platforms.assets import AssetPackError
 
-    for pack in packs:
-        timing, _, _ = resolve(pack)
+    out = {}
+    for name in names:
+        try:
+            out[name] = resolve(name)[0]
+        except (AssetPackError, KeyError, ValueError) as exc:
+            fail(f"pack {name}: {exc}")
+    return out
+
+
+def predict_gemms(rows: list[dict], timings: dict) -> None:
+    """Each profiled GEMM's time predicted by each pack's timing of ``timings`` (by name; seconds per
+    call), stored in its ``predicted_by`` by pack."""
+    for pack, timing in timings.items():
         for r in rows:
             for g in r["no_trim"]["gemms"]:
                 g.setdefault("predicted_by", {})[pack] = gemm_prediction(timing, g["kind"], g["batch"], g["m"],
@@ -286,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
+    timings = resolve_packs([args.platform, *args.compare])  # bad names fail before three minutes of measuring
     t0 = time.perf_counter()
     rows = []
     for model, batch in CONFIGS:
@@ -302,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
             "args": (f" --platform {args.platform}" if args.platform != "cpu-local" else "")
             + (" --compare " + " ".join(args.compare) if args.compare else "")}
     if args.compare:
-        predict_gemms(rows, args.compare)
+        predict_gemms(rows, {name: timings[name] for name in args.compare})
     from tuner.report import atomic_write_text
 
     atomic_write_text(args.out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -35,8 +35,17 @@ def test_child_and_report_on_a_tiny_step(monkeypatch):
     assert "| mlp | 8 |" in md and "in situ / warm" in md
     # another pack's predictions of the same shapes, beside the in-situ sums
     rows = [{"model": "mlp", "batch": 8, "default": r, "no_trim": r}]
-    insitu_cpu.predict_gemms(rows, ["cpu-local-zen4"])
+    insitu_cpu.predict_gemms(rows, insitu_cpu.resolve_packs(["cpu-local-zen4"]))
     assert all(g["predicted_by"]["cpu-local-zen4"] > 0 for g in r["gemms"])
     md = insitu_cpu.markdown(rows, {"date": "d", "machine": "m", "torch": "t", "wall_s": 1.0,
                                     "compare": ["cpu-local-zen4"], "args": " --compare cpu-local-zen4"})
     assert "| in situ ms | cold alone ms | cpu-local-zen4 ms |" in md and "--compare cpu-local-zen4" in md
+
+
+def test_an_unknown_pack_fails_before_measuring(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        insitu_cpu.main(["--compare", "no-such-pack", "--out", "/nonexistent/insitu"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "no-such-pack" in err and err.count("\n") == 1
