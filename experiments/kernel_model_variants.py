@@ -82,12 +82,15 @@ def _specs(pack_manifest: dict, families: list[str]) -> list[tuple[str, ModelSpe
 
 
 def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec,
-             train: Callable[[np.ndarray], np.ndarray] | None = None, seed: int | None = None) -> tuple[dict, dict | None]:
+             train: Callable[[np.ndarray], np.ndarray] | None = None, seed: int | None = None,
+             siblings: tuple[ModelSpec, ...] = ()) -> tuple[dict, dict | None]:
     """``spec`` fitted on ``frame`` (one family's benchmark data) by the calibration's own code
     (:func:`predictor.calibrate._fit_all`) with the pack's level, seed and scale: (the fitted models
     by key, the kernel's error-table row or None when it was not fitted). ``train`` maps the spec's
     kernel's training indices (of the calibration's own split) to the ones to fit on; the held-out
-    indices stay as they are. ``seed``: another held-out split and initialisation than the pack's own."""
+    indices stay as they are. ``seed``: another held-out split and initialisation than the pack's own.
+    ``siblings``: the other specs of ``spec``'s pool (``ModelSpec.pool``), fitted with it as one net as the
+    calibration does; without them a pooled spec is fitted on its own kernel's samples alone."""
     m = pack.manifest
     split = calibrate_mod._split
     if train is not None:
@@ -96,13 +99,14 @@ def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec,
             return (train(tr) if name == spec.kernel else tr), te
         calibrate_mod._split = narrowed
     try:
-        models, table = calibrate_mod._fit_all({family: frame}, [(family, spec)], m.get("level", "quick"),
+        models, table = calibrate_mod._fit_all({family: frame}, [(family, spec), *((family, x) for x in siblings)],
+                                               m.get("level", "quick"),
                                                int(m.get("seed", 0)) if seed is None else seed, pack.platform,
                                                log=lambda _s: None,
                                                scale=float(m.get("scale") or 1.0))
     finally:
         calibrate_mod._split = split
-    return models, (table[0] if table else None)
+    return models, next((r for r in table if r["kernel"] == spec.kernel), None)
 
 
 def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] = print,
@@ -130,7 +134,10 @@ def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] 
             for seed in seeds or [int(m.get("seed", 0))]:
                 for label, s, frame in todo:
                     t0 = time.perf_counter()
-                    _, r = fit_spec(pack, fam, frame, s, seed=seed)
+                    # ``current`` is fitted as the calibration fits it: with its pool's other kernels
+                    siblings = tuple(x for f, x in specs.values() if label == "current" and spec.pool
+                                     and f == fam and x.pool == spec.pool and x.kernel != kernel)
+                    _, r = fit_spec(pack, fam, frame, s, seed=seed, siblings=siblings)
                     if r is None:
                         continue
                     rows.append({"pack": pack.name, "kernel": kernel, "variant": label, "samples": r["samples"],

@@ -46,6 +46,7 @@ from predictor.kernels.learned import (
     DERIVED_FEATURES,
     KNOWN_TERM_KINDS,
     QUICK_GRID,
+    ROUTE_FEATURES,
     TABLE_II_GRID,
     TINY_GRID,
     FittedRoofline,
@@ -53,6 +54,7 @@ from predictor.kernels.learned import (
     feature_matrix,
     fit_mlp,
     fit_roofline,
+    route_columns,
 )
 from predictor.kernels.state import FIT_TARGETS, StateScaled, fits_fastest, state_factor, unwrap
 from predictor.metrics import (
@@ -1057,7 +1059,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         if len(sub) < 5:
             log(f"    {spec.kernel}: only {len(sub)} samples, not fitted")
             continue
-        lacking = [f for f in spec.features if f not in DERIVED_FEATURES and f not in sub.columns]
+        lacking = [f for f in spec.features
+                   if f not in DERIVED_FEATURES and f not in ROUTE_FEATURES and f not in sub.columns]
         if lacking:
             log(f"    {spec.kernel}: not fitted, its benchmark data lack column(s) {', '.join(lacking)} "
                 "(measured before the benchmark recorded them)")
@@ -1070,6 +1073,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         if spec.method == "mlp":
             cols = {c: train[c].to_numpy(dtype=np.float64) for c in train.columns
                     if pd.api.types.is_numeric_dtype(train[c])}
+            cols.update(route_columns(spec.route or spec.kernel, len(train)))
             jobs[spec.kernel] = {
                 "method": "mlp",
                 "raw": feature_matrix(cols, spec.features, len(train)),
@@ -1090,7 +1094,12 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
                                  "seconds": train[column].to_numpy()}
             continue
         log(f"    {spec.kernel:<20} {methods[spec.kernel]}  ({time.perf_counter() - t0:.1f} s)")
+    jobs, pools = _pooled_jobs(jobs, {s.kernel: s for _f, s in specs if s.kernel in jobs})
     fitted = _fit_jobs(jobs, _fit_workers(level, len(jobs)), log)
+    for pool, members in pools.items():
+        net = fitted.pop(pool)
+        fitted.update(dict.fromkeys(members, net))
+        jobs.update({k: jobs[pool] for k in members})
     for _family, spec in specs:
         if spec.kernel not in fitted:
             continue
@@ -1107,6 +1116,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             methods[spec.kernel] += f", {c['members']} nets"
         if c.get("optional", {}).get("used"):
             methods[spec.kernel] += " + " + ", ".join(c["optional"]["features"])
+        if spec.pool:
+            methods[spec.kernel] += f", one net over {', '.join(pools.get(POOL_PREFIX + spec.pool, [spec.kernel]))}"
 
     models: dict[str, KernelModel] = {}
     for key, by_route in nets.items():
@@ -1151,6 +1162,41 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         row["model"] = methods[spec.kernel]
         table.append(row)
     return models, table
+
+
+#: job key prefix of a pooled fit (:func:`_pooled_jobs`)
+POOL_PREFIX = "pool:"
+
+
+def _pooled_jobs(jobs: dict[str, dict], specs: dict[str, ModelSpec]) -> tuple[dict[str, dict], dict[str, list[str]]]:
+    """``jobs`` with the MLP jobs of each pool of two or more kernels (``ModelSpec.pool``) merged into one job
+    (key ``"pool:" + pool``) on the union of their training samples, its grid-search budget the sum of
+    theirs; and the member kernels of each merged job. A pool of one stays its kernel's own job."""
+    groups: dict[str, list[str]] = {}
+    for kernel, spec in specs.items():
+        if spec.pool and jobs[kernel]["method"] == "mlp":
+            groups.setdefault(spec.pool, []).append(kernel)
+    out = dict(jobs)
+    pools: dict[str, list[str]] = {}
+    for pool, members in groups.items():
+        if len(members) < 2:
+            continue
+        first = specs[members[0]]
+        for k in members[1:]:
+            s = specs[k]
+            if (s.features, s.raw_features, s.optional_features, s.work) != (
+                    first.features, first.raw_features, first.optional_features, first.work):
+                raise CalibrationError(f"pooled kernel models {members[0]} and {k} (pool {pool!r}) differ in "
+                                       "their features or work: one net needs one input layout")
+        parts = [out.pop(k) for k in members]
+        kwargs = dict(parts[0]["kwargs"])
+        if kwargs.get("budget_s") is not None:
+            kwargs["budget_s"] = sum(p["kwargs"]["budget_s"] for p in parts)
+        out[POOL_PREFIX + pool] = {"method": "mlp", "raw": np.concatenate([p["raw"] for p in parts]),
+                                   "seconds": np.concatenate([p["seconds"] for p in parts]),
+                                   "features": parts[0]["features"], "kwargs": kwargs}
+        pools[POOL_PREFIX + pool] = members
+    return out, pools
 
 
 def _cat(arrays: list[np.ndarray]) -> np.ndarray:

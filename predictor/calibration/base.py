@@ -66,6 +66,11 @@ class ModelSpec:
         prefix: the router's op prefix (``"dtype"`` router).
         fill: fill-in rule for tasks lacking features (``"rows_by_width"``, ``"reuse"``).
         fallback: analytic model for tasks the MLP cannot time (``"analytic-gemm"``, ...).
+        pool: specs of one family with the same non-empty pool are fitted as one MLP (a multi-task
+            fit) on the union of their training samples, each kernel keeping its own 80/20 split, its
+            route and its row of the error table; they must agree on method, features and work. With
+            the route inputs of :data:`~predictor.kernels.learned.ROUTE_FEATURES` among its features the
+            net tells the pooled kernels apart (GEMMs: ``is_addmm``, ``is_bmm``).
     """
 
     kernel: str
@@ -81,6 +86,7 @@ class ModelSpec:
     prefix: str = ""
     fill: str = ""
     fallback: str = "roofline"
+    pool: str = ""
 
     @property
     def model_key(self) -> str:

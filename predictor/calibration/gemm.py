@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
-from predictor.kernels.learned import ALIGN16_FEATURES
+from predictor.kernels.learned import ALIGN16_FEATURES, ROUTE_FEATURES
 
 __all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_builder", "gemm_route"]
 
@@ -50,31 +50,30 @@ class GemmBenchmark(Benchmark):
         return ("fp32", "bf16", "fp16") if ctx.is_cuda else ("fp32", "bf16")
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
-        return [
-            ModelSpec(
-                kernel=gemm_route(op, dt),
-                kinds=GEMM_KINDS,
-                method="mlp",
-                # on a GPU, also whether n and k rows are 16-byte multiples (fast kernels need them);
-                # on a CPU, whether m, n, k are multiples of 16, kept where they lower the validation
-                # error (fp32 on the 2-core VM: mm 9.5 -> 4.5 % held-out GMAE; bf16: no gain). Not
-                # ``gemm_bytes`` (session 35): over seeds 1-3 of the three Zen 4 calibrations it moved the
-                # held-out GMAE of addmm / mm 7.01 -> 6.81 % and of bmm 11.97 -> 12.24 %
-                # (``experiments/results/s35/``), and the refitted pack predicted a training step's large
-                # GEMMs 3-6 % faster (e2e MLP at batch 1024: -3.3 -> -7.0 % against the windows' medians)
-                features=(("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"))
-                + (("ld_aligned",) if ctx.is_cuda else ALIGN16_FEATURES),
-                raw_features=("ld_aligned",) if ctx.is_cuda else ALIGN16_FEATURES,
-                optional_features=() if ctx.is_cuda else ALIGN16_FEATURES,
-                work=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
-                route=gemm_route(op, dt),
-                model="gemm",
-                router="gemm",
-                fallback="analytic-gemm",
-            )
-            for op in OPS
-            for dt in self.dtypes(ctx)
-        ]
+        if ctx.is_cuda:
+            # one net per op and dtype; whether n and k rows are 16-byte multiples (fast kernels need them)
+            return [ModelSpec(kernel=gemm_route(op, dt), kinds=GEMM_KINDS, method="mlp",
+                              features=(*(("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k")), "ld_aligned"),
+                              raw_features=("ld_aligned",),
+                              work=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
+                              route=gemm_route(op, dt), model="gemm", router="gemm", fallback="analytic-gemm")
+                    for op in OPS for dt in self.dtypes(ctx)]
+        # on a CPU, one net per dtype over addmm / mm / bmm (``pool``; the op as the 0/1 inputs ``is_addmm``,
+        # ``is_bmm``, ``batch`` 1 for the unbatched ops): they run the same BLAS / oneDNN micro-kernels on a
+        # batch entry, and the bmm nets, fitted alone on ~160 shapes of a 4-D grid, were the worst learned
+        # kernels (12 % GMAE). Pooled, over seeds 1-3 of the three Zen 4 calibrations: held-out GMAE fp32
+        # 9.05 -> 8.46 %, bf16 8.29 -> 7.19 %, bmm 12.35 / 12.38 -> 11.49 / 10.27 %
+        # (``experiments/results/s36/gemm_joint_fit.md``). Whether m, n, k are multiples of 16 is kept
+        # where it lowers the validation error (fp32 on the 2-core VM: mm 9.5 -> 4.5 %; bf16: no gain). Not
+        # ``gemm_bytes`` (session 35): over seeds 1-3 it moved the held-out GMAE of addmm / mm 7.01 -> 6.81 %
+        # and of bmm 11.97 -> 12.24 % (``experiments/results/s35/``), and the refitted pack predicted a
+        # training step's large GEMMs 3-6 % faster (e2e MLP at batch 1024: -3.3 -> -7.0 % against the medians)
+        return [ModelSpec(kernel=gemm_route(op, dt), kinds=GEMM_KINDS, method="mlp",
+                          features=("m", "n", "k", "batch", *ROUTE_FEATURES, *ALIGN16_FEATURES),
+                          raw_features=(*ROUTE_FEATURES, *ALIGN16_FEATURES), optional_features=ALIGN16_FEATURES,
+                          work=("m", "n", "k", "batch"), route=gemm_route(op, dt), model="gemm", router="gemm",
+                          fallback="analytic-gemm", pool=f"gemm/{dt}")
+                for op in OPS for dt in self.dtypes(ctx)]
 
     def flop_cap(self, ctx: BenchContext) -> float:
         if ctx.is_cuda:

@@ -62,6 +62,8 @@ __all__ = [
     "DERIVED_FEATURES",
     "ALIGN16_FEATURES",
     "GEMM_SHAPE_FEATURES",
+    "ROUTE_FEATURES",
+    "route_columns",
     "feature_matrix",
     "model_to_dict",
     "model_from_dict",
@@ -508,6 +510,19 @@ CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 #: weight and output bytes, ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; the columns
 #: :func:`conv_native` reads)
 GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
+#: route inputs of a net pooled over several GEMM kernels (``ModelSpec.pool``; not logged): 1 when the task's
+#: route (``"{op}/{dtype}"``, :meth:`MLPKernelModel._keys`) is an ``addmm`` / a ``bmm``, else 0; ``mm`` is
+#: both 0. Taken from the route, not the task's columns: in training from the benchmark row's kernel, in
+#: prediction from the router's key, so a ``linear`` task times as the ``addmm`` it runs
+ROUTE_FEATURES = ("is_addmm", "is_bmm")
+
+
+def route_columns(route: str, n: int) -> dict[str, np.ndarray]:
+    """The :data:`ROUTE_FEATURES` columns of ``n`` tasks on ``route`` (``"addmm/fp32"`` ...)."""
+    op = route.split("/", 1)[0]
+    return {f"is_{o}": np.full(n, float(op == o)) for o in ("addmm", "bmm")}
+
+
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
                     *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES)
 
@@ -645,8 +660,12 @@ class MLPKernelModel(KernelModel):
                 return key
         return f"{op}/{_DTYPE_NAMES.get(dtype_bytes, ('fp32',))[0]}"
 
-    def _columns(self, tasks: TaskView, features: Sequence[str]) -> np.ndarray:
+    def _columns(self, tasks: TaskView, features: Sequence[str], key: str = "") -> np.ndarray:
         cols = {f: tasks.get(f) for f in features if f not in DERIVED_FEATURES}
+        if any(f in ROUTE_FEATURES for f in features):
+            cols.update(route_columns(key, len(tasks)))
+        if self.router == "gemm" and "batch" in cols:
+            cols["batch"] = np.nan_to_num(cols["batch"], nan=1.0)  # a task without a batch is one GEMM (_keys)
         if any(f in DERIVED_FEATURES for f in features):
             for c in ("batch", "pooling", "rows", "dim", "dtype_bytes", "m", "n", "k", *RF_COLUMNS):
                 cols.setdefault(c, tasks.get(c))
@@ -686,7 +705,7 @@ class MLPKernelModel(KernelModel):
             sel = np.flatnonzero(keys == key)
             if net is None:
                 continue
-            raw = self._columns(_subset(tasks, sel), net.features)
+            raw = self._columns(_subset(tasks, sel), net.features, key)
             ok = np.isfinite(raw).all(axis=1)
             if ok.any():
                 out[sel[ok]] = net.predict(raw[ok]) + known[sel[ok]]
