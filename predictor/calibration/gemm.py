@@ -63,7 +63,7 @@ class GemmBenchmark(Benchmark):
         # batch entry, and the bmm nets, fitted alone on ~160 shapes of a 4-D grid, were the worst learned
         # kernels (12 % GMAE). Pooled, over seeds 1-3 of the three Zen 4 calibrations: held-out GMAE fp32
         # 9.05 -> 8.46 %, bf16 8.29 -> 7.19 %, bmm 12.35 / 12.38 -> 11.49 / 10.27 %
-        # (``experiments/results/s36/gemm_joint_fit.md``). Whether m, n, k are multiples of 16 is kept
+        # (``experiments/results/s36/pooled_fit_gemm.md``). Whether m, n, k are multiples of 16 is kept
         # where it lowers the validation error (fp32 on the 2-core VM: mm 9.5 -> 4.5 %; bf16: no gain). Not
         # ``gemm_bytes`` (session 35): over seeds 1-3 it moved the held-out GMAE of addmm / mm 7.01 -> 6.81 %
         # and of bmm 11.97 -> 12.24 % (``experiments/results/s35/``), and the refitted pack predicted a
