@@ -1116,8 +1116,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
             methods[spec.kernel] += f", {c['members']} nets"
         if c.get("optional", {}).get("used"):
             methods[spec.kernel] += " + " + ", ".join(c["optional"]["features"])
-        if spec.pool:
-            methods[spec.kernel] += f", one net over {', '.join(pools.get(POOL_PREFIX + spec.pool, [spec.kernel]))}"
+        if POOL_PREFIX + spec.pool in pools:
+            methods[spec.kernel] += f", one net over {', '.join(pools[POOL_PREFIX + spec.pool])}"
 
     models: dict[str, KernelModel] = {}
     for key, by_route in nets.items():
