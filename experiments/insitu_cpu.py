@@ -32,6 +32,7 @@ import platform as pyplatform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -165,12 +166,19 @@ def gemm_prediction(timing, kind: str, b: int, m: int, n: int, k: int) -> float:
     return float(timing.model_for(kind).predict(TaskView.single(kind, **cols), timing.platform)[0])
 
 
-def resolve_packs(names: list[str]) -> dict:
-    """Each named pack's timing, by name; a name that is no pack or platform: one line and exit 2."""
+def resolve_packs(names: list[str], workdir: Path | None = None) -> dict:
+    """Each named pack's timing, by name; a name that is no pack or platform: one line and exit 2.
+    With ``workdir``, the names are pack specs as ``experiments/e2e_windows.py --compare`` takes them
+    (``git:REV[:NAME]``, ``refit:DIR``, ... — :func:`experiments.e2e_windows.materialise`, extracted or fitted
+    into ``workdir``)."""
     from experiments.common import fail
     from experiments.e2e_cpu import resolve
     from predictor.platforms.assets import AssetPackError
 
+    if workdir is not None:
+        from experiments.e2e_windows import resolve_spec
+
+        return {name: resolve_spec(name, workdir)[0] for name in names}
     out = {}
     for name in names:
         try:
@@ -283,7 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--platform", default="cpu-local", help="the asset pack (name or path) that predicts the steps")
-    ap.add_argument("--compare", nargs="*", default=[], help="more packs that predict the same GEMM shapes")
+    ap.add_argument("--compare", nargs="*", default=[],
+                    help="more packs that predict the same GEMM shapes: names, paths or specs as "
+                         "experiments/e2e_windows.py --compare takes them (git:REV[:NAME], refit:DIR, ...)")
     ap.add_argument("--out", type=Path, default=RESULTS / "insitu_cpu")
     ap.add_argument("--render", action="store_true", help="only re-write the .md from the existing .json")
     args = ap.parse_args(argv)
@@ -298,7 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    timings = resolve_packs([args.platform, *args.compare])  # bad names fail before three minutes of measuring
+    # bad names fail before three minutes of measuring; the measuring children resolve --platform by name
+    workdir = Path(tempfile.mkdtemp(prefix="insitu-packs-"))
+    timings = {**resolve_packs([args.platform]), **resolve_packs(args.compare, workdir)}
     t0 = time.perf_counter()
     rows = []
     for model, batch in CONFIGS:

@@ -49,3 +49,10 @@ def test_an_unknown_pack_fails_before_measuring(capsys):
         insitu_cpu.main(["--compare", "no-such-pack", "--out", "/nonexistent/insitu"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "no-such-pack" in err and err.count("\n") == 1
+
+
+def test_compare_takes_pack_specs_such_as_a_committed_revision(tmp_path):
+    timings = insitu_cpu.resolve_packs(["git:HEAD:cpu-local-zen4", "cpu-local-zen4"], tmp_path)
+    shape = ("addmm", 1, 1024, 1024, 512)
+    got = [insitu_cpu.gemm_prediction(t, *shape) for t in timings.values()]
+    assert got[0] > 0 and got[0] == got[1]  # HEAD's committed pack is the working tree's
