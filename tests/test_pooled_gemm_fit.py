@@ -106,3 +106,18 @@ def test_route_columns_read_the_op_of_the_route():
                                                                                   "is_bmm": [0.0, 0.0]}
     assert {k: v.tolist() for k, v in route_columns("bmm/fp32", 1).items()} == {"is_addmm": [0.0], "is_bmm": [1.0]}
     assert {k: v.tolist() for k, v in route_columns("mm/fp32", 1).items()} == {"is_addmm": [0.0], "is_bmm": [0.0]}
+
+
+def test_a_pooled_net_is_stored_once_and_shared_again_when_read():
+    from predictor.kernels.learned import model_from_dict, model_to_dict
+
+    models, _ = _fit_all({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
+    d = model_to_dict(models["gemm"])
+    assert sum("same_as" in v for v in d["nets"].values()) == 2
+    back = model_from_dict(d)
+    assert back.nets["addmm/fp32"] is back.nets["mm/fp32"] is back.nets["bmm/fp32"]
+    view = TaskView.from_columns("bmm", m=[64.0], n=[32.0], k=[128.0], batch=[8.0], dtype_bytes=[4.0])
+    assert back.predict(view, CPU)[0] == pytest.approx(models["gemm"].predict(view, CPU)[0], rel=1e-6)
+    d["nets"]["mm/fp32"] = {"same_as": "no/such"}
+    with pytest.raises(KeyError, match="no/such"):
+        model_from_dict(d)

@@ -853,6 +853,31 @@ class FittedRoofline(Roofline):
 
 
 # ============================================================================ serialisation
+def _nets_to_dict(nets: Mapping[str, MLPNet]) -> dict:
+    """Nets by route, JSON-ready; a net shared by several routes (a pooled fit, ``ModelSpec.pool``) is written
+    once and the other routes name its first route (``{"same_as": route}``)."""
+    out: dict[str, dict] = {}
+    first: dict[int, str] = {}
+    for route, net in nets.items():
+        if id(net) in first:
+            out[route] = {"same_as": first[id(net)]}
+        else:
+            first[id(net)] = route
+            out[route] = net.to_dict()
+    return out
+
+
+def _nets_from_dict(d: Mapping) -> dict[str, MLPNet]:
+    """Inverse of :func:`_nets_to_dict`: a ``same_as`` route gets the very net of the route it names."""
+    nets = {k: MLPNet.from_dict(v) for k, v in d.items() if "same_as" not in v}
+    for k, v in d.items():
+        if "same_as" in v:
+            if v["same_as"] not in nets:
+                raise KeyError(f"net {k!r} is the same as {v['same_as']!r}, which the model does not have")
+            nets[k] = nets[v["same_as"]]
+    return {k: nets[k] for k in d}
+
+
 def model_to_dict(model: KernelModel) -> dict:
     """JSON-ready form of a calibrated model (asset packs)."""
     if isinstance(model, StateScaled):
@@ -866,7 +891,7 @@ def model_to_dict(model: KernelModel) -> dict:
             "prefix": model.prefix,
             "fill": model.fill,
             "fallback": model.fallback_name,
-            "nets": {k: v.to_dict() for k, v in model.nets.items()},
+            "nets": _nets_to_dict(model.nets),
         }
     if isinstance(model, FittedRoofline):
         return {
@@ -891,7 +916,7 @@ def model_from_dict(d: Mapping) -> KernelModel:
             raise TypeError("state_scaled factors must map op kinds to numbers")
         return StateScaled(model_from_dict(d["inner"]), {str(k): float(v) for k, v in d["factors"].items()})
     if kind == "mlp":
-        nets = {k: MLPNet.from_dict(v) for k, v in d["nets"].items()}
+        nets = _nets_from_dict(d["nets"])
         return MLPKernelModel(d["name"], d["kinds"], nets, router=d.get("router", "single"),
                               prefix=d.get("prefix", ""), fill=d.get("fill", ""), fallback=d.get("fallback", "roofline"))
     if kind == "fitted_roofline":
