@@ -309,8 +309,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     # bad names fail before three minutes of measuring; the measuring children resolve --platform by name
-    workdir = Path(tempfile.mkdtemp(prefix="insitu-packs-"))
-    timings = {**resolve_packs([args.platform]), **resolve_packs(args.compare, workdir)}
+    # (--compare specs such as git:REV are extracted into a folder that lives as long as this run)
+    packs_dir = tempfile.TemporaryDirectory(prefix="insitu-packs-")
+    timings = {**resolve_packs([args.platform]), **resolve_packs(args.compare, Path(packs_dir.name))}
     t0 = time.perf_counter()
     rows = []
     for model, batch in CONFIGS:
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             + (" --compare " + " ".join(args.compare) if args.compare else "")}
     if args.compare:
         predict_gemms(rows, {name: timings[name] for name in args.compare})
+    packs_dir.cleanup()
     from tuner.report import atomic_write_text
 
     atomic_write_text(args.out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))

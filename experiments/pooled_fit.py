@@ -48,7 +48,7 @@ import predictor.calibrate as cm  # noqa: E402
 from experiments.common import repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs  # noqa: E402
 from predictor.calibration.base import ModelSpec  # noqa: E402
-from predictor.kernels.learned import feature_matrix, fit_mlp, known_seconds  # noqa: E402
+from predictor.kernels.learned import ROUTE_FEATURES, feature_matrix, fit_mlp, known_seconds  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
 
@@ -57,7 +57,7 @@ ROUTE_PREFIX = "is_"
 
 def _route_inputs(family: str) -> tuple[str, ...]:
     """The 0/1 kernel inputs of a pooled net of ``family`` (not logged)."""
-    return ("is_addmm", "is_bmm") if family == "gemm" else ("is_softmax_bwd", "is_log_softmax_bwd")
+    return ROUTE_FEATURES if family == "gemm" else ("is_softmax_bwd", "is_log_softmax_bwd")
 
 
 #: family -> variant -> (pools of kernels as a function of the family's kernels, extra inputs)

@@ -1073,7 +1073,8 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
         if spec.method == "mlp":
             cols = {c: train[c].to_numpy(dtype=np.float64) for c in train.columns
                     if pd.api.types.is_numeric_dtype(train[c])}
-            cols.update(route_columns(spec.route or spec.kernel, len(train)))
+            if any(f in ROUTE_FEATURES for f in spec.features):
+                cols.update(route_columns(spec.route or spec.kernel, len(train)))
             jobs[spec.kernel] = {
                 "method": "mlp",
                 "raw": feature_matrix(cols, spec.features, len(train)),

@@ -520,7 +520,7 @@ ROUTE_FEATURES = ("is_addmm", "is_bmm")
 def route_columns(route: str, n: int) -> dict[str, np.ndarray]:
     """The :data:`ROUTE_FEATURES` columns of ``n`` tasks on ``route`` (``"addmm/fp32"`` ...)."""
     op = route.split("/", 1)[0]
-    return {f"is_{o}": np.full(n, float(op == o)) for o in ("addmm", "bmm")}
+    return {f: np.full(n, float(f == f"is_{op}")) for f in ROUTE_FEATURES}
 
 
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
