@@ -1,0 +1,152 @@
+"""Kernel models of one calibration scored on another calibration's held-out samples (no measuring).
+
+A pack's error table scores its models on the held-out 20 % of its own benchmark data: samples timed in
+the same spell as the training samples, on a grid drawn by the same code. When two calibrations of one
+machine are at hand (say the committed pack and a longer single-family one), each model set can also be
+scored on the *other* pack's held-out samples: shapes it never saw, timed hours apart. Two figures per
+kernel and pair:
+
+* ``GMAE``: geometric mean of the absolute % errors of the predictions against the samples' times;
+* ``level-corrected GMAE``: the same after dividing the predictions by their median ratio to the samples
+  (``level``), so a machine that ran a few % faster or slower as a whole in one spell than in the other
+  does not count as shape error. That is the figure to compare across spells; the raw one is what a user
+  of the pack would see in that spell.
+
+    python experiments/cross_pack_heldout.py \\
+        --models assets/cpu-local-zen4 /tmp/candidate \\
+        --data assets/cpu-local-zen4 benchmarks/results/data/packs/cpu-s37x8 \\
+        --families gemm conv2d data_movement --out experiments/results/s37/cross_pack_heldout
+
+``--models`` takes what ``experiments/e2e_windows.py --compare`` takes (a pack folder or name,
+``git:REV[:NAME]``, ``refit:DIR``); ``--data`` takes pack folders that store benchmark data (fitted or
+written with ``--no-fit``). The held-out split of a data pack is the calibration's own
+(:func:`predictor.calibrate._split` with the pack's seed), so scoring a pack's models on its own data
+reproduces its error table. Writes ``OUT.md`` and ``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments.common import fail, write_results  # noqa: E402
+from predictor.calibrate import _split, _view  # noqa: E402
+from predictor.metrics import geomean_abs_pct_error  # noqa: E402
+from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+
+
+def held_out(data_dir: Path, families: list[str]) -> dict[str, pd.DataFrame]:
+    """``kernel -> held-out rows`` of the data pack ``data_dir`` (its calibration's split and seed) for the
+    kernels of ``families``; one line and exit 2 when the folder is not a pack with those tables."""
+    manifest = data_dir / "manifest.json"
+    try:
+        seed = int(json.loads(manifest.read_text()).get("seed", 0))
+    except (OSError, ValueError) as exc:
+        fail(f"--data {data_dir}: not an asset pack ({exc})")
+    out: dict[str, pd.DataFrame] = {}
+    for family in families:
+        f = data_dir / "data" / f"{family}.csv"
+        if not f.is_file():
+            fail(f"--data {data_dir}: no benchmark table for family {family!r} ({f.name})")
+        try:
+            frame = pd.read_csv(f)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            fail(f"--data {data_dir}: {f.name} is not a benchmark table ({exc})")
+        for kernel, sub in frame.groupby("kernel", sort=False):
+            sub = sub.reset_index(drop=True)
+            _tr, te = _split(len(sub), seed, str(kernel))
+            out[str(kernel)] = sub.iloc[te]
+    return out
+
+
+def score(pack, rows: pd.DataFrame) -> dict | None:
+    """Errors of ``pack``'s models on ``rows`` (one kernel's samples): GMAE, the level (median
+    prediction / sample) and the GMAE after dividing the predictions by that level; None when the
+    pack has no model for a kind of the rows."""
+    by_kind: dict = {}
+    for model in pack.models:
+        for k in model.kinds:
+            by_kind.setdefault(k, model)
+    parts = list(rows.groupby("kind", sort=False))
+    if not parts or any(kind not in by_kind for kind, _ in parts):
+        return None
+    pred = np.concatenate([by_kind[kind].predict(_view(part, kind), pack.platform) for kind, part in parts])
+    actual = np.concatenate([part["seconds"].to_numpy(dtype=np.float64) for _, part in parts])
+    level = float(np.median(pred / actual))
+    return {"n": int(len(actual)), "gmae_pct": geomean_abs_pct_error(pred, actual),
+            "level": level, "gmae_level_pct": geomean_abs_pct_error(pred / level, actual)}
+
+
+def markdown(results: list[dict], models: list[str], data: list[str], argv: list[str]) -> str:
+    lines = ["# Kernel models scored on another calibration's held-out samples", "",
+             "Each row: one kernel; each column pair: one model set (`--models`) on one data pack's held-out 20 % "
+             "(the calibration's own split). `GMAE` is against the samples as timed; `lc` divides the "
+             "predictions by their median ratio to the samples first (`level`, shown in brackets), so a spell "
+             "that ran the machine faster or slower as a whole is not counted as shape error. No measuring.", "",
+             f"Reproduce: `python experiments/cross_pack_heldout.py {' '.join(argv)}`", ""]
+    for d in data:
+        lines += [f"## held-out samples of `{d}`", ""]
+        head = "| kernel | n | " + " | ".join(f"`{m}` GMAE % | lc % (level)" for m in models) + " |"
+        lines += [head, "|---|---:|" + "---:|---:|" * len(models)]
+        kernels = list(dict.fromkeys(r["kernel"] for r in results if r["data"] == d))
+        sums = {m: [] for m in models}
+        for k in kernels:
+            cells, n = [], ""
+            for m in models:
+                r = next((r for r in results if r["data"] == d and r["models"] == m and r["kernel"] == k), None)
+                if r is None:
+                    cells.append("— | —")
+                    continue
+                n = str(r["n"])
+                sums[m].append((r["gmae_pct"], r["gmae_level_pct"]))
+                cells.append(f"{r['gmae_pct']:.2f} | {r['gmae_level_pct']:.2f} ({r['level']:.3f})")
+            lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
+        mean = [f"{np.mean([a for a, _ in sums[m]]):.2f} | {np.mean([b for _, b in sums[m]]):.2f}"
+                if sums[m] else "— | —" for m in models]
+        lines += ["| **mean** | | " + " | ".join(mean) + " |", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", required=True, help="model sets: pack folders/names, git:REV[:NAME], refit:DIR")
+    ap.add_argument("--data", nargs="+", required=True, help="pack folders whose stored held-out samples score them")
+    ap.add_argument("--families", nargs="+", required=True, help="benchmark families (data/<family>.csv)")
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "cross_pack_heldout")
+    args = ap.parse_args(argv)
+
+    from experiments.e2e_windows import materialise
+
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="cross-pack-") as tmp:
+        packs = {}
+        for i, spec in enumerate(args.models):
+            path = materialise(spec, Path(tmp) / f"m{i}")
+            try:
+                packs[spec] = load_asset_pack(path)
+            except AssetPackError as exc:
+                fail(f"--models {spec}: {exc}")
+        for d in args.data:
+            rows = held_out(Path(d), args.families)
+            for spec, pack in packs.items():
+                for kernel, sub in rows.items():
+                    r = score(pack, sub)
+                    if r is not None:
+                        results.append({"models": spec, "data": d, "kernel": kernel, **r})
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    write_results(out, {"argv": argv, "models": args.models, "data": args.data, "rows": results},
+                  markdown(results, args.models, args.data, argv))
+
+
+if __name__ == "__main__":
+    main()
