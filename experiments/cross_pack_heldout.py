@@ -19,7 +19,7 @@ kernel and pair:
 
 ``--models`` takes what ``experiments/e2e_windows.py --compare`` takes (a pack folder or name,
 ``git:REV[:NAME]``, ``refit:DIR``); ``--data`` takes pack folders that store benchmark data (fitted or
-written with ``--no-fit``). The held-out split of a data pack is the calibration's own
+written with ``--no-fit``), or ``git:REV[:NAME]`` for a committed pack's data as of a revision. The held-out split of a data pack is the calibration's own
 (:func:`predictor.calibrate._split` with the pack's seed), so scoring a pack's models on its own data
 reproduces its error table. Writes ``OUT.md`` and ``OUT.json``.
 """
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", required=True, help="model sets: pack folders/names, git:REV[:NAME], refit:DIR")
-    ap.add_argument("--data", nargs="+", required=True, help="pack folders whose stored held-out samples score them")
+    ap.add_argument("--data", nargs="+", required=True,
+                    help="pack folders (or git:REV[:NAME]) whose stored held-out samples score them")
     ap.add_argument("--families", nargs="+", required=True, help="benchmark families (data/<family>.csv)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "cross_pack_heldout")
     args = ap.parse_args(argv)
@@ -136,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
                 packs[spec] = load_asset_pack(path)
             except AssetPackError as exc:
                 fail(f"--models {spec}: {exc}")
-        for d in args.data:
-            rows = held_out(Path(d), args.families)
+        for i, d in enumerate(args.data):
+            rows = held_out(Path(materialise(d, Path(tmp) / f"d{i}")), args.families)
             for spec, pack in packs.items():
                 for kernel, sub in rows.items():
                     r = score(pack, sub)

@@ -624,8 +624,10 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
         m["embedding_step_reuse_probe"] = {"estimator": STEP_REUSE_ESTIMATOR, "rows": step_reuse_rows}
     if platform_facts:
         refit_info["platform_facts"] = dict(platform_facts)
-    if data_record:
-        refit_info["data_from"] = data_record
+    # the families an earlier refit took from other packs keep their record (the stored data are theirs)
+    data_from_all = {**((m.get("refit") or {}).get("data_from") or {}), **data_record}
+    if data_from_all:
+        refit_info["data_from"] = data_from_all
     if overheads is not None:
         refit_info["overheads_from"] = str(overheads)
         overheads = _read_overheads(Path(overheads))

@@ -312,6 +312,11 @@ def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Pa
                                   pd.read_csv(base / "data" / "elementwise.csv"))
     rec = pack.manifest["refit"]["data_from"]["gemm"]
     assert rec["pack"] == str(other) and rec["samples"] == len(theirs)
+    # a later refit of the merged pack (no --data-from) keeps the record of where its GEMM samples came from
+    again = tmp_path / "again"
+    res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(again)])
+    assert res.exit_code == 0, res.output
+    assert load_asset_pack(again).manifest["refit"]["data_from"]["gemm"] == rec
     # bad sources: one line naming the problem, exit 2, nothing written
     man = json.loads((other / "manifest.json").read_text())
     (other / "manifest.json").write_text(json.dumps({**man, "gemm_timing": "cold"}))

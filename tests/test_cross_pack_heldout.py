@@ -27,7 +27,7 @@ def test_own_data_reproduces_the_error_table(tiny_pack, tmp_path):
     assert rows and set(rows) <= set(table)
     for kernel, r in rows.items():
         assert r["n"] == table[kernel]["test"]
-        assert r["gmae_pct"] == pytest.approx(table[kernel]["gmae_pct"], rel=1e-6)
+        assert r["gmae_pct"] == pytest.approx(table[kernel]["gmae_pct"], rel=1e-4)  # CSV round trip
         assert r["gmae_level_pct"] > 0 and r["level"] > 0
     assert "held-out samples of" in out.with_suffix(".md").read_text()
 
