@@ -86,13 +86,15 @@ def score(pack, rows: pd.DataFrame) -> dict | None:
             "level": level, "gmae_level_pct": geomean_abs_pct_error(pred / level, actual)}
 
 
-def markdown(results: list[dict], models: list[str], data: list[str], argv: list[str]) -> str:
+def markdown(results: list[dict], models: list[str], data: list[str], argv: list[str], note: str = "") -> str:
     lines = ["# Kernel models scored on another calibration's held-out samples", "",
              "Each row: one kernel; each column pair: one model set (`--models`) on one data pack's held-out 20 % "
              "(the calibration's own split). `GMAE` is against the samples as timed; `lc` divides the "
              "predictions by their median ratio to the samples first (`level`, shown in brackets), so a spell "
              "that ran the machine faster or slower as a whole is not counted as shape error. No measuring.", "",
              f"Reproduce: `python experiments/cross_pack_heldout.py {' '.join(argv)}`", ""]
+    if note:
+        lines += [note, ""]
     for d in data:
         lines += [f"## held-out samples of `{d}`", ""]
         head = "| kernel | n | " + " | ".join(f"`{m}` GMAE % | lc % (level)" for m in models) + " |"
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="pack folders (or git:REV[:NAME]) whose stored held-out samples score them")
     ap.add_argument("--families", nargs="+", required=True, help="benchmark families (data/<family>.csv)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "cross_pack_heldout")
+    ap.add_argument("--note", default="", help="a paragraph for the report (e.g. how a candidate pack was made)")
     args = ap.parse_args(argv)
 
     from experiments.e2e_windows import materialise
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                         results.append({"models": spec, "data": d, "kernel": kernel, **r})
     out = args.out if args.out.is_absolute() else ROOT / args.out
     write_results(out, {"argv": argv, "models": args.models, "data": args.data, "rows": results},
-                  markdown(results, args.models, args.data, argv))
+                  markdown(results, args.models, args.data, argv, args.note))
 
 
 if __name__ == "__main__":
