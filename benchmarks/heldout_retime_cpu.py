@@ -47,6 +47,7 @@ from predictor.calibration import FAMILIES as FAMILY_REGISTRY  # noqa: E402
 from predictor.calibration import make_benchmarks  # noqa: E402
 from predictor.calibration.base import BenchContext, time_case  # noqa: E402
 from predictor.calibration.timing import Timer  # noqa: E402
+from predictor.kernels.timing import models_by_kind  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
@@ -74,10 +75,7 @@ def held_out_cases(pack_dir: Path, kernels: set[str] | None = None) -> tuple[lis
     if not (pack.path / "data").is_dir():
         raise RetimeError(f"{pack_dir}: the pack stores no benchmark data (data/)")
     seed, level, scale = int(m.get("seed", 0)), m.get("level", "quick"), float(m.get("scale") or 1.0)
-    by_kind = {}
-    for model in pack.models:
-        for k in model.kinds:
-            by_kind.setdefault(k, model)
+    by_kind = models_by_kind(pack.models)
     llc = float(pack.platform.last_level_cache_bytes or 32 * 2**20)
     # the calibration drew one grid seed per family, in its families' order, from the pack's seed; packs
     # before the manifest kept that order ran every family or the ones their data hold

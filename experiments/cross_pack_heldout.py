@@ -27,7 +27,6 @@ reproduces its error table. Writes ``OUT.md`` and ``OUT.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.common import fail, write_results  # noqa: E402
 from predictor.calibrate import _split, _view  # noqa: E402
+from predictor.kernels.timing import models_by_kind  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
@@ -47,10 +47,9 @@ from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: 
 def held_out(data_dir: Path, families: list[str]) -> dict[str, pd.DataFrame]:
     """``kernel -> held-out rows`` of the data pack ``data_dir`` (its calibration's split and seed) for the
     kernels of ``families``; one line and exit 2 when the folder is not a pack with those tables."""
-    manifest = data_dir / "manifest.json"
     try:
-        seed = int(json.loads(manifest.read_text()).get("seed", 0))
-    except (OSError, ValueError) as exc:
+        seed = int(load_asset_pack(data_dir, allow_unfitted=True).manifest.get("seed", 0))
+    except AssetPackError as exc:
         fail(f"--data {data_dir}: not an asset pack ({exc})")
     out: dict[str, pd.DataFrame] = {}
     for family in families:
@@ -68,14 +67,10 @@ def held_out(data_dir: Path, families: list[str]) -> dict[str, pd.DataFrame]:
     return out
 
 
-def score(pack, rows: pd.DataFrame) -> dict | None:
-    """Errors of ``pack``'s models on ``rows`` (one kernel's samples): GMAE, the level (median
-    prediction / sample) and the GMAE after dividing the predictions by that level; None when the
-    pack has no model for a kind of the rows."""
-    by_kind: dict = {}
-    for model in pack.models:
-        for k in model.kinds:
-            by_kind.setdefault(k, model)
+def score(pack, by_kind: dict, rows: pd.DataFrame) -> dict | None:
+    """Errors of ``pack``'s models (``by_kind``: :func:`~predictor.kernels.timing.models_by_kind` of them) on
+    ``rows`` (one kernel's samples): GMAE, the level (median prediction / sample) and the GMAE after dividing
+    the predictions by that level; None when the pack has no model for a kind of the rows."""
     parts = list(rows.groupby("kind", sort=False))
     if not parts or any(kind not in by_kind for kind, _ in parts):
         return None
@@ -137,14 +132,15 @@ def main(argv: list[str] | None = None) -> None:
         for i, spec in enumerate(args.models):
             path = materialise(spec, Path(tmp) / f"m{i}")
             try:
-                packs[spec] = load_asset_pack(path)
+                pack = load_asset_pack(path)
             except AssetPackError as exc:
                 fail(f"--models {spec}: {exc}")
+            packs[spec] = (pack, models_by_kind(pack.models))
         for i, d in enumerate(args.data):
             rows = held_out(Path(materialise(d, Path(tmp) / f"d{i}")), args.families)
-            for spec, pack in packs.items():
+            for spec, (pack, by_kind) in packs.items():
                 for kernel, sub in rows.items():
-                    r = score(pack, sub)
+                    r = score(pack, by_kind, sub)
                     if r is not None:
                         results.append({"models": spec, "data": d, "kernel": kernel, **r})
     out = args.out if args.out.is_absolute() else ROOT / args.out

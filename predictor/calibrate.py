@@ -57,6 +57,7 @@ from predictor.kernels.learned import (
     route_columns,
 )
 from predictor.kernels.state import FIT_TARGETS, StateScaled, fits_fastest, state_factor, unwrap
+from predictor.kernels.timing import models_by_kind
 from predictor.metrics import (
     geomean_abs_pct_error,
     geomean_abs_pct_error_interval,
@@ -1138,10 +1139,7 @@ def _fit_all(data: dict[str, pd.DataFrame], specs: list[tuple[str, ModelSpec]], 
                                 [splits[s.kernel][0] for s in fast]))
 
     # held-out errors through the KernelModel API (the path predictions take)
-    by_kind: dict[str, KernelModel] = {}
-    for m in models.values():
-        for k in m.kinds:
-            by_kind.setdefault(k, m)
+    by_kind = models_by_kind(models.values())
     table: list[dict] = []
     for family, spec in specs:
         if spec.kernel not in splits:

@@ -51,6 +51,15 @@ def analytic_models() -> list[KernelModel]:
 _FORWARD_KIND = {"log_softmax_bwd": "softmax"}
 
 
+def models_by_kind(models: Iterable[KernelModel]) -> dict[str, KernelModel]:
+    """Op kind -> the first of ``models`` that claims it (a pack's model order decides a kind two models claim)."""
+    by_kind: dict[str, KernelModel] = {}
+    for model in models:
+        for kind in model.kinds:
+            by_kind.setdefault(kind, model)
+    return by_kind
+
+
 class ModelTiming:
     """A :class:`predictor.simulate.Timing` backed by kernel models on one platform."""
 
@@ -76,10 +85,7 @@ class ModelTiming:
         self.cap_step_reuse = True
         #: which model family produced the numbers ("analytic", or an asset pack's name)
         self.source = source
-        self._by_kind: dict[str, KernelModel] = {}
-        for model in self.models:
-            for kind in model.kinds:
-                self._by_kind.setdefault(kind, model)
+        self._by_kind = models_by_kind(self.models)
         # the calibrated roofline (under its typical-state factor, if the pack has one) times unclaimed kinds
         self._fallback = next((m for m in self.models if isinstance(unwrap(m), Roofline)), Roofline())
 
