@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.common import fail, write_results  # noqa: E402
 from predictor.calibrate import _split, _view  # noqa: E402
 from predictor.kernels.timing import models_by_kind  # noqa: E402
-from predictor.metrics import geomean_abs_pct_error  # noqa: E402
+from predictor.metrics import geomean_abs_pct_error, mean_abs_pct_error  # noqa: E402
 from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 
@@ -78,7 +78,7 @@ def score(pack, by_kind: dict, rows: pd.DataFrame) -> dict | None:
     actual = np.concatenate([part["seconds"].to_numpy(dtype=np.float64) for _, part in parts])
     level = float(np.median(pred / actual))
     return {"n": int(len(actual)), "gmae_pct": geomean_abs_pct_error(pred, actual),
-            "level": level, "gmae_level_pct": geomean_abs_pct_error(pred / level, actual)}
+            "mape_pct": mean_abs_pct_error(pred, actual), "level": level, "gmae_level_pct": geomean_abs_pct_error(pred / level, actual)}
 
 
 def markdown(results: list[dict], models: list[str], data: list[str], argv: list[str], note: str = "") -> str:

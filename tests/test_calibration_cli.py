@@ -466,7 +466,9 @@ def test_refit_to_the_fastest_round_and_bad_fit_targets(tmp_path: Path, monkeypa
     assert pack.manifest["fit_target"] == "fastest_collectives"
     assert not any(isinstance(m, StateScaled) for m in pack.models)
     assert [r["gmae_pct"] for r in pack.error_table] == pytest.approx(
-        [r["gmae_pct"] for r in load_asset_pack(src).error_table], rel=1e-2)  # MLP refits agree to ~1e-4
+        [r["gmae_pct"] for r in load_asset_pack(src).error_table], rel=5e-2)
+    # MLP refits agree to ~1e-4, but the refit reads the CSV's 6 significant digits, and a geomean moves
+    # by more when one held-out sample's error lies near zero
     for args in (["calibrate", "--refit", str(src), "--out", str(tmp_path / "x"), "--fit-target", "fastest"],
                  ["calibrate", "--device", "cpu", "--out", str(tmp_path / "y"), "--fit-target", "min"]):
         res = runner.invoke(app, args)

@@ -27,7 +27,10 @@ def test_own_data_reproduces_the_error_table(tiny_pack, tmp_path):
     assert rows and set(rows) <= set(table)
     for kernel, r in rows.items():
         assert r["n"] == table[kernel]["test"]
-        assert r["gmae_pct"] == pytest.approx(table[kernel]["gmae_pct"], rel=1e-4)  # CSV round trip
+        # the CSV stores 6 significant digits: each sample's error moves by up to ~1e-3 points, which the
+        # mean absorbs but a geomean does not when one sample's error is near zero (clipped at 1e-3 %)
+        assert r["mape_pct"] == pytest.approx(table[kernel]["mape_pct"], abs=1e-2)
+        assert r["gmae_pct"] == pytest.approx(table[kernel]["gmae_pct"], rel=5e-2)
         assert r["gmae_level_pct"] > 0 and r["level"] > 0
     assert "held-out samples of" in out.with_suffix(".md").read_text()
 
