@@ -24,7 +24,7 @@ import datetime as _dt
 import math
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -495,17 +495,27 @@ def _read_benchmark_table(f: Path, context: str) -> pd.DataFrame:
 TIMING_FIELDS = ("device", "threads", "gemm_timing", "memory_bound_timing", "embedding_warmup", "timing_estimator")
 
 
-def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[str, pd.DataFrame | list], dict]:
+def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str | Path]]
+                      ) -> tuple[dict[str, pd.DataFrame | list], dict]:
     """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
     the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables, the record of where
-    each came from); for a probe of :data:`PROBES` its raw rows (a list) instead of a table.
+    each came from); for a probe of :data:`PROBES` its raw rows (a list) instead of a table. The lockstep
+    probe may come from several packs (a list): each process's rounds are pooled over them, so the factor
+    is the median over probes taken in several spells of the machine rather than one minute of it.
     CalibrationError, naming the family and the pack, when one cannot be used."""
     from predictor.calibration import FAMILIES
     from predictor.platforms.assets import AssetPackError
     from predictor.platforms.cpu_local import same_cpu
 
     tables, record = {}, {}
+    items: list[tuple[str, str | Path]] = []
     for family, src in data_from.items():
+        many = list(src) if isinstance(src, list | tuple) else [src]
+        if len(many) > 1 and family != "lockstep":
+            raise CalibrationError(f"--data-from {family}: given {len(many)} times; only the lockstep probe's rounds "
+                                   "pool over several packs")
+        items += [(family, one) for one in many]
+    for family, src in items:
         if family not in FAMILIES and family not in PROBES:
             raise CalibrationError(f"--data-from {family}={src}: unknown family {family!r} "
                                    f"(one of {', '.join([*FAMILIES, *PROBES])})")
@@ -533,8 +543,18 @@ def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[s
             if not probe.get("per_process"):
                 raise CalibrationError(f"--data-from {family}={src}: the pack has no lockstep probe "
                                        "(manifest lockstep_probe)")
+            if family in tables:  # several probes (spells): each process's rounds pooled, in the order given
+                if probe.get("world") != record[family]["world"]:
+                    raise CalibrationError(f"--data-from {family}={src}: probed over {probe.get('world')} "
+                                           f"processes, {record[family]['pack']} over {record[family]['world']}")
+                tables[family] = _pooled(tables[family], probe["per_process"])
+                record[family]["pack"] += f", {other.path}"
+                record[family]["created"] += f", {om.get('created')}"
+                record[family]["probes"] += 1
+                continue
             tables[family] = probe["per_process"]
-            record[family] = {"pack": str(other.path), "created": om.get("created"), "world": probe.get("world")}
+            record[family] = {"pack": str(other.path), "created": str(om.get("created")), "world": probe.get("world"),
+                              "probes": 1}
             continue
         f = other.path / "data" / f"{family}.csv"
         if not f.exists():
@@ -546,7 +566,8 @@ def _family_data_from(m: dict, data_from: dict[str, str | Path]) -> tuple[dict[s
 
 
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
-          platform_facts: dict | None = None, data_from: dict[str, str | Path] | None = None,
+          platform_facts: dict | None = None,
+          data_from: Mapping[str, str | Path | Sequence[str | Path]] | None = None,
           log: Callable[[str], None] = print, register: bool = True, fit_target: str | None = None) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
@@ -564,7 +585,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     ``data_from``: ``family -> pack`` whose stored benchmarks of that family replace the refitted
     pack's (or add a family it lacks), e.g. a one-family calibration at a larger ``--scale`` on the
     same machine; each must have been timed as this pack's were (:data:`TIMING_FIELDS`) on the same
-    CPU. The written pack stores the data it was fitted on and records where each family came from
+    CPU. ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
     (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
     fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's
     ``fit_target``, ``"typical"`` for packs before it was recorded).

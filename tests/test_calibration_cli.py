@@ -433,6 +433,18 @@ def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: P
     res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(tmp_path / "bad"),
                               "--data-from", f"lockstep={base}"])
     assert res.exit_code == 2 and "has no lockstep probe" in res.output
+    # probes of several spells pool their rounds per process (here the same probe twice: every round twice)
+    pooled = tmp_path / "pooled"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(pooled),
+                              "--data-from", f"lockstep={probe}", "--data-from", f"lockstep={merged}"])
+    assert res.exit_code == 0, res.output
+    man = load_asset_pack(pooled).manifest
+    assert man["lockstep_probe"]["per_process"] == [{k: v + v for k, v in r.items()} for r in rows]
+    assert man["refit"]["data_from"]["lockstep"]["probes"] == 2
+    assert str(merged) in man["refit"]["data_from"]["lockstep"]["pack"]
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"),
+                              "--data-from", f"elementwise={base}", "--data-from", f"elementwise={merged}"])
+    assert res.exit_code == 2 and "given twice" in res.output and not (tmp_path / "bad").exists()
 
 
 def test_refit_to_the_fastest_round_and_bad_fit_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -50,7 +50,8 @@ def calibrate(
     data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=PACK fits that "
                                         "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
                                         "--families gemm --scale 4 calibration of the same machine; step_reuse=DIR "
-                                        "takes DIR's step-reuse probe)"),
+                                        "takes DIR's step-reuse probe; lockstep=DIR, given for several DIRs, pools "
+                                        "their lockstep probes' rounds)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
@@ -81,14 +82,18 @@ def calibrate(
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     if data_from and refit is None:
         fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
-    sources: dict[str, str] = {}
+    sources: dict[str, str | list[str]] = {}
     for item in data_from or []:
         family, sep, src = item.partition("=")
-        if not sep or not family.strip() or not src.strip():
+        family, src = family.strip(), src.strip()
+        if not sep or not family or not src:
             fail(f"--data-from {item!r}: expected FAMILY=PACK, e.g. gemm=benchmarks/results/data/packs/NAME")
-        if family.strip() in sources:
-            fail(f"--data-from: family {family.strip()!r} given twice")
-        sources[family.strip()] = src.strip()
+        if family == "lockstep":  # several probes, taken in several spells, pool their rounds
+            sources.setdefault(family, []).append(src)  # type: ignore[union-attr]
+            continue
+        if family in sources:
+            fail(f"--data-from: family {family!r} given twice (only lockstep probes pool over several packs)")
+        sources[family] = src
     try:
         if refit is not None:
             from predictor.calibrate import refit as run_refit
