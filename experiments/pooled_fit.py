@@ -48,7 +48,7 @@ import predictor.calibrate as cm  # noqa: E402
 from experiments.common import repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs  # noqa: E402
 from predictor.calibration.base import ModelSpec  # noqa: E402
-from predictor.kernels.learned import ROUTE_FEATURES, feature_matrix, fit_mlp, known_seconds  # noqa: E402
+from predictor.kernels.learned import ONEDNN_FEATURES, ROUTE_FEATURES, feature_matrix, fit_mlp, known_seconds  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
 
@@ -66,6 +66,8 @@ FAMILIES: dict[str, dict[str, tuple[Callable[[list[str]], list[list[str]]], tupl
         "joint-op": (lambda ks: [[k for k in ks if k.endswith("/" + dt)]
                                  for dt in sorted({k.split("/")[1] for k in ks})], ()),
         "joint-all": (lambda ks: [list(ks)], ("dtype_bytes",)),
+        # session 38: the bf16 pool with ATen's oneDNN edge as an input (fp32 kernels: as in ``current``)
+        "joint-op+onednn": (lambda ks: [[k for k in ks if k.endswith("/bf16")]], ONEDNN_FEATURES),
     },
     "softmax": {
         "joint-bwd": (lambda ks: [[k for k in ks if k.endswith("_bwd")]], ()),
@@ -129,8 +131,9 @@ def _fit(job: dict) -> list[dict]:
     return rows
 
 
-def jobs_for(pack_path: Path, seeds: list[int], family: str) -> list[dict]:
-    """The fits of one pack: per seed, one per kernel (``current``) and one per pool of each variant."""
+def jobs_for(pack_path: Path, seeds: list[int], family: str, variants: list[str] | None = None) -> list[dict]:
+    """The fits of one pack: per seed, one per kernel (``current``) and one per pool of each variant (of
+    ``variants`` only, when given)."""
     pack = load_asset_pack(pack_path, allow_unfitted=True)
     m = pack.manifest
     level = m.get("level", "quick")
@@ -153,6 +156,8 @@ def jobs_for(pack_path: Path, seeds: list[int], family: str) -> list[dict]:
             jobs.append({**common, "seed": seed, "variant": "current", "spec": specs[kernel], "train": [tr],
                          "test": {kernel: te}, "budget": budget})
         for variant, (pools, extra) in FAMILIES[family].items():
+            if variants is not None and variant not in variants:
+                continue
             for group in pools(list(parts)):
                 jobs.append({**common, "seed": seed, "variant": variant,
                              "spec": _pooled_spec(family, specs[group[0]], extra),
@@ -179,21 +184,21 @@ def _group(kernel: str, family: str) -> str:
     return kernel.split("/")[1] if family == "gemm" else family
 
 
-def verdict(df: pd.DataFrame, seeds: list[int], family: str) -> list[str]:
+def verdict(df: pd.DataFrame, seeds: list[int], family: str, baseline: str = "current") -> list[str]:
     """The session-36 rule per group (GEMMs: per dtype; softmax: the family) over ``seeds``: mean >= 0.5
-    points below ``current``, no pack's group mean worse by > 0.5, no kernel's mean worse by > 1.0; of
-    passing variants the lower mean wins."""
+    points below ``baseline`` (a variant's name; ``current`` by default), no pack's group mean worse by > 0.5,
+    no kernel's mean worse by > 1.0; of passing variants the lower mean wins."""
     d = df[df["seed"].isin(seeds)].copy()
     d["group"] = [_group(k, family) for k in d["kernel"]]
     lines = []
     for grp, g in d.groupby("group", sort=True):
-        base = g[g.variant == "current"]
+        base = g[g.variant == baseline]
         cur = base.gmae_pct.mean()
         passing = []
-        parts = [f"**{grp}** (seeds {', '.join(map(str, seeds))}): current {cur:.2f} %"]
-        for v in FAMILIES[family]:
+        parts = [f"**{grp}** (seeds {', '.join(map(str, seeds))}): {baseline} {cur:.2f} %"]
+        for v in ("current", *FAMILIES[family]):
             x = g[g.variant == v]
-            if x.empty:
+            if v == baseline or x.empty:
                 continue
             mean = x.gmae_pct.mean()
             pack_worse = (x.groupby("pack").gmae_pct.mean() - base.groupby("pack").gmae_pct.mean()).max()
@@ -208,8 +213,8 @@ def verdict(df: pd.DataFrame, seeds: list[int], family: str) -> list[str]:
     return lines
 
 
-def markdown(df: pd.DataFrame, family: str, decide: list[int], command: str) -> str:
-    variants = ("current", *FAMILIES[family])
+def markdown(df: pd.DataFrame, family: str, decide: list[int], command: str, baseline: str = "current") -> str:
+    variants = tuple(v for v in ("current", *FAMILIES[family]) if v in set(df.variant))
     lines = [f"# One net pooled over several {family} kernels, against one net per kernel (stored data)", "",
              "Held-out GMAE % per kernel on each kernel's own 20 % (the calibration's split for the seed), "
              "the mean over seeds in each cell with the seeds' own figures in brackets. `current`: one net per "
@@ -217,7 +222,7 @@ def markdown(df: pd.DataFrame, family: str, decide: list[int], command: str) -> 
              "every pool of a variant fitted alone as in `current`. Same grid, epochs and ensemble as the "
              "calibration at the pack's level; a pooled net's grid-search budget is the sum of its kernels'.",
              "", f"Reproduce: `{command}`", "", "## Rule (session 36, set before scoring)", "",
-             *verdict(df, decide, family), ""]
+             *verdict(df, decide, family, baseline), ""]
     for pack, p in df.groupby("pack", sort=False):
         lines += [f"## {pack}", "", "| kernel | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
         for kernel, k in p.groupby("kernel", sort=False):
@@ -241,10 +246,19 @@ def main() -> None:
     ap.add_argument("--packs", nargs="+", required=True, help="asset packs that store the family's benchmark data")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--decide", type=int, nargs="+", default=[1, 2, 3], help="the seeds the rule reads")
+    ap.add_argument("--variants", nargs="+", help="pooled variants to fit (default: all of the family's); "
+                    "`current` is always fitted")
+    ap.add_argument("--baseline", default="current", help="the variant the rule compares the others to")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", help="default: experiments/results/pooled_fit_FAMILY.md")
     a = ap.parse_args()
-    jobs = [j for p in a.packs for j in jobs_for(Path(p), a.seeds, a.family)]
+    known = set(FAMILIES[a.family])
+    bad = [v for v in [*(a.variants or []), a.baseline] if v != "current" and v not in known]
+    if bad:
+        sys.exit(f"error: unknown variant(s) {', '.join(bad)} of family {a.family} (one of {', '.join(sorted(known))})")
+    if a.variants is not None and a.baseline != "current" and a.baseline not in a.variants:
+        sys.exit(f"error: --baseline {a.baseline} is not among --variants")
+    jobs = [j for p in a.packs for j in jobs_for(Path(p), a.seeds, a.family, a.variants)]
     rows: list[dict] = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.workers) as pool:
@@ -257,8 +271,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out.with_suffix(".csv"), index=False)
     command = (f"python experiments/pooled_fit.py --family {a.family} --packs "
-               + " ".join(repo_relative(p) for p in a.packs) + " --seeds " + " ".join(map(str, a.seeds)))
-    out.write_text(markdown(df, a.family, a.decide, command))
+               + " ".join(repo_relative(p) for p in a.packs) + " --seeds " + " ".join(map(str, a.seeds))
+               + (" --variants " + " ".join(a.variants) if a.variants else "")
+               + (f" --baseline {a.baseline}" if a.baseline != "current" else "")
+               + (f" --decide {' '.join(map(str, a.decide))}" if a.decide != [1, 2, 3] else "")
+               + (f" --out {repo_relative(out)}" if a.out else ""))
+    out.write_text(markdown(df, a.family, a.decide, command, a.baseline))
     print(out.read_text())
 
 

@@ -121,3 +121,13 @@ def test_a_pooled_net_is_stored_once_and_shared_again_when_read():
     d["nets"]["mm/fp32"] = {"same_as": "no/such"}
     with pytest.raises(KeyError, match="no/such"):
         model_from_dict(d)
+
+
+def test_onednn_gemm_marks_where_aten_hands_a_bf16_gemm_to_onednn():
+    # ATen's checksize: batch x m x n x k > 16^3 (strictly); an unbatched task (no or NaN batch) counts as 1
+    cols = {"m": np.array([16.0, 16, 2, 16, 1]), "n": np.array([16.0, 16, 2, 16, 4097]),
+            "k": np.array([16.0, 16, 2, 16, 1]), "batch": np.array([1.0, 2, 517, np.nan, np.nan])}
+    got = feature_matrix(cols, ["onednn_gemm"], 5)[:, 0]
+    assert got.tolist() == [0.0, 1.0, 1.0, 0.0, 1.0]
+    no_batch = {k: v for k, v in cols.items() if k != "batch"}
+    assert feature_matrix(no_batch, ["onednn_gemm"], 5)[:, 0].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]

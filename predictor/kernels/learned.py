@@ -61,6 +61,8 @@ __all__ = [
     "conv_native",
     "DERIVED_FEATURES",
     "ALIGN16_FEATURES",
+    "ONEDNN_FEATURES",
+    "ONEDNN_MIN_PRODUCT",
     "GEMM_SHAPE_FEATURES",
     "ROUTE_FEATURES",
     "route_columns",
@@ -510,6 +512,14 @@ CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 #: weight and output bytes, ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; the columns
 #: :func:`conv_native` reads)
 GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
+#: PyTorch's CPU path for a bf16 GEMM (not logged): ``onednn_gemm`` = 1 when ``batch x m x n x k`` exceeds
+#: 16^3 = 4096, the size from which ATen hands a bf16 ``addmm`` / ``mm`` / ``bmm`` to oneDNN
+#: (``checksize`` in ``aten/src/ATen/native/mkldnn/Matmul.cpp``; on a CPU with AVX-512 BF16), else 0 (its own
+#: blocked kernel). On the Zen 4 VM the step costs a fixed ~20 us: products of 1k-4k ran a median 6-8 us, of
+#: 4k-16k 27-35 us (``cpu-s37x8``, all three bf16 ops; fp32 GEMMs have no such edge), and 16x16x16 with batch 1
+#: 7.8 us against 29.0 us with batch 2
+ONEDNN_FEATURES = ("onednn_gemm",)
+ONEDNN_MIN_PRODUCT = 16.0**3
 #: route inputs of a net pooled over several GEMM kernels (``ModelSpec.pool``; not logged): 1 when the task's
 #: route (``"{op}/{dtype}"``, :meth:`MLPKernelModel._keys`) is an ``addmm`` / a ``bmm``, else 0; ``mm`` is
 #: both 0. Taken from the route, not the task's columns: in training from the benchmark row's kernel, in
@@ -524,7 +534,7 @@ def route_columns(route: str, n: int) -> dict[str, np.ndarray]:
 
 
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
-                    *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES)
+                    *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES)
 
 
 def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -> np.ndarray:
@@ -559,6 +569,10 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
         elif f in CONV_PATH_FEATURES:
             out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
+        elif f in ONEDNN_FEATURES:
+            product = np.prod([np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k")], axis=0)
+            b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
+            out.append((b * product > ONEDNN_MIN_PRODUCT).astype(np.float64))
         elif f in GEMM_SHAPE_FEATURES:
             m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
             b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
