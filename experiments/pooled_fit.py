@@ -97,11 +97,12 @@ def alone(spec: ModelSpec) -> ModelSpec:
 def _pooled_spec(family: str, spec: ModelSpec, extra: tuple[str, ...]) -> ModelSpec:
     """The spec of a pooled net from one member's own spec (:func:`alone`): its inputs + ``extra`` + route inputs."""
     route = _route_inputs(family)
-    if family == "gemm":  # bmm-like: m, n, k, batch, (dtype_bytes), route inputs, alignment
+    if family == "gemm":  # bmm-like: m, n, k, batch, (extra), the spec's own 0/1 inputs, route inputs, alignment
         align = tuple(spec.optional_features)
+        own = tuple(f for f in spec.raw_features if f not in align and f not in extra)  # bf16: onednn_gemm
         return ModelSpec(kernel="pool", kinds=spec.kinds, method="mlp",
-                         features=("m", "n", "k", "batch", *extra, *route, *align),
-                         raw_features=(*extra, *route, *spec.raw_features),
+                         features=("m", "n", "k", "batch", *extra, *own, *route, *align),
+                         raw_features=(*extra, *own, *route, *align),
                          optional_features=align, work=("m", "n", "k", "batch"))
     return dataclasses.replace(spec, kernel="pool", features=(*spec.features, *extra, *route),
                                raw_features=(*spec.raw_features, *extra, *route))
@@ -133,7 +134,7 @@ def _fit(job: dict) -> list[dict]:
 
 def jobs_for(pack_path: Path, seeds: list[int], family: str, variants: list[str] | None = None) -> list[dict]:
     """The fits of one pack: per seed, one per kernel (``current``) and one per pool of each variant (of
-    ``variants`` only, when given)."""
+    ``variants`` only, ``current`` among them or not, when given)."""
     pack = load_asset_pack(pack_path, allow_unfitted=True)
     m = pack.manifest
     level = m.get("level", "quick")
@@ -153,6 +154,8 @@ def jobs_for(pack_path: Path, seeds: list[int], family: str, variants: list[str]
             tr, te = cm._split(len(sub), seed, kernel)
             parts[kernel] = (sub.iloc[tr], sub.iloc[te])
         for kernel, (tr, te) in parts.items():
+            if variants is not None and "current" not in variants:
+                break
             jobs.append({**common, "seed": seed, "variant": "current", "spec": specs[kernel], "train": [tr],
                          "test": {kernel: te}, "budget": budget})
         for variant, (pools, extra) in FAMILIES[family].items():
@@ -246,8 +249,8 @@ def main() -> None:
     ap.add_argument("--packs", nargs="+", required=True, help="asset packs that store the family's benchmark data")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--decide", type=int, nargs="+", default=[1, 2, 3], help="the seeds the rule reads")
-    ap.add_argument("--variants", nargs="+", help="pooled variants to fit (default: all of the family's); "
-                    "`current` is always fitted")
+    ap.add_argument("--variants", nargs="+", help="variants to fit (default: `current` and all of the family's); "
+                    "without `current`, a pooled variant's kernels outside its pools are left out")
     ap.add_argument("--baseline", default="current", help="the variant the rule compares the others to")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", help="default: experiments/results/pooled_fit_FAMILY.md")

@@ -131,3 +131,13 @@ def test_onednn_gemm_marks_where_aten_hands_a_bf16_gemm_to_onednn():
     assert got.tolist() == [0.0, 1.0, 1.0, 0.0, 1.0]
     no_batch = {k: v for k, v in cols.items() if k != "batch"}
     assert feature_matrix(no_batch, ["onednn_gemm"], 5)[:, 0].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_only_the_cpu_bf16_gemm_nets_take_the_onednn_edge():
+    import torch
+
+    ctx = BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
+                       timer=Timer(torch.device("cpu")))
+    for s in GemmBenchmark().specs(ctx):
+        has = "onednn_gemm" in s.features
+        assert has == s.kernel.endswith("/bf16") and has == ("onednn_gemm" in s.raw_features), s.kernel

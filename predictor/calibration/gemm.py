@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
-from predictor.kernels.learned import ALIGN16_FEATURES, ROUTE_FEATURES
+from predictor.kernels.learned import ALIGN16_FEATURES, ONEDNN_FEATURES, ROUTE_FEATURES
 
 __all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_builder", "gemm_route"]
 
@@ -68,11 +68,18 @@ class GemmBenchmark(Benchmark):
         # ``gemm_bytes`` (session 35): over seeds 1-3 it moved the held-out GMAE of addmm / mm 7.01 -> 6.81 %
         # and of bmm 11.97 -> 12.24 % (``experiments/results/s35/``), and the refitted pack predicted a
         # training step's large GEMMs 3-6 % faster (e2e MLP at batch 1024: -3.3 -> -7.0 % against the medians)
+        # bf16 also gets ATen's oneDNN edge (``onednn_gemm``: b m n k > 16^3, where the stored Zen 4 data jump
+        # ~4x): over seeds 1-3 of the five Zen 4 calibrations the bf16 held-out GMAE 6.70 -> 5.90 %, bmm bf16
+        # 9.30 -> 7.66 %, every pack better (``experiments/results/s38/pooled_fit_gemm_onednn.md``)
+        def edge(dt: str) -> tuple[str, ...]:
+            return ONEDNN_FEATURES if dt == "bf16" else ()
+
         return [ModelSpec(kernel=gemm_route(op, dt), kinds=GEMM_KINDS, method="mlp",
-                          features=("m", "n", "k", "batch", *ROUTE_FEATURES, *ALIGN16_FEATURES),
-                          raw_features=(*ROUTE_FEATURES, *ALIGN16_FEATURES), optional_features=ALIGN16_FEATURES,
-                          work=("m", "n", "k", "batch"), route=gemm_route(op, dt), model="gemm", router="gemm",
-                          fallback="analytic-gemm", pool=f"gemm/{dt}")
+                          features=("m", "n", "k", "batch", *edge(dt), *ROUTE_FEATURES, *ALIGN16_FEATURES),
+                          raw_features=(*edge(dt), *ROUTE_FEATURES, *ALIGN16_FEATURES),
+                          optional_features=ALIGN16_FEATURES, work=("m", "n", "k", "batch"),
+                          route=gemm_route(op, dt), model="gemm", router="gemm", fallback="analytic-gemm",
+                          pool=f"gemm/{dt}")
                 for op in OPS for dt in self.dtypes(ctx)]
 
     def flop_cap(self, ctx: BenchContext) -> float:
