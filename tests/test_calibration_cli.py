@@ -419,7 +419,8 @@ def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: P
                               "--data-from", f"lockstep={probe}"])
     assert res.exit_code == 2 and "probed over 2 processes" in res.output and not (tmp_path / "bad").exists()
     man = json.loads((base / "manifest.json").read_text())
-    (base / "manifest.json").write_text(json.dumps({**man, "world_size": 2}))
+    # kernel-timing flags the probe does not use do not stop it (a pack with cold GEMMs takes it)
+    (base / "manifest.json").write_text(json.dumps({**man, "world_size": 2, "gemm_timing": "cold"}))
     merged = tmp_path / "merged"
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
                               "--data-from", f"lockstep={probe}"])
@@ -442,6 +443,11 @@ def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: P
     assert man["lockstep_probe"]["per_process"] == [{k: v + v for k, v in r.items()} for r in rows]
     assert man["refit"]["data_from"]["lockstep"]["probes"] == 2
     assert str(merged) in man["refit"]["data_from"]["lockstep"]["pack"]
+    pman = json.loads((probe / "manifest.json").read_text())
+    (probe / "manifest.json").write_text(json.dumps({**pman, "threads": 2}))  # but its threads per rank do
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"),
+                              "--data-from", f"lockstep={probe}"])
+    assert res.exit_code == 2 and "its threads is 2" in res.output and not (tmp_path / "bad").exists()
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"),
                               "--data-from", f"elementwise={base}", "--data-from", f"elementwise={merged}"])
     assert res.exit_code == 2 and "given twice" in res.output and not (tmp_path / "bad").exists()
