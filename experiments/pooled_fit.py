@@ -68,6 +68,9 @@ FAMILIES: dict[str, dict[str, tuple[Callable[[list[str]], list[list[str]]], tupl
         "joint-all": (lambda ks: [list(ks)], ("dtype_bytes",)),
         # session 38: the bf16 pool with ATen's oneDNN edge as an input (fp32 kernels: as in ``current``)
         "joint-op+onednn": (lambda ks: [[k for k in ks if k.endswith("/bf16")]], ONEDNN_FEATURES),
+        # session 38: both pools with ATen's small-bmm loop (m n k < 400, bmm rows only) as an input
+        "joint-op+naive": (lambda ks: [[k for k in ks if k.endswith("/" + dt)]
+                                       for dt in sorted({k.split("/")[1] for k in ks})], ("bmm_naive",)),
     },
     "softmax": {
         "joint-bwd": (lambda ks: [[k for k in ks if k.endswith("_bwd")]], ()),

@@ -141,3 +141,11 @@ def test_only_the_cpu_bf16_gemm_nets_take_the_onednn_edge():
     for s in GemmBenchmark().specs(ctx):
         has = "onednn_gemm" in s.features
         assert has == s.kernel.endswith("/bf16") and has == ("onednn_gemm" in s.raw_features), s.kernel
+
+
+def test_bmm_naive_marks_only_the_bmm_rows_of_a_pooled_net():
+    cols = {"m": np.array([4.0, 4, 20]), "n": np.array([4.0, 4, 20]), "k": np.array([4.0, 4, 20]),
+            "batch": np.array([8.0, 1, 8])}
+    assert feature_matrix(cols, ["bmm_naive"], 3)[:, 0].tolist() == [1.0, 1.0, 0.0]  # a bmm net alone
+    pooled = {**cols, **{"is_addmm": np.array([0.0, 1, 0]), "is_bmm": np.array([1.0, 0, 1])}}
+    assert feature_matrix(pooled, ["bmm_naive"], 3)[:, 0].tolist() == [1.0, 0.0, 0.0]

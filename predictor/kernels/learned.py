@@ -507,8 +507,8 @@ CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 #: did not hold over other splits, and ``gemm_bytes`` moved a step's large GEMMs: see
 #: :mod:`predictor.calibration.gemm`); ``experiments/kernel_model_variants.py`` has them as variants.
 #: ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``, the operands' and result's bytes (log2);
-#: ``bmm_naive`` = 1 when ``m n k < 400`` (not logged): ATen's CPU ``bmm`` runs its own per-entry loop
-#: below that product instead of a BLAS batch; ``conv_bytes`` = a "same"-padded convolution's input,
+#: ``bmm_naive`` = 1 when ``m n k < 400`` (not logged; in a net pooled over the GEMM ops, only on ``is_bmm``
+#: rows): ATen's CPU ``bmm`` runs its own per-entry loop below that product instead of a BLAS batch; ``conv_bytes`` = a "same"-padded convolution's input,
 #: weight and output bytes, ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; the columns
 #: :func:`conv_native` reads)
 GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
@@ -577,8 +577,9 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
             b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
             dt = _dtype_bytes(columns, n)
-            if f == "bmm_naive":
-                out.append((m * nn * k < 400.0).astype(np.float64))
+            if f == "bmm_naive":  # in a net pooled over addmm / mm / bmm, only the bmm rows (route input)
+                gate = np.asarray(columns["is_bmm"], dtype=np.float64) if "is_bmm" in columns else 1.0
+                out.append((m * nn * k < 400.0) * gate)
             elif f == "conv_bytes":
                 kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
                 out.append(dt * (b * m * k / (kh * kh) + nn * k + b * nn * m))
