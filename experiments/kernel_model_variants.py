@@ -67,6 +67,9 @@ VARIANTS: list[Variant] = [
       for op in ("addmm", "mm", "bmm") for dt in ("fp32", "bf16")],
     *[(f"bmm/{dt}", "+ bmm_naive", lambda s: dataclasses.replace(
         s, features=(*s.features, "bmm_naive"), raw_features=(*s.raw_features, "bmm_naive"))) for dt in ("fp32", "bf16")],
+    *[(k, "+ short_rows", lambda s: dataclasses.replace(s, features=(*s.features, "short_rows"),
+                                                          raw_features=(*s.raw_features, "short_rows")))
+      for k in ("softmax", "softmax_bwd", "log_softmax_bwd")],
     ("conv2d/fp32", "+ conv_bytes", lambda s: dataclasses.replace(s, features=(*s.features, "conv_bytes"))),
     ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
         s, features=tuple(f for f in s.features if f != "conv_native"), raw_features=())),
@@ -110,7 +113,7 @@ def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec,
 
 
 def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] = print,
-        seeds: list[int] | None = None) -> pd.DataFrame:
+        seeds: list[int] | None = None, labels: set[str] | None = None) -> pd.DataFrame:
     """One row per (pack, kernel, variant): held-out GMAE / MAPE / max (percent) and the fitted model;
     with ``seeds``, one row per seed as well (column ``seed``): each seed another 80/20 split of the
     pack's samples and other initial weights, so a variant is judged over several held-out sets
@@ -128,7 +131,8 @@ def run(packs: list[Path], kernels: set[str] | None, log: Callable[[str], None] 
                 continue
             fam, spec = specs[kernel]
             todo = [("current", spec, data[fam])] + [(label, make(spec), data[fam])
-                                                     for k, label, make in VARIANTS if k == kernel]
+                                                     for k, label, make in VARIANTS if k == kernel
+                                                     and (labels is None or label in labels)]
             todo += [(label, spec, data[fam].assign(seconds=data[fam][col]))
                      for k, label, col in ESTIMATORS if k == kernel and col in data[fam]]
             for seed in seeds or [int(m.get("seed", 0))]:
@@ -195,15 +199,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="*",
                     help="fit every variant once per seed given (each another held-out split and initialisation) "
                          "instead of once with the pack's own seed")
+    ap.add_argument("--labels", nargs="*", help="only the variants with these labels (and `current`)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "kernel_model_variants.md"))
     a = ap.parse_args()
-    df = run([Path(p) for p in a.packs], set(a.kernels) if a.kernels else None, seeds=a.seeds)
+    df = run([Path(p) for p in a.packs], set(a.kernels) if a.kernels else None, seeds=a.seeds,
+             labels=set(a.labels) if a.labels else None)
     command = "python experiments/kernel_model_variants.py --packs " + " ".join(
         repo_relative(p) for p in a.packs)
     if a.kernels:
         command += " --kernels " + " ".join(a.kernels)
     if a.seeds:
         command += " --seeds " + " ".join(str(x) for x in a.seeds)
+    if a.labels:
+        command += " --labels " + " ".join(f'"{x}"' for x in a.labels)
+    if a.out != ap.get_default("out"):
+        command += f" --out {repo_relative(a.out)}"
     Path(a.out).write_text(markdown(df, command))
     df.to_csv(Path(a.out).with_suffix(".csv"), index=False)
     print(f"wrote {a.out} and its rows as {Path(a.out).with_suffix('.csv').name}")

@@ -149,3 +149,8 @@ def test_bmm_naive_marks_only_the_bmm_rows_of_a_pooled_net():
     assert feature_matrix(cols, ["bmm_naive"], 3)[:, 0].tolist() == [1.0, 1.0, 0.0]  # a bmm net alone
     pooled = {**cols, **{"is_addmm": np.array([0.0, 1, 0]), "is_bmm": np.array([1.0, 0, 1])}}
     assert feature_matrix(pooled, ["bmm_naive"], 3)[:, 0].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_short_rows_marks_rows_shorter_than_one_vector():
+    cols = {"m": np.array([4.0, 4, 4, 4]), "n": np.array([8.0, 15, 16, 8]), "dtype_bytes": np.array([4.0, 4, 4, 8])}
+    assert feature_matrix(cols, ["short_rows"], 4)[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0]

@@ -63,6 +63,8 @@ __all__ = [
     "ALIGN16_FEATURES",
     "ONEDNN_FEATURES",
     "ONEDNN_MIN_PRODUCT",
+    "SHORT_ROW_FEATURES",
+    "VECTOR_BYTES",
     "GEMM_SHAPE_FEATURES",
     "ROUTE_FEATURES",
     "route_columns",
@@ -520,6 +522,11 @@ GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
 #: 7.8 us against 29.0 us with batch 2
 ONEDNN_FEATURES = ("onednn_gemm",)
 ONEDNN_MIN_PRODUCT = 16.0**3
+#: rows shorter than one 512-bit vector (not logged): ``short_rows`` = 1 when ``n x dtype_bytes`` < 64. ATen's
+#: vectorised row kernels (softmax and its backwards) take a scalar / masked path for such rows: on the Zen 4 VM
+#: they cost ~10x per element (softmax 18-19 ns at n < 16 fp32 against 1.6 ns at n = 16)
+SHORT_ROW_FEATURES = ("short_rows",)
+VECTOR_BYTES = 64.0
 #: route inputs of a net pooled over several GEMM kernels (``ModelSpec.pool``; not logged): 1 when the task's
 #: route (``"{op}/{dtype}"``, :meth:`MLPKernelModel._keys`) is an ``addmm`` / a ``bmm``, else 0; ``mm`` is
 #: both 0. Taken from the route, not the task's columns: in training from the benchmark row's kernel, in
@@ -534,7 +541,7 @@ def route_columns(route: str, n: int) -> dict[str, np.ndarray]:
 
 
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
-                    *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES)
+                    *CONV_PATH_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES, *SHORT_ROW_FEATURES)
 
 
 def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -> np.ndarray:
@@ -569,6 +576,9 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
         elif f in CONV_PATH_FEATURES:
             out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
+        elif f in SHORT_ROW_FEATURES:
+            out.append((np.asarray(columns["n"], dtype=np.float64) * _dtype_bytes(columns, n) < VECTOR_BYTES)
+                       .astype(np.float64))
         elif f in ONEDNN_FEATURES:
             product = np.prod([np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k")], axis=0)
             b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
