@@ -60,17 +60,20 @@ def _route_inputs(family: str) -> tuple[str, ...]:
     return ROUTE_FEATURES if family == "gemm" else ("is_softmax_bwd", "is_log_softmax_bwd")
 
 
+def _per_dtype(kernels: list[str]) -> list[list[str]]:
+    """The GEMM kernels grouped by dtype (``op/dtype``): one pool per dtype."""
+    return [[k for k in kernels if k.endswith("/" + dt)] for dt in sorted({k.split("/")[1] for k in kernels})]
+
+
 #: family -> variant -> (pools of kernels as a function of the family's kernels, extra inputs)
 FAMILIES: dict[str, dict[str, tuple[Callable[[list[str]], list[list[str]]], tuple[str, ...]]]] = {
     "gemm": {
-        "joint-op": (lambda ks: [[k for k in ks if k.endswith("/" + dt)]
-                                 for dt in sorted({k.split("/")[1] for k in ks})], ()),
+        "joint-op": (_per_dtype, ()),
         "joint-all": (lambda ks: [list(ks)], ("dtype_bytes",)),
         # session 38: the bf16 pool with ATen's oneDNN edge as an input (fp32 kernels: as in ``current``)
         "joint-op+onednn": (lambda ks: [[k for k in ks if k.endswith("/bf16")]], ONEDNN_FEATURES),
         # session 38: both pools with ATen's small-bmm loop (m n k < 400, bmm rows only) as an input
-        "joint-op+naive": (lambda ks: [[k for k in ks if k.endswith("/" + dt)]
-                                       for dt in sorted({k.split("/")[1] for k in ks})], ("bmm_naive",)),
+        "joint-op+naive": (_per_dtype, ("bmm_naive",)),
     },
     "softmax": {
         "joint-bwd": (lambda ks: [[k for k in ks if k.endswith("_bwd")]], ()),
@@ -156,11 +159,10 @@ def jobs_for(pack_path: Path, seeds: list[int], family: str, variants: list[str]
                 continue
             tr, te = cm._split(len(sub), seed, kernel)
             parts[kernel] = (sub.iloc[tr], sub.iloc[te])
-        for kernel, (tr, te) in parts.items():
-            if variants is not None and "current" not in variants:
-                break
-            jobs.append({**common, "seed": seed, "variant": "current", "spec": specs[kernel], "train": [tr],
-                         "test": {kernel: te}, "budget": budget})
+        if variants is None or "current" in variants:
+            for kernel, (tr, te) in parts.items():
+                jobs.append({**common, "seed": seed, "variant": "current", "spec": specs[kernel], "train": [tr],
+                             "test": {kernel: te}, "budget": budget})
         for variant, (pools, extra) in FAMILIES[family].items():
             if variants is not None and variant not in variants:
                 continue

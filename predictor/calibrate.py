@@ -515,8 +515,8 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
     for family, src in data_from.items():
         many = list(src) if isinstance(src, list | tuple) else [src]
         if len(many) > 1 and family != "lockstep":
-            raise CalibrationError(f"--data-from {family}: given {len(many)} times; only the lockstep probe's rounds "
-                                   "pool over several packs")
+            raise CalibrationError(f"--data-from: family {family!r} given twice (only lockstep probes pool over "
+                                   "several packs)")
         items += [(family, one) for one in many]
     for family, src in items:
         if family not in FAMILIES and family not in PROBES:

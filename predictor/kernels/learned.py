@@ -561,6 +561,11 @@ def _dtype_bytes(columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
     return np.nan_to_num(np.asarray(columns.get("dtype_bytes", np.full(n, 4.0)), dtype=np.float64), nan=4.0)
 
 
+def _batch(columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Batch entries of each of ``n`` GEMM rows (column ``batch``; missing, NaN or below 1: 1, an unbatched op)."""
+    return np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
+
+
 def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n: int) -> np.ndarray:
     """The (n, f) raw feature matrix of ``features`` from ``columns`` (derived ones computed)."""
     out = []
@@ -581,11 +586,11 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
                        .astype(np.float64))
         elif f in ONEDNN_FEATURES:
             product = np.prod([np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k")], axis=0)
-            b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
+            b = _batch(columns, n)
             out.append((b * product > ONEDNN_MIN_PRODUCT).astype(np.float64))
         elif f in GEMM_SHAPE_FEATURES:
             m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
-            b = np.maximum(np.nan_to_num(np.asarray(columns.get("batch", np.ones(n)), dtype=np.float64), nan=1.0), 1.0)
+            b = _batch(columns, n)
             dt = _dtype_bytes(columns, n)
             if f == "bmm_naive":  # in a net pooled over addmm / mm / bmm, only the bmm rows (route input)
                 gate = np.asarray(columns["is_bmm"], dtype=np.float64) if "is_bmm" in columns else 1.0

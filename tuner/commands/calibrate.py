@@ -82,18 +82,13 @@ def calibrate(
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     if data_from and refit is None:
         fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
-    sources: dict[str, str | list[str]] = {}
+    sources: dict[str, list[str]] = {}  # refit refuses a family given twice, except lockstep probes (pooled)
     for item in data_from or []:
         family, sep, src = item.partition("=")
         family, src = family.strip(), src.strip()
         if not sep or not family or not src:
             fail(f"--data-from {item!r}: expected FAMILY=PACK, e.g. gemm=benchmarks/results/data/packs/NAME")
-        if family == "lockstep":  # several probes, taken in several spells, pool their rounds
-            sources.setdefault(family, []).append(src)  # type: ignore[union-attr]
-            continue
-        if family in sources:
-            fail(f"--data-from: family {family!r} given twice (only lockstep probes pool over several packs)")
-        sources[family] = src
+        sources.setdefault(family, []).append(src)
     try:
         if refit is not None:
             from predictor.calibrate import refit as run_refit
