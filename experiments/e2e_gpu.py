@@ -22,8 +22,10 @@ iterations between two synchronisations, as a cross-check.
 
 Run (GPU machine): ``python experiments/e2e_gpu.py --measure --out e2e_h100_measured.json --traces T``
 Then (here):       ``python experiments/e2e_gpu.py --predict benchmarks/results/e2e_h100_measured.json``
-H200 (2026-11-26): ``python experiments/e2e_gpu.py --gpu h200 --predict benchmarks/results/e2e_h200_measured.json
-benchmarks/results/e2e_h200_measured_b.json --platforms h200 h100-sxm h100 h200-cal``
+H200 (2026-11-27, session 39's instance first, its traces): ``python experiments/e2e_gpu.py --gpu h200 --predict
+benchmarks/results/e2e_h200_measured_s39.json benchmarks/results/e2e_h200_measured_s39b.json
+benchmarks/results/e2e_h200_measured.json benchmarks/results/e2e_h200_measured_b.json --platforms h200 h100 h200-cal
+benchmarks/results/data/packs/h200-s39 --traces-dir benchmarks/traces/h200-s39``
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from experiments.common import repo_relative  # noqa: E402
 from experiments.dlrm_gloo import _Dense, _mlp, _sgd_in_backward, table_batch  # noqa: E402
 from experiments.e2e_cpu import (  # noqa: E402
     DLRM_BOTTOM,
@@ -354,7 +357,7 @@ def predict(args) -> None:
            "measured": {k: v for k, v in measured.items() if k != "rows"}, "file": files[0].name,
            "platforms": platforms, "summary": summary, "rows": rows, "other_runs": others,
            "gpt_program": chosen, "program_comparison": programs,
-           "kernel_counts": kernel_counts(traces_dir, chosen)}
+           "kernel_counts": kernel_counts(traces_dir, chosen), "traces_dir": repo_relative(traces_dir)}
     results = Path(args.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"e2e_{args.gpu}.json").write_text(json.dumps(out, indent=1))
@@ -432,7 +435,7 @@ def render(out: dict) -> str:
     if traced:
         lines += [
             "", "## From captured traces (what-if batch size)", "",
-            f"Each model's trace (`benchmarks/traces/{gpu}/`, captured with `tuner.capture` at one batch in the same "
+            f"Each model's trace (`{out.get('traces_dir', f'benchmarks/traces/{gpu}')}/`, captured with `tuner.capture` at one batch in the same "
             "session as the measurements, 3 profiled steps, then 15 unprofiled ones) predicted at every measured "
             f"batch with `tuner predict TRACE --set batch_size=B --platform {pack}`: the profiled step corrected to the "
             "capture's unprofiled iterations, changed kernels re-timed by the pack (anchored on the measured ones), "

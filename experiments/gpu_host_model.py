@@ -39,7 +39,8 @@ if str(REPO) not in sys.path:
 RESULTS = REPO / "benchmarks" / "results"
 #: (pack, measured files) per GPU
 FILES = {
-    "h200-cal": ["e2e_h200_measured.json", "e2e_h200_measured_b.json"],
+    "h200-cal": ["e2e_h200_measured.json", "e2e_h200_measured_b.json", "e2e_h200_measured_s39.json",
+                 "e2e_h200_measured_s39b.json"],
     "h100": [f"e2e_h100_measured{x}.json" for x in ("_run5", "", "_run1", "_run2", "_run3")],
 }
 TRACES = {"h200-cal": REPO / "benchmarks" / "traces" / "h200", "h100": REPO / "benchmarks" / "traces" / "h100"}
