@@ -278,3 +278,35 @@ def test_cli_bad_set_exits_2_with_one_line(tmp_path, item):
     r = CliRunner().invoke(app, ["predict", str(tmp_path), "--set", item])
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_kernels_of_one_op_share_its_model_time_on_another_platform():
+    from predictor.whatif.timing import _share_per_op
+
+    t = np.array([200e-6, 200e-6, 100e-6, 50e-6])  # the model's time of each kernel's op
+    measured = np.array([95e-6, 5e-6, 80e-6, 40e-6])
+    ops = np.array([7.0, 7.0, 8.0, np.nan])  # a split-K GEMM (two kernels), a lone kernel, no recorded op
+    out = _share_per_op(t, measured, ops, np.zeros(4, dtype=bool))
+    assert out == pytest.approx([190e-6, 10e-6, 100e-6, 50e-6])
+    # new tasks (no measurement) keep the model's time
+    out = _share_per_op(t, measured, ops, np.array([False, True, False, False]))
+    assert out == pytest.approx(t)
+
+
+def test_a_moved_gpu_trace_prices_a_split_k_gemm_once():
+    """The H200 MLP trace's weight-gradient GEMMs run split-K (a GEMM and cuBLASLt's reduce kernel): moved to
+    another GPU, the op's two kernels cost the model's time of one mm, not two."""
+    from pathlib import Path
+
+    from predictor.transform import parse_sets, predict_trace
+
+    trace = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-s39" / "traces-mlp-b4096.tar.gz"
+    res = predict_trace(trace, parse_sets(["captured_on=h200-cal"]), "h100")
+    tl = res.timeline
+    g = tl.graph
+    d = tl.end - tl.start
+    mm = g.is_gpu() & (g.kind == g.kinds.index("mm"))
+    reduce = mm & np.array(["splitKreduce" in g.names[j] for j in g.name])
+    assert reduce.sum() == 3
+    assert (d[reduce] < 20e-6).all()  # each ~5 % of its op, where it was priced as the whole mm before
+    assert g.meta[AUX_KEY]["launch_op"][mm].size == mm.sum()

@@ -648,6 +648,7 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
                         measured_raw=float(g.duration[i]),
                         t_start=a_us, **base_aux)
                 if is_gpu[i] and e >= 0:
+                    put_old(i, launch_op=float(r * (1 << 32) + e))  # the op that launched the kernel
                     _annotate_kernel(put_old, i, kind, kt, e, prm, b0, counts)
             else:
                 pieces = []

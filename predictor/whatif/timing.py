@@ -63,6 +63,7 @@ class WhatIfTiming:
                   "new_overhead": 0}
         todo = (changed | new) & kernel
         base = _base_params(g)
+        launch_op = aux.get("launch_op", np.full(n, np.nan))
         for kid in np.unique(g.kind[todo]).tolist():
             kind = g.kinds[kid]
             idx = np.flatnonzero(todo & (g.kind == kid))
@@ -76,7 +77,7 @@ class WhatIfTiming:
                     val = np.where(is_new, t_new, anch)
                     counts["anchored_model"] += int((~is_new).sum())
                 else:
-                    val = t_new
+                    val = _share_per_op(t_new, d[idx], launch_op[idx], is_new)
                     counts["model"] += int((~is_new).sum())
                 counts["new_model"] += int(is_new.sum())
             elif kind in RATIO_ALIAS and RATIO_ALIAS[kind] in self.model_kinds:
@@ -101,6 +102,26 @@ class WhatIfTiming:
             d = d / np.where(np.isfinite(sp) & (sp > 0), sp, 1.0)
         self.counts = counts
         return np.maximum(np.nan_to_num(d, nan=0.0), 0.0)
+
+
+def _share_per_op(t_op: np.ndarray, measured: np.ndarray, launch_op: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Model times of traced kernels when several kernels come from one launching op (a split-K GEMM's
+    GEMM and reduce kernels, a backward op's kernels): each kernel's model time ``t_op`` prices the whole
+    op, so the op's kernels share one ``t_op`` in proportion to their measured durations (seconds).
+    Kernels alone in their op, without a recorded op (``launch_op`` NaN) or new (``new``) keep ``t_op``."""
+    out = t_op.copy()
+    ok = np.isfinite(launch_op) & ~new & np.isfinite(measured)
+    if not ok.any():
+        return out
+    ops, inv, cnt = np.unique(launch_op[ok], return_inverse=True, return_counts=True)
+    multi = cnt[inv] > 1
+    if not multi.any():
+        return out
+    total = np.bincount(inv, weights=measured[ok], minlength=ops.size)
+    share = np.where(total[inv] > 0, measured[ok] / np.maximum(total[inv], 1e-15), 1.0 / cnt[inv])
+    sel = np.flatnonzero(ok)[multi]
+    out[sel] = t_op[sel] * share[multi]
+    return out
 
 
 def _base_params(g: ExecutionGraph) -> dict:

@@ -1,0 +1,95 @@
+"""A GPU trace moved to the other GPU: the captured step predicted on another GPU's asset pack vs that GPU's runs.
+
+``tuner predict TRACE --set captured_on=SRC --set batch_size=B --platform DST`` re-times every kernel of a trace
+captured on one GPU with DST's kernel models (and its host overheads), at every batch measured on DST. Ground
+truth: the single-GPU e2e rows measured on DST (``experiments/e2e_gpu.py --measure``), which the traces and packs
+never saw. Directions (:data:`DIRECTIONS`): the H200 traces of sessions 31 and 39 to the H100 pack against two
+H100 runs of the pack's machine instance, the H100 traces (session 9) to the H200 pack against an H200 run of each
+of its two instances.
+
+Run:  python experiments/trace_move_gpu.py   (writes experiments/results/trace_move_gpu.{md,json}; ~1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from experiments.common import write_results  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+TRACES = REPO / "benchmarks" / "traces"
+#: (traces folder, pack it was captured beside, target pack, measured files of the target GPU)
+DIRECTIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("h200-s39", "h200-cal", "h100", ("e2e_h100_measured_run5.json", "e2e_h100_measured.json")),
+    ("h200", "h200-cal", "h100", ("e2e_h100_measured_run5.json", "e2e_h100_measured.json")),
+    ("h100", "h100", "h200-cal", ("e2e_h200_measured.json", "e2e_h200_measured_s39.json")),
+)
+
+
+def _geo(errs: list[float]) -> float:
+    a = np.maximum(np.abs(np.asarray(errs)), 1e-3)
+    return float(np.exp(np.mean(np.log(a))))
+
+
+def run() -> dict:
+    from experiments.e2e_gpu import _read_measured, _trace_for
+    from predictor.transform import parse_sets, predict_trace
+
+    rows = []
+    for tdir, src, dst, files in DIRECTIONS:
+        for f in files:
+            measured = _read_measured(RESULTS / f)
+            for r in measured["rows"]:
+                trace = _trace_for(r["model"], TRACES / tdir)
+                if trace is None:
+                    continue
+                res = predict_trace(trace, parse_sets([f"batch_size={int(r['batch'])}", f"captured_on={src}"]), dst)
+                rows.append({"traces": tdir, "captured_on": src, "platform": dst, "file": f, "model": r["model"],
+                             "batch": int(r["batch"]), "trace": trace.name, "measured_s": r["measured_s"],
+                             "predicted_s": float(res.predicted_iteration_s),
+                             "error_pct": 100.0 * (res.predicted_iteration_s - r["measured_s"]) / r["measured_s"]})
+    summary = []
+    for tdir, src, dst, _ in DIRECTIONS:
+        e = [r["error_pct"] for r in rows if r["traces"] == tdir and r["platform"] == dst]
+        summary.append({"direction": f"{tdir} ({src}) -> {dst}", "rows": len(e), "geomean_pct": _geo(e),
+                        "max_pct": float(np.max(np.abs(e))), "median_signed_pct": float(np.median(e))})
+    e = [r["error_pct"] for r in rows]
+    summary.append({"direction": "all", "rows": len(e), "geomean_pct": _geo(e), "max_pct": float(np.max(np.abs(e))),
+                    "median_signed_pct": float(np.median(e))})
+    return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "summary": summary, "rows": rows}
+
+
+def markdown(out: dict) -> str:
+    lines = ["# A GPU trace moved to the other GPU: predicted vs measured there", "",
+             f"{out['date']}; offline. Reproduce: `python experiments/trace_move_gpu.py`. See the module docstring.",
+             "", "| direction | rows | geomean abs error % | max abs error % | median signed % |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {s['direction']} | {s['rows']} | {s['geomean_pct']:.2f} | {s['max_pct']:.1f} | "
+              f"{s['median_signed_pct']:+.1f} |" for s in out["summary"]]
+    lines += ["", "| traces -> platform | measured file | model | batch | measured ms | predicted ms | error % |",
+              "|---|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['traces']} -> {r['platform']} | {r['file']} | {r['model']} | {r['batch']} | "
+              f"{r['measured_s'] * 1e3:.3f} | {r['predicted_s'] * 1e3:.3f} | {r['error_pct']:+.1f} |"
+              for r in out["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "trace_move_gpu")
+    a = ap.parse_args(argv)
+    out = run()
+    write_results(a.out, out, markdown(out))
+
+
+if __name__ == "__main__":
+    main()
