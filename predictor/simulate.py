@@ -275,9 +275,12 @@ class Timeline:
         gpu = g.proc_kind[g.proc] == ProcKind.GPU_STREAM
         if not gpu.any() or g.n_ranks > 1:
             return self.iteration_s
-        host = ~gpu
-        span = float(self.end[host].max() - self.start[host].min()) if host.any() else 0.0
-        return max(span, self.kernel_sum_s())  # one rank: no collective waits, a kernel runs its duration
+        return max(self.host_span_s(), self.kernel_sum_s())  # one rank: no collective waits, a kernel runs its duration
+
+    def host_span_s(self) -> float:
+        """Seconds from the first host task's start to the last one's end, over the CPU threads (0 without any)."""
+        host = self.graph.proc_kind[self.graph.proc] != ProcKind.GPU_STREAM
+        return float(self.end[host].max() - self.start[host].min()) if host.any() else 0.0
 
     def kernel_sum_s(self) -> float:
         """Baseline of Lin et al.: max over GPU streams of the summed kernel durations, seconds.

@@ -167,3 +167,20 @@ def test_kineto_dtype_names_keep_gemm_shapes(dtype: str, nbytes: float):
     assert (p["m"], p["n"], p["k"], p["dtype_bytes"]) == (4096.0, 3072.0, 1024.0, nbytes)
     b = kernel_params("bmm", "aten::bmm", [[64, 1024, 1024], [64, 1024, 64]], [dtype] * 2)
     assert (b["batch"], b["m"], b["n"], b["k"]) == (64.0, 1024.0, 64.0, 1024.0)
+
+
+def test_a_host_bound_gpu_capture_replays_at_its_unprofiled_step():
+    """Session 39's H200 capture of the small GPT (host 5 ms, kernels 1 ms per step): the replay with no change
+    lands near the capture's own unprofiled iterations (it replayed 60 % above them when GPU graphs stopped at the
+    mean per-event profiler cost); the near-balanced MLP capture keeps that cap."""
+    from pathlib import Path
+
+    from predictor.traces.annotate import HOST_BOUND_RATIO
+    from predictor.transform import parse_sets, predict_trace
+
+    traces = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-s39"
+    gpt = predict_trace(traces / "traces-gpt-b8.tar.gz", parse_sets([]), "h200-cal")
+    assert gpt.baseline_replayed_s == pytest.approx(gpt.baseline_measured_s, rel=0.10)
+    mlp = predict_trace(traces / "traces-mlp-b4096.tar.gz", parse_sets([]), "h200-cal")
+    tl = mlp.timeline
+    assert tl.host_span_s() <= HOST_BOUND_RATIO * tl.kernel_sum_s()

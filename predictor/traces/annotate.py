@@ -1036,6 +1036,10 @@ class ProfilerCost:
 
 
 _HOST_KINDS = ("cpu_op", "cpu_gap")
+#: a GPU capture's replay above its unprofiled step is taken for profiler time left on the host (and removed
+#: past the mean per-event cost) only when the host's span exceeds this multiple of the busiest stream's
+#: kernel time; nearer balance the excess may be the simulated GPU tail (session 39)
+HOST_BOUND_RATIO = 1.5
 
 
 def _corrected(g: ExecutionGraph, pc: ProfilerCost) -> np.ndarray:
@@ -1068,8 +1072,11 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
     ``(P - U) / E`` per event over the events of the thread holding the step markers, of which
     ``inside_s`` (at most) inside the event and the rest before it; where clipping at zero
     leaves some in place, both are raised together (at most 3x, bisection), and what is still
-    left comes off the host-time tasks. With GPU streams the cost
-    is found by bisection on the simulated step, capped at ``(P - U) / E`` (the GPU may bound it)."""
+    left comes off the host-time tasks. With GPU streams the cost is found by bisection on the
+    simulated step up to ``(P - U) / E``; beyond it only when the step is host-bound (with the main
+    thread's host-time tasks removed it falls below ``U``), as above but with the host-time scale
+    also found by bisection (host time overlaps the streams); otherwise the GPU bounds the step and
+    the mean cost stays."""
     from predictor.simulate import simulate
 
     aux = g.meta[AUX_KEY]
@@ -1090,11 +1097,18 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
         share = inside / c0 if c0 > 0 else 0.0
         return ProfilerCost(c * share, c * (1.0 - share))
 
+    host = g.kind_mask(*_HOST_KINDS) & (g.proc == main)
     if g.is_gpu().any():
-        if it(split(c0)) > target_s:
-            return split(c0)
-        lo, hi = _bisect(lambda c: it(split(c)) > target_s, 0.0, c0)
-        return split(0.5 * (lo + hi))
+        if it(split(c0)) <= target_s:
+            lo, hi = _bisect(lambda c: it(split(c)) > target_s, 0.0, c0)
+            return split(0.5 * (lo + hi))
+        tl = simulate(g, _corrected(g, split(c0)), launch_fraction=launch_fraction)
+        floor = _corrected(g, split(3.0 * c0))
+        floor[host] = 0.0
+        if (tl.host_span_s() <= HOST_BOUND_RATIO * tl.kernel_sum_s()
+                or simulate(g, floor, launch_fraction=launch_fraction).iteration_s >= target_s):
+            return split(c0)  # the GPU (or what the correction cannot touch) bounds the step: keep the mean cost
+        # clearly host-bound: clipping at zero left profiler time on the host; as on a CPU graph below
     pc = split(c0)
     if it(pc) > target_s:
         # clipping at zero left some cost in place (events cheaper than the mean): raise the
@@ -1105,8 +1119,12 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
             pc = split(_bisect(lambda c: it(split(c)) > target_s, c0, 3.0 * c0)[1])
     left = it(pc) - target_s
     if left > 1e-9:
+        if g.is_gpu().any():  # host time overlaps the streams: the scale that meets U, by bisection
+            def scaled(s: float) -> ProfilerCost:
+                return ProfilerCost(pc.inside_s, pc.before_s, s)
+
+            return scaled(_bisect(lambda s: it(scaled(s)) <= target_s, 0.0, 1.0)[0])
         d = _corrected(g, pc)
-        host = g.kind_mask(*_HOST_KINDS) & (g.proc == main)
         hs = float(d[host].sum())
         if hs > 0:
             pc = ProfilerCost(pc.inside_s, pc.before_s, max(0.0, 1.0 - left / hs))
