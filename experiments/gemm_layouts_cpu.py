@@ -1,4 +1,4 @@
-"""Do a training step's GEMM layouts run at the speed the calibration measures? (CPU, one thread)
+"""Do a training step's GEMM layouts run at the speed the calibration measures? (CPU one thread, or a GPU)
 
 The calibration times ``addmm(bias, x, y)`` and ``mm(x, y)`` with both operands row-major (NN). A
 training step of ``nn.Linear`` layers runs three layouts per layer: the forward
@@ -10,7 +10,13 @@ rounds, and reports each layout's time over the NN time of the same shape.
 
     flock /tmp/tuner-measure.lock python experiments/gemm_layouts_cpu.py
 
-writes ``experiments/results/gemm_layouts_cpu.md`` and ``.json`` (about 2 minutes).
+writes ``experiments/results/gemm_layouts_cpu.md`` and ``.json`` (about 2 minutes). On a GPU machine
+(``experiments/gpu_session.sh lease`` runs it when time is left; ~30 s):
+
+    python experiments/gemm_layouts_cpu.py --device cuda --batches 1024 4096 16384 --dtype fp32 bf16 --out OUT
+
+(on CUDA the NT / TN kernels are cuBLAS's other heuristics: the in-situ GEMMs of session 39's H200 traces sat
+-27...+34 % from the NN-fitted models by layout).
 """
 
 from __future__ import annotations
@@ -50,13 +56,18 @@ def step_gemms(batches: list[int]) -> list[tuple[str, str, int, int, int]]:
 LAYOUTS = ("NN", "NT", "TN")
 
 
-def builder(op: str, layout: str, m: int, n: int, k: int):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def builder(op: str, layout: str, m: int, n: int, k: int, device: torch.device = torch.device("cpu"),
+            dtype: torch.dtype = torch.float32):
     """A case builder (fresh operands per instance) of ``op`` in ``layout`` computing an m x n output."""
     def build():
-        x = torch.randn(m, k) if layout[0] == "N" else torch.randn(k, m).t()
-        y = torch.randn(k, n) if layout[1] == "N" else torch.randn(n, k).t()
+        kw = {"device": device, "dtype": dtype}
+        x = torch.randn(m, k, **kw) if layout[0] == "N" else torch.randn(k, m, **kw).t()
+        y = torch.randn(k, n, **kw) if layout[1] == "N" else torch.randn(n, k, **kw).t()
         if op == "addmm":
-            bias = torch.randn(n)
+            bias = torch.randn(n, **kw)
             return (lambda: torch.addmm(bias, x, y)), None
         return (lambda: torch.mm(x, y)), None
 
@@ -73,7 +84,8 @@ def score_pack(pack: str, rows: list[dict]) -> dict[str, float]:
         raise ValueError(f"{pack}: not an asset pack (no fitted GEMM model to score)")
     model = next(m for m in p.models if "gemm" in m.kinds or "addmm" in m.kinds)
     pred = np.array([model.predict(TaskView.from_columns(r["op"], m=[float(r["m"])], n=[float(r["n"])],
-                                                         k=[float(r["k"])], batch=[1.0], dtype_bytes=[4.0]),
+                                                         k=[float(r["k"])], batch=[1.0],
+                                                         dtype_bytes=[4.0 if r.get("dtype", "fp32") == "fp32" else 2.0]),
                                    p.platform)[0] for r in rows])
     nn = np.array([r["NN_s"] for r in rows])
     large = np.array([2.0 * r["m"] * r["n"] * r["k"] > 5e7 for r in rows])
@@ -88,44 +100,57 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--packs", nargs="*", default=[],
                     help="fitted asset packs (names or paths) whose GEMM predictions are scored against the NN times")
+    ap.add_argument("--device", default="cpu", help="cpu (one thread) or cuda[:N]")
+    ap.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"])
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "gemm_layouts_cpu")
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    device = torch.device(a.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    elif not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda needs a CUDA GPU")
     torch.manual_seed(a.seed)
-    timer = Timer(torch.device("cpu"), warmup=2, repeats=7, cold_repeats=5, cache_bytes=32 * 2**20)
-    shapes = step_gemms(a.batches)
+    cache = 32 * 2**20 if device.type == "cpu" else 2 * torch.cuda.get_device_properties(device).L2_cache_size
+    timer = Timer(device, warmup=2, repeats=7, cold_repeats=5, cache_bytes=cache)
+    shapes = [(f"{label} {dt}" if len(a.dtype) > 1 else label, op, m, n, k, dt)
+              for dt in a.dtype for label, op, m, n, k in step_gemms(a.batches)]
     cases = [(s, lay) for s in shapes for lay in LAYOUTS]
     times: dict[tuple[str, str], list[float]] = {}
     rng = np.random.default_rng(a.seed)
     t0 = time.perf_counter()
     for _ in range(a.rounds):
         for i in rng.permutation(len(cases)):
-            (label, op, m, n, k), lay = cases[i]
-            times.setdefault((label, lay), []).append(timer.measure_cold(builder(op, lay, m, n, k)).seconds)
+            (label, op, m, n, k, dt), lay = cases[i]
+            times.setdefault((label, lay), []).append(
+                timer.measure_cold(builder(op, lay, m, n, k, device, DTYPES[dt])).seconds)
     wall = time.perf_counter() - t0
     rows = []
-    for label, op, m, n, k in shapes:
+    for label, op, m, n, k, dt in shapes:
         med = {lay: float(np.median(times[(label, lay)])) for lay in LAYOUTS}
-        rows.append({"gemm": label, "op": op, "m": m, "n": n, "k": k, **{f"{lay}_s": med[lay] for lay in LAYOUTS},
+        rows.append({"gemm": label, "op": op, "m": m, "n": n, "k": k, "dtype": dt,
+                     **{f"{lay}_s": med[lay] for lay in LAYOUTS},
                      **{f"{lay}_over_NN": med[lay] / med["NN"] for lay in ("NT", "TN")}})
     # the layout each GEMM of the step really uses
     used = {"fwd": "NT", "dgrad": "NN", "wgrad": "TN"}
-    step_ratio = [r[f"{used[r['gemm'].split()[-1]]}_s"] / r["NN_s"] for r in rows]
+    role = {r["gemm"]: next(w for w in r["gemm"].split() if w in used) for r in rows}
+    step_ratio = [r[f"{used[role[r['gemm']]]}_s"] / r["NN_s"] for r in rows]
     summary = {"NT_over_NN_geomean": geomean([r["NT_over_NN"] for r in rows]),
                "TN_over_NN_geomean": geomean([r["TN_over_NN"] for r in rows]),
                "step_layouts_over_NN_geomean": geomean(step_ratio),
-               "step_layouts_time_weighted": float(sum(r[f"{used[r['gemm'].split()[-1]]}_s"] for r in rows)
+               "step_layouts_time_weighted": float(sum(r[f"{used[role[r['gemm']]]}_s"] for r in rows)
                                                    / sum(r["NN_s"] for r in rows))}
     scores = {str(p): score_pack(p, rows) for p in a.packs}
     summary["packs"] = scores
     meta = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-            "threads": 1, "rounds": a.rounds, "wall_s": round(wall, 1),
+            "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+            "threads": torch.get_num_threads(), "rounds": a.rounds, "wall_s": round(wall, 1),
             "command": "flock /tmp/tuner-measure.lock python experiments/gemm_layouts_cpu.py "
                        + " ".join(argv if argv is not None else sys.argv[1:])}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
     lines = [
-        "# GEMM layouts of a training step against the calibration's NN layout (CPU, 1 thread)",
+        "# GEMM layouts of a training step against the calibration's NN layout "
+        + ("(CPU, 1 thread)" if device.type == "cpu" else f"({meta['device']})"),
         "",
         f"{meta['measured_at']}, torch {meta['torch']}, {a.rounds} shuffled rounds, each time the median of 5 "
         "cold samples (the calibration's timer: cache evicted, code warm); the median over rounds is kept. "

@@ -9,9 +9,11 @@
 #   bash experiments/gpu_session.sh gemm       # right after `lease`, machine still warm: GEMMs only, --scale 4 (~250 s)
 #   bash experiments/gpu_session.sh lease      # one call for a 15-minute lease: e2e rows + traces, the CUDA benchmarks
 #                                              # (--no-fit), then with what is left of DEADLINE_S (default 560 s) the
-#                                              # T1..T5 spread and the GPU tests
-# Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json (lease: e2e_measured.json), traces-*.tar.gz,
-# h100_pack.tar.gz (lease: gpu_pack.tar.gz, overheads_spread.json; gemm: gpu_gemm.tar.gz).
+#                                              # T1..T5 spread, the GPU tests and the GEMM layout probe
+# Writes under $OUT (at most 8 files): session.log, e2e_h100_measured.json (lease: e2e_measured.json), traces.tar
+# (the traces-*.tar.gz of each model: `tar xf traces.tar -C benchmarks/traces/NAME`), h100_pack.tar.gz (lease:
+# gpu_pack.tar.gz, overheads_spread.json, gemm_layouts_cuda.{json,md}; gemm: gpu_gemm.tar.gz).
+# The working tree must be under 64 MiB: run `bash experiments/device_tree.sh out` here first, `... back` after.
 # The machine has PyTorch but not pydantic: its wheels travel in .whl (see docs/SESSION_NOTES.md).
 set -u
 export PYTHONUNBUFFERED=1
@@ -29,8 +31,12 @@ fi
 step=${1:-measure}
 T0=$(date +%s)
 left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - T0) )); }  # seconds left of this call's budget
-tar_traces() {  # each captured trace folder under /tmp/traces -> $OUT/traces-NAME.tar.gz
-  for d in /tmp/traces/*; do [ -d "$d" ] && tar czf "$OUT/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"; done
+tar_traces() {  # each captured trace folder under /tmp/traces -> traces-NAME.tar.gz, all in one $OUT/traces.tar.gz
+  mkdir -p /tmp/trace_archives                 # (one file back, not one per trace: a call returns at most 8 files)
+  for d in /tmp/traces/*; do
+    [ -d "$d" ] && tar czf "/tmp/trace_archives/traces-$(basename "$d").tar.gz" -C /tmp/traces "$(basename "$d")"
+  done
+  ls /tmp/trace_archives/*.tar.gz >/dev/null 2>&1 && tar cf "$OUT/traces.tar" -C /tmp/trace_archives .
 }
 if [ "$step" = measure ]; then
   echo "== e2e measure" >>"$LOG"
@@ -59,6 +65,11 @@ elif [ "$step" = lease ]; then  # everything a short lease can give, most valuab
   if [ "$(left)" -gt 15 ]; then
     timeout "$(( $(left) - 5 ))" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
     echo "pytest rc=$? ($(left) s left)" >>"$LOG"
+  fi
+  if [ "$(left)" -gt 40 ]; then  # the step's GEMM layouts (NT / TN) against the NN the calibration times
+    timeout "$(( $(left) - 10 ))" python3 experiments/gemm_layouts_cpu.py --device cuda --batches 1024 4096 16384 \
+      --dtype fp32 bf16 --out "$OUT/gemm_layouts_cuda" >>"$LOG" 2>&1
+    echo "gemm_layouts rc=$? ($(left) s left)" >>"$LOG"
   fi
 elif [ "$step" = gemm ]; then  # the GEMMs alone at 4x the shapes (~250 s): their fits are short of samples
   echo "== calibrate --families gemm --scale 4 --no-fit" >>"$LOG"
