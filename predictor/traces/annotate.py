@@ -1073,10 +1073,11 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
     ``inside_s`` (at most) inside the event and the rest before it; where clipping at zero
     leaves some in place, both are raised together (at most 3x, bisection), and what is still
     left comes off the host-time tasks. With GPU streams the cost is found by bisection on the
-    simulated step up to ``(P - U) / E``; beyond it only when the step is host-bound (with the main
-    thread's host-time tasks removed it falls below ``U``), as above but with the host-time scale
-    also found by bisection (host time overlaps the streams); otherwise the GPU bounds the step and
-    the mean cost stays."""
+    simulated step up to ``(P - U) / E``; beyond it only when the step is clearly host-bound (the
+    host's span over :data:`HOST_BOUND_RATIO` x the busiest stream's kernel time at the mean cost, and
+    with the main thread's host-time tasks removed the step falls below ``U``), as above but with the
+    host-time scale also found by bisection (host time overlaps the streams); otherwise the GPU (or
+    the simulated GPU tail) bounds the step and the mean cost stays."""
     from predictor.simulate import simulate
 
     aux = g.meta[AUX_KEY]
