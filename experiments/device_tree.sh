@@ -5,6 +5,8 @@
 # and right after it (also when the run failed):
 #   bash experiments/device_tree.sh back    # moves it back; `git status` is clean again
 # Nothing is deleted: `out` refuses when a stash is already there, `back` when the folder has come back in the meantime.
+# The device machine has PyTorch but not pydantic; on a fresh checkout fetch its wheels once (then `carry: [".whl"]`):
+#   bash experiments/device_tree.sh wheels  # pydantic + pydantic-core + deps for the device's Python 3.12, into .whl/
 set -eu
 STASH=${STASH:-/tmp/tuner-device-stash}
 DATA=benchmarks/results/data
@@ -19,5 +21,9 @@ case "${1:-}" in
     [ -e "$DATA" ] && { echo "$DATA is already there; the stash stays at $STASH/data" >&2; exit 2; }
     [ -d "$STASH/data" ] || { echo "no stash at $STASH/data" >&2; exit 2; }
     mv "$STASH/data" "$DATA" && echo "moved $DATA back" ;;
-  *) echo "usage: $0 out|back" >&2; exit 2 ;;
+  wheels)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+      -d .whl pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+      && ls .whl ;;
+  *) echo "usage: $0 out|back|wheels" >&2; exit 2 ;;
 esac
