@@ -34,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import fail  # noqa: E402
 from predictor.calibration.timing import Timer  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def score_pack(pack: str, rows: list[dict]) -> dict[str, float]:
     model = next(m for m in p.models if "gemm" in m.kinds or "addmm" in m.kinds)
     pred = np.array([model.predict(TaskView.from_columns(r["op"], m=[float(r["m"])], n=[float(r["n"])],
                                                          k=[float(r["k"])], batch=[1.0],
-                                                         dtype_bytes=[4.0 if r.get("dtype", "fp32") == "fp32" else 2.0]),
+                                                         dtype_bytes=[float(DTYPES[r.get("dtype", "fp32")].itemsize)]),
                                    p.platform)[0] for r in rows])
     nn = np.array([r["NN_s"] for r in rows])
     large = np.array([2.0 * r["m"] * r["n"] * r["k"] > 5e7 for r in rows])
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cpu":
         torch.set_num_threads(1)
     elif not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda needs a CUDA GPU")
+        fail(f"--device {a.device} needs a CUDA GPU")
     torch.manual_seed(a.seed)
     cache = 32 * 2**20 if device.type == "cpu" else 128 * 2**20  # above an H100 / H200's L2 (50-60 MiB)
     timer = Timer(device, warmup=2, repeats=7, cold_repeats=5, cache_bytes=cache)

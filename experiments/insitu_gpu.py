@@ -91,9 +91,10 @@ def synthesised_classes(model: str, batch: int, timing) -> dict[str, tuple[int, 
 
 
 def _model_batch(trace: Path) -> tuple[str, int]:
-    stem = trace.name.removeprefix("traces-").split(".")[0]
-    model, _, b = stem.rpartition("-b")
-    return model, int(b)
+    """(model, batch) of a ``traces-MODEL-bBATCH.tar.gz`` archive."""
+    from experiments.e2e_gpu import _trace_batch
+
+    return trace.name.removeprefix("traces-").rpartition("-b")[0], _trace_batch(trace)
 
 
 def _pct(pred: float, meas: float) -> str:

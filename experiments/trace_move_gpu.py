@@ -35,13 +35,9 @@ DIRECTIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
-def _geo(errs: list[float]) -> float:
-    a = np.maximum(np.abs(np.asarray(errs)), 1e-3)
-    return float(np.exp(np.mean(np.log(a))))
-
-
 def run() -> dict:
     from experiments.e2e_gpu import _read_measured, _trace_for
+    from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error
     from predictor.transform import parse_sets, predict_trace
 
     rows = []
@@ -57,14 +53,14 @@ def run() -> dict:
                              "batch": int(r["batch"]), "trace": trace.name, "measured_s": r["measured_s"],
                              "predicted_s": float(res.predicted_iteration_s),
                              "error_pct": 100.0 * (res.predicted_iteration_s - r["measured_s"]) / r["measured_s"]})
+    groups = [(f"{tdir} ({src}) -> {dst}", [r for r in rows if r["traces"] == tdir and r["platform"] == dst])
+              for tdir, src, dst, _ in DIRECTIONS] + [("all", rows)]
     summary = []
-    for tdir, src, dst, _ in DIRECTIONS:
-        e = [r["error_pct"] for r in rows if r["traces"] == tdir and r["platform"] == dst]
-        summary.append({"direction": f"{tdir} ({src}) -> {dst}", "rows": len(e), "geomean_pct": _geo(e),
-                        "max_pct": float(np.max(np.abs(e))), "median_signed_pct": float(np.median(e))})
-    e = [r["error_pct"] for r in rows]
-    summary.append({"direction": "all", "rows": len(e), "geomean_pct": _geo(e), "max_pct": float(np.max(np.abs(e))),
-                    "median_signed_pct": float(np.median(e))})
+    for name, rs in groups:
+        pred, meas = [r["predicted_s"] for r in rs], [r["measured_s"] for r in rs]
+        summary.append({"direction": name, "rows": len(rs), "geomean_pct": geomean_abs_pct_error(pred, meas),
+                        "max_pct": max_abs_pct_error(pred, meas),
+                        "median_signed_pct": float(np.median([r["error_pct"] for r in rs]))})
     return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "summary": summary, "rows": rows}
 
 

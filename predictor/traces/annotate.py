@@ -1099,19 +1099,20 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
         return ProfilerCost(c * share, c * (1.0 - share))
 
     host = g.kind_mask(*_HOST_KINDS) & (g.proc == main)
-    if g.is_gpu().any():
-        if it(split(c0)) <= target_s:
+    gpu = bool(g.is_gpu().any())
+    pc = split(c0)
+    tl = simulate(g, _corrected(g, pc), launch_fraction=launch_fraction)  # the step at the mean cost
+    if gpu:
+        if tl.iteration_s <= target_s:
             lo, hi = _bisect(lambda c: it(split(c)) > target_s, 0.0, c0)
             return split(0.5 * (lo + hi))
-        tl = simulate(g, _corrected(g, split(c0)), launch_fraction=launch_fraction)
         floor = _corrected(g, split(3.0 * c0))
         floor[host] = 0.0
         if (tl.host_span_s() <= HOST_BOUND_RATIO * tl.kernel_sum_s()
                 or simulate(g, floor, launch_fraction=launch_fraction).iteration_s >= target_s):
-            return split(c0)  # the GPU (or what the correction cannot touch) bounds the step: keep the mean cost
+            return pc  # the GPU (or what the correction cannot touch) bounds the step: keep the mean cost
         # clearly host-bound: clipping at zero left profiler time on the host; as on a CPU graph below
-    pc = split(c0)
-    if it(pc) > target_s:
+    if tl.iteration_s > target_s:
         # clipping at zero left some cost in place (events cheaper than the mean): raise the
         # per-event cost until the step meets U (bisection, at most 3x), then host time
         if it(split(3.0 * c0)) > target_s:
@@ -1120,7 +1121,7 @@ def _solve_cost(g: ExecutionGraph, target_s: float, launch_fraction: float, insi
             pc = split(_bisect(lambda c: it(split(c)) > target_s, c0, 3.0 * c0)[1])
     left = it(pc) - target_s
     if left > 1e-9:
-        if g.is_gpu().any():  # host time overlaps the streams: the scale that meets U, by bisection
+        if gpu:  # host time overlaps the streams: the scale that meets U, by bisection
             def scaled(s: float) -> ProfilerCost:
                 return ProfilerCost(pc.inside_s, pc.before_s, s)
 
