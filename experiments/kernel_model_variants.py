@@ -71,6 +71,11 @@ VARIANTS: list[Variant] = [
                                                           raw_features=(*s.raw_features, "short_rows")))
       for k in ("softmax", "softmax_bwd", "log_softmax_bwd")],
     ("conv2d/fp32", "+ conv_bytes", lambda s: dataclasses.replace(s, features=(*s.features, "conv_bytes"))),
+    ("conv2d/fp32", "+ optional cout_al16, cin_al16", lambda s: dataclasses.replace(
+        s, features=(*s.features, "cout_al16", "cin_al16"), raw_features=(*s.raw_features, "cout_al16", "cin_al16"),
+        optional_features=("cout_al16", "cin_al16"))),
+    ("conv2d/fp32", "+ cout_al16, cin_al16", lambda s: dataclasses.replace(
+        s, features=(*s.features, "cout_al16", "cin_al16"), raw_features=(*s.raw_features, "cout_al16", "cin_al16"))),
     ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
         s, features=tuple(f for f in s.features if f != "conv_native"), raw_features=())),
 ]
