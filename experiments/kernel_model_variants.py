@@ -35,7 +35,9 @@ from experiments.common import repo_relative  # noqa: E402
 from predictor.calibrate import make_benchmarks  # noqa: E402
 from predictor.calibration.base import BenchContext, ModelSpec  # noqa: E402
 from predictor.calibration.timing import Timer  # noqa: E402
+from predictor.kernels.learned import CONV_ALIGN_FEATURES  # noqa: E402
 from predictor.platforms.assets import load_asset_pack  # noqa: E402
+from predictor.platforms.cpu_local import fp32_lanes  # noqa: E402
 
 Variant = tuple[str, str, Callable[[ModelSpec], ModelSpec]]
 #: (kernel, label, benchmark table -> table with another ``seconds``): the same model fitted to, and
@@ -48,6 +50,12 @@ ESTIMATORS: list[Estimator] = [
     *[(f"{k}/w2", "fastest pass (median_s)", "median_s") for k in ("all_reduce", "all_to_all", "all_gather",
                                                                    "reduce_scatter")],
 ]
+
+def _no_align(spec: ModelSpec) -> ModelSpec:
+    """``spec`` without the convolution channel-alignment inputs (:data:`CONV_ALIGN_FEATURES`)."""
+    return dataclasses.replace(spec, features=tuple(f for f in spec.features if f not in CONV_ALIGN_FEATURES),
+                               raw_features=tuple(f for f in spec.raw_features if f not in CONV_ALIGN_FEATURES))
+
 
 #: (kernel, label, spec -> variant spec); "current" is added for every kernel named here
 VARIANTS: list[Variant] = [
@@ -71,20 +79,24 @@ VARIANTS: list[Variant] = [
                                                           raw_features=(*s.raw_features, "short_rows")))
       for k in ("softmax", "softmax_bwd", "log_softmax_bwd")],
     ("conv2d/fp32", "+ conv_bytes", lambda s: dataclasses.replace(s, features=(*s.features, "conv_bytes"))),
+    # session 40: the channel-alignment inputs fixed at 16 lanes on every CPU, as an optional group (A) or plain (B)
     ("conv2d/fp32", "+ optional cout_al16, cin_al16", lambda s: dataclasses.replace(
-        s, features=(*s.features, "cout_al16", "cin_al16"), raw_features=(*s.raw_features, "cout_al16", "cin_al16"),
-        optional_features=("cout_al16", "cin_al16"))),
+        _no_align(s), features=(*_no_align(s).features, "cout_al16", "cin_al16"),
+        raw_features=(*_no_align(s).raw_features, "cout_al16", "cin_al16"), optional_features=("cout_al16", "cin_al16"))),
     ("conv2d/fp32", "+ cout_al16, cin_al16", lambda s: dataclasses.replace(
-        s, features=(*s.features, "cout_al16", "cin_al16"), raw_features=(*s.raw_features, "cout_al16", "cin_al16"))),
+        _no_align(s), features=(*_no_align(s).features, "cout_al16", "cin_al16"),
+        raw_features=(*_no_align(s).raw_features, "cout_al16", "cin_al16"))),
+    ("conv2d/fp32", "without cout_alV, cin_alV (before session 40)", lambda s: _no_align(s)),
     ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
-        s, features=tuple(f for f in s.features if f != "conv_native"), raw_features=())),
+        _no_align(s), features=tuple(f for f in _no_align(s).features if f != "conv_native"), raw_features=())),
 ]
 
 
 def _specs(pack_manifest: dict, families: list[str]) -> list[tuple[str, ModelSpec]]:
     ctx = BenchContext(device=torch.device("cpu"), level=pack_manifest.get("level", "quick"),
                        rng=np.random.default_rng(0), timer=Timer(torch.device("cpu")),
-                       threads=int(pack_manifest.get("threads") or 1))
+                       threads=int(pack_manifest.get("threads") or 1),
+                       simd_lanes=fp32_lanes((pack_manifest.get("cpu") or {}).get("torch_capability")))
     return [(b.name, s) for b in make_benchmarks(int(pack_manifest.get("world_size", 1)), families)
             for s in b.specs(ctx)]
 

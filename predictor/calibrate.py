@@ -65,6 +65,7 @@ from predictor.metrics import (
     mean_abs_pct_error,
 )
 from predictor.platforms.assets import AssetPack, load_asset_pack, register_asset_pack, write_asset_pack
+from predictor.platforms.cpu_local import fp32_lanes
 from predictor.platforms.schema import Platform
 
 __all__ = ["calibrate", "CalibrationError", "parse_device", "error_table_markdown", "HOLDOUT_FRACTION", "round_spreads",
@@ -248,6 +249,7 @@ def calibrate(
             raise CalibrationError(f"--threads {threads}: must be >= 1")
         torch.set_num_threads(threads)
     n_threads = torch.get_num_threads()
+    simd_lanes = fp32_lanes(_cpu_signature()["torch_capability"]) if dev.type == "cpu" else 16
     if memory_bound not in (None, "cold", "warm"):
         raise CalibrationError(f"--memory-bound {memory_bound}: expected cold or warm")
     if gemm_timing not in ("cold", "warm"):
@@ -313,6 +315,7 @@ def calibrate(
                 part=(p, passes) if bench.spread_rounds else None,
                 only=reached.get(bench.name) if p else None,
                 threads=n_threads,
+                simd_lanes=simd_lanes,
             )
             t0 = time.perf_counter()
             frame = bench.run(ctx)
@@ -625,7 +628,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     world_size = int(m.get("world_size", 1))
     seed = int(m.get("seed", 0))
     ctx = BenchContext(device=dev, level=level, rng=np.random.default_rng(seed),
-                       timer=Timer(torch.device("cpu")), log=log, threads=int(m.get("threads") or 1))
+                       timer=Timer(torch.device("cpu")), log=log, threads=int(m.get("threads") or 1),
+                       simd_lanes=fp32_lanes((m.get("cpu") or {}).get("torch_capability")))
     specs = [(b.name, s) for b in make_benchmarks(world_size, list(data)) for s in b.specs(ctx)]
     base = old.platform.model_copy(update={"name": re.sub(r" \(calibrated [0-9-]+\)$", "", old.platform.name)})
     if platform_facts:

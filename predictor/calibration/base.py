@@ -135,6 +135,9 @@ class BenchContext:
     only: frozenset[int] | None = None
     #: multiple of the level's sample counts (:meth:`count`; ``tuner calibrate --scale``)
     scale: float = 1.0
+    #: fp32 lanes of the calibrating CPU's vector registers (:func:`~predictor.platforms.cpu_local.fp32_lanes`;
+    #: a refit reads it from the pack's recorded CPU): the channel block of oneDNN's convolutions there
+    simd_lanes: int = 16
     #: torch intra-op threads the CPU benchmarks run on (the pack's ``threads``); some kernel
     #: libraries pick their code path by it (PyTorch's CPU convolution: see :mod:`.conv2d`)
     threads: int = 1

@@ -7,7 +7,9 @@ task carries (columns ``m, n, k, batch``, plus ``dim`` = the kernel height ``kh`
 MLP's features (a task without ``dim`` falls back to the analytic GEMM model). On a CPU the MLP also
 gets ``conv_native`` (one thread; ``conv_native_mt`` with more): whether PyTorch runs the convolution
 with its own kernel or hands it to oneDNN (:func:`~predictor.kernels.learned.conv_native`, ATen's
-rule: 1x1 filters on fewer than 16 images, and small single images, stay native). Kernel sizes 1, 3 and 5;
+rule: 1x1 filters on fewer than 16 images, and small single images, stay native), and ``cout_alV`` /
+``cin_alV``: whether ``C_out`` / ``C_in`` fill oneDNN's channel blocks of ``V`` = the CPU's fp32 lanes
+(:data:`~predictor.kernels.learned.CONV_ALIGN_FEATURES`; session 40). Kernel sizes 1, 3 and 5;
 channels and spatial sizes log-uniform. fp32 (the CPU's conv path for bf16 is a slow
 fallback; on CUDA bf16 is added).
 """
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
+from predictor.kernels.learned import conv_align_features
 
 __all__ = ["Conv2dBenchmark"]
 
@@ -36,9 +39,11 @@ class Conv2dBenchmark(Benchmark):
         # on a CPU, which of PyTorch's two convolution paths runs (its own or oneDNN's; the rule
         # depends on the thread count): an indicator the MLP gets as it is (not logged)
         path = () if ctx.is_cuda else ("conv_native" if ctx.threads == 1 else "conv_native_mt",)
+        # and whether the channel counts fill oneDNN's channel blocks (the CPU's fp32 lanes)
+        align = () if ctx.is_cuda else conv_align_features(ctx.simd_lanes)
         return [
             ModelSpec(kernel=f"conv2d/{dt}", kinds=("conv2d", "conv"), method="mlp",
-                      features=("m", "n", "k", "batch", "dim", *path), raw_features=path,
+                      features=("m", "n", "k", "batch", "dim", *path, *align), raw_features=(*path, *align),
                       work=("m", "n", "k", "batch"), route=f"conv2d/{dt}",
                       model="conv2d", router="dtype", prefix="conv2d", fallback="analytic-gemm")
             for dt in self.dtypes(ctx)

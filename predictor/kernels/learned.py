@@ -58,7 +58,8 @@ __all__ = [
     "FittedRoofline",
     "uniform_reuse_factors",
     "CONV_PATH_FEATURES",
-    "CONV_ALIGN16_FEATURES",
+    "CONV_ALIGN_FEATURES",
+    "conv_align_features",
     "conv_native",
     "DERIVED_FEATURES",
     "ALIGN16_FEATURES",
@@ -506,12 +507,19 @@ ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 #: with the indicator the held-out conv2d GMAE of five stored calibrations fell from 8.6-12.0 % to
 #: 7.1-8.2 % (``experiments/results/kernel_model_variants_conv.md``)
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
-#: A convolution's channel counts on a 16-lane boundary (columns ``n`` = ``C_out``, ``k`` = ``C_in kh kw``,
-#: ``dim`` = ``kh``; not logged): ``cout_al16`` / ``cin_al16`` = 1 when ``C_out`` / ``C_in`` is a multiple of
-#: 16, else 0. oneDNN's AVX-512 fp32 convolutions block channels by 16 (``nChw16c``); on the Zen 4 VM the
-#: held-out samples over 1 ms with ``C_out`` a multiple of 16 ran a median 7-14 % under the committed net's
-#: prediction and those with ``C_out`` = 8 mod 16 5-18 % over it (session 40, ``cpu-s37x8`` seed 0)
-CONV_ALIGN16_FEATURES = ("cout_al16", "cin_al16")
+#: A convolution's channel counts on a vector boundary (columns ``n`` = ``C_out``, ``k`` = ``C_in kh kw``,
+#: ``dim`` = ``kh``; not logged): ``cout_alV`` / ``cin_alV`` = 1 when ``C_out`` / ``C_in`` is a multiple of ``V``,
+#: else 0, with ``V`` the calibrating CPU's fp32 lanes (16 with AVX-512, 8 with AVX2:
+#: :func:`conv_align_features`). oneDNN's fp32 convolutions block channels by ``V`` (``nChw16c``); on the Zen 4
+#: VM the held-out samples over 1 ms with ``C_out`` a multiple of 16 ran a median 7-14 % under the net's
+#: prediction without them and those with ``C_out`` = 8 mod 16 5-18 % over it (session 40, ``cpu-s37x8`` seed 0)
+CONV_ALIGN_FEATURES = ("cout_al8", "cin_al8", "cout_al16", "cin_al16")
+
+
+def conv_align_features(lanes: int) -> tuple[str, str]:
+    """The :data:`CONV_ALIGN_FEATURES` pair of a CPU with ``lanes`` fp32 lanes (16 or 8; fewer reads 8)."""
+    v = 16 if lanes >= 16 else 8
+    return (f"cout_al{v}", f"cin_al{v}")
 #: GEMM and convolution shape features, tried in session 35 and used by no spec (their held-out gains
 #: did not hold over other splits, and ``gemm_bytes`` moved a step's large GEMMs: see
 #: :mod:`predictor.calibration.gemm`); ``experiments/kernel_model_variants.py`` has them as variants.
@@ -548,7 +556,7 @@ def route_columns(route: str, n: int) -> dict[str, np.ndarray]:
 
 
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
-                    *CONV_PATH_FEATURES, *CONV_ALIGN16_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES, *SHORT_ROW_FEATURES)
+                    *CONV_PATH_FEATURES, *CONV_ALIGN_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES, *SHORT_ROW_FEATURES)
 
 
 def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -> np.ndarray:
@@ -588,13 +596,13 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
         elif f in CONV_PATH_FEATURES:
             out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
-        elif f in CONV_ALIGN16_FEATURES:
-            if f == "cout_al16":
+        elif f in CONV_ALIGN_FEATURES:
+            if f.startswith("cout_"):
                 channels = np.asarray(columns["n"], dtype=np.float64)
             else:
                 kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
                 channels = np.asarray(columns["k"], dtype=np.float64) / (kh * kh)
-            out.append((np.mod(np.round(channels), 16) == 0).astype(np.float64))
+            out.append((np.mod(np.round(channels), float(f.rsplit("al", 1)[1])) == 0).astype(np.float64))
         elif f in SHORT_ROW_FEATURES:
             out.append((np.asarray(columns["n"], dtype=np.float64) * _dtype_bytes(columns, n) < VECTOR_BYTES)
                        .astype(np.float64))

@@ -258,6 +258,17 @@ def describe_cpu(signature: dict) -> str:
             f"PyTorch capability {s.get('torch_capability') or '?'}, ISA {s.get('isa') or '-'}")
 
 
+def fp32_lanes(capability: str | None) -> int:
+    """fp32 lanes of one vector register in PyTorch's CPU capability ``capability`` (a
+    :func:`cpu_signature`'s ``torch_capability``): 16 for ``AVX512``, 8 for ``AVX2``, 4 otherwise; an
+    unknown capability (None: packs of sessions before 30 did not record it, all on AVX-512 VMs) reads 16.
+    oneDNN's fp32 convolutions block channels by this many (``nChw16c`` / ``nChw8c``)."""
+    if capability is None:
+        return 16
+    cap = str(capability).upper()
+    return 16 if cap.startswith("AVX512") else 8 if cap.startswith("AVX2") else 4
+
+
 #: the fields of a :func:`cpu_signature` that must agree for two measurements to be of one CPU
 SIGNATURE_KEYS = ("model_name", "family", "model", "torch_capability", "isa")
 
