@@ -516,10 +516,11 @@ CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 CONV_ALIGN_FEATURES = ("cout_al8", "cin_al8", "cout_al16", "cin_al16")
 
 
-def conv_align_features(lanes: int) -> tuple[str, str]:
-    """The :data:`CONV_ALIGN_FEATURES` pair of a CPU with ``lanes`` fp32 lanes (16 or 8; fewer reads 8)."""
-    v = 16 if lanes >= 16 else 8
-    return (f"cout_al{v}", f"cin_al{v}")
+def conv_align_features(lanes: int) -> tuple[str, ...]:
+    """The channel-alignment inputs of a CPU convolution net on a CPU with ``lanes`` fp32 lanes: the 16-lane pair
+    of :data:`CONV_ALIGN_FEATURES` with AVX-512 (``lanes`` >= 16), none with fewer: on the AVX2 VM's stored
+    calibration the 8-lane (and 16-lane) inputs cost 0.6-1.4 points of held-out GMAE (session 40)."""
+    return ("cout_al16", "cin_al16") if lanes >= 16 else ()
 #: GEMM and convolution shape features, tried in session 35 and used by no spec (their held-out gains
 #: did not hold over other splits, and ``gemm_bytes`` moved a step's large GEMMs: see
 #: :mod:`predictor.calibration.gemm`); ``experiments/kernel_model_variants.py`` has them as variants.
