@@ -509,10 +509,11 @@ ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 #: A convolution's channel counts on a vector boundary (columns ``n`` = ``C_out``, ``k`` = ``C_in kh kw``,
 #: ``dim`` = ``kh``; not logged): ``cout_alV`` / ``cin_alV`` = 1 when ``C_out`` / ``C_in`` is a multiple of ``V``,
-#: else 0, with ``V`` the calibrating CPU's fp32 lanes (16 with AVX-512, 8 with AVX2:
-#: :func:`conv_align_features`). oneDNN's fp32 convolutions block channels by ``V`` (``nChw16c``); on the Zen 4
-#: VM the held-out samples over 1 ms with ``C_out`` a multiple of 16 ran a median 7-14 % under the net's
-#: prediction without them and those with ``C_out`` = 8 mod 16 5-18 % over it (session 40, ``cpu-s37x8`` seed 0)
+#: else 0, for ``V`` = 8 or 16 fp32 lanes. oneDNN's fp32 convolutions block channels by the vector width
+#: (``nChw16c`` with AVX-512); on the Zen 4 VM the held-out samples over 1 ms with ``C_out`` a multiple of 16 ran a
+#: median 7-14 % under the net's prediction without them and those with ``C_out`` = 8 mod 16 5-18 % over it
+#: (session 40, ``cpu-s37x8`` seed 0). The spec takes the 16-lane pair on AVX-512 CPUs only
+#: (:func:`conv_align_features`); the 8-lane pair is there for ``experiments/kernel_model_variants.py``
 CONV_ALIGN_FEATURES = ("cout_al8", "cin_al8", "cout_al16", "cin_al16")
 
 
@@ -521,6 +522,8 @@ def conv_align_features(lanes: int) -> tuple[str, ...]:
     of :data:`CONV_ALIGN_FEATURES` with AVX-512 (``lanes`` >= 16), none with fewer: on the AVX2 VM's stored
     calibration the 8-lane (and 16-lane) inputs cost 0.6-1.4 points of held-out GMAE (session 40)."""
     return ("cout_al16", "cin_al16") if lanes >= 16 else ()
+
+
 #: GEMM and convolution shape features, tried in session 35 and used by no spec (their held-out gains
 #: did not hold over other splits, and ``gemm_bytes`` moved a step's large GEMMs: see
 #: :mod:`predictor.calibration.gemm`); ``experiments/kernel_model_variants.py`` has them as variants.
