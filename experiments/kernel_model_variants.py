@@ -51,10 +51,18 @@ ESTIMATORS: list[Estimator] = [
                                                                    "reduce_scatter")],
 ]
 
+
 def _no_align(spec: ModelSpec) -> ModelSpec:
     """``spec`` without the convolution channel-alignment inputs (:data:`CONV_ALIGN_FEATURES`)."""
     return dataclasses.replace(spec, features=tuple(f for f in spec.features if f not in CONV_ALIGN_FEATURES),
                                raw_features=tuple(f for f in spec.raw_features if f not in CONV_ALIGN_FEATURES))
+
+
+def _align16(spec: ModelSpec, optional: bool) -> ModelSpec:
+    """``spec`` with the 16-lane channel-alignment pair in place of any it had, plain or as an optional group."""
+    base, pair = _no_align(spec), ("cout_al16", "cin_al16")
+    return dataclasses.replace(base, features=(*base.features, *pair), raw_features=(*base.raw_features, *pair),
+                               optional_features=pair if optional else base.optional_features)
 
 
 #: (kernel, label, spec -> variant spec); "current" is added for every kernel named here
@@ -80,15 +88,12 @@ VARIANTS: list[Variant] = [
       for k in ("softmax", "softmax_bwd", "log_softmax_bwd")],
     ("conv2d/fp32", "+ conv_bytes", lambda s: dataclasses.replace(s, features=(*s.features, "conv_bytes"))),
     # session 40: the channel-alignment inputs fixed at 16 lanes on every CPU, as an optional group (A) or plain (B)
-    ("conv2d/fp32", "+ optional cout_al16, cin_al16", lambda s: dataclasses.replace(
-        _no_align(s), features=(*_no_align(s).features, "cout_al16", "cin_al16"),
-        raw_features=(*_no_align(s).raw_features, "cout_al16", "cin_al16"), optional_features=("cout_al16", "cin_al16"))),
-    ("conv2d/fp32", "+ cout_al16, cin_al16", lambda s: dataclasses.replace(
-        _no_align(s), features=(*_no_align(s).features, "cout_al16", "cin_al16"),
-        raw_features=(*_no_align(s).raw_features, "cout_al16", "cin_al16"))),
-    ("conv2d/fp32", "without cout_alV, cin_alV (before session 40)", lambda s: _no_align(s)),
+    ("conv2d/fp32", "+ optional cout_al16, cin_al16", lambda s: _align16(s, optional=True)),
+    ("conv2d/fp32", "+ cout_al16, cin_al16", lambda s: _align16(s, optional=False)),
+    ("conv2d/fp32", "without cout_alV, cin_alV (before session 40)", _no_align),
     ("conv2d/fp32", "without conv_native (before session 19)", lambda s: dataclasses.replace(
-        _no_align(s), features=tuple(f for f in _no_align(s).features if f != "conv_native"), raw_features=())),
+        _no_align(s), features=tuple(f for f in s.features if f not in ("conv_native", *CONV_ALIGN_FEATURES)),
+        raw_features=())),
 ]
 
 

@@ -249,7 +249,8 @@ def calibrate(
             raise CalibrationError(f"--threads {threads}: must be >= 1")
         torch.set_num_threads(threads)
     n_threads = torch.get_num_threads()
-    simd_lanes = fp32_lanes(_cpu_signature()["torch_capability"]) if dev.type == "cpu" else 16
+    cpu_sig = _cpu_signature() if dev.type == "cpu" else None  # the manifest records it too
+    simd_lanes = fp32_lanes(cpu_sig["torch_capability"]) if cpu_sig is not None else 16
     if memory_bound not in (None, "cold", "warm"):
         raise CalibrationError(f"--memory-bound {memory_bound}: expected cold or warm")
     if gemm_timing not in ("cold", "warm"):
@@ -379,7 +380,7 @@ def calibrate(
 
     manifest_extra = {
         "cpu_model": _cpu_model() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
-        **({"cpu": _cpu_signature()} if dev.type == "cpu" else {}),
+        **({"cpu": cpu_sig} if cpu_sig is not None else {}),
         "threads": n_threads,
         "level": level,
         "world_size": world_size,

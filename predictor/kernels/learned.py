@@ -563,11 +563,16 @@ DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes",
                     *CONV_PATH_FEATURES, *CONV_ALIGN_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES, *SHORT_ROW_FEATURES)
 
 
+def _kernel_height(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A convolution's filter height ``kh`` (column ``dim``; NaN or below 1: 1)."""
+    return np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
+
+
 def conv_native(columns: Mapping[str, np.ndarray], single_thread: bool = True) -> np.ndarray:
     """Whether PyTorch runs each stride-1 fp32 convolution on the CPU with its own kernel rather than
     oneDNN (bool array; :data:`CONV_PATH_FEATURES`), from columns ``m`` (output pixels per image, = H W
     with "same" padding), ``k`` (``C_in kh kw``), ``dim`` (``kh``, square filters) and ``batch`` (images)."""
-    kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
+    kh = _kernel_height(columns)
     k = np.asarray(columns["k"], dtype=np.float64)
     images = np.asarray(columns["batch"], dtype=np.float64)
     in_elements = k / (kh * kh) * np.asarray(columns["m"], dtype=np.float64)  # C_in H W of one image
@@ -604,7 +609,7 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             if f.startswith("cout_"):
                 channels = np.asarray(columns["n"], dtype=np.float64)
             else:
-                kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
+                kh = _kernel_height(columns)
                 channels = np.asarray(columns["k"], dtype=np.float64) / (kh * kh)
             out.append((np.mod(np.round(channels), float(f.rsplit("al", 1)[1])) == 0).astype(np.float64))
         elif f in SHORT_ROW_FEATURES:
@@ -622,7 +627,7 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
                 gate = np.asarray(columns["is_bmm"], dtype=np.float64) if "is_bmm" in columns else 1.0
                 out.append((m * nn * k < 400.0) * gate)
             elif f == "conv_bytes":
-                kh = np.maximum(np.nan_to_num(np.asarray(columns["dim"], dtype=np.float64), nan=1.0), 1.0)
+                kh = _kernel_height(columns)
                 out.append(dt * (b * m * k / (kh * kh) + nn * k + b * nn * m))
             else:
                 out.append(dt * b * (m * k + k * nn + m * nn))
