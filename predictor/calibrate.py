@@ -500,6 +500,21 @@ TIMING_FIELDS = ("device", "threads", "gemm_timing", "memory_bound_timing", "emb
 #: what the lockstep probe depends on (its own fixed GEMM loop and one-float all-reduce per segment): a probe
 #: calibrated with other kernel-timing flags still fits
 LOCKSTEP_TIMING_FIELDS = ("device", "threads")
+#: the timing fields that concern only some families: a softmax table from a calibration whose GEMMs were timed
+#: warm was timed exactly as one from a cold-GEMM calibration (every other field concerns every family)
+FIELD_FAMILIES: dict[str, tuple[str, ...]] = {
+    "gemm_timing": ("gemm",),
+    "memory_bound_timing": ("elementwise", "layer_norm", "softmax", "data_movement"),
+    "embedding_warmup": ("embedding_bag", "step_reuse"),
+}
+
+
+def timing_fields(family: str) -> tuple[str, ...]:
+    """The manifest fields (:data:`TIMING_FIELDS`) on which ``family``'s samples depend: a pack whose data
+    for ``family`` are taken into another (``refit(data_from=)``) must agree with it on these."""
+    if family == "lockstep":
+        return LOCKSTEP_TIMING_FIELDS
+    return tuple(k for k in TIMING_FIELDS if family in FIELD_FAMILIES.get(k, (family,)))
 
 
 def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str | Path]]
@@ -531,7 +546,7 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
         except AssetPackError as exc:
             raise CalibrationError(f"--data-from {family}={src}: {exc}") from None
         om = other.manifest
-        for key in LOCKSTEP_TIMING_FIELDS if family == "lockstep" else TIMING_FIELDS:
+        for key in timing_fields(family):
             if om.get(key) != m.get(key):
                 raise CalibrationError(f"--data-from {family}={src}: its {key} is {om.get(key)!r}, the refitted "
                                        f"pack's {m.get(key)!r}: samples timed another way")

@@ -341,6 +341,18 @@ def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Pa
     assert res.exit_code == 2 and "--data-from goes with --refit" in res.output
 
 
+def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
+    from predictor.calibrate import LOCKSTEP_TIMING_FIELDS, TIMING_FIELDS, timing_fields
+
+    # the GEMM timing concerns the GEMMs alone: a softmax table from a warm-GEMM calibration fits a cold-GEMM pack
+    assert "gemm_timing" in timing_fields("gemm") and "gemm_timing" not in timing_fields("softmax")
+    assert "memory_bound_timing" in timing_fields("softmax") and "memory_bound_timing" not in timing_fields("gemm")
+    assert "embedding_warmup" in timing_fields("embedding_bag") and "embedding_warmup" not in timing_fields("conv2d")
+    for family in ("gemm", "conv2d", "softmax", "collectives", "embedding_bag"):
+        assert {"device", "threads", "timing_estimator"} <= set(timing_fields(family)) <= set(TIMING_FIELDS)
+    assert timing_fields("lockstep") == LOCKSTEP_TIMING_FIELDS
+
+
 def test_round_spreads_and_the_noisy_machine_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from predictor.calibrate import NOISY_ROUND_SPREAD_PCT, compute_round_spread, round_spreads
 
