@@ -145,7 +145,8 @@ class TransformerSpec:
     #: the training program: ``"megatron"`` (fused bias-dropout-add, bias-GeLU, vocab-parallel
     #: cross-entropy, multi-tensor Adam: what Megatron-LM runs) or ``"eager"`` (plain PyTorch
     #: modules: separate dropout and residual add, bias-gradient reductions, layer-norm backward in
-    #: three kernels, reshape copies around attention, log-softmax + NLL, a host-only AccumulateGrad
+    #: three kernels, reshape copies around attention, the causal mask copied into the scores (baddbmm),
+    #: log-softmax + NLL, a host-only AccumulateGrad
     #: op per parameter tensor, grad-norm and fused Adam of ``torch.optim``); tensor parallelism,
     #: if any, keeps Megatron's collectives
     program: Literal["megatron", "eager"] = "megatron"
@@ -489,7 +490,12 @@ class _Ops:
             self._views(e, p, "qkv.view", "qkv.permute")
             e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", 3.0 * self.T * hl * d, dt)])
             self._views(e, p, "qkv.unbind", "k.transpose")
-        e.op(f"{p}attn_scores", [self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])  # q @ k^T
+        if self.eager and self.spec.causal:
+            # baddbmm(mask, q, k^T, alpha): ATen first copies the broadcast [s, s] mask into the [b h, s, s] output
+            e.op(f"{p}attn_scores", [eltwise(f"{p}attn_scores.mask_copy", "memcpy", bh * s * s, dt),
+                                     self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])
+        else:
+            e.op(f"{p}attn_scores", [self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])  # q @ k^T
         e.op(f"{p}scale_mask_softmax", [eltwise(f"{p}softmax", "softmax", bh * s * s, dt, rw=2.0)])
         e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}attn_context", [self._bmm(f"{p}attn_context.bmm", s, d, s, bh)])
