@@ -95,6 +95,8 @@ BUDGETS: dict[str, dict[str, float]] = {
 #: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family with
 #: `Benchmark.spread_rounds` times each shape in one round only)
 PASSES = {"tiny": 1, "quick": 3, "full": 3}
+#: most rounds ``calibrate(rounds=)`` takes
+MAX_ROUNDS = 15
 #: MLP training: grid, epochs, seconds per kernel, by level
 MLP_SETTINGS = {
     "tiny": (TINY_GRID, 150, 5.0),
@@ -178,6 +180,7 @@ def calibrate(
     fit: bool = True,
     scale: float = 1.0,
     fit_target: str = "typical",
+    rounds: int | None = None,
 ) -> AssetPack:
     """Benchmark ``device``, fit every kernel model, write the asset pack ``out``; return it loaded.
 
@@ -210,9 +213,13 @@ def calibrate(
         fit_target: ``"typical"`` fits each sample's median over its rounds; ``"fastest_round"`` its fastest
             round, times each op kind's measured typical-state factor (:mod:`predictor.kernels.state`);
             ``"fastest_collectives"`` the collectives so and every other family typical.
+        rounds: timed rounds over every grid (default: the level's, :data:`PASSES`). A family's time budget is
+            shared by its rounds, so more rounds time fewer shapes, each the median of more rounds: for families
+            whose models have few parameters (the element-wise rooflines) a cleaner sample can be worth more
+            than another shape.
 
     Raises:
-        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing``, ``scale`` or
+        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing``, ``scale``, ``rounds`` or
             ``fit_target``.
     """
     dev = parse_device(device)
@@ -258,8 +265,11 @@ def calibrate(
     if not (math.isfinite(scale) and MIN_SCALE <= scale <= MAX_SCALE):
         raise CalibrationError(f"--scale {scale}: must be between {MIN_SCALE:g} and {MAX_SCALE:g}")
     _check_fit_target(fit_target)
+    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
+        raise CalibrationError(f"--rounds {rounds}: must be between 1 and {MAX_ROUNDS}")
     started = time.perf_counter()
     log(f"calibrating {dev} ({level} grids" + (f" x{scale:g}" if scale != 1 else "")
+        + (f", {rounds} rounds" if rounds is not None else "")
         + f", {n_threads} torch thread(s), world size {world_size}) -> {out}")
 
     base = _base_platform(dev, level)
@@ -280,7 +290,7 @@ def calibrate(
     specs: list[tuple[str, ModelSpec]] = []
     benches = make_benchmarks(world_size, bench_families) if bench_families != [] else []
     seeds = {b.name: int(rng.integers(2**62)) for b in benches}
-    passes = PASSES[level]
+    passes = int(rounds) if rounds is not None else PASSES[level]
     # CPU with several ranks: the host-contention and lockstep probes run in bursts, one after each round,
     # so that, as the kernels' rounds, they sample the host over the whole calibration and not one minute of
     # it (on the Zen 4 VM the lockstep factor read x1.14 at the end of a calibration, x1.04-1.11 in six

@@ -93,6 +93,23 @@ def test_scale_goes_with_a_fresh_calibration(tmp_path: Path):
     assert res.exit_code == 2 and "--scale goes with a fresh calibration" in res.output
 
 
+def test_rounds_time_each_shape_that_many_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # --rounds N: every grid N times (the tiny level's default is one round); a sample keeps the median of its
+    # rounds and records how many reached it
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    out = tmp_path / "r3"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(out), "--threads", "1",
+                              "--families", "elementwise", "--rounds", "3"])
+    assert res.exit_code == 0, res.output
+    assert load_asset_pack(out).manifest["rounds"] == 3
+    frame = pd.read_csv(out / "data" / "elementwise.csv")
+    assert frame["rounds"].max() == 3 and (frame["rounds"] >= 1).all()
+    for args, message in ((["--out", str(tmp_path / "x"), "--rounds", "0"], "--rounds 0: must be between 1 and"),
+                          (["--refit", str(out), "--rounds", "5"], "--rounds goes with a fresh calibration")):
+        res = runner.invoke(app, ["calibrate", "--device", "cpu", *args])
+        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_calibrate_cuda_without_cuda_fails_cleanly(tmp_path: Path, device: str):

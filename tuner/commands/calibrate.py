@@ -36,6 +36,9 @@ def calibrate(
     scale: float = typer.Option(1.0, "--scale", help="K times the level's shapes, time budgets and collective "
                                 "passes: a longer calibration whose learned models see more data (--quick --scale 4: "
                                 "about 40 minutes on a 2-core CPU)"),
+    rounds: int = typer.Option(None, "--rounds", help="timed rounds over every grid, minutes apart; a sample keeps "
+                               "the median of its rounds (default: the level's, 3; more rounds of fewer shapes suit "
+                               "families with few-parameter models, e.g. the element-wise rooflines)"),
     fit_target: str = typer.Option(None, "--fit-target", help="what each benchmark sample's model is fitted to: "
                                    "typical (the median of its rounds; default), fastest_round (its least disturbed "
                                    "round, times each op kind's measured typical-state factor) or fastest_collectives "
@@ -78,6 +81,8 @@ def calibrate(
         fail("--no-fit goes with a fresh calibration (--refit fits a pack's stored benchmarks)")
     if scale != 1.0 and refit is not None:
         fail("--scale goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if rounds is not None and refit is not None:
+        fail("--rounds goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if overheads is not None and refit is None:
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     if data_from and refit is None:
@@ -99,7 +104,7 @@ def calibrate(
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
-                                   gemm_timing=gemm_timing, fit=not no_fit, scale=scale,
+                                   gemm_timing=gemm_timing, fit=not no_fit, scale=scale, rounds=rounds,
                                    fit_target=fit_target or "typical",
                                    log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
