@@ -325,6 +325,35 @@ def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict
     return out
 
 
+def window_gemm_drift(window: dict) -> float | None:
+    """A window's GEMM drift: the geomean of its before / after re-timings of the scoring pack's GEMM shapes
+    (``measure_env.gemm_drift``: now / at calibration), or None when it recorded none."""
+    gd = window.get("gemm_drift") or {}
+    vals = [float(gd[k]["ratio_geomean"]) for k in ("before", "after") if (gd.get(k) or {}).get("ratio_geomean")]
+    return float(np.exp(np.mean(np.log(vals)))) if vals else None
+
+
+def drift_relative(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[str, dict]:
+    """Per configuration, over the windows that recorded a GEMM drift: the median of measured / predicted,
+    its correlation with the window's GEMM drift, and the median of (measured / predicted) / drift — the
+    row's error with the machine's pace at the time divided out (above 1: the step runs slower than the
+    pack predicts beyond the machine's own drift). Every drift is a re-timing of the pack the window was
+    measured with; the windows of one pack's CPU share its GEMM shapes only while that pack is committed."""
+    out: dict[str, dict] = {}
+    for key, p in pred.items():
+        pairs = [(r["measured_s"] / p, d) for w in windows if (d := window_gemm_drift(w)) is not None
+                 for r in w["rows"] if (r["model"], int(r["batch"])) == key]
+        if len(pairs) < 3:
+            continue
+        ratio, drift = np.array(pairs).T
+        with np.errstate(invalid="ignore", divide="ignore"):  # a constant column has no correlation (NaN)
+            corr = float(np.corrcoef(ratio, drift)[0, 1])
+        out[f"{key[0]} {key[1]}"] = {"n": len(pairs), "measured_over_predicted": float(np.median(ratio)),
+                                     "corr_with_drift": corr,
+                                     "over_drift": float(np.median(ratio / drift))}
+    return out
+
+
 def _label(spec: str) -> str:
     """A pack spec as a column name: paths shortened to their last part (``refit:a/b/c`` -> ``refit:c``)."""
     head, _, tail = spec.rpartition(":") if ":" in spec and "/" in spec else ("", "", spec)
@@ -385,6 +414,17 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
                      for p in platforms]
             lines.append(f"| {b} | {r['measured']:.3f} [{r['measured_range'][0]:.3f}-{r['measured_range'][1]:.3f}] | "
                          + " | ".join(cells) + " |")
+    drift = results[platforms[0]].get("drift_relative") or {}
+    if drift:
+        lines += ["", f"Against the machine's pace (`{_label(platforms[0])}`): each window re-times the committed pack's "
+                  "GEMM shapes before and after (`gemm_drift`, now / at calibration). Per configuration, over the "
+                  "windows with that record: median measured / predicted, its correlation with the window's drift, "
+                  "and the median of (measured / predicted) / drift — the error with the machine's pace divided out:",
+                  "", "| configuration | windows | measured / predicted | corr. with drift | / drift |",
+                  "|---|---:|---:|---:|---:|"]
+        for k, r in drift.items():
+            lines.append(f"| {k} | {r['n']} | {r['measured_over_predicted']:.3f} | {r['corr_with_drift']:+.2f} | "
+                         f"{r['over_drift']:.3f} |")
     lines += ["", "Target (issue 4): geomean under 5 %, max under 10 %."]
     return "\n".join(lines) + "\n"
 
@@ -443,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
                     fail(f"{args.archive}: no window measured on {who} "
                          f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
             pred = predict_rows(plat.timing())
-            results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows)}
+            results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows),
+                          "drift_relative": drift_relative(pred, windows)}
     from tuner.report import atomic_write_text
 
     if since is not None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.e2e_windows import load_windows, rank_ratios, score
+from experiments.e2e_windows import drift_relative, load_windows, rank_ratios, score, window_gemm_drift
 
 
 def _window(t: str, mlp64: float, gpt2: float) -> dict:
@@ -39,6 +39,21 @@ def test_the_two_rank_ratio_is_taken_inside_each_window() -> None:
     assert r["measured"] == pytest.approx(0.75) and r["measured_range"] == pytest.approx([0.75, 0.8])
     assert r["predicted"] == pytest.approx(0.6) and r["error_pct"] == pytest.approx(-20.0)
     assert r["n"] == 3
+
+
+def test_the_machine_drift_is_divided_out_per_configuration() -> None:
+    def w(t: str, drift: float, mlp64: float) -> dict:
+        return {**_window(t, mlp64, 0.05), "gemm_drift": {"before": {"ratio_geomean": drift},
+                                                          "after": {"ratio_geomean": drift}}}
+
+    # the MLP step runs exactly at the machine's pace x 1.1 in every window: its error beyond the drift is 10 %
+    windows = [w("a", 1.0, 0.011), w("b", 1.2, 0.0132), w("c", 0.9, 0.0099), _window("d", 0.5, 0.05)]
+    assert window_gemm_drift(windows[1]) == pytest.approx(1.2) and window_gemm_drift(windows[3]) is None
+    got = drift_relative({("mlp", 64): 0.010, ("gpt", 2): 0.05}, windows)
+    assert got["mlp 64"]["n"] == 3  # the window without a drift record is left out
+    assert got["mlp 64"]["over_drift"] == pytest.approx(1.1)
+    assert got["mlp 64"]["measured_over_predicted"] == pytest.approx(1.1)
+    assert got["mlp 64"]["corr_with_drift"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps([{"measured_at": "x", "rows": [{"model": "mlp"}]}]),
