@@ -368,6 +368,18 @@ def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
     for family in ("gemm", "conv2d", "softmax", "collectives", "embedding_bag"):
         assert {"device", "threads", "timing_estimator"} <= set(timing_fields(family)) <= set(TIMING_FIELDS)
     assert timing_fields("lockstep") == LOCKSTEP_TIMING_FIELDS
+    # the memory-bound families named there are the ones whose benchmarks follow the memory-bound timing flag
+    import importlib
+
+    from predictor.calibrate import FIELD_FAMILIES
+    from predictor.calibration import FAMILIES
+
+    def bench_class(path: str):
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    memory_bound = {f for f, path in FAMILIES.items() if bench_class(path).memory_bound}
+    assert set(FIELD_FAMILIES["memory_bound_timing"]) == memory_bound
 
 
 def test_round_spreads_and_the_noisy_machine_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
