@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import math
 import time
 import zlib
@@ -440,6 +441,7 @@ def calibrate(
         #: seconds of benchmarking (and overhead / contention measurement), before any fitting
         "benchmark_s": round(time.perf_counter() - started, 1),
     }
+    data = {family: as_stored(frame) for family, frame in data.items()}
     if not fit:
         return _write_unfitted(out, pack_name, dev, base, data, manifest_extra, started, log)
     return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
@@ -461,6 +463,15 @@ def _read_overheads(path: Path) -> dict:
         if not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
             raise CalibrationError(f"--overheads {path}: {k} must be a non-negative number of seconds, got {v!r}")
     return d
+
+
+def as_stored(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` as a pack stores it and reads it back (floats to
+    :data:`~predictor.platforms.assets.STORED_FLOAT_FORMAT`): a calibration fits exactly the samples it writes,
+    so a :func:`refit` of its pack reproduces its models and error table."""
+    from predictor.platforms.assets import STORED_FLOAT_FORMAT
+
+    return pd.read_csv(io.StringIO(frame.to_csv(index=False, float_format=STORED_FLOAT_FORMAT)))
 
 
 def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform, data: dict[str, pd.DataFrame],

@@ -35,6 +35,7 @@ __all__ = [
     "Overhead",
     "ExecutionGraph",
     "GraphBuilder",
+    "GraphVocabulary",
     "GraphError",
     "PARAM_COLUMNS",
 ]
@@ -298,13 +299,11 @@ class ExecutionGraph:
         }
 
 
-class GraphBuilder:
-    """Accumulates tasks, processors and edges, then freezes them into an :class:`ExecutionGraph`.
+class GraphVocabulary:
+    """The processors, task names / kinds and collective groups a graph under construction has named so far.
 
-    Builders (trace readers, synthesisers) call :meth:`processor` once per CPU thread or GPU
-    stream, :meth:`task` in each processor's execution order, :meth:`edge` for every
-    dependency and :meth:`new_group` / ``group=`` for collectives. Appending is plain Python;
-    :meth:`build` converts everything to arrays once.
+    Shared by :class:`GraphBuilder` (task by task) and :class:`~predictor.workloads.assemble.GraphAssembler`
+    (block stamps): both intern names and kinds into dense ids and create processors on first use.
     """
 
     def __init__(self) -> None:
@@ -314,26 +313,9 @@ class GraphBuilder:
         self._proc_index: dict[tuple[int, str], int] = {}
         self._names: dict[str, int] = {}
         self._kinds: dict[str, int] = {}
-        self._cols: dict[str, list] = {
-            "rank": [],
-            "proc": [],
-            "name": [],
-            "kind": [],
-            "category": [],
-            "overhead": [],
-            "duration": [],
-            "flops": [],
-            "bytes": [],
-            "group": [],
-        }
-        self._params: dict[str, dict[int, float]] = {}
-        self._src: list[int] = []
-        self._dst: list[int] = []
-        self._ekind: list[int] = []
         self._n_groups = 0
         self.meta: dict = {}
 
-    # -------------------------------------------------------------- vocabulary
     def processor(self, rank: int, kind: ProcKind, name: str) -> int:
         """Index of the processor ``name`` on ``rank`` (created on first use)."""
         key = (rank, name)
@@ -353,11 +335,41 @@ class GraphBuilder:
 
     @staticmethod
     def _intern(table: dict[str, int], value: str) -> int:
+        """The dense id of ``value`` in ``table`` (added on first use)."""
         idx = table.get(value)
         if idx is None:
             idx = len(table)
             table[value] = idx
         return idx
+
+
+class GraphBuilder(GraphVocabulary):
+    """Accumulates tasks, processors and edges, then freezes them into an :class:`ExecutionGraph`.
+
+    Builders (trace readers, synthesisers) call :meth:`processor` once per CPU thread or GPU
+    stream, :meth:`task` in each processor's execution order, :meth:`edge` for every
+    dependency and :meth:`new_group` / ``group=`` for collectives. Appending is plain Python;
+    :meth:`build` converts everything to arrays once.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cols: dict[str, list] = {
+            "rank": [],
+            "proc": [],
+            "name": [],
+            "kind": [],
+            "category": [],
+            "overhead": [],
+            "duration": [],
+            "flops": [],
+            "bytes": [],
+            "group": [],
+        }
+        self._params: dict[str, dict[int, float]] = {}
+        self._src: list[int] = []
+        self._dst: list[int] = []
+        self._ekind: list[int] = []
 
     @property
     def n_tasks(self) -> int:

@@ -46,6 +46,7 @@ from predictor.platforms.schema import CpuOverheads, Platform
 
 __all__ = [
     "PACK_FORMAT",
+    "STORED_FLOAT_FORMAT",
     "AssetPack",
     "AssetPackError",
     "ResolvedPlatform",
@@ -57,6 +58,10 @@ __all__ = [
     "timing_for",
     "write_asset_pack",
 ]
+
+#: how a pack stores its benchmark tables' floats (``data/<family>.csv``): 6 significant digits
+STORED_FLOAT_FORMAT = "%.6g"
+
 
 #: version of the on-disk layout
 PACK_FORMAT = 1
@@ -318,7 +323,7 @@ def write_asset_pack(
         (tmp / "data").mkdir()
         for family, frame in data.items():
             if frame is not None and len(frame):
-                frame.to_csv(tmp / "data" / f"{family}.csv", index=False, float_format="%.6g")
+                frame.to_csv(tmp / "data" / f"{family}.csv", index=False, float_format=STORED_FLOAT_FORMAT)
     if errors_md:
         (tmp / "errors.md").write_text(errors_md, encoding="utf-8")
     manifest = {

@@ -22,14 +22,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from predictor.graph import Category, DepKind, ExecutionGraph, Overhead, ProcKind
+from predictor.graph import Category, DepKind, ExecutionGraph, GraphVocabulary, Overhead, ProcKind
 
 __all__ = ["GraphAssembler"]
 
 _TASK_COLS = ("rank", "proc", "name", "kind", "category", "overhead", "duration", "flops", "bytes", "group")
 
 
-class GraphAssembler:
+class GraphAssembler(GraphVocabulary):
     """Accumulates block stamps, single tasks and edges; :meth:`build` freezes them into one graph.
 
     Stamping only records ``(block, rank, offset)``; :meth:`build` fills every copy of a block
@@ -37,12 +37,7 @@ class GraphAssembler:
     """
 
     def __init__(self) -> None:
-        self._proc_rank: list[int] = []
-        self._proc_kind: list[int] = []
-        self._proc_names: list[str] = []
-        self._proc_index: dict[tuple[int, str], int] = {}
-        self._names: dict[str, int] = {}
-        self._kinds: dict[str, int] = {}
+        super().__init__()
         self._n = 0
         # block id -> (block, name map, kind map, [offsets], [proc maps]); group maps by offset
         self._stamps: dict[int, tuple[ExecutionGraph, np.ndarray, np.ndarray, list[int], list[np.ndarray]]] = {}
@@ -53,38 +48,10 @@ class GraphAssembler:
         self._src: list[int] = []
         self._dst: list[int] = []
         self._ek: list[int] = []
-        self._n_groups = 0
-        self.meta: dict = {}
-
-    # ------------------------------------------------------------------ vocabulary
-    def processor(self, rank: int, kind: ProcKind, name: str) -> int:
-        """Index of processor ``name`` on ``rank`` (created on first use)."""
-        key = (rank, name)
-        idx = self._proc_index.get(key)
-        if idx is None:
-            idx = len(self._proc_rank)
-            self._proc_index[key] = idx
-            self._proc_rank.append(rank)
-            self._proc_kind.append(int(kind))
-            self._proc_names.append(name)
-        return idx
-
-    def new_group(self) -> int:
-        """A fresh collective-group id."""
-        self._n_groups += 1
-        return self._n_groups - 1
 
     @property
     def n_tasks(self) -> int:
         return self._n
-
-    @staticmethod
-    def _intern(table: dict[str, int], value: str) -> int:
-        idx = table.get(value)
-        if idx is None:
-            idx = len(table)
-            table[value] = idx
-        return idx
 
     # ------------------------------------------------------------------ appending
     def task(
