@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from experiments.e2e_windows import drift_relative, load_windows, rank_ratios, score, window_gemm_drift
+from experiments.e2e_windows import (
+    drift_relative,
+    load_windows,
+    pace_relative_summary,
+    rank_ratios,
+    score,
+    window_gemm_drift,
+)
 
 
 def _window(t: str, mlp64: float, gpt2: float) -> dict:
@@ -54,6 +61,8 @@ def test_the_machine_drift_is_divided_out_per_configuration() -> None:
     assert got["mlp 64"]["over_drift"] == pytest.approx(1.1)
     assert got["mlp 64"]["measured_over_predicted"] == pytest.approx(1.1)
     assert got["mlp 64"]["corr_with_drift"] == pytest.approx(1.0)
+    summary = pace_relative_summary(got)
+    assert summary["max_abs_pct"] == pytest.approx(10.0) and pace_relative_summary({}) == {}
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps([{"measured_at": "x", "rows": [{"model": "mlp"}]}]),
