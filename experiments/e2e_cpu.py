@@ -129,8 +129,23 @@ def mlp_module(spec: MLPSpec) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-def mlp_step(spec: MLPSpec, seed: int = 0, device: str | torch.device = "cpu") -> Callable[[], None]:
-    """One SGD training step of ``spec`` on a fixed random batch on ``device`` (closure)."""
+@dataclass(frozen=True)
+class StepParts:
+    """One training step's pieces: ``zero_grad``, ``forward`` (through the loss, which it returns) and
+    ``optimizer`` (what follows ``loss.backward()``). Calling it runs the whole step."""
+
+    zero_grad: Callable[[], None]
+    forward: Callable[[], torch.Tensor]
+    optimizer: Callable[[], None]
+
+    def __call__(self) -> None:
+        self.zero_grad()
+        self.forward().backward()
+        self.optimizer()
+
+
+def mlp_step(spec: MLPSpec, seed: int = 0, device: str | torch.device = "cpu") -> StepParts:
+    """One SGD training step of ``spec`` on a fixed random batch on ``device`` (a callable)."""
     torch.manual_seed(seed)
     model = mlp_module(spec).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -138,13 +153,8 @@ def mlp_step(spec: MLPSpec, seed: int = 0, device: str | torch.device = "cpu") -
     y = torch.randint(0, spec.classes, (spec.batch_size,), device=device) if spec.loss == "cross_entropy" else \
         torch.randn(spec.batch_size, spec.classes, device=device)
     loss_fn = F.cross_entropy if spec.loss == "cross_entropy" else F.mse_loss
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-
-    return step
+    return StepParts(zero_grad=lambda: opt.zero_grad(set_to_none=True), forward=lambda: loss_fn(model(x), y),
+                     optimizer=opt.step)
 
 
 class _Block(nn.Module):
@@ -197,9 +207,9 @@ class GPTModel(nn.Module):
         return F.cross_entropy(logits, targets.view(-1))
 
 
-def gpt_step(spec: TransformerSpec, batch: int, seed: int = 0, device: str | torch.device = "cpu") -> Callable[[], None]:
+def gpt_step(spec: TransformerSpec, batch: int, seed: int = 0, device: str | torch.device = "cpu") -> StepParts:
     """One training step (forward, backward, gradient norm, fused Adam) on a fixed batch on ``device``
-    (closure). Parameters and activations in ``spec.dtype`` (fp32, or bf16 / fp16 throughout)."""
+    (a callable). Parameters and activations in ``spec.dtype`` (fp32, or bf16 / fp16 throughout)."""
     torch.manual_seed(seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
     model = GPTModel(spec).train().to(device=device, dtype=dtype)
@@ -208,13 +218,12 @@ def gpt_step(spec: TransformerSpec, batch: int, seed: int = 0, device: str | tor
     idx = torch.randint(0, spec.vocab, (batch, spec.seq), device=device)
     tgt = torch.randint(0, spec.vocab, (batch, spec.seq), device=device)
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        model(idx, tgt).backward()
+    def optimizer() -> None:
         torch.nn.utils.get_total_norm([p.grad for p in params])  # Megatron's gradient norm (clipping)
         opt.step()
 
-    return step
+    return StepParts(zero_grad=lambda: opt.zero_grad(set_to_none=True), forward=lambda: model(idx, tgt),
+                     optimizer=optimizer)
 
 
 def dlrm_tables(batch: int) -> EmbeddingTables:
@@ -253,6 +262,13 @@ def predict_graph(graph, timing) -> tuple[float, float]:
     """(predicted iteration, kernel-sum baseline), seconds."""
     tl = simulate(graph, timing)
     return float(tl.iteration_s), float(tl.kernel_sum_s())
+
+
+def row_graph(model: str, batch: int):
+    """The host-mode graph of the ``"mlp"`` or ``"gpt"`` row at ``batch`` (:data:`MLP`, :data:`GPT`)."""
+    if model == "mlp":
+        return build_mlp_graph(dataclasses.replace(MLP, batch_size=batch), mode="host")
+    return gpt_graph(GPT, batch)
 
 
 def gpt_graph(spec: TransformerSpec, batch: int, program: str = "eager"):
@@ -352,12 +368,12 @@ def build_cases(args, timing, threads: int) -> list[Case]:
     if "mlp" in args.models:
         for bs in args.mlp_batches:
             spec = MLPSpec(**{**asdict(MLP), "batch_size": bs})
-            cases.append(Case("mlp", MLP.label, bs, 1, predict_graph(build_mlp_graph(spec, mode="host"), timing),
+            cases.append(Case("mlp", MLP.label, bs, 1, predict_graph(row_graph("mlp", bs), timing),
                               lambda spec=spec: time_steps(mlp_step(spec), args.warmup, args.iters),
                               make_step=lambda spec=spec: mlp_step(spec)))
     if "gpt" in args.models:
         for bs in args.gpt_batches:
-            cases.append(Case("gpt", GPT.name, bs, 1, predict_graph(gpt_graph(GPT, bs), timing),
+            cases.append(Case("gpt", GPT.name, bs, 1, predict_graph(row_graph("gpt", bs), timing),
                               lambda bs=bs: time_steps(gpt_step(GPT, bs), args.warmup, args.iters),
                               make_step=lambda bs=bs: gpt_step(GPT, bs)))
     if "dlrm" in args.models:

@@ -55,13 +55,10 @@ GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 def _step(model: str, batch: int):
     """The e2e experiment's training step closure and its host-mode graph."""
-    from experiments.e2e_cpu import GPT, MLP, gpt_graph, gpt_step, mlp_step
-    from predictor.workloads.mlp import build_mlp_graph
+    from experiments.e2e_cpu import GPT, MLP, gpt_step, mlp_step, row_graph
 
-    if model == "mlp":
-        spec = dataclasses.replace(MLP, batch_size=batch)
-        return mlp_step(spec), build_mlp_graph(spec, mode="host")
-    return gpt_step(GPT, batch), gpt_graph(GPT, batch)
+    step = mlp_step(dataclasses.replace(MLP, batch_size=batch)) if model == "mlp" else gpt_step(GPT, batch)
+    return step, row_graph(model, batch)
 
 
 def _gemm_shape(key: str, shapes: list) -> tuple[str, int, int, int, int]:

@@ -71,15 +71,13 @@ def task_phases(names: list[str], model: str) -> np.ndarray:
     return out
 
 
-def predicted_phases(graph, timing) -> tuple[np.ndarray, float]:
-    """(seconds per phase, the simulated iteration) of a host-mode graph: each phase's span on the one
-    thread, from the end of the previous phase's last task to the end of its own last task."""
+def predicted_phases(graph, timing, model: str) -> tuple[np.ndarray, float]:
+    """(seconds per phase, the simulated iteration) of the ``model`` row's host-mode graph: each phase's span on
+    the one thread, from the end of the previous phase's last task to the end of its own last task."""
     from predictor.simulate import simulate
 
     tl = simulate(graph, timing)
-    names = [str(n) for n in np.asarray(graph.names)[graph.name]]
-    model = "gpt" if any(n.startswith("grad_norm.") for n in names) else "mlp"
-    ph = task_phases(names, model)
+    ph = task_phases([str(n) for n in np.asarray(graph.names)[graph.name]], model)
     ends = [float(tl.end[ph == k].max()) if (ph == k).any() else 0.0 for k in range(len(PHASES))]
     spans = np.diff([0.0, *np.maximum.accumulate(ends)])
     spans[-1] += float(tl.iteration_s) - max(ends)  # anything after the last task (none in host mode)
@@ -87,61 +85,24 @@ def predicted_phases(graph, timing) -> tuple[np.ndarray, float]:
 
 
 def phase_step(model: str, batch: int) -> Callable[[], tuple[float, float, float]]:
-    """A closure running one training step of the e2e row and returning its phases' wall seconds."""
-    import torch
-    import torch.nn.functional as F
+    """A closure running one training step of the e2e row (``e2e_cpu.mlp_step`` / ``gpt_step``) and returning
+    its phases' wall seconds."""
+    from experiments.e2e_cpu import GPT, MLP, gpt_step, mlp_step
 
-    from experiments.e2e_cpu import GPT, MLP, GPTModel, mlp_module
-
-    torch.manual_seed(0)
-    if model == "mlp":
-        spec = dataclasses.replace(MLP, batch_size=batch)
-        net = mlp_module(spec)
-        opt = torch.optim.SGD(net.parameters(), lr=0.01)
-        x = torch.randn(batch, spec.input_dim)
-        y = torch.randint(0, spec.classes, (batch,))
-
-        def forward():
-            return F.cross_entropy(net(x), y)
-
-        def optimizer() -> None:
-            opt.step()
-    else:
-        gpt = GPTModel(GPT).train()
-        params = list(gpt.parameters())
-        opt = torch.optim.Adam(params, lr=1e-4, fused=True)
-        idx = torch.randint(0, GPT.vocab, (batch, GPT.seq))
-        tgt = torch.randint(0, GPT.vocab, (batch, GPT.seq))
-
-        def forward():
-            return gpt(idx, tgt)
-
-        def optimizer() -> None:
-            torch.nn.utils.get_total_norm([p.grad for p in params])
-            opt.step()
+    parts = mlp_step(dataclasses.replace(MLP, batch_size=batch)) if model == "mlp" else gpt_step(GPT, batch)
 
     def step() -> tuple[float, float, float]:
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = forward()
+        parts.zero_grad()
+        loss = parts.forward()
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
-        optimizer()
+        parts.optimizer()
         t3 = time.perf_counter()
         return t1 - t0, t2 - t1, t3 - t2
 
     return step
-
-
-def graph_of(model: str, batch: int):
-    """The e2e row's synthesised host-mode graph."""
-    from experiments.e2e_cpu import GPT, MLP, gpt_graph
-    from predictor.workloads.mlp import build_mlp_graph
-
-    if model == "mlp":
-        return build_mlp_graph(dataclasses.replace(MLP, batch_size=batch), mode="host")
-    return gpt_graph(GPT, batch)
 
 
 def measure(configs, passes: int, warmup: int, iters: int, log=print) -> dict[tuple[str, int], np.ndarray]:
@@ -163,8 +124,10 @@ def measure(configs, passes: int, warmup: int, iters: int, log=print) -> dict[tu
 def rows_for(measured: dict, timing) -> list[dict]:
     """One row per configuration and phase: measured median, predicted, error, error less the step's."""
     rows = []
+    from experiments.e2e_cpu import row_graph
+
     for (model, batch), phases in measured.items():
-        pred, _ = predicted_phases(graph_of(model, batch), timing)
+        pred, _ = predicted_phases(row_graph(model, batch), timing, model)
         med = np.median(phases, axis=0)
         step_m, step_p = float(np.median(phases.sum(axis=1))), float(pred.sum())
         step_err = (step_p / step_m - 1.0) * 100.0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.step_phases_cpu import graph_of, predicted_phases, task_phases
+from experiments.e2e_cpu import row_graph
+from experiments.step_phases_cpu import phase_step, predicted_phases, task_phases
 from predictor.kernels.timing import ModelTiming
 from predictor.platforms import get_platform
 
@@ -20,7 +21,13 @@ def test_host_tasks_go_with_the_kernel_after_them():
 def test_the_phases_of_the_e2e_rows_add_up_to_the_simulated_step():
     timing = ModelTiming(get_platform("cpu-local"))
     for model, batch in (("mlp", 64), ("gpt", 2)):
-        spans, step = predicted_phases(graph_of(model, batch), timing)
+        spans, step = predicted_phases(row_graph(model, batch), timing, model)
         assert spans.shape == (3,) and (spans > 0).all()
         assert np.isclose(spans.sum(), step, rtol=1e-9)
         assert spans[1] > spans[2]  # the backward outweighs the optimizer step in both
+
+
+def test_a_measured_step_returns_its_three_phases():
+    step = phase_step("mlp", 8)
+    phases = step()
+    assert len(phases) == 3 and all(t > 0 for t in phases)
