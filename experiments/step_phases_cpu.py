@@ -168,10 +168,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "step_phases_cpu")
     args = ap.parse_args(argv)
 
+    from experiments.common import fail
     from experiments.e2e_cpu import resolve
     from experiments.measure_env import gemm_drift, memory_drift
+    from predictor.platforms import UnknownPlatformError
+    from predictor.platforms.assets import AssetPackError
 
-    timing, _, pack_path = resolve(args.platform)
+    try:
+        timing, _, pack_path = resolve(args.platform)
+    except (AssetPackError, UnknownPlatformError) as exc:
+        fail(f"--platform {args.platform}: {exc}")
     drift0 = (gemm_drift(pack_path).get("ratio_geomean", float("nan")),
               memory_drift(pack_path).get("ratio_geomean", float("nan")))
     measured = measure(CONFIGS, args.passes, args.warmup, args.iters)

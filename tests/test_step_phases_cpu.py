@@ -31,3 +31,16 @@ def test_a_measured_step_returns_its_three_phases():
     step = phase_step("mlp", 8)
     phases = step()
     assert len(phases) == 3 and all(t > 0 for t in phases)
+
+
+def test_an_unknown_platform_is_one_line_and_exit_2(tmp_path, capsys):
+    import pytest
+
+    from experiments.step_phases_cpu import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--platform", "no-such-pack", "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no-such-pack" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
