@@ -90,7 +90,7 @@ BUDGETS: dict[str, dict[str, float]] = {
     # inside 10 minutes on a slower 2-core CPU too (the AVX2 VM of session 22: 887 s with 500 s here, float64
     # fits, 5 nets and 8 contention rounds of 1 s slots; 635 s with 400 s, float32 fits, 0.75 s slots)
     "quick": {"gemm": 66.0, "conv2d": 33.0, "embedding_bag": 122.0, "elementwise": 56.0, "layer_norm": 15.0,
-              "softmax": 33.0, "data_movement": 22.0, "collectives": 23.0, "default": 22.0},
+              "softmax": 33.0, "data_movement": 22.0, "collectives": 23.0, "reduction": 12.0, "default": 22.0},
     "full": {"default": 1800.0},
 }
 #: rounds over every benchmark grid, by level (a shape keeps the median of its rounds; a family with
@@ -525,7 +525,7 @@ LOCKSTEP_TIMING_FIELDS = ("device", "threads")
 #: warm was timed exactly as one from a cold-GEMM calibration (every other field concerns every family)
 FIELD_FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm_timing": ("gemm",),
-    "memory_bound_timing": ("elementwise", "layer_norm", "softmax", "data_movement"),
+    "memory_bound_timing": ("elementwise", "layer_norm", "softmax", "data_movement", "reduction"),
     "embedding_warmup": ("embedding_bag", "step_reuse"),
 }
 

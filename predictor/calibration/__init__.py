@@ -10,6 +10,7 @@
 | ``softmax`` | :mod:`.softmax` | softmax forward | MLP |
 | ``data_movement`` | :mod:`.data_movement` | memcpy; concat, transpose | fitted roofline; MLP |
 | ``collectives`` | :mod:`.collectives` | all-reduce, all-to-all, all-gather, reduce-scatter | piecewise sigmoid |
+| ``reduction`` | :mod:`.reduction` | column sum (a linear layer's bias gradient) | MLP |
 
 Host overheads T1..T5 come from a profiled run (:mod:`.overheads`); the shared timer is
 :mod:`.timing`. :func:`predictor.calibrate.calibrate` runs them all and fits the models.
@@ -32,6 +33,7 @@ FAMILIES: dict[str, str] = {
     "softmax": "predictor.calibration.softmax:SoftmaxBenchmark",
     "data_movement": "predictor.calibration.data_movement:DataMovementBenchmark",
     "collectives": "predictor.calibration.collectives:CollectivesBenchmark",
+    "reduction": "predictor.calibration.reduction:ReductionBenchmark",
 }
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.kernels.embedding import RF_COLUMNS
 from predictor.workloads.dlrm_tables import EmbeddingTables
-from predictor.workloads.emit import ExecMode, OpEmitter, concat, eltwise, foreach, gemm
+from predictor.workloads.emit import ExecMode, OpEmitter, column_sum, concat, eltwise, foreach, gemm
 from predictor.workloads.mlp import backward_entry, layer_tensors, linear_grad_nodes
 
 __all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
@@ -137,7 +137,7 @@ def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_l
     all-reduce when this layer completes its bucket."""
     dt = ddp.dtype_bytes
     e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu_bwd", b_local * o, dt, rw=3.0)])
-    kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt), eltwise(f"{name}.bias_grad", "elementwise", b_local * o, dt, rw=1.0)]
+    kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt), column_sum(f"{name}.bias_grad", b_local, o, dt)]
     if not first:
         kernels.insert(0, gemm(f"{name}.dgrad", b_local, i, o, dt))
     ks = e.op(f"{name}.linear.backward", kernels)

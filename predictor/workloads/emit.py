@@ -30,7 +30,7 @@ from typing import Literal
 
 from predictor.graph import Category, DepKind, GraphBuilder, Overhead, ProcKind
 
-__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "concat", "foreach", "ExecMode", "NODE_OVERHEADS",
+__all__ = ["OpEmitter", "Kernel", "gemm", "eltwise", "column_sum", "concat", "foreach", "ExecMode", "NODE_OVERHEADS",
            "MTA_CHUNK_ELEMENTS", "MTA_MAX_BLOCKS", "MTA_MAX_TENSORS"]
 
 #: (name, op kind, category, params incl. optional "flops" and "bytes")
@@ -53,6 +53,16 @@ def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0, *
 def eltwise(name: str, kind: str, elements: float, dt: int, rw: float = 2.0) -> Kernel:
     """A bandwidth-bound kernel touching ``elements`` elements ``rw`` times (reads + writes)."""
     return (name, kind, Category.MEMORY, {"elements": elements, "dtype_bytes": dt, "bytes": rw * elements * dt})
+
+
+def column_sum(name: str, rows: float, cols: float, dt: int) -> Kernel:
+    """``x.sum(0)`` of a ``rows x cols`` tensor into ``cols`` elements (kind ``sum``): a linear layer's bias
+    gradient, eager ``AddmmBackward0``'s reduction of the output gradient over its rows. Reads the input
+    once and writes the ``cols`` sums; timed by the calibrated reduction model where the platform has one
+    (:mod:`predictor.calibration.reduction`), else by its roofline on these bytes."""
+    elements = float(rows) * float(cols)
+    return (name, "sum", Category.MEMORY, {"m": float(rows), "n": float(cols), "elements": elements,
+                                           "dtype_bytes": dt, "bytes": (elements + float(cols)) * dt})
 
 
 def concat(name: str, rows: float, width: float, parts: int, dt: int) -> Kernel:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from predictor.graph import Category, ExecutionGraph, GraphBuilder
-from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, eltwise, foreach, gemm
+from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, column_sum, eltwise, foreach, gemm
 
 __all__ = [
     "MLPSpec",
@@ -104,7 +104,7 @@ def linear_backward(e: OpEmitter, name: str, b: float, i: int, o: int, dt: int, 
     """``AddmmBackward0`` of ``nn.Linear(i, o)``: input gradient (if needed), weight gradient, bias
     gradient (sum of ``b x o`` over the batch). Returns the kernel ids (last: the bias gradient)."""
     kernels = [mm(f"{name}.wgrad", o, i, b, dt),  # grad.t() @ input: [o x b] @ [b x i]
-               ("bias_grad", "sum", Category.MEMORY, {"elements": b * o, "dtype_bytes": dt, "bytes": (b * o + o) * dt})]
+               column_sum("bias_grad", b, o, dt)]
     if input_grad:
         kernels.insert(0, mm(f"{name}.dgrad", b, i, o, dt))
     return e.op(f"{name}.linear.backward", kernels)

@@ -87,7 +87,7 @@ import numpy as np
 
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.workloads.assemble import GraphAssembler
-from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, concat, eltwise, gemm
+from predictor.workloads.emit import ExecMode, Kernel, OpEmitter, column_sum, concat, eltwise, gemm
 from predictor.workloads.pipeline_schedule import ScheduleError, Step, schedule
 
 __all__ = [
@@ -650,7 +650,7 @@ class _Ops:
 
     def _bias_grad(self, name: str, rows: float, n: float) -> list[Kernel]:
         """Eager ``AddmmBackward``'s bias gradient: a column sum of the output gradient."""
-        return [eltwise(f"{name}.bias_grad", "elementwise", rows * n, self.dt, rw=1.0)] if self.eager else []
+        return [column_sum(f"{name}.bias_grad", rows, n, self.dt)] if self.eager else []
 
     def _accumulate_grad(self, e: _Emitter, name: str, tensors: int) -> None:
         """Eager autograd's AccumulateGrad per parameter tensor: host work, no kernel (gradients set to
