@@ -89,9 +89,12 @@ def child(model: str, batch: int, profile: bool, steps: int = 20, platform: str 
     tl = simulate(graph, timing)
     kinds = np.asarray(graph.kinds)[graph.kind]
     is_gemm = np.isin(kinds, GEMM_KINDS)
+    is_sum = kinds == "sum"
     out = {"model": model, "batch": batch, "predicted_s": float(tl.iteration_s),
            "predicted_gemm_s": float(tl.duration[is_gemm].sum()),
-           "predicted_other_s": float(tl.iteration_s - tl.duration[is_gemm].sum())}
+           "predicted_other_s": float(tl.iteration_s - tl.duration[is_gemm].sum()),
+           "predicted_sum_s": float(tl.duration[is_sum].sum()),
+           "sum_tasks": np.column_stack([graph.param("m")[is_sum], graph.param("n")[is_sum]]).tolist()}
     for _ in range(5):
         step()
     r0, times = resource.getrusage(resource.RUSAGE_SELF), []
@@ -140,6 +143,7 @@ def child(model: str, batch: int, profile: bool, steps: int = 20, platform: str 
     out["profiled_step_s"] = float(sum(other.values()) + sum(g["in_situ_s"] * g["calls"] for g in gemms))
     out["other_ops_s"] = dict(sorted(other.items(), key=lambda kv: -kv[1])[:12])
     out["other_in_situ_s"] = float(sum(other.values()))
+    out["sum_in_situ_s"] = float(other.get("aten::sum", 0.0))
     return out
 
 
@@ -193,6 +197,35 @@ def predict_gemms(rows: list[dict], timings: dict) -> None:
             for g in r["no_trim"]["gemms"]:
                 g.setdefault("predicted_by", {})[pack] = gemm_prediction(timing, g["kind"], g["batch"], g["m"],
                                                                          g["n"], g["k"])
+
+
+def sum_prediction(timing, tasks: list[list[float]]) -> float:
+    """``timing``'s prediction of a step's column sums (``[m, n]`` each, fp32; seconds per step): the
+    calibrated reduction model where the pack has one, else the pack's roofline."""
+    import numpy as np
+
+    from predictor.kernels.base import TaskView
+
+    if not tasks:
+        return 0.0
+    m, n = np.asarray(tasks, dtype=float).T
+    view = TaskView.from_columns("sum", m=m, n=n, elements=m * n, dtype_bytes=np.full(m.size, 4.0),
+                                 bytes=(m * n + n) * 4.0)
+    return float(timing.model_for("sum").predict(view, timing.platform).sum())
+
+
+def predict_sums(rows: list[dict], timings: dict) -> None:
+    """Each row's column sums (the bias gradients) predicted by each pack of ``timings`` (seconds per
+    step), stored in its no-trim record's ``sum_predicted_by`` by pack."""
+    for pack, timing in timings.items():
+        for r in rows:
+            nt = r["no_trim"]
+            nt.setdefault("sum_predicted_by", {})[pack] = sum_prediction(timing, nt.get("sum_tasks", []))
+
+
+def _ratio(x: float, of: float) -> str:
+    """``x / of`` to two places, ``n/a`` where ``of`` is not positive."""
+    return f"{x / of:.2f}" if of > 0 else "n/a"
 
 
 def _per_step(gemms: list[dict], key: str) -> float:
@@ -291,6 +324,23 @@ def markdown(rows: list[dict], meta: dict) -> str:
         top = ", ".join(f"{k.removeprefix('aten::')} {v * ms:.2f}" for k, v in list(nt["other_ops_s"].items())[:6])
         lines.append(f"| {r['model']} | {r['batch']} | {nt['predicted_other_s'] * ms:.2f} | "
                      f"{nt['other_in_situ_s'] * ms:.2f} | {top} |")
+    if all("sum_in_situ_s" in r["no_trim"] for r in rows):
+        lines += [
+            "",
+            "The bias gradients: the graph's column sums (kind `sum`) against the profiled `aten::sum` calls per step "
+            "(the steps' only `sum`s: their losses reduce inside `nll_loss`).",
+            "",
+            "| model | batch | sums | predicted ms | in situ ms | predicted / in situ | "
+            + " | ".join(f"{p} / in situ" for p in compared) + (" |" if compared else ""),
+            "|---|---:|---:|---:|---:|---:|" + "---:|" * len(compared),
+        ]
+        for r in rows:
+            nt = r["no_trim"]
+            situ = nt["sum_in_situ_s"]
+            cells = [_ratio(nt.get("sum_predicted_by", {}).get(p, float("nan")), situ) for p in compared]
+            lines.append(f"| {r['model']} | {r['batch']} | {len(nt['sum_tasks'])} | {nt['predicted_sum_s'] * ms:.3f} | "
+                         f"{situ * ms:.3f} | {_ratio(nt['predicted_sum_s'], situ)} | " + " | ".join(cells)
+                         + (" |" if cells else ""))
     lines += [
         "",
         "Caveat: on this shared 2-core VM, memory-bound kernels switch between a fast and a several-times slower "
@@ -346,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
             + (" --compare " + " ".join(args.compare) if args.compare else "")}
     if args.compare:
         predict_gemms(rows, {name: timings[name] for name in args.compare})
+        predict_sums(rows, {name: timings[name] for name in args.compare})
     packs_dir.cleanup()
     from tuner.report import atomic_write_text
 

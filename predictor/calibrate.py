@@ -704,6 +704,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     out = Path(out) if out is not None else old.path
     pack_name = old.name if out == old.path else out.name.strip().lower()
     extra = {k: v for k, v in m.items() if k not in ("name", "device", "calibration_s", "refit", "fitted")}
+    if "families" in m:  # a family taken from another pack (--data-from) that this one never measured joins the list
+        extra["families"] = [*m["families"], *(f for f in FAMILIES if f in data and f not in m["families"])]
     extra["overheads"] = overheads
     extra["refit"] = refit_info
     if fit_target is not None:

@@ -40,6 +40,14 @@ def test_child_and_report_on_a_tiny_step(monkeypatch):
     md = insitu_cpu.markdown(rows, {"date": "d", "machine": "m", "torch": "t", "wall_s": 1.0,
                                     "compare": ["cpu-local-zen4"], "args": " --compare cpu-local-zen4"})
     assert "| in situ ms | cold alone ms | cpu-local-zen4 ms |" in md and "--compare cpu-local-zen4" in md
+    # the bias gradients: one column sum per linear layer (widths 32, 32, 4) over the batch of 8, timed in situ and by each pack
+    assert sorted(t[1] for t in r["sum_tasks"]) == [4.0, 32.0, 32.0] and {t[0] for t in r["sum_tasks"]} == {8.0}
+    assert r["predicted_sum_s"] > 0 and r["sum_in_situ_s"] > 0
+    insitu_cpu.predict_sums(rows, insitu_cpu.resolve_packs(["cpu-local-zen4"]))
+    assert r["sum_predicted_by"]["cpu-local-zen4"] > 0
+    md = insitu_cpu.markdown(rows, {"date": "d", "machine": "m", "torch": "t", "wall_s": 1.0,
+                                    "compare": ["cpu-local-zen4"]})
+    assert "| model | batch | sums | predicted ms | in situ ms | predicted / in situ | cpu-local-zen4 / in situ |" in md
 
 
 def test_an_unknown_pack_fails_before_measuring(capsys):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from predictor.calibrate import _fit_all, calibrate
+from predictor.calibrate import _fit_all, calibrate, refit
 from predictor.calibration.base import BenchContext
 from predictor.calibration.reduction import ReductionBenchmark
 from predictor.calibration.timing import Timer
@@ -93,3 +93,10 @@ def test_tiny_calibration_of_the_family_prices_sum_tasks(tmp_path):
                                   dtype_bytes=[4.0, 4.0], bytes=[32768.0, 4.0 * 2048 * 512])
     t = model.predict(tasks, pack.platform)
     assert np.all(np.isfinite(t)) and np.all(t > 0) and t[1] > t[0]
+    # merged into a pack that never measured the family, it joins that pack's family list
+    base = tmp_path / "base"
+    calibrate("cpu", base, tiny=True, threads=1, families=["layer_norm"], register=False, log=lambda s: None)
+    merged = tmp_path / "merged"
+    refit(base, merged, data_from={"reduction": str(out)}, register=False, log=lambda s: None)
+    m = load_asset_pack(merged).manifest
+    assert m["families"] == ["layer_norm", "reduction"] and m["refit"]["data_from"]["reduction"]["pack"] == str(out)

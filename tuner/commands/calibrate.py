@@ -26,9 +26,9 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", help="seed of the shape grids and the held-out split"),
     families: str = typer.Option(None, "--families", help="comma-separated benchmark families (default: all): "
                                  "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
-                                 "collectives; and the probe step_reuse (CPU: embedding tables in a step's order vs "
+                                 "collectives, reduction; and the probe step_reuse (CPU: embedding tables in a step's order vs "
                                  "cold; runs with embedding_bag too)"),
-    memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax and "
+    memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax, reduction and "
                                      "data-movement kernels are timed: cold (cache evicted before each call, as a "
                                      "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
     gemm_timing: str = typer.Option("warm", "--gemm-timing", help="how GEMMs are timed: warm (repeated on "
