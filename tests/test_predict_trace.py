@@ -102,7 +102,11 @@ def test_predict_batch_size_json(captured):
     assert r["changes"]["batch_size"]["from"] == BATCH and r["changes"]["batch_size"]["to"] == 32 * BATCH
     assert r["changes"]["batch_size"]["tasks_rescaled"] > 0
     assert r["predicted_iteration_s"] > r["baseline_replayed_s"] > 0
-    assert r["retimed_tasks"]["model"] + r["retimed_tasks"]["ratio_no_model"] > 0
+    # rescaled kernels are re-timed by their kind's model (anchored to the measured time on the captured
+    # platform) or, without one, by the batch ratio; a pack with the column-sum model (session 42) has a
+    # model for every kernel of this step
+    c = r["retimed_tasks"]
+    assert c["model"] + c["anchored_model"] + c["ratio_no_model"] > 0, c
 
 
 def test_predict_layers_dp_pp(captured):

@@ -100,3 +100,42 @@ def test_tiny_calibration_of_the_family_prices_sum_tasks(tmp_path):
     refit(base, merged, data_from={"reduction": str(out)}, register=False, log=lambda s: None)
     m = load_asset_pack(merged).manifest
     assert m["families"] == ["layer_norm", "reduction"] and m["refit"]["data_from"]["reduction"]["pack"] == str(out)
+
+
+def test_trace_bias_gradients_read_as_column_sums():
+    from predictor.traces.annotate import kernel_params, reduction_kind
+
+    dims, types = [[1024, 256], [], [], []], ["float", "ScalarList", "Scalar", ""]
+    assert reduction_kind("aten::sum", dims, ["", "[0]", "True", ""]) == "sum"
+    p = kernel_params("sum", "aten::sum", dims, types, ["", "[0]", "True", ""])
+    assert (p["m"], p["n"], p["elements"], p["bytes"]) == (1024.0, 256.0, 1024.0 * 256, (1024.0 * 256 + 256) * 4)
+    assert kernel_params("sum", "aten::sum", [[8, 128, 64]], ["float"], ["", "[0, 1]"])["m"] == 1024.0
+    # a full or trailing reduction, another reduce op or an unrecorded dim list stay generic reductions
+    for name, d, c in (("aten::sum", [[1024, 256]], ["", "[1]"]), ("aten::sum", [[1024, 256]], ["", "[0, 1]"]),
+                       ("aten::mean", [[1024, 256]], ["", "[0]"]), ("aten::sum", [[1024, 256]], None),
+                       ("aten::sum", [[1024]], ["", "[0]"])):
+        assert reduction_kind(name, d, c) == "reduce"
+
+
+def test_a_captured_step_prices_its_bias_gradients_with_the_sum_model(tmp_path):
+    import tuner
+    from predictor.traces.annotate import annotate
+    from predictor.traces.load import load_traces
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tuner.capture(tmp_path / "run", warmup=1, active=2) as cap:
+        for _ in range(4):
+            loss = torch.nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 4, (16,)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            cap.step()
+    g = annotate(load_traces(tmp_path / "run")).steps[0]
+    df = g.tasks_frame()
+    sums = df[df.kind == "sum"]
+    # the step's two bias gradients, over its batch of 16
+    assert len(sums) == 2 and set(g.param("m")[sums.index]) == {16.0}
+    assert sorted(set(g.param("n")[sums.index])) == [4.0, 64.0]

@@ -63,7 +63,8 @@ from predictor.traces.kineto import EventCat, KinetoTrace
 from predictor.traces.load import TraceSet
 from predictor.traces.ops import dtype_bytes, is_tensor_type, op_params
 
-__all__ = ["AnnotatedTrace", "ProfilerCost", "annotate", "combine_captures", "VIEW_OPS", "host_kernel_kind", "kernel_params", "PARAM_EXP_COLUMNS"]
+__all__ = ["AnnotatedTrace", "ProfilerCost", "annotate", "combine_captures", "VIEW_OPS", "host_kernel_kind", "kernel_params",
+           "reduction_kind", "PARAM_EXP_COLUMNS"]
 
 #: ops that only make views or metadata (no arithmetic): their time is dispatch cost
 VIEW_OPS = frozenset({
@@ -134,6 +135,31 @@ def host_kernel_kind(name: str) -> tuple[str, Category]:
     if k is not None:
         return k, Category.COMPUTE if k in ("conv2d", "attention", "attention_bwd") else Category.MEMORY
     return _ELTWISE.get(name, "elementwise"), Category.MEMORY
+
+
+def _summed_dims(concrete: list | None) -> list[int] | None:
+    """The ``dim`` list of an ``aten::sum.dim_IntList`` from Kineto's ``Concrete Inputs`` (e.g. ``"[0]"``);
+    None when the trace did not record it."""
+    for v in (concrete or [])[1:2]:
+        if isinstance(v, str) and v.startswith("[") and v.endswith("]"):
+            try:
+                return [int(x) for x in v[1:-1].split(",") if x.strip()]
+            except ValueError:
+                return None
+    return None
+
+
+def reduction_kind(name: str, shapes: list, concrete: list | None) -> str:
+    """``"sum"`` for an ``aten::sum`` over the leading dims of a tensor of rank 2 or more (a linear layer's bias
+    gradient, ``x.sum(0)``: the calibrated column-sum model times it, as the synthesisers'
+    :func:`~predictor.workloads.emit.column_sum`), else ``"reduce"``."""
+    dims = _summed_dims(concrete)
+    first = shapes[0] if isinstance(shapes, list) and shapes else None
+    if name != "aten::sum" or dims is None or not isinstance(first, list) or len(first) < 2:
+        return "reduce"
+    rank = len(first)
+    dims = sorted(d % rank for d in dims if -rank <= d < rank)
+    return "sum" if dims and dims == list(range(len(dims))) and len(dims) < rank else "reduce"
 
 
 def _tensor_inputs(shapes: list, types: list | None) -> list[tuple[int, list[int]]]:
@@ -208,6 +234,12 @@ def kernel_params(kind: str, name: str, shapes: list, types: list | None,
     if not ts:
         return out
     first = ts[0][1]
+    if kind == "sum":  # the leading dims summed (the recorded ones; else all but the last)
+        dims = _summed_dims(concrete)
+        lead = len(dims) if dims else len(first) - 1
+        out.update(m=_numel(first[:lead]), n=_numel(first[lead:]), elements=_numel(first))
+        out["bytes"] = (out["elements"] + out["n"]) * dt
+        return out
     if kind in ("layer_norm", "layer_norm_bwd", "softmax", "softmax_bwd"):
         x = first if kind in ("layer_norm", "softmax") else (ts[1][1] if len(ts) > 1 else first)
         out.update(m=_numel(x[:-1]), n=float(x[-1]), elements=_numel(x))
@@ -673,6 +705,8 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
                         if kk == "embedding_bag_bwd" and _calls(tree, x, "aten::_embedding_bag_dense_backward"):
                             kk = "embedding_bag_bwd_dense"  # dense gradient: not the calibrated sparse kernel
                         a = kt.args[x]
+                        if kk == "reduce":
+                            kk = reduction_kind(xname, a.get("Input Dims", []), a.get("Concrete Inputs"))
                         p = kernel_params(kk, xname, a.get("Input Dims", []), a.get("Input type"), a.get("Concrete Inputs"))
                         flops = p.pop("flops", math.nan)
                         nbytes = p.pop("bytes", math.nan)
