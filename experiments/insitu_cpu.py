@@ -223,6 +223,13 @@ def predict_sums(rows: list[dict], timings: dict) -> None:
             nt.setdefault("sum_predicted_by", {})[pack] = sum_prediction(timing, nt.get("sum_tasks", []))
 
 
+def _vs_situ_head(columns: str, align: str, compared: list[str]) -> list[str]:
+    """A table's header and alignment rows: ``columns`` (ending ``" | "``), then one ``PACK / in situ`` column per
+    pack of ``compared``."""
+    return [columns + " | ".join(f"{p} / in situ" for p in compared) + (" |" if compared else ""),
+            align + "---:|" * len(compared)]
+
+
 def _ratio(x: float, of: float) -> str:
     """``x / of`` to two places, ``n/a`` where ``of`` is not positive."""
     return f"{x / of:.2f}" if of > 0 else "n/a"
@@ -281,9 +288,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "wrote, so they run near their warm time in situ where the pack, fitted to cold timings, predicts the cold "
         "one.",
         "",
-        "| model | batch | op | calls | predicted ms | warm ms | cold ms | in situ ms | predicted / in situ | "
-        + " | ".join(f"{p} / in situ" for p in compared) + (" |" if compared else ""),
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compared),
+        *_vs_situ_head("| model | batch | op | calls | predicted ms | warm ms | cold ms | in situ ms | predicted / in situ | ",
+                       "|---|---:|---|---:|---:|---:|---:|---:|---:|", compared),
     ]
     for r in rows:
         g = r["no_trim"]["gemms"]
@@ -330,9 +336,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
             "The bias gradients: the graph's column sums (kind `sum`) against the profiled `aten::sum` calls per step "
             "(the steps' only `sum`s: their losses reduce inside `nll_loss`).",
             "",
-            "| model | batch | sums | predicted ms | in situ ms | predicted / in situ | "
-            + " | ".join(f"{p} / in situ" for p in compared) + (" |" if compared else ""),
-            "|---|---:|---:|---:|---:|---:|" + "---:|" * len(compared),
+            *_vs_situ_head("| model | batch | sums | predicted ms | in situ ms | predicted / in situ | ",
+                           "|---|---:|---:|---:|---:|---:|", compared),
         ]
         for r in rows:
             nt = r["no_trim"]
