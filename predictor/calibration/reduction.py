@@ -12,6 +12,11 @@ by level; :func:`~.layer_norm.rows_by_width_cases`). Parameters per row: ``m, n,
 dtype_bytes, bytes`` (the input read once; the ``n``-element output is not counted). Modelled by an MLP on
 ``log2 m, log2 n`` (as layer norm, Lin et al. 2024 §III-F); a graph task of kind ``sum`` needs ``m`` and
 ``n`` (the synthesisers' :func:`~predictor.workloads.emit.column_sum`), else the fitted roofline times it.
+
+Timed as the other memory-bound families (cold on a CPU, :attr:`Benchmark.memory_bound`). In a step the
+gradient's state lies between cold and warm: on the Zen 4 VM the cold-fitted model priced a step's sums
+0.84-2.7x their profiled time, a warm-fitted one 0.23-0.36x, one timed right after the weight-gradient GEMM
+(its width not a model input) 0.26-0.67x (session 42, ``experiments/insitu_cpu.py``; ``docs/SESSION_NOTES.md``).
 """
 
 from __future__ import annotations
