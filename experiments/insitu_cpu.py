@@ -205,12 +205,12 @@ def sum_prediction(timing, tasks: list[list[float]]) -> float:
     import numpy as np
 
     from predictor.kernels.base import TaskView
+    from predictor.workloads.emit import column_sum
 
     if not tasks:
         return 0.0
-    m, n = np.asarray(tasks, dtype=float).T
-    view = TaskView.from_columns("sum", m=m, n=n, elements=m * n, dtype_bytes=np.full(m.size, 4.0),
-                                 bytes=(m * n + n) * 4.0)
+    params = [column_sum("sum", m, n, 4)[3] for m, n in tasks]  # the synthesisers' parameters of each sum
+    view = TaskView.from_columns("sum", **{c: np.array([p[c] for p in params], dtype=float) for c in params[0]})
     return float(timing.model_for("sum").predict(view, timing.platform).sum())
 
 
