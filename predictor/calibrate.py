@@ -538,11 +538,25 @@ def timing_fields(family: str) -> tuple[str, ...]:
     return tuple(k for k in TIMING_FIELDS if family in FIELD_FAMILIES.get(k, (family,)))
 
 
+def parse_data_source(key: str) -> tuple[str, tuple[str, ...]]:
+    """``FAMILY`` or ``FAMILY:KERNEL[,KERNEL...]`` (a ``--data-from`` key): (the family, the kernels taken
+    from the other pack; empty for the whole family)."""
+    family, colon, sel = key.partition(":")
+    kernels = tuple(dict.fromkeys(k.strip() for k in sel.split(",") if k.strip()))
+    if colon and not kernels:
+        raise CalibrationError(f"--data-from {key}: no kernel named after the colon (expected "
+                               "FAMILY:KERNEL[,KERNEL...]=PACK)")
+    return family.strip(), kernels
+
+
 def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str | Path]]
-                      ) -> tuple[dict[str, pd.DataFrame | list], dict]:
+                      ) -> tuple[dict[str, pd.DataFrame | list], dict, dict[str, tuple[str, ...]]]:
     """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
-    the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables, the record of where
-    each came from); for a probe of :data:`PROBES` its raw rows (a list) instead of a table. The lockstep
+    the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables by family, the record of
+    where each came from, the kernels taken per family where only some are); for a probe of :data:`PROBES`
+    its raw rows (a list) instead of a table. A key ``family:k1,k2`` takes only those kernels' rows (the
+    refitted pack keeps its other kernels' samples of the family): a longer calibration then replaces the
+    kernels it measured better, not the family's noisier ones with them. The lockstep
     probe may come from several packs (a list): each process's rounds are pooled over them, so the factor
     is the median over probes taken in several spells of the machine rather than one minute of it.
     CalibrationError, naming the family and the pack, when one cannot be used."""
@@ -550,33 +564,38 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
     from predictor.platforms.assets import AssetPackError
     from predictor.platforms.cpu_local import same_cpu
 
-    tables, record = {}, {}
-    items: list[tuple[str, str | Path]] = []
-    for family, src in data_from.items():
+    tables, record, selected = {}, {}, {}
+    items: list[tuple[str, str, tuple[str, ...], str | Path]] = []
+    seen: dict[str, str] = {}
+    for key, src in data_from.items():
+        family, kernels = parse_data_source(key)
         many = list(src) if isinstance(src, list | tuple) else [src]
-        if len(many) > 1 and family != "lockstep":
+        if (len(many) > 1 or family in seen) and family != "lockstep":
             raise CalibrationError(f"--data-from: family {family!r} given twice (only lockstep probes pool over "
                                    "several packs)")
-        items += [(family, one) for one in many]
-    for family, src in items:
+        seen[family] = key
+        items += [(key, family, kernels, one) for one in many]
+    for key, family, kernels, src in items:
         if family not in FAMILIES and family not in PROBES:
-            raise CalibrationError(f"--data-from {family}={src}: unknown family {family!r} "
+            raise CalibrationError(f"--data-from {key}={src}: unknown family {family!r} "
                                    f"(one of {', '.join([*FAMILIES, *PROBES])})")
+        if kernels and family in PROBES:
+            raise CalibrationError(f"--data-from {key}={src}: {family} is a probe, taken whole (no kernels)")
         try:
             other = load_asset_pack(src, allow_unfitted=True)
         except AssetPackError as exc:
-            raise CalibrationError(f"--data-from {family}={src}: {exc}") from None
+            raise CalibrationError(f"--data-from {key}={src}: {exc}") from None
         om = other.manifest
-        for key in timing_fields(family):
-            if om.get(key) != m.get(key):
-                raise CalibrationError(f"--data-from {family}={src}: its {key} is {om.get(key)!r}, the refitted "
-                                       f"pack's {m.get(key)!r}: samples timed another way")
+        for field in timing_fields(family):
+            if om.get(field) != m.get(field):
+                raise CalibrationError(f"--data-from {key}={src}: its {field} is {om.get(field)!r}, the refitted "
+                                       f"pack's {m.get(field)!r}: samples timed another way")
         if str(m.get("device", "cpu")).startswith("cpu") and not same_cpu(om.get("cpu"), m.get("cpu")):
-            raise CalibrationError(f"--data-from {family}={src}: measured on another CPU than the refitted pack")
+            raise CalibrationError(f"--data-from {key}={src}: measured on another CPU than the refitted pack")
         if family == "step_reuse":
             rows = (om.get("embedding_step_reuse_probe") or {}).get("rows")
             if not rows:
-                raise CalibrationError(f"--data-from {family}={src}: the pack has no step-reuse probe "
+                raise CalibrationError(f"--data-from {key}={src}: the pack has no step-reuse probe "
                                        "(manifest embedding_step_reuse_probe)")
             tables[family] = rows
             record[family] = {"pack": str(other.path), "created": om.get("created"), "rows": len(rows)}
@@ -584,11 +603,11 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
         if family == "lockstep":
             probe = om.get("lockstep_probe") or {}
             if not probe.get("per_process"):
-                raise CalibrationError(f"--data-from {family}={src}: the pack has no lockstep probe "
+                raise CalibrationError(f"--data-from {key}={src}: the pack has no lockstep probe "
                                        "(manifest lockstep_probe)")
             if family in tables:  # several probes (spells): each process's rounds pooled, in the order given
                 if probe.get("world") != record[family]["world"]:
-                    raise CalibrationError(f"--data-from {family}={src}: probed over {probe.get('world')} "
+                    raise CalibrationError(f"--data-from {key}={src}: probed over {probe.get('world')} "
                                            f"processes, {record[family]['pack']} over {record[family]['world']}")
                 tables[family] = _pooled(tables[family], probe["per_process"])
                 record[family]["pack"] += f", {other.path}"
@@ -601,11 +620,20 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
             continue
         f = other.path / "data" / f"{family}.csv"
         if not f.exists():
-            raise CalibrationError(f"--data-from {family}={src}: the pack has no {family} benchmarks ({f})")
-        tables[family] = _read_benchmark_table(f, f"--data-from {family}={src}")
-        record[family] = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
-                          "scale": om.get("scale", 1.0), "samples": len(tables[family])}
-    return tables, record
+            raise CalibrationError(f"--data-from {key}={src}: the pack has no {family} benchmarks ({f})")
+        table = _read_benchmark_table(f, f"--data-from {key}={src}")
+        if kernels:
+            have = list(dict.fromkeys(table["kernel"].astype(str))) if "kernel" in table else []
+            missing = [k for k in kernels if k not in have]
+            if missing:
+                raise CalibrationError(f"--data-from {key}={src}: the pack has no {family} samples of "
+                                       f"{', '.join(map(repr, missing))} (it has {', '.join(have) or 'none'})")
+            table = table[table["kernel"].astype(str).isin(kernels)].reset_index(drop=True)
+            selected[family] = kernels
+        tables[family] = table
+        record[key] = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
+                       "scale": om.get("scale", 1.0), "samples": len(table)}
+    return tables, record, selected
 
 
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
@@ -628,7 +656,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     ``data_from``: ``family -> pack`` whose stored benchmarks of that family replace the refitted
     pack's (or add a family it lacks), e.g. a one-family calibration at a larger ``--scale`` on the
     same machine; each must have been timed as this pack's were (:data:`TIMING_FIELDS`) on the same
-    CPU. ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
+    CPU. A key ``family:kernel,kernel`` replaces only those kernels' samples (:func:`parse_data_source`).
+    ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
     (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
     fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's
     ``fit_target``, ``"typical"`` for packs before it was recorded).
@@ -657,9 +686,14 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
             data[family] = _read_benchmark_table(f, "--refit")
     if not data:
         raise CalibrationError(f"--refit {pack}: the pack stores no benchmark data (data/*.csv)")
-    replaced, data_record = _family_data_from(m, data_from or {})
+    replaced, data_record, selected = _family_data_from(m, data_from or {})
     step_reuse_rows = replaced.pop("step_reuse", None)
     lockstep_rows = replaced.pop("lockstep", None)
+    for family, kernels in selected.items():  # only some kernels taken: the pack keeps its other rows
+        if family in data:
+            own = data[family]
+            replaced[family] = pd.concat([own[~own["kernel"].astype(str).isin(kernels)], replaced[family]],
+                                         ignore_index=True)
     data.update(replaced)
     dev = torch.device(str(m.get("device", "cpu")))
     world_size = int(m.get("world_size", 1))
@@ -691,7 +725,16 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     if platform_facts:
         refit_info["platform_facts"] = dict(platform_facts)
     # the families an earlier refit took from other packs keep their record (the stored data are theirs)
-    data_from_all = {**((m.get("refit") or {}).get("data_from") or {}), **data_record}
+    # (a whole family taken anew drops earlier records of some of its kernels; a kernel taken anew, the record
+    # that named it)
+    earlier = dict((m.get("refit") or {}).get("data_from") or {})
+    for key in data_record:
+        family, kernels = parse_data_source(key)
+        for old_key in list(earlier):
+            old_family, old_kernels = parse_data_source(old_key)
+            if old_family == family and (not kernels or old_key == key or set(old_kernels) <= set(kernels)):
+                del earlier[old_key]
+    data_from_all = {**earlier, **data_record}
     if data_from_all:
         refit_info["data_from"] = data_from_all
     if overheads is not None:

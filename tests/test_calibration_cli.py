@@ -307,6 +307,49 @@ def test_refit_takes_overheads_measured_since(tmp_path: Path, monkeypatch: pytes
     assert res.exit_code == 2 and "--overheads goes with --refit" in res.output
 
 
+def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--data-from FAMILY:KERNEL=PACK`` replaces that kernel's samples alone; the family's other kernels keep
+    the refitted pack's, and the manifest records which kernels came from where."""
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    base, other = tmp_path / "base", tmp_path / "dm-only"
+    for out, seed in ((base, "0"), (other, "1")):
+        res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(out), "--threads", "1",
+                                  "--families", "data_movement", "--seed", seed])
+        assert res.exit_code == 0, res.output
+    mine, theirs = pd.read_csv(base / "data" / "data_movement.csv"), pd.read_csv(other / "data" / "data_movement.csv")
+    merged = tmp_path / "merged"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
+                              "--data-from", f"data_movement:transpose={other}"])
+    assert res.exit_code == 0, res.output
+    got = pd.read_csv(merged / "data" / "data_movement.csv")
+    pd.testing.assert_frame_equal(got[got.kernel == "transpose"].reset_index(drop=True),
+                                  theirs[theirs.kernel == "transpose"].reset_index(drop=True), check_dtype=False)
+    pd.testing.assert_frame_equal(got[got.kernel != "transpose"].reset_index(drop=True),
+                                  mine[mine.kernel != "transpose"].reset_index(drop=True), check_dtype=False)
+    assert not got[got.kernel == "transpose"].reset_index(drop=True).equals(
+        mine[mine.kernel == "transpose"].reset_index(drop=True))  # another seed: other shapes
+    rec = load_asset_pack(merged).manifest["refit"]["data_from"]
+    assert list(rec) == ["data_movement:transpose"] and rec["data_movement:transpose"]["pack"] == str(other)
+    assert rec["data_movement:transpose"]["samples"] == int((theirs.kernel == "transpose").sum())
+    # the whole family taken later replaces the kernel's record as well as its rows
+    again = tmp_path / "again"
+    res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(again),
+                              "--data-from", f"data_movement={other}"])
+    assert res.exit_code == 0, res.output
+    assert list(load_asset_pack(again).manifest["refit"]["data_from"]) == ["data_movement"]
+    pd.testing.assert_frame_equal(pd.read_csv(again / "data" / "data_movement.csv"), theirs, check_dtype=False)
+    for args, message in (([f"data_movement:transposes={other}"], "no data_movement samples of 'transposes'"),
+                          ([f"data_movement:={other}"], "no kernel named after the colon"),
+                          ([f"data_movement:transpose={other}", f"data_movement={other}"], "given twice"),
+                          ([f"step_reuse:x={other}"], "a probe, taken whole")):
+        cmd = ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad")]
+        for a in args:
+            cmd += ["--data-from", a]
+        res = runner.invoke(app, cmd)
+        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, (args, res.output)
+        assert not (tmp_path / "bad").exists()
+
+
 def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch):
     import json

@@ -52,7 +52,9 @@ def calibrate(
                                    "(python -m predictor.calibration.overheads --device cuda --out FILE)"),
     data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=PACK fits that "
                                         "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
-                                        "--families gemm --scale 4 calibration of the same machine; step_reuse=DIR "
+                                        "--families gemm --scale 4 calibration of the same machine; "
+                                        "FAMILY:KERNEL,KERNEL=PACK takes only those kernels' samples, e.g. "
+                                        "data_movement:transpose=DIR; step_reuse=DIR "
                                         "takes DIR's step-reuse probe; lockstep=DIR, given for several DIRs, pools "
                                         "their lockstep probes' rounds)"),
 ) -> None:
@@ -92,7 +94,8 @@ def calibrate(
         family, sep, src = item.partition("=")
         family, src = family.strip(), src.strip()
         if not sep or not family or not src:
-            fail(f"--data-from {item!r}: expected FAMILY=PACK, e.g. gemm=benchmarks/results/data/packs/NAME")
+            fail(f"--data-from {item!r}: expected FAMILY=PACK or FAMILY:KERNEL[,KERNEL...]=PACK, e.g. "
+                 "gemm=benchmarks/results/data/packs/NAME")
         sources.setdefault(family, []).append(src)
     try:
         if refit is not None:
