@@ -25,7 +25,7 @@ import io
 import math
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -549,6 +549,42 @@ def parse_data_source(key: str) -> tuple[str, tuple[str, ...]]:
     return family.strip(), kernels
 
 
+#: the columns of a benchmark table that hold a time per call (seconds): what :func:`match_level` rescales
+TIME_COLUMNS = ("seconds", "median_s", "lq_s", "min_s", "mean_s")
+
+
+def match_level(table: pd.DataFrame, models: Iterable[KernelModel], platform: Platform
+                ) -> tuple[pd.DataFrame, dict[str, float]]:
+    """``table`` (one family's samples from another calibration of the same machine) brought to the pace of the
+    pack whose ``models`` and ``platform`` are given: each kernel's times divided by its ``level``, the median over
+    its samples of measured time / the pack's own prediction. A shared VM runs some spells ~10 % slower as a whole
+    (the Zen 4 VM's GEMMs re-timed x0.9-1.2 of their calibration over a day); a longer calibration from such a
+    spell then contributes its shapes without moving every prediction by its spell's pace. Returns (the rescaled
+    table, ``kernel -> level``). CalibrationError when the pack has no model for a kind of the table."""
+    by_kind = models_by_kind(models)
+    out = table.copy()
+    levels: dict[str, float] = {}
+    for kernel, idx in table.groupby("kernel", sort=False).groups.items():
+        ratios = []
+        for kind, part in table.loc[idx].groupby("kind", sort=False):
+            model = by_kind.get(str(kind))
+            if model is None:
+                raise CalibrationError(f"--match-level: the refitted pack has no model of {kind!r} (kernel "
+                                       f"{kernel!r}) to take the pace from")
+            pred = np.asarray(model.predict(_view(part, str(kind)), platform), dtype=np.float64)
+            ratios.append(part["seconds"].to_numpy(dtype=np.float64) / pred)
+        r = np.concatenate(ratios)
+        r = r[np.isfinite(r) & (r > 0)]
+        if r.size == 0:
+            raise CalibrationError(f"--match-level: no valid sample of kernel {kernel!r}")
+        level = float(np.median(r))
+        for col in TIME_COLUMNS:
+            if col in out:
+                out.loc[idx, col] = out.loc[idx, col].to_numpy(dtype=np.float64) / level
+        levels[str(kernel)] = level
+    return out, levels
+
+
 def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str | Path]]
                       ) -> tuple[dict[str, pd.DataFrame | list], dict, dict[str, tuple[str, ...]]]:
     """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
@@ -639,7 +675,8 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
           platform_facts: dict | None = None,
           data_from: Mapping[str, str | Path | Sequence[str | Path]] | None = None,
-          log: Callable[[str], None] = print, register: bool = True, fit_target: str | None = None) -> AssetPack:
+          log: Callable[[str], None] = print, register: bool = True, fit_target: str | None = None,
+          level_match: bool = False) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
     The models, the held-out error table and the calibrated platform are rebuilt by the same code
@@ -657,6 +694,9 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     pack's (or add a family it lacks), e.g. a one-family calibration at a larger ``--scale`` on the
     same machine; each must have been timed as this pack's were (:data:`TIMING_FIELDS`) on the same
     CPU. A key ``family:kernel,kernel`` replaces only those kernels' samples (:func:`parse_data_source`).
+    ``level_match``: each taken kernel's samples are first brought to the refitted pack's pace
+    (:func:`match_level`: divided by the median ratio of their times to the pack's own model; recorded per
+    kernel as ``level`` under ``refit.data_from``).
     ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
     (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
     fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's
@@ -689,6 +729,14 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     replaced, data_record, selected = _family_data_from(m, data_from or {})
     step_reuse_rows = replaced.pop("step_reuse", None)
     lockstep_rows = replaced.pop("lockstep", None)
+    if level_match:
+        if not old.models:
+            raise CalibrationError(f"--match-level: {pack} has no fitted models to take the pace from")
+        for key in data_record:
+            family, _ = parse_data_source(key)
+            if isinstance(replaced.get(family), pd.DataFrame):
+                replaced[family], levels = match_level(replaced[family], old.models, old.platform)
+                data_record[key]["level"] = {k: round(v, 4) for k, v in levels.items()}
     for family, kernels in selected.items():  # only some kernels taken: the pack keeps its other rows
         if family in data:
             own = data[family]

@@ -350,6 +350,44 @@ def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, 
         assert not (tmp_path / "bad").exists()
 
 
+def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--match-level`` divides each taken kernel's times by their median ratio to the refitted pack's own model:
+    a calibration from a spell twice as slow adds the same shapes at the same level as one from the pack's spell."""
+    from predictor.calibrate import TIME_COLUMNS, match_level
+
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    base, other = tmp_path / "base", tmp_path / "dm-only"
+    for out, seed in ((base, "0"), (other, "1")):
+        res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(out), "--threads", "1",
+                                  "--families", "data_movement", "--seed", seed])
+        assert res.exit_code == 0, res.output
+    pack = load_asset_pack(base)
+    theirs = pd.read_csv(other / "data" / "data_movement.csv")
+    slow = theirs.copy()
+    for col in TIME_COLUMNS:
+        if col in slow:
+            slow[col] = slow[col] * 2.0
+    a, lv = match_level(theirs, pack.models, pack.platform)
+    b, lv2 = match_level(slow, pack.models, pack.platform)
+    assert set(lv) == {"concat", "memcpy", "transpose"} and all(v > 0 for v in lv.values())
+    assert all(lv2[k] == pytest.approx(2.0 * lv[k]) for k in lv)
+    np.testing.assert_allclose(a["seconds"], b["seconds"])  # the spell's pace is gone, the shapes' times stay
+    np.testing.assert_allclose(a["seconds"] * a["kernel"].map(lv), theirs["seconds"])
+    (other / "data" / "data_movement.csv").write_text(slow.to_csv(index=False))
+    merged = tmp_path / "merged"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged), "--match-level",
+                              "--data-from", f"data_movement:transpose={other}"])
+    assert res.exit_code == 0, res.output
+    got = pd.read_csv(merged / "data" / "data_movement.csv")
+    np.testing.assert_allclose(got[got.kernel == "transpose"]["seconds"], a[a.kernel == "transpose"]["seconds"],
+                               rtol=1e-4)
+    rec = load_asset_pack(merged).manifest["refit"]["data_from"]["data_movement:transpose"]
+    assert rec["level"]["transpose"] == pytest.approx(lv2["transpose"], rel=1e-3) and list(rec["level"]) == ["transpose"]
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"), "--match-level"])
+    assert res.exit_code == 2 and "--match-level goes with --data-from" in res.output
+    assert not (tmp_path / "bad").exists()
+
+
 def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch):
     import json

@@ -57,6 +57,10 @@ def calibrate(
                                         "data_movement:transpose=DIR; step_reuse=DIR "
                                         "takes DIR's step-reuse probe; lockstep=DIR, given for several DIRs, pools "
                                         "their lockstep probes' rounds)"),
+    match_level: bool = typer.Option(False, "--match-level", help="with --data-from: bring each taken kernel's "
+                                     "samples to the refitted pack's pace first (divided by the median ratio of "
+                                     "their times to the pack's own model), so a longer calibration from a faster "
+                                     "or slower spell of the machine adds its shapes, not its spell's pace"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
@@ -89,6 +93,8 @@ def calibrate(
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     if data_from and refit is None:
         fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
+    if match_level and not data_from:
+        fail("--match-level goes with --data-from FAMILY=PACK (it rescales the samples taken from PACK)")
     sources: dict[str, list[str]] = {}  # refit refuses a family given twice, except lockstep probes (pooled)
     for item in data_from or []:
         family, sep, src = item.partition("=")
@@ -102,6 +108,7 @@ def calibrate(
             from predictor.calibrate import refit as run_refit
 
             pack = run_refit(refit, out, overheads=overheads, data_from=sources, fit_target=fit_target,
+                             level_match=match_level,
                              log=lambda line: err_console.print(line, highlight=False))
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
