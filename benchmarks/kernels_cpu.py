@@ -132,6 +132,21 @@ def _fastest_round_sentence(table: list[dict], met_typical: int, target: str = "
             f"{len(table)} kernels under {TARGET_GMAE:.0f} % there. ") if factors else ""
 
 
+def _data_from_sentence(key: str, src: dict) -> str:
+    """One sentence on a family (or some of its kernels, ``family:k1,k2``) whose samples a refit took from another
+    calibration (manifest ``refit.data_from``), with the pace factors of a ``--match-level`` refit."""
+    from predictor.calibrate import parse_data_source
+
+    family, kernels = parse_data_source(key)
+    what = f"{family} samples of {', '.join(kernels)}" if kernels else f"{family} samples"
+    pace = src.get("pace")
+    pace = (" brought to this pack's pace (`--match-level`: divided by "
+            + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items()) + ")") if isinstance(pace, dict) else ""
+    return (f" Its {what} come from another calibration of this machine (`--data-from`): `{src.get('pack')}`, "
+            f"created {src.get('created')}, {src.get('level')} level at scale {src.get('scale')}, {src.get('samples')} "
+            f"samples{pace}.")
+
+
 def main() -> None:
     from predictor.kernels.state import FIT_TARGETS
 
@@ -232,10 +247,8 @@ def main() -> None:
         + (f" The models were fitted by `tuner calibrate --refit` on {pack.manifest['refit'].get('date', '')} "
            "from the benchmark samples the pack stores."
            if isinstance(pack.manifest.get("refit"), dict) else "")
-        + "".join(f" Its {fam} samples come from another calibration of this machine (`--data-from`): "
-                  f"`{src.get('pack')}`, created {src.get('created')}, {src.get('level')} level at scale "
-                  f"{src.get('scale')}, {src.get('samples')} samples."
-                  for fam, src in ((pack.manifest.get("refit") or {}).get("data_from") or {}).items()
+        + "".join(_data_from_sentence(key, src)
+                  for key, src in ((pack.manifest.get("refit") or {}).get("data_from") or {}).items()
                   if isinstance(src, dict)),
         "",
         "Round spread: two timings of the same shape in different rounds differ by a median of "

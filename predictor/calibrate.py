@@ -696,7 +696,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     CPU. A key ``family:kernel,kernel`` replaces only those kernels' samples (:func:`parse_data_source`).
     ``level_match``: each taken kernel's samples are first brought to the refitted pack's pace
     (:func:`match_level`: divided by the median ratio of their times to the pack's own model; recorded per
-    kernel as ``level`` under ``refit.data_from``).
+    kernel as ``pace`` under ``refit.data_from``).
     ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
     (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
     fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's
@@ -736,7 +736,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
             family, _ = parse_data_source(key)
             if isinstance(replaced.get(family), pd.DataFrame):
                 replaced[family], levels = match_level(replaced[family], old.models, old.platform)
-                data_record[key]["level"] = {k: round(v, 4) for k, v in levels.items()}
+                data_record[key]["pace"] = {k: round(v, 4) for k, v in levels.items()}
     for family, kernels in selected.items():  # only some kernels taken: the pack keeps its other rows
         if family in data:
             own = data[family]

@@ -382,7 +382,7 @@ def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path
     np.testing.assert_allclose(got[got.kernel == "transpose"]["seconds"], a[a.kernel == "transpose"]["seconds"],
                                rtol=1e-4)
     rec = load_asset_pack(merged).manifest["refit"]["data_from"]["data_movement:transpose"]
-    assert rec["level"]["transpose"] == pytest.approx(lv2["transpose"], rel=1e-3) and list(rec["level"]) == ["transpose"]
+    assert rec["pace"]["transpose"] == pytest.approx(lv2["transpose"], rel=1e-3) and list(rec["pace"]) == ["transpose"]
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"), "--match-level"])
     assert res.exit_code == 2 and "--match-level goes with --data-from" in res.output
     assert not (tmp_path / "bad").exists()
