@@ -307,15 +307,33 @@ def test_refit_takes_overheads_measured_since(tmp_path: Path, monkeypatch: pytes
     assert res.exit_code == 2 and "--overheads goes with --refit" in res.output
 
 
-def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """``--data-from FAMILY:KERNEL=PACK`` replaces that kernel's samples alone; the family's other kernels keep
-    the refitted pack's, and the manifest records which kernels came from where."""
+def _two_data_movement_packs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Two tiny data-movement calibrations of this machine with other shape grids (seeds 0 and 1): (base, other)."""
     monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
     base, other = tmp_path / "base", tmp_path / "dm-only"
     for out, seed in ((base, "0"), (other, "1")):
         res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(out), "--threads", "1",
                                   "--families", "data_movement", "--seed", seed])
         assert res.exit_code == 0, res.output
+    return base, other
+
+
+def _assert_refit_refuses(base: Path, out: Path, cases) -> None:
+    """Each ``(--data-from values, message)`` case: a refit of ``base`` into ``out`` exits 2 with one line naming the
+    problem (``message``), no traceback, and nothing written."""
+    for args, message in cases:
+        cmd = ["calibrate", "--refit", str(base), "--out", str(out)]
+        for a in args:
+            cmd += ["--data-from", a]
+        res = runner.invoke(app, cmd)
+        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, (args, res.output)
+        assert not out.exists()
+
+
+def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--data-from FAMILY:KERNEL=PACK`` replaces that kernel's samples alone; the family's other kernels keep
+    the refitted pack's, and the manifest records which kernels came from where."""
+    base, other = _two_data_movement_packs(tmp_path, monkeypatch)
     mine, theirs = pd.read_csv(base / "data" / "data_movement.csv"), pd.read_csv(other / "data" / "data_movement.csv")
     merged = tmp_path / "merged"
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
@@ -338,16 +356,11 @@ def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, 
     assert res.exit_code == 0, res.output
     assert list(load_asset_pack(again).manifest["refit"]["data_from"]) == ["data_movement"]
     pd.testing.assert_frame_equal(pd.read_csv(again / "data" / "data_movement.csv"), theirs, check_dtype=False)
-    for args, message in (([f"data_movement:transposes={other}"], "no data_movement samples of 'transposes'"),
-                          ([f"data_movement:={other}"], "no kernel named after the colon"),
-                          ([f"data_movement:transpose={other}", f"data_movement={other}"], "given twice"),
-                          ([f"step_reuse:x={other}"], "a probe, taken whole")):
-        cmd = ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad")]
-        for a in args:
-            cmd += ["--data-from", a]
-        res = runner.invoke(app, cmd)
-        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, (args, res.output)
-        assert not (tmp_path / "bad").exists()
+    _assert_refit_refuses(base, tmp_path / "bad", (
+        ([f"data_movement:transposes={other}"], "no data_movement samples of 'transposes'"),
+        ([f"data_movement:={other}"], "no kernel named after the colon"),
+        ([f"data_movement:transpose={other}", f"data_movement={other}"], "given twice"),
+        ([f"step_reuse:x={other}"], "a probe, taken whole")))
 
 
 def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -355,12 +368,7 @@ def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path
     a calibration from a spell twice as slow adds the same shapes at the same level as one from the pack's spell."""
     from predictor.calibrate import TIME_COLUMNS, match_level
 
-    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
-    base, other = tmp_path / "base", tmp_path / "dm-only"
-    for out, seed in ((base, "0"), (other, "1")):
-        res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(out), "--threads", "1",
-                                  "--families", "data_movement", "--seed", seed])
-        assert res.exit_code == 0, res.output
+    base, other = _two_data_movement_packs(tmp_path, monkeypatch)
     pack = load_asset_pack(base)
     theirs = pd.read_csv(other / "data" / "data_movement.csv")
     slow = theirs.copy()
@@ -418,17 +426,12 @@ def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Pa
     # bad sources: one line naming the problem, exit 2, nothing written
     man = json.loads((other / "manifest.json").read_text())
     (other / "manifest.json").write_text(json.dumps({**man, "gemm_timing": "cold"}))
-    for args, message in (([f"gemm={other}"], "its gemm_timing is 'cold'"),
-                          ([f"gemms={other}"], "unknown family 'gemms'"),
-                          ([f"conv2d={base}"], "has no conv2d benchmarks"),
-                          (["gemm"], "expected FAMILY=PACK"),
-                          ([f"gemm={tmp_path / 'nowhere'}"], "not found")):
-        cmd = ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad")]
-        for a in args:
-            cmd += ["--data-from", a]
-        res = runner.invoke(app, cmd)
-        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, (args, res.output)
-        assert not (tmp_path / "bad").exists()
+    _assert_refit_refuses(base, tmp_path / "bad", (
+        ([f"gemm={other}"], "its gemm_timing is 'cold'"),
+        ([f"gemms={other}"], "unknown family 'gemms'"),
+        ([f"conv2d={base}"], "has no conv2d benchmarks"),
+        (["gemm"], "expected FAMILY=PACK"),
+        ([f"gemm={tmp_path / 'nowhere'}"], "not found")))
     man["cpu"] = {**(man.get("cpu") or {}), "model": "another"}
     (other / "manifest.json").write_text(json.dumps(man))
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"),
