@@ -602,14 +602,14 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
 
     tables, record, selected = {}, {}, {}
     items: list[tuple[str, str, tuple[str, ...], str | Path]] = []
-    seen: dict[str, str] = {}
+    seen: set[str] = set()
     for key, src in data_from.items():
         family, kernels = parse_data_source(key)
         many = list(src) if isinstance(src, list | tuple) else [src]
         if (len(many) > 1 or family in seen) and family != "lockstep":
             raise CalibrationError(f"--data-from: family {family!r} given twice (only lockstep probes pool over "
                                    "several packs)")
-        seen[family] = key
+        seen.add(family)
         items += [(key, family, kernels, one) for one in many]
     for key, family, kernels, src in items:
         if family not in FAMILIES and family not in PROBES:

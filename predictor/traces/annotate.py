@@ -62,6 +62,7 @@ from predictor.traces.errors import TraceError
 from predictor.traces.kineto import EventCat, KinetoTrace
 from predictor.traces.load import TraceSet
 from predictor.traces.ops import dtype_bytes, is_tensor_type, op_params
+from predictor.workloads.emit import column_sum
 
 __all__ = ["AnnotatedTrace", "ProfilerCost", "annotate", "combine_captures", "VIEW_OPS", "host_kernel_kind", "kernel_params",
            "reduction_kind", "PARAM_EXP_COLUMNS"]
@@ -237,8 +238,7 @@ def kernel_params(kind: str, name: str, shapes: list, types: list | None,
     if kind == "sum":  # the leading dims summed (the recorded ones; else all but the last)
         dims = _summed_dims(concrete)
         lead = len(dims) if dims else len(first) - 1
-        out.update(m=_numel(first[:lead]), n=_numel(first[lead:]), elements=_numel(first))
-        out["bytes"] = (out["elements"] + out["n"]) * dt
+        out.update(column_sum(name, _numel(first[:lead]), _numel(first[lead:]), dt)[3])  # the synthesisers' params
         return out
     if kind in ("layer_norm", "layer_norm_bwd", "softmax", "softmax_bwd"):
         x = first if kind in ("layer_norm", "softmax") else (ts[1][1] if len(ts) > 1 else first)
