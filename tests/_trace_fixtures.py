@@ -1,4 +1,5 @@
-"""Shared helpers for the trace tests: where the shared traces are, and hand-made Kineto files."""
+"""Shared helpers for the trace tests: where the shared traces are, hand-made Kineto files, and a captured
+training loop."""
 
 from __future__ import annotations
 
@@ -18,6 +19,25 @@ def shared_dir() -> Path:
 TRACES = shared_dir() / "data" / "traces"
 
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
+
+
+def capture_training(folder: Path, model, loss_of, *, steps: int, lr: float = 0.1, warmup: int = 1,
+                     active: int = 2) -> Path:
+    """``steps`` SGD steps (learning rate ``lr``) of ``model`` under ``tuner.capture(folder)``, one profiler step
+    each; ``loss_of(model)`` gives a step's loss. Returns ``folder``."""
+    import torch
+
+    import tuner
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with tuner.capture(folder, warmup=warmup, active=active) as cap:
+        for _ in range(steps):
+            loss = loss_of(model)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            cap.step()
+    return folder
 
 
 def op(name: str, tid: int, ts: float, dur: float, pid: int = 100, **args) -> dict:

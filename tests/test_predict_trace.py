@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from _trace_fixtures import capture_training
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -20,8 +21,6 @@ LAYERS = 3
 def captured(tmp_path_factory):
     """A tiny MLP (3 identical hidden layers) trained with SGD, captured with tuner.capture,
     plus unprofiled iterations after the window (profiler-cost calibration)."""
-    import tuner
-
     folder = tmp_path_factory.mktemp("whatif") / "run"
     torch.manual_seed(0)
     threads = torch.get_num_threads()
@@ -31,15 +30,9 @@ def captured(tmp_path_factory):
         for _ in range(LAYERS):
             layers += [torch.nn.Linear(48, 48), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(48, 5))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x, y = torch.randn(BATCH, 20), torch.randint(0, 5, (BATCH,))
-        with tuner.capture(folder, warmup=1, active=2) as cap:
-            for _ in range(1 + 2 + 4):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                cap.step()
+        capture_training(folder, model, lambda m: torch.nn.functional.cross_entropy(m(x), y), steps=1 + 2 + 4,
+                         lr=0.01)
     finally:
         torch.set_num_threads(threads)
     return folder

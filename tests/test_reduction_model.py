@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from _trace_fixtures import capture_training
 
 from predictor.calibrate import _fit_all, calibrate, refit
 from predictor.calibration.base import BenchContext
@@ -118,21 +119,14 @@ def test_trace_bias_gradients_read_as_column_sums():
 
 
 def test_a_captured_step_prices_its_bias_gradients_with_the_sum_model(tmp_path):
-    import tuner
     from predictor.traces.annotate import annotate
     from predictor.traces.load import load_traces
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with tuner.capture(tmp_path / "run", warmup=1, active=2) as cap:
-        for _ in range(4):
-            loss = torch.nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 4, (16,)))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            cap.step()
+    capture_training(tmp_path / "run", model, lambda m: torch.nn.functional.cross_entropy(
+        m(torch.randn(16, 32)), torch.randint(0, 4, (16,))), steps=4)
     g = annotate(load_traces(tmp_path / "run")).steps[0]
     df = g.tasks_frame()
     sums = df[df.kind == "sum"]

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from _trace_fixtures import capture_training
 
 
 def test_capture_then_replay(tmp_path):
     torch = pytest.importorskip("torch")
-    import tuner
     from predictor.traces.replay import replay
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with tuner.capture(tmp_path / "run", warmup=1, active=2) as cap:
-        for _ in range(4):
-            loss = model(torch.randn(16, 32)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            cap.step()
+    capture_training(tmp_path / "run", model, lambda m: m(torch.randn(16, 32)).square().mean(), steps=4)
     assert (tmp_path / "run" / "rank0.kineto.json.gz").exists()
     assert (tmp_path / "run" / "rank0.et.json").exists()
     res = replay(tmp_path / "run")
