@@ -550,7 +550,7 @@ def parse_data_source(key: str) -> tuple[str, tuple[str, ...]]:
 
 
 #: the columns of a benchmark table that hold a time per call (seconds): what :func:`match_level` rescales
-TIME_COLUMNS = ("seconds", "median_s", "lq_s", "min_s", "mean_s")
+TIME_COLUMNS = ("seconds", "median_s", "lq_s", "min_s", "mean_s", "call_mean_s")
 
 
 def match_level(table: pd.DataFrame, models: Iterable[KernelModel], platform: Platform

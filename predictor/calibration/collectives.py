@@ -14,8 +14,11 @@ all devices" of the paper — so:
 * all-to-all: with equal splits the per-rank buffer; the uneven-split points (random split
   matrix shared by all ranks) use the max-of-max rule.
 
-A sample is one call, started right after a barrier; its time is the slowest rank's (the
-collective ends together on all ranks). Rank 0 writes the table to a file the parent reads.
+Each call is timed on its own, in batches of back-to-back calls that start after a barrier; a
+call's time is the slowest rank's. A (kind, size) keeps the median over every call of every pass:
+on the 2-vCPU VM about one small-message call in five waits for the next 4 ms scheduler tick, and
+the median of single calls stays on the fast mode where a batch's mean mixes in a varying number of
+those waits (session 44). Rank 0 writes the table to a file the parent reads.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, ModelSpec
 from predictor.calibration.processes import run_module_processes
-from predictor.calibration.timing import typical
 
 __all__ = ["CollectivesBenchmark", "COLLECTIVE_KINDS", "CollectiveError"]
 
@@ -136,9 +138,11 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
 
 
 def _sweep(dist, rank: int, world: int, device: torch.device, cfg: dict) -> list[dict]:
-    """Every collective at every size, ``passes`` times; a (kind, size) keeps the median of its
-    passes (:func:`~.timing.typical`; the other columns from the fastest pass), and records every
-    pass's median (``pass_s``, ``;``-joined, in pass order) and their mean (``mean_s``).
+    """Every collective at every size, ``passes`` times; a (kind, size) keeps the median of all its
+    single calls over every pass (``seconds``, per call) and their mean (``call_mean_s``: what a run
+    of many calls pays on average, the tick waits included); the other columns come from the pass
+    with the fastest median, and every pass's median is recorded (``pass_s``, ``;``-joined, in pass
+    order) with their mean (``mean_s``).
 
     Each pass visits the (kind, size) points in its own shuffled order: on the 2-vCPU VM gloo's
     small-message latency sits in a fast (~0.25 ms) or a slow (~1 ms) state for stretches of a
@@ -150,21 +154,26 @@ def _sweep(dist, rank: int, world: int, device: torch.device, cfg: dict) -> list
     points = [(kind, size) for kind in COLLECTIVE_KINDS for size in sizes]
     best: dict[tuple, dict] = {}
     seen: dict[tuple, list[float]] = {}
+    calls: dict[tuple, list[np.ndarray]] = {}
     for p in range(cfg.get("passes", 1)):
         order = np.random.default_rng([cfg["seed"], p]).permutation(len(points))
         for i in order:
             kind, size = points[i]
             for fn, msg, uneven in _ops(dist, kind, size, rank, world, device, cfg["seed"]):
-                t = _time_collective(dist, fn, device, cfg["warmup"], cfg["repeats"], world)
+                t = _time_collective(dist, fn, device, cfg["warmup"], cfg["repeats"], world, per_call=True)
                 row = {"kind": kind, "msg_bytes": msg, "world": world, "uneven": uneven,
                        "seconds": float(np.median(t)), "median_s": float(np.median(t)),
                        "lq_s": float(np.quantile(t, 0.25)), "min_s": float(t.min())}
                 key = (kind, size, uneven)
                 seen.setdefault(key, []).append(row["seconds"])
+                calls.setdefault(key, []).append(t)
                 if key not in best or row["seconds"] < best[key]["seconds"]:
                     best[key] = row
     for key, row in best.items():
-        row["seconds"] = typical(seen[key])
+        pooled = np.concatenate(calls[key])
+        row["seconds"] = float(np.median(pooled))
+        row["call_mean_s"] = float(np.mean(pooled))
+        row["calls"] = int(pooled.size)
         row["mean_s"] = float(np.mean(seen[key]))
         row["pass_s"] = ";".join(f"{v:.6g}" for v in seen[key])
     rows = sorted(best.values(), key=lambda r: (COLLECTIVE_KINDS.index(r["kind"]), r["msg_bytes"], r["uneven"]))
@@ -205,11 +214,13 @@ def _ops(dist, kind: str, size: int, rank: int, world: int, device: torch.device
 
 
 def _time_collective(dist, fn, device: torch.device, warmup: int, repeats: int, world: int,
-                     min_sample_s: float = 2e-3, max_calls: int = 64) -> np.ndarray:
-    """Seconds per call, one value per sample: the slowest rank's mean over a batch of back-to-back calls.
+                     min_sample_s: float = 2e-3, max_calls: int = 64, per_call: bool = False) -> np.ndarray:
+    """Seconds per call: the slowest rank's mean over each batch of back-to-back calls (one value
+    per batch), or with ``per_call`` each call's own time (``repeats x calls`` values, the slowest
+    rank's per call; on CUDA each call is synchronised).
 
-    Every sample starts after a barrier; the batch size (same on every rank) is sized from a
-    probe so a sample lasts about ``min_sample_s``, which averages out the start skew the
+    Every batch starts after a barrier; the batch size (same on every rank) is sized from a
+    probe so a batch lasts about ``min_sample_s``, which averages out the start skew the
     barrier leaves and the scheduler's jitter on a shared host.
     """
     cuda = device.type == "cuda"
@@ -228,16 +239,24 @@ def _time_collective(dist, fn, device: torch.device, warmup: int, repeats: int, 
     probe = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
     dist.all_reduce(probe, op=dist.ReduceOp.MAX)
     calls = int(min(max_calls, max(1, np.ceil(min_sample_s / max(float(probe.item()), 1e-9)))))
-    own = np.empty(repeats)
+    own = np.empty((repeats, calls) if per_call else repeats)
     for i in range(repeats):
         dist.barrier()
         sync()
         t0 = time.perf_counter()
+        if per_call:
+            for j in range(calls):
+                fn()
+                sync()
+                t1 = time.perf_counter()
+                own[i, j] = t1 - t0
+                t0 = t1
+            continue
         for _ in range(calls):
             fn()
         sync()
         own[i] = (time.perf_counter() - t0) / calls
-    mine = torch.tensor(own, dtype=torch.float64, device=device)
+    mine = torch.tensor(own.ravel(), dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     return mine.cpu().numpy()
 
