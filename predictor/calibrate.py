@@ -974,6 +974,19 @@ def _lockstep_again(m: dict, world_size: int, contention: dict[str, float]) -> d
     return {**contention, "sync": lockstep_factor(probe["per_process"])}
 
 
+def collective_wait(table: pd.DataFrame | None, world: int) -> dict[str, float] | None:
+    """Per collective kind, seconds a call over ``world`` local ranks waits on average beyond its typical time:
+    the median, over that kind's benchmarked sizes in ``table``, of ``call_mean_s - seconds`` (mean over all
+    single calls minus their median; at least 0). None where the table has no single-call means (packs timed
+    before session 44 kept batch means, whose median already mixes the waits in)."""
+    if table is None or not {"call_mean_s", "world", "kind"} <= set(table.columns):
+        return None
+    rows = table[table["world"] == world]
+    gap = pd.to_numeric(rows["call_mean_s"], errors="coerce") - pd.to_numeric(rows["seconds"], errors="coerce")
+    waits = {str(k): float(max(0.0, np.median(g.dropna()))) for k, g in gap.groupby(rows["kind"]) if g.notna().any()}
+    return waits or None
+
+
 def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame], models: dict[str, KernelModel],
                          overheads: dict, world_size: int, contention: dict[str, float] | None = None) -> Platform:
     """``base`` with measured peaks, bandwidths, collective latency and overheads."""
@@ -1014,6 +1027,14 @@ def _calibrated_platform(base: Platform, name: str, data: dict[str, pd.DataFrame
         fields["interconnect"] = ic
         sources["interconnect.intra_node_latency_s"] = f"{src}: fitted all-reduce start-up latency / ring steps"
         sources["interconnect.intra_node_bandwidth_bytes_per_s"] = f"{src}: fitted all-reduce bandwidth x ring factor"
+    wait = collective_wait(data.get("collectives"), world_size) if base.kind == "cpu" else None
+    if wait is not None:
+        fields["collective_wait_s"] = {world_size: wait}
+        sources["collective_wait_s"] = (f"{src}: per kind, median over the benchmarked sizes of the mean single "
+                                        "call minus the median single call")
+    elif data.get("collectives") is not None:  # curves from batch means (before session 44): no separate wait
+        fields["collective_wait_s"] = {}
+        sources.pop("collective_wait_s", None)
     if contention:
         hc = fields.get("host_contention") or {}
         stored = dict(hc.get(world_size) or hc.get(str(world_size)) or {})

@@ -164,6 +164,11 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
     np.testing.assert_allclose(data["mean_s"], [np.mean(p) for p in passes], rtol=1e-4)
     np.testing.assert_allclose(data["median_s"], lo, rtol=1e-4)  # the fastest pass's median
     assert (data["call_mean_s"] > 0).all()
+    # the platform keeps each kind's wait: median over its sizes of mean call - median call
+    from predictor.calibrate import collective_wait
+
+    assert pack.platform.collective_wait_s[2] == pytest.approx(collective_wait(data, 2))
+    assert set(pack.platform.collective_wait_s[2]) == {"all_reduce", "all_to_all", "all_gather", "reduce_scatter"}
     # the contention probe's raw timings travel with the pack, and the factors are their estimate
     from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
 

@@ -18,7 +18,10 @@
   on its own elsewhere) over the LLC: the pack's models are fitted to cold timings, and in a step a table's
   backward finds the rows its forward read still cached while the working set fits
   (:mod:`predictor.calibration.step_reuse`); where the pack measured it per pooling of the probe's tables
-  (``Platform.embedding_step_reuse_pooling``) each table takes its pooling's factor. A graph is one training step.
+  (``Platform.embedding_step_reuse_pooling``) each table takes its pooling's factor;
+* on a CPU platform with measured collective waits for K ranks (``Platform.collective_wait_s[K]``), every
+  collective task of a K-rank graph takes its kind's wait (seconds) more: the calibrated curves time the typical
+  (median) call, a step pays the mean, scheduler-tick waits included. A graph is one training step.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class ModelTiming:
             timed = self.timed_kind(kind)
             out[idx] = self.model_for(timed).predict(TaskView.from_graph(graph, idx, timed), self.platform)
         self._apply_step_reuse(graph, on_device, out)
+        self._apply_collective_wait(graph, on_device, out)
         factors = self.contention_factors(graph.n_ranks)
         if not factors:
             return out
@@ -207,6 +211,19 @@ class ModelTiming:
             return
         m = self.step_reuse_multipliers(graph)
         out[on_device] *= m[on_device]
+
+    def collective_waits(self, n_ranks: int) -> dict[str, float]:
+        """Collective kind -> seconds each call of an ``n_ranks``-rank CPU-host graph waits on average beyond
+        the calibrated (typical) call (``Platform.collective_wait_s``; {} without that measurement)."""
+        if self.platform.kind != "cpu" or n_ranks < 2:
+            return {}
+        return dict(self.platform.collective_wait_s.get(int(n_ranks), {}))
+
+    def _apply_collective_wait(self, graph: ExecutionGraph, on_device: np.ndarray, out: np.ndarray) -> None:
+        """Add each kind's :meth:`collective_waits` to its predicted collective tasks of ``out`` (seconds, in place)."""
+        for kind, wait in self.collective_waits(graph.n_ranks).items():
+            if wait > 0:
+                out[on_device & graph.kind_mask(kind)] += wait
 
     def contention_factors(self, n_ranks: int) -> dict[str, float]:
         """The platform's host-contention factors for ``n_ranks`` ranks on one CPU host ({} if none)."""

@@ -85,6 +85,12 @@ class Platform(_Strict):
     #: "compute") when they all run at once, and ("sync") of every class when they also wait for each other
     #: at every collective, measured by ``tuner calibrate --world-size K``
     host_contention: dict[int, dict[str, float]] = Field(default_factory=dict)
+    #: CPU hosts: ranks sharing the host -> collective kind -> seconds a call waits, on average, beyond its
+    #: typical (median) time: on a 2-vCPU VM about one small all-reduce in five waits for the next scheduler
+    #: tick (4 ms). The fitted collective curves time the typical call; a step pays the mean. Measured by
+    #: ``tuner calibrate --world-size K`` (per kind, the median over the benchmarked sizes of mean call -
+    #: median call); empty: no such term
+    collective_wait_s: dict[int, dict[str, float]] = Field(default_factory=dict)
     #: CPU hosts: wall seconds of one minor page fault (a freshly mapped 4 KiB page) in a training
     #: process, measured by ``tuner calibrate`` (:mod:`predictor.calibration.page_faults`); 0: not
     #: measured, or a device whose allocator keeps its blocks (GPUs' caching allocators): no fault term
