@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +50,8 @@ def test_run_gloo_ranks_returns_rank_0s_rows_and_spans_start_at_the_last_arrival
     ("experiments.comm_overlap_cpu", ["--rounds", "0"]),
     ("experiments.comm_overlap_cpu", ["--batches", "7"]),
     ("experiments.collective_protocol_cpu", ["--work-ms", "-1"]),
+    ("experiments.gloo_call_times_cpu", ["--calls", "100"]),
+    ("experiments.gloo_call_times_cpu", ["--batch", "0"]),
 ])
 def test_the_gloo_probes_refuse_bad_arguments_with_exit_2_before_measuring(module, args, tmp_path, monkeypatch):
     import importlib
@@ -59,3 +62,21 @@ def test_the_gloo_probes_refuse_bad_arguments_with_exit_2_before_measuring(modul
         importlib.import_module(module).main()
     assert exc.value.code == 2
     assert not out.exists() and not out.with_suffix(".json").exists()
+
+
+def test_gloo_call_times_summary_counts_tick_waits_and_compares_estimators():
+    from experiments.gloo_call_times_cpu import BATCHES, PASSES, old_label, summarise
+
+    rng = np.random.default_rng(0)
+    rate = np.repeat(rng.uniform(0.0, 0.4, 60), 105)  # waits come in bursts: a rate per 105 calls
+    calls = np.where(rng.uniform(size=6300) < rate, 4e-3, 3e-4) + rng.uniform(0, 2e-5, 6300)
+    s = summarise(calls, 630, 7, 2e-3)
+    assert s["chunks"] == 10 and s["slow_share"] == pytest.approx(0.2, abs=0.02)
+    assert 3.9 < s["slow_quartiles_ms"][1] < 4.1 and 0.29 < s["quantiles_ms"]["0.5"] < 0.33
+    est = s["estimators"]
+    single = est["median of single calls (since session 44)"]["rel_std_pct"]
+    assert single < 5 < est["mean per call"]["rel_std_pct"]  # the waits move the mean, not the median
+    # the old label: median over passes of the median batch mean
+    flat = np.arange(PASSES * BATCHES * 2, dtype=float)
+    assert old_label(flat, 2) == pytest.approx(np.median([np.median(flat[p * 30:(p + 1) * 30].reshape(15, 2).mean(1))
+                                                          for p in range(PASSES)]))
