@@ -141,11 +141,13 @@ def test_calibrate_bad_input_is_one_line(tmp_path: Path, args: list[str], expect
 
 
 @pytest.mark.slow
-def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path):
-    from predictor.calibrate import calibrate
-
-    pack = calibrate("cpu", tmp_path / "coll", tiny=True, world_size=2, threads=1, families=["collectives"],
-                     log=lambda _: None, register=False)
+def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(tmp_path / "coll"), "--threads", "1",
+                              "--world-size", "2", "--families", "collectives"])
+    assert res.exit_code == 0, res.output
+    assert "collective waits, 2 ranks" in res.output and "all-reduce" in res.output
+    pack = load_asset_pack(tmp_path / "coll")
     kernels = {r["kernel"] for r in pack.error_table}
     assert kernels == {"all_reduce/w2", "all_to_all/w2", "all_gather/w2", "reduce_scatter/w2"}
     coll = next(m for m in pack.models if type(m).__name__ == "PiecewiseCollective")

@@ -163,6 +163,10 @@ def calibrate(
         console.print(f"device host model: T's x the profiled step's unprofiled / profiled time; per step "
                       f"{o.step_s * 1e6:.0f} us of framework work, per sparse-gradient table "
                       f"{o.sparse_table_s * 1e6:.0f} us", highlight=False)
+    for world, waits in sorted(pack.platform.collective_wait_s.items()):  # what a step's collectives pay beyond
+        console.print(f"collective waits, {world} ranks (mean call - typical call, added to a step's collectives): "
+                      + ", ".join(f"{k.replace('_', '-')} {v * 1e3:.2f} ms" for k, v in sorted(waits.items())),
+                      highlight=False)
     cpu = pack.manifest.get("cpu")
     if cpu:  # what the timings belong to: another CPU (ISA, model) runs other kernels
         from predictor.platforms.cpu_local import describe_cpu
