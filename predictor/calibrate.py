@@ -39,7 +39,7 @@ from predictor.graph import PARAM_COLUMNS
 from predictor.kernels.base import KernelModel, TaskView
 from predictor.kernels.collective import (
     PiecewiseCollective,
-    fit_collective_curve,
+    fit_piecewise_sigmoid,
     latency_steps,
     wire_factor,
 )
@@ -1159,11 +1159,11 @@ def _learned_seconds(frame: pd.DataFrame, platform: Platform, column: str = "sec
 
 def _fit_job(job: dict) -> tuple[object, float]:
     """One kernel's fit (a worker process's task): :func:`fit_mlp` for ``method`` "mlp", the piecewise
-    sigmoid of a collective (:func:`fit_collective_curve`) for "sigmoid"; the fitted model and its
+    sigmoid of a collective (:func:`fit_piecewise_sigmoid`) for "sigmoid"; the fitted model and its
     seconds of fitting."""
     t0 = time.perf_counter()
     if job["method"] == "sigmoid":
-        fitted = fit_collective_curve(job["msg_bytes"], job["seconds"])
+        fitted = fit_piecewise_sigmoid(job["msg_bytes"], job["seconds"])
     else:
         fitted = fit_mlp(job["raw"], job["seconds"], job["features"], **job["kwargs"])
     return fitted, time.perf_counter() - t0

@@ -47,36 +47,6 @@ def test_piecewise_sigmoid_under_noise_stays_within_noise():
     assert np.max(np.abs(fit(SIZES) / true(SIZES) - 1)) < 0.06
 
 
-def test_collective_curve_recovers_a_small_message_floor_and_adds_none_where_there_is_none():
-    from dataclasses import replace
-
-    from predictor.kernels.collective import fit_collective_curve
-
-    rng = np.random.default_rng(5)
-    smooth = PiecewiseSigmoid.continuous(ts=4e-4, bw_max=2e9, m1=2.0**12, m2=2.0**22, steepness=6.0)
-    stepped = replace(smooth, m0=8.0, ts0=2e-4)  # 4 and 8 B run twice as fast as the 16 B plateau
-    noise = np.exp(rng.normal(0.0, 0.02, SIZES.size))
-    fit = fit_collective_curve(SIZES, stepped(SIZES) * noise, floor=True)
-    assert fit.m0 == 8.0 and fit.ts0 == pytest.approx(2e-4, rel=0.03)
-    assert fit.ts == pytest.approx(4e-4, rel=0.03)
-    assert np.max(np.abs(fit(SIZES) / stepped(SIZES) - 1)) < 0.06
-    assert fit_collective_curve(SIZES, stepped(SIZES) * noise, floor=False).m0 == 0.0  # the plain eq. 2-4 fit
-    # no step: the plain fit, no floor
-    from predictor.kernels import collective
-
-    default = fit_collective_curve(SIZES, stepped(SIZES) * noise)  # the default follows COLLECTIVE_FLOOR
-    assert (default.m0 == 8.0) is collective.COLLECTIVE_FLOOR
-    plain = fit_collective_curve(SIZES, smooth(SIZES) * noise, floor=True)
-    assert plain.m0 == 0.0 and plain == fit_piecewise_sigmoid(SIZES, smooth(SIZES) * noise)
-    # the floor travels with the pack; curves stored before it read as none
-    back = model_from_dict(model_to_dict(PiecewiseCollective({("all_reduce", 2): fit})))
-    assert back.params[("all_reduce", 2)] == fit
-    old = model_to_dict(PiecewiseCollective({("all_reduce", 2): smooth}))
-    for c in old["curves"]:
-        c.pop("m0"), c.pop("ts0")
-    assert model_from_dict(old).params[("all_reduce", 2)].m0 == 0.0
-
-
 def test_piecewise_sigmoid_rejects_too_few_points():
     with pytest.raises(ValueError, match="at least 4"):
         fit_piecewise_sigmoid(np.array([4.0, 8.0, 16.0]), np.array([1e-5, 1e-5, 1e-5]))

@@ -34,8 +34,7 @@ COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "send
 
 @dataclass(frozen=True)
 class PiecewiseSigmoid:
-    """The 8 parameters of eq. 2-4 (seconds, bytes, bytes/s; x0 in log2 bytes), and an optional small-message
-    floor: messages of at most ``m0`` bytes take ``ts0`` seconds (``m0 = 0``: none; :func:`fit_collective_curve`)."""
+    """The 8 parameters of eq. 2-4 (seconds, bytes, bytes/s; x0 in log2 bytes)."""
 
     ts: float
     m1: float
@@ -45,16 +44,13 @@ class PiecewiseSigmoid:
     x0: float
     k: float
     b: float
-    m0: float = 0.0
-    ts0: float = 0.0
 
     def __call__(self, m: np.ndarray) -> np.ndarray:
         m = np.asarray(m, dtype=np.float64)
         x = np.log2(np.maximum(m, 1.0))
         mid = 10.0 ** (self.L / (1.0 + np.exp(np.clip(-self.k * (x - self.x0), -60.0, 60.0))) + self.b)
         big = self.ts + m / self.bw_max
-        out = np.where(m <= self.m1, self.ts, np.where(m >= self.m2, big, mid))
-        return np.where(m <= self.m0, self.ts0, out) if self.m0 > 0 else out
+        return np.where(m <= self.m1, self.ts, np.where(m >= self.m2, big, mid))
 
     @classmethod
     def continuous(cls, ts: float, bw_max: float, m1: float, m2: float, steepness: float = 8.0) -> PiecewiseSigmoid:
@@ -239,47 +235,6 @@ def fit_piecewise_sigmoid(m: np.ndarray, t: np.ndarray) -> PiecewiseSigmoid:
     if best is None:
         raise ValueError("fit_piecewise_sigmoid: no admissible region boundaries")
     return best[2]
-
-
-#: a small-message floor is kept when it leaves at most this share of the plain fit's squared log10 error
-FLOOR_GAIN = 0.5
-#: the candidate floors: the smallest this many distinct sizes (each with every size below it)
-FLOOR_SIZES = 2
-#: :func:`fit_collective_curve` tries the floor by default. False since its rule (session 44, KF) was rejected: on
-#: fresh data it took reduce-scatter's floor and scored 3.95 % where the plain fit scored 3.24 %
-COLLECTIVE_FLOOR = False
-
-
-def fit_collective_curve(m: np.ndarray, t: np.ndarray, floor: bool | None = None) -> PiecewiseSigmoid:
-    """The eq. 2-4 fit (:func:`fit_piecewise_sigmoid`) with, where it earns it, a small-message floor.
-
-    Gloo on the 2-vCPU VM runs all-reduce and reduce-scatter of 4-8 bytes at 0.19-0.27 ms and of 16 bytes and up at
-    ~0.40 ms (session 44): a latency step that one flat region cannot hold. For each of the ``FLOOR_SIZES``
-    smallest sizes as ``m0``, the curve is fitted to the sizes above ``m0`` and the sizes up to ``m0`` take the
-    geometric mean of their times; the best such curve is kept when its squared log10 error over all points is at
-    most ``FLOOR_GAIN`` of the plain fit's and at least 4 distinct sizes lie above ``m0``. ``floor``: None follows
-    ``COLLECTIVE_FLOOR``.
-    """
-    from dataclasses import replace
-
-    m = np.asarray(m, dtype=np.float64)
-    t = np.asarray(t, dtype=np.float64)
-    plain = fit_piecewise_sigmoid(m, t)
-    if not (COLLECTIVE_FLOOR if floor is None else floor):
-        return plain
-    ok = np.isfinite(m) & np.isfinite(t) & (m > 0) & (t > 0)
-    m, t = m[ok], t[ok]
-    best, best_loss = plain, FLOOR_GAIN * _log_loss(plain, m, t)
-    for m0 in np.unique(m)[:FLOOR_SIZES]:
-        low = m <= m0
-        if np.unique(m[~low]).size < 4:
-            continue
-        cand = replace(fit_piecewise_sigmoid(m[~low], t[~low]), m0=float(m0),
-                       ts0=float(10.0 ** np.mean(np.log10(t[low]))))
-        loss = _log_loss(cand, m, t)
-        if loss <= best_loss:
-            best, best_loss = cand, loss
-    return best
 
 
 def _sigmoid(xv: np.ndarray, L: float, x0: float, k: float, b: float) -> np.ndarray:
