@@ -249,13 +249,12 @@ def _time_collective(dist, fn, device: torch.device, warmup: int, repeats: int, 
                 fn()
                 sync()
                 t1 = time.perf_counter()
-                own[i, j] = t1 - t0
-                t0 = t1
-            continue
-        for _ in range(calls):
-            fn()
-        sync()
-        own[i] = (time.perf_counter() - t0) / calls
+                own[i, j], t0 = t1 - t0, t1
+        else:
+            for _ in range(calls):
+                fn()
+            sync()
+            own[i] = (time.perf_counter() - t0) / calls
     mine = torch.tensor(own.ravel(), dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     return mine.cpu().numpy()
