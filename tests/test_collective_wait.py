@@ -61,3 +61,10 @@ def test_wait_is_added_to_each_collective_of_a_k_rank_cpu_step_only():
 def test_platform_yaml_round_trip_keeps_the_waits():
     p = Platform.model_validate({**CPU.model_dump(mode="json"), "collective_wait_s": {"2": WAITS}})
     assert p.collective_wait_s == {2: WAITS}
+
+
+def test_a_negative_wait_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="collective_wait_s"):
+        Platform.model_validate({**CPU.model_dump(mode="json"), "collective_wait_s": {"2": {"all_reduce": -1e-4}}})

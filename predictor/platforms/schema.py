@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
 
 Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 
@@ -90,7 +90,7 @@ class Platform(_Strict):
     #: tick (4 ms). The fitted collective curves time the typical call; a step pays the mean. Measured by
     #: ``tuner calibrate --world-size K`` (per kind, the median over the benchmarked sizes of mean call -
     #: median call); empty: no such term
-    collective_wait_s: dict[int, dict[str, float]] = Field(default_factory=dict)
+    collective_wait_s: dict[int, dict[str, NonNegativeFloat]] = Field(default_factory=dict)
     #: CPU hosts: wall seconds of one minor page fault (a freshly mapped 4 KiB page) in a training
     #: process, measured by ``tuner calibrate`` (:mod:`predictor.calibration.page_faults`); 0: not
     #: measured, or a device whose allocator keeps its blocks (GPUs' caching allocators): no fault term
