@@ -44,9 +44,10 @@ from predictor.metrics import geomean_abs_pct_error, mean_abs_pct_error  # noqa:
 from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 
-def held_out(data_dir: Path, families: list[str]) -> dict[str, pd.DataFrame]:
+def held_out(data_dir: Path, families: list[str], everything: bool = False) -> dict[str, pd.DataFrame]:
     """``kernel -> held-out rows`` of the data pack ``data_dir`` (its calibration's split and seed) for the
-    kernels of ``families``; one line and exit 2 when the folder is not a pack with those tables."""
+    kernels of ``families``; every row with ``everything`` (a fresh calibration that no model set was fitted
+    on); one line and exit 2 when the folder is not a pack with those tables."""
     try:
         seed = int(load_asset_pack(data_dir, allow_unfitted=True).manifest.get("seed", 0))
     except AssetPackError as exc:
@@ -63,7 +64,7 @@ def held_out(data_dir: Path, families: list[str]) -> dict[str, pd.DataFrame]:
         for kernel, sub in frame.groupby("kernel", sort=False):
             sub = sub.reset_index(drop=True)
             _tr, te = _split(len(sub), seed, str(kernel))
-            out[str(kernel)] = sub.iloc[te]
+            out[str(kernel)] = sub if everything else sub.iloc[te]
     return out
 
 
@@ -81,17 +82,19 @@ def score(pack, by_kind: dict, rows: pd.DataFrame) -> dict | None:
             "mape_pct": mean_abs_pct_error(pred, actual), "level": level, "gmae_level_pct": geomean_abs_pct_error(pred / level, actual)}
 
 
-def markdown(results: list[dict], models: list[str], data: list[str], argv: list[str], note: str = "") -> str:
-    lines = ["# Kernel models scored on another calibration's held-out samples", "",
+def markdown(results: list[dict], models: list[str], data: list[str], argv: list[str], note: str = "",
+             everything: bool = False) -> str:
+    which = "every sample" if everything else "held-out samples"
+    lines = [f"# Kernel models scored on another calibration's {which}", "",
              "Each row: one kernel; each column pair: one model set (`--models`) on one data pack's held-out 20 % "
-             "(the calibration's own split). `GMAE` is against the samples as timed; `lc` divides the "
+             "(the calibration's own split; with `--all-samples`, every sample). `GMAE` is against the samples as timed; `lc` divides the "
              "predictions by their median ratio to the samples first (`level`, shown in brackets), so a spell "
              "that ran the machine faster or slower as a whole is not counted as shape error. No measuring.", "",
              f"Reproduce: `python experiments/cross_pack_heldout.py {' '.join(argv)}`", ""]
     if note:
         lines += [note, ""]
     for d in data:
-        lines += [f"## held-out samples of `{d}`", ""]
+        lines += [f"## {which} of `{d}`", ""]
         head = "| kernel | n | " + " | ".join(f"`{m}` GMAE % | lc % (level)" for m in models) + " |"
         lines += [head, "|---|---:|" + "---:|---:|" * len(models)]
         kernels = list(dict.fromkeys(r["kernel"] for r in results if r["data"] == d))
@@ -121,6 +124,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="pack folders (or git:REV[:NAME]) whose stored held-out samples score them")
     ap.add_argument("--families", nargs="+", required=True, help="benchmark families (data/<family>.csv)")
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "cross_pack_heldout")
+    ap.add_argument("--all-samples", action="store_true",
+                    help="score on every sample of the --data packs, not only their held-out 20 %% (for a fresh "
+                         "calibration that none of the --models was fitted on)")
     ap.add_argument("--note", default="", help="a paragraph for the report (e.g. how a candidate pack was made)")
     args = ap.parse_args(argv)
 
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                 fail(f"--models {spec}: {exc}")
             packs[spec] = (pack, models_by_kind(pack.models))
         for i, d in enumerate(args.data):
-            rows = held_out(Path(materialise(d, Path(tmp) / f"d{i}")), args.families)
+            rows = held_out(Path(materialise(d, Path(tmp) / f"d{i}")), args.families, args.all_samples)
             for spec, (pack, by_kind) in packs.items():
                 for kernel, sub in rows.items():
                     r = score(pack, by_kind, sub)
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
                         results.append({"models": spec, "data": d, "kernel": kernel, **r})
     out = args.out if args.out.is_absolute() else ROOT / args.out
     write_results(out, {"argv": argv, "models": args.models, "data": args.data, "rows": results},
-                  markdown(results, args.models, args.data, argv, args.note))
+                  markdown(results, args.models, args.data, argv, args.note, args.all_samples))
 
 
 if __name__ == "__main__":

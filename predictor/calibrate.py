@@ -586,14 +586,19 @@ def match_level(table: pd.DataFrame, models: Iterable[KernelModel], platform: Pl
 
 
 def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str | Path]]
-                      ) -> tuple[dict[str, pd.DataFrame | list], dict, dict[str, tuple[str, ...]]]:
+                      ) -> tuple[dict[str, pd.DataFrame | list], dict, dict[str, tuple[str, ...]], list[dict]]:
     """Benchmark tables of some families from other packs (``family -> pack``), checked to be measured
     the way the refitted pack's (manifest ``m``) were and on the same CPU: (tables by family, the record of
-    where each came from, the kernels taken per family where only some are); for a probe of :data:`PROBES`
+    where each came from, the kernels taken per family where only some are, the record of each table
+    taken: ``parts[i]`` is the entry of the rows whose ``_part`` is ``i``); for a probe of :data:`PROBES`
     its raw rows (a list) instead of a table. A key ``family:k1,k2`` takes only those kernels' rows (the
     refitted pack keeps its other kernels' samples of the family): a longer calibration then replaces the
-    kernels it measured better, not the family's noisier ones with them. The lockstep
-    probe may come from several packs (a list): each process's rounds are pooled over them, so the factor
+    kernels it measured better, not the family's noisier ones with them. One family may be named by
+    several keys whose kernels do not overlap (``gemm:addmm/fp32=A`` and ``gemm:addmm/bf16=B``).
+    A key may map to several packs (a list): their samples are pooled, so the models learn the kernel over
+    several spells of the machine rather than one. Every table carries a ``_part`` column (one value per
+    key and pack) that :func:`refit` uses to bring each spell to the pack's pace apart and then drops. The
+    lockstep probe may come from several packs too: each process's rounds are pooled over them, so the factor
     is the median over probes taken in several spells of the machine rather than one minute of it.
     CalibrationError, naming the family and the pack, when one cannot be used."""
     from predictor.calibration import FAMILIES
@@ -602,15 +607,23 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
 
     tables, record, selected = {}, {}, {}
     items: list[tuple[str, str, tuple[str, ...], str | Path]] = []
-    seen: set[str] = set()
+    named: dict[str, list[tuple[str, tuple[str, ...]]]] = {}  # family -> its keys and their kernels
     for key, src in data_from.items():
         family, kernels = parse_data_source(key)
         many = list(src) if isinstance(src, list | tuple) else [src]
-        if (len(many) > 1 or family in seen) and family != "lockstep":
-            raise CalibrationError(f"--data-from: family {family!r} given twice (only lockstep probes pool over "
-                                   "several packs)")
-        seen.add(family)
+        if len(many) > 1 and family in PROBES and family != "lockstep":
+            raise CalibrationError(f"--data-from {key}: given for {len(many)} packs; the {family} probe is taken "
+                                   "from one")
+        for other_key, other_kernels in named.get(family, []):
+            shared = set(kernels) & set(other_kernels)
+            if not kernels or not other_kernels or shared:
+                what = f"kernel {sorted(shared)[0]!r}" if shared else f"family {family!r}"
+                raise CalibrationError(f"--data-from: {what} given twice ({other_key} and {key}; several packs "
+                                       "for one kernel are given under one key)")
+        named.setdefault(family, []).append((key, kernels))
         items += [(key, family, kernels, one) for one in many]
+    parts: dict[str, list[pd.DataFrame]] = {}  # family -> the tables taken for it, one per key and pack
+    part_records: list[dict] = []  # the record entry of each of those tables, by its ``_part``
     for key, family, kernels, src in items:
         if family not in FAMILIES and family not in PROBES:
             raise CalibrationError(f"--data-from {key}={src}: unknown family {family!r} "
@@ -665,11 +678,22 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
                 raise CalibrationError(f"--data-from {key}={src}: the pack has no {family} samples of "
                                        f"{', '.join(map(repr, missing))} (it has {', '.join(have) or 'none'})")
             table = table[table["kernel"].astype(str).isin(kernels)].reset_index(drop=True)
-            selected[family] = kernels
-        tables[family] = table
-        record[key] = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
-                       "scale": om.get("scale", 1.0), "samples": len(table)}
-    return tables, record, selected
+            selected[family] = tuple(dict.fromkeys((*selected.get(family, ()), *kernels)))
+        parts.setdefault(family, []).append(table.assign(_part=len(part_records)))
+        one = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
+               "scale": om.get("scale", 1.0), "samples": len(table)}
+        part_records.append(one)
+        if key not in record:
+            record[key] = one
+        else:  # several packs pooled under one key: each keeps its entry, the key sums them
+            first = record[key]
+            sources = first.get("sources") or [first]
+            record[key] = {"pack": ", ".join(x["pack"] for x in [*sources, one]),
+                           "created": ", ".join(str(x["created"]) for x in [*sources, one]),
+                           "samples": sum(x["samples"] for x in [*sources, one]), "sources": [*sources, one]}
+    for family, taken in parts.items():
+        tables[family] = pd.concat(taken, ignore_index=True)
+    return tables, record, selected, part_records
 
 
 def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | Path | None = None,
@@ -726,17 +750,21 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
             data[family] = _read_benchmark_table(f, "--refit")
     if not data:
         raise CalibrationError(f"--refit {pack}: the pack stores no benchmark data (data/*.csv)")
-    replaced, data_record, selected = _family_data_from(m, data_from or {})
+    replaced, data_record, selected, part_records = _family_data_from(m, data_from or {})
     step_reuse_rows = replaced.pop("step_reuse", None)
     lockstep_rows = replaced.pop("lockstep", None)
     if level_match:
         if not old.models:
             raise CalibrationError(f"--match-level: {pack} has no fitted models to take the pace from")
-        for key in data_record:
-            family, _ = parse_data_source(key)
-            if isinstance(replaced.get(family), pd.DataFrame):
-                replaced[family], levels = match_level(replaced[family], old.models, old.platform)
-                data_record[key]["pace"] = {k: round(v, 4) for k, v in levels.items()}
+        for family, table in replaced.items():
+            if isinstance(table, pd.DataFrame):  # each pack's samples to the pack's pace apart (spells differ)
+                matched = []
+                for part, piece in table.groupby("_part", sort=True):
+                    piece, levels = match_level(piece, old.models, old.platform)
+                    matched.append(piece)
+                    part_records[int(part)]["pace"] = {k: round(v, 4) for k, v in levels.items()}
+                replaced[family] = pd.concat(matched).sort_index()
+    replaced = {f: t.drop(columns="_part") if isinstance(t, pd.DataFrame) else t for f, t in replaced.items()}
     for family, kernels in selected.items():  # only some kernels taken: the pack keeps its other rows
         if family in data:
             own = data[family]
