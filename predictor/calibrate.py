@@ -624,6 +624,7 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
         items += [(key, family, kernels, one) for one in many]
     parts: dict[str, list[pd.DataFrame]] = {}  # family -> the tables taken for it, one per key and pack
     part_records: list[dict] = []  # the record entry of each of those tables, by its ``_part``
+    key_records: dict[str, list[dict]] = {}  # key -> the entries of its packs, in the order given
     for key, family, kernels, src in items:
         if family not in FAMILIES and family not in PROBES:
             raise CalibrationError(f"--data-from {key}={src}: unknown family {family!r} "
@@ -683,14 +684,12 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
         one = {"pack": str(other.path), "created": om.get("created"), "level": om.get("level"),
                "scale": om.get("scale", 1.0), "samples": len(table)}
         part_records.append(one)
-        if key not in record:
-            record[key] = one
-        else:  # several packs pooled under one key: each keeps its entry, the key sums them
-            first = record[key]
-            sources = first.get("sources") or [first]
-            record[key] = {"pack": ", ".join(x["pack"] for x in [*sources, one]),
-                           "created": ", ".join(str(x["created"]) for x in [*sources, one]),
-                           "samples": sum(x["samples"] for x in [*sources, one]), "sources": [*sources, one]}
+        sources = key_records.setdefault(key, [])
+        sources.append(one)
+        # several packs pooled under one key: each keeps its entry under ``sources``, the key sums them
+        record[key] = one if len(sources) == 1 else {
+            "pack": ", ".join(x["pack"] for x in sources), "created": ", ".join(str(x["created"]) for x in sources),
+            "samples": sum(x["samples"] for x in sources), "sources": list(sources)}
     for family, taken in parts.items():
         tables[family] = pd.concat(taken, ignore_index=True)
     return tables, record, selected, part_records
@@ -721,6 +720,8 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     ``level_match``: each taken kernel's samples are first brought to the refitted pack's pace
     (:func:`match_level`: divided by the median ratio of their times to the pack's own model; recorded per
     kernel as ``pace`` under ``refit.data_from``).
+    A benchmark key may map to a list of packs: their samples of its kernels are pooled (with ``level_match``
+    each pack's brought to the pace apart; recorded under the key's ``sources``).
     ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
     (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
     fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's

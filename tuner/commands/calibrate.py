@@ -54,9 +54,10 @@ def calibrate(
                                         "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
                                         "--families gemm --scale 4 calibration of the same machine; "
                                         "FAMILY:KERNEL,KERNEL=PACK takes only those kernels' samples, e.g. "
-                                        "data_movement:transpose=DIR; step_reuse=DIR "
-                                        "takes DIR's step-reuse probe; lockstep=DIR, given for several DIRs, pools "
-                                        "their lockstep probes' rounds)"),
+                                        "data_movement:transpose=DIR; the same FAMILY[:KERNEL,...] given for several "
+                                        "DIRs pools their samples (each DIR at the pack's pace with --match-level); "
+                                        "step_reuse=DIR takes DIR's step-reuse probe; lockstep=DIR, given for several "
+                                        "DIRs, pools their lockstep probes' rounds)"),
     match_level: bool = typer.Option(False, "--match-level", help="with --data-from: bring each taken kernel's "
                                      "samples to the refitted pack's pace first (divided by the median ratio of "
                                      "their times to the pack's own model), so a longer calibration from a faster "
@@ -95,7 +96,7 @@ def calibrate(
         fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
     if match_level and not data_from:
         fail("--match-level goes with --data-from FAMILY=PACK (it rescales the samples taken from PACK)")
-    sources: dict[str, list[str]] = {}  # refit refuses a family given twice, except lockstep probes (pooled)
+    sources: dict[str, list[str]] = {}  # one key given for several packs: refit pools them
     for item in data_from or []:
         family, sep, src = item.partition("=")
         family, src = family.strip(), src.strip()
