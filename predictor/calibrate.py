@@ -441,8 +441,7 @@ def calibrate(
         #: seconds of benchmarking (and overhead / contention measurement), before any fitting
         "benchmark_s": round(time.perf_counter() - started, 1),
     }
-    data = {family: as_stored(frame) for family, frame in data.items()}
-    if not fit:
+    if not fit:  # the pack writes its data as stored; the fit below fits them so (_fit_and_write)
         return _write_unfitted(out, pack_name, dev, base, data, manifest_extra, started, log)
     return _fit_and_write(out, pack_name, dev, base, data, specs, level, seed, world_size, overheads, contention,
                           manifest_extra, started, log, register)
@@ -478,7 +477,10 @@ def _fit_and_write(out: Path, pack_name: str, dev: torch.device, base: Platform,
                    specs: list[tuple[str, ModelSpec]], level: Level, seed: int, world_size: int, overheads: dict,
                    contention: dict[str, float], manifest_extra: dict, started: float,
                    log: Callable[[str], None], register: bool) -> AssetPack:
-    """Fit every kernel model to ``data``, build the calibrated platform, write (and register) the pack."""
+    """Fit every kernel model to ``data`` as the pack stores it (:func:`as_stored`: a refit whose ``--match-level``
+    rescaled taken samples fits them rounded as written, so a later plain refit reproduces it), build the
+    calibrated platform, write (and register) the pack."""
+    data = {family: as_stored(frame) for family, frame in data.items()}
     t0 = time.perf_counter()
     models, table = _fit_all(data, specs, level, seed, base, log, scale=float(manifest_extra.get("scale", 1.0)),
                              target=str(manifest_extra.get("fit_target", "typical")))

@@ -402,6 +402,10 @@ def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path
                                rtol=1e-4)
     rec = load_asset_pack(merged).manifest["refit"]["data_from"]["data_movement:transpose"]
     assert rec["pace"]["transpose"] == pytest.approx(lv2["transpose"], rel=1e-3) and list(rec["pace"]) == ["transpose"]
+    # the rescaled samples are fitted as the pack stores them: a plain refit of it reproduces its error table
+    again = tmp_path / "again"
+    assert runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(again)]).exit_code == 0
+    assert load_asset_pack(again).error_table == load_asset_pack(merged).error_table
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(tmp_path / "bad"), "--match-level"])
     assert res.exit_code == 2 and "--match-level goes with --data-from" in res.output
     assert not (tmp_path / "bad").exists()
