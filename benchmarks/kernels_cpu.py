@@ -134,17 +134,31 @@ def _fastest_round_sentence(table: list[dict], met_typical: int, target: str = "
 
 def _data_from_sentence(key: str, src: dict) -> str:
     """One sentence on a family (or some of its kernels, ``family:k1,k2``) whose samples a refit took from another
-    calibration (manifest ``refit.data_from``), with the pace factors of a ``--match-level`` refit."""
+    calibration (manifest ``refit.data_from``), with the pace factors of a ``--match-level`` refit; a key pooled over
+    several calibrations (its record's ``sources``) names each of them with its own level, scale, samples and pace."""
     from predictor.calibrate import parse_data_source
 
     family, kernels = parse_data_source(key)
     what = f"{family} samples of {', '.join(kernels)}" if kernels else f"{family} samples"
-    pace = src.get("pace")
-    pace = (" brought to this pack's pace (`--match-level`: divided by "
-            + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items()) + ")") if isinstance(pace, dict) else ""
+    sources = src.get("sources")
+    if isinstance(sources, list) and sources:
+        parts = "; ".join(f"`{s.get('pack')}` (created {s.get('created')}, {s.get('level')} level at scale "
+                          f"{s.get('scale')}, {s.get('samples')} samples{_pace_words(s.get('pace'), ', divided by ')})"
+                          for s in sources)
+        return (f" Its {what} are pooled over {len(sources)} other calibrations of this machine (`--data-from` "
+                f"repeated, each brought to this pack's pace with `--match-level`; {src.get('samples')} samples): "
+                f"{parts}.")
+    pace = _pace_words(src.get("pace"), " brought to this pack's pace (`--match-level`: divided by ")
     return (f" Its {what} come from another calibration of this machine (`--data-from`): `{src.get('pack')}`, "
             f"created {src.get('created')}, {src.get('level')} level at scale {src.get('scale')}, {src.get('samples')} "
-            f"samples{pace}.")
+            f"samples{pace + ')' if pace else ''}.")
+
+
+def _pace_words(pace: object, lead: str) -> str:
+    """``lead`` and the pace factors of a ``--match-level`` source (``kernel -> factor``), or ``""`` without them."""
+    if not isinstance(pace, dict) or not pace:
+        return ""
+    return lead + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items())
 
 
 def main() -> None:

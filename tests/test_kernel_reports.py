@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.kernels_cpu import collective_floor
+from benchmarks.kernels_cpu import _data_from_sentence, collective_floor
 from experiments.kernel_model_variants import markdown
 
 
@@ -29,6 +29,21 @@ def test_collective_floor_compares_odd_and_even_passes(tmp_path):
 def test_collective_floor_is_empty_without_recorded_passes(tmp_path):
     frame = pd.DataFrame({"kernel": "all_reduce/w2", "msg_bytes": [4.0], "seconds": [1e-3]})
     assert collective_floor(_pack(tmp_path, frame)) == {}
+
+
+def test_data_from_sentence_names_each_pooled_source():
+    one = {"pack": "packs/a", "created": "T1", "level": "quick", "scale": 8.0, "samples": 100,
+           "pace": {"transpose": 0.918}}
+    single = _data_from_sentence("data_movement:transpose", one)
+    assert "`packs/a`, created T1, quick level at scale 8.0, 100 samples brought to this pack's pace" in single
+    assert "transpose x0.918)." in single
+    pooled = {"pack": "packs/a, packs/b", "created": "T1, T2", "samples": 300,
+              "sources": [one, {"pack": "packs/b", "created": "T2", "level": "quick", "scale": 3.0, "samples": 200,
+                                "pace": {"transpose": 1.05}}]}
+    text = _data_from_sentence("data_movement:transpose", pooled)
+    assert "None" not in text
+    assert "pooled over 2 other calibrations" in text and "300 samples" in text
+    assert "`packs/b` (created T2, quick level at scale 3.0, 200 samples, divided by transpose x1.050)" in text
 
 
 def test_variants_report_has_one_column_per_pack():
