@@ -362,6 +362,27 @@ def pace_relative_summary(drift: dict[str, dict]) -> dict[str, float]:
     return {"geomean_abs_pct": float(np.exp(np.mean(np.log(np.maximum(errs, 1e-9))))), "max_abs_pct": float(errs.max())}
 
 
+def at_median_pace(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
+    """A what-if, reported only: ``pred`` multiplied by the median over ``windows`` of their GEMM drift
+    (:func:`window_gemm_drift`: how much slower than the pack's recorded GEMM samples the machine ran during a
+    typical window) and scored against each configuration's median over the windows, as :func:`score`'s
+    ``vs_median_of_windows``. A pack whose shape models are right but whose pace is that of a faster spell reads
+    better here than against the medians; nothing feeds a prediction. ``{}`` when no window recorded a drift."""
+    drifts = [d for w in windows if (d := window_gemm_drift(w)) is not None]
+    if not drifts:
+        return {}
+    pace = float(np.median(drifts))
+    by_cfg: dict[tuple[str, int], list[float]] = {}
+    for w in windows:
+        for r in w["rows"]:
+            key = (r["model"], int(r["batch"]))
+            if key in pred:
+                by_cfg.setdefault(key, []).append(r["measured_s"])
+    pairs = [(pred[k] * pace, float(np.median(v))) for k, v in by_cfg.items()]
+    return {"pace": pace, "pace_quartiles": [float(q) for q in np.percentile(drifts, [25, 75])], "n_windows": len(drifts),
+            **_stats(pairs)}
+
+
 def _label(spec: str) -> str:
     """A pack spec as a column name: paths shortened to their last part (``refit:a/b/c`` -> ``refit:c``)."""
     head, _, tail = spec.rpartition(":") if ":" in spec and "/" in spec else ("", "", spec)
@@ -440,6 +461,18 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
             s = pace_relative_summary(results[p].get("drift_relative") or {})
             if s:
                 lines.append(f"| {_label(p)} | {s['geomean_abs_pct']:.2f} | {s['max_abs_pct']:.1f} |")
+    paced = results[platforms[0]].get("at_median_pace") or {}
+    if paced:
+        lines += ["", f"What if each pack ran at the windows' median pace (a what-if, not a prediction): the median GEMM "
+                  f"drift over the {paced['n_windows']} windows with a record is x{paced['pace']:.3f} (quartiles "
+                  f"{paced['pace_quartiles'][0]:.3f}-{paced['pace_quartiles'][1]:.3f}); each pack's predictions "
+                  "multiplied by it, against the per-configuration medians:", "",
+                  "| pack | geomean % | max % | median signed % |", "|---|---:|---:|---:|"]
+        for p in platforms:
+            a = results[p].get("at_median_pace") or {}
+            if a:
+                lines.append(f"| {_label(p)} | {a['geomean_abs_pct']:.2f} | {a['max_abs_pct']:.1f} | "
+                             f"{a['median_signed_pct']:+.1f} |")
     lines += ["", "Target (issue 4): geomean under 5 %, max under 10 %."]
     return "\n".join(lines) + "\n"
 
@@ -499,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
             pred = predict_rows(plat.timing())
             results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows),
-                          "drift_relative": drift_relative(pred, windows)}
+                          "drift_relative": drift_relative(pred, windows), "at_median_pace": at_median_pace(pred, windows)}
     from tuner.report import atomic_write_text
 
     if since is not None:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from experiments.e2e_windows import (
+    at_median_pace,
     drift_relative,
     load_windows,
     pace_relative_summary,
@@ -63,6 +64,22 @@ def test_the_machine_drift_is_divided_out_per_configuration() -> None:
     assert got["mlp 64"]["corr_with_drift"] == pytest.approx(1.0)
     summary = pace_relative_summary(got)
     assert summary["max_abs_pct"] == pytest.approx(10.0) and pace_relative_summary({}) == {}
+
+
+def test_the_median_pace_what_if_scales_every_prediction_by_the_median_drift() -> None:
+    def w(t: str, drift: float, mlp64: float, gpt2: float) -> dict:
+        return {**_window(t, mlp64, gpt2), "gemm_drift": {"before": {"ratio_geomean": drift},
+                                                          "after": {"ratio_geomean": drift}}}
+
+    # the machine runs 1.1x the pack's recorded pace in the median window; predictions right at the pack's pace
+    windows = [w("a", 1.0, 0.010, 0.050), w("b", 1.1, 0.011, 0.055), w("c", 1.2, 0.012, 0.060), _window("d", 9, 9)]
+    got = at_median_pace({("mlp", 64): 0.010, ("gpt", 2): 0.050}, windows[:3])
+    assert got["pace"] == pytest.approx(1.1) and got["n_windows"] == 3
+    assert got["max_abs_pct"] == pytest.approx(0.0, abs=1e-9)  # x1.1 = the medians 11 ms, 55 ms
+    # without the scaling the same predictions are 9.1 % under the medians
+    assert score({("mlp", 64): 0.010, ("gpt", 2): 0.050}, windows[:3])["vs_median_of_windows"]["max_abs_pct"] == \
+        pytest.approx(100 / 11, rel=1e-6)
+    assert at_median_pace({("mlp", 64): 0.010}, [windows[3]]) == {}  # no drift record: no what-if
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps([{"measured_at": "x", "rows": [{"model": "mlp"}]}]),
