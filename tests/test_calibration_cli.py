@@ -223,7 +223,10 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
     assert b.manifest["created"] == a.manifest["created"] and b.manifest["level"] == "tiny"
     assert b.platform.overheads.t2_s == pytest.approx(a.platform.overheads.t2_s)
     assert "(calibrated" in b.platform.name and b.platform.name.count("(calibrated") == 1
-    assert b.platform.page_fault_s == a.platform.page_fault_s > 0  # measured facts travel with the pack
+    # measured facts travel with the pack (the cost itself is a timing of this machine: a fresh block's write
+    # over a kept one's, clipped at 0; one CI run in session 46 read 0.0, so only its presence is asserted)
+    assert b.platform.page_fault_s == a.platform.page_fault_s >= 0
+    assert "page_fault_s" in a.platform.sources and b.platform.sources["page_fault_s"] == a.platform.sources["page_fault_s"]
     # facts measured since (a pack calibrated before page faults were measured) go into the platform
     from predictor.calibrate import CalibrationError, refit
 
