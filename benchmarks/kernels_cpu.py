@@ -143,22 +143,22 @@ def _data_from_sentence(key: str, src: dict) -> str:
     sources = src.get("sources")
     if isinstance(sources, list) and sources:
         parts = "; ".join(f"`{s.get('pack')}` (created {s.get('created')}, {s.get('level')} level at scale "
-                          f"{s.get('scale')}, {s.get('samples')} samples{_pace_words(s.get('pace'), ', divided by ')})"
+                          f"{s.get('scale')}, {s.get('samples')} samples"
+                          + (f", divided by {f}" if (f := _pace_factors(s.get("pace"))) else "") + ")"
                           for s in sources)
         return (f" Its {what} are pooled over {len(sources)} other calibrations of this machine (`--data-from` "
                 f"repeated, each brought to this pack's pace with `--match-level`; {src.get('samples')} samples): "
                 f"{parts}.")
-    pace = _pace_words(src.get("pace"), " brought to this pack's pace (`--match-level`: divided by ")
+    factors = _pace_factors(src.get("pace"))
+    pace = f" brought to this pack's pace (`--match-level`: divided by {factors})" if factors else ""
     return (f" Its {what} come from another calibration of this machine (`--data-from`): `{src.get('pack')}`, "
             f"created {src.get('created')}, {src.get('level')} level at scale {src.get('scale')}, {src.get('samples')} "
-            f"samples{pace + ')' if pace else ''}.")
+            f"samples{pace}.")
 
 
-def _pace_words(pace: object, lead: str) -> str:
-    """``lead`` and the pace factors of a ``--match-level`` source (``kernel -> factor``), or ``""`` without them."""
-    if not isinstance(pace, dict) or not pace:
-        return ""
-    return lead + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items())
+def _pace_factors(pace: object) -> str:
+    """The pace factors of a ``--match-level`` source (``kernel -> factor``) as ``"k x0.918, ..."``, or ``""``."""
+    return ", ".join(f"{k} x{v:.3f}" for k, v in pace.items()) if isinstance(pace, dict) else ""
 
 
 def main() -> None:

@@ -286,20 +286,24 @@ def _stats(pairs: list[tuple[float, float]]) -> dict:
             "median_signed_pct": float(np.median((np.asarray(p) / np.asarray(m) - 1.0) * 100.0)), "n": len(pairs)}
 
 
+def config_medians(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[tuple[str, int], float]:
+    """Each predicted configuration's median measured seconds over ``windows`` (the steadier ground truth)."""
+    by_cfg: dict[tuple[str, int], list[float]] = {}
+    for w in windows:
+        for r in w["rows"]:
+            if (key := (r["model"], int(r["batch"]))) in pred:
+                by_cfg.setdefault(key, []).append(r["measured_s"])
+    return {k: float(np.median(v)) for k, v in by_cfg.items()}
+
+
 def score(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
     """Errors (%) of ``pred`` against each window, pooled, and against the per-configuration median."""
-    per, pooled, by_cfg = [], [], {}
+    per, pooled = [], []
     for w in windows:
-        pairs = []
-        for r in w["rows"]:
-            key = (r["model"], int(r["batch"]))
-            if key not in pred:
-                continue
-            pairs.append((pred[key], r["measured_s"]))
-            by_cfg.setdefault(key, []).append(r["measured_s"])
+        pairs = [(pred[key], r["measured_s"]) for r in w["rows"] if (key := (r["model"], int(r["batch"]))) in pred]
         pooled += pairs
         per.append({"measured_at": w["measured_at"], **_stats(pairs)})
-    med = {k: float(np.median(v)) for k, v in by_cfg.items()}
+    med = config_medians(pred, windows)
     med_errs = {f"{k[0]} {k[1]}": (pred[k] / m - 1.0) * 100.0 for k, m in med.items()}
     return {"windows": per, "pooled": _stats(pooled),
             "vs_median_of_windows": _stats([(pred[k], m) for k, m in med.items()]),
@@ -372,13 +376,7 @@ def at_median_pace(pred: dict[tuple[str, int], float], windows: list[dict]) -> d
     if not drifts:
         return {}
     pace = float(np.median(drifts))
-    by_cfg: dict[tuple[str, int], list[float]] = {}
-    for w in windows:
-        for r in w["rows"]:
-            key = (r["model"], int(r["batch"]))
-            if key in pred:
-                by_cfg.setdefault(key, []).append(r["measured_s"])
-    pairs = [(pred[k] * pace, float(np.median(v))) for k, v in by_cfg.items()]
+    pairs = [(pred[k] * pace, m) for k, m in config_medians(pred, windows).items()]
     return {"pace": pace, "pace_quartiles": [float(q) for q in np.percentile(drifts, [25, 75])], "n_windows": len(drifts),
             **_stats(pairs)}
 
