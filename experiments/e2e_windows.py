@@ -98,6 +98,8 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     * ``hc:CLASS=F[,CLASS=F]:SPEC`` -> the pack of ``SPEC`` with its host-contention factors of those
       classes (``embedding``, ``memory``, ``compute``; every world size) set to ``F``: a what-if on
       the contention model, e.g. ``hc:embedding=1.0:cpu-local-avx2``;
+    * ``pace:CLASS=F[,CLASS=F]:SPEC`` -> the pack of ``SPEC`` with its kernel pace of those classes set to
+      ``F`` (``Platform.kernel_pace``), e.g. ``pace:compute=1.05:cpu-local-zen4``;
     * (:func:`resolve_pack`, outermost) ``throughout:SPEC`` -> SPEC with host contention priced throughout
       the step, not only while another rank runs (the timing before session 27);
     * anything else is a pack name or path as ``--platform`` takes it.
@@ -107,6 +109,8 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     """
     if spec.startswith("hc:"):
         return _contention_variant(spec, workdir, fault_s)
+    if spec.startswith("pace:"):
+        return _pace_variant(spec, workdir, fault_s)
     if spec.startswith("git:"):
         from predictor.platforms.assets import AssetPackError, pack_at_revision
 
@@ -165,30 +169,52 @@ def _pack_dir(name: str, spec: str) -> Path:
 def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
     """The ``hc:CLASS=F,...:SPEC`` pack (:func:`materialise`): SPEC's pack copied into ``workdir`` with
     those host-contention factors replaced in its ``platform.yaml``."""
-    import shutil
+    from predictor.platforms.schema import KERNEL_CLASSES
 
-    import yaml
-
-    from predictor.calibration.contention import CLASSES
-
-    CLASSES = (*CLASSES, "sync")  # noqa: N806 - the lockstep factor is replaced like a class's
-    head, sep, inner = spec[3:].partition(":")
-    try:
-        factors = {k.strip(): float(v) for k, v in (kv.split("=") for kv in head.split(","))}
-    except ValueError:
-        factors = {}
-    if not sep or not factors or any(k not in CLASSES or not 0 < f < float("inf") for k, f in factors.items()):
-        fail(f"--compare {spec}: expected hc:CLASS=F[,CLASS=F]:PACK with CLASS in {', '.join(CLASSES)} and F > 0")
-    src = _pack_dir(materialise(inner, workdir / "hc-inner", fault_s), spec)
-    out = workdir / ("hc-" + "-".join(f"{k}{v:g}" for k, v in factors.items()))
-    shutil.copytree(src, out, dirs_exist_ok=True)
-    doc = yaml.safe_load((out / "platform.yaml").read_text())
-    for plat in doc.values():
+    def replace(plat: dict, factors: dict[str, float], src: str) -> None:
         hc = plat.get("host_contention") or {}
         if not hc:
             fail(f"--compare {spec}: {src} has no host-contention factors to replace")
         for world in hc:
             hc[world].update(factors)
+
+    # the lockstep factor is replaced like a class's
+    return _platform_variant(spec, "hc", (*KERNEL_CLASSES, "sync"), replace, workdir, fault_s)
+
+
+def _pace_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
+    """The ``pace:CLASS=F,...:SPEC`` pack (:func:`materialise`): SPEC's pack copied into ``workdir`` with
+    those kernel-pace factors (``Platform.kernel_pace``) set in its ``platform.yaml``."""
+    from predictor.platforms.schema import KERNEL_CLASSES
+
+    def replace(plat: dict, factors: dict[str, float], _src: str) -> None:
+        plat["kernel_pace"] = {**(plat.get("kernel_pace") or {}), **factors}
+
+    return _platform_variant(spec, "pace", KERNEL_CLASSES, replace, workdir, fault_s)
+
+
+def _platform_variant(spec: str, prefix: str, classes: tuple[str, ...], replace, workdir: Path,
+                      fault_s: float | None) -> str:
+    """``PREFIX:CLASS=F[,CLASS=F]:SPEC``: SPEC's pack (:func:`materialise`) copied into ``workdir`` and its
+    ``platform.yaml`` edited by ``replace(platform mapping, {class: F}, source folder)``."""
+    import shutil
+
+    import yaml
+
+    head, sep, inner = spec[len(prefix) + 1:].partition(":")
+    try:
+        factors = {k.strip(): float(v) for k, v in (kv.split("=") for kv in head.split(","))}
+    except ValueError:
+        factors = {}
+    if not sep or not factors or any(k not in classes or not 0 < f < float("inf") for k, f in factors.items()):
+        fail(f"--compare {spec}: expected {prefix}:CLASS=F[,CLASS=F]:PACK with CLASS in {', '.join(classes)} "
+             "and F > 0")
+    src = _pack_dir(materialise(inner, workdir / f"{prefix}-inner", fault_s), spec)
+    out = workdir / (f"{prefix}-" + "-".join(f"{k}{v:g}" for k, v in factors.items()))
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    doc = yaml.safe_load((out / "platform.yaml").read_text())
+    for plat in doc.values():
+        replace(plat, factors, str(src))
     (out / "platform.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return str(out)
 
@@ -331,21 +357,25 @@ def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict
 
 def window_gemm_drift(window: dict) -> float | None:
     """A window's GEMM drift: the geomean of its before / after re-timings of the scoring pack's GEMM shapes
-    (``measure_env.gemm_drift``: now / at calibration), or None when it recorded none."""
-    gd = window.get("gemm_drift") or {}
-    vals = [float(gd[k]["ratio_geomean"]) for k in ("before", "after") if (gd.get(k) or {}).get("ratio_geomean")]
-    return float(np.exp(np.mean(np.log(vals)))) if vals else None
+    (``measure_env.gemm_drift``: now / at calibration), or None when it recorded none
+    (:func:`predictor.calibration.pace.window_drift` of the compute class)."""
+    from predictor.calibration.pace import window_drift
+
+    return window_drift(window, "compute")
 
 
-def drift_relative(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[str, dict]:
+def drift_relative(pred: dict[tuple[str, int], float], windows: list[dict],
+                   pack_pace: float = 1.0) -> dict[str, dict]:
     """Per configuration, over the windows that recorded a GEMM drift: the median of measured / predicted,
     its correlation with the window's GEMM drift, and the median of (measured / predicted) / drift — the
     row's error with the machine's pace at the time divided out (above 1: the step runs slower than the
     pack predicts beyond the machine's own drift). Every drift is a re-timing of the pack the window was
-    measured with; the windows of one pack's CPU share its GEMM shapes only while that pack is committed."""
+    measured with; the windows of one pack's CPU share its GEMM shapes only while that pack is committed.
+    ``pack_pace``: the compute pace the pack's predictions already carry (``Platform.kernel_pace``): each
+    drift is taken relative to it."""
     out: dict[str, dict] = {}
     for key, p in pred.items():
-        pairs = [(r["measured_s"] / p, d) for w in windows if (d := window_gemm_drift(w)) is not None
+        pairs = [(r["measured_s"] / p, d / pack_pace) for w in windows if (d := window_gemm_drift(w)) is not None
                  for r in w["rows"] if (r["model"], int(r["batch"])) == key]
         if len(pairs) < 3:
             continue
@@ -366,17 +396,19 @@ def pace_relative_summary(drift: dict[str, dict]) -> dict[str, float]:
     return {"geomean_abs_pct": float(np.exp(np.mean(np.log(np.maximum(errs, 1e-9))))), "max_abs_pct": float(errs.max())}
 
 
-def at_median_pace(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
+def at_median_pace(pred: dict[tuple[str, int], float], windows: list[dict], pack_pace: float = 1.0) -> dict:
     """A what-if, reported only: ``pred`` multiplied by the median over ``windows`` of their GEMM drift
     (:func:`window_gemm_drift`: how much slower than the pack's recorded GEMM samples the machine ran during a
     typical window) and scored against each configuration's median over the windows, as :func:`score`'s
     ``vs_median_of_windows``. A pack whose shape models are right but whose pace is that of a faster spell reads
-    better here than against the medians; nothing feeds a prediction. ``{}`` when no window recorded a drift."""
+    better here than against the medians; nothing feeds a prediction. ``{}`` when no window recorded a drift.
+    ``pack_pace``: the compute pace the pack's predictions already carry (``Platform.kernel_pace``): they are
+    multiplied by the median drift over it."""
     drifts = [d for w in windows if (d := window_gemm_drift(w)) is not None]
     if not drifts:
         return {}
     pace = float(np.median(drifts))
-    pairs = [(pred[k] * pace, m) for k, m in config_medians(pred, windows).items()]
+    pairs = [(pred[k] * pace / pack_pace, m) for k, m in config_medians(pred, windows).items()]
     return {"pace": pace, "pace_quartiles": [float(q) for q in np.percentile(drifts, [25, 75])], "n_windows": len(drifts),
             **_stats(pairs)}
 
@@ -453,7 +485,8 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
             lines.append(f"| {k} | {r['n']} | {r['measured_over_predicted']:.3f} | {r['corr_with_drift']:+.2f} | "
                          f"{r['over_drift']:.3f} |")
         lines += ["", "Each pack's errors with the pace divided out (|(measured / predicted) / drift - 1| over the "
-                  "configurations; a model change judged apart from the spell the pack was calibrated in):", "",
+                  "configurations; a model change judged apart from the spell the pack was calibrated in; a pack "
+                  "with a measured kernel pace has each drift divided by its compute pace first):", "",
                   "| pack | geomean % | max % |", "|---|---:|---:|"]
         for p in platforms:
             s = pace_relative_summary(results[p].get("drift_relative") or {})
@@ -464,7 +497,8 @@ def markdown(results: dict[str, dict], windows: list[dict], platforms: list[str]
         lines += ["", f"What if each pack ran at the windows' median pace (a what-if, not a prediction): the median GEMM "
                   f"drift over the {paced['n_windows']} windows with a record is x{paced['pace']:.3f} (quartiles "
                   f"{paced['pace_quartiles'][0]:.3f}-{paced['pace_quartiles'][1]:.3f}); each pack's predictions "
-                  "multiplied by it, against the per-configuration medians:", "",
+                  "multiplied by it (over its own compute pace, for a pack that carries one), against the "
+                  "per-configuration medians:", "",
                   "| pack | geomean % | max % | median signed % |", "|---|---:|---:|---:|"]
         for p in platforms:
             a = results[p].get("at_median_pace") or {}
@@ -529,8 +563,10 @@ def main(argv: list[str] | None = None) -> None:
                     fail(f"{args.archive}: no window measured on {who} "
                          f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
             pred = predict_rows(plat.timing())
+            pack_pace = plat.platform.kernel_pace.get("compute", 1.0)
             results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows),
-                          "drift_relative": drift_relative(pred, windows), "at_median_pace": at_median_pace(pred, windows)}
+                          "drift_relative": drift_relative(pred, windows, pack_pace),
+                          "at_median_pace": at_median_pace(pred, windows, pack_pace), "kernel_pace": pack_pace}
     from tuner.report import atomic_write_text
 
     if since is not None:

@@ -701,7 +701,7 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
           platform_facts: dict | None = None,
           data_from: Mapping[str, str | Path | Sequence[str | Path]] | None = None,
           log: Callable[[str], None] = print, register: bool = True, fit_target: str | None = None,
-          level_match: bool = False) -> AssetPack:
+          level_match: bool = False, pace_from: str | Path | None = None) -> AssetPack:
     """Fit a pack's kernel models again from the benchmark data it stores; no device needed.
 
     The models, the held-out error table and the calibrated platform are rebuilt by the same code
@@ -727,7 +727,10 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     ``lockstep`` may map to a list of packs: their probes' rounds are pooled. The written pack stores the data it was fitted on and records where each family came from
     (manifest ``refit.data_from``). ``fit_target``: fit the samples' median of rounds (``"typical"``) or
     fastest round (``"fastest_round"``) instead of what the pack recorded (default: the pack's
-    ``fit_target``, ``"typical"`` for packs before it was recorded).
+    ``fit_target``, ``"typical"`` for packs before it was recorded). ``pace_from``: an archive of measurement
+    windows (``benchmarks/results/e2e_cpu_windows.json``) whose drift probes against this pack set the
+    platform's ``kernel_pace`` (:func:`predictor.calibration.pace.pace_from_windows`); without it a refit keeps
+    the pack's stored pace.
 
     Raises:
         CalibrationError: ``pack`` is not a loadable asset pack, or stores no benchmark data.
@@ -801,6 +804,24 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
         rec = data_record["step_reuse"]
         base = _with_step_reuse_rows(base, step_reuse_rows, f"tuner calibrate {rec['created']} ({rec['pack']})")
         m["embedding_step_reuse_probe"] = {"estimator": STEP_REUSE_ESTIMATOR, "rows": step_reuse_rows}
+    if pace_from is not None:
+        from predictor.calibration.pace import PaceError, pace_from_windows, read_windows
+
+        try:
+            pace, pace_record = pace_from_windows(read_windows(pace_from), str(m.get("created", "")), m.get("cpu"),
+                                                  source=str(pace_from))
+        except PaceError as exc:
+            raise CalibrationError(str(exc)) from None
+        classes = pace_record["classes"]
+        note = "; ".join(f"{c} x{v['median']:.3f} over {v['windows']} windows {v['first'][:10]}..{v['last'][:10]} "
+                         f"(quartiles {v['quartiles'][0]:.3f}-{v['quartiles'][1]:.3f})"
+                         + ("" if v["applied"] else ", recorded, not applied") for c, v in classes.items())
+        base = base.model_copy(update={
+            "kernel_pace": pace,
+            "sources": {**base.sources, "kernel_pace": f"median drift of the pack's own GEMM (compute) and memcpy "
+                        f"(memory) shapes re-timed in later measurement windows ({pace_from}; "
+                        f"predictor/calibration/pace.py): {note}"}})
+        refit_info["pace_from"] = pace_record
     if platform_facts:
         refit_info["platform_facts"] = dict(platform_facts)
     # the families an earlier refit took from other packs keep their record (the stored data are theirs)

@@ -45,12 +45,13 @@ from pathlib import Path
 import numpy as np
 
 from predictor.calibration.processes import run_module_processes
+from predictor.platforms.schema import KERNEL_CLASSES
 
 __all__ = ["CLASSES", "CONTENTION_ESTIMATOR", "ESTIMATORS", "ContentionError", "factors", "measure_host_contention", "probe_host_contention",
            "slot_schedule"]
 
 #: kernel classes a factor is measured for
-CLASSES: tuple[str, ...] = ("embedding", "memory", "compute")
+CLASSES: tuple[str, ...] = KERNEL_CLASSES
 #: seconds of one time slot
 SLOT_S = 1.0
 #: how a round's per-process ratios become one factor (see :func:`factors`)

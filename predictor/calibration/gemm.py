@@ -71,8 +71,11 @@ class GemmBenchmark(Benchmark):
         # bf16 also gets ATen's oneDNN edge (``onednn_gemm``: b m n k > 16^3, where the stored Zen 4 data jump
         # ~4x): over seeds 1-3 of the five Zen 4 calibrations the bf16 held-out GMAE 6.70 -> 5.90 %, bmm bf16
         # 9.30 -> 7.66 %, every pack better (``experiments/results/s38/pooled_fit_gemm_onednn.md``)
+        # fp32 gets ATen's naive-bmm edge (``bmm_naive``: a bmm whose m n k < 400 runs ATen's own per-entry loop,
+        # not BLAS): on the two 6-round Zen 4 spells the 9 held-out bmm rows on that path read 30.8 % GMAE without
+        # it and 6.6 % with it, bmm fp32 6.27 -> 4.47 % (order reversed 5.72 %; session 47)
         def edge(dt: str) -> tuple[str, ...]:
-            return ONEDNN_FEATURES if dt == "bf16" else ()
+            return ONEDNN_FEATURES if dt == "bf16" else ("bmm_naive",)
 
         return [ModelSpec(kernel=gemm_route(op, dt), kinds=GEMM_KINDS, method="mlp",
                           features=("m", "n", "k", "batch", *edge(dt), *ROUTE_FEATURES, *ALIGN16_FEATURES),

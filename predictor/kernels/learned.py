@@ -524,9 +524,10 @@ def conv_align_features(lanes: int) -> tuple[str, ...]:
     return ("cout_al16", "cin_al16") if lanes >= 16 else ()
 
 
-#: GEMM and convolution shape features, tried in session 35 and used by no spec (their held-out gains
-#: did not hold over other splits, and ``gemm_bytes`` moved a step's large GEMMs: see
-#: :mod:`predictor.calibration.gemm`); ``experiments/kernel_model_variants.py`` has them as variants.
+#: GEMM and convolution shape features, tried in session 35 (their held-out gains did not hold over other
+#: splits, and ``gemm_bytes`` moved a step's large GEMMs: see :mod:`predictor.calibration.gemm`);
+#: ``experiments/kernel_model_variants.py`` has them as variants. Since session 47 the CPU fp32 GEMM net takes
+#: ``bmm_naive`` (on the 6-round spells its rows were the worst bmm samples).
 #: ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``, the operands' and result's bytes (log2);
 #: ``bmm_naive`` = 1 when ``m n k < 400`` (not logged; in a net pooled over the GEMM ops, only on ``is_bmm``
 #: rows): ATen's CPU ``bmm`` runs its own per-entry loop below that product instead of a BLAS batch; ``conv_bytes`` = a "same"-padded convolution's input,

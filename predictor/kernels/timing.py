@@ -19,6 +19,9 @@
   backward finds the rows its forward read still cached while the working set fits
   (:mod:`predictor.calibration.step_reuse`); where the pack measured it per pooling of the probe's tables
   (``Platform.embedding_step_reuse_pooling``) each table takes its pooling's factor;
+* on a CPU platform with a measured pace (``Platform.kernel_pace``: how much slower a typical later spell of
+  the machine runs each kernel class than the spell the pack timed it in), the predicted kernels of that class
+  take that factor (before host contention; measured and overhead-typed tasks keep their time);
 * on a CPU platform with measured collective waits for K ranks (``Platform.collective_wait_s[K]``), every
   collective task of a K-rank graph takes its kind's wait (seconds) more: the calibrated curves time the typical
   (median) call, a step pays the mean, scheduler-tick waits included. A graph is one training step.
@@ -125,14 +128,17 @@ class ModelTiming:
             out[idx] = self.model_for(timed).predict(TaskView.from_graph(graph, idx, timed), self.platform)
         self._apply_step_reuse(graph, on_device, out)
         self._apply_collective_wait(graph, on_device, out)
+        classes = self.kernel_classes(graph)
+        for cls, sel in classes.items():  # the machine's typical pace against its calibration spell's
+            pace = self.platform.kernel_pace.get(cls, 1.0)
+            if pace != 1.0:
+                out[on_device & sel] *= pace
         factors = self.contention_factors(graph.n_ranks)
         if not factors:
             return out
-        emb = graph.kind_mask(*AnalyticEmbedding.kinds)  # the embedding kernel kinds
         factor = np.ones(graph.n_tasks)
         busy = np.zeros(graph.n_tasks, dtype=bool)
-        for cls, sel in (("embedding", emb), ("memory", (graph.category == Category.MEMORY) & ~emb),
-                         ("compute", graph.category == Category.COMPUTE)):
+        for cls, sel in classes.items():
             factor[on_device & sel] = factors.get(cls, 1.0)
             busy |= on_device & sel
         out[busy] *= factors.get("sync", 1.0)  # the ranks wait for each other at every collective (lockstep.py)
@@ -142,6 +148,14 @@ class ModelTiming:
         from predictor.simulate import simulate
 
         return co_run_durations(graph, out, factor, busy, simulate)
+
+    @staticmethod
+    def kernel_classes(graph: ExecutionGraph) -> dict[str, np.ndarray]:
+        """Task masks of the kernel classes of host contention and pace (:data:`KERNEL_CLASSES`): the
+        embedding kinds, every other memory-bound task, the compute tasks."""
+        emb = graph.kind_mask(*AnalyticEmbedding.kinds)
+        return {"embedding": emb, "memory": (graph.category == Category.MEMORY) & ~emb,
+                "compute": graph.category == Category.COMPUTE}
 
     def step_working_sets(self, graph: ExecutionGraph) -> dict[int, float]:
         """Per cache domain (-1: every rank of a CPU host; else a rank), the step's embedding working set

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, field_validator
 
 Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 
@@ -59,6 +59,11 @@ class CpuOverheads(_Strict):
                                   "on a device: host cost beyond its ops' T's; 0 unless calibrated")
 
 
+#: the kernel classes a CPU host's contention and pace factors are given for (embedding-bag kinds, other
+#: memory-bound kernels, compute kernels)
+KERNEL_CLASSES: tuple[str, ...] = ("embedding", "memory", "compute")
+
+
 class Platform(_Strict):
     """One accelerator: compute peaks, memory hierarchy, interconnect, price, overheads."""
 
@@ -85,6 +90,12 @@ class Platform(_Strict):
     #: "compute") when they all run at once, and ("sync") of every class when they also wait for each other
     #: at every collective, measured by ``tuner calibrate --world-size K``
     host_contention: dict[int, dict[str, float]] = Field(default_factory=dict)
+    #: CPU hosts: kernel class ("compute", "memory", "embedding") -> how much slower a typical later spell of
+    #: the machine runs that class's kernels than the spell its calibration timed them in (1.0: as calibrated).
+    #: A shared VM's pace drifts by tens of percent over hours; a pack whose models are right at its own spell's
+    #: pace under-predicts a typical step by that drift. Measured, not assumed: the median over many later
+    #: windows of the pack's own microbenchmarks re-timed (``tuner calibrate --refit --pace-from``); empty: none
+    kernel_pace: dict[str, PositiveFloat] = Field(default_factory=dict)
     #: CPU hosts: ranks sharing the host -> collective kind -> seconds a call waits, on average, beyond its
     #: typical (median) time: on a 2-vCPU VM about one small all-reduce in five waits for the next scheduler
     #: tick (4 ms). The fitted collective curves time the typical call; a step pays the mean. Measured by
@@ -118,6 +129,14 @@ class Platform(_Strict):
         for dt, x in v.items():
             if x <= 0:
                 raise ValueError(f"peak for {dt} must be > 0")
+        return v
+
+    @field_validator("kernel_pace")
+    @classmethod
+    def _pace_classes(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(KERNEL_CLASSES))
+        if unknown:
+            raise ValueError(f"unknown kernel class(es) {', '.join(unknown)}; expected {', '.join(KERNEL_CLASSES)}")
         return v
 
     @field_validator("embedding_step_reuse")

@@ -62,6 +62,11 @@ def calibrate(
                                      "samples to the refitted pack's pace first (divided by the median ratio of "
                                      "their times to the pack's own model), so a longer calibration from a faster "
                                      "or slower spell of the machine adds its shapes, not its spell's pace"),
+    pace_from: Path = typer.Option(None, "--pace-from", help="with --refit: set the platform's kernel pace (how "
+                                   "much slower a typical later spell of the machine runs compute and memory-bound "
+                                   "kernels than the pack's calibration spell) to the median drift of the "
+                                   "measurement windows in FILE taken against this pack "
+                                   "(benchmarks/results/e2e_cpu_windows.json)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
@@ -94,6 +99,8 @@ def calibrate(
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     if data_from and refit is None:
         fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
+    if pace_from is not None and refit is None:
+        fail("--pace-from goes with --refit PACK (it sets a calibrated pack's kernel pace)")
     if match_level and not data_from:
         fail("--match-level goes with --data-from FAMILY=PACK (it rescales the samples taken from PACK)")
     sources: dict[str, list[str]] = {}  # one key given for several packs: refit pools them
@@ -109,7 +116,7 @@ def calibrate(
             from predictor.calibrate import refit as run_refit
 
             pack = run_refit(refit, out, overheads=overheads, data_from=sources, fit_target=fit_target,
-                             level_match=match_level,
+                             level_match=match_level, pace_from=pace_from,
                              log=lambda line: err_console.print(line, highlight=False))
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
