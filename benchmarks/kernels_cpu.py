@@ -156,6 +156,16 @@ def _data_from_sentence(key: str, src: dict) -> str:
             f"samples{pace}.")
 
 
+def _kernel_pace_sentence(pace: dict[str, float]) -> str:
+    """One sentence on the platform's measured kernel pace (``Platform.kernel_pace``), or ``""`` without one: it
+    scales a training step's predicted kernels, not this table, whose models are scored at their own spell's pace."""
+    if not pace:
+        return ""
+    return (" The platform also carries a measured kernel pace (" + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items())
+            + ": how much slower a typical later spell of this machine ran the pack's own probe shapes; "
+            "`predictor/calibration/pace.py`), which scales a step's predicted kernels of that class, not this table.")
+
+
 def _pace_factors(pace: object) -> str:
     """The pace factors of a ``--match-level`` source (``kernel -> factor``) as ``"k x0.918, ..."``, or ``""``."""
     return ", ".join(f"{k} x{v:.3f}" for k, v in pace.items()) if isinstance(pace, dict) else ""
@@ -263,7 +273,8 @@ def main() -> None:
            if isinstance(pack.manifest.get("refit"), dict) else "")
         + "".join(_data_from_sentence(key, src)
                   for key, src in ((pack.manifest.get("refit") or {}).get("data_from") or {}).items()
-                  if isinstance(src, dict)),
+                  if isinstance(src, dict))
+        + _kernel_pace_sentence(pack.platform.kernel_pace),
         "",
         "Round spread: two timings of the same shape in different rounds differ by a median of "
         + ", ".join(f"{k} {v:.0f} %" for k, v in round_spreads(pack.path).items())

@@ -191,17 +191,12 @@ def _pack_table(pack_path, name: str, what: str, columns: tuple[str, ...]):
     return d
 
 
-def _larger_half(d, column: str, cases: int, seed: int):
-    """``cases`` rows drawn (seeded) from the rows whose ``column`` is at least its median."""
-    d = d[d[column] >= d[column].median()]
-    return d.sample(n=min(cases, len(d)), random_state=seed) if len(d) else d
-
-
-def _ratios(ratios: list[float]) -> dict:
-    """Geomean, min and max of now / then time ratios."""
+def _ratios(ratios: list[float], reference: str) -> dict:
+    """Geomean, min and max of now / then time ratios, and the probe rows' reference
+    (:func:`predictor.calibration.pace.probe_reference`)."""
     lr = np.log(ratios)
     return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
-            "ratio_max": float(np.max(ratios)), "cases": len(ratios)}
+            "ratio_max": float(np.max(ratios)), "cases": len(ratios), "reference": reference}
 
 
 def _timed_cold(row) -> bool:
@@ -231,13 +226,13 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
 
     from predictor.calibration.base import time_case
     from predictor.calibration.gemm import gemm_builder
+    from predictor.calibration.pace import probe_reference, probe_rows
     from predictor.calibration.timing import Timer
 
     d = _pack_table(pack_path, "gemm.csv", "GEMM benchmark table", ("kernel", "kind", "m", "n", "k", "flops", "seconds"))
     if d is None:
         return {}
-    d = d[d.kernel.isin(["addmm/fp32", "mm/fp32"])]
-    d = _larger_half(d, "flops", cases, seed)
+    d = probe_rows(d, "compute", cases, seed)
     if d.empty:
         return {}
     timer = Timer("cpu")
@@ -245,7 +240,7 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     for r in d.itertuples():
         build = gemm_builder(str(r.kind), int(r.m), int(r.n), int(r.k), 1, torch.float32, torch.device("cpu"))
         ratios.append(time_case(timer, build, cold=_timed_cold(r)).seconds / float(r.seconds))
-    return _ratios(ratios)
+    return _ratios(ratios, probe_reference(d))
 
 
 def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
@@ -264,14 +259,14 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
 
     from predictor.calibration.base import time_case
     from predictor.calibration.data_movement import _copy
+    from predictor.calibration.pace import probe_reference, probe_rows
     from predictor.calibration.timing import Timer
 
     d = _pack_table(pack_path, "data_movement.csv", "data-movement benchmark table",
                     ("kernel", "elements", "bytes", "seconds"))
     if d is None:
         return {}
-    d = d[d.kernel == "memcpy"]
-    d = _larger_half(d, "bytes", cases, seed)
+    d = probe_rows(d, "memory", cases, seed)
     if d.empty:
         return {}
     timer = Timer("cpu")
@@ -279,4 +274,4 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
     for r in d.itertuples():
         build = _copy(int(r.elements), torch.device("cpu"))
         ratios.append(time_case(timer, build, cold=_timed_cold(r)).seconds / float(r.seconds))
-    return _ratios(ratios)
+    return _ratios(ratios, probe_reference(d))

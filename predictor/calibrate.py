@@ -805,11 +805,11 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
         base = _with_step_reuse_rows(base, step_reuse_rows, f"tuner calibrate {rec['created']} ({rec['pack']})")
         m["embedding_step_reuse_probe"] = {"estimator": STEP_REUSE_ESTIMATOR, "rows": step_reuse_rows}
     if pace_from is not None:
-        from predictor.calibration.pace import PaceError, pace_from_windows, read_windows
+        from predictor.calibration.pace import PaceError, pace_from_windows, pack_references, read_windows
 
         try:
             pace, pace_record = pace_from_windows(read_windows(pace_from), str(m.get("created", "")), m.get("cpu"),
-                                                  source=str(pace_from))
+                                                  source=str(pace_from), references=pack_references(old.path))
         except PaceError as exc:
             raise CalibrationError(str(exc)) from None
         classes = pace_record["classes"]

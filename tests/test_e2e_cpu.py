@@ -191,6 +191,9 @@ def test_gemm_drift_retimes_the_packs_own_shapes(tmp_path):
     d = gemm_drift(tmp_path, cases=2)
     # a 32^3 GEMM takes microseconds, recorded as 1 s: the ratio says "much faster now"
     assert d["cases"] == 2 and 0 < d["ratio_geomean"] < 0.01
+    from predictor.calibration.pace import pack_references
+
+    assert d["reference"] == pack_references(tmp_path)["compute"]  # what the drift is a ratio to
     assert gemm_drift(tmp_path / "missing") == {}
     text = "\n".join(drift_lines({"before": d, "after": d}))
     assert "Machine drift" in text and f"x{d['ratio_geomean']:.3f}" in text

@@ -6,10 +6,19 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from predictor.calibration.pace import MIN_WINDOWS, PaceError, pace_from_windows, read_windows, window_drift
+from predictor.calibration.pace import (
+    MIN_WINDOWS,
+    PaceError,
+    pace_from_windows,
+    probe_reference,
+    probe_rows,
+    read_windows,
+    window_drift,
+)
 from predictor.graph import Category, GraphBuilder, ProcKind
 from predictor.kernels.timing import ModelTiming
 from predictor.platforms import get_platform
@@ -21,10 +30,11 @@ CREATED = "2026-11-26T06:49:35+00:00"
 
 
 def _window(i: int, gemm: tuple[float, float] | None, memory: tuple[float, float] | None = None,
-            created: str = CREATED, cpu: dict | None = None) -> dict:
+            created: str = CREATED, cpu: dict | None = None, reference: str | None = None) -> dict:
     gd = {}
     if gemm:
-        gd |= {"before": {"ratio_geomean": gemm[0]}, "after": {"ratio_geomean": gemm[1]}}
+        ref = {"reference": reference} if reference else {}
+        gd |= {"before": {"ratio_geomean": gemm[0], **ref}, "after": {"ratio_geomean": gemm[1], **ref}}
     if memory:
         gd |= {"memory_before": {"ratio_geomean": memory[0]}, "memory_after": {"ratio_geomean": memory[1]}}
     return {"measured_at": f"2026-11-27T{i:02d}:00:00+00:00", "pack_created": created, "cpu": cpu or CPU,
@@ -58,6 +68,30 @@ def test_a_class_with_too_few_windows_is_not_recorded_and_none_at_all_is_refused
         pace_from_windows(wins[: MIN_WINDOWS - 1], CREATED, CPU)
     with pytest.raises(PaceError, match="0 of"):
         pace_from_windows(wins, "another pack", CPU)
+
+
+def test_windows_of_the_packs_current_probe_reference_take_over_once_there_are_enough():
+    legacy = [_window(i, (1.10, 1.10)) for i in range(MIN_WINDOWS)]
+    other = [_window(i, (3.0, 3.0), reference="old") for i in range(MIN_WINDOWS)]
+    few = [_window(i, (1.00, 1.00), reference="new") for i in range(3)]
+    pace, record = pace_from_windows(legacy + other + few, CREATED, CPU, references={"compute": "new"})
+    assert pace["compute"] == pytest.approx(1.10)  # 3 current + 10 legacy; another reference never counts
+    assert record["classes"]["compute"]["windows"] == MIN_WINDOWS + 3
+    assert record["classes"]["compute"]["reference"] == "before references"
+    enough = [_window(i, (1.00, 1.00), reference="new") for i in range(MIN_WINDOWS)]
+    pace, record = pace_from_windows(legacy + other + enough, CREATED, CPU, references={"compute": "new"})
+    assert pace["compute"] == pytest.approx(1.00) and record["classes"]["compute"]["reference"] == "new"
+
+
+def test_the_probe_rows_and_their_reference():
+    table = pd.DataFrame({"kernel": ["mm/fp32", "addmm/fp32", "bmm/fp32", "mm/fp32"], "m": [1, 2, 3, 4],
+                          "n": 1, "k": 1, "flops": [1.0, 2.0, 9.0, 3.0], "seconds": [1.0, 2.0, 3.0, 4.0]})
+    rows = probe_rows(table, "compute")
+    assert sorted(rows["m"]) == [2, 4]  # fp32 addmm / mm only, the larger half by FLOPs
+    same = probe_reference(rows)
+    assert same == probe_reference(probe_rows(table, "compute"))
+    table.loc[3, "seconds"] = 4.5
+    assert probe_reference(probe_rows(table, "compute")) != same
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps({"windows": []}), json.dumps([1, 2])])

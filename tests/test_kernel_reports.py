@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks.kernels_cpu import _data_from_sentence, collective_floor
+from benchmarks.kernels_cpu import _data_from_sentence, _kernel_pace_sentence, collective_floor
 from experiments.kernel_model_variants import markdown
 
 
@@ -44,6 +44,12 @@ def test_data_from_sentence_names_each_pooled_source():
     assert "None" not in text
     assert "pooled over 2 other calibrations" in text and "300 samples" in text
     assert "`packs/b` (created T2, quick level at scale 3.0, 200 samples, divided by transpose x1.050)" in text
+
+
+def test_the_kernel_pace_is_named_and_said_not_to_touch_the_table():
+    assert _kernel_pace_sentence({}) == ""
+    text = _kernel_pace_sentence({"compute": 1.0502})
+    assert "compute x1.050" in text and "not this table" in text
 
 
 def test_variants_report_has_one_column_per_pack():

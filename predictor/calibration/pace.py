@@ -22,13 +22,16 @@ session 47). No probe times the embedding kernels, so that class has no pace.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-__all__ = ["APPLIED_CLASSES", "MIN_WINDOWS", "PROBE_KEYS", "PaceError", "pace_from_windows", "read_windows", "window_drift"]
+__all__ = ["APPLIED_CLASSES", "MIN_WINDOWS", "PROBE_KEYS", "PROBE_ROWS", "PaceError", "pace_from_windows", "pack_references",
+           "probe_reference", "probe_rows", "read_windows", "window_drift"]
 
 #: kernel class -> the window record's drift keys (before, after) that re-time that class's shapes
 PROBE_KEYS: dict[str, tuple[str, str]] = {"compute": ("before", "after"), "memory": ("memory_before", "memory_after")}
@@ -36,6 +39,14 @@ PROBE_KEYS: dict[str, tuple[str, str]] = {"compute": ("before", "after"), "memor
 APPLIED_CLASSES: tuple[str, ...] = ("compute",)
 #: fewest windows a class's pace is taken from: one spell's drift is not the machine's typical pace
 MIN_WINDOWS = 10
+
+
+#: kernel class -> (the pack's benchmark table, its kernels the probe draws from, the size column whose larger half
+#: it draws from, shapes drawn): what ``experiments/measure_env.py`` re-times
+PROBE_ROWS: dict[str, tuple[str, tuple[str, ...], str, int]] = {
+    "compute": ("gemm.csv", ("addmm/fp32", "mm/fp32"), "flops", 24),
+    "memory": ("data_movement.csv", ("memcpy",), "bytes", 16),
+}
 
 
 class PaceError(ValueError):
@@ -48,6 +59,39 @@ def window_drift(window: Mapping, cls: str) -> float | None:
     gd = window.get("gemm_drift") or {}
     vals = [float(gd[k]["ratio_geomean"]) for k in PROBE_KEYS[cls] if (gd.get(k) or {}).get("ratio_geomean")]
     return float(np.exp(np.mean(np.log(vals)))) if vals else None
+
+
+def probe_rows(table: pd.DataFrame, cls: str, cases: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """The rows of a pack's benchmark ``table`` (:data:`PROBE_ROWS`) that the drift probe of class ``cls``
+    re-times: ``cases`` (default the class's) drawn, seeded, from its kernels' rows whose size column is at
+    least its median."""
+    _, kernels, column, n = PROBE_ROWS[cls]
+    d = table[table["kernel"].isin(kernels)]
+    d = d[d[column] >= d[column].median()]
+    return d.sample(n=min(cases or n, len(d)), random_state=seed) if len(d) else d
+
+
+def probe_reference(rows: pd.DataFrame) -> str:
+    """A short fingerprint of the probe's rows (kernel, shape and recorded time): a window's drift is a ratio to
+    these recorded times, so windows taken against other rows (a pack whose data were refitted from other
+    spells) measure against another reference."""
+    cols = [c for c in ("kernel", "m", "n", "k", "elements", "seconds") if c in rows.columns]
+    text = rows[cols].to_csv(index=False, float_format="%.6g")
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def pack_references(pack_dir: str | Path) -> dict[str, str]:
+    """Per probed class, :func:`probe_reference` of the pack's probe rows ({} for a class whose table is
+    missing or unreadable)."""
+    out = {}
+    for cls, (name, *_rest) in PROBE_ROWS.items():
+        try:
+            rows = probe_rows(pd.read_csv(Path(pack_dir) / "data" / name), cls)
+        except (OSError, KeyError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            continue
+        if len(rows):
+            out[cls] = probe_reference(rows)
+    return out
 
 
 def read_windows(path: str | Path) -> list[dict]:
@@ -68,12 +112,21 @@ def _same_cpu(a: Mapping | None, b: Mapping | None) -> bool:
     return bool(a) and bool(b) and all(str(a.get(k)) == str(b.get(k)) for k in keys)
 
 
+def _reference(window: Mapping, cls: str) -> str | None:
+    """The probe reference a window's drift of ``cls`` was taken against (None: recorded before references)."""
+    gd = window.get("gemm_drift") or {}
+    return next((gd[k]["reference"] for k in PROBE_KEYS[cls] if (gd.get(k) or {}).get("reference")), None)
+
+
 def pace_from_windows(windows: Sequence[Mapping], pack_created: str, cpu: Mapping | None,
-                      source: str = "windows") -> tuple[dict[str, float], dict]:
+                      source: str = "windows",
+                      references: Mapping[str, str] | None = None) -> tuple[dict[str, float], dict]:
     """Per applied kernel class (:data:`APPLIED_CLASSES`), the median drift over the ``windows`` measured
     against the pack created at ``pack_created`` on ``cpu`` (:func:`window_drift`), and a record of what it was
     taken from (windows, first and last ``measured_at``, median and quartiles of every probed class; ``applied``
-    says which became the pace).
+    says which became the pace). ``references``: the pack's probe references (:func:`pack_references`); where
+    :data:`MIN_WINDOWS` windows were taken against the pack's current reference only those count, else the
+    windows of the pack that recorded no reference (before session 47) and those of its current one.
 
     Raises:
         PaceError: no applied class has :data:`MIN_WINDOWS` windows of this pack and CPU.
@@ -82,7 +135,10 @@ def pace_from_windows(windows: Sequence[Mapping], pack_created: str, cpu: Mappin
     pace: dict[str, float] = {}
     record: dict = {"from": source, "pack_created": pack_created, "classes": {}}
     for cls in PROBE_KEYS:
-        pairs = [(str(w.get("measured_at", "")), d) for w in mine if (d := window_drift(w, cls)) is not None]
+        ref = (references or {}).get(cls)
+        current = [w for w in mine if ref is not None and _reference(w, cls) == ref]
+        chosen = current if len(current) >= MIN_WINDOWS else current + [w for w in mine if _reference(w, cls) is None]
+        pairs = [(str(w.get("measured_at", "")), d) for w in chosen if (d := window_drift(w, cls)) is not None]
         if len(pairs) < MIN_WINDOWS:
             continue
         when, vals = zip(*sorted(pairs), strict=True)
@@ -91,6 +147,7 @@ def pace_from_windows(windows: Sequence[Mapping], pack_created: str, cpu: Mappin
             pace[cls] = median
         record["classes"][cls] = {"windows": len(vals), "first": when[0], "last": when[-1],
                                   "median": round(median, 4), "applied": cls in APPLIED_CLASSES,
+                                  "reference": ref if chosen is current else "before references",
                                   "quartiles": [round(float(q), 4) for q in np.percentile(vals, [25, 75])]}
     if not pace:
         raise PaceError(f"--pace-from {source}: fewer than {MIN_WINDOWS} windows with a drift record were measured "
