@@ -146,6 +146,7 @@ def test_refit_pace_from_windows_and_its_bad_input(tmp_path: Path, monkeypatch: 
     p = load_asset_pack(src)
     assert p.platform.kernel_pace["compute"] == pytest.approx(float(np.sqrt(1.04 * 1.06)))
     assert "memory" not in p.platform.kernel_pace and "not applied" in p.platform.sources["kernel_pace"]
+    assert p.source == f"asset pack src (kernel pace compute x{np.sqrt(1.04 * 1.06):.3f})"  # outputs say it
     assert p.manifest["refit"]["pace_from"]["classes"]["memory"]["windows"] == MIN_WINDOWS
     res = runner.invoke(app, ["calibrate", "--refit", str(src)])  # a later refit keeps the stored pace
     assert res.exit_code == 0, res.output

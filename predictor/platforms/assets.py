@@ -85,8 +85,11 @@ class AssetPack:
 
     @property
     def source(self) -> str:
-        """Label that outputs print to say which models produced the numbers."""
-        return f"asset pack {self.name}"
+        """Label that outputs print to say which models produced the numbers (and the platform's measured kernel
+        pace, when it carries one: it scales every predicted kernel of its class)."""
+        pace = self.platform.kernel_pace
+        return f"asset pack {self.name}" + (
+            " (kernel pace " + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items()) + ")" if pace else "")
 
     @property
     def overheads(self) -> CpuOverheads:
