@@ -161,7 +161,7 @@ def _kernel_pace_sentence(pace: dict[str, float]) -> str:
     scales a training step's predicted kernels, not this table, whose models are scored at their own spell's pace."""
     if not pace:
         return ""
-    return (" The platform also carries a measured kernel pace (" + ", ".join(f"{k} x{v:.3f}" for k, v in pace.items())
+    return (" The platform also carries a measured kernel pace (" + _pace_factors(pace)
             + ": how much slower a typical later spell of this machine ran the pack's own probe shapes; "
             "`predictor/calibration/pace.py`), which scales a step's predicted kernels of that class, not this table.")
 

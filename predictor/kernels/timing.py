@@ -128,12 +128,13 @@ class ModelTiming:
             out[idx] = self.model_for(timed).predict(TaskView.from_graph(graph, idx, timed), self.platform)
         self._apply_step_reuse(graph, on_device, out)
         self._apply_collective_wait(graph, on_device, out)
-        classes = self.kernel_classes(graph)
-        for cls, sel in classes.items():  # the machine's typical pace against its calibration spell's
-            pace = self.platform.kernel_pace.get(cls, 1.0)
-            if pace != 1.0:
-                out[on_device & sel] *= pace
+        pace = {cls: p for cls, p in self.platform.kernel_pace.items() if p != 1.0}
         factors = self.contention_factors(graph.n_ranks)
+        if not pace and not factors:  # the class masks only when a factor needs them (the hot loop)
+            return out
+        classes = self.kernel_classes(graph)
+        for cls, p in pace.items():  # the machine's typical pace against its calibration spell's
+            out[on_device & classes[cls]] *= p
         if not factors:
             return out
         factor = np.ones(graph.n_tasks)

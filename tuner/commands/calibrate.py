@@ -63,10 +63,10 @@ def calibrate(
                                      "their times to the pack's own model), so a longer calibration from a faster "
                                      "or slower spell of the machine adds its shapes, not its spell's pace"),
     pace_from: Path = typer.Option(None, "--pace-from", help="with --refit: set the platform's kernel pace (how "
-                                   "much slower a typical later spell of the machine runs compute and memory-bound "
-                                   "kernels than the pack's calibration spell) to the median drift of the "
-                                   "measurement windows in FILE taken against this pack "
-                                   "(benchmarks/results/e2e_cpu_windows.json)"),
+                                   "much slower a typical later spell of the machine runs compute kernels than the "
+                                   "pack's calibration spell) to the median GEMM drift of the measurement windows in "
+                                   "FILE taken against this pack, at least 10 (benchmarks/results/e2e_cpu_windows.json; "
+                                   "the memcpy drift is recorded, not applied)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses."""
