@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from predictor.calibration import make_benchmarks
-from predictor.calibration.base import BenchContext, Level, ModelSpec
+from predictor.calibration.base import BenchContext, Benchmark, Level, ModelSpec
 from predictor.calibration.timing import ESTIMATOR, Timer, typical
 from predictor.graph import PARAM_COLUMNS
 from predictor.kernels.base import KernelModel, TaskView
@@ -163,6 +163,26 @@ def parse_device(device: str) -> torch.device:
     raise CalibrationError(f"--device {device}: expected cpu, cuda or cuda:N")
 
 
+def _kernel_subset(kernels: list[str] | None, benches: list, fit: bool, ctx: BenchContext) -> frozenset[str] | None:
+    """``--kernels`` checked against the run families: each label must be a kernel of one of them that is timed
+    by the generic case loop (:func:`~predictor.calibration.base.run_cases`), and the spell must not be fitted
+    (its other kernels have no samples). None: no subset."""
+    if kernels is None:
+        return None
+    wanted = [k.strip() for k in kernels if k.strip()]
+    if not wanted:
+        raise CalibrationError("--kernels: names no kernel")
+    if fit:
+        raise CalibrationError(f"--kernels {','.join(wanted)}: a spell of some kernels is data to pool, not a pack; "
+                               "add --no-fit and merge it with --refit PACK --data-from FAMILY:KERNEL=THIS")
+    narrowable = {s.kernel for b in benches if type(b).run is Benchmark.run for s in b.specs(ctx)}
+    for k in wanted:
+        if k not in narrowable:
+            raise CalibrationError(f"--kernels: {k!r} is no kernel of the families run that can be timed alone; "
+                                   f"known: {', '.join(sorted(narrowable)) or 'none'}")
+    return frozenset(wanted)
+
+
 def calibrate(
     device: str = "cpu",
     out: str | Path = "assets/cpu-local",
@@ -182,6 +202,7 @@ def calibrate(
     scale: float = 1.0,
     fit_target: str = "typical",
     rounds: int | None = None,
+    kernels: list[str] | None = None,
 ) -> AssetPack:
     """Benchmark ``device``, fit every kernel model, write the asset pack ``out``; return it loaded.
 
@@ -218,10 +239,14 @@ def calibrate(
             shared by its rounds, so more rounds time fewer shapes, each the median of more rounds: for families
             whose models have few parameters (the element-wise rooflines) a cleaner sample can be worth more
             than another shape.
+        kernels: time only these kernels of the run families (labels as in the error table, e.g. ``bmm/fp32``),
+            which then get their families' whole time budgets: a spell of one kernel to pool into a pack with
+            ``refit(data_from=...)``. Needs ``fit=False``; families with their own timing loop (embedding bags,
+            collectives) cannot be narrowed.
 
     Raises:
-        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing``, ``scale``, ``rounds`` or
-            ``fit_target``.
+        CalibrationError: bad device, world size, ``memory_bound``, ``gemm_timing``, ``scale``, ``rounds``,
+            ``fit_target`` or ``kernels``.
     """
     dev = parse_device(device)
     level: Level = "tiny" if tiny else ("quick" if quick else "full")
@@ -269,9 +294,6 @@ def calibrate(
     if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
         raise CalibrationError(f"--rounds {rounds}: must be between 1 and {MAX_ROUNDS}")
     started = time.perf_counter()
-    log(f"calibrating {dev} ({level} grids" + (f" x{scale:g}" if scale != 1 else "")
-        + (f", {rounds} rounds" if rounds is not None else "")
-        + f", {n_threads} torch thread(s), world size {world_size}) -> {out}")
 
     base = _base_platform(dev, level)
     llc_bytes = base.last_level_cache_bytes or 32 * 2**20
@@ -290,6 +312,12 @@ def calibrate(
     data: dict[str, pd.DataFrame] = {}
     specs: list[tuple[str, ModelSpec]] = []
     benches = make_benchmarks(world_size, bench_families) if bench_families != [] else []
+    only_kernels = _kernel_subset(kernels, benches, fit, BenchContext(device=dev, level=level,
+                                  rng=np.random.default_rng(0), timer=timer))
+    log(f"calibrating {dev} ({level} grids" + (f" x{scale:g}" if scale != 1 else "")
+        + (f", {rounds} rounds" if rounds is not None else "")
+        + (f", only {','.join(sorted(only_kernels))}" if only_kernels else "")
+        + f", {n_threads} torch thread(s), world size {world_size}) -> {out}")
     seeds = {b.name: int(rng.integers(2**62)) for b in benches}
     passes = int(rounds) if rounds is not None else PASSES[level]
     # CPU with several ranks: the host-contention and lockstep probes run in bursts, one after each round,
@@ -326,6 +354,7 @@ def calibrate(
                 cold_gemm=gemm_timing == "cold",
                 part=(p, passes) if bench.spread_rounds else None,
                 only=reached.get(bench.name) if p else None,
+                kernels=only_kernels,
                 threads=n_threads,
                 simd_lanes=simd_lanes,
             )
@@ -411,6 +440,8 @@ def calibrate(
         #: the benchmark families in the order their grid seeds were drawn from ``seed`` (a family's
         #: shapes can be rebuilt from it: ``benchmarks/heldout_retime_cpu.py``)
         "families": [b.name for b in benches],
+        #: the kernels timed when ``--kernels`` narrowed the families (absent: every kernel of each)
+        **({"kernels": sorted(only_kernels)} if only_kernels is not None else {}),
         #: what rounds after the first time: "reached" = the shapes the first round reached (every sample
         #: the median of all rounds; packs before session 16 drew each round afresh: "fresh")
         "later_rounds": "reached",
@@ -674,6 +705,9 @@ def _family_data_from(m: dict, data_from: Mapping[str, str | Path | Sequence[str
         if not f.exists():
             raise CalibrationError(f"--data-from {key}={src}: the pack has no {family} benchmarks ({f})")
         table = _read_benchmark_table(f, f"--data-from {key}={src}")
+        if om.get("kernels") and not kernels:
+            raise CalibrationError(f"--data-from {key}={src}: the pack timed only {', '.join(om['kernels'])} "
+                                   f"(--kernels); take them by name, e.g. {family}:{om['kernels'][0]}={src}")
         if kernels:
             have = list(dict.fromkeys(table["kernel"].astype(str))) if "kernel" in table else []
             missing = [k for k in kernels if k not in have]
@@ -746,6 +780,9 @@ def refit(pack: str | Path, out: str | Path | None = None, *, overheads: str | P
     except AssetPackError as exc:
         raise CalibrationError(f"--refit: {exc}") from None
     m = old.manifest
+    if m.get("kernels"):
+        raise CalibrationError(f"--refit {pack}: it holds a spell of {', '.join(m['kernels'])} only (--kernels), "
+                               "not a pack to fit; pool it into one with --refit PACK --data-from FAMILY:KERNEL=THIS")
     level: Level = m.get("level", "quick")
     if level not in BUDGETS:
         raise CalibrationError(f"--refit {pack}: manifest level {level!r} is not one of {', '.join(BUDGETS)}")

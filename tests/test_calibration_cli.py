@@ -377,6 +377,45 @@ def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, 
         ([f"step_reuse:x={other}"], "a probe, taken whole")))
 
 
+def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--kernels K --no-fit`` times K alone, with the same shapes a whole-family spell of that seed draws for it
+    (the other kernels' shapes are drawn and left out), and records K in the manifest; such a spell is pooled by
+    name (``--data-from FAMILY:K=SPELL``) and refused whole or as a pack to refit."""
+    base, _ = _two_data_movement_packs(tmp_path, monkeypatch)
+    spell = tmp_path / "spell"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(spell), "--threads", "1",
+                              "--families", "data_movement", "--seed", "0", "--kernels", "transpose", "--no-fit"])
+    assert res.exit_code == 0, res.output
+    got, whole = pd.read_csv(spell / "data" / "data_movement.csv"), pd.read_csv(base / "data" / "data_movement.csv")
+    assert set(got.kernel) == {"transpose"} and len(got) > 0
+    shapes = [c for c in ("elements", "bytes", "m", "n") if c in got and c in whole]
+    mine = whole[whole.kernel == "transpose"]
+    assert {tuple(r) for r in got[shapes].astype(float).values} <= {tuple(r) for r in mine[shapes].astype(float).values}
+    assert load_asset_pack(spell, allow_unfitted=True).manifest["kernels"] == ["transpose"]
+    merged = tmp_path / "merged"
+    res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
+                              "--data-from", f"data_movement:transpose={spell}"])
+    assert res.exit_code == 0, res.output
+    out = pd.read_csv(merged / "data" / "data_movement.csv")
+    assert len(out[out.kernel == "transpose"]) == len(got)
+    assert "kernels" not in load_asset_pack(merged).manifest
+    _assert_refit_refuses(base, tmp_path / "bad", (
+        ([f"data_movement={spell}"], "the pack timed only transpose"),))
+    res = runner.invoke(app, ["calibrate", "--refit", str(spell), "--out", str(tmp_path / "bad")])
+    assert res.exit_code == 2 and "holds a spell of transpose only" in res.output
+    assert not (tmp_path / "bad").exists()
+    for args, message in ((["--kernels", "transpose"], "add --no-fit"),
+                          (["--kernels", "relu", "--no-fit"], "'relu' is no kernel of the families run"),
+                          (["--families", "embedding_bag", "--kernels", "embedding_bag_fwd", "--no-fit"],
+                           "'embedding_bag_fwd' is no kernel of the families run that can be timed alone")):
+        res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(tmp_path / "bad"), "--families",
+                                  "data_movement", *args] if "--families" not in args else
+                            ["calibrate", "--device", "cpu", "--out", str(tmp_path / "bad"), *args])
+        lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], (args, res.output)
+        assert not (tmp_path / "bad").exists()
+
+
 def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--match-level`` divides each taken kernel's times by their median ratio to the refitted pack's own model:
     a calibration from a spell twice as slow adds the same shapes at the same level as one from the pack's spell."""

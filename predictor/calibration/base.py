@@ -133,6 +133,10 @@ class BenchContext:
     #: each round reached ~2/3 of the grid and a third of the samples had a single timing, which
     #: fitted 25-45 % worse than the three-round ones (``benchmarks/results/kernels_cpu_scale4.md``)
     only: frozenset[int] | None = None
+    #: kernel labels to time (``tuner calibrate --kernels``; None: every kernel of the family): the others'
+    #: cases are left out of the grid, so the family's whole time budget goes to these (a spell of one
+    #: kernel, e.g. medians of 12 rounds of ``bmm/fp32``, to pool with ``--refit --data-from``)
+    kernels: frozenset[str] | None = None
     #: multiple of the level's sample counts (:meth:`count`; ``tuner calibrate --scale``)
     scale: float = 1.0
     #: fp32 lanes of the calibrating CPU's vector registers (:func:`~predictor.platforms.cpu_local.fp32_lanes`;
@@ -211,8 +215,10 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
     seen: dict[int, list[float]] = {}
     order = [i for i in range(len(cases)) if (ctx.part is None or i % ctx.part[1] == ctx.part[0])
              and (ctx.only is None or i in ctx.only)]
-    shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
     kernels = [str(c[0].get("kernel", "")) for c in cases]
+    if ctx.kernels is not None:
+        order = [i for i in order if kernels[i] in ctx.kernels]
+    shuffler = ctx.rng if ctx.shuffle_seed is None else np.random.default_rng(ctx.shuffle_seed)
     spent: dict[str, float] = {}  # seconds per kernel in the first pass (time_fair)
     pace: dict[str, list[float]] = {}  # kernel -> [wall seconds, work] of its cases timed so far
     skipped = 0

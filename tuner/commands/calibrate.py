@@ -28,6 +28,10 @@ def calibrate(
                                  "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
                                  "collectives, reduction; and the probe step_reuse (CPU: embedding tables in a step's order vs "
                                  "cold; runs with embedding_bag too)"),
+    kernels: str = typer.Option(None, "--kernels", help="comma-separated kernels of the run families to time, "
+                                "e.g. bmm/fp32 (default: all): they get their families' whole time budgets; a "
+                                "spell to pool into a pack with --refit PACK --data-from FAMILY:KERNEL=OUT (needs "
+                                "--no-fit)"),
     memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax, reduction and "
                                      "data-movement kernels are timed: cold (cache evicted before each call, as a "
                                      "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
@@ -95,6 +99,8 @@ def calibrate(
         fail("--scale goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if rounds is not None and refit is not None:
         fail("--rounds goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if kernels is not None and refit is not None:
+        fail("--kernels goes with a fresh calibration (--refit reuses the pack's stored timings)")
     if overheads is not None and refit is None:
         fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
     if data_from and refit is None:
@@ -123,6 +129,7 @@ def calibrate(
             pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
                                    name=name, seed=seed, families=fams, memory_bound=memory_bound,
                                    gemm_timing=gemm_timing, fit=not no_fit, scale=scale, rounds=rounds,
+                                   kernels=kernels.split(",") if kernels is not None else None,
                                    fit_target=fit_target or "typical",
                                    log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
