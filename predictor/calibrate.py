@@ -535,7 +535,8 @@ def _write_unfitted(out: Path, pack_name: str, dev: torch.device, base: Platform
     write_asset_pack(out, name=pack_name, device=str(dev), platform=base, models={}, data=data,
                      manifest_extra=extra)
     log(f"wrote the benchmarks of {pack_name} to {out} in {time.perf_counter() - started:.0f} s, not fitted: "
-        f"tuner calibrate --refit {out}")
+        + (f"pool them into a pack with tuner calibrate --refit PACK --data-from FAMILY:KERNEL={out}"
+           if manifest_extra.get("kernels") else f"tuner calibrate --refit {out}"))
     return load_asset_pack(out, allow_unfitted=True)
 
 

@@ -386,6 +386,7 @@ def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypa
     res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(spell), "--threads", "1",
                               "--families", "data_movement", "--seed", "0", "--kernels", "transpose", "--no-fit"])
     assert res.exit_code == 0, res.output
+    assert "--data-from FAMILY:transpose=" in res.output
     got, whole = pd.read_csv(spell / "data" / "data_movement.csv"), pd.read_csv(base / "data" / "data_movement.csv")
     assert set(got.kernel) == {"transpose"} and len(got) > 0
     shapes = [c for c in ("elements", "bytes", "m", "n") if c in got and c in whole]

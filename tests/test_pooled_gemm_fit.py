@@ -151,6 +151,28 @@ def test_bmm_naive_marks_only_the_bmm_rows_of_a_pooled_net():
     assert feature_matrix(pooled, ["bmm_naive"], 3)[:, 0].tolist() == [1.0, 0.0, 0.0]
 
 
+def test_bmm_intensity_and_the_fine_n_steps():
+    """``bmm_intensity`` is log2 of a bmm's FLOPs per operand and result byte on bmm rows and 0 elsewhere; ``n_al8``
+    / ``n_al4`` mark ``n`` on 8- / 4-element steps; the CPU fp32 GEMM net takes all three, the bf16 net none."""
+    cols = {"m": np.array([16.0, 16, 64]), "n": np.array([16.0, 24, 36]), "k": np.array([16.0, 16, 2]),
+            "batch": np.array([8.0, 1, 8]), "dtype_bytes": np.array([4.0, 4, 4]),
+            "is_addmm": np.array([0.0, 1, 0]), "is_bmm": np.array([1.0, 0, 1])}
+    got = feature_matrix(cols, ["bmm_intensity", "n_al8", "n_al4", "n_al16"], 3)
+    # 16^3: 2*4096 FLOPs over 4*(3*256) bytes = 8/3; 64 x 36 x 2: 9216 FLOPs over 4*(128+72+2304) bytes
+    np.testing.assert_allclose(got[:, 0], [np.log2(8192 / 3072), 0.0, np.log2(9216 / (4 * 2504))])
+    assert got[:, 1].tolist() == [1.0, 1.0, 0.0] and got[:, 2].tolist() == [1.0, 1.0, 1.0]
+    assert got[:, 3].tolist() == [1.0, 0.0, 0.0]
+    import torch
+
+    ctx = BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
+                       timer=Timer(torch.device("cpu")))
+    for s in GemmBenchmark().specs(ctx):
+        fp32 = s.kernel.endswith("/fp32")
+        for f in ("bmm_intensity", "n_al8", "n_al4"):
+            assert (f in s.features) == fp32 and (f in s.raw_features) == fp32, (s.kernel, f)
+        assert ("n_al8" in s.optional_features) == fp32
+
+
 def test_short_rows_marks_rows_shorter_than_one_vector():
     cols = {"m": np.array([4.0, 4, 4, 4]), "n": np.array([8.0, 15, 16, 8]), "dtype_bytes": np.array([4.0, 4, 4, 8])}
     assert feature_matrix(cols, ["short_rows"], 4)[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0]

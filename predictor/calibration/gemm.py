@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from predictor.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
-from predictor.kernels.learned import ALIGN16_FEATURES, ONEDNN_FEATURES, ROUTE_FEATURES
+from predictor.kernels.learned import ALIGN16_FEATURES, ALIGN_FINE_FEATURES, ONEDNN_FEATURES, ROUTE_FEATURES
 
 __all__ = ["GemmBenchmark", "GEMM_KINDS", "gemm_builder", "gemm_route"]
 
@@ -74,13 +74,21 @@ class GemmBenchmark(Benchmark):
         # fp32 gets ATen's naive-bmm edge (``bmm_naive``: a bmm whose m n k < 400 runs ATen's own per-entry loop,
         # not BLAS): on the two 6-round Zen 4 spells the 9 held-out bmm rows on that path read 30.8 % GMAE without
         # it and 6.6 % with it, bmm fp32 6.27 -> 4.47 % (order reversed 5.72 %; session 47)
+        # fp32 also gets ``bmm_intensity`` (log2 FLOPs per byte on bmm rows: a bmm with k of 1-8 is bound by writing
+        # its result) and ``n_al8`` / ``n_al4`` among the optional alignment inputs: over six bmm spells, two of them
+        # medians of 12 rounds, bmm fp32 5.11 -> 4.65 % (sources reversed 5.00 %), addmm / mm 3.22 / 3.61 -> 2.96 /
+        # 3.32 %; on repeats of one grid the 12-round medians agree within 1.55 % GMAE, so the rest is the shapes'
+        # (session 48, ``docs/SESSION_NOTES.md``)
         def edge(dt: str) -> tuple[str, ...]:
-            return ONEDNN_FEATURES if dt == "bf16" else ("bmm_naive",)
+            return ONEDNN_FEATURES if dt == "bf16" else ("bmm_naive", "bmm_intensity")
+
+        def align(dt: str) -> tuple[str, ...]:
+            return ALIGN16_FEATURES if dt == "bf16" else (*ALIGN16_FEATURES, *ALIGN_FINE_FEATURES)
 
         return [ModelSpec(kernel=gemm_route(op, dt), kinds=GEMM_KINDS, method="mlp",
-                          features=("m", "n", "k", "batch", *edge(dt), *ROUTE_FEATURES, *ALIGN16_FEATURES),
-                          raw_features=(*edge(dt), *ROUTE_FEATURES, *ALIGN16_FEATURES),
-                          optional_features=ALIGN16_FEATURES, work=("m", "n", "k", "batch"),
+                          features=("m", "n", "k", "batch", *edge(dt), *ROUTE_FEATURES, *align(dt)),
+                          raw_features=(*edge(dt), *ROUTE_FEATURES, *align(dt)),
+                          optional_features=align(dt), work=("m", "n", "k", "batch"),
                           route=gemm_route(op, dt), model="gemm", router="gemm", fallback="analytic-gemm",
                           pool=f"gemm/{dt}")
                 for op in OPS for dt in self.dtypes(ctx)]

@@ -497,6 +497,13 @@ def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
 #: elements, else 0; not logged): BLAS micro-kernels work on register tiles of 8-16 fp32 lanes,
 #: and a ragged edge costs a masked or scalar tail.
 ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
+#: finer steps of the vector dimension of a CPU GEMM (not logged): ``n_al8`` / ``n_al4`` = 1 when ``n`` (the
+#: columns of the result, the dimension BLAS vectorises for row-major operands) is a multiple of 8 / 4 elements.
+#: A ragged ``n`` costs a masked tail in proportion to what is left over: on the Zen 4 VM the fp32 net with the
+#: 16-element flags alone over-predicted the bmm samples with ``n`` = 8 mod 16 by a median 18 % and those with
+#: ``n`` = 4 or 12 mod 16 by 7-9 % (mm likewise), where ``n`` = 7 or 11 mod 16 ran 7-8 % slower than it said
+#: (1321 unseen samples of five spells, session 48)
+ALIGN_FINE_FEATURES = ("n_al8", "n_al4")
 #: PyTorch's CPU convolution path (columns ``m = H W``, ``k``, ``dim = kh``, ``batch``): 1 when an fp32
 #: convolution runs ATen's own kernel (im2col + GEMM, ``Slow2d``), 0 when it goes to oneDNN. ATen's
 #: ``use_mkldnn`` rule: a 1x1 filter on fewer than 16 images stays native on one thread
@@ -530,10 +537,13 @@ def conv_align_features(lanes: int) -> tuple[str, ...]:
 #: ``bmm_naive`` (on the 6-round spells its rows were the worst bmm samples).
 #: ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``, the operands' and result's bytes (log2);
 #: ``bmm_naive`` = 1 when ``m n k < 400`` (not logged; in a net pooled over the GEMM ops, only on ``is_bmm``
-#: rows): ATen's CPU ``bmm`` runs its own per-entry loop below that product instead of a BLAS batch; ``conv_bytes`` = a "same"-padded convolution's input,
+#: rows): ATen's CPU ``bmm`` runs its own per-entry loop below that product instead of a BLAS batch;
+#: ``bmm_intensity`` = log2 of ``2 m n k / (dtype_bytes (m k + k n + m n))`` on bmm rows, 0 on others (not logged;
+#: the CPU fp32 net since session 48): a bmm with a small k streams its result and runs at memory speed;
+#: ``conv_bytes`` = a "same"-padded convolution's input,
 #: weight and output bytes, ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; the columns
 #: :func:`conv_native` reads)
-GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes")
+GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes", "bmm_intensity")
 #: PyTorch's CPU path for a bf16 GEMM (not logged): ``onednn_gemm`` = 1 when ``batch x m x n x k`` exceeds
 #: 16^3 = 4096, the size from which ATen hands a bf16 ``addmm`` / ``mm`` / ``bmm`` to oneDNN
 #: (``checksize`` in ``aten/src/ATen/native/mkldnn/Matmul.cpp``; on a CPU with AVX-512 BF16), else 0 (its own
@@ -561,6 +571,7 @@ def route_columns(route: str, n: int) -> dict[str, np.ndarray]:
 
 
 DERIVED_FEATURES = ("lookups", "distinct_rows", "distinct_bytes", "table_bytes", "ld_aligned", *ALIGN16_FEATURES,
+                    *ALIGN_FINE_FEATURES,
                     *CONV_PATH_FEATURES, *CONV_ALIGN_FEATURES, *GEMM_SHAPE_FEATURES, *ONEDNN_FEATURES, *SHORT_ROW_FEATURES)
 
 
@@ -602,8 +613,9 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             rows_n = np.asarray(columns["n"], dtype=np.float64) * dt
             rows_k = np.asarray(columns["k"], dtype=np.float64) * dt
             out.append(((np.mod(rows_n, 16) == 0) & (np.mod(rows_k, 16) == 0)).astype(np.float64))
-        elif f in ALIGN16_FEATURES:
-            out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), 16) == 0).astype(np.float64))
+        elif f in ALIGN16_FEATURES or f in ALIGN_FINE_FEATURES:
+            step = float(f.rsplit("al", 1)[1])
+            out.append((np.mod(np.asarray(columns[f[0]], dtype=np.float64), step) == 0).astype(np.float64))
         elif f in CONV_PATH_FEATURES:
             out.append(conv_native(columns, single_thread=f == "conv_native").astype(np.float64))
         elif f in CONV_ALIGN_FEATURES:
@@ -624,9 +636,11 @@ def feature_matrix(columns: Mapping[str, np.ndarray], features: Sequence[str], n
             m, nn, k = (np.asarray(columns[c], dtype=np.float64) for c in ("m", "n", "k"))
             b = _batch(columns, n)
             dt = _dtype_bytes(columns, n)
+            gate = np.asarray(columns["is_bmm"], dtype=np.float64) if "is_bmm" in columns else 1.0
             if f == "bmm_naive":  # in a net pooled over addmm / mm / bmm, only the bmm rows (route input)
-                gate = np.asarray(columns["is_bmm"], dtype=np.float64) if "is_bmm" in columns else 1.0
                 out.append((m * nn * k < 400.0) * gate)
+            elif f == "bmm_intensity":  # log2 of FLOPs per operand / result byte, bmm rows only
+                out.append(np.log2(2.0 * m * nn * k / (dt * (m * k + k * nn + m * nn))) * gate)
             elif f == "conv_bytes":
                 kh = _kernel_height(columns)
                 out.append(dt * (b * m * k / (kh * kh) + nn * k + b * nn * m))

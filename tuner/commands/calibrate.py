@@ -137,8 +137,11 @@ def calibrate(
     except OSError as exc:
         fail(f"--out {out}: {exc.strerror or exc}")
     if no_fit:
-        console.print(f"benchmarks of [bold]{pack.name}[/] written to {pack.path}, not fitted; fit them (no device "
-                      f"needed) with: tuner calibrate --refit {pack.path}", highlight=False)
+        only = pack.manifest.get("kernels")
+        how = (f"pool them into a pack (no device needed) with: tuner calibrate --refit PACK --data-from "
+               f"FAMILY:{','.join(only)}={pack.path}" if only else
+               f"fit them (no device needed) with: tuner calibrate --refit {pack.path}")
+        console.print(f"benchmarks of [bold]{pack.name}[/] written to {pack.path}, not fitted; {how}", highlight=False)
         return
 
     spreads = round_spreads(pack.path)
