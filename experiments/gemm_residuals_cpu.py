@@ -30,7 +30,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import fail, write_results  # noqa: E402
-from predictor.calibrate import _view  # noqa: E402
+from predictor.calibrate import CalibrationError, _read_benchmark_table, _view  # noqa: E402
 from predictor.kernels.timing import models_by_kind  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
 from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
@@ -45,9 +45,9 @@ def gemm_rows(pack_dir: str, kernel: str) -> pd.DataFrame:
     if not f.is_file():
         fail(f"{pack_dir}: no GEMM benchmark table ({f})")
     try:
-        frame = pd.read_csv(f)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        fail(f"{f}: not a benchmark table ({exc})")
+        frame = _read_benchmark_table(f, pack_dir)
+    except CalibrationError as exc:
+        fail(str(exc))
     rows = frame[frame["kernel"] == kernel].reset_index(drop=True) if "kernel" in frame else frame.iloc[0:0]
     if rows.empty:
         fail(f"{pack_dir}: no {kernel} samples")
