@@ -75,9 +75,10 @@ class GemmBenchmark(Benchmark):
         # not BLAS): on the two 6-round Zen 4 spells the 9 held-out bmm rows on that path read 30.8 % GMAE without
         # it and 6.6 % with it, bmm fp32 6.27 -> 4.47 % (order reversed 5.72 %; session 47)
         # fp32 also gets ``bmm_intensity`` (log2 FLOPs per byte on bmm rows: a bmm with k of 1-8 is bound by writing
-        # its result) and ``n_al8`` / ``n_al4`` among the optional alignment inputs: over six bmm spells, two of them
-        # medians of 12 rounds, bmm fp32 5.11 -> 4.65 % (sources reversed 5.00 %), addmm / mm 3.22 / 3.61 -> 2.96 /
-        # 3.32 %; on repeats of one grid the 12-round medians agree within 1.55 % GMAE, so the rest is the shapes'
+        # its result) and ``n_al8`` / ``n_al4`` among the optional alignment inputs: with bmm over seven spells, three
+        # of them bmm-only medians of 12 rounds, addmm / mm / bmm fp32 3.49 / 3.46 / 5.34 -> 2.70 / 2.81 / 4.24 %
+        # (sources reversed 2.70 / 3.45 / 4.27 %; without ``bmm_intensity`` over six spells bmm read 5.11 %); on
+        # repeats of one grid the 12-round medians agree within 1.55 % GMAE, so the rest is the shapes'
         # (session 48, ``docs/SESSION_NOTES.md``)
         def edge(dt: str) -> tuple[str, ...]:
             return ONEDNN_FEATURES if dt == "bf16" else ("bmm_naive", "bmm_intensity")
