@@ -36,9 +36,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration import make_benchmarks  # noqa: E402
-from predictor.calibration.base import BenchContext  # noqa: E402
-from predictor.calibration.timing import Timer  # noqa: E402
+from predictor.timing.calibration import make_benchmarks  # noqa: E402
+from predictor.timing.calibration.base import BenchContext  # noqa: E402
+from predictor.timing.calibration.timing import Timer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "cold_timing"
 FORMS = ("lone", "warm_code", "warm")

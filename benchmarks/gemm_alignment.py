@@ -5,7 +5,7 @@ this fits the calibration's MLP twice on the same 80 % of the samples (the split
 ``tuner calibrate`` uses): once on log2 ``m, n, k[, batch]`` alone, once with ``m_al16, n_al16,
 k_al16`` added (1 when that dimension is a multiple of 16). It reports both held-out errors
 (GMAE, max), both validation MSEs, and which one the calibration keeps
-(:data:`predictor.kernels.learned.OPTIONAL_GAIN`: the indicators stay only if they bring the
+(:data:`predictor.timing.kernels.learned.OPTIONAL_GAIN`: the indicators stay only if they bring the
 validation MSE below that share of the MSE without them). Nothing is measured: the inputs are
 timings already taken (an asset pack's ``data/gemm.csv``), so the figures are reproducible on
 any machine.
@@ -47,12 +47,12 @@ def compare(csv: Path) -> list[dict]:
     import pandas as pd
     import torch
 
-    from predictor.calibrate import MLP_SETTINGS, _split
-    from predictor.calibration.base import BenchContext
-    from predictor.calibration.gemm import GemmBenchmark
-    from predictor.calibration.timing import Timer
-    from predictor.kernels.learned import feature_matrix, fit_mlp, keeps_optional
     from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error
+    from predictor.timing.calibrate import MLP_SETTINGS, _split
+    from predictor.timing.calibration.base import BenchContext
+    from predictor.timing.calibration.gemm import GemmBenchmark
+    from predictor.timing.calibration.timing import Timer
+    from predictor.timing.kernels.learned import feature_matrix, fit_mlp, keeps_optional
 
     # the CPU calibration's own model specs: features, which of them are optional, log or raw, work
     ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
@@ -95,7 +95,7 @@ def compare(csv: Path) -> list[dict]:
 
 
 def render(results: dict[str, list[dict]]) -> str:
-    from predictor.kernels.learned import OPTIONAL_GAIN
+    from predictor.timing.kernels.learned import OPTIONAL_GAIN
 
     lines = [
         "# CPU GEMM models with and without multiple-of-16 indicators",
@@ -145,7 +145,7 @@ def main() -> None:
     if missing:
         _fail(f"no such measurement file: {', '.join(missing)}")
 
-    from tuner.files import atomic_write_text
+    from predictor.files import atomic_write_text
 
     results = {}
     for label, path in sources.items():

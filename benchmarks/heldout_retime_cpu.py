@@ -42,14 +42,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibrate import _split, _view  # noqa: E402
-from predictor.calibration import FAMILIES as FAMILY_REGISTRY  # noqa: E402
-from predictor.calibration import make_benchmarks  # noqa: E402
-from predictor.calibration.base import BenchContext, time_case  # noqa: E402
-from predictor.calibration.timing import Timer  # noqa: E402
-from predictor.kernels.timing import models_by_kind  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+from predictor.timing.calibrate import _split, _view  # noqa: E402
+from predictor.timing.calibration import FAMILIES as FAMILY_REGISTRY  # noqa: E402
+from predictor.timing.calibration import make_benchmarks  # noqa: E402
+from predictor.timing.calibration.base import BenchContext, time_case  # noqa: E402
+from predictor.timing.calibration.timing import Timer  # noqa: E402
+from predictor.timing.kernels.timing import models_by_kind  # noqa: E402
+from predictor.timing.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "heldout_retime_cpu"
 #: families timed from a case grid (as ``benchmarks/round_noise_cpu.py``)

@@ -1,6 +1,6 @@
 """Per-kernel accuracy of the calibrated CPU kernel models (Lin et al. 2022 Table I layout).
 
-Runs ``tuner calibrate --device cpu --quick`` (via :func:`predictor.calibrate.calibrate`):
+Runs ``tuner calibrate --device cpu --quick`` (via :func:`predictor.timing.calibrate.calibrate`):
 microbenchmarks on this machine, models fitted on a random 80 % of each kernel's samples, and
 the error on the held-out 20 % — measured times no model saw — reported as GMAE, MAPE and the
 standard deviation of the absolute percentage errors, as Table I of Lin et al. 2022 (and
@@ -123,7 +123,7 @@ def _fastest_round_sentence(table: list[dict], met_typical: int, target: str = "
     which = "each collective sample's fastest pass (every other kernel: the median of its rounds)" \
         if target == "fastest_collectives" else "each sample's fastest round"
     return (f"**Fit target: {which}** (the median of its repeats in the least disturbed of its "
-            "rounds; `predictor/kernels/state.py`). The columns GMAE .. max of those rows score each model against the held-out "
+            "rounds; `predictor/timing/kernels/state.py`). The columns GMAE .. max of those rows score each model against the held-out "
             "shapes' fastest rounds: how well it knows a kernel's time as a function of its shape. Every "
             "prediction is then multiplied by its op kind's typical-state factor, measured by the same calibration "
             "as the median over the kind's training samples of median of rounds / fastest round "
@@ -136,7 +136,7 @@ def _data_from_sentence(key: str, src: dict) -> str:
     """One sentence on a family (or some of its kernels, ``family:k1,k2``) whose samples a refit took from another
     calibration (manifest ``refit.data_from``), with the pace factors of a ``--match-level`` refit; a key pooled over
     several calibrations (its record's ``sources``) names each of them with its own level, scale, samples and pace."""
-    from predictor.calibrate import parse_data_source
+    from predictor.timing.calibrate import parse_data_source
 
     family, kernels = parse_data_source(key)
     what = f"{family} samples of {', '.join(kernels)}" if kernels else f"{family} samples"
@@ -163,7 +163,7 @@ def _kernel_pace_sentence(pace: dict[str, float]) -> str:
         return ""
     return (" The platform also carries a measured kernel pace (" + _pace_factors(pace)
             + ": how much slower a typical later spell of this machine ran the pack's own probe shapes; "
-            "`predictor/calibration/pace.py`), which scales a step's predicted kernels of that class, not this table.")
+            "`predictor/timing/calibration/pace.py`), which scales a step's predicted kernels of that class, not this table.")
 
 
 def _pace_factors(pace: object) -> str:
@@ -172,7 +172,7 @@ def _pace_factors(pace: object) -> str:
 
 
 def main() -> None:
-    from predictor.kernels.state import FIT_TARGETS
+    from predictor.timing.kernels.state import FIT_TARGETS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "cpu-local"), help="asset pack folder")
@@ -194,9 +194,9 @@ def main() -> None:
 
     import torch
 
-    from predictor.calibrate import calibrate, collective_passes, error_table_markdown, round_spreads
-    from predictor.platforms.assets import load_asset_pack
-    from predictor.platforms.cpu_local import _cpu_model
+    from predictor.timing.calibrate import calibrate, collective_passes, error_table_markdown, round_spreads
+    from predictor.timing.platforms.assets import load_asset_pack
+    from predictor.timing.platforms.cpu_local import _cpu_model
 
     started = time.perf_counter()
     if args.from_pack:
@@ -293,7 +293,7 @@ def main() -> None:
         error_table_markdown(table),
         f"Host overheads (profiled training step, whisker-trimmed means): T1 {o.t1_s * 1e6:.2f} us, "
         f"T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, T4 {o.t4_s * 1e6:.2f} us (no launches on CPU), "
-        f"T5 {o.t5_s * 1e6:.2f} us — definitions in `predictor/calibration/overheads.py`.",
+        f"T5 {o.t5_s * 1e6:.2f} us — definitions in `predictor/timing/calibration/overheads.py`.",
         "",
         "For context, published GMAE of the GPU versions of these models: "
         + "; ".join(f"{k}: {v}" for k, v in PAPER_GMAE.items()) + ".",

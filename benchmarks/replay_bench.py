@@ -37,10 +37,10 @@ import numpy as np
 from predictor.graph import Category, DepKind, ExecutionGraph, ProcKind
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error
 from predictor.simulate import simulate
-from predictor.traces.build import build_graph
-from predictor.traces.load import load_traces
-from predictor.traces.overheads import OverheadTable, extract_overheads
-from predictor.traces.replay import ReplayResult, replay_graph
+from predictor.simulate.replay import ReplayResult, replay_graph
+from predictor.sources.traces.build import build_graph
+from predictor.sources.traces.load import load_traces
+from predictor.sources.traces.overheads import OverheadTable, extract_overheads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(os.environ.get("TUNER_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -129,9 +129,9 @@ def _ablation_errors(res: ReplayResult) -> dict[str, float]:
 _COLD = '''
 import json, sys, time
 t0 = time.perf_counter()
-from predictor.traces.load import load_traces
-from predictor.traces.build import build_graph
-from predictor.traces.replay import replay_graph
+from predictor.sources.traces.load import load_traces
+from predictor.sources.traces.build import build_graph
+from predictor.simulate.replay import replay_graph
 t1 = time.perf_counter()
 ts = load_traces(sys.argv[1]); t2 = time.perf_counter()
 rg = build_graph(ts); t3 = time.perf_counter()

@@ -36,10 +36,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration import make_benchmarks  # noqa: E402
-from predictor.calibration.base import BenchContext, time_case  # noqa: E402
-from predictor.calibration.timing import Timer  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
+from predictor.timing.calibration import make_benchmarks  # noqa: E402
+from predictor.timing.calibration.base import BenchContext, time_case  # noqa: E402
+from predictor.timing.calibration.timing import Timer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "round_noise_cpu"
 #: families timed from a case grid (the embedding-bag family builds tables of up to 1 GiB per case

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from predictor.simulate import simulate
-from predictor.workloads.dlrm import build_dlrm_graph
+from predictor.sources.synth.dlrm import build_dlrm_graph
 from tuner.search import build_sharding_context, default_storage, run_sharding_search
 from tuner.spaces import load_space
 

@@ -125,11 +125,11 @@ def bench(n_tasks: int, repeats: int) -> dict:
 def bench_co_run(repeats: int, pack: str = "cpu-local-avx2") -> dict | None:
     """Seconds to time and simulate one candidate of the CPU sharding search (the first task of
     ``experiments/sharding_selection.py``: 2 gloo ranks, batch 1024, naive placement) with host contention
-    priced throughout the step and only while another rank runs (:mod:`predictor.kernels.co_run`: a few
+    priced throughout the step and only while another rank runs (:mod:`predictor.timing.kernels.co_run`: a few
     extra simulations); None when ``pack`` is not found."""
-    from predictor.platforms.assets import AssetPackError, resolve_platform
-    from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-    from predictor.workloads.dlrm_tables import generate_tasks
+    from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+    from predictor.sources.synth.dlrm_tables import generate_tasks
+    from predictor.timing.platforms.assets import AssetPackError, resolve_platform
 
     try:
         timing = resolve_platform(pack).timing()
@@ -180,7 +180,7 @@ def main() -> None:
     if co:
         lines += ["", f"One candidate of the CPU sharding search (kernel timing + simulation, `{co['pack']}`, 2 ranks, "
                   f"{co['tasks']:,} tasks): host contention throughout {co['throughout_s'] * 1e3:.2f} ms, only while "
-                  f"another rank runs (`predictor/kernels/co_run.py`) {co['co_run_s'] * 1e3:.2f} ms; predicted "
+                  f"another rank runs (`predictor/timing/kernels/co_run.py`) {co['co_run_s'] * 1e3:.2f} ms; predicted "
                   f"iteration {co['throughout_iteration_s'] * 1e3:.1f} vs {co['co_run_iteration_s'] * 1e3:.1f} ms."]
     (args.out / "simulate_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -20,9 +20,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.calibrate import make_benchmarks  # noqa: E402
-from predictor.calibration.base import log_uniform_int  # noqa: E402
-from predictor.calibration.data_movement import concat_draws  # noqa: E402
+from predictor.timing.calibrate import make_benchmarks  # noqa: E402
+from predictor.timing.calibration.base import log_uniform_int  # noqa: E402
+from predictor.timing.calibration.data_movement import concat_draws  # noqa: E402
 
 
 def concat_cases(seed: int, level: str, scale: float, world_size: int,

@@ -8,7 +8,7 @@ steps) in ``--processes`` fresh processes per allocator mode and records, per pr
 minor page faults and the wall time of every step after the warm-up:
 
 * ``default``: glibc as it comes;
-* ``no_trim``: glibc never returns freed memory (:func:`predictor.platforms.host.allocator_env`).
+* ``no_trim``: glibc never returns freed memory (:func:`predictor.timing.platforms.host.allocator_env`).
 
 The spread between processes under ``default`` is what a prediction of the step cannot know (it
 depends on the process's history, not on the model); under ``no_trim`` the faults are gone.
@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
 
 from experiments.common import fail  # noqa: E402
 from experiments.insitu_cpu import CONFIGS  # noqa: E402  (the same e2e rows)
-from predictor.platforms.host import ALLOCATORS, with_allocator  # noqa: E402
+from predictor.timing.platforms.host import ALLOCATORS, with_allocator  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 #: seconds of one 4 KiB fault on this VM (benchmarks/results/page_faults_cpu.md, wall time)
@@ -52,7 +52,7 @@ def child(model: str, batch: int, warmup: int, steps: int) -> dict:
     import torch
 
     from experiments.e2e_cpu import GPT, MLP, gpt_step, mlp_step
-    from predictor.workloads.mlp import MLPSpec
+    from predictor.sources.synth.mlp import MLPSpec
 
     torch.set_num_threads(1)
     if model == "mlp":
@@ -98,7 +98,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"{meta['warmup']} warm-up steps, then {meta['steps']} timed steps; per process the mean minor page faults "
         "per step and the median step. `default` = glibc as it comes; `no_trim` = glibc never hands freed memory "
         "back to the OS (`MALLOC_TRIM_THRESHOLD_` / `MALLOC_MMAP_THRESHOLD_`, "
-        "`predictor.platforms.host.allocator_env`). A fault costs about " + FAULT_S_NOTE + " of wall time here "
+        "`predictor.timing.platforms.host.allocator_env`). A fault costs about " + FAULT_S_NOTE + " of wall time here "
         "(`benchmarks/results/page_faults_cpu.md`).",
         f"Reproduce: `flock /tmp/tuner-measure.lock {meta['command']}` ({meta['wall_s']:.0f} s).",
         "",

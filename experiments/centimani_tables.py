@@ -43,7 +43,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.decoupled import TimeOptions, predict_iteration  # noqa: E402
 from predictor.memory import (  # noqa: E402
     measure_training_peak,
     memory_timeline,
@@ -51,10 +50,11 @@ from predictor.memory import (  # noqa: E402
     select_batch_size,
 )
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.platforms import get_platform  # noqa: E402
-from predictor.platforms.schema import Platform  # noqa: E402
-from predictor.workloads.models import get_model_spec, mpt_spec  # noqa: E402
-from predictor.workloads.opgraph import trace_scalable, trace_training_step  # noqa: E402
+from predictor.sources.synth.decoupled import TimeOptions, predict_iteration  # noqa: E402
+from predictor.sources.synth.models import get_model_spec, mpt_spec  # noqa: E402
+from predictor.sources.synth.opgraph import trace_scalable, trace_training_step  # noqa: E402
+from predictor.timing.platforms import get_platform  # noqa: E402
+from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.accelerators.evaluate import build_context, evaluate_unit, trace_model  # noqa: E402
 from tuner.accelerators.space import AcceleratorSpace  # noqa: E402
 
@@ -281,9 +281,9 @@ TIME_CASES = {"mlp": (256, 1024), "gpt2-tiny": (8, 32), "bert-mini": (8, 32), "d
 
 def time_validation(repeats: int = 5) -> dict:
     """Predicted (cpu-local platform, decoupled model through the simulator) vs measured iteration time."""
-    from predictor.decoupled import asset_timing
-    from predictor.platforms.cpu_local import measure_cpu_local
-    from predictor.workloads.opgraph import TrainingLoop
+    from predictor.sources.synth.decoupled import asset_timing
+    from predictor.sources.synth.opgraph import TrainingLoop
+    from predictor.timing.platforms.cpu_local import measure_cpu_local
 
     torch.set_num_threads(THREADS)
     plat = measure_cpu_local()
@@ -625,7 +625,7 @@ def render(res: dict) -> str:
               f"Kendall τ {kendall(pred, meas):+.2f}.", ""]
     L += ["## Caveats", "",
           "- The accelerator numbers are predictions from catalog figures; several of them (the DDR bandwidths "
-          "of SN30, Bow-IPU and CS-2) are estimates marked as such in `predictor/platforms/catalog.yaml`.",
+          "of SN30, Bow-IPU and CS-2) are estimates marked as such in `predictor/timing/platforms/catalog.yaml`.",
           "- One device, data parallel only: no pipelining across devices, no weight streaming, no recomputation. "
           "The dataflow machines in Centimani ran vendor-tuned multi-chip recipes.",
           "- The MosaicML runs use FSDP; we model its traffic (all-gather + reduce-scatter per bucket, overlapped) "

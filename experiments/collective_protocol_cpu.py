@@ -3,7 +3,7 @@ as a training step makes them (CPU, 2 local ranks).
 
 Diagnosis for issue 4's 2-rank DLRM rows: inside the step (``experiments/dlrm_phases_cpu.py``, section
 "Collectives in situ vs calibrated") the all-to-alls and DDP's all-reduces take longer, from the last rank's
-arrival, than the calibrated piecewise model says. The calibration (:mod:`predictor.calibration.collectives`)
+arrival, than the calibrated piecewise model says. The calibration (:mod:`predictor.timing.calibration.collectives`)
 times a batch of back-to-back calls after a barrier and keeps the slowest rank's mean per call. Here, at the
 message sizes of the e2e DLRM step, each rank times the same collective under three protocols, interleaved
 round by round so a slow spell of the VM hits them alike:
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import run_gloo_ranks, span_after_last_arrival  # noqa: E402
-from predictor.calibration.collectives import _time_collective  # noqa: E402
+from predictor.timing.calibration.collectives import _time_collective  # noqa: E402
 
 PROTOCOLS = ("batched", "single", "after_work")
 
@@ -45,7 +45,7 @@ def step_collectives(batch: int) -> dict[str, tuple[str, float]]:
     """Task name -> (kind, bytes per rank) of every collective of the e2e DLRM step on 2 ranks at ``batch``
     (rank 0's, in graph order): the all-to-alls (max-of-max message) and DDP's bucket all-reduces."""
     from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables
-    from predictor.workloads.dlrm import build_dlrm_graph
+    from predictor.sources.synth.dlrm import build_dlrm_graph
 
     tables = dlrm_tables(batch)
     job = dlrm_job(tables, batch, 2, 1, 3, 5)

@@ -42,9 +42,9 @@ def write_results(out: Path, data: dict, markdown_text: str) -> None:
 
 def host_check(manifest: dict | None) -> dict:
     """This host's CPU signature and, when a calibrated CPU pack predicts it, why the pack may not
-    describe this CPU (:func:`predictor.platforms.cpu_local.signature_mismatch`; None when they agree or
+    describe this CPU (:func:`predictor.timing.platforms.cpu_local.signature_mismatch`; None when they agree or
     no pack is used). A mismatch is printed on stderr at once, before anything is measured."""
-    from predictor.platforms.cpu_local import cpu_signature, signature_mismatch
+    from predictor.timing.platforms.cpu_local import cpu_signature, signature_mismatch
 
     here = cpu_signature()
     why = signature_mismatch((manifest or {}).get("cpu"), here) if manifest is not None else None
@@ -55,7 +55,7 @@ def host_check(manifest: dict | None) -> dict:
 
 def host_line(check: dict) -> str:
     """One line for a result file: the CPU measured on and, if any, the pack's host mismatch."""
-    from predictor.platforms.cpu_local import describe_cpu
+    from predictor.timing.platforms.cpu_local import describe_cpu
 
     line = f"CPU: {describe_cpu(check.get('cpu') or {})}."
     if check.get("pack_cpu_mismatch"):
@@ -87,7 +87,7 @@ def run_gloo_ranks(probe: Callable[..., list[dict]], cfg: dict, world: int = 2) 
     each); rank 0's rows."""
     import torch.multiprocessing as mp
 
-    from predictor.calibration.collectives import free_port
+    from predictor.timing.calibration.collectives import free_port
 
     with tempfile.TemporaryDirectory(prefix="gloo-probe-") as tmp:
         out = str(Path(tmp) / "rows.json")

@@ -1,6 +1,6 @@
 """Which host-contention estimator matches what a sharding job's embedding tables do in situ?
 
-``tuner calibrate --world-size K`` runs the probe of :mod:`predictor.calibration.contention`
+``tuner calibrate --world-size K`` runs the probe of :mod:`predictor.timing.calibration.contention`
 (K processes, alone / all-at-once slots) and stores one factor per kernel class, which the
 simulator applies to *every* rank's kernels before it takes the slowest rank at each collective.
 The calibration's estimator is, per round, the slowest process's ratio: the simulator's own max
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments.common import fail, host_check, host_line, repo_relative, write_results  # noqa: E402
-from predictor.calibration.contention import CLASSES, ESTIMATORS, factors, probe_host_contention  # noqa: E402
+from predictor.timing.calibration.contention import CLASSES, ESTIMATORS, factors, probe_host_contention  # noqa: E402
 
 
 def reference_ratios(paths: list[Path]) -> list[dict]:
@@ -87,7 +87,7 @@ def markdown(out: dict, command: str) -> str:
         "`embedding`, each process's own together / alone, for `memory` / `compute` together over the mean "
         "alone); `mean` = the mean over processes of the same ratios (the simulator takes the slowest rank "
         "itself); `slowest-dense` = `slowest` for `memory` / `compute`, `mean` for `embedding` (the "
-        "calibration's since 2026-11-25; `predictor.calibration.contention.factors`).",
+        "calibration's since 2026-11-25; `predictor.timing.calibration.contention.factors`).",
         "",
         "## Probe runs",
         "",

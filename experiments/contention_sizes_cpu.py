@@ -1,7 +1,7 @@
 """Host contention of two processes by working-set size (CPU): the calibration's probe at several buffer sizes.
 
 ``tuner calibrate --world-size K`` on a CPU measures one slow-down factor per kernel class
-(:func:`predictor.calibration.contention.measure_host_contention`: embedding, memory, compute), with probe
+(:func:`predictor.timing.calibration.contention.measure_host_contention`: embedding, memory, compute), with probe
 buffers sized from the last-level cache (the streaming ``memory`` probe: twice the LLC). This runs the same
 probe with the LLC taken as several sizes, so the ``memory`` and ``embedding`` probes work on smaller and
 larger sets, and says whether the factor depends on the working set and how much it moves from one
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration.contention import CLASSES, measure_host_contention  # noqa: E402
+from predictor.timing.calibration.contention import CLASSES, measure_host_contention  # noqa: E402
 
 
 def run(llc_mib: list[float], world: int, rounds: int, log=print) -> list[dict]:
@@ -40,7 +40,7 @@ def run(llc_mib: list[float], world: int, rounds: int, log=print) -> list[dict]:
 def markdown(rows: list[dict], command: str, world: int) -> str:
     lines = [f"# Host contention of {world} processes by working-set size (CPU)", "",
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, this 2-core VM. Reproduce: `{command}`", "",
-             "The calibration's contention probe (`predictor/calibration/contention.py`: the slowest of the "
+             "The calibration's contention probe (`predictor/timing/calibration/contention.py`: the slowest of the "
              "processes running a kernel at once over their mean alone, median over rounds) with the last-level "
              "cache taken as each size below: the `memory` probe streams twice that, the `embedding` probe's table "
              "is eight times that (at least 64k rows), the `compute` probe is a cache-resident GEMM either way. "

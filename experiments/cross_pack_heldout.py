@@ -20,7 +20,7 @@ kernel and pair:
 ``--models`` takes what ``experiments/e2e_windows.py --compare`` takes (a pack folder or name,
 ``git:REV[:NAME]``, ``refit:DIR``); ``--data`` takes pack folders that store benchmark data (fitted or
 written with ``--no-fit``), or ``git:REV[:NAME]`` for a committed pack's data as of a revision. The held-out split of a data pack is the calibration's own
-(:func:`predictor.calibrate._split` with the pack's seed), so scoring a pack's models on its own data
+(:func:`predictor.timing.calibrate._split` with the pack's seed), so scoring a pack's models on its own data
 reproduces its error table. Writes ``OUT.md`` and ``OUT.json``.
 """
 
@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import fail, write_results  # noqa: E402
-from predictor.calibrate import _split, _view  # noqa: E402
-from predictor.kernels.timing import models_by_kind  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, mean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+from predictor.timing.calibrate import _split, _view  # noqa: E402
+from predictor.timing.kernels.timing import models_by_kind  # noqa: E402
+from predictor.timing.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 
 def held_out(data_dir: Path, families: list[str], everything: bool = False) -> dict[str, pd.DataFrame]:
@@ -69,7 +69,7 @@ def held_out(data_dir: Path, families: list[str], everything: bool = False) -> d
 
 
 def score(pack, by_kind: dict, rows: pd.DataFrame) -> dict | None:
-    """Errors of ``pack``'s models (``by_kind``: :func:`~predictor.kernels.timing.models_by_kind` of them) on
+    """Errors of ``pack``'s models (``by_kind``: :func:`~predictor.timing.kernels.timing.models_by_kind` of them) on
     ``rows`` (one kernel's samples): GMAE, the level (median prediction / sample) and the GMAE after dividing
     the predictions by that level; None when the pack has no model for a kind of the rows."""
     parts = list(rows.groupby("kind", sort=False))

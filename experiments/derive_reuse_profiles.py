@@ -1,4 +1,4 @@
-"""Regenerate ``predictor/workloads/data/dlrm_reuse_profiles.json`` from Meta's locality stats.
+"""Regenerate ``predictor/sources/synth/data/dlrm_reuse_profiles.json`` from Meta's locality stats.
 
 Input: ``../shared/data/dlrm_locality/{2021,2022}_locality_stats.txt`` (unmodified copies of
 facebookresearch/dlrm_datasets ``embedding_bag/{2021,2022}/locality_stats.txt``). Output: the
@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from predictor.workloads.dlrm_tables import RF_BIN_LABELS, parse_locality_stats
+from predictor.sources.synth.dlrm_tables import RF_BIN_LABELS, parse_locality_stats
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = REPO.parent / "shared" / "data" / "dlrm_locality"

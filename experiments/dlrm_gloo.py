@@ -5,7 +5,7 @@ each rank owns whole ``nn.EmbeddingBag`` tables (sparse gradients, SGD fused int
 looks them up for the global batch, exchanges the pooled vectors with ``all_to_all_single`` (and
 their gradients backward), runs the bottom and top MLPs data-parallel under DDP (gloo), and
 steps SGD. With one process there is no DDP and no all-to-all. It mirrors
-:func:`predictor.workloads.dlrm.build_dlrm_graph` in host mode op for op, so prediction and
+:func:`predictor.sources.synth.dlrm.build_dlrm_graph` in host mode op for op, so prediction and
 measurement describe the same program.
 
 :func:`measure_dlrm` spawns the processes and returns the per-iteration wall time (seconds;
@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from experiments.measure_env import cpu_accounting
-from predictor.calibration.collectives import free_port
+from predictor.timing.calibration.collectives import free_port
 
 __all__ = ["DLRMJobSpec", "measure_dlrm", "batch_reuse_histogram", "table_batch", "cold_embedding_seconds",
            "EmbeddingOverride"]
@@ -143,9 +143,9 @@ def _lookups(rng: np.random.Generator, batch: int, rows: int, pooling: float,
              reuse: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Indices and offsets of one batch: per-sample bag sizes ``floor(L)`` or ``ceil(L)`` with mean
     ``pooling``; the rows are drawn so the batch's reuse histogram follows ``reuse`` (the
-    calibration's generator, :func:`predictor.calibration.embedding_bag.indices_for_reuse`), or
+    calibration's generator, :func:`predictor.timing.calibration.embedding_bag.indices_for_reuse`), or
     uniformly at random without one."""
-    from predictor.calibration.embedding_bag import indices_for_reuse
+    from predictor.timing.calibration.embedding_bag import indices_for_reuse
 
     lo = int(np.floor(pooling))
     counts = lo + (rng.random(batch) < (pooling - lo)).astype(np.int64)
@@ -409,7 +409,7 @@ def _embedding_tasks(graph, kind: str) -> tuple[np.ndarray, np.ndarray]:
 def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
     """Every table's embedding-bag forward and backward as ``timing`` predicts them alone (one rank,
     no host contention), seconds: the counterpart of :func:`cold_embedding_seconds`."""
-    from predictor.workloads.dlrm import build_dlrm_graph
+    from predictor.sources.synth.dlrm import build_dlrm_graph
 
     g = build_dlrm_graph(spec, np.zeros(len(spec.tables), dtype=np.int64), 1, mode="host")
     d = timing.durations(g)
@@ -425,11 +425,11 @@ def predicted_embedding_seconds(timing, spec) -> tuple[np.ndarray, np.ndarray]:
 def cold_embedding_seconds(base: DLRMJobSpec, n_calls: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """Every table's embedding-bag forward and backward (+ SGD row update) on its real batch, timed
     alone with the last-level cache evicted before each call and another table's call in between
-    (seconds; as the calibration times them: :func:`~predictor.calibration.embedding_bag.neighbour_warmers`)."""
+    (seconds; as the calibration times them: :func:`~predictor.timing.calibration.embedding_bag.neighbour_warmers`)."""
     import torch.nn.functional as F
 
     from experiments.measure_env import llc_flush_buffer, time_call
-    from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight
+    from predictor.timing.calibration.embedding_bag import neighbour_warmers, neighbour_weight
 
     torch.set_num_threads(base.threads)
     flush = llc_flush_buffer()

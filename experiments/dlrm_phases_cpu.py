@@ -35,9 +35,9 @@ from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E4
 from experiments.e2e_windows import resolve_spec  # noqa: E402
 from predictor.graph import ExecutionGraph  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.host import comm_thread_has_core  # noqa: E402
 from predictor.simulate import Timeline, simulate  # noqa: E402
-from predictor.workloads.dlrm import build_dlrm_graph  # noqa: E402
+from predictor.sources.synth.dlrm import build_dlrm_graph  # noqa: E402
+from predictor.timing.platforms.host import comm_thread_has_core  # noqa: E402
 
 
 def simulated_phases(tl: Timeline, rank: int) -> dict[str, float]:

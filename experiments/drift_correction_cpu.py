@@ -40,7 +40,7 @@ from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: 
 
 class DriftScaled:
     """``base`` timing with compute kernels x ``compute`` and memory-bound kernels x ``memory`` (the
-    graph's task categories, as :class:`~predictor.kernels.timing.ModelTiming` classes them for host
+    graph's task categories, as :class:`~predictor.timing.kernels.timing.ModelTiming` classes them for host
     contention; embeddings count as memory-bound)."""
 
     def __init__(self, base, compute: float, memory: float) -> None:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                float(np.median([r[n]["max_abs_pct"] for r in rows]))) for n in names}
     lines += ["", "Median over the windows (geomean / max %): "
               + "; ".join(f"{n} {g:.1f} / {x:.1f}" for n, (g, x) in med.items()) + ".", ""]
-    from tuner.files import atomic_write_text
+    from predictor.files import atomic_write_text
 
     atomic_write_text(args.out.with_suffix(".json"), json.dumps({"pack": args.pack, "windows": rows}, indent=1))
     atomic_write_text(args.out.with_suffix(".md"), "\n".join(lines))

@@ -1,9 +1,9 @@
 """End-to-end accuracy on this CPU: predicted vs measured PyTorch training iterations (issue 4, part 3).
 
 Three models, several batch sizes each, every one *predicted from its spec* (the synthesisers
-in host mode: :func:`predictor.workloads.mlp.build_mlp_graph`,
-:func:`predictor.workloads.transformer.build_transformer_graph`,
-:func:`predictor.workloads.dlrm.build_dlrm_graph`; kernel times from
+in host mode: :func:`predictor.sources.synth.mlp.build_mlp_graph`,
+:func:`predictor.sources.synth.transformer.build_transformer_graph`,
+:func:`predictor.sources.synth.dlrm.build_dlrm_graph`; kernel times from
 ``timing_for("cpu-local")``, the calibrated asset pack when there is one) and *measured* by
 training the same model for real on this machine:
 
@@ -34,7 +34,7 @@ Targets (issue 4): geomean under 5 %, max under 10 % (Lin et al. 2022 report 7.9
 GPUs; the multi-GPU paper of Lin et al. 2024, 5.21 %).
 
 ``--allocator no_trim`` measures the same programs with glibc's malloc told never to hand freed
-memory back to the OS (:func:`predictor.platforms.host.allocator_env`; the script re-executes
+memory back to the OS (:func:`predictor.timing.platforms.host.allocator_env`; the script re-executes
 itself with that environment, so every rank process inherits it). Under the default allocator a
 step pays 0 to a few thousand page faults depending on the process's allocation history
 (``experiments/allocator_spread_cpu.py``), which no kernel model sees.
@@ -88,13 +88,13 @@ from experiments.measure_env import (  # noqa: E402
     time_call,
 )
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.platforms.host import ALLOCATORS, comm_thread_has_core, with_allocator  # noqa: E402
 from predictor.simulate import simulate  # noqa: E402
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
-from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
-from predictor.workloads.mlp import MLPSpec, build_mlp_graph  # noqa: E402
-from predictor.workloads.sharding import get_sharder  # noqa: E402
-from predictor.workloads.transformer import ParallelPlan, TransformerSpec, build_transformer_graph  # noqa: E402
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
+from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
+from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph  # noqa: E402
+from predictor.sources.synth.sharding import get_sharder  # noqa: E402
+from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec, build_transformer_graph  # noqa: E402
+from predictor.timing.platforms.host import ALLOCATORS, comm_thread_has_core, with_allocator  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -460,9 +460,9 @@ def kernel_context_check(timing, batch: int = 1024, log=print) -> list[dict]:
     ``batch`` (summed), and the GPT's dropout forward and backward (which the transformer
     synthesiser times with the same dropout kernel).
     """
-    from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight
-    from predictor.kernels.base import TaskView
-    from predictor.kernels.embedding import RF_COLUMNS
+    from predictor.timing.calibration.embedding_bag import neighbour_warmers, neighbour_weight
+    from predictor.timing.kernels.base import TaskView
+    from predictor.timing.kernels.embedding import RF_COLUMNS
 
     flush = llc_flush_buffer()
     neighbour = neighbour_weight(torch.device("cpu"))
@@ -714,7 +714,7 @@ def system_lines(rows: list[Row]) -> list[str]:
 
 def resolve(platform_name: str):
     """(timing, pack manifest or None, pack folder or None) for ``--platform``."""
-    from predictor.platforms.assets import resolve_platform
+    from predictor.timing.platforms.assets import resolve_platform
 
     res = resolve_platform(platform_name)
     pack = res.pack
@@ -785,7 +785,7 @@ def main(argv: list[str] | None = None) -> None:
     drift["memory_after"] = memory_drift(pack_path) if check_drift else {}
     checks = [] if args.no_check else kernel_context_check(timing)
     summary = summarize(rows)
-    from predictor.platforms.cpu_local import _cpu_model
+    from predictor.timing.platforms.cpu_local import _cpu_model
 
     meta = {
         "date": date.today().isoformat(),

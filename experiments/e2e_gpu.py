@@ -62,8 +62,8 @@ from experiments.e2e_cpu import (  # noqa: E402
     mlp_step,
 )
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.workloads.mlp import MLPSpec  # noqa: E402
-from predictor.workloads.transformer import TransformerSpec  # noqa: E402
+from predictor.sources.synth.mlp import MLPSpec  # noqa: E402
+from predictor.sources.synth.transformer import TransformerSpec  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -189,7 +189,7 @@ def measure(args) -> None:
             result[r]["times"] += t["times"]
             print(f"pass {p + 1}: {r[0]:<9} batch {r[1]:>6}: {np.median(t['times']) * 1e3:9.3f} ms "
                   f"(wall mean {t['wall_mean_s'] * 1e3:9.3f} ms)", flush=True)
-    from predictor.calibration.overheads import unprofiled_op_seconds
+    from predictor.timing.calibration.overheads import unprofiled_op_seconds
 
     out = {
         "date": date.today().isoformat(),
@@ -241,9 +241,9 @@ GPT_PROGRAM = "eager"
 def graph_for(model: str, batch: int, program: str | None = None):
     """The synthesiser's device-mode graph of one iteration of ``model`` at ``batch`` (GPT rows:
     ``program``, default :data:`GPT_PROGRAM`)."""
-    from predictor.workloads.dlrm import build_dlrm_graph
-    from predictor.workloads.mlp import build_mlp_graph
-    from predictor.workloads.transformer import ParallelPlan, build_transformer_graph
+    from predictor.sources.synth.dlrm import build_dlrm_graph
+    from predictor.sources.synth.mlp import build_mlp_graph
+    from predictor.sources.synth.transformer import ParallelPlan, build_transformer_graph
 
     if model == "mlp":
         return build_mlp_graph(MLPSpec(**{**asdict(MLP), "batch_size": batch}), mode="device")
@@ -278,7 +278,7 @@ def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
         row["pass_spread_pct"] = float(100 * (pm.max() - pm.min()) / np.median(pm))
         trace = _trace_for(r["model"], traces_dir) if traces_dir is not None else None
         if trace is not None:
-            from predictor.transform import parse_sets, predict_trace
+            from predictor.whatif.apply import parse_sets, predict_trace
 
             res = predict_trace(trace, parse_sets([f"batch_size={int(r['batch'])}"]), trace_pack)
             row["trace"] = trace.name
@@ -313,8 +313,8 @@ def predict(args) -> None:
     """
     import tempfile
 
-    from predictor.kernels import timing_for
-    from predictor.platforms.assets import AssetPackError, pack_at_revision
+    from predictor.timing.kernels import timing_for
+    from predictor.timing.platforms.assets import AssetPackError, pack_at_revision
 
     files = [Path(f) for f in args.predict]
     gpu = GPUS[args.gpu]
@@ -371,8 +371,8 @@ def kernel_counts(traces_dir: str | Path, program: str = GPT_PROGRAM) -> list[di
     On a host-bound step every kernel costs the host a launch, so a program with more kernels than
     the synthesiser emits (eager PyTorch vs Megatron's fused kernels) is under-predicted.
     """
-    from predictor.traces.annotate import annotate
-    from predictor.traces.load import load_traces
+    from predictor.sources.traces.annotate import annotate
+    from predictor.sources.traces.load import load_traces
 
     out = []
     for model in ROWS:

@@ -25,7 +25,7 @@ takes this host's windows, ``--cpu all`` every window.
 A pack spec prefixed ``faults32:`` gives a pack calibrated before ``tuner calibrate`` measured the
 cost of a page fault this VM's measured cost (``experiments/page_faults_cpu.py``), so its kernels pay
 the faults of output blocks at or above glibc's 32 MiB mmap ceiling
-(:func:`predictor.kernels.host_memory.allocation_fault_seconds`): a ``refit:`` pack is fitted with it
+(:func:`predictor.timing.kernels.host_memory.allocation_fault_seconds`): a ``refit:`` pack is fitted with it
 (the fit takes out the faults its samples were counted paying, where the pack has counts), a fitted
 pack adds it at prediction.
 Packs that carry their own ``page_fault_s`` are left as they are.
@@ -49,7 +49,7 @@ from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import LEGACY_BATCH_POOL  # noqa: E402
 from experiments.e2e_cpu import DLRM_BATCHES, GPT_BATCHES, MLP_BATCHES, RESULTS, WINDOWS_FILE, build_cases  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.platforms.host import ALLOCATORS  # noqa: E402
+from predictor.timing.platforms.host import ALLOCATORS  # noqa: E402
 
 
 def load_windows(path: Path) -> list[dict]:
@@ -90,7 +90,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
       time (``lq_s``: the estimator before 2026-11-23), same data, so only the estimator differs;
     * ``fastest:PACK`` -> PACK (a pack, or a ``refit:``-able data folder) refitted to each sample's fastest
       round times each op kind's typical-state factor (``fit_target="fastest_round"``,
-      :mod:`predictor.kernels.state`), same data, so only the fit target differs;
+      :mod:`predictor.timing.kernels.state`), same data, so only the fit target differs;
     * ``fastcoll:PACK`` -> the same with ``fit_target="fastest_collectives"`` (only the collectives fitted to
       their fastest passes, times their state factor; every other family typical);
     * ``refit:DIR`` -> the benchmark data of DIR (a pack written with ``--no-fit``, such as those
@@ -105,14 +105,14 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
     * anything else is a pack name or path as ``--platform`` takes it.
 
     ``fault_s``: a page-fault cost (seconds) that ``refit:`` gives a pack lacking one (``faults32:``
-    specs; see :func:`predictor.calibrate.refit`'s ``platform_facts``).
+    specs; see :func:`predictor.timing.calibrate.refit`'s ``platform_facts``).
     """
     if spec.startswith("hc:"):
         return _contention_variant(spec, workdir, fault_s)
     if spec.startswith("pace:"):
         return _pace_variant(spec, workdir, fault_s)
     if spec.startswith("git:"):
-        from predictor.platforms.assets import AssetPackError, pack_at_revision
+        from predictor.timing.platforms.assets import AssetPackError, pack_at_revision
 
         rev, _, name = spec[4:].partition(":")
         name = name or "cpu-local"
@@ -121,7 +121,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
         except AssetPackError as exc:
             fail(f"--compare {spec}: {exc}")
     if spec.startswith(tuple(f"{k}:" for k in REFIT_SPECS)):
-        from predictor.calibrate import CalibrationError, refit
+        from predictor.timing.calibrate import CalibrationError, refit
 
         kind, _, src = spec.partition(":")
         out = workdir / kind
@@ -137,7 +137,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
 
         import pandas as pd
 
-        from predictor.calibrate import refit
+        from predictor.timing.calibrate import refit
 
         name = spec[3:]
         src = _pack_dir(name, spec)
@@ -158,7 +158,7 @@ def materialise(spec: str, workdir: Path, fault_s: float | None = None) -> str:
 def _pack_dir(name: str, spec: str) -> Path:
     """The folder of the asset pack ``name`` (a pack folder, or a name ``find_asset_pack`` knows); one
     line and exit 2, naming ``spec``, when there is none."""
-    from predictor.platforms.assets import find_asset_pack
+    from predictor.timing.platforms.assets import find_asset_pack
 
     src = Path(name) if (Path(name) / "manifest.json").is_file() else find_asset_pack(name)
     if src is None:
@@ -169,7 +169,7 @@ def _pack_dir(name: str, spec: str) -> Path:
 def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
     """The ``hc:CLASS=F,...:SPEC`` pack (:func:`materialise`): SPEC's pack copied into ``workdir`` with
     those host-contention factors replaced in its ``platform.yaml``."""
-    from predictor.platforms.schema import KERNEL_CLASSES
+    from predictor.timing.platforms.schema import KERNEL_CLASSES
 
     def replace(plat: dict, factors: dict[str, float], src: str) -> None:
         hc = plat.get("host_contention") or {}
@@ -185,7 +185,7 @@ def _contention_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
 def _pace_variant(spec: str, workdir: Path, fault_s: float | None) -> str:
     """The ``pace:CLASS=F,...:SPEC`` pack (:func:`materialise`): SPEC's pack copied into ``workdir`` with
     those kernel-pace factors (``Platform.kernel_pace``) set in its ``platform.yaml``."""
-    from predictor.platforms.schema import KERNEL_CLASSES
+    from predictor.timing.platforms.schema import KERNEL_CLASSES
 
     def replace(plat: dict, factors: dict[str, float], _src: str) -> None:
         plat["kernel_pace"] = {**(plat.get("kernel_pace") or {}), **factors}
@@ -234,7 +234,7 @@ def measured_fault_s(path: Path = PAGE_FAULTS_FILE) -> float:
 
 def fault_facts(fault_s: float) -> dict[str, float]:
     """Platform fields of a glibc host whose page fault costs ``fault_s`` seconds."""
-    from predictor.platforms.host import GLIBC_MMAP_CEILING_BYTES
+    from predictor.timing.platforms.host import GLIBC_MMAP_CEILING_BYTES
 
     return {"page_fault_s": float(fault_s), "fresh_mapping_bytes": float(GLIBC_MMAP_CEILING_BYTES)}
 
@@ -253,7 +253,7 @@ def resolve_pack(spec: str, workdir: Path):
     platform's); the resolved platform's ``pack`` (None for a catalog platform) has the manifest."""
     import dataclasses
 
-    from predictor.platforms.assets import AssetPackError, resolve_platform
+    from predictor.timing.platforms.assets import AssetPackError, resolve_platform
 
     if spec.startswith("throughout:"):
         plat, source = resolve_pack(spec.removeprefix("throughout:"), workdir)
@@ -274,7 +274,7 @@ def resolve_pack(spec: str, workdir: Path):
 class _ContentionThroughout:
     """A resolved platform whose timings price host contention throughout the step (``co_run=False``,
     as every prediction before session 27), not only while another rank runs
-    (:mod:`predictor.kernels.co_run`): the ``throughout:SPEC`` what-if."""
+    (:mod:`predictor.timing.kernels.co_run`): the ``throughout:SPEC`` what-if."""
 
     def __init__(self, plat) -> None:
         self._plat = plat
@@ -289,10 +289,10 @@ class _ContentionThroughout:
 
 
 def windows_of_cpu(windows: list[dict], cpu: dict | None) -> list[dict]:
-    """The windows measured on the CPU ``cpu`` (a :func:`~predictor.platforms.cpu_local.cpu_signature`
+    """The windows measured on the CPU ``cpu`` (a :func:`~predictor.timing.platforms.cpu_local.cpu_signature`
     record; None: the unrecorded host of the windows before session 21, the AVX-512 EPYC of sessions
     1-20): a pack is judged on the machine it describes, and one CPU's windows are pooled."""
-    from predictor.platforms.cpu_local import same_cpu
+    from predictor.timing.platforms.cpu_local import same_cpu
 
     return [w for w in windows if same_cpu(w.get("cpu"), cpu)]
 
@@ -358,8 +358,8 @@ def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict
 def window_gemm_drift(window: dict) -> float | None:
     """A window's GEMM drift: the geomean of its before / after re-timings of the scoring pack's GEMM shapes
     (``measure_env.gemm_drift``: now / at calibration), or None when it recorded none
-    (:func:`predictor.calibration.pace.window_drift` of the compute class)."""
-    from predictor.calibration.pace import window_drift
+    (:func:`predictor.timing.calibration.pace.window_drift` of the compute class)."""
+    from predictor.timing.calibration.pace import window_drift
 
     return window_drift(window, "compute")
 
@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     import tempfile
 
-    from predictor.platforms.cpu_local import cpu_signature, describe_cpu
+    from predictor.timing.platforms.cpu_local import cpu_signature, describe_cpu
 
     cpu_note = f"all {len(windows)} windows, of every CPU (`--cpu all`)"
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@ phase ran 10-25 % longer in a step than packs calibrated before session 18 predi
 every embedding-bag call after evicting the last-level cache and then running the same kernel on a
 tiny table of the same width (a few KiB), on the reasoning that in a step the previous table's lookup
 leaves the code path warm; since session 18 the call before is a typical other table's
-(:func:`predictor.calibration.embedding_bag.neighbour_warmers`). This script times one table's call
+(:func:`predictor.timing.calibration.embedding_bag.neighbour_warmers`). This script times one table's call
 under several "previous op" states, each after the same cache eviction:
 
 * ``tiny warm``: eviction, the same kernel on a 256-row table, the call (the protocol before session 18);
@@ -41,8 +41,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration.embedding_bag import neighbour_warmers, neighbour_weight  # noqa: E402
-from predictor.calibration.timing import CacheFlusher  # noqa: E402
+from predictor.timing.calibration.embedding_bag import neighbour_warmers, neighbour_weight  # noqa: E402
+from predictor.timing.calibration.timing import CacheFlusher  # noqa: E402
 
 #: (label, rows, dim, batch, pooling): tables of the e2e DLRM task at batch 1024 (light ones with many
 #: rows, a medium one) and the heavy table whose call precedes them in ``after big``

@@ -4,7 +4,7 @@ A pack's held-out error is measured on its own grid's samples; a DLRM step needs
 task's tables. ``experiments/embedding_tables_cpu.py`` times the e2e DLRM task's 29 tables at each batch
 the way the calibration times its samples and stores every table's forward and backward seconds. This
 script fits the embedding models of stored packs again (the calibration's own fit,
-:func:`predictor.calibrate._fit_all`, for several seeds and :class:`~predictor.calibration.base.ModelSpec`
+:func:`predictor.timing.calibrate._fit_all`, for several seeds and :class:`~predictor.timing.calibration.base.ModelSpec`
 variants) and scores them against those per-table timings: the sum over tables (what a step adds up)
 and the GMAE over tables, per batch.
 
@@ -36,13 +36,13 @@ from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import predicted_embedding_seconds  # noqa: E402
 from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables  # noqa: E402
 from experiments.kernel_model_variants import _specs  # noqa: E402
-from predictor.calibrate import _fit_all  # noqa: E402
-from predictor.calibration.base import ModelSpec  # noqa: E402
-from predictor.kernels import analytic_models  # noqa: E402
-from predictor.kernels.embedding import RF_COLUMNS  # noqa: E402
-from predictor.kernels.timing import ModelTiming  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+from predictor.timing.calibrate import _fit_all  # noqa: E402
+from predictor.timing.calibration.base import ModelSpec  # noqa: E402
+from predictor.timing.kernels import analytic_models  # noqa: E402
+from predictor.timing.kernels.embedding import RF_COLUMNS  # noqa: E402
+from predictor.timing.kernels.timing import ModelTiming  # noqa: E402
+from predictor.timing.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 #: (label, spec -> variant spec); applied to both embedding kernels
 VARIANTS: list[tuple[str, Callable[[ModelSpec], ModelSpec] | None]] = [

@@ -51,7 +51,7 @@ def local_job(batch: int, ranks: int, rank: int, iters: int):
     are drawn from another seed than in the step (same rows, pooling and reuse profile); on 1 rank they are the
     step's."""
     from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables
-    from predictor.workloads.dlrm_tables import EmbeddingTables
+    from predictor.sources.synth.dlrm_tables import EmbeddingTables
 
     tables = dlrm_tables(batch)
     job = dlrm_job(tables, batch, ranks, 1, 1, iters)

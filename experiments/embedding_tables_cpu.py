@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                           "packs": {p: compare(m, t) for p, (t, _s) in timings.items()}}
     meta = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": args.threads,
             "sources": {p: s for p, (_t, s) in timings.items()}}
-    from tuner.files import atomic_write_text
+    from predictor.files import atomic_write_text
 
     text = markdown(results, packs, meta)
     atomic_write_text(args.out.with_suffix(".json"), json.dumps({"meta": meta, "batches": results}, indent=1))

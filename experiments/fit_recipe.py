@@ -4,8 +4,8 @@
 session 22: 1500 full-batch epochs per configuration, the grid searched twice where a kernel has
 optional alignment features, then an ensemble of nets from several seeds). This script refits every
 MLP kernel of stored calibration data under each recipe variant — training precision
-(:data:`predictor.kernels.learned.TRAIN_DTYPE`; float32 uses PyTorch's fused AdamW) and ensemble
-size (:data:`predictor.calibrate.MLP_MEMBERS` of the pack's level) — by the calibration's own code
+(:data:`predictor.timing.kernels.learned.TRAIN_DTYPE`; float32 uses PyTorch's fused AdamW) and ensemble
+size (:data:`predictor.timing.calibrate.MLP_MEMBERS` of the pack's level) — by the calibration's own code
 (:func:`experiments.kernel_model_variants.fit_spec`: same split, grid, prediction path, one process),
 and reports held-out GMAE and wall seconds per fit.
 
@@ -30,11 +30,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import predictor.calibrate as calibrate_mod  # noqa: E402
-import predictor.kernels.learned as learned  # noqa: E402
+import predictor.timing.calibrate as calibrate_mod  # noqa: E402
+import predictor.timing.kernels.learned as learned  # noqa: E402
 from experiments.common import fail, host_line, repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
-from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+from predictor.timing.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 #: recipe variants: training precision x ensemble size, e.g. "float32x3"
 DEFAULT_VARIANTS = ("float64x5", "float32x5", "float32x3")
@@ -88,8 +88,8 @@ def markdown(df: pd.DataFrame, command: str, host: str) -> str:
     variants = list(dict.fromkeys(df["variant"]))
     lines = ["# Kernel MLPs under variants of the fitting recipe", "",
              "Each MLP kernel of each pack refitted by the calibration's own code under each variant: training "
-             "precision (`predictor.kernels.learned.TRAIN_DTYPE`; float32 with PyTorch's fused AdamW) x nets in the "
-             "ensemble (`predictor.calibrate.MLP_MEMBERS`). Held-out GMAE on the pack's own 20 % and the wall "
+             "precision (`predictor.timing.kernels.learned.TRAIN_DTYPE`; float32 with PyTorch's fused AdamW) x nets in the "
+             "ensemble (`predictor.timing.calibrate.MLP_MEMBERS`). Held-out GMAE on the pack's own 20 % and the wall "
              "seconds of each fit (grid search + ensemble, one process).", "", f"Reproduce: `{command}`", "", host, ""]
     for pack, part in df.groupby("pack", sort=False):
         g = part.pivot_table(index="kernel", columns="variant", values="gmae_pct", sort=False)
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         command += " --variants " + " ".join(a.variants)
     if a.kernels:
         command += " --kernels " + " ".join(a.kernels)
-    from predictor.platforms.cpu_local import cpu_signature
+    from predictor.timing.platforms.cpu_local import cpu_signature
     from tuner.report import atomic_write_text
 
     atomic_write_text(a.out, markdown(df, command, host_line({"cpu": cpu_signature()})))

@@ -4,14 +4,14 @@ measured typical-state factor? (Offline: stored calibrations and archived e2e wi
 Every stored calibration keeps, per benchmark sample, the median over its rounds (``seconds``, what
 packs have been fitted to) and the median of the repeats of its fastest round (``median_s``). On the
 shared VMs one shape's rounds differ by 5-45 % (``benchmarks/results/round_noise_cpu.md``), mostly
-from what else the host runs. ``fit_target="fastest_round"`` (:mod:`predictor.kernels.state`) fits the
+from what else the host runs. ``fit_target="fastest_round"`` (:mod:`predictor.timing.kernels.state`) fits the
 fastest rounds, which repeat better, and multiplies every prediction by its op kind's factor of the
 typical state over the fastest (measured on the same calibration's training samples), so a step is
 still priced in the machine's typical state.
 
 For each stored pack the script refits it with each fit target (:data:`TARGETS`; the third,
 ``fastest_collectives``, fits only the collectives to their fastest passes) with the calibration's own code
-(:func:`predictor.calibrate.refit`: same 80/20 split, grids, ensembles) and reports
+(:func:`predictor.timing.calibrate.refit`: same 80/20 split, grids, ensembles) and reports
 
 * per kernel, held-out GMAE: the typical fit against the held-out medians of rounds (the committed
   tables' figure); the fastest-round fit against the held-out fastest rounds (what it models); and the
@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from experiments.common import fail  # noqa: E402
-from predictor.kernels.state import FIT_TARGETS  # noqa: E402
+from predictor.timing.kernels.state import FIT_TARGETS  # noqa: E402
 
 PACKS = REPO / "benchmarks" / "results" / "data" / "packs"
 #: stored AVX-512 calibrations of sessions 16-19 (the e2e windows of that host are unrecorded), the
@@ -58,7 +58,7 @@ TARGETS = FIT_TARGETS
 
 def refit_all(pack: Path, work: Path) -> dict[str, Path]:
     """``pack`` refitted with each fit target of :data:`TARGETS` into ``work``: {target: pack folder}."""
-    from predictor.calibrate import CalibrationError, refit
+    from predictor.timing.calibrate import CalibrationError, refit
 
     out = {}
     for target in TARGETS:
@@ -73,7 +73,7 @@ def refit_all(pack: Path, work: Path) -> dict[str, Path]:
 
 def kernel_rows(typical: Path, fastest: Path) -> list[dict]:
     """Per kernel: the three held-out GMAEs (module docstring) and the state factor."""
-    from predictor.platforms.assets import load_asset_pack
+    from predictor.timing.platforms.assets import load_asset_pack
 
     t = {r["kernel"]: r for r in load_asset_pack(typical).error_table}
     rows = []
@@ -121,10 +121,10 @@ def markdown(results: dict, started: str) -> str:
         "# Fit target of the CPU kernel models: median of rounds vs fastest round x state factor",
         "",
         f"{started}; offline (stored calibrations, archived e2e windows). Reproduce: "
-        "`python experiments/fit_target_cpu.py`. Each pack's samples are refitted once per fit target by `predictor.calibrate.refit` "
+        "`python experiments/fit_target_cpu.py`. Each pack's samples are refitted once per fit target by `predictor.timing.calibrate.refit` "
         "(same split, grids and ensembles): `typical` fits each sample's median over its rounds (every committed "
         "pack); `fastest` fits its fastest round and multiplies predictions by the op kind's typical-state factor "
-        "(`predictor/kernels/state.py`); `collectives fastest` (`fastest_collectives`) fits only the collectives so "
+        "(`predictor/timing/kernels/state.py`); `collectives fastest` (`fastest_collectives`) fits only the collectives so "
         "and every other family typical (end to end only: its kernel rows are the other two's). Columns: **typical fit** = held-out GMAE % against the held-out medians of "
         "rounds (the committed tables' figure); **fastest vs fastest** = the fastest-round model against the "
         "held-out fastest rounds (what it models); **fastest x state vs typical** = the same model with its factor "
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     for p in args.packs:
         if not (p / "manifest.json").is_file():
             fail(f"--packs {p}: not a stored calibration (no manifest.json)")
-    from tuner.files import atomic_write_text
+    from predictor.files import atomic_write_text
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results: dict = {}

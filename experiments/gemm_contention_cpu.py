@@ -1,6 +1,6 @@
 """Do two ranks' GEMMs slow each other on this host, by working set? (the 2-rank DLRM's dense part).
 
-The calibration's compute probe (``predictor.calibration.contention``) times a 384^3 GEMM, which fits
+The calibration's compute probe (``predictor.timing.calibration.contention``) times a 384^3 GEMM, which fits
 in cache; the e2e DLRM's top MLP (``top0``: 2112 -> 256) streams 4-17 MB of activations per rank. Two
 spawned processes (1 thread each) follow the probe's slot schedule — each alone, then both — for the
 in-cache GEMM and the DLRM's own shapes, ``--repeats`` times.
@@ -32,10 +32,10 @@ SLOT, ROUNDS = 0.5, 6
 
 def worker(rank: int, start: float, q) -> None:
     """One probe process: the shared slot schedule over every shape
-    (:func:`predictor.calibration.contention.slot_schedule`); puts (rank, results) on ``q``."""
+    (:func:`predictor.timing.calibration.contention.slot_schedule`); puts (rank, results) on ``q``."""
     import torch
 
-    from predictor.calibration.contention import slot_schedule
+    from predictor.timing.calibration.contention import slot_schedule
 
     torch.set_num_threads(1)
     calls = {}

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import fail  # noqa: E402
-from predictor.calibration.timing import Timer  # noqa: E402
+from predictor.timing.calibration.timing import Timer  # noqa: E402
 
 
 def geomean(values) -> float:
@@ -77,8 +77,8 @@ def builder(op: str, layout: str, m: int, n: int, k: int, device: torch.device =
 
 def score_pack(pack: str, rows: list[dict]) -> dict[str, float]:
     """A fitted pack's predicted NN time of every row over its measured NN time: by time, and geomeans."""
-    from predictor.kernels import TaskView
-    from predictor.platforms.assets import resolve_platform
+    from predictor.timing.kernels import TaskView
+    from predictor.timing.platforms.assets import resolve_platform
 
     p = resolve_platform(pack).pack  # names resolve as --platform does (cpu-local: this CPU's pack)
     if p is None:

@@ -30,10 +30,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import fail, write_results  # noqa: E402
-from predictor.calibrate import CalibrationError, _read_benchmark_table, _view  # noqa: E402
-from predictor.kernels.timing import models_by_kind  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+from predictor.timing.calibrate import CalibrationError, _read_benchmark_table, _view  # noqa: E402
+from predictor.timing.kernels.timing import models_by_kind  # noqa: E402
+from predictor.timing.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 SHAPE = ["m", "n", "k", "batch"]
 

@@ -4,9 +4,9 @@ A device-mode step's host time is priced per op from T1..T5 (Lin et al. 2022), w
 takes from a profiled step. Session 31 found the two halves of the error (the committed session-31 table is
 in git history): the profiled T's over-charge host-bound steps, and scaling them by the calibration step's
 unprofiled / profiled ratio under-charged the MLP / DLRM steps, whose graphs lacked host work. Since session
-32 the synthesisers emit that work in device mode (:mod:`predictor.workloads.emit`: kernel-less autograd
+32 the synthesisers emit that work in device mode (:mod:`predictor.sources.synth.emit`: kernel-less autograd
 nodes and views at T1 + T3, foreach optimizers as one op, per-table sparse update ops) and a CUDA pack's
-platform carries the host model of :mod:`predictor.calibration.step_graph`: the T's x the ratio and
+platform carries the host model of :mod:`predictor.timing.calibration.step_graph`: the T's x the ratio and
 ``step_s``, the step's framework cost, closed on the calibration's own step. Predictions are the pace of an
 unsynchronised loop (``Timeline.loop_pace_s``), as the measured loop runs.
 
@@ -44,7 +44,7 @@ FILES = {
     "h100": [f"e2e_h100_measured{x}.json" for x in ("_run5", "", "_run1", "_run2", "_run3")],
 }
 TRACES = {"h200-cal": REPO / "benchmarks" / "traces" / "h200", "h100": REPO / "benchmarks" / "traces" / "h100"}
-T_FIELDS = ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")  # as predictor.calibration.step_graph.T_FIELDS
+T_FIELDS = ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")  # as predictor.timing.calibration.step_graph.T_FIELDS
 
 
 #: the pricings compared (see the module docstring)
@@ -55,11 +55,11 @@ def scaled_rows(pack: str, files: list[str]) -> tuple[dict, list[dict]]:
     """The pack's host model (ratio, step_s, simulated calibration step) and, per measured file and row, the
     loop pace predicted by each of :data:`PRICINGS`."""
     from experiments.e2e_gpu import _read_measured, graph_for
-    from predictor.calibration.step_graph import T_FIELDS, device_overheads
-    from predictor.kernels import timing_for
-    from predictor.platforms.assets import load_asset_pack
-    from predictor.platforms.schema import CpuOverheads
     from predictor.simulate import simulate
+    from predictor.timing.calibration.step_graph import T_FIELDS, device_overheads
+    from predictor.timing.kernels import timing_for
+    from predictor.timing.platforms.assets import load_asset_pack
+    from predictor.timing.platforms.schema import CpuOverheads
 
     measured_o = load_asset_pack(REPO / "assets" / pack).manifest["overheads"]
     timing = timing_for(pack)
@@ -82,7 +82,7 @@ def scaled_rows(pack: str, files: list[str]) -> tuple[dict, list[dict]]:
     return model, rows
 
 
-#: ``--node-pricings``: what a kernel-less host node costs (``predictor.workloads.emit.NODE_OVERHEADS``); the first is the model's
+#: ``--node-pricings``: what a kernel-less host node costs (``predictor.sources.synth.emit.NODE_OVERHEADS``); the first is the model's
 NODE_PRICINGS = {"T1 + T3": ("T1", "T3"), "T1 + T2 + T3": ("T1", "T2", "T3"), "T1": ("T1",), "nothing": ()}
 
 
@@ -92,7 +92,7 @@ def node_pricing_rows(pack: str, files: list[str], current: tuple[dict, list[dic
     result under the model's own pricing (``emit.NODE_OVERHEADS``), reused rather than simulated again."""
     from predictor.graph import Overhead
     from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error
-    from predictor.workloads import emit
+    from predictor.sources.synth import emit
 
     kept = emit.NODE_OVERHEADS
     out = []
@@ -115,8 +115,8 @@ def op_counts(pack: str) -> list[dict]:
     """Host tasks per overhead type, synthesised vs traced, for each committed trace of the pack's GPU."""
     from experiments.e2e_gpu import ROWS, _trace_batch, _trace_for, graph_for
     from predictor.graph import Overhead
-    from predictor.traces.annotate import annotate
-    from predictor.traces.load import load_traces
+    from predictor.sources.traces.annotate import annotate
+    from predictor.sources.traces.load import load_traces
 
     out = []
     for model in ROWS:
@@ -187,7 +187,7 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    from tuner.files import atomic_write_text
+    from predictor.files import atomic_write_text
 
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "packs": {}}
     for pack, files in FILES.items():

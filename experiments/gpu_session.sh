@@ -92,7 +92,7 @@ elif [ "$step" = e2e ] || [ "$step" = stages ]; then  # e2e rows + this instance
   echo "== e2e measure" >>"$LOG"
   timeout 150 python3 experiments/e2e_gpu.py --measure --passes 5 --out "$OUT/e2e_h100_measured.json" >>"$LOG" 2>&1
   echo "e2e rc=$?" >>"$LOG"
-  timeout 60 python3 -m predictor.calibration.overheads --device cuda --out "$OUT/overheads_h100.json" >>"$LOG" 2>&1
+  timeout 60 python3 -m predictor.timing.calibration.overheads --device cuda --out "$OUT/overheads_h100.json" >>"$LOG" 2>&1
   echo "overheads rc=$?" >>"$LOG"
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py >>"$LOG" 2>&1
   echo "pytest rc=$?" >>"$LOG"
@@ -124,7 +124,7 @@ elif [ "$step" = final ]; then  # the e2e rows and, on the same machine, traces 
 elif [ "$step" = hostcost ]; then  # what one eager op costs the host, with and without the profiler
   timeout 120 python3 experiments/host_op_cost.py --out "$OUT/host_op_cost.json" >>"$LOG" 2>&1
   echo "host_op_cost rc=$?" >>"$LOG"
-  timeout 120 python3 -m predictor.calibration.overheads --device cuda --out "$OUT/overheads_h100.json" >>"$LOG" 2>&1
+  timeout 120 python3 -m predictor.timing.calibration.overheads --device cuda --out "$OUT/overheads_h100.json" >>"$LOG" 2>&1
   echo "overheads rc=$?" >>"$LOG"  # T1..T5 alone: tuner calibrate --refit assets/h100 --overheads FILE
 elif [ "$step" = both ]; then  # calibrate, then the e2e rows again (no traces) and the GPU tests
   echo "== calibrate" >>"$LOG"

@@ -1,6 +1,6 @@
 """What one eager PyTorch op costs the host on a GPU machine, with and without the profiler.
 
-The calibration's T1..T5 (:mod:`predictor.calibration.overheads`) come from a *profiled* training
+The calibration's T1..T5 (:mod:`predictor.timing.calibration.overheads`) come from a *profiled* training
 step, corrected by the profiler's mean cost per event once per gap. This script measures the
 host's real issue cost of single-kernel ops in a tight loop (no synchronisation, tiny tensors, so
 the GPU never holds the host back) and the same loop under ``torch.profiler``, per op type; the
@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:
 def _ops(device: torch.device) -> dict:
     """The calibration's single-kernel ops, plus ``F.linear`` (a transpose view + addmm) and a view +
     reshape (no kernel)."""
-    from predictor.calibration.overheads import single_kernel_ops
+    from predictor.timing.calibration.overheads import single_kernel_ops
 
     ops = single_kernel_ops(device)
     x = torch.randn(64, 64, device=device)
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
-    from predictor.calibration.overheads import host_seconds_per_call
+    from predictor.timing.calibration.overheads import host_seconds_per_call
 
     device = torch.device("cuda")
     rows = {}

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from predictor.platforms.host import allocator_env  # noqa: E402
+from predictor.timing.platforms.host import allocator_env  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 #: (model, batch) rows of experiments/e2e_cpu.py taken apart
@@ -80,8 +80,8 @@ def child(model: str, batch: int, profile: bool, steps: int = 20, platform: str 
 
     from experiments.e2e_cpu import resolve
     from experiments.measure_env import llc_flush_buffer, time_call
-    from predictor.calibration.gemm import GEMM_KINDS
     from predictor.simulate import simulate
+    from predictor.timing.calibration.gemm import GEMM_KINDS
 
     torch.set_num_threads(1)
     step, graph = _step(model, batch)
@@ -159,7 +159,7 @@ def run_child(model: str, batch: int, env: dict, profile: bool, platform: str = 
 
 def gemm_prediction(timing, kind: str, b: int, m: int, n: int, k: int) -> float:
     """``timing``'s prediction of one fp32 GEMM call (seconds); ``b`` > 1: a batched one."""
-    from predictor.kernels.base import TaskView
+    from predictor.timing.kernels.base import TaskView
 
     cols = {"m": m, "n": n, "k": k, "dtype_bytes": 4, "flops": 2.0 * m * n * k * b}
     if b != 1:
@@ -174,7 +174,7 @@ def resolve_packs(names: list[str], workdir: Path | None = None) -> dict:
     into ``workdir``)."""
     from experiments.common import fail
     from experiments.e2e_cpu import resolve
-    from predictor.platforms.assets import AssetPackError
+    from predictor.timing.platforms.assets import AssetPackError
 
     if workdir is not None:
         from experiments.e2e_windows import resolve_spec
@@ -204,8 +204,8 @@ def sum_prediction(timing, tasks: list[list[float]]) -> float:
     calibrated reduction model where the pack has one, else the pack's roofline."""
     import numpy as np
 
-    from predictor.kernels.base import TaskView
-    from predictor.workloads.emit import column_sum
+    from predictor.sources.synth.emit import column_sum
+    from predictor.timing.kernels.base import TaskView
 
     if not tasks:
         return 0.0

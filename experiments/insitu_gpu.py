@@ -61,8 +61,8 @@ def trace_class(name: str) -> str:
 
 def traced_classes(trace: Path) -> dict[str, tuple[int, float]]:
     """Per class: (kernels, seconds) of one traced step."""
-    from predictor.traces.annotate import annotate
-    from predictor.traces.load import load_traces
+    from predictor.sources.traces.annotate import annotate
+    from predictor.sources.traces.load import load_traces
 
     g = annotate(load_traces(trace)).graphs()[0]
     out = {c: [0, 0.0] for c in CLASSES}
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--packs", nargs="+", required=True, help="asset packs (names or paths) that price the graphs")
     ap.add_argument("--out", type=Path, required=True, help="results path without suffix (.md and .json)")
     a = ap.parse_args(argv)
-    from predictor.platforms import resolve_platform
-    from predictor.platforms.assets import AssetPackError
+    from predictor.timing.platforms import resolve_platform
+    from predictor.timing.platforms.assets import AssetPackError
 
     traces = sorted(a.traces.glob("traces-*-b*.tar.gz")) if a.traces.is_dir() else []
     if not traces:

@@ -1,7 +1,7 @@
 """Held-out error of kernel-model variants, refitted from stored calibration data (no device needed).
 
-Each variant changes one kernel's :class:`~predictor.calibration.base.ModelSpec` (method, features,
-optional features) and is fitted by the code ``tuner calibrate`` runs (:func:`predictor.calibrate._fit_all`:
+Each variant changes one kernel's :class:`~predictor.timing.calibration.base.ModelSpec` (method, features,
+optional features) and is fitted by the code ``tuner calibrate`` runs (:func:`predictor.timing.calibrate._fit_all`:
 same 80/20 split, same MLP grid and ensemble, same prediction path), on the stored benchmark data of
 several packs, so a model change is judged on timings no one re-measured for it. The ``current``
 variant is the spec the benchmark declares today.
@@ -30,14 +30,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import predictor.calibrate as calibrate_mod  # noqa: E402
+import predictor.timing.calibrate as calibrate_mod  # noqa: E402
 from experiments.common import repo_relative  # noqa: E402
-from predictor.calibrate import make_benchmarks  # noqa: E402
-from predictor.calibration.base import BenchContext, ModelSpec  # noqa: E402
-from predictor.calibration.timing import Timer  # noqa: E402
-from predictor.kernels.learned import CONV_ALIGN_FEATURES  # noqa: E402
-from predictor.platforms.assets import load_asset_pack  # noqa: E402
-from predictor.platforms.cpu_local import fp32_lanes  # noqa: E402
+from predictor.timing.calibrate import make_benchmarks  # noqa: E402
+from predictor.timing.calibration.base import BenchContext, ModelSpec  # noqa: E402
+from predictor.timing.calibration.timing import Timer  # noqa: E402
+from predictor.timing.kernels.learned import CONV_ALIGN_FEATURES  # noqa: E402
+from predictor.timing.platforms.assets import load_asset_pack  # noqa: E402
+from predictor.timing.platforms.cpu_local import fp32_lanes  # noqa: E402
 
 Variant = tuple[str, str, Callable[[ModelSpec], ModelSpec]]
 #: (kernel, label, benchmark table -> table with another ``seconds``): the same model fitted to, and
@@ -110,7 +110,7 @@ def fit_spec(pack, family: str, frame: pd.DataFrame, spec: ModelSpec,
              train: Callable[[np.ndarray], np.ndarray] | None = None, seed: int | None = None,
              siblings: tuple[ModelSpec, ...] = ()) -> tuple[dict, dict | None]:
     """``spec`` fitted on ``frame`` (one family's benchmark data) by the calibration's own code
-    (:func:`predictor.calibrate._fit_all`) with the pack's level, seed and scale: (the fitted models
+    (:func:`predictor.timing.calibrate._fit_all`) with the pack's level, seed and scale: (the fitted models
     by key, the kernel's error-table row or None when it was not fitted). ``train`` maps the spec's
     kernel's training indices (of the calibration's own split) to the ones to fit on; the held-out
     indices stay as they are. ``seed``: another held-out split and initialisation than the pack's own.
@@ -180,7 +180,7 @@ def markdown(df: pd.DataFrame, command: str) -> str:
     lines = [
         "# Kernel-model variants on stored calibration data",
         "",
-        "Each variant is fitted by the calibration's own code (`predictor.calibrate._fit_all`: the pack's "
+        "Each variant is fitted by the calibration's own code (`predictor.timing.calibrate._fit_all`: the pack's "
         "80/20 split, MLP grid, the level's ensemble, prediction path) on the benchmark data a pack stores; the "
         "numbers are held-out errors on the same 20 % as the pack's own table. `current` is the model the "
         "benchmark declares now; an estimator variant fits the same model to another estimate of each sample's "

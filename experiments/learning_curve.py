@@ -1,7 +1,7 @@
 """Held-out error of a kernel model against the number of training samples (stored calibration data).
 
 For each pack and kernel the model is fitted by the calibration's own code
-(:func:`predictor.calibrate._fit_all`) on a random share of its training samples, and scored on the
+(:func:`predictor.timing.calibrate._fit_all`) on a random share of its training samples, and scored on the
 same held-out 20 % the pack's error table uses, so the curve says how much a model gains from a
 longer calibration (``--scale``) or from a larger share of its family's budget. The training subset
 is drawn once per share (seed 1) from the pack's own training split.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.common import repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
-from predictor.platforms.assets import load_asset_pack  # noqa: E402
+from predictor.timing.platforms.assets import load_asset_pack  # noqa: E402
 
 DEFAULT_SHARES = (0.1, 0.25, 0.5, 0.75, 1.0)
 
@@ -67,7 +67,7 @@ def run(packs: list[Path], kernels: list[str], shares: list[float],
 
 def markdown(df: pd.DataFrame, command: str) -> str:
     lines = ["# Kernel models: held-out error against training samples", "",
-             "Each fit is the calibration's own (`predictor.calibrate._fit_all`) on a random share of the pack's "
+             "Each fit is the calibration's own (`predictor.timing.calibrate._fit_all`) on a random share of the pack's "
              "training split (seed 1), scored on the pack's held-out 20 %. MLP ensembles train from fixed seeds, "
              "but a refit can move a GMAE by about a point.", "", f"Reproduce: `{command}`", ""]
     for (pack, kernel), g in df.groupby(["pack", "kernel"], sort=False):

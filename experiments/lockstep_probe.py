@@ -32,8 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.calibration.collectives import free_port  # noqa: E402
-from tuner.files import atomic_write_text  # noqa: E402
+from predictor.files import atomic_write_text  # noqa: E402
+from predictor.timing.calibration.collectives import free_port  # noqa: E402
 
 WORLD = 2
 

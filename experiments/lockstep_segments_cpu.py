@@ -1,6 +1,6 @@
 """Lockstep loss against the length of the work between two collectives, on this CPU host.
 
-Diagnosis for the 2-rank DLRM rows of issue 4. Calibration (:mod:`predictor.calibration.lockstep`) measures
+Diagnosis for the 2-rank DLRM rows of issue 4. Calibration (:mod:`predictor.timing.calibration.lockstep`) measures
 how much slower K ranks run when they wait for each other after every segment of work, with one segment
 length (10 ms), and the timing model multiplies every kernel of a K-rank CPU graph by that factor. A DLRM
 step's segments (work between two blocking collectives) are 5-10 ms at batch 256 and 30-110 ms at 4096. If
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import write_results  # noqa: E402
-from predictor.calibration.lockstep import per_round_factors, probe_lockstep  # noqa: E402
+from predictor.timing.calibration.lockstep import per_round_factors, probe_lockstep  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         "# Lockstep loss against segment length (this CPU host)",
         "",
         f"{started:%Y-%m-%d %H:%M} UTC, {args.world} gloo ranks x 1 torch thread, unpinned. Per segment length: the "
-        f"calibration's lockstep probe (`predictor/calibration/lockstep.py`: GEMM segments timed free, all at once, "
+        f"calibration's lockstep probe (`predictor/timing/calibration/lockstep.py`: GEMM segments timed free, all at once, "
         f"and in lockstep, each followed by a one-float all-reduce; {args.rounds} rounds, about {args.work_s:g} s of "
         f"segments per protocol and round), {args.repeats} passes over the lengths, alternately ascending and "
         f"descending. Factor = (slowest rank's lockstep period - all-reduce alone) / slowest rank's free segment, "

@@ -147,10 +147,10 @@ def measure_quietly(run: Callable[[], list[float]], max_background: float = 0.3,
 
 def llc_flush_buffer(nbytes: int = 64 * 2**20):
     """A callable that evicts the last-level cache by writing ``nbytes`` (default 64 MiB, twice this
-    machine's 32 MiB L3): the calibration timer's :class:`~predictor.calibration.timing.CacheFlusher`."""
+    machine's 32 MiB L3): the calibration timer's :class:`~predictor.timing.calibration.timing.CacheFlusher`."""
     import torch
 
-    from predictor.calibration.timing import CacheFlusher
+    from predictor.timing.calibration.timing import CacheFlusher
 
     return CacheFlusher(torch.device("cpu"), nbytes / 2)
 
@@ -193,7 +193,7 @@ def _pack_table(pack_path, name: str, what: str, columns: tuple[str, ...]):
 
 def _ratios(ratios: list[float], reference: str) -> dict:
     """Geomean, min and max of now / then time ratios, and the probe rows' reference
-    (:func:`predictor.calibration.pace.probe_reference`)."""
+    (:func:`predictor.timing.calibration.pace.probe_reference`)."""
     lr = np.log(ratios)
     return {"ratio_geomean": float(np.exp(lr.mean())), "ratio_min": float(np.min(ratios)),
             "ratio_max": float(np.max(ratios)), "cases": len(ratios), "reference": reference}
@@ -224,10 +224,10 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     """
     import torch
 
-    from predictor.calibration.base import time_case
-    from predictor.calibration.gemm import gemm_builder
-    from predictor.calibration.pace import probe_reference, probe_rows
-    from predictor.calibration.timing import Timer
+    from predictor.timing.calibration.base import time_case
+    from predictor.timing.calibration.gemm import gemm_builder
+    from predictor.timing.calibration.pace import probe_reference, probe_rows
+    from predictor.timing.calibration.timing import Timer
 
     d = _pack_table(pack_path, "gemm.csv", "GEMM benchmark table", ("kernel", "kind", "m", "n", "k", "flops", "seconds"))
     if d is None:
@@ -257,10 +257,10 @@ def memory_drift(pack_path, cases: int = 16, seed: int = 0) -> dict:
     """
     import torch
 
-    from predictor.calibration.base import time_case
-    from predictor.calibration.data_movement import _copy
-    from predictor.calibration.pace import probe_reference, probe_rows
-    from predictor.calibration.timing import Timer
+    from predictor.timing.calibration.base import time_case
+    from predictor.timing.calibration.data_movement import _copy
+    from predictor.timing.calibration.pace import probe_reference, probe_rows
+    from predictor.timing.calibration.timing import Timer
 
     d = _pack_table(pack_path, "data_movement.csv", "data-movement benchmark table",
                     ("kernel", "elements", "bytes", "seconds"))

@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.calibration.overheads import measure_overheads  # noqa: E402
-from tuner.files import atomic_write_text  # noqa: E402
+from predictor.files import atomic_write_text  # noqa: E402
+from predictor.timing.calibration.overheads import measure_overheads  # noqa: E402
 
 #: name -> keyword arguments of measure_overheads
 SETTINGS: dict[str, dict] = {

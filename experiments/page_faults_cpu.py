@@ -10,7 +10,7 @@ at that cost and compares with the row's measured system time: where they agree,
 of a step is page faults (a host-memory model would need only the bytes faulted per step); where
 the measured system time is far larger, it is something else (gloo's socket calls on 2 ranks).
 
-The fault cost is measured by :func:`predictor.calibration.page_faults.measure_page_fault_s`, which
+The fault cost is measured by :func:`predictor.timing.calibration.page_faults.measure_page_fault_s`, which
 ``tuner calibrate`` runs too (the platform's ``page_fault_s``, priced into the embedding backward);
 this script's own results feed no prediction.
 
@@ -55,8 +55,8 @@ def main() -> None:
 
     import torch
 
-    from predictor.calibration.page_faults import measure_page_fault_s
-    from predictor.kernels.host_memory import PAGE_BYTES
+    from predictor.timing.calibration.page_faults import measure_page_fault_s
+    from predictor.timing.kernels.host_memory import PAGE_BYTES
 
     wall_fault, costs = measure_page_fault_s(args.repeats)
     sys_fault = statistics.median(c["system_per_fault_s"] for c in costs)
@@ -67,7 +67,7 @@ def main() -> None:
                        "faults": faults, "faults_priced_s": faults * sys_fault,
                        "explained": (faults * sys_fault / system) if system >= MIN_SYSTEM_S else None})
 
-    from tuner.files import atomic_write_text
+    from predictor.files import atomic_write_text
 
     out = Path(args.out)
     meta = {"date": dt.date.today().isoformat(), "torch": torch.__version__, "repeats": args.repeats,

@@ -13,11 +13,11 @@ Variants per family (:data:`FAMILIES`):
 * softmax: ``joint-bwd`` (one net over the two backward kernels; the forward stays alone), ``joint-all``
   (one net over the three).
 
-Every variant is fitted by :func:`predictor.kernels.learned.fit_mlp` with the calibration's settings for the
+Every variant is fitted by :func:`predictor.timing.kernels.learned.fit_mlp` with the calibration's settings for the
 pack's level (grid, epochs, ensemble members; a pooled net gets the sum of its kernels' grid-search
 budgets) on the union of the kernels' training samples of the calibration's own split
-(:func:`predictor.calibrate._split`, one per kernel and seed), and is scored on each kernel's held-out 20 %
-through the prediction path's terms (:func:`predictor.kernels.learned.known_seconds` added back). Each
+(:func:`predictor.timing.calibrate._split`, one per kernel and seed), and is scored on each kernel's held-out 20 %
+through the prediction path's terms (:func:`predictor.timing.kernels.learned.known_seconds` added back). Each
 seed is another split and initialisation.
 
     python experiments/pooled_fit.py --family gemm --packs assets/cpu-local-zen4 \\
@@ -44,13 +44,19 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import predictor.calibrate as cm  # noqa: E402
+import predictor.timing.calibrate as cm  # noqa: E402
 from experiments.common import repo_relative  # noqa: E402
 from experiments.kernel_model_variants import _specs  # noqa: E402
-from predictor.calibration.base import ModelSpec  # noqa: E402
-from predictor.kernels.learned import ONEDNN_FEATURES, ROUTE_FEATURES, feature_matrix, fit_mlp, known_seconds  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import load_asset_pack  # noqa: E402
+from predictor.timing.calibration.base import ModelSpec  # noqa: E402
+from predictor.timing.kernels.learned import (  # noqa: E402
+    ONEDNN_FEATURES,
+    ROUTE_FEATURES,
+    feature_matrix,
+    fit_mlp,
+    known_seconds,
+)
+from predictor.timing.platforms.assets import load_asset_pack  # noqa: E402
 
 ROUTE_PREFIX = "is_"
 

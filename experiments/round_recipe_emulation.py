@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/round_recipe_emulation")
     args = ap.parse_args(argv)
-    from predictor.platforms.assets import AssetPackError, load_asset_pack
+    from predictor.timing.platforms.assets import AssetPackError, load_asset_pack
 
     try:
         manifest = load_asset_pack(args.pack, allow_unfitted=True).manifest

@@ -52,9 +52,9 @@ from experiments.dlrm_gloo import (  # noqa: E402
 )
 from experiments.measure_env import measure_quietly  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error  # noqa: E402
-from predictor.workloads.dlrm import DLRMSpec  # noqa: E402
-from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
-from predictor.workloads.sharding import InfeasibleShardingError, get_sharder  # noqa: E402
+from predictor.sources.synth.dlrm import DLRMSpec  # noqa: E402
+from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
+from predictor.sources.synth.sharding import InfeasibleShardingError, get_sharder  # noqa: E402
 from tuner.cost import DLRMShardingJob  # noqa: E402
 from tuner.model_guided import model_guided_shard  # noqa: E402
 
@@ -65,7 +65,7 @@ RESULTS = REPO / "experiments" / "results"
 def resolve_timing(name: str):
     """(platform, timing, pack manifest or None) for ``--platform``: the calibrated asset pack when
     one is found, else the analytic models (``timing.source`` says which)."""
-    from predictor.platforms.assets import resolve_platform
+    from predictor.timing.platforms.assets import resolve_platform
 
     res = resolve_platform(name)
     timing = res.timing()

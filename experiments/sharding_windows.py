@@ -168,7 +168,7 @@ def repredict(run: dict, spec: str, workdir: Path, co_run: bool | None = None,
               cap_step_reuse: bool | None = None) -> dict[str, dict[str, float]]:
     """task -> heuristic sharder -> seconds predicted by the pack ``spec`` for ``run``'s placements (the
     tasks rebuilt from the run's arguments, as ``sharding_selection.py`` built them). ``co_run``: price host
-    contention only while another rank runs (:mod:`predictor.kernels.co_run`; None: the timing's default,
+    contention only while another rank runs (:mod:`predictor.timing.kernels.co_run`; None: the timing's default,
     False: as every run before session 27 did, :func:`run_co_run`); ``cap_step_reuse``: the step-reuse
     factors at most 1 (None: the timing's default, True since session 33; False as runs before it,
     :func:`run_caps_step_reuse`)."""
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_runs(args.revs, args.run_file)
     ref = loaded[0][1]
     labels, runs, skipped = [], [], []
-    from predictor.platforms.cpu_local import same_cpu
+    from predictor.timing.platforms.cpu_local import same_cpu
 
     for label, run in loaded:
         if not args.all_cpus and not same_cpu(run.get("meta", {}).get("cpu"), ref.get("meta", {}).get("cpu")):
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
                 repredicted[spec] = judge(repredict(runs[0], spec, Path(work) / str(i)), truth)
         text += "\n" + "\n".join(
             ["## The same placements predicted by other packs, on the same pooled truth", "",
-             "Host contention priced while another rank runs (`predictor/kernels/co_run.py`); `throughout:` specs "
+             "Host contention priced while another rank runs (`predictor/timing/kernels/co_run.py`); `throughout:` specs "
              "price it throughout the step, as every run's own predictions before session 27 did.", "",
              "| pack | criterion met | P = AF | mean P vs AF % | prediction GMAE % |", "|---|---:|---:|---:|---:|"]
             + [f"| `{spec}` | {j['criterion_met']}/{j['tasks']} | {j['p_is_af']}/{j['tasks']} | "

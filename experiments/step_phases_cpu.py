@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     from experiments.common import fail
     from experiments.e2e_cpu import resolve
     from experiments.measure_env import gemm_drift, memory_drift
-    from predictor.platforms import UnknownPlatformError
-    from predictor.platforms.assets import AssetPackError
+    from predictor.timing.platforms import UnknownPlatformError
+    from predictor.timing.platforms.assets import AssetPackError
 
     try:
         timing, _, pack_path = resolve(args.platform)

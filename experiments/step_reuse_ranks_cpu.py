@@ -1,6 +1,6 @@
 """Does the embedding step-reuse factor change when K processes share the last-level cache? (CPU, diagnosis.)
 
-The calibration's step-reuse probe (:mod:`predictor.calibration.step_reuse`) runs in one process, and the
+The calibration's step-reuse probe (:mod:`predictor.timing.calibration.step_reuse`) runs in one process, and the
 simulator applies its factor at the working set of every rank sharing the LLC (one cache domain per CPU
 host). On the AVX2 VM the e2e 2-rank DLRM rows read 7-10 % under the simulation and the 1-rank rows 7-17 %
 over: one explanation would be that two ranks running their tables at once evict each other's rows, so a
@@ -40,7 +40,7 @@ def _worker(k: int, world: int, llc_bytes: float, rounds: int, seed: int, barrie
     """One of ``world`` processes: the probe at 1/world of each working set, started with the others."""
     import torch
 
-    from predictor.calibration.step_reuse import probe_step_reuse
+    from predictor.timing.calibration.step_reuse import probe_step_reuse
 
     torch.set_num_threads(1)
     barrier.wait()
@@ -73,8 +73,8 @@ def run_world(world: int, llc_bytes: float, rounds: int, seed: int) -> list[dict
 def summarise(rows: list[dict]) -> list[dict]:
     """Per (world, fraction): the total working set over the LLC, the median over rounds and processes
     of the forward and backward step / cold sums, and the backward factor per pooling
-    (:func:`predictor.calibration.step_reuse.reuse_surface` over that world's rows)."""
-    from predictor.calibration.step_reuse import reuse_surface
+    (:func:`predictor.timing.calibration.step_reuse.reuse_surface` over that world's rows)."""
+    from predictor.timing.calibration.step_reuse import reuse_surface
 
     out = []
     for world in sorted({r["world"] for r in rows}):
@@ -95,7 +95,7 @@ def markdown(summary: list[dict], meta: dict) -> str:
     lines = [
         "# Embedding step reuse with K processes sharing the LLC (CPU)", "",
         f"{meta['date']}; {meta['host']} Reproduce: `{meta['command']}`", "",
-        "The calibration's step-reuse probe (`predictor/calibration/step_reuse.py`: eight tables of pooling 1-64, "
+        "The calibration's step-reuse probe (`predictor/timing/calibration/step_reuse.py`: eight tables of pooling 1-64, "
         "cold vs in a step's order) in K processes started together, each at 1/K of the working set (the K "
         "together span the working set in the first column); each process's ratio is against its own cold "
         "timings taken while the others run. Median over rounds and processes; `samples` = rounds x "
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.llc_mib is not None and args.llc_mib <= 0:
         fail("--llc-mib must be > 0")
     if args.llc_mib is None:
-        from predictor.platforms.cpu_local import measure_cpu_local
+        from predictor.timing.platforms.cpu_local import measure_cpu_local
 
         llc = float(measure_cpu_local().last_level_cache_bytes)
     else:

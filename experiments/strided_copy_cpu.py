@@ -87,9 +87,9 @@ def measure(cases: list[dict], rounds: int, calls: int, seed: int) -> None:
 
 def predict(cases: list[dict], platform: str) -> None:
     """Each case's ``predicted_s``: the pack's memcpy model of a copy of its bytes (how it is priced today)."""
-    from predictor.kernels import TaskView
-    from predictor.kernels.timing import models_by_kind
-    from predictor.platforms.assets import AssetPackError, resolve_platform
+    from predictor.timing.kernels import TaskView
+    from predictor.timing.kernels.timing import models_by_kind
+    from predictor.timing.platforms.assets import AssetPackError, resolve_platform
 
     pack = resolve_platform(platform).pack
     if pack is None:
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from experiments.common import fail
-    from predictor.platforms import UnknownPlatformError
-    from predictor.platforms.assets import AssetPackError
+    from predictor.timing.platforms import UnknownPlatformError
+    from predictor.timing.platforms.assets import AssetPackError
 
     cases = _cases()
     try:

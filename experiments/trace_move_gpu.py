@@ -38,7 +38,7 @@ DIRECTIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 def run() -> dict:
     from experiments.e2e_gpu import _read_measured, _trace_for
     from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error
-    from predictor.transform import parse_sets, predict_trace
+    from predictor.whatif.apply import parse_sets, predict_trace
 
     rows = []
     for tdir, src, dst, files in DIRECTIONS:

@@ -15,7 +15,7 @@ Session 21 tried two things, tested here and not adopted:
   L1d 4 KiB x 8 ways, L2 64 KiB x 8 ways) and ``stride_alias`` (:func:`stride_alias`: the stride's
   power-of-two factor above 512 bytes, ``log2``, capped at 4 KiB).
 
-Each variant is fitted by the calibration's own code (:func:`predictor.calibrate._fit_all`, the pack's
+Each variant is fitted by the calibration's own code (:func:`predictor.timing.calibrate._fit_all`, the pack's
 80/20 split) and scored on the held-out samples split three ways: shapes whose lines conflict,
 other power-of-two ``n``, the rest. ``--compare`` adds fitted packs' own transpose models (measured
 in another window, they carry its drift too). ``--probe-rounds R`` also times, as the calibration
@@ -43,12 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.kernel_model_variants import _specs, fit_spec  # noqa: E402
-from predictor.calibrate import _split  # noqa: E402
-from predictor.calibration.base import log_uniform_int  # noqa: E402
 from predictor.graph import PARAM_COLUMNS  # noqa: E402
-from predictor.kernels.base import TaskView  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error  # noqa: E402
-from predictor.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
+from predictor.timing.calibrate import _split  # noqa: E402
+from predictor.timing.calibration.base import log_uniform_int  # noqa: E402
+from predictor.timing.kernels.base import TaskView  # noqa: E402
+from predictor.timing.platforms.assets import AssetPackError, load_asset_pack  # noqa: E402
 
 SUBSETS = ("all", "conflicting", "other power-of-two n", "rest")
 CONFLICT = ("l1_conflict", "l2_conflict")
@@ -141,7 +141,7 @@ def measure_probe(shapes: pd.DataFrame, rounds: int, llc: float, log: Callable[[
     import torch
 
     from benchmarks.heldout_retime_cpu import retime
-    from predictor.calibration.data_movement import _transpose
+    from predictor.timing.calibration.data_movement import _transpose
 
     cases = [{"build": _transpose(int(r.batch), int(r.m), int(r.n), torch.device("cpu")), "cold": True}
              for r in shapes.itertuples()]

@@ -16,8 +16,8 @@ Workloads (random weights, random data, SGD, one torch thread per process):
 Changes: batch x2 and x4, layers x2 (MLP hidden layers, GPT blocks, DLRM top-MLP hidden
 layers), DP 1 -> 2. Ground truth: the median wall time of real, unprofiled training
 iterations at the changed configuration, run in this script right after the capture.
-Predictions: ``predictor.transform.predict_trace`` on the capture (``tuner predict``),
-timed with ``predictor.kernels.timing_for("cpu-local")`` (the calibrated asset pack when
+Predictions: ``predictor.whatif.apply.predict_trace`` on the capture (``tuner predict``),
+timed with ``predictor.timing.kernels.timing_for("cpu-local")`` (the calibrated asset pack when
 one exists for this CPU, else analytic models on the measured platform) in both re-timing
 modes (``model``: changed tasks take the kernel model's time; ``anchored``: their measured
 time times the model's ratio new/old).
@@ -50,12 +50,12 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from predictor.calibration.collectives import free_port  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error  # noqa: E402
-from predictor.transform import parse_sets, predict_trace  # noqa: E402
+from predictor.timing.calibration.collectives import free_port  # noqa: E402
+from predictor.whatif.apply import parse_sets, predict_trace  # noqa: E402
 
 THREADS = 1
-#: profiled iterations recorded (per-task minimum over them; see predictor.traces.annotate)
+#: profiled iterations recorded (per-task minimum over them; see predictor.sources.traces.annotate)
 ACTIVE = 5
 
 
@@ -284,8 +284,8 @@ def run(args) -> dict:
             base_real = real_by["base"]
             print(f"[{wl}] captured + measured in {time.time() - t:.1f}s; base real {base_real['median_s'] * 1e3:.2f} ms",
                   flush=True)
-            from predictor.traces.annotate import annotate, combine_captures
-            from predictor.traces.load import load_traces
+            from predictor.sources.traces.annotate import annotate, combine_captures
+            from predictor.sources.traces.load import load_traces
 
             at = combine_captures([annotate(load_traces(f)) for f in captured])
             folder = captured[0]

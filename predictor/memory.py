@@ -1,7 +1,7 @@
 """Centimani memory model (Xie et al., USENIX ATC 2024, §4.2 and §5.1).
 
 1. **Data classification**: every tensor of a traced training iteration
-   (:mod:`predictor.workloads.opgraph`) is in one of five categories —
+   (:mod:`predictor.sources.synth.opgraph`) is in one of five categories —
    input/output (activations and activation gradients), weights & biases, gradients,
    algorithm-related (optimizer state, fp32 master weights, autocast weight copies) and
    ephemeral (short-lived temporaries, math-library workspace, communication buffers).
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from predictor.platforms.schema import Platform
-from predictor.workloads.opgraph import CATEGORY_NAMES, OpGraph, TensorCategory
+from predictor.sources.synth.opgraph import CATEGORY_NAMES, OpGraph, TensorCategory
+from predictor.timing.platforms.schema import Platform
 
 __all__ = [
     "TensorCategory",
@@ -297,7 +297,7 @@ def measure_training_peak(
     that allocate through it) with a timestamp. The profiler is started *before* the model is
     built, so the running sum of these events is the absolute number of bytes held by tensors;
     the result is the maximum of that sum during the second (steady-state) iteration, which
-    the same :class:`~predictor.workloads.opgraph.TrainingLoop` code runs as the trace does.
+    the same :class:`~predictor.sources.synth.opgraph.TrainingLoop` code runs as the trace does.
     Memory that does not go through the allocator (Python objects, oneDNN's own scratchpads,
     the interpreter) is not counted — it is not tensor memory.
 
@@ -305,7 +305,7 @@ def measure_training_peak(
     """
     import torch
 
-    from predictor.workloads.opgraph import TrainingLoop
+    from predictor.sources.synth.opgraph import TrainingLoop
 
     torch.manual_seed(seed)
     acts = [torch.profiler.ProfilerActivity.CPU]

@@ -12,7 +12,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from predictor.decoupled import TimeOptions, predict_iteration
 from predictor.memory import (
     LevelUsage,
     MemoryTimeline,
@@ -22,9 +21,9 @@ from predictor.memory import (
     place,
     select_batch_size,
 )
-from predictor.platforms import get_platform
-from predictor.workloads.models import ModelImportError, get_model_spec, parameter_count
-from predictor.workloads.opgraph import (
+from predictor.sources.synth.decoupled import TimeOptions, predict_iteration
+from predictor.sources.synth.models import ModelImportError, get_model_spec, parameter_count
+from predictor.sources.synth.opgraph import (
     OP_KINDS,
     Phase,
     TensorCategory,
@@ -32,6 +31,7 @@ from predictor.workloads.opgraph import (
     trace_scalable,
     trace_training_step,
 )
+from predictor.timing.platforms import get_platform
 from tuner.cli import app
 
 MIB = 2**20

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments import allocator_spread_cpu as spread  # noqa: E402
-from predictor.platforms.host import ALLOCATORS, allocator_env, with_allocator  # noqa: E402
+from predictor.timing.platforms.host import ALLOCATORS, allocator_env, with_allocator  # noqa: E402
 
 
 def test_allocator_env_modes() -> None:

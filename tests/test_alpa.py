@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from predictor.platforms import get_platform
-from predictor.workloads.transformer import TransformerSpec
+from predictor.sources.synth.transformer import TransformerSpec
+from predictor.timing.platforms import get_platform
 from tuner.alpa import (
     MeshConfig,
     SimulatedStagePredictor,

@@ -8,11 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.kernels import TaskView, timing_for
-from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
-from predictor.kernels.learned import FittedRoofline, MLPConfig, MLPKernelModel, RooflineFit, fit_mlp
-from predictor.platforms import get_platform, resolve_platform
-from predictor.platforms.assets import AssetPackError, find_asset_pack, load_asset_pack, write_asset_pack
+from predictor.timing.kernels import TaskView, timing_for
+from predictor.timing.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
+from predictor.timing.kernels.learned import FittedRoofline, MLPConfig, MLPKernelModel, RooflineFit, fit_mlp
+from predictor.timing.platforms import get_platform, resolve_platform
+from predictor.timing.platforms.assets import (
+    AssetPackError,
+    find_asset_pack,
+    load_asset_pack,
+    write_asset_pack,
+)
 
 
 def _models() -> dict:
@@ -124,8 +129,8 @@ def test_rewriting_a_pack_replaces_it_whole(pack: Path):
 def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     import shutil
 
-    import predictor.platforms.assets as assets
-    from predictor.platforms.cpu_local import _cpu_model, cpu_signature
+    import predictor.timing.platforms.assets as assets
+    from predictor.timing.platforms.cpu_local import _cpu_model, cpu_signature
 
     root = tmp_path / "assets"
     root.mkdir()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from predictor.platforms.assets import load_asset_pack
+from predictor.timing.platforms.assets import load_asset_pack
 from tuner.cli import app
 
 runner = CliRunner()
@@ -38,7 +38,7 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     # the host's page-fault cost is measured and kept with the platform (priced into the embedding backward)
     assert 0 < pack.platform.page_fault_s < 1e-3 and pack.manifest["page_fault_s"] == pack.platform.page_fault_s
     # registered: --platform smoke resolves to it from anywhere
-    from predictor.kernels import timing_for
+    from predictor.timing.kernels import timing_for
 
     assert timing_for("smoke").source == "asset pack smoke"
     assert (out / "data" / "gemm.csv").is_file() and (out / "errors.md").is_file()
@@ -71,8 +71,8 @@ def test_scale_multiplies_grids_and_is_recorded(tmp_path: Path):
     # --scale K: K times the level's shapes per grid (the tiny level, for tests, keeps its counts)
     import numpy as np
 
-    from predictor.calibration.base import BenchContext
-    from predictor.calibration.timing import Timer
+    from predictor.timing.calibration.base import BenchContext
+    from predictor.timing.calibration.timing import Timer
 
     def ctx(level: str, scale: float) -> BenchContext:
         return BenchContext(device=torch.device("cpu"), level=level, rng=np.random.default_rng(0),  # type: ignore[arg-type]
@@ -81,7 +81,7 @@ def test_scale_multiplies_grids_and_is_recorded(tmp_path: Path):
     assert ctx("quick", 4.0).count(tiny=3, quick=350, full=1500) == 1400
     assert ctx("quick", 0.25).count(tiny=3, quick=2, full=9) == 1  # at least one
     assert ctx("full", 1.0).count(tiny=3, quick=350, full=1500) == 1500
-    from predictor.calibrate import calibrate
+    from predictor.timing.calibrate import calibrate
 
     pack = calibrate("cpu", tmp_path / "s", tiny=True, threads=1, families=["elementwise"], scale=2.0,
                      log=lambda _: None, register=False)
@@ -155,7 +155,7 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytes
     assert pack.platform.interconnect.intra_node_latency_s > 0
     # every pass's median of single calls is kept (pass_s, mean_s their mean); the sample is the median
     # over all the calls of every pass, which lies between the passes' medians
-    from predictor.calibrate import collective_passes
+    from predictor.timing.calibrate import collective_passes
 
     data = pd.read_csv(tmp_path / "coll" / "data" / "collectives.csv")
     passes = [[float(v) for v in str(s).split(";")] for s in data["pass_s"]]
@@ -167,12 +167,12 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytes
     np.testing.assert_allclose(data["median_s"], lo, rtol=1e-4)  # the fastest pass's median
     assert (data["call_mean_s"] > 0).all()
     # the platform keeps each kind's wait: median over its sizes of mean call - median call
-    from predictor.calibrate import collective_wait
+    from predictor.timing.calibrate import collective_wait
 
     assert pack.platform.collective_wait_s[2] == pytest.approx(collective_wait(data, 2))
     assert set(pack.platform.collective_wait_s[2]) == {"all_reduce", "all_to_all", "all_gather", "reduce_scatter"}
     # the contention probe's raw timings travel with the pack, and the factors are their estimate
-    from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
+    from predictor.timing.calibration.contention import CONTENTION_ESTIMATOR, factors
 
     probe = pack.manifest["host_contention_probe"]
     assert probe["world"] == 2 and probe["estimator"] == CONTENTION_ESTIMATOR and len(probe["per_process"]) == 2
@@ -180,14 +180,14 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytes
     assert {k: v for k, v in got.items() if k != "sync"} == pytest.approx(factors(probe["per_process"],
                                                                                    CONTENTION_ESTIMATOR))
     # and the lockstep probe's: the sync factor from its stored rows
-    from predictor.calibration.lockstep import lockstep_factor
+    from predictor.timing.calibration.lockstep import lockstep_factor
 
     assert got["sync"] == pytest.approx(lockstep_factor(pack.manifest["lockstep_probe"]["per_process"]))
 
 
 def test_a_refit_estimates_the_contention_again_from_the_stored_probe():
-    from predictor.calibrate import _contention_again
-    from predictor.calibration.contention import CONTENTION_ESTIMATOR, factors
+    from predictor.timing.calibrate import _contention_again
+    from predictor.timing.calibration.contention import CONTENTION_ESTIMATOR, factors
 
     raw = [{c: [[1.0, 1.2], [1.0, 1.4]] for c in ("embedding", "memory", "compute")},
            {c: [[1.0, 1.0], [1.0, 1.1]] for c in ("embedding", "memory", "compute")}]
@@ -228,7 +228,7 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
     assert b.platform.page_fault_s == a.platform.page_fault_s >= 0
     assert "page_fault_s" in a.platform.sources and b.platform.sources["page_fault_s"] == a.platform.sources["page_fault_s"]
     # facts measured since (a pack calibrated before page faults were measured) go into the platform
-    from predictor.calibrate import CalibrationError, refit
+    from predictor.timing.calibrate import CalibrationError, refit
 
     facts = {"page_fault_s": 2e-6, "fresh_mapping_bytes": 32.0 * 2**20}
     c = refit(src, tmp_path / "packs" / "facts", platform_facts=facts, log=lambda _m: None, register=False)
@@ -245,7 +245,7 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
 
 def test_no_fit_writes_benchmarks_that_refit_fits_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Measure on the device only (--no-fit), fit elsewhere (--refit); an unfitted pack predicts nothing."""
-    from predictor.platforms.assets import AssetPackError
+    from predictor.timing.platforms.assets import AssetPackError
 
     monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
     raw = tmp_path / "raw"
@@ -420,7 +420,7 @@ def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypa
 def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--match-level`` divides each taken kernel's times by their median ratio to the refitted pack's own model:
     a calibration from a spell twice as slow adds the same shapes at the same level as one from the pack's spell."""
-    from predictor.calibrate import TIME_COLUMNS, match_level
+    from predictor.timing.calibrate import TIME_COLUMNS, match_level
 
     base, other = _two_data_movement_packs(tmp_path, monkeypatch)
     pack = load_asset_pack(base)
@@ -459,7 +459,7 @@ def test_refit_pools_a_kernels_samples_over_several_packs(tmp_path: Path, monkey
     ``--match-level`` each pack's samples are brought to the refitted pack's pace on their own (a spell twice as slow
     adds its shapes at the pack's level), and the manifest records each pack with its pace under ``sources``.
     Keys of one family with other kernels may be given side by side; a kernel under two keys is refused."""
-    from predictor.calibrate import TIME_COLUMNS, match_level
+    from predictor.timing.calibrate import TIME_COLUMNS, match_level
 
     base, other = _two_data_movement_packs(tmp_path, monkeypatch)
     pack = load_asset_pack(base)
@@ -545,7 +545,7 @@ def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Pa
 
 
 def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
-    from predictor.calibrate import LOCKSTEP_TIMING_FIELDS, TIMING_FIELDS, timing_fields
+    from predictor.timing.calibrate import LOCKSTEP_TIMING_FIELDS, TIMING_FIELDS, timing_fields
 
     # the GEMM timing concerns the GEMMs alone: a softmax table from a warm-GEMM calibration fits a cold-GEMM pack
     assert "gemm_timing" in timing_fields("gemm") and "gemm_timing" not in timing_fields("softmax")
@@ -557,8 +557,8 @@ def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
     # the memory-bound families named there are the ones whose benchmarks follow the memory-bound timing flag
     import importlib
 
-    from predictor.calibrate import FIELD_FAMILIES
-    from predictor.calibration import FAMILIES
+    from predictor.timing.calibrate import FIELD_FAMILIES
+    from predictor.timing.calibration import FAMILIES
 
     def bench_class(path: str):
         module, _, name = path.partition(":")
@@ -569,7 +569,7 @@ def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
 
 
 def test_round_spreads_and_the_noisy_machine_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from predictor.calibrate import NOISY_ROUND_SPREAD_PCT, compute_round_spread, round_spreads
+    from predictor.timing.calibrate import NOISY_ROUND_SPREAD_PCT, compute_round_spread, round_spreads
 
     monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
     src = tmp_path / "packs" / "src"
@@ -611,7 +611,7 @@ def test_the_step_reuse_probe_alone_goes_into_a_pack_by_refit(tmp_path: Path, mo
                               "--data-from", f"step_reuse={probe}"])
     assert res.exit_code == 0, res.output
     pack = load_asset_pack(merged)
-    from predictor.calibration.step_reuse import reuse_curve, reuse_surface
+    from predictor.timing.calibration.step_reuse import reuse_curve, reuse_surface
 
     assert pack.platform.embedding_step_reuse == [pytest.approx(p) for p in reuse_curve(rows)]
     assert pack.platform.embedding_step_reuse_pooling == [pytest.approx(p) for p in reuse_surface(rows)]
@@ -653,7 +653,7 @@ def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: P
                               "--data-from", f"lockstep={probe}"])
     assert res.exit_code == 0, res.output
     pack = load_asset_pack(merged)
-    from predictor.calibration.lockstep import lockstep_factor
+    from predictor.timing.calibration.lockstep import lockstep_factor
 
     assert pack.platform.host_contention[2]["sync"] == pytest.approx(lockstep_factor(rows))
     assert pack.manifest["lockstep_probe"]["per_process"] == rows
@@ -681,7 +681,7 @@ def test_refit_to_the_fastest_round_and_bad_fit_targets(tmp_path: Path, monkeypa
     """``--fit-target fastest_round`` refits a pack's stored samples to their fastest rounds and keeps the
     choice in the manifest (a later plain refit keeps it); the models carry their state factors, and the
     table and the printout show both scores. An unknown target is one line and exit 2."""
-    from predictor.kernels.state import StateScaled
+    from predictor.timing.kernels.state import StateScaled
 
     monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
     src = tmp_path / "packs" / "src"

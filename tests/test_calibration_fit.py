@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor.calibration.embedding_bag import indices_for_reuse, reuse_factors
-from predictor.kernels import TaskView
-from predictor.kernels.collective import PiecewiseCollective, PiecewiseSigmoid, fit_piecewise_sigmoid
-from predictor.kernels.learned import (
+from predictor.sources.synth.dlrm_tables import reuse_profiles, thin_reuse
+from predictor.timing.calibration.embedding_bag import indices_for_reuse, reuse_factors
+from predictor.timing.kernels import TaskView
+from predictor.timing.kernels.collective import PiecewiseCollective, PiecewiseSigmoid, fit_piecewise_sigmoid
+from predictor.timing.kernels.learned import (
     FittedRoofline,
     MLPConfig,
     MLPKernelModel,
@@ -20,8 +21,7 @@ from predictor.kernels.learned import (
     model_to_dict,
     uniform_reuse_factors,
 )
-from predictor.platforms import get_platform
-from predictor.workloads.dlrm_tables import reuse_profiles, thin_reuse
+from predictor.timing.platforms import get_platform
 
 SIZES = 4.0 * 2.0 ** np.arange(27)  # 4 B .. 256 MiB, doubling (Lin et al. 2024 §III-C)
 
@@ -177,7 +177,7 @@ def test_calibrated_models_survive_serialisation():
         assert np.all(np.isfinite(a)) and np.all(a > 0)
         np.testing.assert_allclose(a, b, rtol=1e-6)
     # a dtype without a net falls back to the analytic GEMM model
-    from predictor.kernels import AnalyticGemm
+    from predictor.timing.kernels import AnalyticGemm
 
     np.testing.assert_allclose(gemm.predict(tv_fp64, platform), AnalyticGemm().predict(tv_fp64, platform))
 
@@ -189,8 +189,8 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     back the smooth part plus the faults of a fresh mapping."""
     import pandas as pd
 
-    from predictor.calibrate import _learned_seconds
-    from predictor.kernels.host_memory import allocation_fault_seconds
+    from predictor.timing.calibrate import _learned_seconds
+    from predictor.timing.kernels.host_memory import allocation_fault_seconds
 
     host = get_platform("a100-80gb").model_copy(update={"page_fault_s": 1.5e-6, "fresh_mapping_bytes": 32 * 2**20})
     rng = np.random.default_rng(0)
@@ -238,7 +238,7 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
 def test_rounds_merge_keeps_the_median_round_and_spread():
     import pandas as pd
 
-    from predictor.calibrate import _merge_passes
+    from predictor.timing.calibrate import _merge_passes
 
     a = pd.DataFrame({"kernel": ["x", "x", "y"], "case": [0, 1, 0], "m": [1, 2, 3], "seconds": [1.0, 2.0, 3.0]})
     b = pd.DataFrame({"kernel": ["x", "y"], "case": [1, 0], "m": [2, 3], "seconds": [1.5, 4.5]})
@@ -267,7 +267,7 @@ def test_calibrated_cpu_collective_is_used_for_local_gloo_ranks():
 
 
 def test_ld_aligned_feature_marks_16_byte_rows():
-    from predictor.kernels.learned import feature_matrix
+    from predictor.timing.kernels.learned import feature_matrix
 
     cols = {"n": np.array([1024.0, 1023.0, 1024.0, 4.0, 6.0]), "k": np.array([64.0, 64.0, 63.0, 4.0, 8.0]),
             "dtype_bytes": np.array([2.0, 2.0, 2.0, 4.0, np.nan])}
@@ -277,7 +277,7 @@ def test_ld_aligned_feature_marks_16_byte_rows():
 
 
 def test_roofline_peak_ignores_floor_dominated_regimes():
-    from predictor.kernels.learned import RooflineFit
+    from predictor.timing.kernels.learned import RooflineFit
 
     # a launch floor of 5 us: the first regime's "bandwidth" moves its 1 KB in 1 ns, pure floor
     fit = RooflineFit(floor_s=5e-6, edges=(1e3, 1e8), bandwidths=(1e15, 3e12, 2.5e12))
@@ -285,7 +285,7 @@ def test_roofline_peak_ignores_floor_dominated_regimes():
 
 
 def test_held_out_split_of_a_kernel_does_not_depend_on_other_kernels():
-    from predictor.calibrate import HOLDOUT_FRACTION, _split
+    from predictor.timing.calibrate import HOLDOUT_FRACTION, _split
 
     tr, te = _split(100, 0, "relu")
     assert len(te) == round(HOLDOUT_FRACTION * 100) and len(tr) + len(te) == 100
@@ -307,7 +307,7 @@ def _ragged_or_aligned(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _fit_with_alignment(x: np.ndarray, t: np.ndarray):
-    from predictor.kernels.learned import ALIGN16_FEATURES, feature_matrix
+    from predictor.timing.kernels.learned import ALIGN16_FEATURES, feature_matrix
 
     feats = ("m", "n", "k", *ALIGN16_FEATURES)
     raw = feature_matrix({"m": x[:, 0], "n": x[:, 1], "k": x[:, 2]}, feats, len(x))
@@ -322,7 +322,7 @@ def test_alignment_features_are_kept_where_ragged_shapes_run_slower():
     t = _gemm_like(x[:, 0], x[:, 1], x[:, 2]) * np.where(x[:, 1] % 16 == 0, 1.0, 2.0)
     net, feats = _fit_with_alignment(x[:320], t[:320])
     assert net.config["optional"]["used"] and net.features == feats
-    from predictor.kernels.learned import feature_matrix
+    from predictor.timing.kernels.learned import feature_matrix
 
     test = feature_matrix({"m": x[320:, 0], "n": x[320:, 1], "k": x[320:, 2]}, net.features, 80)
     err = np.abs(net.predict(test) / t[320:] - 1) * 100
@@ -347,7 +347,7 @@ def test_optional_features_must_be_among_the_features():
 
 
 def test_align16_features_mark_multiples_of_16():
-    from predictor.kernels.learned import feature_matrix
+    from predictor.timing.kernels.learned import feature_matrix
 
     cols = {"m": np.array([16.0, 17.0, 1024.0]), "n": np.array([8.0, 32.0, 48.0]), "k": np.array([0.0, 160.0, 5.0])}
     got = feature_matrix(cols, ["m_al16", "n_al16", "k_al16"], 3)
@@ -355,7 +355,7 @@ def test_align16_features_mark_multiples_of_16():
 
 
 def test_gemm_shape_features_count_bytes_and_atens_small_bmm_path():
-    from predictor.kernels.learned import feature_matrix
+    from predictor.timing.kernels.learned import feature_matrix
 
     cols = {"m": np.array([1.0, 7.0, 8.0, 512.0]), "n": np.array([453.0, 7.0, 7.0, 64.0]),
             "k": np.array([185.0, 8.0, 8.0, 32.0]), "batch": np.array([265.0, 1.0, np.nan, 4.0]),
@@ -375,9 +375,9 @@ def test_gemm_shape_features_count_bytes_and_atens_small_bmm_path():
 def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
     import torch
 
-    from predictor.calibration.base import BenchContext
-    from predictor.calibration.gemm import GemmBenchmark
-    from predictor.calibration.timing import Timer
+    from predictor.timing.calibration.base import BenchContext
+    from predictor.timing.calibration.gemm import GemmBenchmark
+    from predictor.timing.calibration.timing import Timer
 
     bench = GemmBenchmark()
     ctx = BenchContext(device=torch.device("cpu"), level="quick", rng=np.random.default_rng(0), timer=Timer("cpu"))
@@ -394,7 +394,7 @@ def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
 def test_large_gemm_shapes_keep_their_drawn_flops_inside_the_dim_bounds() -> None:
     """A dim clipped to the grid's top hands its excess to the others, so the top of the FLOP range is
     sampled (clipping alone left ~1 % of a quick grid above 1e9 FLOPs)."""
-    from predictor.calibration.gemm import LARGE_RANGE, _large_shape
+    from predictor.timing.calibration.gemm import LARGE_RANGE, _large_shape
 
     rng = np.random.default_rng(3)
     cap, top = 2.5e9, 2048

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from predictor.calibration.timing import CacheFlusher, Timer
+from predictor.timing.calibration.timing import CacheFlusher, Timer
 
 
 def test_cold_measurement_flushes_before_every_call() -> None:
@@ -156,7 +156,7 @@ def _instant_ctx(**kw):
     """A tiny-level context whose timer calls each case once, with no budget limit."""
     import numpy as np
 
-    from predictor.calibration.base import BenchContext
+    from predictor.timing.calibration.base import BenchContext
 
     return BenchContext(device=torch.device("cpu"), level="tiny", rng=np.random.default_rng(0),
                         timer=Timer("cpu", warmup=0, repeats=1, min_sample_s=0.0, max_calls=1),
@@ -168,8 +168,8 @@ def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
     # rows keep the grid's case index, so the rounds' frames merge into one row per shape
     import pandas as pd
 
-    from predictor.calibrate import _merge_passes
-    from predictor.calibration.base import run_cases
+    from predictor.timing.calibrate import _merge_passes
+    from predictor.timing.calibration.base import run_cases
 
     calls: list[int] = []
     cases = _recording_cases(7, calls)
@@ -185,7 +185,7 @@ def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
 
 def test_only_restricts_a_round_to_the_cases_given() -> None:
     # rounds after the first time only the cases the first round reached (BenchContext.only)
-    from predictor.calibration.base import run_cases
+    from predictor.timing.calibration.base import run_cases
 
     calls: list[int] = []
     frame = run_cases(_instant_ctx(only=frozenset({1, 3, 5})), _recording_cases(7, calls), "k")
@@ -197,7 +197,7 @@ def test_every_round_of_a_calibration_retimes_the_shapes_the_first_reached(tmp_p
     # reached, so every sample is the median of all rounds (not a mix of one-, two- and three-round samples)
     import pandas as pd
 
-    import predictor.calibrate as cal
+    import predictor.timing.calibrate as cal
 
     monkeypatch.setitem(cal.PASSES, "tiny", 3)
     monkeypatch.setitem(cal.BUDGETS, "tiny", {"default": 1e-3})  # each round stops after its first few shapes

@@ -1,4 +1,4 @@
-"""Host contention only while another rank of the host runs (predictor/kernels/co_run.py)."""
+"""Host contention only while another rank of the host runs (predictor/timing/kernels/co_run.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from predictor.graph import Category, GraphBuilder, ProcKind
-from predictor.kernels import ModelTiming
-from predictor.kernels.co_run import busy_union, busy_within, co_run_durations
-from predictor.platforms import get_platform
 from predictor.simulate import simulate
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.kernels.co_run import busy_union, busy_within, co_run_durations
+from predictor.timing.platforms import get_platform
 
 
 def test_busy_union_and_the_busy_time_inside_windows() -> None:

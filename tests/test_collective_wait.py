@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.calibrate import collective_wait
-from predictor.kernels import ModelTiming
-from predictor.platforms import get_platform
-from predictor.platforms.schema import Platform
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.timing.calibrate import collective_wait
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import get_platform
+from predictor.timing.platforms.schema import Platform
 
 CPU = get_platform("cpu-local")
 WAITS = {"all_to_all": 2e-4, "all_reduce": 7e-4}

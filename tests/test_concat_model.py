@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.calibrate import _fit_all
-from predictor.calibration.base import BenchContext
-from predictor.calibration.data_movement import DataMovementBenchmark
-from predictor.calibration.timing import Timer
-from predictor.kernels import TaskView
-from predictor.platforms import get_platform
-from predictor.traces.annotate import kernel_params
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.sources.traces.annotate import kernel_params
+from predictor.timing.calibrate import _fit_all
+from predictor.timing.calibration.base import BenchContext
+from predictor.timing.calibration.data_movement import DataMovementBenchmark
+from predictor.timing.calibration.timing import Timer
+from predictor.timing.kernels import TaskView
+from predictor.timing.platforms import get_platform
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = get_platform("cpu-local")
@@ -128,7 +128,7 @@ def test_add_concat_parts_rederives_the_committed_packs_inputs(tmp_path):
 
 
 def test_committed_pack_times_concatenations_by_their_inputs():
-    from predictor.kernels import timing_for
+    from predictor.timing.kernels import timing_for
 
     timing = timing_for(str(ROOT / "assets" / "cpu-local"))  # the AVX-512 VM's pack, where parts were validated
     model = timing.model_for("concat")

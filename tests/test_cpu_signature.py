@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from experiments.common import host_check, host_line
-from predictor.platforms.cpu_local import ISA_FLAGS, cpu_signature, signature_mismatch
+from predictor.timing.platforms.cpu_local import ISA_FLAGS, cpu_signature, signature_mismatch
 
 
 def test_signature_names_the_cpu_and_its_vector_isa():
@@ -30,7 +30,7 @@ def test_host_check_warns_once_and_only_for_a_pack(capsys):
 
 
 def test_a_fresh_cpu_calibration_records_its_cpu(tmp_path):
-    from predictor.calibrate import calibrate, refit
+    from predictor.timing.calibrate import calibrate, refit
 
     pack = calibrate("cpu", tmp_path / "p", tiny=True, threads=1, families=["elementwise"], register=False,
                      log=lambda s: None)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from experiments import cross_pack_heldout
-from predictor.calibrate import calibrate
+from predictor.timing.calibrate import calibrate
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor.calibration.step_graph import calibration_step_graph, device_overheads, profiler_ratio
 from predictor.graph import Category, DepKind, GraphBuilder, Overhead, ProcKind
-from predictor.kernels import ModelTiming
-from predictor.platforms import get_platform
-from predictor.platforms.schema import CpuOverheads
 from predictor.simulate import simulate
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-from predictor.workloads.dlrm_tables import EmbeddingTables
-from predictor.workloads.emit import MTA_CHUNK_ELEMENTS, MTA_MAX_BLOCKS, foreach
-from predictor.workloads.mlp import MLPSpec, build_mlp_graph
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.emit import MTA_CHUNK_ELEMENTS, MTA_MAX_BLOCKS, foreach
+from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph
+from predictor.timing.calibration.step_graph import calibration_step_graph, device_overheads, profiler_ratio
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import get_platform
+from predictor.timing.platforms.schema import CpuOverheads
 
 H100 = get_platform("h100-sxm")
 
@@ -131,8 +131,8 @@ def test_loop_pace_is_the_bottleneck_not_one_steps_latency():
 
 
 def test_calibration_step_graph_follows_the_calibrations_model():
-    from predictor.calibration.overheads import _SmallDLRM
-    from predictor.calibration.step_graph import BATCH, DENSE
+    from predictor.timing.calibration.overheads import _SmallDLRM
+    from predictor.timing.calibration.step_graph import BATCH, DENSE
 
     g = calibration_step_graph()
     model = _SmallDLRM()

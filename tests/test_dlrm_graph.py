@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from predictor.graph import Category, DepKind
-from predictor.kernels import ModelTiming
-from predictor.platforms import get_platform
 from predictor.simulate import simulate
-from predictor.workloads.dlrm import (
+from predictor.sources.synth.dlrm import (
     DLRMSpec,
     all_to_all_message_bytes,
     build_dlrm_graph,
     dlrm_memory_per_rank,
 )
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import get_platform
 
 A100 = get_platform("a100-80gb")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor.kernels import ModelTiming
-from predictor.platforms import get_platform
 from predictor.simulate import simulate
-from predictor.workloads.dlrm import GLOO_WORKER_THREADS, DLRMSpec, build_dlrm_graph, ddp_buckets
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.dlrm import GLOO_WORKER_THREADS, DLRMSpec, build_dlrm_graph, ddp_buckets
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
 
@@ -95,7 +95,7 @@ def test_unbalanced_sharding_is_slower_in_host_mode():
 
 
 def test_without_spare_cores_collectives_serialise_with_compute():
-    from predictor.platforms.host import comm_thread_has_core
+    from predictor.timing.platforms.host import comm_thread_has_core
 
     # 2 ranks x (1 compute + 1 gloo thread) need 4 cores
     assert comm_thread_has_core(2, 1, cores=4) and not comm_thread_has_core(2, 1, cores=2)

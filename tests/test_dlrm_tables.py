@@ -1,4 +1,4 @@
-"""Tests of predictor.workloads.dlrm_tables: table set, locality-stats parsing, task generation."""
+"""Tests of predictor.sources.synth.dlrm_tables: table set, locality-stats parsing, task generation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from predictor.workloads.dlrm_tables import (
+from predictor.sources.synth.dlrm_tables import (
     HEAVY_FRACTION,
     RF_BINS,
     EmbeddingTables,
@@ -129,7 +129,7 @@ def test_packaged_profiles_source_and_meta():
     from importlib import resources
 
     doc = json.loads(
-        resources.files("predictor.workloads").joinpath("data/dlrm_reuse_profiles.json").read_text()
+        resources.files("predictor.sources.synth").joinpath("data/dlrm_reuse_profiles.json").read_text()
     )
     assert "facebookresearch/dlrm_datasets" in doc["source"]
     assert "locality_stats.txt" in doc["source"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from experiments.drift_correction_cpu import DriftScaled, drift_ratios, main
-from predictor.kernels import timing_for
-from predictor.workloads.mlp import MLPSpec, build_mlp_graph
+from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph
+from predictor.timing.kernels import timing_for
 
 
 def test_drift_ratios_take_the_geometric_mean_of_the_probes() -> None:

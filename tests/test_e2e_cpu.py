@@ -15,8 +15,8 @@ sys.path.insert(0, str(REPO))
 
 from experiments.e2e_cpu import GPTModel, gpt_graph, gpt_step, mlp_step, time_steps  # noqa: E402
 from experiments.measure_env import BackgroundLoad, measure_quietly, wait_for_quiet  # noqa: E402
-from predictor.workloads.mlp import MLPSpec, build_mlp_graph  # noqa: E402
-from predictor.workloads.transformer import TransformerSpec  # noqa: E402
+from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph  # noqa: E402
+from predictor.sources.synth.transformer import TransformerSpec  # noqa: E402
 
 TINY_GPT = TransformerSpec(layers=2, hidden=32, heads=2, seq=16, vocab=64, dtype="fp32", attention="unfused")
 GEMMS = {"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"}
@@ -191,7 +191,7 @@ def test_gemm_drift_retimes_the_packs_own_shapes(tmp_path):
     d = gemm_drift(tmp_path, cases=2)
     # a 32^3 GEMM takes microseconds, recorded as 1 s: the ratio says "much faster now"
     assert d["cases"] == 2 and 0 < d["ratio_geomean"] < 0.01
-    from predictor.calibration.pace import pack_references
+    from predictor.timing.calibration.pace import pack_references
 
     assert d["reference"] == pack_references(tmp_path)["compute"]  # what the drift is a ratio to
     assert gemm_drift(tmp_path / "missing") == {}

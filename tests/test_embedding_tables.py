@@ -8,7 +8,7 @@ import pytest
 from experiments.dlrm_gloo import predicted_embedding_seconds
 from experiments.e2e_cpu import dlrm_job, dlrm_spec_for, dlrm_tables
 from experiments.embedding_tables_cpu import compare, main
-from predictor.kernels import timing_for
+from predictor.timing.kernels import timing_for
 
 
 def test_compare_reports_sums_gmae_and_the_worst_tables() -> None:

@@ -11,8 +11,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
-    from predictor.calibrate import calibrate
-    from predictor.platforms.assets import load_asset_pack
+    from predictor.timing.calibrate import calibrate
+    from predictor.timing.platforms.assets import load_asset_pack
 
     pack = calibrate("cuda", tmp_path / "gpu-tiny", tiny=True, register=False, log=lambda s: None)
     again = load_asset_pack(tmp_path / "gpu-tiny")
@@ -31,7 +31,7 @@ def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
 
 
 def test_captured_cuda_trace_replays(tmp_path: Path):
-    from predictor.traces.replay import replay
+    from predictor.simulate.replay import replay
     from tuner import capture
 
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.calibrate import calibrate
+from predictor.timing.calibrate import calibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor.calibration.contention import CLASSES, measure_host_contention
 from predictor.graph import Category
-from predictor.kernels import ModelTiming
-from predictor.platforms import get_platform
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.timing.calibration.contention import CLASSES, measure_host_contention
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
 FACTORS = {"embedding": 1.5, "memory": 1.8, "compute": 1.0}
@@ -63,7 +63,7 @@ def test_platform_yaml_round_trip_keeps_the_factors():
 
 
 def test_the_slowest_process_sets_the_factor():
-    from predictor.calibration.contention import factors
+    from predictor.timing.calibration.contention import factors
 
     # two processes, two rounds; [alone_s, together_s]
     p0 = {"compute": [[10.0, 10.5], [10.0, 10.5]], "memory": [[1.0, 1.5], [1.0, 1.7]],
@@ -79,7 +79,7 @@ def test_the_slowest_process_sets_the_factor():
 
 
 def test_the_mean_estimator_averages_the_processes_ratios():
-    from predictor.calibration.contention import factors
+    from predictor.timing.calibration.contention import factors
 
     p0 = {"compute": [[10.0, 10.5], [10.0, 10.5]], "memory": [[1.0, 1.5], [1.0, 1.7]],
           "embedding": [[1.0, 1.1], [1.0, 1.1]]}
@@ -100,7 +100,7 @@ def test_the_mean_estimator_averages_the_processes_ratios():
 
 
 def test_the_lockstep_factor_is_the_slowest_period_less_the_sync_over_the_slowest_free_segment():
-    from predictor.calibration.lockstep import lockstep_factor
+    from predictor.timing.calibration.lockstep import lockstep_factor
 
     p0 = {"free_s": [0.010, 0.010, 0.010], "lockstep_s": [0.0115, 0.0121, 0.0111], "sync_s": [0.0002] * 3}
     p1 = {"free_s": [0.009, 0.011, 0.010], "lockstep_s": [0.0116, 0.0120, 0.0112], "sync_s": [0.0004] * 3}
@@ -128,7 +128,7 @@ def test_the_sync_factor_scales_every_kernel_class_of_a_k_rank_graph():
 
 
 def test_the_lockstep_probe_runs_two_gloo_processes():
-    from predictor.calibration.lockstep import lockstep_factor, probe_lockstep
+    from predictor.timing.calibration.lockstep import lockstep_factor, probe_lockstep
 
     rows = probe_lockstep(2, 1, rounds=1, segment_s=0.002, segments=5)
     assert len(rows) == 2
@@ -140,7 +140,7 @@ def test_the_lockstep_probe_runs_two_gloo_processes():
 
 
 def test_calibration_spreads_the_host_probes_rounds_over_its_bursts_and_pools_them_per_process():
-    from predictor.calibrate import _pooled, burst_rounds
+    from predictor.timing.calibrate import _pooled, burst_rounds
 
     for total in range(0, 10):
         for bursts in (1, 2, 3):

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from predictor.calibration.pace import (
+from predictor.graph import Category, GraphBuilder, ProcKind
+from predictor.timing.calibration.pace import (
     MIN_WINDOWS,
     PaceError,
     pace_from_windows,
@@ -19,10 +20,9 @@ from predictor.calibration.pace import (
     read_windows,
     window_drift,
 )
-from predictor.graph import Category, GraphBuilder, ProcKind
-from predictor.kernels.timing import ModelTiming
-from predictor.platforms import get_platform
-from predictor.platforms.assets import load_asset_pack
+from predictor.timing.kernels.timing import ModelTiming
+from predictor.timing.platforms import get_platform
+from predictor.timing.platforms.assets import load_asset_pack
 from tuner.cli import app
 
 CPU = {"vendor": "AMD", "family": "25", "model": "17", "model_name": "AMD EPYC"}

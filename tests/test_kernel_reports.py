@@ -72,7 +72,7 @@ def test_variants_report_averages_over_seeds():
 
 def test_gemm_layouts_scores_a_packs_predictions_against_measured_times():
     from experiments.gemm_layouts_cpu import score_pack
-    from predictor.kernels import TaskView, timing_for
+    from predictor.timing.kernels import TaskView, timing_for
 
     model = timing_for("cpu-local").model_for("mm")
     platform = timing_for("cpu-local").platform

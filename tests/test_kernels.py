@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from predictor.graph import Category, GraphBuilder, Overhead, ProcKind
-from predictor.kernels import (
+from predictor.timing.kernels import (
     AnalyticEmbedding,
     AnalyticGemm,
     ModelTiming,
@@ -15,9 +15,9 @@ from predictor.kernels import (
     Roofline,
     TaskView,
 )
-from predictor.kernels.collective import alpha_beta
-from predictor.kernels.embedding import RF_COLUMNS, repeat_fraction_from_rf
-from predictor.platforms import get_platform
+from predictor.timing.kernels.collective import alpha_beta
+from predictor.timing.kernels.embedding import RF_COLUMNS, repeat_fraction_from_rf
+from predictor.timing.platforms import get_platform
 
 A100 = get_platform("a100-80gb")
 
@@ -70,7 +70,7 @@ def _host(page_fault_s: float = 1.5e-6, ceiling: float = 32 * 2**20):
 
 
 def test_output_blocks_from_the_ceiling_up_fault_every_page():
-    from predictor.kernels.host_memory import allocation_fault_seconds
+    from predictor.timing.kernels.host_memory import allocation_fault_seconds
 
     # embedding gradients of 16, 32 (exactly the ceiling) and 64 MiB: batch x pooling x dim x 4 bytes
     tv = TaskView.from_columns("embedding_bag_bwd", batch=[1024.0, 4096.0, 4096.0], pooling=[64.0, 32.0, 64.0],
@@ -155,7 +155,7 @@ def test_taskview_rejects_unknown_parameters():
 
 
 def test_backward_kinds_fall_back_to_their_forward_model_until_calibrated():
-    from predictor.kernels.learned import FittedRoofline, fit_roofline
+    from predictor.timing.kernels.learned import FittedRoofline, fit_roofline
 
     platform = get_platform("a100-80gb")
     moved = np.logspace(3, 8, 20)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import predictor.calibrate as calibrate_mod
+import predictor.timing.calibrate as calibrate_mod
 from experiments import learning_curve
-from predictor.calibrate import _split, calibrate
+from predictor.timing.calibrate import _split, calibrate
 
 
 def test_shares_grow_the_training_set_and_keep_the_split(tmp_path):

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from predictor.calibrate import error_table_markdown
 from predictor.metrics import geomean_abs_pct_error, geomean_abs_pct_error_interval
+from predictor.timing.calibrate import error_table_markdown
 
 
 def test_interval_brackets_the_gmae_and_narrows_with_samples():

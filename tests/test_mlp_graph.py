@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from predictor.graph import Category
-from predictor.kernels import ModelTiming
-from predictor.platforms import get_platform
 from predictor.simulate import simulate
-from predictor.workloads.mlp import MLPSpec, build_mlp_graph
+from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from predictor.calibration.overheads import measure_overheads
+from predictor.timing.calibration.overheads import measure_overheads
 
 
 def test_discarded_profiler_steps_keep_ops_as_roots():

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from predictor.platforms import (
+from predictor.timing.platforms import (
     CatalogError,
     Platform,
     UnknownPlatformError,
     get_platform,
     load_catalog,
 )
-from predictor.platforms.cpu_local import cache_path, measure_cpu_local
+from predictor.timing.platforms.cpu_local import cache_path, measure_cpu_local
 
 REQUIRED = {
     "a100-40gb",
@@ -155,12 +155,12 @@ def test_cpu_local_measures_plausible_values(tmp_path: Path, monkeypatch: pytest
     assert p.interconnect.intra_node_bandwidth_bytes_per_s > 1e8
     assert p.price_per_device_hour_usd is None
     assert all(
-        "predictor.platforms.cpu_local" in p.sources[f"memory.{i}.bandwidth_bytes_per_s"] for i in (0, 1)
+        "predictor.timing.platforms.cpu_local" in p.sources[f"memory.{i}.bandwidth_bytes_per_s"] for i in (0, 1)
     )
     # cached: the second call reads ~/.cache equivalent under tmp_path and returns the same numbers
     assert cache_path() == tmp_path / "cpu-local.json" and cache_path().exists()
     # ... without measuring again (a wall-clock bound here failed on a loaded 2-core host)
-    import predictor.platforms.cpu_local as cpu_local
+    import predictor.timing.platforms.cpu_local as cpu_local
 
     def no_measuring(*_a, **_k):
         raise AssertionError("cpu-local was measured again despite its cache")

@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.calibrate import CalibrationError, _fit_all, _split
-from predictor.calibration.base import BenchContext
-from predictor.calibration.gemm import GemmBenchmark
-from predictor.calibration.timing import Timer
-from predictor.kernels import TaskView
-from predictor.kernels.learned import MLPKernelModel, feature_matrix, route_columns
-from predictor.platforms import get_platform
+from predictor.timing.calibrate import CalibrationError, _fit_all, _split
+from predictor.timing.calibration.base import BenchContext
+from predictor.timing.calibration.gemm import GemmBenchmark
+from predictor.timing.calibration.timing import Timer
+from predictor.timing.kernels import TaskView
+from predictor.timing.kernels.learned import MLPKernelModel, feature_matrix, route_columns
+from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
 #: seconds per FLOP of the synthetic GEMMs, and the per-call cost of each op (seconds)
@@ -109,7 +109,7 @@ def test_route_columns_read_the_op_of_the_route():
 
 
 def test_a_pooled_net_is_stored_once_and_shared_again_when_read():
-    from predictor.kernels.learned import model_from_dict, model_to_dict
+    from predictor.timing.kernels.learned import model_from_dict, model_to_dict
 
     models, _ = _fit_all({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
     d = model_to_dict(models["gemm"])

@@ -9,14 +9,14 @@ import pytest
 import torch
 from _trace_fixtures import capture_training
 
-from predictor.calibrate import _fit_all, calibrate, refit
-from predictor.calibration.base import BenchContext
-from predictor.calibration.reduction import ReductionBenchmark
-from predictor.calibration.timing import Timer
-from predictor.kernels import TaskView
-from predictor.platforms import get_platform
-from predictor.platforms.assets import load_asset_pack
-from predictor.workloads.emit import column_sum
+from predictor.sources.synth.emit import column_sum
+from predictor.timing.calibrate import _fit_all, calibrate, refit
+from predictor.timing.calibration.base import BenchContext
+from predictor.timing.calibration.reduction import ReductionBenchmark
+from predictor.timing.calibration.timing import Timer
+from predictor.timing.kernels import TaskView
+from predictor.timing.platforms import get_platform
+from predictor.timing.platforms.assets import load_asset_pack
 
 CPU = get_platform("cpu-local")
 
@@ -34,8 +34,8 @@ def _bias_grads(g) -> pd.DataFrame:
 
 
 def test_synthesisers_emit_bias_gradients_as_column_sums():
-    from predictor.workloads.mlp import MLPSpec, build_mlp_graph
-    from predictor.workloads.transformer import ParallelPlan, TransformerSpec, build_transformer_graph
+    from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph
+    from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec, build_transformer_graph
 
     mlp = _bias_grads(build_mlp_graph(MLPSpec(input_dim=32, hidden=(64,), classes=10, batch_size=16)))
     assert set(mlp.kind) == {"sum"} and sorted(mlp.n) == [10.0, 64.0] and set(mlp.m) == {16.0}
@@ -104,7 +104,7 @@ def test_tiny_calibration_of_the_family_prices_sum_tasks(tmp_path):
 
 
 def test_trace_bias_gradients_read_as_column_sums():
-    from predictor.traces.annotate import kernel_params, reduction_kind
+    from predictor.sources.traces.annotate import kernel_params, reduction_kind
 
     dims, types = [[1024, 256], [], [], []], ["float", "ScalarList", "Scalar", ""]
     assert reduction_kind("aten::sum", dims, ["", "[0]", "True", ""]) == "sum"
@@ -119,8 +119,8 @@ def test_trace_bias_gradients_read_as_column_sums():
 
 
 def test_a_captured_step_prices_its_bias_gradients_with_the_sum_model(tmp_path):
-    from predictor.traces.annotate import annotate
-    from predictor.traces.load import load_traces
+    from predictor.sources.traces.annotate import annotate
+    from predictor.sources.traces.load import load_traces
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Tests of predictor.workloads.sharding: the Table III sharders and local_search."""
+"""Tests of predictor.sources.synth.sharding: the Table III sharders and local_search."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks
-from predictor.workloads.sharding import (
+from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
+from predictor.sources.synth.sharding import (
     SHARDERS,
     GreedySharder,
     InfeasibleShardingError,

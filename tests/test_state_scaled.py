@@ -1,5 +1,5 @@
 """Kernel models fitted to each sample's fastest round, brought back to the machine's typical state by a
-measured per-kind factor (``fit_target="fastest_round"``, :mod:`predictor.kernels.state`)."""
+measured per-kind factor (``fit_target="fastest_round"``, :mod:`predictor.timing.kernels.state`)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import pandas as pd
 import pytest
 import torch
 
-from predictor.calibrate import CalibrationError, _fit_all, error_table_markdown
-from predictor.calibration.base import BenchContext
-from predictor.calibration.elementwise import ElementwiseBenchmark
-from predictor.calibration.timing import Timer
-from predictor.kernels import TaskView
-from predictor.kernels.elementwise import Roofline
-from predictor.kernels.learned import FittedRoofline, RooflineFit, model_from_dict, model_to_dict
-from predictor.kernels.state import StateScaled, state_factor, unwrap
-from predictor.kernels.timing import ModelTiming
-from predictor.platforms import get_platform
+from predictor.timing.calibrate import CalibrationError, _fit_all, error_table_markdown
+from predictor.timing.calibration.base import BenchContext
+from predictor.timing.calibration.elementwise import ElementwiseBenchmark
+from predictor.timing.calibration.timing import Timer
+from predictor.timing.kernels import TaskView
+from predictor.timing.kernels.elementwise import Roofline
+from predictor.timing.kernels.learned import FittedRoofline, RooflineFit, model_from_dict, model_to_dict
+from predictor.timing.kernels.state import StateScaled, state_factor, unwrap
+from predictor.timing.kernels.timing import ModelTiming
+from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
 
@@ -107,7 +107,7 @@ def _collective_rounds(n: int, rng: np.random.Generator, state: float) -> pd.Dat
 
 
 def test_fastest_collectives_scales_only_the_collectives():
-    from predictor.calibration.base import ModelSpec
+    from predictor.timing.calibration.base import ModelSpec
 
     rng = np.random.default_rng(3)
     elementwise, _ = _synthetic_rounds(300, rng, state=1.10)
@@ -147,7 +147,7 @@ def test_fastest_round_fit_needs_the_fastest_round_column():
 def test_a_corrupt_state_scaled_model_is_one_clear_pack_error(tmp_path):
     import json
 
-    from predictor.platforms.assets import AssetPackError, load_asset_pack, write_asset_pack
+    from predictor.timing.platforms.assets import AssetPackError, load_asset_pack, write_asset_pack
 
     roof = FittedRoofline({"add": RooflineFit(2e-6, (), (40e9,))}, generic="add")
     write_asset_pack(tmp_path / "p", name="p", device="cpu", platform=CPU,

@@ -6,8 +6,8 @@ import numpy as np
 
 from experiments.e2e_cpu import row_graph
 from experiments.step_phases_cpu import phase_step, predicted_phases, task_phases
-from predictor.kernels.timing import ModelTiming
-from predictor.platforms import get_platform
+from predictor.timing.kernels.timing import ModelTiming
+from predictor.timing.platforms import get_platform
 
 
 def test_host_tasks_go_with_the_kernel_after_them():

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from predictor.calibration.step_reuse import (
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.timing.calibration.step_reuse import (
     PROBE_POOLINGS,
     probe_step_reuse,
     reuse_curve,
@@ -14,11 +16,9 @@ from predictor.calibration.step_reuse import (
     reuse_factors_by_pooling,
     reuse_surface,
 )
-from predictor.kernels import ModelTiming
-from predictor.kernels.embedding import RF_BINS, repeat_fraction_from_rf
-from predictor.platforms import get_platform
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph
-from predictor.workloads.dlrm_tables import EmbeddingTables
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.kernels.embedding import RF_BINS, repeat_fraction_from_rf
+from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
 LLC = CPU.last_level_cache_bytes

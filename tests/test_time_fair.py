@@ -7,9 +7,9 @@ import time
 import numpy as np
 import torch
 
-from predictor.calibration.base import BenchContext, run_cases, time_fair_order
-from predictor.calibration.gemm import GemmBenchmark
-from predictor.calibration.timing import Timer
+from predictor.timing.calibration.base import BenchContext, run_cases, time_fair_order
+from predictor.timing.calibration.gemm import GemmBenchmark
+from predictor.timing.calibration.timing import Timer
 
 
 def test_picker_serves_the_kernel_with_the_least_time():
@@ -71,7 +71,7 @@ def test_a_case_that_would_overrun_the_budget_is_left_out():
 
 
 def test_overrun_estimate_follows_the_kernels_pace():
-    from predictor.calibration.base import _would_overrun, case_work
+    from predictor.timing.calibration.base import _would_overrun, case_work
 
     assert case_work({"flops": 2e9}) == 2e9 and case_work({"bytes": 8.0}) == 8.0 and case_work({"m": 3}) == 0.0
     pace = [1.0, 1e9]  # 1 s per GFLOP so far

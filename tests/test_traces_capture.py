@@ -8,7 +8,7 @@ from _trace_fixtures import capture_training
 
 def test_capture_then_replay(tmp_path):
     torch = pytest.importorskip("torch")
-    from predictor.traces.replay import replay
+    from predictor.simulate.replay import replay
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -27,7 +27,7 @@ def test_capture_then_replay(tmp_path):
 
 
 def test_capture_rejects_bad_window(tmp_path):
-    from predictor.traces.capture import capture
+    from predictor.sources.traces.capture import capture
 
     with pytest.raises(ValueError):
         capture(tmp_path, warmup=1, active=0)
@@ -37,8 +37,8 @@ def test_cupti_teardown_only_for_cuda_captures(tmp_path, monkeypatch):
     """A CPU capture leaves ``TEARDOWN_CUPTI`` alone and says so in ``steps.csv``; the CUDA version gate
     reads PyTorch's runtime version (>= 12.6: Kineto's teardown is safe with CUDA graphs there)."""
     torch = pytest.importorskip("torch")
-    from predictor.traces import capture as cap_mod
-    from predictor.traces.capture import capture, read_step_times
+    from predictor.sources.traces import capture as cap_mod
+    from predictor.sources.traces.capture import capture, read_step_times
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     with capture(tmp_path / "c", warmup=0, active=1, execution_trace=False, cuda=False) as cap:

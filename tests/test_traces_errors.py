@@ -10,9 +10,9 @@ import sys
 import pytest
 from _trace_fixtures import kernel, op, runtime, write_trace
 
-from predictor.traces.build import build_graph
-from predictor.traces.errors import TraceError
-from predictor.traces.load import load_traces
+from predictor.sources.traces.build import build_graph
+from predictor.sources.traces.errors import TraceError
+from predictor.sources.traces.load import load_traces
 
 
 def _good_events():

@@ -13,9 +13,9 @@ from _trace_fixtures import TRACES, ann, kernel, needs_traces, op, runtime, writ
 
 from predictor.graph import Category, DepKind, Overhead
 from predictor.simulate import simulate
-from predictor.traces.build import build_graph
-from predictor.traces.load import load_traces
-from predictor.traces.replay import replay
+from predictor.simulate.replay import replay
+from predictor.sources.traces.build import build_graph
+from predictor.sources.traces.load import load_traces
 
 
 def _edges(rg, kind: DepKind) -> set[tuple[str, str]]:

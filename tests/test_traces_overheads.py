@@ -10,9 +10,9 @@ import pytest
 from _trace_fixtures import TRACES, kernel, needs_traces, op, runtime, write_trace
 
 from predictor.graph import Overhead
-from predictor.traces.build import build_graph
-from predictor.traces.load import load_traces
-from predictor.traces.overheads import (
+from predictor.sources.traces.build import build_graph
+from predictor.sources.traces.load import load_traces
+from predictor.sources.traces.overheads import (
     LIN2022_CPU_COST_S,
     LIN2022_RUNTIME_COST_S,
     OverheadTable,
@@ -90,7 +90,7 @@ def test_unprofiled_step_costs_grow_with_the_tensors_and_layers():
     path): every probe at both sizes, positive, and more tensors / layers cost more."""
     import torch
 
-    from predictor.calibration.overheads import STEP_PROBE_SIZES, unprofiled_step_seconds
+    from predictor.timing.calibration.overheads import STEP_PROBE_SIZES, unprofiled_step_seconds
 
     out = unprofiled_step_seconds(torch.device("cpu"), calls=30, rounds=2)
     lo, hi = STEP_PROBE_SIZES

@@ -15,8 +15,8 @@ import pytest
 from _trace_fixtures import TRACES, needs_traces
 
 from predictor.graph import DepKind
-from predictor.traces.load import load_traces
-from predictor.traces.replay import replay
+from predictor.simulate.replay import replay
+from predictor.sources.traces.load import load_traces
 
 pytestmark = needs_traces
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from predictor.graph import Category, DepKind, GraphBuilder, ProcKind
-from predictor.graph_edit import AUX_KEY, topological_ok
+from predictor.graph.edit import AUX_KEY, topological_ok
 from predictor.simulate import simulate
-from predictor.transform import (
+from predictor.whatif.apply import (
     WhatIfError,
     WhatIfTiming,
     detect_layers,
@@ -80,7 +80,7 @@ def _layered(n_layers: int = 3):
 
 
 def _col(g, name):
-    from predictor.graph_edit import AUX_DEFAULTS
+    from predictor.graph.edit import AUX_DEFAULTS
 
     return g.meta[AUX_KEY].get(name, np.full(g.n_tasks, AUX_DEFAULTS.get(name, np.nan)))
 
@@ -171,7 +171,7 @@ def test_dp_scaling_adds_grouped_all_reduce_per_bucket():
     assert (names == "torch::distributed::reducer::mul_out").sum() == 6
     assert (names == "torch.distributed.ddp.reducer::copy_bucket_to_grad").sum() == 6
     assert topological_ok(g2)
-    from predictor.kernels import timing_for
+    from predictor.timing.kernels import timing_for
 
     wt = WhatIfTiming(timing_for("cpu-local"))
     tl = simulate(g2, wt)
@@ -226,7 +226,7 @@ def test_move_host_graph_to_a_device_launches_kernels_on_a_stream():
 
 
 def test_speed_up_and_timing_paths():
-    from predictor.kernels import timing_for
+    from predictor.timing.kernels import timing_for
 
     g = scale_batch(_layered(2), 2.0)
     wt = WhatIfTiming(timing_for("cpu-local"))
@@ -298,7 +298,7 @@ def test_a_moved_gpu_trace_prices_a_split_k_gemm_once():
     another GPU, the op's two kernels cost the model's time of one mm, not two."""
     from pathlib import Path
 
-    from predictor.transform import parse_sets, predict_trace
+    from predictor.whatif.apply import parse_sets, predict_trace
 
     trace = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-s39" / "traces-mlp-b4096.tar.gz"
     res = predict_trace(trace, parse_sets(["captured_on=h200-cal"]), "h100")

@@ -5,12 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor.kernels.base import TaskView
-from predictor.kernels.collective import PiecewiseCollective, alpha_beta
-from predictor.platforms import get_platform
 from predictor.simulate import simulate
-from predictor.workloads.pipeline_schedule import ScheduleError, interleaved, one_f_one_b, peak_in_flight
-from predictor.workloads.transformer import (
+from predictor.sources.synth.pipeline_schedule import ScheduleError, interleaved, one_f_one_b, peak_in_flight
+from predictor.sources.synth.transformer import (
     MoESpec,
     ParallelPlan,
     PlanError,
@@ -21,7 +18,10 @@ from predictor.workloads.transformer import (
     group_span,
     transformer_timing,
 )
-from predictor.workloads.transformer_memory import activation_bytes_per_layer, memory_per_stage
+from predictor.sources.synth.transformer_memory import activation_bytes_per_layer, memory_per_stage
+from predictor.timing.kernels.base import TaskView
+from predictor.timing.kernels.collective import PiecewiseCollective, alpha_beta
+from predictor.timing.platforms import get_platform
 
 A100 = get_platform("a100-80gb")
 TIMING = transformer_timing(A100)

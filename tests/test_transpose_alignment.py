@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import predictor.calibrate as calibrate_mod
+import predictor.timing.calibrate as calibrate_mod
 from experiments import transpose_alignment_cpu as ta
-from predictor.calibrate import _split, calibrate
+from predictor.timing.calibrate import _split, calibrate
 
 
 def _l1(m, n, dtype_bytes=4):

@@ -14,9 +14,9 @@ candidate stage:
 :func:`stage_cost_tensors` fills both from a :class:`StageLatencyPredictor` (the PredTOP idea:
 predict stage latency instead of profiling it). The default predictor,
 :class:`SimulatedStagePredictor`, synthesises the stage's kernels
-(:func:`predictor.workloads.transformer.build_stage_graph`) and simulates one micro-batch; a
+(:func:`predictor.sources.synth.transformer.build_stage_graph`) and simulates one micro-batch; a
 learned stage model (``predictor/stage/``) plugs in through the same protocol. The memory side
-uses :mod:`predictor.workloads.transformer_memory` (Korthikanti et al. 2022).
+uses :mod:`predictor.sources.synth.transformer_memory` (Korthikanti et al. 2022).
 
 :func:`stage_construction_dp` is our implementation of Alpa's DP (its eq. 2-5): for every
 candidate bound ``t_max`` on the slowest stage — the sorted unique finite values of
@@ -39,8 +39,7 @@ from typing import Protocol, runtime_checkable
 import numba
 import numpy as np
 
-from predictor.platforms.schema import Platform
-from predictor.workloads.transformer import (
+from predictor.sources.synth.transformer import (
     ParallelPlan,
     PlanError,
     TransformerSpec,
@@ -48,11 +47,12 @@ from predictor.workloads.transformer import (
     check_plan,
     transformer_timing,
 )
-from predictor.workloads.transformer_memory import (
+from predictor.sources.synth.transformer_memory import (
     RESERVED_BYTES,
     activation_bytes_per_layer,
     layer_param_count,
 )
+from predictor.timing.platforms.schema import Platform
 
 __all__ = [
     "Submesh",

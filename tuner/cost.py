@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from predictor.graph import ExecutionGraph
-from predictor.kernels import ModelTiming
-from predictor.platforms.host import comm_thread_has_core
-from predictor.platforms.schema import Platform
 from predictor.simulate import Timeline, simulate
-from predictor.workloads.dlrm import DLRMSpec, build_dlrm_graph, dlrm_memory_per_rank
+from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph, dlrm_memory_per_rank
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms.host import comm_thread_has_core
+from predictor.timing.platforms.schema import Platform
 
 __all__ = ["CostResult", "evaluate_graph", "DLRMShardingJob"]
 
@@ -90,7 +90,7 @@ class DLRMShardingJob:
     platform: Platform
     timing: ModelTiming
     #: CPU platforms: torch threads per rank process (with the rank count, decides whether gloo's
-    #: threads have cores of their own, :func:`predictor.platforms.host.comm_thread_has_core`)
+    #: threads have cores of their own, :func:`predictor.timing.platforms.host.comm_thread_has_core`)
     threads_per_rank: int = 1
 
     def graph(self, assignment: np.ndarray) -> ExecutionGraph:

@@ -7,7 +7,7 @@ prediction; we go further:
    backward time for the task's batch (what the table really costs on this platform, reuse
    factors and cache effects included), instead of a proxy such as ``L * D * log10(E)``;
 2. the best of that placement and the heuristic sharders' placements (all already simulated)
-   is the start of :func:`predictor.workloads.sharding.local_search`, whose cost is the full
+   is the start of :func:`predictor.sources.synth.sharding.local_search`, whose cost is the full
    simulator (all-to-all sizes, overlap, the slowest rank);
 
 so it never predicts worse than the best heuristic sharder.
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from predictor.kernels.base import TaskView
-from predictor.kernels.embedding import RF_COLUMNS
-from predictor.workloads.dlrm_tables import EmbeddingTables
-from predictor.workloads.sharding import GreedySharder, InfeasibleShardingError, local_search
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.sharding import GreedySharder, InfeasibleShardingError, local_search
+from predictor.timing.kernels.base import TaskView
+from predictor.timing.kernels.embedding import RF_COLUMNS
 from tuner.cost import DLRMShardingJob
 
 __all__ = ["predicted_table_seconds", "PredictedGreedySharder", "model_guided_shard"]

@@ -15,7 +15,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from tuner.files import atomic_write_text
+from predictor.files import atomic_write_text
 from tuner.search import SearchOutcome
 
 __all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "atomic_write_text", "json_default"]

@@ -28,13 +28,13 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from predictor.kernels import ModelTiming
-from predictor.platforms import CatalogError, UnknownPlatformError
-from predictor.platforms.assets import AssetPackError, ResolvedPlatform, resolve_platform
-from predictor.platforms.schema import Platform
-from predictor.workloads.dlrm import DLRMSpec
-from predictor.workloads.dlrm_tables import EmbeddingTables, generate_tasks
-from predictor.workloads.sharding import InfeasibleShardingError, get_sharder
+from predictor.sources.synth.dlrm import DLRMSpec
+from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
+from predictor.sources.synth.sharding import InfeasibleShardingError, get_sharder
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import CatalogError, UnknownPlatformError
+from predictor.timing.platforms.assets import AssetPackError, ResolvedPlatform, resolve_platform
+from predictor.timing.platforms.schema import Platform
 from tuner.cost import DLRMShardingJob
 from tuner.model_guided import model_guided_shard
 from tuner.spaces import ShardingSpace, SpaceError

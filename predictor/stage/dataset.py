@@ -249,7 +249,7 @@ def collect(
     builds and several minutes averages out the slow drifts of this shared machine, which
     dominate the noise (a single build's median varies by ~6 % from one minute to the next here).
     """
-    from tuner.files import atomic_write_text  # the one atomic writer of the project
+    from predictor.files import atomic_write_text  # the one atomic writer of the project
 
     dev = torch.device(device)
     if dev.type == "cuda":

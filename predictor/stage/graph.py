@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from predictor.traces.ops import dtype_bytes
+from predictor.sources.traces.ops import dtype_bytes
 
 __all__ = [
     "DTYPE_VOCAB",

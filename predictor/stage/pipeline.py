@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.workloads.pipeline_schedule import one_f_one_b as schedule_1f1b
+from predictor.sources.synth.pipeline_schedule import one_f_one_b as schedule_1f1b
 
 __all__ = ["PipelineSchedule", "gpipe", "one_f_one_b", "one_f_one_b_order", "pipeline_latency"]
 
@@ -54,7 +54,7 @@ class PipelineSchedule:
 
 def one_f_one_b_order(n_stages: int, n_micro: int, stage: int) -> list[tuple[str, int]]:
     """The op order of ``stage`` under 1F1B: ``[('F', 0), ('F', 1), ('B', 0), ...]``
-    (the order of :func:`predictor.workloads.pipeline_schedule.one_f_one_b`, without chunks)."""
+    (the order of :func:`predictor.sources.synth.pipeline_schedule.one_f_one_b`, without chunks)."""
     return [(st.phase, st.micro_batch) for st in schedule_1f1b(n_stages, n_micro, stage)]
 
 

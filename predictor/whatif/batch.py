@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.graph import ExecutionGraph
-from predictor.graph_edit import AUX_KEY
+from predictor.graph.edit import AUX_KEY
 from predictor.whatif.common import EXP_COLS, WhatIfError, copy_all, with_meta
 
 __all__ = ["scale_batch"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.graph import Category, DepKind, ExecutionGraph, ProcKind
-from predictor.graph_edit import GraphEditor
+from predictor.graph.edit import GraphEditor
 from predictor.whatif.common import (
     MIB,
     PHASE_BWD,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from predictor.graph import ExecutionGraph, ProcKind
-from predictor.graph_edit import AUX_KEY, GraphEditor
+from predictor.graph.edit import AUX_KEY, GraphEditor
 from predictor.whatif.common import PHASE_BWD, PHASE_FWD, PHASE_OPT, WhatIfError, aux_col, copy_all, with_meta
 
 __all__ = ["LayerInfo", "detect_layers", "set_layers", "annotate_layers", "with_layers"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.graph import Category, DepKind, ExecutionGraph, ProcKind
-from predictor.graph_edit import GraphEditor, aux_of
+from predictor.graph.edit import GraphEditor, aux_of
 from predictor.whatif.batch import scale_batch
 from predictor.whatif.common import (
     PHASE_BWD,
@@ -28,7 +28,7 @@ def restage_pp(g: ExecutionGraph, pp: int, micro_batches: int | None = None, *,
     The captured batch is split into ``micro_batches`` (default ``pp``) micro-batches; each
     micro-batch's tasks are the stage's tasks with the batch scaled by ``1 / micro_batches``.
     """
-    from predictor.workloads.pipeline_schedule import one_f_one_b
+    from predictor.sources.synth.pipeline_schedule import one_f_one_b
 
     if pp < 1:
         raise WhatIfError(f"pp must be >= 1 (got {pp})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.graph import Category, DepKind, ExecutionGraph, Overhead, ProcKind
-from predictor.graph_edit import AUX_KEY, GraphEditor
+from predictor.graph.edit import AUX_KEY, GraphEditor
 from predictor.whatif.common import WhatIfError, copy_all, ensure_aux, with_meta
 
 __all__ = ["move_platform", "speed_up"]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from predictor.graph import Category, ExecutionGraph, Overhead
-from predictor.graph_edit import aux_of
+from predictor.graph.edit import aux_of
 from predictor.whatif.common import EXP_COLS
 
 __all__ = ["WhatIfTiming", "RATIO_ALIAS"]
@@ -21,7 +21,7 @@ RATIO_ALIAS = {"embedding_bag_bwd_dense": "embedding_bag_bwd"}
 class WhatIfTiming:
     """Durations for a transformed graph (see the module docstring).
 
-    ``timing``: a :class:`~predictor.kernels.timing.ModelTiming` of the target platform.
+    ``timing``: a :class:`~predictor.timing.kernels.timing.ModelTiming` of the target platform.
     ``platform_moved``: every kernel task takes the model's time (kinds without a model: the
     platform's roofline). After :meth:`durations`, ``counts`` says how many tasks took
     which path.
@@ -39,7 +39,7 @@ class WhatIfTiming:
 
     def _model(self, g: ExecutionGraph, idx: np.ndarray, kind: str, params: Mapping[str, np.ndarray] | None = None,
                flops: np.ndarray | None = None, nbytes: np.ndarray | None = None) -> np.ndarray:
-        from predictor.kernels.base import TaskView
+        from predictor.timing.kernels.base import TaskView
 
         cols = {k: (params[k] if params is not None else v)[idx] for k, v in g.params.items()}
         cols["flops"] = (flops if flops is not None else g.flops)[idx]

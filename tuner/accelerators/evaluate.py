@@ -1,11 +1,11 @@
 """One evaluation unit of an accelerator search: a model on one accelerator at one device count.
 
-The model is traced once (two fake-tensor traces, :func:`predictor.workloads.opgraph.trace_scalable`)
+The model is traced once (two fake-tensor traces, :func:`predictor.sources.synth.opgraph.trace_scalable`)
 in the driver; every unit gets that trace and
 
 1. picks the per-device batch size by eq. 5 over the candidate set (:mod:`predictor.memory`),
    honouring the on-chip and off-chip capacities of the accelerator's memory policy;
-2. builds the iteration graph of the decoupled time model (:mod:`predictor.decoupled`) at
+2. builds the iteration graph of the decoupled time model (:mod:`predictor.sources.synth.decoupled`) at
    that batch and costs it with :func:`tuner.cost.evaluate_graph` (the simulator, the memory
    check, the price);
 3. returns a JSON-ready row: batch, memory per level and per category, iteration time,
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from predictor.decoupled import TimeOptions, prepare_iteration, summarize_iteration
 from predictor.memory import BatchChoice, LevelUsage, MemoryExtras, memory_timeline, place, select_batch_size
-from predictor.platforms import CatalogError, UnknownPlatformError, get_platform
-from predictor.platforms.schema import Platform
-from predictor.workloads.models import ModelImportError, ModelSpec, get_model_spec
-from predictor.workloads.opgraph import ScalableOpGraph, TraceError, trace_scalable
+from predictor.sources.synth.decoupled import TimeOptions, prepare_iteration, summarize_iteration
+from predictor.sources.synth.models import ModelImportError, ModelSpec, get_model_spec
+from predictor.sources.synth.opgraph import ScalableOpGraph, TraceError, trace_scalable
+from predictor.timing.platforms import CatalogError, UnknownPlatformError, get_platform
+from predictor.timing.platforms.schema import Platform
 from tuner.accelerators.space import AcceleratorSpace
 from tuner.cost import evaluate_graph
 from tuner.spaces import SpaceError

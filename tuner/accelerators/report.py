@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from predictor.platforms.schema import Platform
+from predictor.timing.platforms.schema import Platform
 from tuner.report import atomic_write_text, json_default
 
 __all__ = ["build_payload", "print_table", "write_outputs", "render_html"]

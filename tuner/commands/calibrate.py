@@ -53,7 +53,7 @@ def calibrate(
     no_fit: bool = typer.Option(False, "--no-fit", help="benchmark only: write the measurements without fitting "
                                 "(on a rented device); fit them later, anywhere, with --refit OUT"),
     overheads: Path = typer.Option(None, "--overheads", help="with --refit: T1..T5 JSON measured since on the device "
-                                   "(python -m predictor.calibration.overheads --device cuda --out FILE)"),
+                                   "(python -m predictor.timing.calibration.overheads --device cuda --out FILE)"),
     data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=PACK fits that "
                                         "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
                                         "--families gemm --scale 4 calibration of the same machine; "
@@ -76,15 +76,15 @@ def calibrate(
     and write an asset pack that `--platform NAME` then uses."""
     from rich.table import Table
 
-    from predictor.calibrate import (
+    from predictor.timing.calibrate import (
         NOISY_ROUND_SPREAD_PCT,
         CalibrationError,
         compute_round_spread,
         round_spreads,
     )
-    from predictor.calibrate import calibrate as run_calibration
-    from predictor.calibration.collectives import CollectiveError
-    from predictor.calibration.contention import ContentionError
+    from predictor.timing.calibrate import calibrate as run_calibration
+    from predictor.timing.calibration.collectives import CollectiveError
+    from predictor.timing.calibration.contention import ContentionError
 
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
     if out is None and refit is None:
@@ -119,7 +119,7 @@ def calibrate(
         sources.setdefault(family, []).append(src)
     try:
         if refit is not None:
-            from predictor.calibrate import refit as run_refit
+            from predictor.timing.calibrate import refit as run_refit
 
             pack = run_refit(refit, out, overheads=overheads, data_from=sources, fit_target=fit_target,
                              level_match=match_level, pace_from=pace_from,
@@ -177,7 +177,7 @@ def calibrate(
     o = pack.platform.overheads
     console.print(f"overheads: T1 {o.t1_s * 1e6:.2f} us, T2 {o.t2_s * 1e6:.2f} us, T3 {o.t3_s * 1e6:.2f} us, "
                   f"T4 {o.t4_s * 1e6:.2f} us, T5 {o.t5_s * 1e6:.2f} us", highlight=False)
-    if o.step_s or o.sparse_table_s:  # a device's host model (predictor/calibration/step_graph.py)
+    if o.step_s or o.sparse_table_s:  # a device's host model (predictor/timing/calibration/step_graph.py)
         console.print(f"device host model: T's x the profiled step's unprofiled / profiled time; per step "
                       f"{o.step_s * 1e6:.0f} us of framework work, per sparse-gradient table "
                       f"{o.sparse_table_s * 1e6:.0f} us", highlight=False)
@@ -187,7 +187,7 @@ def calibrate(
                       highlight=False)
     cpu = pack.manifest.get("cpu")
     if cpu:  # what the timings belong to: another CPU (ISA, model) runs other kernels
-        from predictor.platforms.cpu_local import describe_cpu
+        from predictor.timing.platforms.cpu_local import describe_cpu
 
         console.print(f"measured on: {describe_cpu(cpu)}", highlight=False)
     console.print(f"asset pack [bold]{pack.name}[/] written to {pack.path}; use it with --platform {pack.name} "

@@ -9,7 +9,7 @@ def catalog() -> None:
     """List the accelerators the catalog knows."""
     from rich.table import Table
 
-    from predictor.platforms import load_catalog
+    from predictor.timing.platforms import load_catalog
 
     table = Table(title="Accelerator catalog")
     for col in ("key", "name", "bf16 TFLOP/s", "memory GiB", "HBM TB/s", "USD/h"):

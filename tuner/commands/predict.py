@@ -9,7 +9,7 @@ Two sources, one ``_predict_*`` function each, chosen in :func:`predict`:
   ``space: parallel`` file (its model, cluster, global batch and options are the defaults).
 * ``tuner predict TRACE --set batch_size=64 --set layers=x2 --set dp=2 --set pp=2
   [--platform NAME] [--json]`` — what-if on a captured run (``tuner.capture`` folder, Kineto
-  file or archive): :func:`predictor.transform.predict_trace` transforms the captured
+  file or archive): :func:`predictor.whatif.apply.predict_trace` transforms the captured
   execution graph and simulates it; tasks whose shape or platform changed are re-timed with
   the kernel models of ``--platform`` (an asset pack's calibrated ones when there is one).
 """
@@ -59,10 +59,10 @@ def _predict_trace(path: Path, sets: list[str], platform: str | None, catalog: P
     import os
 
     from predictor.graph import GraphError
-    from predictor.platforms import UnknownPlatformError
-    from predictor.platforms.assets import AssetPackError
-    from predictor.traces.errors import TraceError
-    from predictor.transform import WhatIfError, parse_sets, predict_trace
+    from predictor.sources.traces.errors import TraceError
+    from predictor.timing.platforms import UnknownPlatformError
+    from predictor.timing.platforms.assets import AssetPackError
+    from predictor.whatif.apply import WhatIfError, parse_sets, predict_trace
 
     if not path.exists():
         fail(f"{path}: no such file or folder")
@@ -175,8 +175,8 @@ def _load_workload(path: Path) -> tuple:
 def _predict_workload(path: Path, sets: list[str], platform_key: str | None, catalog: Path | None,
                       devices_per_node: int | None, n_devices: int | None, detail: str, trace: Path | None,
                       as_json: bool) -> None:
-    from predictor.platforms import UnknownPlatformError, get_platform
-    from predictor.workloads.transformer import ParallelPlan, PlanError
+    from predictor.sources.synth.transformer import ParallelPlan, PlanError
+    from predictor.timing.platforms import UnknownPlatformError, get_platform
     from tuner.parallel.job import coerce, plan_from_fields, predict_plan
 
     if detail not in ("auto", "kernel", "stage"):

@@ -104,8 +104,8 @@ def replay(
 ) -> None:
     """Replay a captured run: measured vs simulated time per ProfilerStep, breakdown, critical path."""
     from predictor.graph import GraphError
-    from predictor.traces.errors import TraceError
-    from predictor.traces.replay import replay as run_replay
+    from predictor.simulate.replay import replay as run_replay
+    from predictor.sources.traces.errors import TraceError
 
     if out.exists() and not out.is_dir():
         fail(f"--out {out}: exists and is not a folder")

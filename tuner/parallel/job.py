@@ -4,7 +4,7 @@
 Megatron validation call. A plan whose memory does not fit is reported infeasible with the
 stage, the bytes and the device capacity — without simulating it (the search skips the
 work; the reason is the same one :func:`tuner.cost.evaluate_graph` would give). Every other
-plan is built with :func:`predictor.workloads.transformer.build_transformer_graph` and judged
+plan is built with :func:`predictor.sources.synth.transformer.build_transformer_graph` and judged
 by :func:`tuner.cost.evaluate_graph`.
 """
 
@@ -14,9 +14,8 @@ from dataclasses import fields
 
 import numpy as np
 
-from predictor.platforms.schema import Platform
 from predictor.simulate import Timeline
-from predictor.workloads.transformer import (
+from predictor.sources.synth.transformer import (
     ParallelPlan,
     PlanError,
     TransformerSpec,
@@ -24,7 +23,8 @@ from predictor.workloads.transformer import (
     check_plan,
     transformer_timing,
 )
-from predictor.workloads.transformer_memory import memory_per_stage
+from predictor.sources.synth.transformer_memory import memory_per_stage
+from predictor.timing.platforms.schema import Platform
 from tuner.cost import evaluate_graph
 
 __all__ = ["PLAN_FIELDS", "predict_plan", "plan_from_fields", "peak_flops"]

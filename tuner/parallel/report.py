@@ -12,7 +12,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from predictor.workloads.transformer import ParallelPlan
+from predictor.sources.synth.transformer import ParallelPlan
 from tuner.parallel.job import predict_plan
 from tuner.parallel.runner import ParallelOutcome
 from tuner.report import atomic_write_text, json_default

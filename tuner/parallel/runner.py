@@ -28,9 +28,9 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from predictor.platforms import UnknownPlatformError, get_platform
-from predictor.platforms.schema import Platform
-from predictor.workloads.transformer import ParallelPlan, PlanError, TransformerSpec
+from predictor.sources.synth.transformer import ParallelPlan, PlanError, TransformerSpec
+from predictor.timing.platforms import UnknownPlatformError, get_platform
+from predictor.timing.platforms.schema import Platform
 from tuner.parallel.job import predict_plan
 from tuner.parallel.space import SEARCHED, Candidate, ParallelSpace, enumerate_candidates, normalise
 from tuner.report import json_default

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from predictor.workloads.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec, check_plan
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec, check_plan
 
 __all__ = ["ParallelSpace", "ModelSection", "ClusterSection", "PlanOptions", "Candidate", "SEARCHED", "normalise",
            "enumerate_candidates"]

@@ -1,0 +1,268 @@
+"""Replay: simulate a graph built from traces and compare it with the measured run.
+
+``replay(path)`` reads the traces (:func:`~predictor.sources.traces.load.load_traces`), builds the
+graph (:func:`~predictor.sources.traces.build.build_graph`), simulates it with the measured task
+durations (:class:`~predictor.simulate.MeasuredTiming`; waits are recomputed by the
+simulator) and returns a :class:`ReplayResult`: per rank and ProfilerStep the measured and
+predicted time, the Lumos Fig. 5 breakdown of both, the critical path, and the GPU
+utilisation over time (Lumos Fig. 6) of both.
+
+A predicted step lasts from the simulated start of its ``ProfilerStep`` start marker to
+that of its end marker, on the thread that holds the annotation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from predictor.graph import Category
+from predictor.simulate import Breakdown, MeasuredTiming, Timeline, simulate, union_length
+from predictor.sources.traces.build import ReplayGraph, build_graph
+from predictor.sources.traces.load import TraceSet, load_traces
+
+__all__ = ["ReplayResult", "replay", "replay_graph", "window_breakdown", "busy_fraction"]
+
+
+def _clip(start: np.ndarray, end: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    s = np.clip(start, a, b)
+    e = np.clip(end, a, b)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def window_breakdown(tl: Timeline, rank: int, a: float, b: float) -> Breakdown:
+    """Lumos Fig. 5 breakdown of ``rank`` inside the window ``[a, b]`` (seconds)."""
+    g = tl.graph
+    on = g.rank == rank
+    comp = on & ((g.category == Category.COMPUTE) | (g.category == Category.MEMORY)) & g.is_gpu()
+    comm = on & (g.category == Category.COMMUNICATION)
+    cs, ce = _clip(tl.start[comp], tl.end[comp], a, b)
+    ms, me = _clip(tl.start[comm], tl.end[comm], a, b)
+    c = union_length(cs, ce)
+    m = union_length(ms, me)
+    both = union_length(np.concatenate([cs, ms]), np.concatenate([ce, me]))
+    overlap = c + m - both
+    total = max(b - a, 0.0)
+    return Breakdown(total, c - overlap, m - overlap, overlap, max(total - both, 0.0))
+
+
+def busy_fraction(tl: Timeline, rank: int, edges: np.ndarray, *, compute_only: bool = True) -> np.ndarray:
+    """Fraction of each bin ``[edges[i], edges[i+1])`` during which at least one GPU stream of
+    ``rank`` runs a (compute, unless ``compute_only=False``) task — Lumos Fig. 6."""
+    g = tl.graph
+    sel = (g.rank == rank) & g.is_gpu() & (g.category != Category.SYNC)  # no stream gaps
+    if compute_only:
+        sel &= g.category != Category.COMMUNICATION
+    s, e = tl.start[sel], tl.end[sel]
+    keep = e > s
+    s, e = s[keep], e[keep]
+    widths = np.diff(edges)
+    if s.size == 0:
+        return np.zeros(widths.size)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], np.maximum.accumulate(e[order])
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    seg_s = s[new]
+    seg_e = e[np.append(np.flatnonzero(new)[1:] - 1, s.size - 1)]
+    cum = np.concatenate([[0.0], np.cumsum(seg_e - seg_s)])
+
+    def busy_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(seg_s, t, side="right")  # segments starting at or before t
+        full = cum[np.maximum(k - 1, 0)]
+        last = np.where(k > 0, np.minimum(t - seg_s[np.maximum(k - 1, 0)], (seg_e - seg_s)[np.maximum(k - 1, 0)]), 0.0)
+        return full + np.maximum(last, 0.0)
+
+    b = busy_until(edges)
+    return np.diff(b) / np.where(widths > 0, widths, 1.0)
+
+
+@dataclass
+class ReplayResult:
+    """A simulated replay next to the measured run it came from."""
+
+    graph: ReplayGraph
+    timeline: Timeline
+    measured: Timeline
+
+    # ------------------------------------------------------------------ steps
+    def steps(self) -> pd.DataFrame:
+        """One row per rank and step: ``name``, ``rank`` (as in the traces), ``measured_s``,
+        ``predicted_s``, ``error_pct`` (signed), window starts of both."""
+        st = self.graph.steps
+        tl = self.timeline
+        g = self.graph.graph
+        pred, pstart = [], []
+        for _, row in st.iterrows():
+            if row["start_task"] >= 0:
+                a = float(tl.start[int(row["start_task"])])
+                b = float(tl.start[int(row["end_task"])])
+            else:
+                on = g.rank == row["rank"]
+                a = float(tl.start[on].min())
+                b = float(tl.end[on].max())
+            pred.append(b - a)
+            pstart.append(a)
+        out = pd.DataFrame({
+            "name": st["name"].to_numpy(),
+            "rank": st["trace_rank"].to_numpy(),
+            "graph_rank": st["rank"].to_numpy(),
+            "measured_s": st["measured_s"].to_numpy(dtype=float),
+            "predicted_s": np.asarray(pred, dtype=float),
+            "measured_start_s": st["measured_start_s"].to_numpy(dtype=float),
+            "predicted_start_s": np.asarray(pstart, dtype=float),
+        })
+        out["error_pct"] = (out["predicted_s"] - out["measured_s"]) / out["measured_s"] * 100.0
+        return out
+
+    def iteration_s(self) -> tuple[float, float]:
+        """(measured, predicted) iteration time: per step the slowest rank, averaged over steps."""
+        df = self.steps()
+        per = df.groupby("name", sort=False)[["measured_s", "predicted_s"]].max()
+        return float(per["measured_s"].mean()), float(per["predicted_s"].mean())
+
+    def _window(self, which: str, rank: int | None) -> tuple[int, float, float]:
+        df = self.steps()
+        if rank is None:
+            rank = int(df.loc[df["predicted_s"].idxmax(), "graph_rank"]) if len(df) else 0
+        mine = df[df["graph_rank"] == rank]
+        col = "measured" if which == "measured" else "predicted"
+        a = float(mine[f"{col}_start_s"].min())
+        b = float((mine[f"{col}_start_s"] + mine[f"{col}_s"]).max())
+        return rank, a, b
+
+    def breakdown(self, which: str = "predicted", rank: int | None = None) -> Breakdown:
+        """Exposed compute / exposed communication / overlap / idle over the replayed steps of
+        ``rank`` (graph rank; default: the slowest), of the ``"predicted"`` or ``"measured"`` run."""
+        rank, a, b = self._window(which, rank)
+        tl = self.measured if which == "measured" else self.timeline
+        return window_breakdown(tl, rank, a, b)
+
+    def utilization(self, bin_s: float | None = None, rank: int | None = None) -> pd.DataFrame:
+        """GPU compute-stream utilisation per time bin, measured vs predicted (Lumos Fig. 6).
+
+        Times are seconds from each run's first step start; ``bin_s`` defaults to 1 ms (or
+        1/500 of the window when that is longer than 0.5 s)."""
+        rank, ma, mb = self._window("measured", rank)
+        _, pa, pb = self._window("predicted", rank)
+        span = max(mb - ma, pb - pa)
+        if bin_s is None:
+            bin_s = 1e-3 if span <= 0.5 else span / 500.0
+        n = max(int(math.ceil(span / bin_s)), 1)
+        rel = np.arange(n + 1) * bin_s
+        return pd.DataFrame({
+            "time_s": rel[:-1],
+            "measured": busy_fraction(self.measured, rank, ma + rel),
+            "predicted": busy_fraction(self.timeline, rank, pa + rel),
+        })
+
+    def gpu_start_deviation_s(self) -> float:
+        """Median |simulated - measured| start of the GPU tasks, after aligning both runs at
+        their first step (seconds): how closely the simulated GPU timeline follows the real one."""
+        g = self.graph.graph
+        df = self.steps()
+        dev = []
+        for r in np.unique(g.rank):
+            mine = df[df["graph_rank"] == r]
+            if not len(mine):
+                continue
+            shift = float(mine["predicted_start_s"].min() - mine["measured_start_s"].min())
+            on = (g.rank == r) & g.is_gpu() & (g.category != Category.SYNC)
+            lo = float(mine["measured_start_s"].min())
+            hi = float((mine["measured_start_s"] + mine["measured_s"]).max())
+            on &= (self.measured.start >= lo) & (self.measured.start <= hi)
+            dev.append(np.abs(self.timeline.start[on] - shift - self.measured.start[on]))
+        d = np.concatenate(dev) if dev else np.zeros(0)
+        return float(np.median(d)) if d.size else 0.0
+
+    def write_trace(self, path: str | Path, *, measured: bool = True) -> Path:
+        """Write the simulated run (and, with ``measured=True``, the measured one below it) as
+        one Chrome/Perfetto trace (µs). Processes: ``rank R (simulated)`` and ``rank R
+        (measured)``; threads: the graph's CPU threads and GPU streams."""
+        g = self.graph.graph
+        on_path = np.zeros(g.n_tasks, dtype=bool)
+        on_path[self.timeline.critical_path()] = True
+        names = [json.dumps(n) for n in g.names]
+        kinds = [json.dumps(k) for k in g.kinds]
+        cats = [json.dumps(Category(c).name.lower()) for c in range(len(Category))]
+        parts: list[str] = []
+        runs = [("simulated", 0, self.timeline)] + ([("measured", 1_000_000, self.measured)] if measured else [])
+        for label, off, tl in runs:
+            for r, tr in enumerate(self.graph.trace_ranks):
+                parts.append(json.dumps({"ph": "M", "name": "process_name", "pid": off + r,
+                                         "args": {"name": f"rank {tr} ({label})"}}))
+            for p in range(g.n_procs):
+                parts.append(json.dumps({"ph": "M", "name": "thread_name", "pid": off + int(g.proc_rank[p]), "tid": p,
+                                         "args": {"name": g.proc_names[p]}}))
+            ts = np.round(tl.start * 1e6, 3).tolist()
+            du = np.round((tl.end - tl.start) * 1e6, 3).tolist()
+            pid = (g.rank.astype(np.int64) + off).tolist()
+            tid = g.proc.tolist()
+            nm = g.name.tolist()
+            kd = g.kind.tolist()
+            ct = g.category.tolist()
+            cp = on_path.tolist() if label == "simulated" else [False] * g.n_tasks
+            for i in range(g.n_tasks):
+                parts.append(
+                    f'{{"ph":"X","name":{names[nm[i]]},"cat":{cats[ct[i]]},"pid":{pid[i]},"tid":{tid[i]},'
+                    f'"ts":{ts[i]},"dur":{du[i]},"args":{{"kind":{kinds[kd[i]]},"critical_path":{"true" if cp[i] else "false"}}}}}'
+                )
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text('{"displayTimeUnit":"ms","otherData":{"producer":"tuner replay"},"traceEvents":[\n'
+                       + ",\n".join(parts) + "\n]}\n")
+        tmp.replace(path)
+        return path
+
+    def summary(self, top: int = 10) -> dict:
+        """JSON-ready summary (what ``tuner replay --json`` prints)."""
+        df = self.steps()
+        meas, pred = self.iteration_s()
+        rg = self.graph
+        errs = df["error_pct"].abs()
+        cp = self.timeline.critical_path_summary(top=top)
+        return {
+            "source": rg.graph.meta.get("source"),
+            "ranks": int(rg.graph.n_ranks),
+            "trace_ranks": [int(r) for r in rg.trace_ranks],
+            "world_size": int(rg.world_size),
+            "steps": [
+                {"name": str(r.name), "rank": int(r.rank), "measured_s": float(r.measured_s),
+                 "predicted_s": float(r.predicted_s), "error_pct": float(r.error_pct)}
+                for r in df.itertuples()
+            ],
+            "measured_iteration_s": meas,
+            "predicted_iteration_s": pred,
+            "mean_abs_error_pct": float(errs.mean()) if len(errs) else None,
+            "max_abs_error_pct": float(errs.max()) if len(errs) else None,
+            "breakdown": self.breakdown("predicted").as_dict(),
+            "breakdown_measured": self.breakdown("measured").as_dict(),
+            "critical_path": [
+                {"name": str(r["name"]), "category": str(r["category"]), "time_s": float(r["time_s"]),
+                 "share": float(r["share"])} for _, r in cp.iterrows()
+            ],
+            "gpu_start_deviation_s": self.gpu_start_deviation_s(),
+            "launch_fraction": rg.launch_fraction,
+            "graph": {**rg.graph.summary(), "dependencies": {k: v for k, v in rg.stats.items()}},
+            "notes": list(rg.notes),
+        }
+
+
+def replay_graph(rg: ReplayGraph) -> ReplayResult:
+    """Simulate a built replay graph with its measured durations."""
+    tl = simulate(rg.graph, MeasuredTiming(), launch_fraction=rg.launch_fraction)
+    return ReplayResult(graph=rg, timeline=tl, measured=rg.measured_timeline())
+
+
+def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_et: bool = True) -> ReplayResult:
+    """Read, build and simulate the traces at ``source`` (file, folder, archive or a TraceSet)."""
+    ts = source if isinstance(source, TraceSet) else load_traces(source, et, use_et=use_et)
+    return replay_graph(build_graph(ts))

@@ -1,0 +1,1 @@
+"""Where execution graphs come from: captured traces (:mod:`.traces`) and model synthesisers (:mod:`.synth`)."""

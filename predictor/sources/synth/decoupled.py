@@ -1,0 +1,607 @@
+"""Decoupled time model of Centimani §4.3, run through the project's simulator.
+
+One training iteration of a traced model (:class:`~predictor.sources.synth.opgraph.OpGraph`) on
+one accelerator is predicted in three stages, then their overlap is removed:
+
+* **data loading / pre-processing** (§4.3.1): ``samples x devices-per-host / host rate``
+  (the host rate is measured or given, in samples/s) plus the batch's input bytes over the
+  host-to-device link;
+* **computation** (§4.3.2, eq. 1-2): the sum of operator times. *Common* operators (GEMM,
+  convolution, attention) take the platform's calibrated kernel models when it has an asset
+  pack, else the analytic GEMM model of :mod:`predictor.timing.kernels.gemm` (peak x saturating
+  efficiency) bounded by a cache-aware memory time; *uncommon* operators take the
+  cache-aware roofline: ``max(FLOPs / peak, on-chip bytes / on-chip bandwidth + off-chip
+  bytes / off-chip bandwidth)``, where the split of each operator's bytes between the levels
+  comes from the memory model's placement (:func:`predictor.memory.place`) — on GPUs an
+  operator whose whole working set fits in L2 streams at L2 bandwidth;
+* **communication** (§4.3.3, eq. 4): data-parallel gradient all-reduce in DDP-style buckets
+  (optionally compressed: the message shrinks by ``compression_ratio``), timed by the
+  collective model of :mod:`predictor.timing.kernels.collective` from the interconnect;
+* **overlap removal** (§4.3.4): instead of a closed formula, the iteration is built as an
+  :class:`~predictor.graph.ExecutionGraph` — host thread issuing operators (the platform's
+  per-op overheads; zero on graph-compiled accelerators), the device compute stream, a
+  communication stream whose buckets wait for the operator producing their last gradient,
+  and a data-loading thread that prefetches the next batch — and :func:`predictor.simulate.simulate`
+  finds the critical path. The closed form ``max(T_data, T_compute + T_allreduce)`` (eq. 4,
+  synchronous, no bucket overlap) is reported beside it.
+
+Every number says which method produced it (:attr:`IterationPrediction.methods`).
+Units: seconds, bytes, FLOPs, samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from predictor.graph import Category, DepKind, ExecutionGraph, Overhead, ProcKind
+from predictor.memory import LevelUsage
+from predictor.simulate import Timeline, simulate
+from predictor.sources.synth.opgraph import OP_KINDS, OpGraph, Phase, TensorCategory
+from predictor.timing.kernels.base import TaskView
+from predictor.timing.kernels.collective import PiecewiseCollective
+from predictor.timing.kernels.elementwise import Roofline
+from predictor.timing.kernels.gemm import AnalyticGemm
+from predictor.timing.kernels.timing import ModelTiming, overhead_array
+from predictor.timing.platforms.schema import Platform
+
+__all__ = ["TimeOptions", "IterationPrediction", "CacheAwareTiming", "FixedTiming", "build_iteration_graph",
+           "prepare_iteration", "summarize_iteration", "predict_iteration", "asset_timing", "COMMON_KINDS"]
+
+#: op kinds Centimani calls "common" (micro-benchmarked / kernel-modelled)
+COMMON_KINDS = ("gemm", "conv", "attention")
+#: task kind in the ExecutionGraph for each op kind (names the kernel models route on)
+_TASK_KIND = {"gemm": "gemm", "conv": "conv2d", "attention": "bmm", "embedding": "embedding",
+              "norm": "layer_norm", "elementwise": "elementwise", "copy": "memcpy"}
+_COMMON_TASK_KINDS = ("gemm", "conv2d", "bmm")
+_NO_KERNEL = (OP_KINDS.index("view"), OP_KINDS.index("alloc"))
+
+
+@dataclass(frozen=True)
+class TimeOptions:
+    """Settings of the decoupled model (seconds, bytes, samples/s)."""
+
+    n_devices: int = 1
+    #: samples/s one host's loader + pre-processing delivers (None: not modelled)
+    host_samples_per_s: float | None = None
+    #: host-to-device bandwidth for the input batch, bytes/s (PCIe 4.0 x16 order of magnitude)
+    host_link_bytes_per_s: float = 25e9
+    overlap_data_loading: bool = True
+    #: gradient bucket size of data parallelism (PyTorch DDP default 25 MiB)
+    bucket_bytes: float = 25 * 2**20
+    #: compressed / uncompressed gradient bytes (1: none; 0.25: 8-bit quantisation of fp32)
+    compression_ratio: float = 1.0
+    #: "ddp": all-reduce of gradients; "fsdp": reduce-scatter of gradients + all-gather of weights
+    dp_mode: str = "ddp"
+    #: micro-batches per optimizer step: gradients of GA-1 micro-batches accumulate without
+    #: synchronisation, then the last one all-reduces and the optimizer steps once
+    gradient_accumulation: int = 1
+
+
+@dataclass
+class IterationPrediction:
+    """One accelerator's predicted iteration at one batch size (per device), seconds."""
+
+    batch: int
+    n_devices: int
+    iteration_s: float
+    samples_per_s: float
+    compute_s: float
+    common_ops_s: float
+    uncommon_ops_s: float
+    communication_s: float
+    exposed_communication_s: float
+    data_loading_s: float
+    host_overhead_s: float
+    formula_iteration_s: float
+    kernel_sum_s: float
+    breakdown: dict[str, float]
+    time_by_kind: dict[str, float]
+    methods: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- timing
+class CacheAwareTiming:
+    """A :class:`predictor.simulate.Timing` for graphs from :func:`build_iteration_graph`.
+
+    Host tasks take the platform's CPU overheads; common kernels the analytic GEMM model's
+    compute time bounded below by the cache-aware memory time; other kernels the cache-aware
+    roofline; collectives the piecewise collective model; the data-loading task keeps the
+    duration the builder stored.
+    """
+
+    source = "analytic (catalog peaks, cache-aware roofline)"
+
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+        self.gemm = AnalyticGemm()
+        self.roofline = Roofline()
+        self.collective = PiecewiseCollective()
+
+    def on_chip_bandwidth(self) -> float:
+        """Bandwidth of the largest on-chip level, bytes/s (the off-chip one when none is listed)."""
+        on = [m for m in self.platform.memory if m.on_chip]
+        if not on:
+            return self.platform.memory_bandwidth
+        return max(on, key=lambda m: m.capacity_bytes).bandwidth_bytes_per_s
+
+    def memory_seconds(self, total_bytes: np.ndarray, on_chip_bytes: np.ndarray) -> np.ndarray:
+        """Cache-aware memory time: on-chip bytes at on-chip bandwidth, the rest off-chip."""
+        p = self.platform
+        eff = p.memory_efficiency
+        on = np.clip(np.nan_to_num(on_chip_bytes), 0.0, total_bytes)
+        return on / (self.on_chip_bandwidth() * eff) + (total_bytes - on) / (p.memory_bandwidth * eff)
+
+    def durations(self, graph: ExecutionGraph) -> np.ndarray:
+        p = self.platform
+        out = np.zeros(graph.n_tasks)
+        oh = graph.overhead != Overhead.NONE
+        out[oh] = overhead_array(p.overheads)[graph.overhead[oh]]
+        given = graph.kind_mask("data_loading")
+        out[given] = np.nan_to_num(graph.duration[given])
+        on_chip = graph.meta.get("on_chip_bytes", np.zeros(graph.n_tasks))
+        dev = ~oh & ~given & (graph.category != Category.CPU)
+        for kid in np.unique(graph.kind[dev]):
+            kind = graph.kinds[kid]
+            idx = np.flatnonzero(dev & (graph.kind == kid))
+            view = TaskView.from_graph(graph, idx, kind)
+            if kind in self.collective.kinds:
+                out[idx] = self.collective.predict(view, p)
+                continue
+            total = np.nan_to_num(graph.bytes[idx])
+            t_mem = self.memory_seconds(total, on_chip[idx]) + p.kernel_floor_s
+            compute_only = TaskView({**view.columns, "bytes": np.zeros(idx.size)}, idx.size, kind)
+            model = self.gemm if kind in _COMMON_TASK_KINDS else self.roofline
+            out[idx] = np.maximum(model.predict(compute_only, p), t_mem)
+        return out
+
+
+def asset_timing(platform: Platform) -> ModelTiming | None:
+    """The calibrated timing of ``platform``'s asset pack (``tuner calibrate``), or None without one.
+
+    Uses :func:`predictor.timing.platforms.assets.resolve_platform` by the platform's key; a platform
+    without a pack (every catalog accelerator until someone calibrates it) gets None, and the
+    analytic cache-aware models are used instead.
+    """
+    try:
+        from predictor.timing.platforms.assets import resolve_platform
+    except ImportError:  # the asset-pack module is not installed
+        return None
+    try:
+        resolved = resolve_platform(platform.key)
+    except Exception:  # a broken pack must not stop a search: fall back to the analytic models
+        return None
+    if getattr(resolved, "pack", None) is None:
+        return None
+    return resolved.timing()
+
+
+# ----------------------------------------------------------------------------- graph
+def _on_chip_bytes(g: OpGraph, usage: LevelUsage | None, platform: Platform) -> np.ndarray:
+    """Bytes of each operator's traffic served from on-chip memory (the cache-aware part).
+
+    An operand is on-chip when its *reuse distance* fits: the bytes allocated since its last
+    use (read or write), plus its own size, are at most the on-chip capacity left after the
+    pinned categories (weights under ``weights_on_chip``, which are always on-chip). Otherwise
+    it is read from off-chip memory, and its producer's write went off-chip too. On GPUs the
+    capacity is the last-level cache; on SambaNova/Graphcore/Cerebras the on-chip SRAM.
+    The first use of a tensor that outlives the iteration (weights, optimizer state) is measured
+    from its last use in the previous iteration, as in steady-state training.
+    """
+    policy = usage.policy if usage is not None else platform.memory_policy
+    cap = platform.last_level_cache_bytes if policy == "offchip_all" else platform.on_chip_bytes
+    pinned_cat = (int(TensorCategory.WEIGHTS),) if policy == "weights_on_chip" else ()
+    if pinned_cat:
+        cap = max(cap - g.weight_bytes(), 0.0)
+    n_ops = g.n_ops
+    # allocated bytes before each op (prefix over allocation events)
+    alloc = g.ev_sign > 0
+    per_op = np.bincount(g.ev_op[alloc], weights=g.nbytes[g.ev_tensor[alloc]], minlength=n_ops + 1)
+    before = np.concatenate([[0.0], np.cumsum(per_op)])  # before[i]: bytes allocated by ops < i
+    # every access (reads then writes of each op), in execution order
+    n_in = np.diff(g.in_ptr)
+    n_out = np.diff(g.out_ptr)
+    r_op = np.repeat(np.arange(n_ops), n_in)
+    w_op = np.repeat(np.arange(n_ops), n_out)
+    acc_op = np.concatenate([r_op, w_op])
+    acc_t = np.concatenate([g.in_tensor, g.out_tensor])
+    acc_w = np.concatenate([np.zeros(r_op.size, dtype=bool), np.ones(w_op.size, dtype=bool)])
+    order = np.lexsort((acc_w, acc_op))
+    acc_op, acc_t, acc_w = acc_op[order], acc_t[order], acc_w[order]
+    m = acc_op.size
+    # previous access of the same tensor
+    by_t = np.lexsort((np.arange(m), acc_t))
+    prev = np.full(m, -1, dtype=np.int64)
+    same = acc_t[by_t[1:]] == acc_t[by_t[:-1]]
+    prev[by_t[1:][same]] = by_t[:-1][same]
+    has_prev = prev >= 0
+    dist = np.full(m, np.inf)
+    prev_op = acc_op[np.maximum(prev, 0)]
+    dist[has_prev] = before[acc_op[has_prev]] - before[np.minimum(prev_op[has_prev] + 1, n_ops)]
+    # steady state: a tensor that outlives the iteration (weights, optimizer state) is first used
+    # after its last use in the previous iteration (or micro-batch) - a cyclic reuse distance
+    last_of_t = np.full(g.n_tensors, -1, dtype=np.int64)
+    last_of_t[acc_t[by_t]] = by_t  # by_t is sorted by (tensor, position): the last write wins
+    first = ~has_prev & g.baseline[acc_t]
+    last_op = acc_op[last_of_t[acc_t[first]]]
+    dist[first] = (before[n_ops] - before[np.minimum(last_op + 1, n_ops)]) + before[acc_op[first]]
+    size = g.nbytes[acc_t]
+    hit = dist + size <= cap
+    if pinned_cat:
+        hit |= np.isin(g.category[acc_t], pinned_cat)
+    # a write is on-chip when the tensor's next read hits (or it is never read again)
+    nxt = np.full(m, -1, dtype=np.int64)
+    nxt[prev[has_prev]] = np.flatnonzero(has_prev)
+    write_hit = np.where(nxt >= 0, hit[np.maximum(nxt, 0)], size <= max(cap, 0.0))
+    hit = np.where(acc_w, write_hit, hit)
+    # operand bytes: reads use the bytes of the operand view, writes the op's written bytes split evenly
+    r_bytes = np.zeros(m)
+    read_pos = ~acc_w
+    in_b = np.concatenate([g.in_bytes, np.zeros(w_op.size)])[order]
+    r_bytes[read_pos] = in_b[read_pos]
+    read_hit_b = np.bincount(acc_op[read_pos], weights=(r_bytes * hit)[read_pos], minlength=n_ops)
+    read_all_b = np.bincount(acc_op[read_pos], weights=r_bytes[read_pos], minlength=n_ops)
+    read_share = np.divide(read_hit_b, read_all_b, out=np.zeros(n_ops), where=read_all_b > 0)
+    w_cnt = np.bincount(acc_op[acc_w], minlength=n_ops)
+    w_hits = np.bincount(acc_op[acc_w], weights=hit[acc_w].astype(float), minlength=n_ops)
+    write_share = np.divide(w_hits, w_cnt, out=np.zeros(n_ops), where=w_cnt > 0)
+    return g.bytes_read * read_share + g.bytes_written * write_share
+
+
+def _buckets(g: OpGraph, bucket_bytes: float) -> list[tuple[int, float]]:
+    """(ready op, bytes) of each gradient bucket, in the order backward fills them."""
+    ready = g.grad_ready_op
+    ok = ready >= 0
+    order = np.argsort(ready[ok], kind="stable")
+    ops = ready[ok][order]
+    size = g.grad_bytes[ok][order]
+    out: list[tuple[int, float]] = []
+    acc, last = 0.0, -1
+    for op, b in zip(ops, size, strict=True):
+        acc += float(b)
+        last = int(op)
+        if acc >= bucket_bytes:
+            out.append((last, acc))
+            acc = 0.0
+    if acc > 0:
+        out.append((last, acc))
+    return out
+
+
+def build_iteration_graph(
+    g: OpGraph,
+    platform: Platform,
+    usage: LevelUsage | None,
+    options: TimeOptions,
+) -> ExecutionGraph:
+    """One rank's iteration as an ExecutionGraph (columnar arrays, no per-task objects).
+
+    Processors: 0 = host thread (per kernel op: dispatch T1 and launch T4), 1 = device
+    compute stream, 2 = communication stream, 3 = data-loading thread.
+    """
+    n_ops = g.n_ops
+    kernel = ~np.isin(g.kind, _NO_KERNEL) & ((g.bytes_read + g.bytes_written) > 0)
+    k_idx = np.flatnonzero(kernel)
+    nk = k_idx.size
+    # host tasks: per kernel op a T1 dispatch gap then a T4 launch (views and allocations run no
+    # kernel and are part of the dispatch of the op around them)
+    host_is_launch = np.concatenate([np.zeros(nk, dtype=bool), np.ones(nk, dtype=bool)])
+    host_op = np.concatenate([k_idx, k_idx])
+    host_order = np.lexsort((host_is_launch, host_op))
+    host_op = host_op[host_order]
+    host_is_launch = host_is_launch[host_order]
+    n_host = host_op.size
+    # communication tasks
+    world = max(int(options.n_devices), 1)
+    comm_ready: list[int] = []
+    comm_bytes: list[float] = []
+    comm_kind: list[str] = []
+    if world > 1:
+        for ready, nbytes in _buckets(g, options.bucket_bytes):
+            msg = nbytes * options.compression_ratio
+            if options.dp_mode == "fsdp":
+                comm_ready += [ready, ready]
+                comm_bytes += [msg, msg]
+                comm_kind += ["all_gather", "reduce_scatter"]
+            else:
+                comm_ready.append(ready)
+                comm_bytes.append(msg)
+                comm_kind.append("all_reduce")
+    nc = len(comm_ready)
+    n = n_host + nk + nc + 1
+    # gradient accumulation: the GA-1 earlier micro-batches as one host task and one device task
+    # (their durations are filled from this micro-batch's by predict_iteration)
+    ga = max(int(options.gradient_accumulation), 1)
+    kinds = ["host_op", "launch", *sorted(set(_TASK_KIND.values())), "optimizer", "all_reduce", "all_gather",
+             "reduce_scatter", "data_loading", "accumulation"]
+    kind_id = {k: i for i, k in enumerate(kinds)}
+    # ----- columns
+    proc = np.concatenate([np.zeros(n_host), np.ones(nk), np.full(nc, 2), [3]]).astype(np.int32)
+    rank = np.zeros(n, dtype=np.int32)
+    overhead = np.concatenate([np.where(host_is_launch, int(Overhead.T4), int(Overhead.T1)),
+                               np.zeros(nk + nc + 1)]).astype(np.int8)
+    op_kind_names = np.asarray(OP_KINDS, dtype=object)[g.kind[k_idx]]
+    k_kind = np.asarray([_TASK_KIND.get(k, "elementwise") for k in op_kind_names], dtype=object)
+    is_opt = g.phase[k_idx] == Phase.OPTIMIZER
+    k_kind[is_opt & ~np.isin(k_kind, ["gemm", "conv2d", "bmm"])] = "optimizer"
+    kind = np.concatenate([
+        np.where(host_is_launch, kind_id["launch"], kind_id["host_op"]),
+        np.asarray([kind_id[k] for k in k_kind], dtype=np.int64),
+        np.asarray([kind_id[k] for k in comm_kind], dtype=np.int64),
+        [kind_id["data_loading"]],
+    ]).astype(np.int32)
+    k_common = np.isin(g.kind[k_idx], [OP_KINDS.index(k) for k in COMMON_KINDS])
+    category = np.concatenate([
+        np.full(n_host, int(Category.CPU)),
+        np.where(k_common, int(Category.COMPUTE), int(Category.MEMORY)),
+        np.full(nc, int(Category.COMMUNICATION)),
+        [int(Category.CPU)],
+    ]).astype(np.int8)
+    nan = np.full(n, np.nan)
+    flops = nan.copy()
+    flops[n_host:n_host + nk] = np.nan_to_num(g.flops[k_idx])
+    nbytes = nan.copy()
+    nbytes[n_host:n_host + nk] = g.bytes_read[k_idx] + g.bytes_written[k_idx]
+    nbytes[n_host + nk:n_host + nk + nc] = comm_bytes
+    duration = nan.copy()
+    data_s = _data_loading_seconds(g, platform, options)
+    duration[-1] = data_s
+    params: dict[str, np.ndarray] = {}
+    for col, src in (("m", g.m), ("n", g.n), ("k", g.k), ("batch", g.gemm_batch), ("dtype_bytes", g.dtype_bytes)):
+        arr = nan.copy()
+        arr[n_host:n_host + nk] = src[k_idx]
+        params[col] = arr
+    elems = nan.copy()
+    elems[n_host:n_host + nk] = np.nan_to_num(g.bytes_written[k_idx] / np.maximum(g.dtype_bytes[k_idx], 1.0))
+    params["elements"] = elems
+    msg = nan.copy()
+    msg[n_host + nk:n_host + nk + nc] = comm_bytes
+    params["msg_bytes"] = msg
+    wcol = nan.copy()
+    wcol[n_host + nk:n_host + nk + nc] = world
+    params["world"] = wcol
+    # ----- names: the ATen op of every op task
+    op_names = np.asarray(g.names, dtype=object)[g.op_name]
+    names_list = list(dict.fromkeys([*op_names.tolist(), "launch", "all_reduce", "all_gather", "reduce_scatter",
+                                     "data_loading"]))
+    name_id = {s: i for i, s in enumerate(names_list)}
+    op_name_ids = np.asarray([name_id[s] for s in op_names], dtype=np.int32)
+    name = np.concatenate([
+        np.where(host_is_launch, name_id["launch"], op_name_ids[host_op]),
+        op_name_ids[k_idx],
+        np.asarray([name_id[k] for k in comm_kind], dtype=np.int32),
+        [name_id["data_loading"]],
+    ]).astype(np.int32)
+    # ----- edges
+    kernel_task_of_op = np.full(n_ops, -1, dtype=np.int64)
+    kernel_task_of_op[k_idx] = n_host + np.arange(nk)
+    launch_pos = np.flatnonzero(host_is_launch)
+    src = [launch_pos]
+    dst = [kernel_task_of_op[host_op[launch_pos]]]
+    ek = [np.full(launch_pos.size, int(DepKind.CPU_GPU))]
+    if nc:
+        # a bucket waits for the kernel that produced its last gradient (or the nearest earlier kernel)
+        kernel_before = np.maximum.accumulate(np.where(kernel_task_of_op >= 0, kernel_task_of_op, -1))
+        ready_task = kernel_before[np.asarray(comm_ready)]
+        comm_tasks = n_host + nk + np.arange(nc)
+        ok = ready_task >= 0
+        src.append(ready_task[ok])
+        dst.append(comm_tasks[ok])
+        ek.append(np.full(int(ok.sum()), int(DepKind.GPU_GPU)))
+        opt_k = np.flatnonzero(is_opt)
+        if opt_k.size:
+            first_opt = n_host + int(opt_k[0])
+            src.append(comm_tasks)
+            dst.append(np.full(nc, first_opt))
+            ek.append(np.full(nc, int(DepKind.GPU_GPU)))
+    if not options.overlap_data_loading and n_host:
+        src.append(np.asarray([n - 1]))
+        dst.append(np.asarray([0]))
+        ek.append(np.asarray([int(DepKind.CPU_CPU)]))
+    on_chip = np.zeros(n)
+    on_chip[n_host:n_host + nk] = _on_chip_bytes(g, usage, platform)[k_idx]
+    task_phase = np.full(n, -1, dtype=np.int8)
+    task_phase[:n_host] = g.phase[host_op]
+    task_phase[n_host:n_host + nk] = g.phase[k_idx]
+    if ga > 1:
+        # prepend: host accumulation task before the first host task, device one before the first kernel
+        extra = 2
+        shift = np.full(n, extra, dtype=np.int64)
+        rank = np.concatenate([[0, 0], rank]).astype(np.int32)
+        proc = np.concatenate([[0, 1], proc]).astype(np.int32)
+        name_acc = len(names_list)
+        names_list.append(f"{ga - 1} accumulated micro-batches")
+        name = np.concatenate([[name_acc, name_acc], name]).astype(np.int32)
+        kind = np.concatenate([[kind_id["accumulation"]] * 2, kind]).astype(np.int32)
+        category = np.concatenate([[int(Category.CPU), int(Category.COMPUTE)], category]).astype(np.int8)
+        overhead = np.concatenate([[0, 0], overhead]).astype(np.int8)
+        duration = np.concatenate([[np.nan, np.nan], duration])
+        flops = np.concatenate([[np.nan, np.nan], flops])
+        nbytes = np.concatenate([[np.nan, np.nan], nbytes])
+        params = {k: np.concatenate([[np.nan, np.nan], v]) for k, v in params.items()}
+        on_chip = np.concatenate([[0.0, 0.0], on_chip])
+        task_phase = np.concatenate([[-1, -1], task_phase]).astype(np.int8)
+        src = [x + shift[: x.size] for x in src]
+        dst = [x + shift[: x.size] for x in dst]
+        # the last micro-batch's first kernel waits for the accumulated ones (stream order does it)
+        n += extra
+    graph = ExecutionGraph(
+        rank=rank,
+        proc=proc,
+        name=name,
+        kind=kind,
+        category=category,
+        overhead=overhead,
+        duration=duration,
+        flops=flops,
+        bytes=nbytes,
+        group=np.full(n, -1, dtype=np.int32),
+        params=params,
+        proc_rank=np.zeros(4, dtype=np.int32),
+        proc_kind=np.asarray([ProcKind.CPU_THREAD, ProcKind.GPU_STREAM, ProcKind.GPU_STREAM, ProcKind.CPU_THREAD],
+                             dtype=np.int8),
+        proc_names=["host (op dispatch)", "device compute", "device communication", "host data loading"],
+        edge_src=np.concatenate(src).astype(np.int32),
+        edge_dst=np.concatenate(dst).astype(np.int32),
+        edge_kind=np.concatenate(ek).astype(np.int8),
+        names=names_list,
+        kinds=kinds,
+        meta={"on_chip_bytes": on_chip, "data_loading_s": data_s, "op_index_of_kernel": k_idx,
+              "accumulation": ga, "task_phase": task_phase},
+    )
+    graph.validate()
+    return graph
+
+
+def _data_loading_seconds(g: OpGraph, platform: Platform, options: TimeOptions) -> float:
+    """Host loading + pre-processing of one iteration's batch, plus its transfer to the device."""
+    per_host = min(max(options.n_devices, 1), platform.devices_per_node)
+    ga = max(int(options.gradient_accumulation), 1)
+    t = 0.0
+    if options.host_samples_per_s:
+        t += ga * g.batch * per_host / options.host_samples_per_s
+    inputs = g.baseline & (g.category == TensorCategory.INPUT_OUTPUT)
+    t += ga * float(g.nbytes[inputs].sum()) / options.host_link_bytes_per_s
+    return t
+
+
+# ----------------------------------------------------------------------------- prediction
+class FixedTiming:
+    """A :class:`predictor.simulate.Timing` that returns precomputed durations (seconds)."""
+
+    def __init__(self, durations: np.ndarray, source: str) -> None:
+        self._d = np.asarray(durations, dtype=np.float64)
+        self.source = source
+
+    def durations(self, graph: ExecutionGraph) -> np.ndarray:
+        if self._d.shape != (graph.n_tasks,):
+            raise ValueError("FixedTiming used on a graph of another size")
+        return self._d.copy()
+
+
+def prepare_iteration(
+    g: OpGraph,
+    platform: Platform,
+    usage: LevelUsage | None,
+    options: TimeOptions | None = None,
+    *,
+    timing: object | None = None,
+) -> tuple[ExecutionGraph, FixedTiming, bool]:
+    """The iteration graph and its task durations (seconds), ready for the simulator.
+
+    ``timing``: a calibrated :class:`~predictor.timing.kernels.timing.ModelTiming` to use instead of
+    the analytic cache-aware models (default: the platform's asset pack if any). Returns
+    ``(graph, timing, calibrated)``.
+    """
+    options = options or TimeOptions()
+    graph = build_iteration_graph(g, platform, usage, options)
+    calibrated = timing if timing is not None else asset_timing(platform)
+    t = calibrated if calibrated is not None else CacheAwareTiming(platform)
+    dur = np.asarray(t.durations(graph), dtype=np.float64)
+    given = graph.kind_mask("data_loading")
+    dur[given] = np.nan_to_num(graph.duration[given])  # stored by the builder, under any timing
+    ga = int(graph.meta["accumulation"])
+    if ga > 1:
+        ph = graph.meta["task_phase"]
+        micro = (ph == Phase.FORWARD) | (ph == Phase.BACKWARD)
+        acc = graph.kind_mask("accumulation")
+        dur[acc & (graph.proc == 0)] = (ga - 1) * dur[micro & (graph.proc == 0)].sum()
+        dur[acc & (graph.proc == 1)] = (ga - 1) * dur[micro & (graph.proc == 1)].sum()
+    source = getattr(t, "source", "analytic")
+    return graph, FixedTiming(dur, f"calibrated ({source})" if calibrated is not None else source), calibrated is not None
+
+
+def summarize_iteration(
+    g: OpGraph,
+    platform: Platform,
+    graph: ExecutionGraph,
+    tl: Timeline,
+    options: TimeOptions,
+    *,
+    calibrated: bool = False,
+    source: str = "",
+) -> IterationPrediction:
+    """Stage times and the methods behind them, from a simulated iteration graph."""
+    dur = tl.duration
+    cat = graph.category
+    ga = int(graph.meta["accumulation"])
+    comp = (cat == Category.COMPUTE) | (cat == Category.MEMORY)
+    common = cat == Category.COMPUTE
+    comm = cat == Category.COMMUNICATION
+    host = graph.proc == 0
+    by_kind: dict[str, float] = {}
+    for kid in np.unique(graph.kind[comp | comm]):
+        by_kind[graph.kinds[kid]] = float(dur[graph.kind == kid].sum())
+    compute_s = float(dur[comp].sum())
+    comm_s = float(dur[comm].sum())
+    data_s = float(graph.meta["data_loading_s"])
+    allreduce_once = _formula_allreduce(g, platform, options)
+    if options.overlap_data_loading:
+        formula = max(data_s, compute_s + allreduce_once)
+    else:
+        formula = data_s + compute_s + allreduce_once
+    bd = tl.breakdown(0).as_dict()
+    it = tl.iteration_s
+    methods = {
+        "batch_size": "memory model: fake-tensor trace, schedule walk, catalog memory_policy, eq. 5",
+        "computation": (f"calibrated kernels: {source}" if calibrated else
+                        "analytic: GEMM/conv/attention = catalog peak x saturating efficiency, bounded by the "
+                        "cache-aware memory time; other ops = cache-aware roofline on catalog bandwidths"),
+        "communication": ("none (one device)" if options.n_devices <= 1 else
+                          "piecewise collective model (Lin et al. eq. 2-4), analytic parameters from the "
+                          "catalog interconnect"),
+        "data_loading": ("host rate given in the space + input transfer over the host link"
+                         if options.host_samples_per_s else "input transfer over the host link only (no host rate given)"),
+        "iteration": "simulator: critical path of the ExecutionGraph (host dispatch, compute stream, "
+                     "communication stream, data-loading thread)",
+    }
+    return IterationPrediction(
+        batch=g.batch,
+        n_devices=options.n_devices,
+        iteration_s=it,
+        samples_per_s=ga * g.batch * max(options.n_devices, 1) / it if it > 0 else float("inf"),
+        compute_s=compute_s,
+        common_ops_s=float(dur[common].sum()),
+        uncommon_ops_s=float(dur[comp & ~common].sum()),
+        communication_s=comm_s,
+        exposed_communication_s=float(bd["exposed_communication_s"]),
+        data_loading_s=data_s,
+        host_overhead_s=float(dur[host].sum()),
+        formula_iteration_s=formula,
+        kernel_sum_s=tl.kernel_sum_s(),
+        breakdown=bd,
+        time_by_kind=by_kind,
+        methods=methods,
+    )
+
+
+def predict_iteration(
+    g: OpGraph,
+    platform: Platform,
+    usage: LevelUsage | None,
+    options: TimeOptions | None = None,
+    *,
+    timing: object | None = None,
+) -> tuple[IterationPrediction, ExecutionGraph, Timeline]:
+    """Predict one iteration of ``g`` (traced at the per-device batch) on ``platform``."""
+    options = options or TimeOptions()
+    graph, fixed, calibrated = prepare_iteration(g, platform, usage, options, timing=timing)
+    tl = simulate(graph, fixed)
+    return summarize_iteration(g, platform, graph, tl, options, calibrated=calibrated, source=fixed.source), graph, tl
+
+
+def _formula_allreduce(g: OpGraph, platform: Platform, options: TimeOptions) -> float:
+    """All_Reduce(Gradients) of eq. 4 as one message (0 on one device)."""
+    if options.n_devices <= 1:
+        return 0.0
+    total = float(g.grad_bytes[g.grad_ready_op >= 0].sum()) * options.compression_ratio
+    kind = "all_reduce" if options.dp_mode != "fsdp" else "reduce_scatter"
+    view = TaskView.from_columns(kind, msg_bytes=[total], world=[options.n_devices])
+    t = float(PiecewiseCollective().predict(view, platform)[0])
+    return t * (2.0 if options.dp_mode == "fsdp" else 1.0)

@@ -1,0 +1,461 @@
+"""DLRM synthesiser: one data-parallel + table-wise model-parallel training iteration per rank.
+
+Given a :class:`DLRMSpec` (MLPs, embedding tables, global batch) and a sharding (table ->
+rank), :func:`build_dlrm_graph` emits the ExecutionGraph the way PyTorch runs DLRM with
+table-wise sharded embeddings and DDP MLPs (Lin et al. 2024 §IV-B; TorchRec's pipeline):
+
+forward
+    embedding-bag lookups of the rank's tables for the *global* batch -> all-to-all of the pooled
+    embeddings (comm stream) -> bottom MLP on the local batch (overlaps the all-to-all) ->
+    interaction (waits for the all-to-all: intra-rank sync) -> top MLP -> loss
+backward
+    top MLP (dgrad + wgrad GEMMs; DDP all-reduce of each full gradient bucket on the comm
+    stream) -> interaction backward -> all-to-all of embedding gradients -> bottom MLP
+    backward (its buckets) -> embedding backward with fused SGD (waits for the all-to-all)
+    -> optimizer step of the MLPs (waits for every all-reduce).
+
+Every framework op is a CPU op (overheads T1, T2, one T4 launch per kernel, T5 between
+launches, T3) whose launches feed GPU kernels; the simulator derives idle time from that.
+
+``mode="host"`` (CPU platforms) is a different program, eager PyTorch on CPU with gloo, as
+``experiments/dlrm_gloo.py`` runs it: ops on the calling thread, collectives on gloo's worker
+threads, the blocking all-to-all, DDP's real buckets, SGD fused into the embedding backward
+(see :func:`_build_host_graph`). Units: bytes, elements, seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
+from predictor.sources.synth.emit import ExecMode, OpEmitter, column_sum, concat, eltwise, foreach, gemm
+from predictor.sources.synth.mlp import backward_entry, layer_tensors, linear_grad_nodes
+from predictor.timing.kernels.embedding import RF_COLUMNS
+
+__all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
+
+DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25
+
+
+@dataclass(frozen=True)
+class DLRMSpec:
+    """A DLRM training job. ``batch_size`` is the global batch (samples per iteration)."""
+
+    tables: EmbeddingTables
+    batch_size: int
+    dense_features: int = 13
+    bottom_mlp: Sequence[int] = (512, 256, 128)
+    top_mlp: Sequence[int] = (1024, 1024, 512, 256, 1)
+    dtype_bytes: int = 4
+    optimizer: str = "sgd"  # "sgd" or "adagrad" (row-wise state for embeddings)
+    ddp_bucket_bytes: int = DDP_BUCKET_BYTES
+    label: str = field(default="")
+
+    @property
+    def interaction(self) -> str:
+        """'dot' when every table's dim equals the bottom MLP's output, else 'cat'."""
+        dims = np.unique(self.tables.dim)
+        return "dot" if dims.size == 1 and int(dims[0]) == int(self.bottom_mlp[-1]) else "cat"
+
+    def interaction_width(self) -> int:
+        """Width of the top MLP's input."""
+        t = len(self.tables)
+        if self.interaction == "dot":
+            return int(self.bottom_mlp[-1] + (t + 1) * t // 2)
+        return int(self.bottom_mlp[-1] + int(self.tables.dim.sum()))
+
+    def mlp_layers(self) -> list[tuple[str, int, int]]:
+        """(name, in, out) of every MLP layer, bottom then top."""
+        layers = []
+        width = self.dense_features
+        for i, w in enumerate(self.bottom_mlp):
+            layers.append((f"bot{i}", width, int(w)))
+            width = int(w)
+        width = self.interaction_width()
+        for i, w in enumerate(self.top_mlp):
+            layers.append((f"top{i}", width, int(w)))
+            width = int(w)
+        return layers
+
+    def mlp_param_count(self) -> int:
+        return sum(i * o + o for _, i, o in self.mlp_layers())
+
+
+def all_to_all_message_bytes(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> float:
+    """Per-rank message of the pooled-embedding all-to-all by the "max of max" rule (bytes).
+
+    Rank r sends its tables' pooled vectors for the whole batch (``B * sum(D_r)``) and receives
+    every table's vectors for its local batch (``B/N * sum(D)``); the collective is timed at the
+    largest of these over all ranks (Lin et al. 2024 §III-C).
+    """
+    dims_per_rank = np.bincount(assignment, weights=spec.tables.dim.astype(float), minlength=n_ranks)
+    sent = spec.batch_size * dims_per_rank * spec.dtype_bytes
+    recv = spec.batch_size / n_ranks * float(spec.tables.dim.sum()) * spec.dtype_bytes
+    return float(max(sent.max(), recv))
+
+
+def dlrm_memory_per_rank(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> np.ndarray:
+    """Device memory each rank needs (bytes): tables (+ optimizer state), MLP weights, gradients,
+    optimizer state and DDP buckets, and the iteration's activations and communication buffers."""
+    dt = spec.dtype_bytes
+    t = spec.tables
+    table_bytes = t.rows.astype(float) * t.dim * t.dtype_bytes
+    if spec.optimizer == "adagrad":
+        table_bytes = table_bytes + t.rows.astype(float) * 4  # row-wise adagrad state
+    per_rank_tables = np.bincount(assignment, weights=table_bytes, minlength=n_ranks)
+    params = spec.mlp_param_count() * dt
+    opt_state = params if spec.optimizer == "adagrad" else 0
+    dense = params * 3 + opt_state  # weights, grads, DDP bucket copies
+    b = spec.batch_size / n_ranks
+    acts = sum(b * (i + 2 * o) * dt for _, i, o in spec.mlp_layers())
+    dims_per_rank = np.bincount(assignment, weights=t.dim.astype(float), minlength=n_ranks)
+    pooled = spec.batch_size * dims_per_rank * dt  # lookups' outputs for the global batch
+    a2a = 2 * all_to_all_message_bytes(spec, assignment, n_ranks)  # send + receive buffers
+    return per_rank_tables + dense + acts + 2 * pooled + a2a
+
+
+@dataclass
+class _DDPState:
+    """DDP gradient buckets of one rank: which layer closes which bucket, and the kernels so far."""
+
+    buckets: list[list[str]]
+    bucket_of: dict[str, int]
+    bucket_bytes: list[int]
+    groups: list[int]
+    n_ranks: int
+    dtype_bytes: int
+    bucket_last: dict[int, int]
+    all_reduces: list[int]
+
+
+def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_local: float, first: bool) -> None:
+    """Activation backward, dgrad (unless ``first`` layer), wgrad + bias grad; launch the DDP
+    all-reduce when this layer completes its bucket."""
+    dt = ddp.dtype_bytes
+    e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu_bwd", b_local * o, dt, rw=3.0)])
+    kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt), column_sum(f"{name}.bias_grad", b_local, o, dt)]
+    if not first:
+        kernels.insert(0, gemm(f"{name}.dgrad", b_local, i, o, dt))
+    ks = e.op(f"{name}.linear.backward", kernels)
+    linear_grad_nodes(e, name)
+    bi = ddp.bucket_of[name]
+    ddp.bucket_last[bi] = ks[-1]
+    if name == ddp.buckets[bi][-1] and ddp.n_ranks > 1:  # bucket complete: DDP launches its all-reduce
+        params = {"msg_bytes": ddp.bucket_bytes[bi], "world": ddp.n_ranks, "dtype_bytes": dt}
+        ddp.all_reduces.extend(
+            e.op(f"ddp.all_reduce[{bi}]", [("all_reduce", "all_reduce", Category.COMMUNICATION, params)],
+                 comm=True, async_op=True, after=[ddp.bucket_last[bi]], group=ddp.groups[bi])
+        )
+
+
+def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode: ExecMode = "device",
+                     comm_threads: bool = True) -> ExecutionGraph:
+    """The per-rank ExecutionGraph of one training iteration under ``assignment`` (table -> rank).
+
+    ``mode``: ``"device"`` for accelerators (async kernels on streams), ``"host"`` for CPU
+    platforms (eager PyTorch on the calling thread, gloo collectives on the process group's
+    worker threads; see :func:`_build_host_graph`). ``comm_threads`` (host mode): False when
+    the host has no spare core for gloo's threads
+    (:func:`predictor.timing.platforms.host.comm_thread_has_core`); collectives then run on the main
+    thread and serialise with compute.
+    """
+    assignment = np.asarray(assignment, dtype=np.int64)
+    t = spec.tables
+    if assignment.shape != (len(t),):
+        raise ValueError(f"sharding assigns {assignment.shape[0]} tables, the task has {len(t)}")
+    if n_ranks < 1:
+        raise ValueError("n_ranks must be >= 1")
+    if len(t) and (assignment.min() < 0 or assignment.max() >= n_ranks):
+        raise ValueError(f"sharding places a table on a rank outside 0..{n_ranks - 1}")
+    if spec.batch_size % n_ranks:
+        raise ValueError(f"global batch {spec.batch_size} is not divisible by {n_ranks} ranks")
+    if mode == "host":
+        return _build_host_graph(spec, assignment, n_ranks, comm_threads)
+    dt = spec.dtype_bytes
+    B = float(spec.batch_size)
+    b_local = B / n_ranks
+    layers = spec.mlp_layers()
+    n_bottom = len(spec.bottom_mlp)
+    rf = t.reuse if t.reuse is not None else None
+    a2a_bytes = all_to_all_message_bytes(spec, assignment, n_ranks) if n_ranks > 1 else 0.0
+    comm_params = {"msg_bytes": a2a_bytes, "world": n_ranks, "dtype_bytes": dt}
+
+    gb = GraphBuilder()
+    g_a2a_fwd = gb.new_group()
+    # DDP buckets are formed in backward order (top MLP last layer first), same on every rank
+    grad_layers = [(name, i * o + o) for name, i, o in reversed(layers)]
+    buckets: list[list[str]] = [[]]
+    acc = 0
+    for name, count in grad_layers:
+        if acc and acc + count * dt > spec.ddp_bucket_bytes:
+            buckets.append([])
+            acc = 0
+        buckets[-1].append(name)
+        acc += count * dt
+    bucket_bytes = [sum(c for n, c in grad_layers if n in names) * dt for names in buckets]
+    bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
+    g_buckets = [gb.new_group() for _ in buckets]
+    g_a2a_bwd = gb.new_group()
+
+    for r in range(n_ranks):
+        e = OpEmitter(gb, r, mode)
+        local = np.flatnonzero(assignment == r)
+        e.node("optimizer.zero_grad")
+        # ------------------------------------------------------------ forward
+        emb_fwd: list[int] = []
+        for ti in local:
+            p = {"batch": B, "rows": float(t.rows[ti]), "dim": float(t.dim[ti]), "pooling": float(t.pooling[ti]),
+                 "dtype_bytes": float(t.dtype_bytes)}
+            if rf is not None:
+                p.update({c: float(v) for c, v in zip(RF_COLUMNS, rf[ti], strict=True)})
+            emb_fwd += e.op(f"embedding_bag[{ti}]", [(f"embedding_bag_fwd[{ti}]", "embedding_bag_fwd", Category.MEMORY, p)])
+        a2a_f = e.op("all_to_all_fwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(comm_params))],
+                     comm=True, after=emb_fwd[-1:], group=g_a2a_fwd if n_ranks > 1 else -1)
+        for name, i, o in layers[:n_bottom]:
+            e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
+            e.op(f"{name}.relu", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
+        width = spec.interaction_width()
+        if spec.interaction == "dot":
+            tt = len(t) + 1
+            d = int(spec.bottom_mlp[-1])
+            e.op("interaction", [("interaction.bmm", "gemm", Category.COMPUTE,
+                                  {"m": tt, "n": tt, "k": d, "batch": b_local, "dtype_bytes": dt,
+                                   "flops": 2.0 * tt * tt * d * b_local}),
+                                 eltwise("interaction.tril", "interaction", b_local * width, dt)],
+                 after=a2a_f)
+        else:
+            e.op("interaction", [concat("interaction.cat", b_local, width, len(t) + 1, dt)], after=a2a_f)
+        for name, i, o in layers[n_bottom:]:
+            e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
+            e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
+        e.op("loss", [eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
+        # ------------------------------------------------------------ backward
+        backward_entry(e, dt)
+        e.op("loss.backward", [eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
+        bucket_last: dict[int, int] = {}
+        ar_kernels: list[int] = []
+        a2a_b: list[int] = []
+
+        ddp = _DDPState(buckets, bucket_of, bucket_bytes, g_buckets, n_ranks, dt, bucket_last, ar_kernels)
+        for name, i, o in reversed(layers[n_bottom:]):
+            _backward_layer(e, ddp, name, i, o, b_local, first=False)
+        inter_b = e.op("interaction.backward", [eltwise("interaction_bwd", "interaction", b_local * width, dt, rw=3.0)])
+        if n_ranks > 1:
+            a2a_b = e.op("all_to_all_bwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(comm_params))],
+                         comm=True, after=inter_b, group=g_a2a_bwd)
+        for li, (name, i, o) in enumerate(reversed(layers[:n_bottom])):
+            _backward_layer(e, ddp, name, i, o, b_local, first=li == n_bottom - 1)
+        first_emb = True
+        for ti in local:
+            p = {"batch": B, "rows": float(t.rows[ti]), "dim": float(t.dim[ti]), "pooling": float(t.pooling[ti]),
+                 "dtype_bytes": float(t.dtype_bytes)}
+            if rf is not None:
+                p.update({c: float(v) for c, v in zip(RF_COLUMNS, rf[ti], strict=True)})
+            e.op(f"embedding_bag_backward[{ti}]",
+                 [(f"embedding_bag_bwd[{ti}]", "embedding_bag_bwd", Category.MEMORY, p)],
+                 after=a2a_b if first_emb else ())
+            if e.mode == "device":  # AccumulateGrad and SGD's ``add_`` of the sparse gradient (the update is in a
+                # post-accumulate hook, or in the optimizer's per-tensor loop): one op launching the row update,
+                # whose time is already inside embedding_bag_bwd's (calibrated as backward + row update)
+                e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
+                                                               Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
+                e.sparse_table(f"embedding_bag[{ti}].sparse_host")
+            first_emb = False
+        adagrad = spec.optimizer == "adagrad"  # its state is a third tensor list (read and written)
+        # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
+        # default on a device
+        e.op("optimizer.step", foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(layers)], dt,
+                                       lists=3 if adagrad else 2, rw=5.0 if adagrad else 3.0), after=ar_kernels)
+    gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
+    return gb.build()
+
+
+# ============================================================================ host mode (CPU)
+#: gloo's ProcessGroupGloo runs collectives on this many worker threads (PyTorch default)
+GLOO_WORKER_THREADS = 2
+#: DDP's first gradient bucket closes at 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``)
+DDP_FIRST_BUCKET_BYTES = 2**20
+
+
+def ddp_buckets(layers: Sequence[tuple[str, int, int]], dtype_bytes: int, cap_bytes: int,
+                first_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[list[str]]:
+    """DDP's gradient buckets (layer names, backward order) after its first-iteration rebuild.
+
+    Parameters are taken in the order their gradients become ready (last layer first; bias,
+    then weight) and a bucket closes as soon as it holds at least its limit: ``first_bytes``
+    for the first bucket, ``cap_bytes`` after (``Reducer`` / ``_compute_bucket_assignment_by_size``).
+    A layer whose bias and weight straddle a boundary is put whole in the bucket its weight lands
+    in (both gradients come from the same backward op).
+    """
+    buckets: list[list[str]] = [[]]
+    acc = 0
+    limit = first_bytes
+    for name, i, o in reversed(list(layers)):
+        buckets[-1].append(name)
+        acc += (i * o + o) * dtype_bytes
+        if acc >= limit:
+            buckets.append([])
+            acc = 0
+            limit = cap_bytes
+    return [bk for bk in buckets if bk]
+
+
+def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, comm_threads: bool = True) -> ExecutionGraph:
+    """Host mode: what ``experiments/dlrm_gloo.py`` runs on CPU, op by op (eager PyTorch).
+
+    Every op runs on the rank's main thread (T1 before it, its kernels after). Collectives run
+    on gloo's worker threads (:data:`GLOO_WORKER_THREADS`, taken round-robin in issue order,
+    which is how its FIFO work queue hands them out while earlier ones are still running); a
+    blocking collective (the all-to-all) makes the main thread wait for it. Without
+    ``comm_threads`` (no spare core for them) every collective runs on the main thread. With one rank
+    there is no DDP and no all-to-all. Per rank:
+
+    forward
+        ``EmbeddingBag`` of each local table for the global batch; (``n > 1``) ``cat`` of the
+        pooled vectors -> all-to-all (the main thread waits for it); bottom MLP (``addmm`` +
+        ReLU) on the local batch; interaction ``cat`` of the bottom output with every table's
+        vectors; top MLP (ReLU, sigmoid last); BCE loss.
+    backward (autograd order: the most recently created node first)
+        loss; top MLP layers (activation backward, ``AddmmBackward0``: dgrad ``mm``, wgrad
+        ``mm``, bias sum); DDP copies each gradient into its bucket scaled by ``1/n`` (``mul``)
+        and, when a bucket is full, all-reduces it asynchronously; the interaction's backward
+        (views, no kernel); the bottom MLP likewise (it was created after the all-to-all, so it
+        runs before it); (``n > 1``) the split's backward packs the embedding gradients
+        (``cat``), the all-to-all of gradients (blocking); each table's backward with its SGD
+        row update fused (the calibrated ``embedding_bag_bwd``), last table first; DDP waits
+        for every all-reduce and copies the buckets back into the gradients (``memcpy``).
+    optimizer
+        SGD single-tensor loop over the MLP parameters (one ``add_`` each).
+    """
+    from predictor.sources.synth.mlp import activation_forward, layer_tensors, linear_forward, sgd_step
+
+    t = spec.tables
+    dt = spec.dtype_bytes
+    B = float(spec.batch_size)
+    b = B / n_ranks
+    layers = spec.mlp_layers()
+    n_bottom = len(spec.bottom_mlp)
+    width = spec.interaction_width()
+    dims_per_rank = np.bincount(assignment, weights=t.dim.astype(float), minlength=n_ranks)
+    multi = n_ranks > 1
+    #: embedding blocks the interaction concatenates: one per table (one rank), else one per rank
+    #: holding tables (the all-to-all's output split by source)
+    cat_blocks = int(np.count_nonzero(dims_per_rank)) if multi else len(t)
+    a2a_params = {"msg_bytes": all_to_all_message_bytes(spec, assignment, n_ranks) if multi else 0.0,
+                  "world": n_ranks, "dtype_bytes": dt}
+    buckets = ddp_buckets(layers, dt, spec.ddp_bucket_bytes) if multi else []
+    gb = GraphBuilder()
+    g_a2a_fwd, g_a2a_bwd = (gb.new_group(), gb.new_group()) if multi else (-1, -1)
+    g_buckets = [gb.new_group() for _ in buckets]
+
+    for r in range(n_ranks):
+        h = _HostRank(gb, r, n_ranks, spec, buckets, g_buckets, comm_threads)
+        e = h.e
+        local = np.flatnonzero(assignment == r)
+        # ------------------------------------------------------------ forward
+        for ti in local:
+            e.op(f"embedding_bag[{ti}]", [_table_kernel(spec, int(ti), "fwd")])
+        wait: list[int] = []
+        if multi:
+            e.op("cat(pooled)", [concat("cat_pooled", B, dims_per_rank[r], max(len(local), 1), dt)])
+            wait = [h.collective("all_to_all_fwd", "all_to_all", dict(a2a_params), g_a2a_fwd, [])]
+        for li, (name, i, o) in enumerate(layers):
+            if li == n_bottom:
+                # inputs: the bottom MLP's output and one block per table (one rank) or per rank
+                # holding tables (the all-to-all's output, split by source rank)
+                e.op("interaction", [concat("interaction.cat", b, width, 1 + cat_blocks, dt)])
+            # the all-to-all blocks the main thread: the bottom MLP starts after it
+            linear_forward(e, name, b, i, o, dt, after=wait if li == 0 else ())
+            activation_forward(e, name, h.activation(li), b * o, dt)
+        e.op("bce_loss", [eltwise("bce_loss", "loss", b, dt, rw=3.0)])
+        # ------------------------------------------------------------ backward
+        e.op("bce_loss.backward", [eltwise("bce_loss_bwd", "loss", b, dt, rw=4.0)])
+        for li in reversed(range(len(layers))):  # top MLP, then bottom (created after the all-to-all)
+            h.layer_backward(li)
+        wait = []
+        if multi:
+            pack = e.op("split.backward", [concat("pack_embedding_grads", b, float(t.dim.sum()), n_ranks, dt)])
+            wait = [h.collective("all_to_all_bwd", "all_to_all", dict(a2a_params), g_a2a_bwd, pack)]
+        for j, ti in enumerate(local[::-1]):
+            e.op(f"embedding_bag_backward[{ti}]", [_table_kernel(spec, int(ti), "bwd")], after=wait if j == 0 else ())
+        after_ddp: list[int] = [] if len(local) else list(wait)
+        for bi, names in enumerate(buckets):
+            n_b = float(sum(h.layer_params[nm] for nm in names))
+            after_ddp = e.op(f"ddp.copy_bucket_to_grad[{bi}]",
+                             [eltwise(f"copy_bucket_to_grad[{bi}]", "memcpy", n_b, dt, rw=2.0)],
+                             after=h.all_reduces + after_ddp)
+        sgd_step(e, layer_tensors(layers), dt, after=after_ddp)
+    gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label,
+                    "mode": "host"})
+    return gb.build()
+
+
+def _table_kernel(spec: DLRMSpec, ti: int, phase: str) -> tuple:
+    """The embedding-bag kernel of table ``ti`` for the global batch (``phase``: fwd or bwd)."""
+    t = spec.tables
+    p = {"batch": float(spec.batch_size), "rows": float(t.rows[ti]), "dim": float(t.dim[ti]),
+         "pooling": float(t.pooling[ti]), "dtype_bytes": float(t.dtype_bytes)}
+    if t.reuse is not None:
+        p.update({c: float(v) for c, v in zip(RF_COLUMNS, t.reuse[ti], strict=True)})
+    return (f"embedding_bag_{phase}[{ti}]", f"embedding_bag_{phase}", Category.MEMORY, p)
+
+
+class _HostRank:
+    """One rank of the host-mode DLRM graph: its main thread, gloo workers and DDP state."""
+
+    def __init__(self, gb: GraphBuilder, rank: int, n_ranks: int, spec: DLRMSpec, buckets: list[list[str]],
+                 groups: list[int], comm_threads: bool = True) -> None:
+        self.gb, self.spec, self.buckets, self.groups = gb, spec, buckets, groups
+        self.comm_threads = comm_threads
+        self.world = n_ranks
+        self.e = OpEmitter(gb, rank, "host")
+        self.workers = [gb.processor(rank, ProcKind.CPU_THREAD, f"gloo worker {w}") for w in range(GLOO_WORKER_THREADS)]
+        self.issued = 0
+        self.layers = spec.mlp_layers()
+        self.layer_params = {name: i * o + o for name, i, o in self.layers}
+        self.bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
+        self.ready: dict[int, float] = {}
+        self.all_reduces: list[int] = []
+        self.b_local = spec.batch_size / n_ranks
+
+    def activation(self, li: int) -> str:
+        return "sigmoid" if li == len(self.layers) - 1 else "relu"
+
+    def collective(self, name: str, kind: str, params: dict, group: int, after: Sequence[int]) -> int:
+        """Issue a collective from the main thread onto the next gloo worker (round-robin), or run
+        it on the main thread when the workers have no core of their own."""
+        gb = self.gb
+        issue = gb.task(self.e.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+        w = self.workers[self.issued % len(self.workers)] if self.comm_threads else self.e.cpu
+        self.issued += 1
+        k = gb.task(w, name, kind, Category.COMMUNICATION, group=group, params=params)
+        gb.edge(issue, k, DepKind.CPU_CPU)
+        for a in after:
+            gb.edge(a, k, DepKind.CPU_CPU)
+        return k
+
+    def layer_backward(self, li: int) -> None:
+        """Activation backward, ``AddmmBackward0``; with DDP the gradient goes into its bucket and a
+        full bucket is all-reduced."""
+        from predictor.sources.synth.mlp import activation_backward, linear_backward
+
+        e, dt = self.e, self.spec.dtype_bytes
+        name, i, o = self.layers[li]
+        world, b = self.world, self.b_local
+        activation_backward(e, name, self.activation(li), b * o, dt)
+        ks = linear_backward(e, name, b, i, o, dt, input_grad=li > 0)
+        if world == 1:
+            return
+        n_p = float(self.layer_params[name])
+        ks = e.op(f"{name}.ddp_grad_to_bucket", [eltwise(f"{name}.grad_to_bucket", "mul", n_p, dt, rw=2.0)],
+                  after=ks[-1:])
+        bi = self.bucket_of[name]
+        self.ready[bi] = self.ready.get(bi, 0.0) + n_p
+        if name == self.buckets[bi][-1]:
+            msg = {"msg_bytes": self.ready[bi] * dt, "world": world, "dtype_bytes": dt}
+            self.all_reduces.append(self.collective(f"ddp.all_reduce[{bi}]", "all_reduce", msg, self.groups[bi],
+                                                    ks[-1:]))

@@ -1,0 +1,176 @@
+"""Device memory of Megatron-style 3D-parallel transformer training, per pipeline stage.
+
+Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (MLSys 2023, arXiv:2205.05198), §4: one transformer layer stores, per
+micro-batch of ``b`` sequences of ``s`` tokens, hidden ``h``, ``a`` heads, 16-bit activations
+and 1-byte dropout masks,
+
+* ``s b h (34 + 5 a s / h)`` bytes without parallelism (their eq. 1): 11 sbh + 5 a s^2 b in
+  attention, 19 sbh in the MLP, 4 sbh in the two layer norms;
+* with tensor parallelism ``t``: ``s b h (10 + 24 / t + 5 a s / (h t))`` (eq. 2) — the layer-norm
+  inputs and the dropout outputs are replicated, everything inside the column/row-parallel
+  blocks is split;
+* with sequence parallelism as well: ``s b h / t (34 + 5 a s / h)`` (eq. 4);
+* selective recomputation drops the ``5 a s / h`` term (eq. 6: ``34 s b h / t`` with SP);
+* full recomputation keeps only the layer input, ``2 s b h`` (``/ t`` with SP).
+
+We generalise the MLP term to any FFN width ``f`` (``24`` becomes ``8 + 4 f / h``), count a
+fused (flash) attention like selective recomputation (it never stores the ``s x s`` scores;
+it keeps a 4-byte log-sum-exp per head and token), and for MoE layers count the routed
+tokens (``top_k x capacity_factor`` of them) through the expert MLPs.
+
+The number of micro-batches whose activations a stage holds at once comes from its schedule
+(:func:`predictor.sources.synth.pipeline_schedule.peak_in_flight`): ``min(p - s, m)`` for 1F1B,
+more for interleaving (Korthikanti §4.2.3: the first stage holds ``L (1 + (p-1)/(p v))``
+layers' worth). The last stage adds the output layer and loss, ``4 s b h / t (1 + V / h)``
+(Korthikanti §4.3); the first stage the embedding dropout mask.
+
+Model states (Megatron-LM's accounting for mixed precision with Adam, as in its
+distributed-optimizer documentation): 16-bit weights (2 bytes/param), fp32 main gradients
+(4), fp32 master weights + Adam moments (12) — 18 bytes per parameter, or ``6 + 12 / d``
+with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks). fp32 training
+keeps no master copy (4 + 4 + 8).
+
+``RESERVED_BYTES`` (CUDA context, cuBLAS/NCCL workspaces, allocator slack) is an estimate,
+not a measurement; every figure here is bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
+
+if TYPE_CHECKING:  # pragma: no cover
+    from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+
+__all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count"]
+
+#: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
+RESERVED_BYTES = 1.0 * 2**30
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Memory one device of a pipeline stage needs at its peak, bytes."""
+
+    stage: int
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    params: float  #: parameters held by one device of the stage
+    in_flight: int  #: micro-batch chunks whose activations are alive at the peak
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1) -> float:
+    """Parameters of one transformer layer held by one device (TP-split and replicated parts)."""
+    h, f, t = spec.hidden, spec.ffn_size, tp
+    attn = (3 * h * h + 3 * h) / t + (h * h) / t + h  # QKV (column) + proj (row; bias replicated)
+    norms = 4 * h
+    if spec.moe is None:
+        mlp = (h * f + f) / t + (f * h) / t + h
+    else:
+        mlp = h * spec.moe.experts + (spec.moe.experts / ep) * (2 * h * f + f + h)
+    return attn + norms + mlp
+
+
+def _expert_param_count(spec: TransformerSpec, ep: int) -> float:
+    if spec.moe is None:
+        return 0.0
+    return (spec.moe.experts / ep) * (2 * spec.hidden * spec.ffn_size + spec.ffn_size + spec.hidden)
+
+
+def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> float:
+    """Activation bytes one layer keeps for one micro-batch until its backward (Korthikanti §4)."""
+    s, b, h, a, t = spec.seq, plan.micro_batch, spec.hidden, spec.heads, plan.tp
+    f = spec.ffn_size
+    sp = plan.sequence_parallel and t > 1
+    sbh = s * b * h
+    if plan.recompute == "full":
+        return 2.0 * sbh / (t if sp else 1)
+    replicated = 10.0 * sbh
+    split_attn = 8.0 * sbh
+    if spec.moe is None:
+        split_mlp = 4.0 * s * b * f
+    else:
+        routed = s * b * spec.moe.top_k * spec.moe.capacity_factor  # token copies through the experts
+        split_mlp = routed * (4.0 * f + 2.0 * h) + 4.0 * s * b * spec.moe.experts  # + router probs
+    out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
+    if spec.attention == "flash":
+        out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token
+    elif plan.recompute != "selective":
+        out += 5.0 * a * s * s * b / t  # scores, softmax output, dropout mask and output
+    return out
+
+
+def _stage_layers(spec: TransformerSpec, plan: ParallelPlan) -> int:
+    return spec.layers // (plan.pp * plan.virtual_stages_effective)
+
+
+def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMemory]:
+    """Peak memory of one device in each pipeline stage (``plan.pp`` entries), bytes."""
+    p, v, t = plan.pp, plan.virtual_stages_effective, plan.tp
+    m = plan.micro_batches
+    dt = spec.dtype_bytes
+    s, b, h = spec.seq, plan.micro_batch, spec.hidden
+    sp = plan.sequence_parallel and t > 1
+    vpad = spec.padded_vocab(t)
+    per_chunk_layers = _stage_layers(spec, plan)
+    act_layer = activation_bytes_per_layer(spec, plan)
+    full_layer = activation_bytes_per_layer(spec, _replace(plan, recompute="none"))
+    grad_b = 4.0  # fp32 main gradients (Megatron accumulates in fp32)
+    master_b = 12.0 if dt < 4 else 8.0
+    out = []
+    for stage in range(p):
+        layers = per_chunk_layers * v
+        params = layers * layer_param_count(spec, t, plan.ep)
+        first, last = stage == 0, stage == p - 1
+        if first:
+            params += vpad * h / t + s * h  # word + position embeddings
+        if last:
+            params += 2 * h  # final layer norm
+            if p > 1 or not spec.tie_embeddings:
+                params += vpad * h / t  # the output embedding (a tied copy when p > 1)
+        weights = params * dt
+        grads = params * grad_b
+        optim = params * master_b / (plan.dp if plan.distributed_optimizer else 1)
+        in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
+        acts = in_flight * per_chunk_layers * act_layer
+        if plan.recompute == "full":
+            acts += full_layer  # one layer's activations live while it is recomputed and back-propagated
+        if first:
+            acts += in_flight * s * b * h / (t if sp else 1)  # embedding dropout mask
+        if last:
+            acts += 4.0 * s * b * h / t * (1.0 + vpad / h)  # output layer + loss (fp32 logits)
+        buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
+        out.append(StageMemory(stage, weights, grads, optim, acts, buffers, params, in_flight))
+    return out
+
+
+def _replace(plan: ParallelPlan, **changes) -> ParallelPlan:
+    from dataclasses import replace
+
+    return replace(plan, **changes)
+
+
+def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan) -> float:
+    """Expert parameters one device holds (all its layers), for the expert-data-parallel reduce."""
+    return _stage_layers(spec, plan) * plan.virtual_stages_effective * _expert_param_count(spec, plan.ep)
+
+
+def gib(x: float) -> float:
+    """Bytes to GiB (for messages)."""
+    return x / 2**30 if math.isfinite(x) else x

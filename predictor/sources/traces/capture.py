@@ -1,0 +1,232 @@
+"""Record a user's own training loop: a Kineto trace and an execution trace per rank.
+
+.. code-block:: python
+
+    import tuner
+
+    with tuner.capture("traces/run1", warmup=2, active=3) as cap:
+        for batch in loader:
+            train_step(batch)
+            cap.step()          # one call per iteration
+
+    # then:  tuner replay traces/run1
+
+Each rank writes ``rank{R}.kineto.json.gz`` (``torch.profiler``; CPU ops, and CUDA kernels
+and runtime calls when CUDA is available) and ``rank{R}.et.json`` (``ExecutionTraceObserver``,
+for the same active iterations), so ``tuner replay DIR`` pairs them. The rank comes from
+``torch.distributed`` when it is initialised, else 0. Iterations after the active window run
+unprofiled. Torch is imported only when a capture starts.
+
+``rank{R}.steps.csv`` records the wall time of every iteration (between two ``step()`` calls,
+the time spent inside ``step()`` — trace export — excluded) and whether the profiler was
+recording it: what-if predictions (:mod:`predictor.whatif.apply`) compare the profiled
+iterations with the unprofiled ones after the window to remove the profiler's own cost.
+
+On CUDA those unprofiled iterations are only clean if CUPTI is detached when the window ends:
+Kineto finalises CUPTI after a trace only with ``TEARDOWN_CUPTI=1`` (its default before 2026;
+pytorch/pytorch#144455: training ran 10-20 % slower after the profiler finished). The captures of
+2026-11-26 on an H200 (torch 2.11, CUDA 13.0) show it: the after-window steps ran 6-33 % slower
+than the same steps in the e2e loop (``benchmarks/traces/h200/*/rank0.steps.csv`` against
+``benchmarks/results/e2e_h200_measured.json``). A capture recording CUDA on CUDA >= 12.6 therefore
+sets ``TEARDOWN_CUPTI=1`` while it runs, unless the variable is already set or ``teardown_cupti=False``
+(PyTorch sets it to 0 itself for CUDA graphs on older CUDA, where teardown crashed);
+``steps.csv`` records whether it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["Capture", "capture", "kineto_path", "et_path", "steps_path", "read_step_times"]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+def _cuda_at_least(major: int, minor: int) -> bool:
+    """Whether PyTorch's CUDA runtime version is at least ``major.minor`` (False without CUDA)."""
+    import torch
+
+    try:
+        got = tuple(int(x) for x in str(torch.version.cuda or "0.0").split(".")[:2])
+    except ValueError:
+        return False
+    return got >= (major, minor)
+
+
+def kineto_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank``'s Kineto trace goes."""
+    return Path(folder) / f"rank{rank}.kineto.json.gz"
+
+
+def et_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank``'s execution trace goes."""
+    return Path(folder) / f"rank{rank}.et.json"
+
+
+def steps_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank``'s per-iteration wall times go (CSV, not JSON: trace loaders skip it)."""
+    return Path(folder) / f"rank{rank}.steps.csv"
+
+
+def read_step_times(path: str | Path, text: str | None = None) -> dict:
+    """``{"wall_s": [...], "window": [...], "torch_threads": int | None}`` of a ``steps.csv``
+    (window: ``wait``, ``warmup``, ``active`` or ``after``); empty lists if unreadable.
+    ``text``: the file's contents when they come from elsewhere (an archive member)."""
+    out: dict = {"wall_s": [], "window": [], "torch_threads": None}
+    if text is None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return out
+    for line in text.splitlines():
+        if line.startswith("# torch_threads="):
+            with contextlib.suppress(ValueError):
+                out["torch_threads"] = int(line.split("=", 1)[1])
+            continue
+        parts = line.split(",")
+        if len(parts) != 3 or parts[0] == "step":
+            continue
+        try:
+            out["wall_s"].append(float(parts[1]))
+        except ValueError:
+            continue
+        out["window"].append(parts[2].strip())
+    return out
+
+
+class Capture:
+    """Context manager around ``torch.profiler.profile`` with an ``ExecutionTraceObserver``.
+
+    ``wait`` iterations run unprofiled, ``warmup`` are profiled and discarded, ``active`` are
+    recorded; :meth:`step` marks the end of an iteration. ``record_shapes`` keeps op input
+    shapes (what-if transforms rescale them); ``execution_trace=False`` skips the ET.
+    ``teardown_cupti``: on CUDA >= 12.6, set ``TEARDOWN_CUPTI=1`` for the capture if it is unset, so the
+    iterations after the window run without CUPTI attached (module docstring).
+    """
+
+    def __init__(self, folder: str | Path, warmup: int = 2, active: int = 3, *, wait: int = 0,
+                 record_shapes: bool = True, execution_trace: bool = True, cuda: bool | None = None,
+                 teardown_cupti: bool = True) -> None:
+        if warmup < 0 or active < 1 or wait < 0:
+            raise ValueError("capture needs warmup >= 0, active >= 1, wait >= 0")
+        self.folder = Path(folder)
+        self.warmup = warmup
+        self.active = active
+        self.wait = wait
+        self.record_shapes = record_shapes
+        self.execution_trace = execution_trace
+        self.cuda = cuda
+        self.teardown_cupti = teardown_cupti
+        self._set_cupti = False  # this capture set TEARDOWN_CUPTI (and unsets it on exit)
+        self.rank = 0
+        self.steps = 0
+        self.written: list[Path] = []
+        self._prof = None
+        self._et = None
+        self._exported = False
+        self._t_last: float | None = None  # perf_counter when the previous step() returned
+        self.wall_s: list[float] = []  # per iteration, seconds
+
+    @property
+    def kineto_file(self) -> Path:
+        return kineto_path(self.folder, self.rank)
+
+    @property
+    def et_file(self) -> Path:
+        return et_path(self.folder, self.rank)
+
+    def _export(self, prof) -> None:
+        if self._exported:
+            return
+        prof.export_chrome_trace(str(self.kineto_file))
+        self._exported = True
+        self.written.append(self.kineto_file)
+
+    def __enter__(self) -> Capture:
+        import torch
+        from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+
+        self.rank = _rank()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        use_cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+        if use_cuda and self.teardown_cupti and "TEARDOWN_CUPTI" not in os.environ and _cuda_at_least(12, 6):
+            os.environ["TEARDOWN_CUPTI"] = "1"  # detach CUPTI when the window ends (module docstring)
+            self._set_cupti = True
+        if self.execution_trace:
+            self._et = ExecutionTraceObserver().register_callback(str(self.et_file))
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            on_trace_ready=self._export,
+            record_shapes=self.record_shapes,
+            execution_trace_observer=self._et,
+        )
+        self._prof.__enter__()
+        self._t_last = time.perf_counter()
+        return self
+
+    def step(self) -> None:
+        """Mark the end of one training iteration."""
+        if self._prof is None:
+            raise RuntimeError("Capture.step() called outside the 'with' block")
+        t = time.perf_counter()
+        if self._t_last is not None:
+            self.wall_s.append(t - self._t_last)
+        self._prof.step()
+        self.steps += 1
+        self._t_last = time.perf_counter()
+
+    def _window(self, k: int) -> str:
+        if k < self.wait:
+            return "wait"
+        if k < self.wait + self.warmup:
+            return "warmup"
+        return "active" if k < self.wait + self.warmup + self.active else "after"
+
+    def _write_steps(self) -> None:
+        import torch
+
+        path = steps_path(self.folder, self.rank)
+        rows = [f"# torch_threads={torch.get_num_threads()}",
+                f"# teardown_cupti={os.environ.get('TEARDOWN_CUPTI', 'unset')}", "step,wall_s,window"]
+        rows += [f"{k},{w:.9f},{self._window(k)}" for k, w in enumerate(self.wall_s)]
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        self.written.append(path)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        prof.__exit__(exc_type, exc, tb)
+        if not self._exported and exc_type is None and self.steps > self.wait + self.warmup:
+            self._export(prof)  # fewer steps than the window: keep what was recorded
+        if self._et is not None:
+            with contextlib.suppress(RuntimeError, AttributeError):  # already stopped by the profiler
+                self._et.unregister_callback()
+            if self.et_file.exists():
+                self.written.append(self.et_file)
+        if exc_type is None and self.wall_s:
+            with contextlib.suppress(OSError):
+                self._write_steps()
+        if self._set_cupti:
+            os.environ.pop("TEARDOWN_CUPTI", None)
+            self._set_cupti = False
+
+
+def capture(folder: str | Path, warmup: int = 2, active: int = 3, **kwargs) -> Capture:
+    """Record ``active`` training iterations after ``warmup`` into ``folder`` (see :class:`Capture`)."""
+    return Capture(folder, warmup=warmup, active=active, **kwargs)

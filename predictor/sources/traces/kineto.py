@@ -1,0 +1,315 @@
+"""Reader for Kineto traces (PyTorch profiler Chrome-trace JSON): one file per rank.
+
+The reader keeps the complete events (``"ph": "X"``) of a trace as columns — one numpy
+array per field, one pass over the JSON — plus the raw ``args`` dict of each event for the
+few fields the graph builder needs. Times stay in **microseconds**, as in the file; the graph
+builder converts them to seconds.
+
+Event categories are normalised across Kineto versions (``cpu_op``/``Operator``,
+``cuda_runtime``/``cuda_driver``/``Runtime``, ``kernel``/``Kernel``, ...) into
+:class:`EventCat`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from predictor.sources.traces._io import load_json_bytes
+from predictor.sources.traces.errors import TraceError
+
+__all__ = ["EventCat", "KinetoTrace", "read_kineto", "kineto_from_json", "is_kineto_json"]
+
+
+class EventCat(IntEnum):
+    """Normalised category of a Kineto event."""
+
+    CPU_OP = 0  #: a framework operator (``aten::addmm``, ``autograd::engine::...``, ``c10d::...``)
+    USER_ANNOTATION = 1  #: ``record_function`` ranges: ``ProfilerStep#N``, ``## forward ##``
+    PYTHON = 2  #: Python function ranges (``with_stack``)
+    RUNTIME = 3  #: CUDA runtime / driver calls (``cudaLaunchKernel``, ``cudaStreamSynchronize``)
+    KERNEL = 4  #: a GPU kernel
+    MEMCPY = 5  #: a GPU memory copy
+    MEMSET = 6  #: a GPU memory set
+    CUDA_SYNC = 7  #: Kineto's synchronisation records (Stream Wait Event, Stream/Event/Context Sync)
+    GPU_ANNOTATION = 8  #: a user annotation projected onto a GPU stream
+    OTHER = 9
+
+
+_CATS: dict[str, EventCat] = {
+    "cpu_op": EventCat.CPU_OP,
+    "operator": EventCat.CPU_OP,
+    "user_annotation": EventCat.USER_ANNOTATION,
+    "python_function": EventCat.PYTHON,
+    "python": EventCat.PYTHON,
+    "cuda_runtime": EventCat.RUNTIME,
+    "cuda_driver": EventCat.RUNTIME,
+    "runtime": EventCat.RUNTIME,
+    "kernel": EventCat.KERNEL,
+    "gpu_memcpy": EventCat.MEMCPY,
+    "memcpy": EventCat.MEMCPY,
+    "gpu_memset": EventCat.MEMSET,
+    "memset": EventCat.MEMSET,
+    "cuda_sync": EventCat.CUDA_SYNC,
+    "gpu_user_annotation": EventCat.GPU_ANNOTATION,
+}
+GPU_CATS = (EventCat.KERNEL, EventCat.MEMCPY, EventCat.MEMSET)
+
+_RANK_IN_NAME = re.compile(r"(?:rank|worker|_r)[-_]?(\d+)", re.IGNORECASE)
+
+
+def _int_or(value: object, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value == value:
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+@dataclass
+class KinetoTrace:
+    """The complete events of one Kineto trace file, as columns (times in microseconds).
+
+    Columns (length ``n``): ``cat`` (:class:`EventCat`), ``name`` (index into ``names``),
+    ``pid``, ``tid`` (for GPU events: device and stream), ``ts``, ``dur`` (µs), ``corr``
+    (CUDA correlation id, -1 if none), ``ext`` (External id), ``rf`` (Record function id,
+    joins the execution trace's ``rf_id``), ``stream`` and ``device`` (GPU events, -1 on the
+    CPU). ``args`` holds each event's raw ``args`` dict.
+    """
+
+    label: str
+    cat: np.ndarray
+    name: np.ndarray
+    names: list[str]
+    pid: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    corr: np.ndarray
+    ext: np.ndarray
+    rf: np.ndarray
+    stream: np.ndarray
+    device: np.ndarray
+    args: list[dict]
+    rank: int | None = None
+    world_size: int | None = None
+    meta: dict = field(default_factory=dict)
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    @property
+    def n_events(self) -> int:
+        return int(self.cat.shape[0])
+
+    def mask(self, *cats: EventCat) -> np.ndarray:
+        """Boolean mask of the events in any of ``cats``."""
+        return np.isin(self.cat, np.asarray([int(c) for c in cats], dtype=self.cat.dtype))
+
+    def name_of(self, i: int) -> str:
+        return self.names[self.name[i]]
+
+    def has_record_function_ids(self) -> bool:
+        """True when CPU ops carry ``Record function id`` (joins an execution trace by ``rf_id``)."""
+        return bool(np.any(self.rf[self.cat == EventCat.CPU_OP] >= 0))
+
+    @property
+    def pids(self) -> list[int]:
+        """Host process ids of the CPU-side events."""
+        cpu = self.mask(EventCat.CPU_OP, EventCat.USER_ANNOTATION, EventCat.RUNTIME)
+        return sorted({int(p) for p in np.unique(self.pid[cpu])})
+
+    def frame(self) -> pd.DataFrame:
+        """All events as a DataFrame (category names, times in µs) for interactive analysis."""
+        return pd.DataFrame(
+            {
+                "cat": [EventCat(c).name.lower() for c in self.cat],
+                "name": np.asarray(self.names, dtype=object)[self.name] if self.n_events else [],
+                "pid": self.pid,
+                "tid": self.tid,
+                "ts_us": self.ts,
+                "dur_us": self.dur,
+                "correlation": self.corr,
+                "external_id": self.ext,
+                "record_function_id": self.rf,
+                "stream": self.stream,
+            }
+        )
+
+    def summary(self) -> dict:
+        counts = np.bincount(self.cat, minlength=len(EventCat))
+        return {"file": self.label, "rank": self.rank, "events": self.n_events,
+                **{EventCat(i).name.lower(): int(c) for i, c in enumerate(counts) if c}}
+
+
+def is_kineto_json(doc: object) -> bool:
+    """True when a parsed JSON document looks like a Kineto / Chrome trace."""
+    if isinstance(doc, dict):
+        return isinstance(doc.get("traceEvents"), list)
+    return False
+
+
+def _distributed_info(doc: dict) -> dict:
+    info = doc.get("distributedInfo")
+    if isinstance(info, str):  # some exporters write it as a string
+        import ast
+
+        try:
+            info = ast.literal_eval(info)
+        except (ValueError, SyntaxError):
+            info = None
+    return info if isinstance(info, dict) else {}
+
+
+def kineto_from_json(doc: object, label: str) -> KinetoTrace:
+    """Columnise a parsed Kineto document (one pass over its events)."""
+    if not is_kineto_json(doc):
+        if isinstance(doc, dict) and "nodes" in doc:
+            raise TraceError(f"{label}: is a PyTorch execution trace, not a Kineto trace")
+        raise TraceError(f"{label}: not a Kineto trace (a JSON document without a 'traceEvents' list)")
+    assert isinstance(doc, dict)
+    events = doc["traceEvents"]
+    cats: list[int] = []
+    name_ids: list[int] = []
+    names: dict[str, int] = {}
+    pids: list[int] = []
+    tids: list[int] = []
+    tss: list[float] = []
+    durs: list[float] = []
+    corrs: list[int] = []
+    exts: list[int] = []
+    rfs: list[int] = []
+    streams: list[int] = []
+    devices: list[int] = []
+    argss: list[dict] = []
+    thread_names: dict[tuple[int, int], str] = {}
+    cat_get = {k: int(v) for k, v in _CATS.items()}.get
+    other = int(EventCat.OTHER)
+    gpu_cats = {int(c) for c in (*GPU_CATS, EventCat.CUDA_SYNC, EventCat.GPU_ANNOTATION)}
+    empty: dict = {}
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        ph = ev.get("ph")
+        if ph != "X":
+            if ph == "M" and ev.get("name") == "thread_name":
+                a = ev.get("args") or empty
+                thread_names[(_int_or(ev.get("pid"), -1), _int_or(ev.get("tid"), -1))] = str(a.get("name", ""))
+            continue
+        cat_s = ev.get("cat")
+        c = cat_get(cat_s.lower(), other) if cat_s.__class__ is str else other
+        if c == other:
+            continue
+        ts = ev.get("ts")
+        if not isinstance(ts, (int, float)):
+            continue
+        dur = ev.get("dur", 0.0)
+        if dur.__class__ is not float and not isinstance(dur, (int, float)):
+            dur = 0.0
+        nm = ev.get("name", "")
+        if not isinstance(nm, str):
+            nm = str(nm)
+        nid = names.get(nm)
+        if nid is None:
+            nid = len(names)
+            names[nm] = nid
+        a = ev.get("args")
+        if a.__class__ is not dict:
+            a = empty
+        pid = ev.get("pid", -1)
+        if pid.__class__ is not int:
+            pid = _int_or(pid, -1)
+        tid = ev.get("tid", -1)
+        if tid.__class__ is not int:
+            tid = _int_or(tid, -1)
+        if c in gpu_cats:
+            stream = _int_or(a.get("stream"), tid)
+            device = _int_or(a.get("device"), pid)
+        else:
+            stream = -1
+            device = -1
+        cats.append(c)
+        name_ids.append(nid)
+        pids.append(pid)
+        tids.append(tid)
+        tss.append(ts)
+        durs.append(dur if dur > 0 else 0.0)
+        v = a.get("correlation", -1)
+        corrs.append(v if v.__class__ is int else _int_or(v, -1))
+        v = a.get("External id", -1)
+        exts.append(v if v.__class__ is int else _int_or(v, -1))
+        v = a.get("Record function id", -1)
+        rfs.append(v if v.__class__ is int else _int_or(v, -1))
+        streams.append(stream)
+        devices.append(device)
+        argss.append(a)
+    info = _distributed_info(doc)
+    rank = info.get("rank")
+    world = info.get("world_size")
+    meta = {
+        "schemaVersion": doc.get("schemaVersion"),
+        "distributedInfo": info,
+        "devices": [str(d.get("name", "")) for d in doc.get("deviceProperties", []) or [] if isinstance(d, dict)],
+        "record_shapes": doc.get("record_shapes"),
+        "raw_events": len(events),
+    }
+    return KinetoTrace(
+        label=label,
+        cat=np.asarray(cats, dtype=np.int8),
+        name=np.asarray(name_ids, dtype=np.int32),
+        names=list(names),
+        pid=np.asarray(pids, dtype=np.int64),
+        tid=np.asarray(tids, dtype=np.int64),
+        ts=np.asarray(tss, dtype=np.float64),
+        dur=np.asarray(durs, dtype=np.float64),
+        corr=np.asarray(corrs, dtype=np.int64),
+        ext=np.asarray(exts, dtype=np.int64),
+        rf=np.asarray(rfs, dtype=np.int64),
+        stream=np.asarray(streams, dtype=np.int64),
+        device=np.asarray(devices, dtype=np.int64),
+        args=argss,
+        rank=_int_or(rank, -1) if rank is not None else None,
+        world_size=_int_or(world, -1) if world is not None else None,
+        meta=meta,
+        thread_names=thread_names,
+    )
+
+
+def rank_from_filename(label: str) -> int | None:
+    """A rank number spelled in a file name (``rank3``, ``worker3``, ``..._3.json``), if any."""
+    base = Path(label).name
+    m = _RANK_IN_NAME.search(base)
+    if m:
+        return int(m.group(1))
+    m = re.search(r"[_-](\d+)\.(?:pt\.trace\.)?json(?:\.gz)?$", base)
+    return int(m.group(1)) if m else None
+
+
+def read_kineto(source: str | Path | bytes, label: str | None = None) -> KinetoTrace:
+    """Read one Kineto trace (``.json`` or ``.json.gz``) from a path or from bytes.
+
+    Raises :class:`TraceError` (one line naming the file) for a missing, truncated, non-JSON
+    or non-Kineto file.
+    """
+    if isinstance(source, bytes):
+        label = label or "<bytes>"
+        doc = load_json_bytes(source, label)
+    else:
+        from predictor.sources.traces._io import read_json_file
+
+        label = label or str(source)
+        doc = read_json_file(Path(source))
+    trace = kineto_from_json(doc, label)
+    if trace.rank is None or trace.rank < 0:
+        trace.rank = rank_from_filename(label)
+    return trace

@@ -1,0 +1,66 @@
+"""GEMM (mm, addmm, bmm, linear) and convolution-as-GEMM: roofline with a size-dependent efficiency.
+
+Small GEMMs do not fill the device (few tiles, one partial wave) and reach a small fraction
+of peak; large ones saturate at ``gemm_efficiency_max`` of the platform. We model the
+achieved FLOP rate as ``peak * eff_max * f / (f + f_half)`` where ``f`` is the GEMM's FLOP
+count and ``f_half`` the FLOP count that reaches half the ceiling (``peak * t_half_s``). Time
+is the larger of that compute time and the memory time of reading A, B and writing C, plus
+the device's kernel floor. Calibration replaces this with the MLP of Lin et al. 2022.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from predictor.timing.kernels.base import KernelModel, TaskView
+from predictor.timing.platforms.schema import Platform
+
+DTYPE_BY_BYTES = {1: "fp8", 2: "bf16", 4: "fp32", 8: "fp64"}
+
+
+@dataclass(frozen=True)
+class GemmParams:
+    """Analytic GEMM parameters."""
+
+    #: a GEMM that would take this long at peak reaches half of the efficiency ceiling, seconds
+    t_half_s: float = 8e-6
+    #: use tensor-core tf32 for fp32 GEMMs (PyTorch default is off for matmul)
+    allow_tf32: bool = False
+
+
+class AnalyticGemm(KernelModel):
+    """Roofline GEMM with a saturating efficiency curve (analytic default)."""
+
+    kinds = ("gemm", "mm", "addmm", "bmm", "linear", "matmul", "conv2d", "conv")
+    name = "analytic-gemm"
+
+    def __init__(self, params: GemmParams | None = None) -> None:
+        self.params = params or GemmParams()
+
+    def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        m = tasks.get("m")
+        n = tasks.get("n")
+        k = tasks.get("k")
+        b = tasks.get("batch", 1.0)
+        dt = tasks.get("dtype_bytes", 4.0)
+        flops = tasks.get("flops")
+        shape_flops = 2.0 * m * n * k * b
+        flops = np.where(np.isnan(flops), shape_flops, flops)
+        flops = np.nan_to_num(flops, nan=0.0)
+        moved = tasks.get("bytes")
+        shape_bytes = (m * k + k * n + m * n) * b * dt
+        moved = np.nan_to_num(np.where(np.isnan(moved), shape_bytes, moved), nan=0.0)
+        peak = np.array([self._peak(platform, x) for x in dt])
+        f_half = peak * self.params.t_half_s
+        rate = peak * platform.gemm_efficiency_max * flops / (flops + f_half + 1e-30)
+        t_compute = np.where(flops > 0, flops / np.maximum(rate, 1e-30), 0.0)
+        t_memory = moved / (platform.memory_bandwidth * platform.memory_efficiency)
+        return np.maximum(t_compute, t_memory) + platform.kernel_floor_s
+
+    def _peak(self, platform: Platform, dtype_bytes: float) -> float:
+        dtype = DTYPE_BY_BYTES.get(int(dtype_bytes) if np.isfinite(dtype_bytes) else 4, "fp32")
+        if dtype == "fp32" and self.params.allow_tf32:
+            dtype = "tf32"
+        return platform.flops_for(dtype)
