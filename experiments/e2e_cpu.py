@@ -92,9 +92,9 @@ from predictor.simulate import simulate  # noqa: E402
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
 from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph  # noqa: E402
-from predictor.sources.synth.sharding import get_sharder  # noqa: E402
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec, build_transformer_graph  # noqa: E402
 from predictor.timing.platforms.host import ALLOCATORS, comm_thread_has_core, with_allocator  # noqa: E402
+from tuner.sharders import get_sharder  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 

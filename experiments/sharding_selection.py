@@ -54,9 +54,8 @@ from experiments.measure_env import measure_quietly  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error  # noqa: E402
 from predictor.sources.synth.dlrm import DLRMSpec  # noqa: E402
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
-from predictor.sources.synth.sharding import InfeasibleShardingError, get_sharder  # noqa: E402
 from tuner.cost import DLRMShardingJob  # noqa: E402
-from tuner.model_guided import model_guided_shard  # noqa: E402
+from tuner.sharders import InfeasibleShardingError, get_sharder, model_guided_shard  # noqa: E402
 
 SIX = ("naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy")
 RESULTS = REPO / "experiments" / "results"

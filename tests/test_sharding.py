@@ -1,4 +1,4 @@
-"""Tests of predictor.sources.synth.sharding: the Table III sharders and local_search."""
+"""Tests of tuner.sharders: the Table III sharders and local_search."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
-from predictor.sources.synth.sharding import (
+from tuner.sharders import (
     SHARDERS,
     GreedySharder,
     InfeasibleShardingError,

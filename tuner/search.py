@@ -30,13 +30,12 @@ from optuna.trial import TrialState, create_trial
 
 from predictor.sources.synth.dlrm import DLRMSpec
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
-from predictor.sources.synth.sharding import InfeasibleShardingError, get_sharder
+from tuner.sharders import InfeasibleShardingError, get_sharder, model_guided_shard
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.platforms import CatalogError, UnknownPlatformError
 from predictor.timing.platforms.assets import AssetPackError, ResolvedPlatform, resolve_platform
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import DLRMShardingJob
-from tuner.model_guided import model_guided_shard
 from tuner.spaces import ShardingSpace, SpaceError
 
 __all__ = ["ShardingContext", "build_sharding_context", "evaluate_sharding_unit", "run_sharding_search", "SearchOutcome"]
