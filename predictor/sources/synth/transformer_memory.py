@@ -39,12 +39,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
-
-if TYPE_CHECKING:  # pragma: no cover
-    from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count"]
 

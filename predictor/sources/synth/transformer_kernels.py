@@ -1,0 +1,499 @@
+"""The kernels of one transformer pipeline step, as Megatron-LM runs them (Narayanan et al. SC21;
+Korthikanti et al. 2022), emitted onto a template graph for one representative rank.
+
+* **Layers** (per micro-batch, per model chunk): layer norm -> QKV GEMM (column-parallel,
+  ``3h/t`` outputs) -> attention core -> output projection (row-parallel, ``h/t`` inputs) ->
+  TP all-reduce -> bias-dropout-add -> layer norm -> FC1 (column) -> GeLU -> FC2 (row) -> TP
+  all-reduce -> bias-dropout-add. With sequence parallelism each all-reduce becomes a
+  reduce-scatter and an all-gather precedes the next column-parallel GEMM; layer norms and
+  dropouts run on ``1/t`` of the tokens (a dropout's backward is a multiply by its saved mask,
+  kind ``mul``: it draws no random numbers). Backward mirrors it: dgrad and wgrad GEMMs, the
+  conjugate collectives (all-reduce of the input gradient of column-parallel blocks), and
+  with SP the re-gather of the GEMM input for wgrad (Korthikanti §4.2.2).
+* **Attention**: ``attention="flash"`` (default) is one fused kernel per pass (FLOPs of the
+  causal half, ``4 b s^2 h / t x 1/2``; backward 2.5x forward, since it recomputes the scores)
+  and stores no ``s x s`` matrix; ``"unfused"`` is the pre-FlashAttention Megatron path the
+  2021-2022 papers measured: batched QK^T GEMM, fused scale-mask-softmax, dropout, GEMM with V
+  (full ``s x s``, no causal skipping).
+* **MoE** (``moe``): router GEMM + top-k, all-to-all dispatch over the expert-parallel group
+  (``ep`` ranks of the data-parallel group), the local experts' GEMMs on the routed tokens
+  (balanced routing, ``top_k x capacity_factor`` copies per token), all-to-all combine.
+* **Embedding** on the first virtual stage (vocab-parallel: all-reduce over TP); output layer,
+  vocab-parallel cross-entropy on the last.
+* **Recomputation**: ``full`` re-runs each layer's forward (with its collectives) right before
+  its backward; ``selective`` re-runs the attention core (nothing for flash attention, which
+  recomputes internally).
+
+Every framework op costs CPU time (T1, T2, one T4 launch per kernel, T5, T3 — the
+:class:`~predictor.sources.synth.emit.OpEmitter` of every synthesiser), so CPU-bound small models
+show launch gaps. FLOPs and bytes are set on every kernel. Collectives carry the size of their
+group (``world``) and the nodes it spans (``nodes``) from :class:`GroupLayout`. Units: elements,
+bytes, seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from predictor.graph import Category, ExecutionGraph, GraphBuilder, ProcKind
+from predictor.sources.synth.emit import ExecMode, Kernel, OpEmitter, column_sum, concat, eltwise, gemm
+from predictor.sources.synth.transformer_memory import layer_param_count
+from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
+
+__all__ = ["GroupLayout", "StepEmitter", "StepKernels", "collective", "group_span"]
+
+
+def group_span(ranks: np.ndarray, devices_per_node: int) -> tuple[int, int]:
+    """(world, nodes spanned) of a group of global ranks on ``devices_per_node``-device nodes."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    return int(ranks.size), int(np.unique(ranks // max(devices_per_node, 1)).size)
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Group sizes and node spans of the plan's process groups (Megatron rank order pp > dp > tp)."""
+
+    tp: tuple[int, int]
+    dp: tuple[int, int]
+    ep: tuple[int, int]
+    edp: tuple[int, int]  # expert-data-parallel
+    mp: tuple[int, int]  # model-parallel (grad-norm) group: tp x pp (x dp with the distributed optimizer)
+    pp_next: list[tuple[int, int]]  # link stage s -> s+1 (mod p)
+    tied: tuple[int, int]
+
+    @classmethod
+    def of(cls, plan: ParallelPlan, dpn: int) -> GroupLayout:
+        """The groups of ``plan`` on nodes of ``dpn`` devices."""
+        tp, dp, pp, ep = plan.tp, plan.dp, plan.pp, plan.ep
+        stride = tp * dp
+
+        def rank(s: int, d: int, t: int) -> int:
+            return s * stride + d * tp + t
+
+        tp_g = group_span(np.arange(tp), dpn)
+        dp_g = group_span(np.arange(dp) * tp, dpn)
+        ep_g = group_span(np.arange(ep) * tp, dpn)
+        edp_g = group_span(np.arange(0, dp, ep) * tp, dpn)
+        mp_ranks = [rank(s, d, t) for s in range(pp) for t in range(tp) for d in range(dp if plan.distributed_optimizer else 1)]
+        mp_g = group_span(np.asarray(mp_ranks), dpn)
+        links = [group_span(np.asarray([rank(s, 0, 0), rank((s + 1) % pp, 0, 0)]), dpn) for s in range(pp)]
+        tied = group_span(np.asarray([rank(0, 0, 0), rank(pp - 1, 0, 0)]), dpn)
+        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied)
+
+
+def collective(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt: int) -> Kernel:
+    """A collective kernel moving ``msg_bytes`` bytes over a group of ``span = (world, nodes)``."""
+    world, nodes = span
+    return (name, kind, Category.COMMUNICATION, {"msg_bytes": msg_bytes, "world": world, "nodes": nodes, "dtype_bytes": dt})
+
+
+class StepEmitter(OpEmitter):
+    """OpEmitter with extra streams (TP overlap) that records the first/last compute kernel."""
+
+    def __init__(self, b: GraphBuilder, rank: int, mode: ExecMode) -> None:
+        super().__init__(b, rank, mode)
+        self.first: int | None = None
+        self.last: int | None = None
+        self.after_next: list[int] = []  # tasks the next compute op must wait for
+        self._tp_stream: int | None = None
+
+    @property
+    def tp_stream(self) -> int:
+        """Stream for TP collectives that overlap compute (``tp_comm_overlap``)."""
+        if self.mode != "device":
+            return self.comm
+        if self._tp_stream is None:
+            self._tp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream tp")
+        return self._tp_stream
+
+    def op(self, name: str, kernels, *, comm: bool = False, async_op: bool = False, after=(), group: int = -1) -> list[int]:
+        if not comm and self.after_next:
+            after = [*after, *self.after_next]
+            self.after_next = []
+        out = super().op(name, kernels, comm=comm, async_op=async_op, after=after, group=group)
+        if not comm and out:
+            if self.first is None:
+                self.first = out[0]
+            self.last = out[-1]
+        return out
+
+    def op_on(self, stream: int, name: str, kernels, *, after=()) -> list[int]:
+        """An op whose kernels run on ``stream`` (device mode; blocking on the thread in host mode)."""
+        if self.mode != "device":
+            return self.op(name, kernels, comm=True, async_op=True, after=after)
+        return self._device_op(name, kernels, stream=stream, after=after, group=-1)
+
+    def sync(self, name: str = "cudaStreamSynchronize") -> int:
+        """A blocking wait on the CPU thread (its GPU_CPU edges are added by the caller)."""
+        return self.b.task(self.cpu, name, "sync", Category.SYNC)
+
+    def freeze(self, markers: dict) -> ExecutionGraph:
+        """The emitted block, with ``markers`` (and its first/last compute kernel) in ``meta["markers"]``."""
+        g = self.b.build(validate=False)
+        markers.setdefault("first", self.first)
+        markers.setdefault("last", self.last)
+        g.meta["markers"] = markers
+        return g
+
+
+class StepKernels:
+    """Emits the kernels of one pipeline step (embedding, layers, head) for the plan's shapes."""
+
+    def __init__(self, spec: TransformerSpec, plan: ParallelPlan, layout: GroupLayout) -> None:
+        self.spec, self.plan, self.lay = spec, plan, layout
+        self.dt = spec.dtype_bytes
+        self.t = plan.tp
+        self.sp = plan.sequence_parallel and plan.tp > 1
+        self.b = plan.micro_batch
+        self.s = spec.seq
+        self.h = spec.hidden
+        self.f = spec.ffn_size
+        self.T = float(self.b * self.s)  # tokens of a micro-batch
+        self.Tn = self.T / self.t if self.sp else self.T  # tokens seen by norms/dropouts
+        self.heads_local = spec.heads // self.t
+        self.d = spec.head_dim
+        self.V = spec.padded_vocab(self.t)
+        self.layer_params = layer_param_count(spec, self.t, plan.ep)
+        self.eager = spec.program == "eager"
+        moe = spec.moe
+        self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * (2 * self.h * self.f + self.f + self.h)
+
+    # -------------------------------------------------------------- collectives
+    def tp_collective(self, e: StepEmitter, name: str, kind: str, elems: float) -> list[int]:
+        if self.t <= 1:
+            return []
+        return e.op(name, [collective(name, kind, elems * self.dt, self.lay.tp, self.dt)])
+
+    def _tp_reduce_out(self, e: StepEmitter, name: str) -> None:
+        """The row-parallel output: all-reduce, or reduce-scatter with sequence parallelism."""
+        self.tp_collective(e, name, "reduce_scatter" if self.sp else "all_reduce", self.T * self.h)
+
+    def _tp_gather_in(self, e: StepEmitter, name: str) -> None:
+        """Sequence parallelism: all-gather the column-parallel GEMM's input."""
+        if self.sp:
+            self.tp_collective(e, name, "all_gather", self.T * self.h)
+
+    def _input_grad_reduce(self, e: StepEmitter, name: str, wgrad: list[Kernel]) -> None:
+        """Column-parallel backward: dgrad's input-gradient reduce, then wgrad (overlapped if asked)."""
+        if self.t <= 1:
+            e.op(f"{name}.wgrad", wgrad)
+            return
+        kind = "reduce_scatter" if self.sp else "all_reduce"
+        coll = collective(f"{name}.grad_{kind}", kind, self.T * self.h * self.dt, self.lay.tp, self.dt)
+        if self.plan.tp_comm_overlap:
+            last_dgrad = [e.last] if e.last is not None else []
+            ar = e.op_on(e.tp_stream, f"{name}.grad_{kind}", [coll], after=last_dgrad)
+            if self.sp:
+                self.tp_collective(e, f"{name}.wgrad_input_all_gather", "all_gather", self.T * self.h)
+            e.op(f"{name}.wgrad", wgrad)
+            e.after_next += ar  # the next op consumes the reduced input gradient
+        else:
+            e.op(f"{name}.grad_{kind}", [coll])
+            if self.sp:
+                self.tp_collective(e, f"{name}.wgrad_input_all_gather", "all_gather", self.T * self.h)
+            e.op(f"{name}.wgrad", wgrad)
+
+    # -------------------------------------------------------------- attention core
+    def _attn_fwd(self, e: StepEmitter, p: str) -> None:
+        b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
+        if self.spec.attention == "flash":
+            causal = 0.5 if self.spec.causal else 1.0
+            flops = 4.0 * b * s * s * hl * d * causal
+            k = (f"{p}flash_attn_fwd", "bmm", Category.COMPUTE,
+                 {"m": s, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
+                  "bytes": 4.0 * self.T * hl * d * dt})
+            e.op(f"{p}core_attention", [k])
+            return
+        bh = float(b * hl)
+        if self.eager:  # q, k, v split out of the fused projection: view, permute + reshape copies, unbind
+            self._views(e, p, "qkv.view", "qkv.permute")
+            e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", 3.0 * self.T * hl * d, dt)])
+            self._views(e, p, "qkv.unbind", "k.transpose")
+        if self.eager and self.spec.causal:
+            # baddbmm(mask, q, k^T, alpha): ATen first copies the broadcast [s, s] mask into the [b h, s, s] output
+            e.op(f"{p}attn_scores", [eltwise(f"{p}attn_scores.mask_copy", "memcpy", bh * s * s, dt),
+                                     self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])
+        else:
+            e.op(f"{p}attn_scores", [self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])  # q @ k^T
+        e.op(f"{p}scale_mask_softmax", [eltwise(f"{p}softmax", "softmax", bh * s * s, dt, rw=2.0)])
+        e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
+        e.op(f"{p}attn_context", [self._bmm(f"{p}attn_context.bmm", s, d, s, bh)])
+        if self.eager:  # heads back to tokens: view, transpose + reshape copy
+            self._views(e, p, "context.view", "context.transpose")
+            e.op(f"{p}context.reshape", [eltwise(f"{p}context.copy", "memcpy", self.T * hl * d, dt)])
+
+    def _attn_bwd(self, e: StepEmitter, p: str) -> None:
+        b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
+        if self.spec.attention == "flash":
+            causal = 0.5 if self.spec.causal else 1.0
+            flops = 2.5 * 4.0 * b * s * s * hl * d * causal
+            k = (f"{p}flash_attn_bwd", "bmm", Category.COMPUTE,
+                 {"m": s, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
+                  "bytes": 8.0 * self.T * hl * d * dt})
+            e.op(f"{p}core_attention.backward", [k])
+            return
+        if self.plan.recompute == "selective":
+            self._attn_fwd(e, f"{p}recompute.")
+        bh = float(b * hl)
+        if self.eager:
+            self._views(e, p, "context.unsafe_view_backward", "context.clone_backward", "context.transpose_backward")
+            e.op(f"{p}context.reshape.backward", [eltwise(f"{p}context.copy_bwd", "memcpy", self.T * hl * d, dt)])
+        e.op(f"{p}attn_context.backward", [self._bmm(f"{p}attn_context.dgrad_probs", s, s, d, bh),
+                                           self._bmm(f"{p}attn_context.dgrad_v", s, d, s, bh)])
+        e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
+        e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax_bwd", bh * s * s, dt, rw=3.0)])
+        if self.eager:  # baddbmm's backward: the two GEMMs plus the scale (alpha) applied to each gradient
+            e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
+                                              eltwise(f"{p}attn_scores.scale_q", "mul", bh * s * d, dt),
+                                              # the gradient of k^T: q^T @ dS, [d x s] @ [s x s]
+                                              self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh),
+                                              eltwise(f"{p}attn_scores.scale_k", "mul", bh * s * d, dt)])
+            # unbind's backward stacks q, k, v; the permute's backward copies them back to tokens
+            self._views(e, p, "k.transpose_backward")
+            e.op(f"{p}qkv_split.backward", [concat(f"{p}qkv_split.stack", 1, 3.0 * self.T * hl * d, 3, dt),
+                                            eltwise(f"{p}qkv_split.copy_bwd", "memcpy", 3.0 * self.T * hl * d, dt)])
+            self._views(e, p, "qkv.unsafe_view_backward", "qkv.clone_backward", "qkv.permute_backward")
+            return
+        e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
+                                          self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh)])
+
+    # -------------------------------------------------------------- MLP
+    def _mlp_fwd(self, e: StepEmitter, p: str) -> None:
+        T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
+        if self.spec.moe is None:
+            self._tp_gather_in(e, f"{p}mlp_input_all_gather")
+            e.op(f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, f / t, h)])
+            e.op(f"{p}bias_gelu", [eltwise(f"{p}bias_gelu", "gelu", T * f / t, dt, rw=2.0)])
+            e.op(f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)])
+            self._tp_reduce_out(e, f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
+            return
+        moe, ep = self.spec.moe, self.plan.ep
+        Tr = T / t  # tokens this rank routes (TP ranks split the tokens)
+        routed = Tr * moe.top_k * moe.capacity_factor
+        per_expert = routed * ep / moe.experts
+        local = float(moe.experts // ep)
+        e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
+                            eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
+        self._a2a(e, f"{p}moe_dispatch", routed * h)
+        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f, h, batch=local)])
+        e.op(f"{p}experts.gelu", [eltwise(f"{p}experts.gelu", "gelu", routed * f, dt, rw=2.0)])
+        e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f, batch=local)])
+        self._a2a(e, f"{p}moe_combine", routed * h)
+        e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
+        if not self.sp:
+            self.tp_collective(e, f"{p}moe_output_all_gather", "all_gather", T * h)
+
+    def _a2a(self, e: StepEmitter, name: str, elems: float) -> None:
+        if self.plan.ep > 1:
+            e.op(name, [collective(name, "all_to_all", elems * self.dt, self.lay.ep, self.dt)])
+        else:
+            e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])  # local permutation
+
+    def _mlp_bwd(self, e: StepEmitter, p: str) -> None:
+        T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
+        if self.spec.moe is None:
+            if self.sp:
+                self.tp_collective(e, f"{p}mlp_output_grad_all_gather", "all_gather", T * h)
+            e.op(f"{p}fc2.backward", [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
+                                      *self._bias_grad(f"{p}fc2", T, h)])
+            self._accumulate_grad(e, f"{p}fc2", 2)
+            e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu_bwd", T * f / t, dt, rw=3.0)])
+            e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, f / t)])
+            self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", f / t, h, T),
+                                                   *self._bias_grad(f"{p}fc1", T, f / t)])
+            self._accumulate_grad(e, f"{p}fc1", 2)
+            return
+        moe, ep = self.spec.moe, self.plan.ep
+        Tr = T / t
+        routed = Tr * moe.top_k * moe.capacity_factor
+        per_expert = routed * ep / moe.experts
+        local = float(moe.experts // ep)
+        self._a2a(e, f"{p}moe_combine.backward", routed * h)
+        e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f, h, batch=local),
+                                          self._wgrad(f"{p}experts.fc2.wgrad", h, f, per_expert, batch=local)])
+        e.op(f"{p}experts.gelu.backward", [eltwise(f"{p}experts.gelu_bwd", "gelu_bwd", routed * f, dt, rw=3.0)])
+        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f, batch=local),
+                                          self._wgrad(f"{p}experts.fc1.wgrad", f, h, per_expert, batch=local)])
+        self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
+        e.op(f"{p}router.backward", [self._dgrad(f"{p}router.dgrad", Tr, h, moe.experts),
+                                     self._wgrad(f"{p}router.wgrad", moe.experts, h, Tr)])
+        if not self.sp:
+            self.tp_collective(e, f"{p}moe_input_grad_all_gather", "all_gather", T * h)
+
+    # -------------------------------------------------------------- GEMMs
+    # Shapes as PyTorch (and Megatron) run them: a linear layer's forward is x @ W.t(), its input
+    # gradient grad @ W, its weight gradient grad.t() @ x ([out x tokens] @ [tokens x in]). The
+    # eager program names the ATen op (addmm with a bias, else mm; bmm), Megatron's program "gemm".
+    def _op(self, eager_op: str) -> str:
+        return eager_op if self.eager else "gemm"
+
+    def _linear(self, name: str, rows: float, out: float, inp: float, *, bias: bool = True,
+                batch: float = 1.0) -> Kernel:
+        """Forward of a linear layer ``inp -> out`` on ``rows`` tokens."""
+        op = "bmm" if batch != 1.0 else ("addmm" if bias else "mm")
+        return gemm(name, rows, out, inp, self.dt, batch=batch, op=self._op(op))
+
+    def _dgrad(self, name: str, rows: float, inp: float, out: float, *, batch: float = 1.0) -> Kernel:
+        """Input gradient of a linear layer ``inp -> out``: ``grad @ W``."""
+        return gemm(name, rows, inp, out, self.dt, batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+
+    def _wgrad(self, name: str, out: float, inp: float, rows: float, *, batch: float = 1.0) -> Kernel:
+        """Weight gradient of a linear layer ``inp -> out``: ``grad.t() @ x``."""
+        return gemm(name, out, inp, rows, self.dt, batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+
+    def _bmm(self, name: str, m: float, n: float, k: float, batch: float) -> Kernel:
+        """An attention GEMM per (sample, head)."""
+        return gemm(name, m, n, k, self.dt, batch=batch, op=self._op("bmm"))
+
+    # -------------------------------------------------------------- eager-program pieces
+    def _dropout_add(self, e: StepEmitter, name: str) -> None:
+        """The output dropout and the residual add: one fused kernel, or eager's two ops."""
+        Tn, h, dt = self.Tn, self.h, self.dt
+        if not self.eager:
+            e.op(name, [eltwise(name, "dropout", Tn * h, dt, rw=3.5)])
+            return
+        e.op(f"{name}.dropout", [eltwise(f"{name}.dropout", "dropout", Tn * h, dt, rw=2.5)])
+        e.op(f"{name}.residual_add", [eltwise(f"{name}.residual_add", "add", Tn * h, dt, rw=3.0)])
+
+    def _layernorm_bwd(self, e: StepEmitter, name: str) -> None:
+        """Layer-norm backward: Megatron's fused kernel, or eager's input-gradient kernel plus the
+        weight/bias gradient partials and their reduction (and two AccumulateGrad ops)."""
+        Tn, h, dt = self.Tn, self.h, self.dt
+        if not self.eager:
+            e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "layer_norm", Tn * h, dt, rw=4.0)])
+            return
+        e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "layer_norm", Tn * h, dt, rw=3.0),
+                                  eltwise(f"{name}_bwd.gamma_beta", "elementwise", Tn * h, dt, rw=2.0),
+                                  eltwise(f"{name}_bwd.reduce", "elementwise", 64.0 * h, 4, rw=1.0)])
+        self._accumulate_grad(e, name, 2)
+
+    def _bias_grad(self, name: str, rows: float, n: float) -> list[Kernel]:
+        """Eager ``AddmmBackward``'s bias gradient: a column sum of the output gradient."""
+        return [column_sum(f"{name}.bias_grad", rows, n, self.dt)] if self.eager else []
+
+    def _accumulate_grad(self, e: StepEmitter, name: str, tensors: int) -> None:
+        """Eager autograd's AccumulateGrad per parameter tensor: host work, no kernel (gradients set to
+        None before backward are taken over, not added); a kernel-less node on a device, a T1 gap on a CPU."""
+        if self.eager:
+            for i in range(tensors):
+                if e.mode == "device":
+                    e.node(f"{name}.accumulate_grad[{i}]")
+                else:
+                    e.op(f"{name}.accumulate_grad[{i}]", [])
+
+    def _views(self, e: StepEmitter, p: str, *names: str) -> None:
+        """Device mode, eager program: view ops and the autograd nodes of views (no kernel; T1 + T3 each,
+        :meth:`OpEmitter.node`). The CPU graphs keep them inside their T's."""
+        if self.eager:
+            for n in names:
+                e.node(f"{p}{n}")
+
+    # -------------------------------------------------------------- layers
+    def layer_fwd(self, e: StepEmitter, p: str) -> None:
+        T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
+        e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
+        self._tp_gather_in(e, f"{p}qkv_input_all_gather")
+        e.op(f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, 3 * h / t, h)])
+        self._attn_fwd(e, p)
+        e.op(f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)])
+        self._tp_reduce_out(e, f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
+        self._dropout_add(e, f"{p}bias_dropout_add")
+        e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
+        self._mlp_fwd(e, p)
+        self._dropout_add(e, f"{p}bias_dropout_add_2")
+
+    def layer_bwd(self, e: StepEmitter, p: str) -> None:
+        T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
+        if self.plan.recompute == "full":
+            self.layer_fwd(e, f"{p}recompute.")
+        e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
+        self._mlp_bwd(e, p)
+        self._layernorm_bwd(e, f"{p}post_attention_layernorm")
+        if self.eager:  # the residual stream's two gradients summed by autograd
+            e.op(f"{p}residual_2.grad_add", [eltwise(f"{p}residual_2.grad_add", "add", Tn * h, dt, rw=3.0)])
+        self._views(e, p, "residual_2.add_backward")
+        e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
+        if self.sp:
+            self.tp_collective(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
+        e.op(f"{p}attn_proj.backward", [self._dgrad(f"{p}attn_proj.dgrad", T, h / t, h),
+                                        self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T), *self._bias_grad(f"{p}attn_proj", T, h)])
+        self._accumulate_grad(e, f"{p}attn_proj", 2)
+        self._attn_bwd(e, p)
+        e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, 3 * h / t)])
+        self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", 3 * h / t, h, T),
+                                               *self._bias_grad(f"{p}qkv", T, 3 * h / t)])
+        self._accumulate_grad(e, f"{p}qkv", 2)
+        self._layernorm_bwd(e, f"{p}input_layernorm")
+        if self.eager:
+            e.op(f"{p}residual.grad_add", [eltwise(f"{p}residual.grad_add", "add", Tn * h, dt, rw=3.0)])
+        # the TBackward0 node of each linear layer's transposed weight (qkv, attention projection, fc1, fc2)
+        self._views(e, p, "residual.add_backward", *(f"{n}.t_backward" for n in ("qkv", "attn_proj", "fc1", "fc2")))
+
+    # -------------------------------------------------------------- embedding and head
+    def embedding_fwd(self, e: StepEmitter) -> None:
+        T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
+        if self.eager:  # F.embedding, then "+ pos": two ops
+            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
+            e.op("position_embedding", [eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+        else:
+            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0),
+                               eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+        self._tp_reduce_out(e, "embedding.vocab_parallel_reduce")
+        e.op("embedding_dropout", [eltwise("embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
+
+    def embedding_bwd(self, e: StepEmitter) -> None:
+        T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
+        e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
+        if self.sp:
+            self.tp_collective(e, "embedding.grad_all_gather", "all_gather", T * h)
+        if self.eager:
+            # the position table's gradient: a sum over the batch; the token table's: eager's
+            # embedding_dense_backward (sort the indices, count, index-add), then the tied output
+            # layer's gradient added to it
+            e.op("position_embedding.backward", [eltwise("position_embedding.grad_sum", "elementwise", T * h, dt,
+                                                         rw=1.0)])
+            self._accumulate_grad(e, "position_embedding", 1)
+            e.op("embedding.backward", [eltwise("word_embedding.sort_indices", "elementwise", T, 8, rw=4.0),
+                                        eltwise("word_embedding.count", "elementwise", T, 8, rw=2.0),
+                                        eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
+            if self.spec.tie_embeddings:
+                e.op("word_embedding.tied_grad_add", [eltwise("word_embedding.tied_grad_add", "add",
+                                                              self.V / self.t * h, dt, rw=3.0)])
+            self._accumulate_grad(e, "word_embedding", 1)
+            return
+        e.op("embedding.backward", [eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
+
+    def head_fwd(self, e: StepEmitter) -> None:
+        T, Tn, h, t, dt, V = self.T, self.Tn, self.h, self.t, self.dt, self.V
+        e.op("final_layernorm", [eltwise("final_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
+        self._tp_gather_in(e, "lm_head_input_all_gather")
+        e.op("lm_head", [self._linear("lm_head.mm", T, V / t, h, bias=False)])
+        if self.eager and t == 1:  # F.cross_entropy: log-softmax, then the NLL gather and mean
+            self._views(e, "", "logits.view", "targets.view")
+            e.op("cross_entropy", [eltwise("log_softmax", "softmax", T * V, dt, rw=2.0),
+                                   eltwise("nll_loss", "elementwise", T, 4, rw=2.0)])
+            return
+        e.op("cross_entropy", [eltwise("vocab_parallel_cross_entropy", "softmax", T * V / t, dt, rw=4.0)])
+        for i in range(3 if t > 1 else 0):  # max, sum of exp, target logit over the vocab shards
+            e.op(f"cross_entropy.all_reduce[{i}]", [collective(f"cross_entropy.all_reduce[{i}]", "all_reduce", T * 4.0, self.lay.tp, 4)])
+
+    def head_bwd(self, e: StepEmitter) -> None:
+        T, h, t, dt, V = self.T, self.h, self.t, self.dt, self.V
+        if self.eager and t == 1:
+            # backward() seeds the loss gradient; NLL's backward zero-fills the logits' gradient and
+            # scatters into it; log-softmax's backward
+            e.op("loss.grad_seed", [eltwise("loss.ones_like", "elementwise", 1.0, 4, rw=1.0)])
+            e.op("nll_loss.backward", [eltwise("nll_loss_bwd.zero", "elementwise", T * V, dt, rw=1.0),
+                                       eltwise("nll_loss_bwd.scatter", "elementwise", T, 4, rw=2.0)])
+            e.op("log_softmax.backward", [eltwise("log_softmax_bwd", "log_softmax_bwd", T * V, dt, rw=3.0)])
+        else:
+            e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt,
+                                                    rw=3.0)])
+        self._views(e, "", "logits.view_backward")
+        e.op("lm_head.dgrad", [self._dgrad("lm_head.dgrad", T, h, V / t)])
+        self._input_grad_reduce(e, "lm_head", [self._wgrad("lm_head.wgrad", V / t, h, T)])
+        self._views(e, "", "lm_head.t_backward")
+        self._layernorm_bwd(e, "final_layernorm")
+

@@ -1,0 +1,199 @@
+"""A GPT-style transformer and how Megatron-LM trains it: the inputs of the transformer synthesiser.
+
+:class:`TransformerSpec` is the model (layers, hidden, heads, sequence, vocabulary, FFN width,
+dense or mixture-of-experts, dtype, attention kernel); :class:`ParallelPlan` is how it is
+trained (tensor ``tp`` x pipeline ``pp`` x data ``dp`` parallel, micro-batch, global batch,
+1F1B or interleaved schedule, sequence parallelism, activation recomputation, expert
+parallelism, distributed optimizer, gradient-reduce overlap); :func:`check_plan` rejects a plan
+Megatron cannot run with a one-line :class:`PlanError`. Sizes are element counts, batches are
+sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+__all__ = ["DTYPE_BYTES", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError", "check_plan"]
+
+#: bytes per element of each training dtype
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+class PlanError(ValueError):
+    """A model or plan that cannot run (one line naming the problem)."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts MLP: ``experts`` per layer, each token routed to ``top_k`` of them."""
+
+    experts: int
+    top_k: int = 2
+    capacity_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A GPT-style decoder. Sizes are element counts; ``ffn`` defaults to ``ffn_mult * hidden``."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int | None = None
+    ffn_mult: float = 4.0
+    moe: MoESpec | None = None
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    attention: Literal["flash", "unfused"] = "flash"
+    causal: bool = True
+    tie_embeddings: bool = True
+    name: str = "transformer"
+    #: the training program: ``"megatron"`` (fused bias-dropout-add, bias-GeLU, vocab-parallel
+    #: cross-entropy, multi-tensor Adam: what Megatron-LM runs) or ``"eager"`` (plain PyTorch
+    #: modules: separate dropout and residual add, bias-gradient reductions, layer-norm backward in
+    #: three kernels, reshape copies around attention, the causal mask copied into the scores (baddbmm),
+    #: log-softmax + NLL, a host-only AccumulateGrad
+    #: op per parameter tensor, grad-norm and fused Adam of ``torch.optim``); tensor parallelism,
+    #: if any, keeps Megatron's collectives
+    program: Literal["megatron", "eager"] = "megatron"
+
+    @property
+    def ffn_size(self) -> int:
+        return int(self.ffn) if self.ffn else int(round(self.ffn_mult * self.hidden))
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def head_dim(self) -> float:
+        return self.hidden / self.heads
+
+    def padded_vocab(self, tp: int) -> int:
+        """Megatron pads the vocabulary to a multiple of ``128 * tp``."""
+        unit = 128 * tp
+        return int(math.ceil(self.vocab / unit) * unit)
+
+    def param_count(self) -> float:
+        """Parameters of the whole model (embeddings counted once when tied)."""
+        h, f = self.hidden, self.ffn_size
+        attn = 4 * h * h + 4 * h
+        mlp = 2 * h * f + f + h if self.moe is None else h * self.moe.experts + self.moe.experts * (2 * h * f + f + h)
+        per_layer = attn + mlp + 4 * h
+        emb = self.vocab * h + self.seq * h
+        return self.layers * per_layer + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
+
+    def forward_flops_per_sequence(self) -> float:
+        """Matmul FLOPs of one forward pass over one sequence (Narayanan et al. SC21 §5.1 accounting)."""
+        s, h, f = self.seq, self.hidden, self.ffn_size
+        mlp = 4.0 * s * h * f * (self.moe.top_k if self.moe else 1)
+        layer = 8.0 * s * h * h + mlp + 4.0 * s * s * h
+        return self.layers * layer + 2.0 * s * h * self.vocab
+
+    def iteration_flops(self, global_batch: int, recompute: str = "none") -> float:
+        """Model FLOPs of one iteration: 3 passes (forward + backward) of the layers and the head,
+        plus one more forward of the layers with full recomputation (SC21 eq. 3 uses 4)."""
+        s, h = self.seq, self.hidden
+        head = 2.0 * s * h * self.vocab
+        layers = self.forward_flops_per_sequence() - head
+        passes = 4.0 if recompute == "full" else 3.0
+        return global_batch * (passes * layers + 3.0 * head)
+
+    def validate(self) -> None:
+        for field_name in ("layers", "hidden", "heads", "seq", "vocab"):
+            if getattr(self, field_name) < 1:
+                raise PlanError(f"model {field_name} must be >= 1 (got {getattr(self, field_name)})")
+        if self.hidden % self.heads:
+            raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
+        if self.moe is not None and (self.moe.experts < 1 or not 1 <= self.moe.top_k <= self.moe.experts):
+            raise PlanError(f"MoE needs 1 <= top_k <= experts (got top_k={self.moe.top_k}, experts={self.moe.experts})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How a :class:`TransformerSpec` is trained. ``global_batch`` and ``micro_batch`` are sequences."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    schedule: Literal["1f1b", "interleaved"] = "1f1b"
+    virtual_stages: int = 2  #: model chunks per rank with the interleaved schedule
+    sequence_parallel: bool = False
+    recompute: Literal["none", "selective", "full"] = "none"
+    ep: int = 1  #: expert-parallel degree (divides dp), MoE only
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False  #: overlap the input-gradient all-reduce with the wgrad GEMM
+    pp_scatter_gather: bool = True
+    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per data-parallel replica and iteration."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def virtual_stages_effective(self) -> int:
+        return self.virtual_stages if (self.schedule == "interleaved" and self.pp > 1) else 1
+
+    def label(self) -> str:
+        """Short human-readable name, e.g. ``tp4-pp8-dp16-mb2-1f1b-full``."""
+        sched = self.schedule if self.schedule == "1f1b" or self.pp == 1 else f"int{self.virtual_stages}"
+        extra = "-sp" if self.sequence_parallel and self.tp > 1 else ""
+        extra += f"-ep{self.ep}" if self.ep > 1 else ""
+        extra += "-zero1" if self.distributed_optimizer else ""
+        return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{self.recompute}{extra}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = None) -> None:
+    """Raise :class:`PlanError` (one line) if ``plan`` cannot train ``spec`` on ``devices`` devices."""
+    spec.validate()
+    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "ep"):
+        if getattr(plan, name) < 1:
+            raise PlanError(f"{name} must be >= 1 (got {getattr(plan, name)})")
+    if spec.heads % plan.tp:
+        raise PlanError(f"{spec.heads} attention heads are not divisible by tp={plan.tp}")
+    if spec.ffn_size % plan.tp:
+        raise PlanError(f"FFN size {spec.ffn_size} is not divisible by tp={plan.tp}")
+    if plan.pp > spec.layers:
+        raise PlanError(f"pp={plan.pp} pipeline stages but the model has only {spec.layers} layers")
+    v = plan.virtual_stages_effective
+    if plan.schedule == "interleaved" and plan.pp > 1 and plan.virtual_stages < 2:
+        raise PlanError("the interleaved schedule needs virtual_stages >= 2")
+    if spec.layers % (plan.pp * v):
+        what = f"pp x virtual_stages = {plan.pp * v}" if v > 1 else f"pp={plan.pp}"
+        raise PlanError(f"{spec.layers} layers cannot be split evenly over {what} pipeline chunks")
+    if plan.global_batch % (plan.dp * plan.micro_batch):
+        raise PlanError(
+            f"global batch {plan.global_batch} is not divisible by dp x micro_batch = {plan.dp} x {plan.micro_batch}"
+        )
+    if v > 1 and plan.micro_batches % plan.pp:
+        raise PlanError(
+            f"the interleaved schedule needs the micro-batches per replica ({plan.micro_batches}) divisible by pp={plan.pp}"
+        )
+    if plan.ep > 1 and spec.moe is None:
+        raise PlanError(f"ep={plan.ep} needs a MoE model (the model has no experts)")
+    if spec.moe is not None:
+        if plan.dp % plan.ep:
+            raise PlanError(f"expert parallelism ep={plan.ep} must divide dp={plan.dp}")
+        if spec.moe.experts % plan.ep:
+            raise PlanError(f"{spec.moe.experts} experts are not divisible by ep={plan.ep}")
+    if plan.sequence_parallel and (plan.micro_batch * spec.seq) % plan.tp:
+        raise PlanError(f"sequence parallelism needs micro_batch x seq divisible by tp={plan.tp}")
+    if devices is not None and plan.devices != devices:
+        raise PlanError(f"tp x pp x dp = {plan.tp} x {plan.pp} x {plan.dp} = {plan.devices}, but the cluster has {devices} devices")

@@ -1,0 +1,311 @@
+"""Kernel templates of the steps of one transformer pipeline stage, built once per (spec, plan).
+
+A template is a small :class:`~predictor.graph.ExecutionGraph` of one representative rank, emitted
+with :class:`~predictor.sources.synth.transformer_kernels.StepEmitter` and stamped once per step
+by :func:`predictor.sources.synth.transformer.build_transformer_graph`:
+
+* a forward or backward **step** of one model chunk (embedding on the first virtual stage, the
+  chunk's layers, output layer and loss on the last);
+* the **preamble** of a step that receives a tensor: the CPU sync after Megatron's blocking p2p
+  exchange (plus the all-gather of a scatter/gather transfer);
+* the **end of the iteration** on one stage.
+
+Data parallelism: gradients are reduced in buckets (Megatron DDP: ``max(4e7, 1e6 dp)``
+parameters) on the communication stream as the last micro-batch's backward produces them
+(``overlap_grad_reduce``), or all after the last backward; all-reduce, or reduce-scatter +
+all-gather of the parameters with the distributed optimizer. Expert gradients reduce over
+the expert-data-parallel group (``dp / ep``). The end of the iteration adds the tied-embedding
+gradient all-reduce between the first and last stage, the gradient-norm all-reduce over the
+model-parallel group (clipping) and the Adam step.
+
+Stage detail (:meth:`StepTemplates.macro_block`) replaces a step's kernels by one task lasting
+the simulated span of its kernel template (the gray-box split of PredTOP: stage latency +
+pipeline structure). Units: elements, bytes, seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
+from predictor.sources.synth.emit import ExecMode, concat, eltwise
+from predictor.sources.synth.pipeline_schedule import Step, schedule
+from predictor.sources.synth.transformer_kernels import GroupLayout, StepEmitter, StepKernels, collective
+from predictor.sources.synth.transformer_memory import memory_per_stage
+from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
+
+__all__ = ["ADAM_BYTES_PER_PARAM", "GradBuckets", "StepTemplates"]
+
+#: Adam step bytes per parameter: read fp32 param, grad, m, v; write param, m, v, 16-bit copy;
+#: zero the fp32 gradient (Megatron's fused multi-tensor Adam + zero_grad)
+ADAM_BYTES_PER_PARAM = 34.0
+
+
+@dataclass
+class GradBuckets:
+    """Gradient buckets of the data-parallel reduce (filled in backward order)."""
+
+    limit_params: float
+    span: tuple[int, int]
+    kind: str  # all_reduce or reduce_scatter
+    grad_bytes: int
+    tag: str
+    params: float = 0.0
+    ready_after: int | None = None
+    launched: list[int] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, e: StepEmitter, n_params: float, after: int | None) -> None:
+        """Add ``n_params`` gradients ready after task ``after``; launch the bucket once it is full."""
+        if self.span[0] <= 1 or n_params <= 0:
+            return
+        self.params += n_params
+        self.ready_after = after
+        if self.params >= self.limit_params:
+            self.flush(e)
+
+    def flush(self, e: StepEmitter) -> None:
+        """Launch the gradients collected so far as one asynchronous bucket reduce."""
+        if self.params <= 0 or self.span[0] <= 1:
+            return
+        k = collective(f"{self.tag}.{self.kind}", self.kind, self.params * self.grad_bytes, self.span, self.grad_bytes)
+        after = [self.ready_after] if self.ready_after is not None else []
+        self.launched += e.op(f"{self.tag}.bucket[{self.count}]", [k], comm=True, async_op=True, after=after)
+        self.count += 1
+        self.params = 0.0
+
+
+class StepTemplates:
+    """The step templates of one (spec, plan), each built once and cached.
+
+    ``timing`` (a :class:`~predictor.simulate.Timing`) is needed only by :meth:`macro_block`.
+    """
+
+    def __init__(self, spec: TransformerSpec, plan: ParallelPlan, devices_per_node: int, mode: ExecMode,
+                 timing=None) -> None:
+        self.spec, self.plan, self.mode = spec, plan, mode
+        self.dpn = devices_per_node
+        self.lay = GroupLayout.of(plan, devices_per_node)
+        self.ops = StepKernels(spec, plan, self.lay)
+        self.p, self.v, self.m = plan.pp, plan.virtual_stages_effective, plan.micro_batches
+        self.layers_per_chunk = spec.layers // (self.p * self.v)
+        self.timing = timing
+        self._blocks: dict[tuple, ExecutionGraph] = {}
+        self._macro: dict[tuple, ExecutionGraph] = {}
+        dt = DTYPE_BYTES[plan.grad_reduce_dtype]
+        self.grad_bytes = dt
+        self.bucket_params = max(4e7, 1e6 * plan.dp)
+        #: bytes of one p2p activation message; ``sg``: scatter/gather transfers (SC21 §4.1)
+        self.msg_act = self.ops.T * spec.hidden * spec.dtype_bytes
+        self.sg = plan.pp_scatter_gather and plan.tp > 1 and not self.ops.sp
+        if self.ops.sp or self.sg:
+            self.msg_act /= plan.tp
+
+    def _new(self) -> tuple[GraphBuilder, StepEmitter]:
+        gb = GraphBuilder()
+        return gb, StepEmitter(gb, 0, self.mode)
+
+    def step_block(self, phase: str, first: bool, last: bool, final: bool) -> ExecutionGraph:
+        """Kernel template of one forward/backward step of one chunk (``final``: reduce gradients)."""
+        key = (phase, first, last, final)
+        blk = self._blocks.get(key)
+        if blk is not None:
+            return blk
+        _, e = self._new()
+        ops = self.ops
+        markers: dict = {}
+        if phase == "F":
+            if first:
+                ops.embedding_fwd(e)
+            for i in range(self.layers_per_chunk):
+                ops.layer_fwd(e, f"layer[{i}].")
+            if last:
+                ops.head_fwd(e)
+        else:
+            kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
+            dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
+            expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad")
+            if last:
+                ops.head_bwd(e)
+                if final:
+                    head = 2 * self.spec.hidden
+                    if self.p > 1 or not self.spec.tie_embeddings:
+                        head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
+                    dense.add(e, head, e.last)
+            for i in reversed(range(self.layers_per_chunk)):
+                ops.layer_bwd(e, f"layer[{i}].")
+                if final:
+                    dense.add(e, ops.layer_params - ops.expert_params, e.last)
+                    expert.add(e, ops.expert_params, e.last)
+            if first:
+                ops.embedding_bwd(e)
+                if final:
+                    dense.add(e, self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
+                              + self.spec.seq * self.spec.hidden, e.last)
+            if final:
+                dense.flush(e)
+                expert.flush(e)
+                markers["dp"] = dense.launched + expert.launched
+        blk = e.freeze(markers)
+        self._blocks[key] = blk
+        return blk
+
+    def preamble_block(self, gather: bool) -> ExecutionGraph:
+        """CPU sync after a blocking p2p exchange (+ the scatter/gather all-gather of a received tensor)."""
+        key = ("pre", gather)
+        blk = self._blocks.get(key)
+        if blk is not None:
+            return blk
+        _, e = self._new()
+        markers = {"sync": e.sync("p2p.synchronize")}
+        if gather:
+            ops = self.ops
+            k = ops.tp_collective(e, "p2p.all_gather", "all_gather", ops.T * self.spec.hidden)
+            markers["gather"] = k[0]
+        blk = e.freeze(markers)
+        self._blocks[key] = blk
+        return blk
+
+    def final_block(self, stage: int) -> ExecutionGraph:
+        """End of the iteration on ``stage``: non-overlapped DP reduce, tied-embedding and grad-norm
+        all-reduces, Adam, distributed-optimizer parameter all-gather."""
+        p = self.p
+        tied = p > 1 and self.spec.tie_embeddings and stage in (0, p - 1)
+        key = ("final", tied, stage == 0, stage == p - 1)
+        blk = self._blocks.get(key)
+        if blk is not None:
+            return blk
+        gb, e = self._new()
+        e.step_framework()  # device mode: backward()'s and optimizer.step()'s framework work, once per step
+        plan, spec = self.plan, self.spec
+        params = memory_per_stage(spec, plan)[stage].params
+        markers: dict = {"dp": [], "wait_compute": []}
+        if not plan.overlap_grad_reduce:
+            markers["dp"] = self._reduce_all_gradients(e, params)
+            markers["wait_compute"] = list(markers["dp"][:1])
+        groups: dict = {}
+        after_comm = list(markers["dp"])
+        if tied:
+            g_local = gb.new_group()
+            vocab_params = spec.padded_vocab(plan.tp) * spec.hidden / plan.tp
+            k = e.op("embedding_grad.all_reduce",
+                     [collective("embedding_grad.all_reduce", "all_reduce", vocab_params * self.grad_bytes,
+                                 self.lay.tied, self.grad_bytes)], comm=True, async_op=True, group=g_local)
+            groups["tied"] = g_local
+            markers["tied"] = k[0]
+            markers["wait_compute"].append(k[0])
+            after_comm.append(k[0])
+        local = params / (plan.dp if plan.distributed_optimizer else 1)
+        if spec.program == "eager" and plan.tp * plan.pp * plan.dp == 1:
+            self._eager_optimizer(e, local, after_comm, markers)
+        else:
+            groups["norm"] = gb.new_group()
+            self._megatron_optimizer(e, params, local, after_comm, markers, groups["norm"])
+        markers["groups"] = groups
+        blk = e.freeze(markers)
+        self._blocks[key] = blk
+        return blk
+
+    def _reduce_all_gradients(self, e: StepEmitter, params: float) -> list[int]:
+        """Without ``overlap_grad_reduce``: every gradient bucket after the last backward, dense
+        gradients first, then the experts'; returns the launched collectives."""
+        kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
+        dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
+        expert_total = self.ops.expert_params * self.layers_per_chunk * self.v
+        expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad")
+        for buckets, total in ((dense, params - expert_total), (expert, expert_total)):
+            remaining = total
+            while remaining > 0:
+                chunk = min(remaining, self.bucket_params)
+                buckets.add(e, chunk, None)
+                remaining -= chunk
+            buckets.flush(e)
+        return dense.launched + expert.launched
+
+    def _megatron_optimizer(self, e: StepEmitter, params: float, local: float, after: list[int], markers: dict,
+                            group: int) -> None:
+        """Megatron's step: gradient norm (local square sum + all-reduce over the model-parallel group
+        ``group``), fused multi-tensor Adam on the ``local`` parameters, and the parameter all-gather
+        of the distributed optimizer."""
+        plan, spec = self.plan, self.spec
+        norm = e.op("grad_norm", [eltwise("grad_norm.sq_sum", "elementwise", local, 4, rw=1.0)], after=after)
+        markers["grad_norm"] = norm[0]
+        e.op("grad_norm.all_reduce", [collective("grad_norm.all_reduce", "all_reduce", 4.0, self.lay.mp, 4)],
+             group=group)
+        e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
+                                 {"elements": local, "dtype_bytes": 4, "bytes": ADAM_BYTES_PER_PARAM * local})])
+        if plan.distributed_optimizer and plan.dp > 1:
+            e.op("param.all_gather", [collective("param.all_gather", "all_gather", params * spec.dtype_bytes,
+                                                 self.lay.dp, spec.dtype_bytes)])
+
+    def _eager_optimizer(self, e: StepEmitter, params: float, after: list[int], markers: dict) -> None:
+        """One process of plain PyTorch: ``clip_grad_norm``'s total norm (``_foreach_norm`` over the
+        gradients in chunks, ``stack``, a vector norm), then ``torch.optim.Adam(fused=True)``: the step
+        counters (``_foreach_add_``) and one fused kernel reading parameter, gradient and both moments
+        and writing parameter and moments, all in the parameters' dtype."""
+        dt = self.spec.dtype_bytes
+        tensors = 12 * self.spec.layers + 4  # per layer: 4 linear + 2 norm (weight, bias); tok, pos, final norm
+        chunks = max(1, -(-tensors // 12))
+        norm = e.op("grad_norm.foreach_norm", [eltwise(f"grad_norm.foreach_norm[{i}]", "elementwise", params / chunks,
+                                                       dt, rw=1.0) for i in range(chunks)], after=after)
+        markers["grad_norm"] = norm[0]
+        for i in range(tensors):  # each tensor's norm moved to the first's device (kernel-less on one device)
+            e.node(f"grad_norm.to[{i}]")
+        e.op("grad_norm.stack", [concat("grad_norm.stack", 1, tensors, tensors, 4)])
+        e.op("grad_norm.vector_norm", [eltwise("grad_norm.vector_norm", "elementwise", float(tensors), 4, rw=1.0)])
+        e.op("optimizer.step_count", [eltwise("adam.foreach_add", "elementwise", float(tensors), 4, rw=2.0)])
+        e.op("optimizer.step", [("adam.fused", "optimizer", Category.MEMORY,
+                                 {"elements": params, "dtype_bytes": dt, "bytes": 7.0 * dt * params})])
+        if e.mode == "device":
+            e.node("optimizer.zero_grad")
+        else:
+            e.op("optimizer.zero_grad", [])
+
+    def macro_block(self, phase: str, first: bool, last: bool) -> ExecutionGraph:
+        """Stage detail: one launch + one task lasting the simulated span of the kernel template."""
+        key = (phase, first, last)
+        blk = self._macro.get(key)
+        if blk is not None:
+            return blk
+        from predictor.simulate import simulate
+
+        kernel = self.step_block(phase, first, last, False)
+        tl = simulate(kernel, self.timing)
+        on_dev = kernel.category != Category.CPU
+        on_dev &= kernel.category != Category.SYNC
+        # from the step's first CPU op to its last kernel: after a blocking p2p sync the CPU
+        # launches the step from scratch, and a CPU-bound step is paced by its launches anyway;
+        # minus half the macro task's own launch call (the simulator adds it back)
+        end = float(tl.end[on_dev].max()) if on_dev.any() else 0.0
+        t4 = float(self.timing.overhead_seconds()[int(Overhead.T4)]) if hasattr(self.timing, "overhead_seconds") else 0.0
+        span = max(end - 0.5 * t4, 0.0)
+        gb = GraphBuilder()
+        cpu = gb.processor(0, ProcKind.CPU_THREAD, "cpu")
+        dev = gb.processor(0, ProcKind.GPU_STREAM, "stream compute") if self.mode == "device" else cpu
+        launch = gb.task(cpu, "cudaLaunchKernel", "launch", Category.CPU, overhead=Overhead.T4)
+        what = "forward" if phase == "F" else "backward"
+        task = gb.task(dev, f"stage {what} ({self.layers_per_chunk} layers{', embedding' if first else ''}"
+                            f"{', head' if last else ''})", "pipeline_step", Category.COMPUTE,
+                       duration=span, flops=float(np.nansum(kernel.flops)))
+        if dev != cpu:
+            gb.edge(launch, task, DepKind.CPU_GPU)
+        blk = gb.build(validate=False)
+        blk.meta["markers"] = {"first": task, "last": task}
+        self._macro[key] = blk
+        return blk
+
+    def estimate_tasks(self) -> int:
+        """Tasks of the kernel-detail graph (from the templates' sizes)."""
+        total = 0
+        for stage in range(self.p):
+            for st in schedule(self.plan.schedule, self.p, self.m, stage, self.v):
+                first, last = self.ends(st, stage)
+                total += self.step_block(st.phase, first, last, False).n_tasks
+        return total
+
+    def ends(self, st: Step, stage: int) -> tuple[bool, bool]:
+        """Whether ``st`` on ``stage`` runs the first (embedding) and the last (head) virtual stage."""
+        vs = st.chunk * self.p + stage
+        return vs == 0, vs == self.p * self.v - 1
