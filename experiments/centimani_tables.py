@@ -52,7 +52,7 @@ from predictor.memory import (  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 from predictor.sources.synth.decoupled import TimeOptions, predict_iteration  # noqa: E402
 from predictor.sources.synth.models import get_model_spec, mpt_spec  # noqa: E402
-from predictor.sources.synth.opgraph import trace_scalable, trace_training_step  # noqa: E402
+from predictor.sources.synth.op_trace import trace_scalable, trace_training_step  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.accelerators.evaluate import build_context, evaluate_unit, trace_model  # noqa: E402
@@ -282,7 +282,7 @@ TIME_CASES = {"mlp": (256, 1024), "gpt2-tiny": (8, 32), "bert-mini": (8, 32), "d
 def time_validation(repeats: int = 5) -> dict:
     """Predicted (cpu-local platform, decoupled model through the simulator) vs measured iteration time."""
     from predictor.sources.synth.decoupled import asset_timing
-    from predictor.sources.synth.opgraph import TrainingLoop
+    from predictor.sources.synth.training_loop import TrainingLoop
     from predictor.timing.platforms.cpu_local import measure_cpu_local
 
     torch.set_num_threads(THREADS)

@@ -297,7 +297,7 @@ def measure_training_peak(
     that allocate through it) with a timestamp. The profiler is started *before* the model is
     built, so the running sum of these events is the absolute number of bytes held by tensors;
     the result is the maximum of that sum during the second (steady-state) iteration, which
-    the same :class:`~predictor.sources.synth.opgraph.TrainingLoop` code runs as the trace does.
+    the same :class:`~predictor.sources.synth.training_loop.TrainingLoop` code runs as the trace does.
     Memory that does not go through the allocator (Python objects, oneDNN's own scratchpads,
     the interpreter) is not counted — it is not tensor memory.
 
@@ -305,7 +305,7 @@ def measure_training_peak(
     """
     import torch
 
-    from predictor.sources.synth.opgraph import TrainingLoop
+    from predictor.sources.synth.training_loop import TrainingLoop
 
     torch.manual_seed(seed)
     acts = [torch.profiler.ProfilerActivity.CPU]

@@ -23,14 +23,8 @@ from predictor.memory import (
 )
 from predictor.sources.synth.decoupled import TimeOptions, predict_iteration
 from predictor.sources.synth.models import ModelImportError, get_model_spec, parameter_count
-from predictor.sources.synth.opgraph import (
-    OP_KINDS,
-    Phase,
-    TensorCategory,
-    TraceError,
-    trace_scalable,
-    trace_training_step,
-)
+from predictor.sources.synth.op_trace import trace_scalable, trace_training_step
+from predictor.sources.synth.opgraph import OP_KINDS, Phase, TensorCategory, TraceError
 from predictor.timing.platforms import get_platform
 from tuner.cli import app
 

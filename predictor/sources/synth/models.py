@@ -11,7 +11,7 @@ with the batch size, returns the model's positional arguments) or from ``input_s
 float tensor of shape ``[batch, *input_shape]``). Its loss is the mean of the first output.
 
 Nothing here allocates when called under ``FakeTensorMode`` (see
-:mod:`predictor.sources.synth.opgraph`), so the large specs are analysed without their memory.
+:mod:`predictor.sources.synth.op_trace`), so the large specs are analysed without their memory.
 """
 
 from __future__ import annotations
