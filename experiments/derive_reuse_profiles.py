@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from predictor.sources.synth.dlrm_tables import RF_BIN_LABELS, parse_locality_stats
+from predictor.sources.synth.dlrm_reuse import RF_BIN_LABELS, parse_locality_stats
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = REPO.parent / "shared" / "data" / "dlrm_locality"

@@ -9,17 +9,15 @@ import numpy as np
 import pytest
 import yaml
 
-from predictor.sources.synth.dlrm_tables import (
-    HEAVY_FRACTION,
+from predictor.sources.synth.dlrm_reuse import (
     RF_BINS,
-    EmbeddingTables,
-    generate_tasks,
     load_locality_stats,
     parse_locality_stats,
     reuse_profile_meta,
     reuse_profiles,
     thin_reuse,
 )
+from predictor.sources.synth.dlrm_tables import HEAVY_FRACTION, EmbeddingTables, generate_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALITY_DIR = REPO.parent / "shared" / "data" / "dlrm_locality"

@@ -13,8 +13,8 @@ heavy table's backward 3x (measured 385 ms) and over-predicted another's 3x. Ind
 * a third of the wide grid's batches draw indices uniformly at random (the natural reuse of
   ``N`` draws from ``E`` rows);
 * the others take one of Meta's open DLRM reuse profiles (:func:`~predictor.sources.synth.
-  dlrm_tables.reuse_profiles`) thinned to this batch's size with
-  :func:`~predictor.sources.synth.dlrm_tables.thin_reuse`, and :func:`indices_for_reuse` draws
+  dlrm_reuse.reuse_profiles`) thinned to this batch's size with
+  :func:`~predictor.sources.synth.dlrm_reuse.thin_reuse`, and :func:`indices_for_reuse` draws
   rows with access counts in each bin accordingly.
 
 The features stored with the timing are the reuse factors *measured* on the generated batch
@@ -46,13 +46,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from predictor.sources.synth.dlrm_tables import (
-    RF_BINS,
-    reuse_profile_meta,
-    reuse_profiles,
-    sample_pooling,
-    thin_reuse,
-)
+from predictor.sources.synth.dlrm_reuse import RF_BINS, reuse_profile_meta, reuse_profiles, thin_reuse
+from predictor.sources.synth.dlrm_tables import sample_pooling
 from predictor.timing.calibration.base import (
     BenchContext,
     Benchmark,
