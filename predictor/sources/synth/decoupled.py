@@ -55,6 +55,10 @@ COMMON_KINDS = ("gemm", "conv", "attention")
 _TASK_KIND = {"gemm": "gemm", "conv": "conv2d", "attention": "bmm", "embedding": "embedding",
               "norm": "layer_norm", "elementwise": "elementwise", "copy": "memcpy"}
 _COMMON_TASK_KINDS = ("gemm", "conv2d", "bmm")
+#: task kinds of the iteration graph, in the order of its ``kinds`` table
+_GRAPH_KINDS = ("host_op", "launch", *sorted(set(_TASK_KIND.values())), "optimizer", "all_reduce", "all_gather",
+                "reduce_scatter", "data_loading", "accumulation")
+_KIND_ID = {k: i for i, k in enumerate(_GRAPH_KINDS)}
 _NO_KERNEL = (OP_KINDS.index("view"), OP_KINDS.index("alloc"))
 
 
@@ -274,18 +278,36 @@ def _buckets(g: OpGraph, bucket_bytes: float) -> list[tuple[int, float]]:
     return out
 
 
-def build_iteration_graph(
-    g: OpGraph,
-    platform: Platform,
-    usage: LevelUsage | None,
-    options: TimeOptions,
-) -> ExecutionGraph:
-    """One rank's iteration as an ExecutionGraph (columnar arrays, no per-task objects).
+@dataclass
+class _Tasks:
+    """Task order of the iteration graph: host tasks, kernels, collectives, then the data-loading task."""
 
-    Processors: 0 = host thread (per kernel op: dispatch T1 and launch T4), 1 = device
-    compute stream, 2 = communication stream, 3 = data-loading thread.
-    """
-    n_ops = g.n_ops
+    k_idx: np.ndarray  # op of each kernel task
+    host_op: np.ndarray  # op of each host task
+    host_is_launch: np.ndarray  # the host task is a T4 launch (else the op's T1 dispatch gap)
+    comm_ready: list[int]  # op whose kernel each collective waits for
+    comm_bytes: list[float]
+    comm_kind: list[str]
+
+    @property
+    def n_host(self) -> int:
+        return int(self.host_op.size)
+
+    @property
+    def nk(self) -> int:
+        return int(self.k_idx.size)
+
+    @property
+    def nc(self) -> int:
+        return len(self.comm_ready)
+
+    @property
+    def n(self) -> int:
+        return self.n_host + self.nk + self.nc + 1
+
+
+def _task_order(g: OpGraph, options: TimeOptions) -> _Tasks:
+    """Which ops run a kernel, the host tasks that dispatch them, and the gradient collectives."""
     kernel = ~np.isin(g.kind, _NO_KERNEL) & ((g.bytes_read + g.bytes_written) > 0)
     k_idx = np.flatnonzero(kernel)
     nk = k_idx.size
@@ -294,15 +316,10 @@ def build_iteration_graph(
     host_is_launch = np.concatenate([np.zeros(nk, dtype=bool), np.ones(nk, dtype=bool)])
     host_op = np.concatenate([k_idx, k_idx])
     host_order = np.lexsort((host_is_launch, host_op))
-    host_op = host_op[host_order]
-    host_is_launch = host_is_launch[host_order]
-    n_host = host_op.size
-    # communication tasks
-    world = max(int(options.n_devices), 1)
     comm_ready: list[int] = []
     comm_bytes: list[float] = []
     comm_kind: list[str] = []
-    if world > 1:
+    if max(int(options.n_devices), 1) > 1:
         for ready, nbytes in _buckets(g, options.bucket_bytes):
             msg = nbytes * options.compression_ratio
             if options.dp_mode == "fsdp":
@@ -313,82 +330,89 @@ def build_iteration_graph(
                 comm_ready.append(ready)
                 comm_bytes.append(msg)
                 comm_kind.append("all_reduce")
-    nc = len(comm_ready)
-    n = n_host + nk + nc + 1
-    # gradient accumulation: the GA-1 earlier micro-batches as one host task and one device task
-    # (their durations are filled from this micro-batch's by predict_iteration)
-    ga = max(int(options.gradient_accumulation), 1)
-    kinds = ["host_op", "launch", *sorted(set(_TASK_KIND.values())), "optimizer", "all_reduce", "all_gather",
-             "reduce_scatter", "data_loading", "accumulation"]
-    kind_id = {k: i for i, k in enumerate(kinds)}
-    # ----- columns
-    proc = np.concatenate([np.zeros(n_host), np.ones(nk), np.full(nc, 2), [3]]).astype(np.int32)
-    rank = np.zeros(n, dtype=np.int32)
-    overhead = np.concatenate([np.where(host_is_launch, int(Overhead.T4), int(Overhead.T1)),
-                               np.zeros(nk + nc + 1)]).astype(np.int8)
+    return _Tasks(k_idx, host_op[host_order], host_is_launch[host_order], comm_ready, comm_bytes, comm_kind)
+
+
+def _task_columns(g: OpGraph, t: _Tasks, data_s: float, world: int) -> tuple[dict, dict, np.ndarray]:
+    """Per-task columns (rank, proc, overhead, kind, category, duration, flops, bytes), the kernel
+    parameters, and the mask of the optimizer's kernels."""
+    n_host, nk, nc, n, k_idx = t.n_host, t.nk, t.nc, t.n, t.k_idx
+    kernels = slice(n_host, n_host + nk)
+    comms = slice(n_host + nk, n_host + nk + nc)
     op_kind_names = np.asarray(OP_KINDS, dtype=object)[g.kind[k_idx]]
     k_kind = np.asarray([_TASK_KIND.get(k, "elementwise") for k in op_kind_names], dtype=object)
     is_opt = g.phase[k_idx] == Phase.OPTIMIZER
     k_kind[is_opt & ~np.isin(k_kind, ["gemm", "conv2d", "bmm"])] = "optimizer"
-    kind = np.concatenate([
-        np.where(host_is_launch, kind_id["launch"], kind_id["host_op"]),
-        np.asarray([kind_id[k] for k in k_kind], dtype=np.int64),
-        np.asarray([kind_id[k] for k in comm_kind], dtype=np.int64),
-        [kind_id["data_loading"]],
-    ]).astype(np.int32)
     k_common = np.isin(g.kind[k_idx], [OP_KINDS.index(k) for k in COMMON_KINDS])
-    category = np.concatenate([
-        np.full(n_host, int(Category.CPU)),
-        np.where(k_common, int(Category.COMPUTE), int(Category.MEMORY)),
-        np.full(nc, int(Category.COMMUNICATION)),
-        [int(Category.CPU)],
-    ]).astype(np.int8)
+    cols = {
+        "rank": np.zeros(n, dtype=np.int32),
+        "proc": np.concatenate([np.zeros(n_host), np.ones(nk), np.full(nc, 2), [3]]).astype(np.int32),
+        "overhead": np.concatenate([np.where(t.host_is_launch, int(Overhead.T4), int(Overhead.T1)),
+                                    np.zeros(nk + nc + 1)]).astype(np.int8),
+        "kind": np.concatenate([
+            np.where(t.host_is_launch, _KIND_ID["launch"], _KIND_ID["host_op"]),
+            np.asarray([_KIND_ID[k] for k in k_kind], dtype=np.int64),
+            np.asarray([_KIND_ID[k] for k in t.comm_kind], dtype=np.int64),
+            [_KIND_ID["data_loading"]],
+        ]).astype(np.int32),
+        "category": np.concatenate([
+            np.full(n_host, int(Category.CPU)),
+            np.where(k_common, int(Category.COMPUTE), int(Category.MEMORY)),
+            np.full(nc, int(Category.COMMUNICATION)),
+            [int(Category.CPU)],
+        ]).astype(np.int8),
+    }
     nan = np.full(n, np.nan)
-    flops = nan.copy()
-    flops[n_host:n_host + nk] = np.nan_to_num(g.flops[k_idx])
-    nbytes = nan.copy()
-    nbytes[n_host:n_host + nk] = g.bytes_read[k_idx] + g.bytes_written[k_idx]
-    nbytes[n_host + nk:n_host + nk + nc] = comm_bytes
-    duration = nan.copy()
-    data_s = _data_loading_seconds(g, platform, options)
-    duration[-1] = data_s
+    cols["flops"] = nan.copy()
+    cols["flops"][kernels] = np.nan_to_num(g.flops[k_idx])
+    cols["bytes"] = nan.copy()
+    cols["bytes"][kernels] = g.bytes_read[k_idx] + g.bytes_written[k_idx]
+    cols["bytes"][comms] = t.comm_bytes
+    cols["duration"] = nan.copy()
+    cols["duration"][-1] = data_s
     params: dict[str, np.ndarray] = {}
     for col, src in (("m", g.m), ("n", g.n), ("k", g.k), ("batch", g.gemm_batch), ("dtype_bytes", g.dtype_bytes)):
-        arr = nan.copy()
-        arr[n_host:n_host + nk] = src[k_idx]
-        params[col] = arr
-    elems = nan.copy()
-    elems[n_host:n_host + nk] = np.nan_to_num(g.bytes_written[k_idx] / np.maximum(g.dtype_bytes[k_idx], 1.0))
-    params["elements"] = elems
-    msg = nan.copy()
-    msg[n_host + nk:n_host + nk + nc] = comm_bytes
-    params["msg_bytes"] = msg
-    wcol = nan.copy()
-    wcol[n_host + nk:n_host + nk + nc] = world
-    params["world"] = wcol
-    # ----- names: the ATen op of every op task
+        params[col] = nan.copy()
+        params[col][kernels] = src[k_idx]
+    params["elements"] = nan.copy()
+    params["elements"][kernels] = np.nan_to_num(g.bytes_written[k_idx] / np.maximum(g.dtype_bytes[k_idx], 1.0))
+    params["msg_bytes"] = nan.copy()
+    params["msg_bytes"][comms] = t.comm_bytes
+    params["world"] = nan.copy()
+    params["world"][comms] = world
+    return cols, params, is_opt
+
+
+def _task_names(g: OpGraph, t: _Tasks) -> tuple[np.ndarray, list[str]]:
+    """The name column (the ATen op of every op task) and the name table."""
     op_names = np.asarray(g.names, dtype=object)[g.op_name]
     names_list = list(dict.fromkeys([*op_names.tolist(), "launch", "all_reduce", "all_gather", "reduce_scatter",
                                      "data_loading"]))
     name_id = {s: i for i, s in enumerate(names_list)}
     op_name_ids = np.asarray([name_id[s] for s in op_names], dtype=np.int32)
     name = np.concatenate([
-        np.where(host_is_launch, name_id["launch"], op_name_ids[host_op]),
-        op_name_ids[k_idx],
-        np.asarray([name_id[k] for k in comm_kind], dtype=np.int32),
+        np.where(t.host_is_launch, name_id["launch"], op_name_ids[t.host_op]),
+        op_name_ids[t.k_idx],
+        np.asarray([name_id[k] for k in t.comm_kind], dtype=np.int32),
         [name_id["data_loading"]],
     ]).astype(np.int32)
-    # ----- edges
-    kernel_task_of_op = np.full(n_ops, -1, dtype=np.int64)
-    kernel_task_of_op[k_idx] = n_host + np.arange(nk)
-    launch_pos = np.flatnonzero(host_is_launch)
+    return name, names_list
+
+
+def _task_edges(g: OpGraph, t: _Tasks, is_opt: np.ndarray, options: TimeOptions) -> tuple[list, list, list]:
+    """(sources, destinations, kinds) of the edges, as lists of arrays: launches, bucket readiness,
+    the optimizer waiting for the buckets, and data loading before the step when it does not overlap."""
+    n_host, nk, nc = t.n_host, t.nk, t.nc
+    kernel_task_of_op = np.full(g.n_ops, -1, dtype=np.int64)
+    kernel_task_of_op[t.k_idx] = n_host + np.arange(nk)
+    launch_pos = np.flatnonzero(t.host_is_launch)
     src = [launch_pos]
-    dst = [kernel_task_of_op[host_op[launch_pos]]]
+    dst = [kernel_task_of_op[t.host_op[launch_pos]]]
     ek = [np.full(launch_pos.size, int(DepKind.CPU_GPU))]
     if nc:
         # a bucket waits for the kernel that produced its last gradient (or the nearest earlier kernel)
         kernel_before = np.maximum.accumulate(np.where(kernel_task_of_op >= 0, kernel_task_of_op, -1))
-        ready_task = kernel_before[np.asarray(comm_ready)]
+        ready_task = kernel_before[np.asarray(t.comm_ready)]
         comm_tasks = n_host + nk + np.arange(nc)
         ok = ready_task >= 0
         src.append(ready_task[ok])
@@ -401,47 +425,58 @@ def build_iteration_graph(
             dst.append(np.full(nc, first_opt))
             ek.append(np.full(nc, int(DepKind.GPU_GPU)))
     if not options.overlap_data_loading and n_host:
-        src.append(np.asarray([n - 1]))
+        src.append(np.asarray([t.n - 1]))
         dst.append(np.asarray([0]))
         ek.append(np.asarray([int(DepKind.CPU_CPU)]))
-    on_chip = np.zeros(n)
-    on_chip[n_host:n_host + nk] = _on_chip_bytes(g, usage, platform)[k_idx]
-    task_phase = np.full(n, -1, dtype=np.int8)
-    task_phase[:n_host] = g.phase[host_op]
-    task_phase[n_host:n_host + nk] = g.phase[k_idx]
+    return src, dst, ek
+
+
+def _prepend_accumulation(cols: dict, params: dict, names: list[str], src: list, dst: list, ga: int) -> None:
+    """Gradient accumulation: a host task before the first host task and a device task before the
+    first kernel stand for the ``ga - 1`` earlier micro-batches (durations set by
+    :func:`prepare_iteration`); stream and thread order make the last micro-batch wait for them."""
+    name_acc = len(names)
+    names.append(f"{ga - 1} accumulated micro-batches")
+    head = {"rank": [0, 0], "proc": [0, 1], "name": [name_acc, name_acc], "kind": [_KIND_ID["accumulation"]] * 2,
+            "category": [int(Category.CPU), int(Category.COMPUTE)], "overhead": [0, 0],
+            "duration": [np.nan, np.nan], "flops": [np.nan, np.nan], "bytes": [np.nan, np.nan],
+            "on_chip": [0.0, 0.0], "task_phase": [-1, -1]}
+    for key, first in head.items():
+        cols[key] = np.concatenate([first, cols[key]]).astype(cols[key].dtype)
+    for key, v in params.items():
+        params[key] = np.concatenate([[np.nan, np.nan], v])
+    src[:] = [x + 2 for x in src]
+    dst[:] = [x + 2 for x in dst]
+
+
+def build_iteration_graph(
+    g: OpGraph,
+    platform: Platform,
+    usage: LevelUsage | None,
+    options: TimeOptions,
+) -> ExecutionGraph:
+    """One rank's iteration as an ExecutionGraph (columnar arrays, no per-task objects).
+
+    Processors: 0 = host thread (per kernel op: dispatch T1 and launch T4), 1 = device
+    compute stream, 2 = communication stream, 3 = data-loading thread.
+    """
+    t = _task_order(g, options)
+    data_s = _data_loading_seconds(g, platform, options)
+    cols, params, is_opt = _task_columns(g, t, data_s, max(int(options.n_devices), 1))
+    cols["name"], names_list = _task_names(g, t)
+    src, dst, ek = _task_edges(g, t, is_opt, options)
+    kernels = slice(t.n_host, t.n_host + t.nk)
+    cols["on_chip"] = np.zeros(t.n)
+    cols["on_chip"][kernels] = _on_chip_bytes(g, usage, platform)[t.k_idx]
+    cols["task_phase"] = np.full(t.n, -1, dtype=np.int8)
+    cols["task_phase"][: t.n_host] = g.phase[t.host_op]
+    cols["task_phase"][kernels] = g.phase[t.k_idx]
+    ga = max(int(options.gradient_accumulation), 1)
     if ga > 1:
-        # prepend: host accumulation task before the first host task, device one before the first kernel
-        extra = 2
-        shift = np.full(n, extra, dtype=np.int64)
-        rank = np.concatenate([[0, 0], rank]).astype(np.int32)
-        proc = np.concatenate([[0, 1], proc]).astype(np.int32)
-        name_acc = len(names_list)
-        names_list.append(f"{ga - 1} accumulated micro-batches")
-        name = np.concatenate([[name_acc, name_acc], name]).astype(np.int32)
-        kind = np.concatenate([[kind_id["accumulation"]] * 2, kind]).astype(np.int32)
-        category = np.concatenate([[int(Category.CPU), int(Category.COMPUTE)], category]).astype(np.int8)
-        overhead = np.concatenate([[0, 0], overhead]).astype(np.int8)
-        duration = np.concatenate([[np.nan, np.nan], duration])
-        flops = np.concatenate([[np.nan, np.nan], flops])
-        nbytes = np.concatenate([[np.nan, np.nan], nbytes])
-        params = {k: np.concatenate([[np.nan, np.nan], v]) for k, v in params.items()}
-        on_chip = np.concatenate([[0.0, 0.0], on_chip])
-        task_phase = np.concatenate([[-1, -1], task_phase]).astype(np.int8)
-        src = [x + shift[: x.size] for x in src]
-        dst = [x + shift[: x.size] for x in dst]
-        # the last micro-batch's first kernel waits for the accumulated ones (stream order does it)
-        n += extra
+        _prepend_accumulation(cols, params, names_list, src, dst, ga)
     graph = ExecutionGraph(
-        rank=rank,
-        proc=proc,
-        name=name,
-        kind=kind,
-        category=category,
-        overhead=overhead,
-        duration=duration,
-        flops=flops,
-        bytes=nbytes,
-        group=np.full(n, -1, dtype=np.int32),
+        **{k: cols[k] for k in ("rank", "proc", "name", "kind", "category", "overhead", "duration", "flops", "bytes")},
+        group=np.full(cols["proc"].size, -1, dtype=np.int32),
         params=params,
         proc_rank=np.zeros(4, dtype=np.int32),
         proc_kind=np.asarray([ProcKind.CPU_THREAD, ProcKind.GPU_STREAM, ProcKind.GPU_STREAM, ProcKind.CPU_THREAD],
@@ -451,9 +486,9 @@ def build_iteration_graph(
         edge_dst=np.concatenate(dst).astype(np.int32),
         edge_kind=np.concatenate(ek).astype(np.int8),
         names=names_list,
-        kinds=kinds,
-        meta={"on_chip_bytes": on_chip, "data_loading_s": data_s, "op_index_of_kernel": k_idx,
-              "accumulation": ga, "task_phase": task_phase},
+        kinds=list(_GRAPH_KINDS),
+        meta={"on_chip_bytes": cols["on_chip"], "data_loading_s": data_s, "op_index_of_kernel": t.k_idx,
+              "accumulation": ga, "task_phase": cols["task_phase"]},
     )
     graph.validate()
     return graph
