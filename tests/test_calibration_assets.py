@@ -130,7 +130,7 @@ def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.Mo
     import shutil
 
     import predictor.timing.platforms.assets as assets
-    from predictor.timing.platforms.cpu_local import _cpu_model, cpu_signature
+    from predictor.timing.platforms.cpu_local import cpu_model, cpu_signature
 
     root = tmp_path / "assets"
     root.mkdir()
@@ -147,7 +147,7 @@ def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.Mo
         return d
 
     other = {**cpu_signature(), "torch_capability": "SOMETHING_ELSE"}
-    copy("cpu-local", cpu_model=_cpu_model())  # no CPU record (before session 21), same model name
+    copy("cpu-local", cpu_model=cpu_model())  # no CPU record (before session 21), same model name
     assert assets.cpu_local_pack() == root / "cpu-local"
     copy("cpu-local-b", cpu=other)  # another CPU's: never chosen
     assert assets.cpu_local_pack() == root / "cpu-local"

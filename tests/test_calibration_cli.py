@@ -81,10 +81,9 @@ def test_scale_multiplies_grids_and_is_recorded(tmp_path: Path):
     assert ctx("quick", 4.0).count(tiny=3, quick=350, full=1500) == 1400
     assert ctx("quick", 0.25).count(tiny=3, quick=2, full=9) == 1  # at least one
     assert ctx("full", 1.0).count(tiny=3, quick=350, full=1500) == 1500
-    from predictor.timing.calibrate import calibrate
+    from predictor.timing.calibrate import CalibrationOptions, calibrate
 
-    pack = calibrate("cpu", tmp_path / "s", tiny=True, threads=1, families=["elementwise"], scale=2.0,
-                     log=lambda _: None, register=False)
+    pack = calibrate(CalibrationOptions("cpu", out=tmp_path / "s", tiny=True, threads=1, families=["elementwise"], scale=2.0), log=lambda _: None, register=False)
     assert pack.manifest["scale"] == 2.0
 
 
@@ -155,7 +154,7 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytes
     assert pack.platform.interconnect.intra_node_latency_s > 0
     # every pass's median of single calls is kept (pass_s, mean_s their mean); the sample is the median
     # over all the calls of every pass, which lies between the passes' medians
-    from predictor.timing.calibrate import collective_passes
+    from predictor.timing.calibrate.options import collective_passes
 
     data = pd.read_csv(tmp_path / "coll" / "data" / "collectives.csv")
     passes = [[float(v) for v in str(s).split(";")] for s in data["pass_s"]]
@@ -167,7 +166,7 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytes
     np.testing.assert_allclose(data["median_s"], lo, rtol=1e-4)  # the fastest pass's median
     assert (data["call_mean_s"] > 0).all()
     # the platform keeps each kind's wait: median over its sizes of mean call - median call
-    from predictor.timing.calibrate import collective_wait
+    from predictor.timing.calibrate.calibrated_platform import collective_wait
 
     assert pack.platform.collective_wait_s[2] == pytest.approx(collective_wait(data, 2))
     assert set(pack.platform.collective_wait_s[2]) == {"all_reduce", "all_to_all", "all_gather", "reduce_scatter"}
@@ -186,7 +185,7 @@ def test_calibrate_gloo_collectives_two_ranks(tmp_path: Path, monkeypatch: pytes
 
 
 def test_a_refit_estimates_the_contention_again_from_the_stored_probe():
-    from predictor.timing.calibrate import _contention_again
+    from predictor.timing.calibrate.probes import contention_again
     from predictor.timing.calibration.contention import CONTENTION_ESTIMATOR, factors
 
     raw = [{c: [[1.0, 1.2], [1.0, 1.4]] for c in ("embedding", "memory", "compute")},
@@ -194,13 +193,13 @@ def test_a_refit_estimates_the_contention_again_from_the_stored_probe():
     stored = {"embedding": 9.0, "memory": 9.0, "compute": 9.0}
     m = {"host_contention_probe": {"world": 2, "estimator": "an older one", "per_process": raw}}
     info: dict = {}
-    again = _contention_again(m, 2, stored, info)
+    again = contention_again(m, 2, stored, info)
     assert again == pytest.approx(factors(raw, CONTENTION_ESTIMATOR))
     assert CONTENTION_ESTIMATOR in info["host_contention"]
     assert m["host_contention_probe"]["estimator"] == CONTENTION_ESTIMATOR
     # a pack without the raw timings (before 2026-11-25), or of another world size, keeps its factors
-    assert _contention_again({}, 2, stored, {}) == stored
-    assert _contention_again(m, 4, stored, {}) == stored
+    assert contention_again({}, 2, stored, {}) == stored
+    assert contention_again(m, 4, stored, {}) == stored
 
 
 def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -403,7 +402,7 @@ def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypa
     _assert_refit_refuses(base, tmp_path / "bad", (
         ([f"data_movement={spell}"], "the pack timed only transpose"),))
     res = runner.invoke(app, ["calibrate", "--refit", str(spell), "--out", str(tmp_path / "bad")])
-    assert res.exit_code == 2 and "holds a spell of transpose only" in res.output
+    assert res.exit_code == 2 and "holds a timing-only run of transpose" in res.output
     assert not (tmp_path / "bad").exists()
     for args, message in ((["--kernels", "transpose"], "add --no-fit"),
                           (["--kernels", "relu", "--no-fit"], "'relu' is no kernel of the families run"),
@@ -420,7 +419,7 @@ def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypa
 def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--match-level`` divides each taken kernel's times by their median ratio to the refitted pack's own model:
     a calibration from a spell twice as slow adds the same shapes at the same level as one from the pack's spell."""
-    from predictor.timing.calibrate import TIME_COLUMNS, match_level
+    from predictor.timing.calibrate.pool import TIME_COLUMNS, match_level
 
     base, other = _two_data_movement_packs(tmp_path, monkeypatch)
     pack = load_asset_pack(base)
@@ -459,7 +458,7 @@ def test_refit_pools_a_kernels_samples_over_several_packs(tmp_path: Path, monkey
     ``--match-level`` each pack's samples are brought to the refitted pack's pace on their own (a spell twice as slow
     adds its shapes at the pack's level), and the manifest records each pack with its pace under ``sources``.
     Keys of one family with other kernels may be given side by side; a kernel under two keys is refused."""
-    from predictor.timing.calibrate import TIME_COLUMNS, match_level
+    from predictor.timing.calibrate.pool import TIME_COLUMNS, match_level
 
     base, other = _two_data_movement_packs(tmp_path, monkeypatch)
     pack = load_asset_pack(base)
@@ -545,7 +544,7 @@ def test_refit_takes_a_family_from_another_pack_of_the_same_machine(tmp_path: Pa
 
 
 def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
-    from predictor.timing.calibrate import LOCKSTEP_TIMING_FIELDS, TIMING_FIELDS, timing_fields
+    from predictor.timing.calibrate.pool import LOCKSTEP_TIMING_FIELDS, TIMING_FIELDS, timing_fields
 
     # the GEMM timing concerns the GEMMs alone: a softmax table from a warm-GEMM calibration fits a cold-GEMM pack
     assert "gemm_timing" in timing_fields("gemm") and "gemm_timing" not in timing_fields("softmax")
@@ -557,7 +556,7 @@ def test_a_family_is_checked_only_on_the_timing_fields_it_depends_on():
     # the memory-bound families named there are the ones whose benchmarks follow the memory-bound timing flag
     import importlib
 
-    from predictor.timing.calibrate import FIELD_FAMILIES
+    from predictor.timing.calibrate.pool import FIELD_FAMILIES
     from predictor.timing.calibration import FAMILIES
 
     def bench_class(path: str):

@@ -189,7 +189,7 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     back the smooth part plus the faults of a fresh mapping."""
     import pandas as pd
 
-    from predictor.timing.calibrate import _learned_seconds
+    from predictor.timing.calibrate.fit import learned_seconds
     from predictor.timing.kernels.host_memory import allocation_fault_seconds
 
     host = get_platform("a100-80gb").model_copy(update={"page_fault_s": 1.5e-6, "fresh_mapping_bytes": 32 * 2**20})
@@ -206,10 +206,10 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     counted[np.flatnonzero(faults > 0)[::3]] = 0.0  # a third of them served from a free heap block
     frame = pd.DataFrame({**cols, "kind": "embedding_bag_bwd", "seconds": smooth + counted * 1.5e-6,
                           "faults": counted})
-    target = _learned_seconds(frame, host)
+    target = learned_seconds(frame, host)
     np.testing.assert_allclose(target, smooth)  # the fit sees only the smooth part
     # without a fault count (packs calibrated before the timer counted them) the times are fitted as measured
-    np.testing.assert_array_equal(_learned_seconds(frame.drop(columns="faults"), host), frame["seconds"])
+    np.testing.assert_array_equal(learned_seconds(frame.drop(columns="faults"), host), frame["seconds"])
     feats = ("batch", "pooling", "dim")
     x = np.stack([cols[f] for f in feats], axis=1)
     net = fit_mlp(x[:240], target[:240], feats, work=feats, grid=[MLPConfig(3, 32, "adam", 1e-2)], epochs=1500, seed=0)
@@ -225,25 +225,25 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     other = pd.DataFrame({"kind": ["concat", "mm", "optimizer"], "elements": [1e7, np.nan, 1e7],
                           "m": [np.nan, 4096.0, np.nan], "n": [np.nan, 4096.0, np.nan], "dtype_bytes": 4.0,
                           "seconds": 0.05, "faults": 1000.0})
-    np.testing.assert_allclose(_learned_seconds(other, host), [0.05 - 1.5e-3, 0.05 - 1.5e-3, 0.05])
+    np.testing.assert_allclose(learned_seconds(other, host), [0.05 - 1.5e-3, 0.05 - 1.5e-3, 0.05])
     roof = FittedRoofline({"concat": RooflineFit(2e-6, (), (20e9,))})
     cat = TaskView.from_columns("concat", elements=[1e7, 1e3], dtype_bytes=[4.0, 4.0])
     np.testing.assert_allclose(roof.predict(cat, host) - roof.predict(cat, get_platform("a100-80gb")),
                                [np.ceil(4e7 / 4096) * 1.5e-6, 0.0])
     # the target never drops below a tenth of the measurement (a fault cost measured in a faster spell)
     over = host.model_copy(update={"page_fault_s": 1.0})
-    assert (_learned_seconds(frame, over) >= 0.1 * frame["seconds"].to_numpy() - 1e-18).all()
+    assert (learned_seconds(frame, over) >= 0.1 * frame["seconds"].to_numpy() - 1e-18).all()
 
 
 def test_rounds_merge_keeps_the_median_round_and_spread():
     import pandas as pd
 
-    from predictor.timing.calibrate import _merge_passes
+    from predictor.timing.calibrate.run import merge_rounds
 
     a = pd.DataFrame({"kernel": ["x", "x", "y"], "case": [0, 1, 0], "m": [1, 2, 3], "seconds": [1.0, 2.0, 3.0]})
     b = pd.DataFrame({"kernel": ["x", "y"], "case": [1, 0], "m": [2, 3], "seconds": [1.5, 4.5]})
     c = pd.DataFrame({"kernel": ["y"], "case": [0], "m": [3], "seconds": [9.0]})
-    merged = _merge_passes([a, b, c]).set_index(["kernel", "case"])
+    merged = merge_rounds([a, b, c]).set_index(["kernel", "case"])
     # the typical round, not the fastest: a step runs in the machine's typical state
     assert merged.loc[("x", 1), "seconds"] == pytest.approx(1.75) and merged.loc[("y", 0), "seconds"] == 4.5
     assert merged.loc[("x", 0), "seconds"] == 1.0 and merged.loc[("y", 0), "rounds"] == 3
@@ -285,17 +285,17 @@ def test_roofline_peak_ignores_floor_dominated_regimes():
 
 
 def test_held_out_split_of_a_kernel_does_not_depend_on_other_kernels():
-    from predictor.timing.calibrate import HOLDOUT_FRACTION, _split
+    from predictor.timing.calibrate.fit import HOLDOUT_FRACTION, holdout_split
 
-    tr, te = _split(100, 0, "relu")
+    tr, te = holdout_split(100, 0, "relu")
     assert len(te) == round(HOLDOUT_FRACTION * 100) and len(tr) + len(te) == 100
     assert not set(tr) & set(te)
     # the same kernel, seed and count: the same split, whatever was split before it
-    _split(2045, 0, "addmm/fp32")
-    tr2, te2 = _split(100, 0, "relu")
+    holdout_split(2045, 0, "addmm/fp32")
+    tr2, te2 = holdout_split(100, 0, "relu")
     assert np.array_equal(te, te2) and np.array_equal(tr, tr2)
-    assert not np.array_equal(te, _split(100, 0, "gelu")[1])  # kernels get their own permutations
-    assert not np.array_equal(te, _split(100, 1, "relu")[1])  # and the pack seed matters
+    assert not np.array_equal(te, holdout_split(100, 0, "gelu")[1])  # kernels get their own permutations
+    assert not np.array_equal(te, holdout_split(100, 1, "relu")[1])  # and the pack seed matters
 
 
 def _ragged_or_aligned(rng: np.random.Generator, n: int) -> np.ndarray:

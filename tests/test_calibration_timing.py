@@ -168,7 +168,7 @@ def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
     # rows keep the grid's case index, so the rounds' frames merge into one row per shape
     import pandas as pd
 
-    from predictor.timing.calibrate import _merge_passes
+    from predictor.timing.calibrate.run import merge_rounds
     from predictor.timing.calibration.base import run_cases
 
     calls: list[int] = []
@@ -178,7 +178,7 @@ def test_spread_rounds_time_each_case_once_with_its_grid_index() -> None:
         frame = run_cases(_instant_ctx(part=(k, 3)), cases, "k")
         assert sorted(frame["case"]) == [i for i in range(7) if i % 3 == k]
         frames.append(frame)
-    merged = _merge_passes(frames)
+    merged = merge_rounds(frames)
     assert sorted(merged["case"]) == list(range(7)) and (merged["rounds"] == 1).all()
     assert isinstance(merged, pd.DataFrame) and set(calls) == set(range(7))
 
@@ -198,11 +198,11 @@ def test_every_round_of_a_calibration_retimes_the_shapes_the_first_reached(tmp_p
     import pandas as pd
 
     import predictor.timing.calibrate as cal
+    from predictor.timing.calibrate import options
 
-    monkeypatch.setitem(cal.PASSES, "tiny", 3)
-    monkeypatch.setitem(cal.BUDGETS, "tiny", {"default": 1e-3})  # each round stops after its first few shapes
-    pack = cal.calibrate("cpu", tmp_path / "r", tiny=True, threads=1, families=["elementwise"],
-                         log=lambda _: None, register=False)
+    monkeypatch.setitem(options.PASSES, "tiny", 3)
+    monkeypatch.setitem(options.BUDGETS, "tiny", {"default": 1e-3})  # each round stops after its first few shapes
+    pack = cal.calibrate(cal.CalibrationOptions("cpu", out=tmp_path / "r", tiny=True, threads=1, families=["elementwise"]), log=lambda _: None, register=False)
     frame = pd.read_csv(pack.path / "data" / "elementwise.csv")
     assert 4 <= len(frame) < 60 and (frame["rounds"] == 3).all()
     assert pack.manifest["later_rounds"] == "reached"

@@ -8,7 +8,7 @@ import pytest
 
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
-from predictor.timing.calibrate import collective_wait
+from predictor.timing.calibrate.calibrated_platform import collective_wait
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.platforms import get_platform
 from predictor.timing.platforms.schema import Platform

@@ -30,10 +30,9 @@ def test_host_check_warns_once_and_only_for_a_pack(capsys):
 
 
 def test_a_fresh_cpu_calibration_records_its_cpu(tmp_path):
-    from predictor.timing.calibrate import calibrate, refit
+    from predictor.timing.calibrate import CalibrationOptions, calibrate, refit
 
-    pack = calibrate("cpu", tmp_path / "p", tiny=True, threads=1, families=["elementwise"], register=False,
-                     log=lambda s: None)
+    pack = calibrate(CalibrationOptions("cpu", out=tmp_path / "p", tiny=True, threads=1, families=["elementwise"]), register=False, log=lambda s: None)
     assert pack.manifest["cpu"] == cpu_signature()
     again = refit(tmp_path / "p", tmp_path / "q", log=lambda s: None, register=False)
     assert again.manifest["cpu"] == pack.manifest["cpu"]  # a refit keeps the measuring host's record

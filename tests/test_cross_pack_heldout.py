@@ -8,13 +8,13 @@ import json
 import pytest
 
 from experiments import cross_pack_heldout
-from predictor.timing.calibrate import calibrate
+from predictor.timing.calibrate import CalibrationOptions, calibrate
 
 
 @pytest.fixture(scope="module")
 def tiny_pack(tmp_path_factory):
     out = tmp_path_factory.mktemp("cross") / "p"
-    calibrate("cpu", out, tiny=True, threads=1, families=["elementwise"], register=False, log=lambda s: None)
+    calibrate(CalibrationOptions("cpu", out=out, tiny=True, threads=1, families=["elementwise"]), register=False, log=lambda s: None)
     return out
 
 

@@ -11,10 +11,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
-    from predictor.timing.calibrate import calibrate
+    from predictor.timing.calibrate import CalibrationOptions, calibrate
     from predictor.timing.platforms.assets import load_asset_pack
 
-    pack = calibrate("cuda", tmp_path / "gpu-tiny", tiny=True, register=False, log=lambda s: None)
+    pack = calibrate(CalibrationOptions("cuda", out=tmp_path / "gpu-tiny", tiny=True), register=False, log=lambda s: None)
     again = load_asset_pack(tmp_path / "gpu-tiny")
     assert pack.name == again.name == "gpu-tiny"
     kernels = {r["kernel"] for r in again.error_table}

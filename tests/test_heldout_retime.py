@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor.timing.calibrate import calibrate
+from predictor.timing.calibrate import CalibrationOptions, calibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,8 +26,7 @@ def _module():
 @pytest.fixture(scope="module")
 def tiny_pack(tmp_path_factory):
     out = tmp_path_factory.mktemp("retime") / "p"
-    calibrate("cpu", out, tiny=True, threads=1, families=["elementwise", "data_movement"], register=False,
-              log=lambda s: None)
+    calibrate(CalibrationOptions("cpu", out=out, tiny=True, threads=1, families=["elementwise", "data_movement"]), register=False, log=lambda s: None)
     return out
 
 

@@ -140,7 +140,7 @@ def test_the_lockstep_probe_runs_two_gloo_processes():
 
 
 def test_calibration_spreads_the_host_probes_rounds_over_its_bursts_and_pools_them_per_process():
-    from predictor.timing.calibrate import _pooled, burst_rounds
+    from predictor.timing.calibrate.probes import burst_rounds, pooled_rounds
 
     for total in range(0, 10):
         for bursts in (1, 2, 3):
@@ -149,8 +149,8 @@ def test_calibration_spreads_the_host_probes_rounds_over_its_bursts_and_pools_th
     assert [burst_rounds(5, 3, i) for i in range(3)] == [2, 2, 1]
     first = [{"free_s": [1.0], "sync_s": [0.1]}, {"free_s": [2.0], "sync_s": [0.2]}]
     second = [{"free_s": [3.0, 4.0], "sync_s": [0.3, 0.4]}, {"free_s": [5.0, 6.0], "sync_s": [0.5, 0.6]}]
-    assert _pooled([], first) == first
-    assert _pooled(first, second) == [{"free_s": [1.0, 3.0, 4.0], "sync_s": [0.1, 0.3, 0.4]},
+    assert pooled_rounds([], first) == first
+    assert pooled_rounds(first, second) == [{"free_s": [1.0, 3.0, 4.0], "sync_s": [0.1, 0.3, 0.4]},
                                       {"free_s": [2.0, 5.0, 6.0], "sync_s": [0.2, 0.5, 0.6]}]
     with pytest.raises(ValueError):  # a burst of another world size
-        _pooled(first, second[:1])
+        pooled_rounds(first, second[:1])

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-import predictor.timing.calibrate as calibrate_mod
+import predictor.timing.calibrate.fit as calibrate_mod
 from experiments import learning_curve
-from predictor.timing.calibrate import _split, calibrate
+from predictor.timing.calibrate import CalibrationOptions, calibrate
+from predictor.timing.calibrate.fit import holdout_split
 
 
 def test_shares_grow_the_training_set_and_keep_the_split(tmp_path):
     out = tmp_path / "p"
-    calibrate("cpu", out, tiny=True, threads=1, families=["elementwise"], register=False, log=lambda s: None)
+    calibrate(CalibrationOptions("cpu", out=out, tiny=True, threads=1, families=["elementwise"]), register=False, log=lambda s: None)
     df = learning_curve.run([out], ["add"], [0.5, 1.0], log=lambda s: None)
     assert list(df.share) == [0.5, 1.0]
     assert df.train.iloc[0] < df.train.iloc[1]
     assert df.test.nunique() == 1  # the held-out set does not move with the share
-    assert calibrate_mod._split is _split  # the patch is undone
+    assert calibrate_mod.holdout_split is holdout_split  # the patch is undone
     assert "## add" in learning_curve.markdown(df, "cmd")
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.timing.calibrate import CalibrationError, _fit_all, _split
+from predictor.timing.calibrate import CalibrationError
+from predictor.timing.calibrate.fit import fit_models, holdout_split
 from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.gemm import GemmBenchmark
 from predictor.timing.calibration.timing import Timer
@@ -53,13 +54,13 @@ def test_cpu_gemm_specs_pool_the_three_ops_of_a_dtype_with_route_inputs():
 
 def test_pooled_fit_is_one_net_under_every_route_and_scores_each_kernel_on_its_own_split():
     frame = _gemm_frame()
-    models, table = _fit_all({"gemm": frame}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
+    models, table = fit_models({"gemm": frame}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
     nets = models["gemm"].nets
     assert nets["addmm/fp32"] is nets["mm/fp32"] is nets["bmm/fp32"]
     rows = {r["kernel"]: r for r in table}
     assert set(rows) == {"addmm/fp32", "mm/fp32", "bmm/fp32"}
     for kernel, r in rows.items():
-        _, te = _split(int((frame["kernel"] == kernel).sum()), 0, kernel)
+        _, te = holdout_split(int((frame["kernel"] == kernel).sum()), 0, kernel)
         assert r["test"] == len(te)  # each kernel's own held-out 20 %
         assert "one net over addmm/fp32, mm/fp32, bmm/fp32" in r["model"]
         assert r["gmae_pct"] < 25.0  # a smooth synthetic law: the pooled net learns all three ops
@@ -75,7 +76,7 @@ def test_pooled_fit_is_one_net_under_every_route_and_scores_each_kernel_on_its_o
 
 
 def test_a_task_without_a_batch_column_is_timed_by_the_pooled_net_not_the_fallback():
-    models, _ = _fit_all({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
+    models, _ = fit_models({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
     model: MLPKernelModel = models["gemm"]
     view = TaskView.from_columns("linear", m=[128.0], n=[512.0], k=[256.0], dtype_bytes=[4.0])
     got = model.predict(view, CPU)[0]
@@ -90,13 +91,13 @@ def test_pooled_kernels_must_share_one_input_layout():
     specs = _cpu_specs()
     specs[2] = (specs[2][0], dataclasses.replace(specs[2][1], features=(*specs[2][1].features, "gemm_bytes")))
     with pytest.raises(CalibrationError, match="one input layout"):
-        _fit_all({"gemm": _gemm_frame()}, specs, "tiny", 0, CPU, log=lambda s: None)
+        fit_models({"gemm": _gemm_frame()}, specs, "tiny", 0, CPU, log=lambda s: None)
 
 
 def test_a_pool_of_one_is_that_kernels_own_fit():
     frame = _gemm_frame()
     spec = _cpu_specs()[2]  # bmm/fp32 alone
-    models, table = _fit_all({"gemm": frame}, [spec], "tiny", 0, CPU, log=lambda s: None)
+    models, table = fit_models({"gemm": frame}, [spec], "tiny", 0, CPU, log=lambda s: None)
     assert list(models["gemm"].nets) == ["bmm/fp32"]
     assert "one net over" not in table[0]["model"]
 
@@ -111,7 +112,7 @@ def test_route_columns_read_the_op_of_the_route():
 def test_a_pooled_net_is_stored_once_and_shared_again_when_read():
     from predictor.timing.kernels.learned import model_from_dict, model_to_dict
 
-    models, _ = _fit_all({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
+    models, _ = fit_models({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
     d = model_to_dict(models["gemm"])
     assert sum("same_as" in v for v in d["nets"].values()) == 2
     back = model_from_dict(d)

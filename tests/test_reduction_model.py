@@ -10,7 +10,8 @@ import torch
 from _trace_fixtures import capture_training
 
 from predictor.sources.synth.emit import column_sum
-from predictor.timing.calibrate import _fit_all, calibrate, refit
+from predictor.timing.calibrate import CalibrationOptions, calibrate, refit
+from predictor.timing.calibrate.fit import fit_models
 from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.reduction import ReductionBenchmark
 from predictor.timing.calibration.timing import Timer
@@ -67,7 +68,7 @@ def _spec():
 
 def test_sum_model_learns_the_shape_not_just_the_bytes():
     data = {"reduction": _synthetic_sums(400, np.random.default_rng(1))}
-    models, table = _fit_all(data, _spec(), "quick", 0, CPU, log=lambda s: None)
+    models, table = fit_models(data, _spec(), "quick", 0, CPU, log=lambda s: None)
     row = table[0]
     assert row["kernel"] == "sum" and row["model"].startswith("MLP")
     assert row["gmae_pct"] < 8.0
@@ -84,7 +85,7 @@ def test_sum_model_learns_the_shape_not_just_the_bytes():
 
 def test_tiny_calibration_of_the_family_prices_sum_tasks(tmp_path):
     out = tmp_path / "p"
-    calibrate("cpu", out, tiny=True, threads=1, families=["reduction"], register=False, log=lambda s: None)
+    calibrate(CalibrationOptions("cpu", out=out, tiny=True, threads=1, families=["reduction"]), register=False, log=lambda s: None)
     pack = load_asset_pack(out)
     assert pack.manifest["families"] == ["reduction"]
     assert (out / "data" / "reduction.csv").exists()
@@ -96,7 +97,7 @@ def test_tiny_calibration_of_the_family_prices_sum_tasks(tmp_path):
     assert np.all(np.isfinite(t)) and np.all(t > 0) and t[1] > t[0]
     # merged into a pack that never measured the family, it joins that pack's family list
     base = tmp_path / "base"
-    calibrate("cpu", base, tiny=True, threads=1, families=["layer_norm"], register=False, log=lambda s: None)
+    calibrate(CalibrationOptions("cpu", out=base, tiny=True, threads=1, families=["layer_norm"]), register=False, log=lambda s: None)
     merged = tmp_path / "merged"
     refit(base, merged, data_from={"reduction": str(out)}, register=False, log=lambda s: None)
     m = load_asset_pack(merged).manifest
@@ -104,7 +105,7 @@ def test_tiny_calibration_of_the_family_prices_sum_tasks(tmp_path):
 
 
 def test_trace_bias_gradients_read_as_column_sums():
-    from predictor.sources.traces.annotate import kernel_params, reduction_kind
+    from predictor.sources.traces.host_kernels import kernel_params, reduction_kind
 
     dims, types = [[1024, 256], [], [], []], ["float", "ScalarList", "Scalar", ""]
     assert reduction_kind("aten::sum", dims, ["", "[0]", "True", ""]) == "sum"
@@ -119,8 +120,8 @@ def test_trace_bias_gradients_read_as_column_sums():
 
 
 def test_a_captured_step_prices_its_bias_gradients_with_the_sum_model(tmp_path):
-    from predictor.sources.traces.annotate import annotate
     from predictor.sources.traces.load import load_traces
+    from predictor.whatif.annotate import annotate
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from predictor.timing.calibrate import CalibrationError, _fit_all, error_table_markdown
+from predictor.timing.calibrate import CalibrationError, error_table_markdown
+from predictor.timing.calibrate.fit import fit_models
 from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.elementwise import ElementwiseBenchmark
 from predictor.timing.calibration.timing import Timer
@@ -75,7 +76,7 @@ def _synthetic_rounds(n: int, rng: np.random.Generator, state: float) -> tuple[p
 def test_fastest_round_fit_recovers_the_shape_curve_and_the_state_factor():
     frame, _true = _synthetic_rounds(400, np.random.default_rng(1), state=1.10)
     data = {"elementwise": frame}
-    models, table = _fit_all(data, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None,
+    models, table = fit_models(data, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None,
                              target="fastest_round")
     model = models["roofline"]
     assert isinstance(model, StateScaled)
@@ -89,7 +90,7 @@ def test_fastest_round_fit_recovers_the_shape_curve_and_the_state_factor():
     ratio = model.predict(view, CPU) / model.predict_undisturbed(view, CPU)
     np.testing.assert_allclose(ratio, row["state_factor"])
     # the typical fit of the same data sits near the scaled fastest-round fit
-    typ_models, typ_table = _fit_all(data, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None)
+    typ_models, typ_table = fit_models(data, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None)
     assert "typical" not in typ_table[0]
     np.testing.assert_allclose(typ_models["roofline"].predict(view, CPU), model.predict(view, CPU), rtol=0.08)
     md = error_table_markdown(table)
@@ -114,7 +115,7 @@ def test_fastest_collectives_scales_only_the_collectives():
     data = {"elementwise": elementwise, "collectives": _collective_rounds(120, rng, state=1.3)}
     specs = [*_elementwise_specs(), ("collectives", ModelSpec(kernel="all_reduce/w2", kinds=("all_reduce",),
                                                               method="piecewise"))]
-    models, table = _fit_all(data, specs, "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
+    models, table = fit_models(data, specs, "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
     assert isinstance(models["collectives"], StateScaled)
     assert not isinstance(models["roofline"], StateScaled)  # element-wise stays fitted to the typical rounds
     rows = {r["kernel"]: r for r in table}
@@ -122,14 +123,14 @@ def test_fastest_collectives_scales_only_the_collectives():
     assert rows["all_reduce/w2"]["state_factor"] == pytest.approx(1.3, rel=0.05)
     assert rows["all_reduce/w2"]["gmae_pct"] < 5.0  # the sigmoid against the held-out fastest passes
     # element-wise: the same models as a typical fit of the same data
-    typ_models, _ = _fit_all(data, specs, "tiny", 0, CPU, log=lambda s: None)
+    typ_models, _ = fit_models(data, specs, "tiny", 0, CPU, log=lambda s: None)
     view = TaskView.from_columns("add", bytes=[1e6, 1e8])
     np.testing.assert_allclose(typ_models["roofline"].predict(view, CPU), models["roofline"].predict(view, CPU))
     # only the collectives need the fastest-round column
-    _fit_all({"elementwise": elementwise.drop(columns="median_s"), "collectives": data["collectives"]}, specs,
+    fit_models({"elementwise": elementwise.drop(columns="median_s"), "collectives": data["collectives"]}, specs,
              "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
     with pytest.raises(CalibrationError, match="collectives"):
-        _fit_all({"elementwise": elementwise, "collectives": data["collectives"].drop(columns="median_s")}, specs,
+        fit_models({"elementwise": elementwise, "collectives": data["collectives"].drop(columns="median_s")}, specs,
                  "tiny", 0, CPU, log=lambda s: None, target="fastest_collectives")
     md = error_table_markdown(table)
     assert "state x" in md
@@ -138,10 +139,10 @@ def test_fastest_collectives_scales_only_the_collectives():
 def test_fastest_round_fit_needs_the_fastest_round_column():
     frame, _ = _synthetic_rounds(40, np.random.default_rng(2), state=1.05)
     with pytest.raises(CalibrationError, match="median_s"):
-        _fit_all({"elementwise": frame.drop(columns="median_s")}, _elementwise_specs(), "tiny", 0, CPU,
+        fit_models({"elementwise": frame.drop(columns="median_s")}, _elementwise_specs(), "tiny", 0, CPU,
                  log=lambda s: None, target="fastest_round")
     with pytest.raises(CalibrationError, match="fit target"):
-        _fit_all({"elementwise": frame}, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None, target="fastest")
+        fit_models({"elementwise": frame}, _elementwise_specs(), "tiny", 0, CPU, log=lambda s: None, target="fastest")
 
 
 def test_a_corrupt_state_scaled_model_is_one_clear_pack_error(tmp_path):

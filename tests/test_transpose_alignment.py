@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import predictor.timing.calibrate as calibrate_mod
+import predictor.timing.calibrate.fit as calibrate_mod
 from experiments import transpose_alignment_cpu as ta
-from predictor.timing.calibrate import _split, calibrate
+from predictor.timing.calibrate import CalibrationOptions, calibrate
+from predictor.timing.calibrate.fit import holdout_split
 
 
 def _l1(m, n, dtype_bytes=4):
@@ -51,9 +52,9 @@ def test_probe_scores_see_a_slowdown_only_where_there_is_one():
 
 def test_run_on_a_tiny_calibration(tmp_path):
     out = tmp_path / "p"
-    calibrate("cpu", out, tiny=True, threads=1, families=["data_movement"], register=False, log=lambda s: None)
+    calibrate(CalibrationOptions("cpu", out=out, tiny=True, threads=1, families=["data_movement"]), register=False, log=lambda s: None)
     results, probe = ta.run([out], [], probe_rounds=0, log=lambda s: None)
-    assert probe == {} and calibrate_mod._split is _split
+    assert probe == {} and calibrate_mod.holdout_split is holdout_split
     assert "today's model (MLP on batch, m, n)" in results[0]["scores"]
     assert "## `p`" in ta.markdown(results, "cmd")
 

@@ -79,6 +79,7 @@ def calibrate(
     from predictor.timing.calibrate import (
         NOISY_ROUND_SPREAD_PCT,
         CalibrationError,
+        CalibrationOptions,
         compute_round_spread,
         round_spreads,
     )
@@ -126,12 +127,13 @@ def calibrate(
                              log=lambda line: err_console.print(line, highlight=False))
         else:
             fams = [f.strip() for f in families.split(",") if f.strip()] if families else None
-            pack = run_calibration(device, out, quick=quick, world_size=world_size, tiny=tiny, threads=threads,
-                                   name=name, seed=seed, families=fams, memory_bound=memory_bound,
-                                   gemm_timing=gemm_timing, fit=not no_fit, scale=scale, rounds=rounds,
-                                   kernels=kernels.split(",") if kernels is not None else None,
-                                   fit_target=fit_target or "typical",
-                                   log=lambda line: err_console.print(line, highlight=False))
+            options = CalibrationOptions(device=device, out=out, quick=quick, world_size=world_size, tiny=tiny,
+                                         threads=threads, name=name, seed=seed, families=fams,
+                                         memory_bound=memory_bound, gemm_timing=gemm_timing, fit=not no_fit,
+                                         scale=scale, rounds=rounds,
+                                         kernels=kernels.split(",") if kernels is not None else None,
+                                         fit_target=fit_target or "typical")
+            pack = run_calibration(options, log=lambda line: err_console.print(line, highlight=False))
     except (CalibrationError, CollectiveError, ContentionError) as exc:
         fail(str(exc))
     except OSError as exc:

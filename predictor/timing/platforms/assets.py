@@ -379,9 +379,9 @@ def pack_at_revision(repo: str | Path, rev: str, pack: str, dest: str | Path) ->
 
 # ----------------------------------------------------------------------------- resolve
 def _this_cpu() -> str:
-    from predictor.timing.platforms.cpu_local import _cpu_model
+    from predictor.timing.platforms.cpu_local import cpu_model
 
-    return _cpu_model()
+    return cpu_model()
 
 
 def cpu_local_pack() -> Path | None:

@@ -36,7 +36,7 @@ import torch
 
 from predictor.timing.platforms.schema import Platform
 
-__all__ = ["cache_path", "measure_cpu_local", "cpu_signature", "describe_cpu", "signature_mismatch",
+__all__ = ["cache_path", "measure_cpu_local", "cpu_model", "cpu_signature", "describe_cpu", "signature_mismatch",
            "ISA_FLAGS", "SIGNATURE_KEYS", "same_cpu"]
 
 _FALLBACK_LLC_BYTES = 32 * 1024 * 1024
@@ -61,7 +61,7 @@ def measure_cpu_local(cache: bool = True) -> Platform:
         cache: read a cached result for this host/CPU/thread count if present, and store a
             fresh measurement. ``False`` always measures and leaves the cache alone.
     """
-    model = _cpu_model()
+    model = cpu_model()
     threads = torch.get_num_threads()
     host = socket.gethostname()
     cache_key = f"{host}|{model}|{threads}"
@@ -223,7 +223,8 @@ def _cpuinfo_field(field: str) -> str | None:
     return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``, else what :mod:`platform` says)."""
     return _cpuinfo_field("model name") or _platform.processor() or _platform.machine() or "unknown CPU"
 
 
@@ -245,7 +246,7 @@ def cpu_signature() -> dict[str, str]:
     except (ImportError, AttributeError, RuntimeError):
         capability = "unknown"
     flags = set((_cpuinfo_field("flags") or "").split())
-    return {"vendor": _cpu_vendor(), "model_name": _cpu_model(),
+    return {"vendor": _cpu_vendor(), "model_name": cpu_model(),
             "family": _cpuinfo_field("cpu family") or "", "model": _cpuinfo_field("model") or "",
             "stepping": _cpuinfo_field("stepping") or "", "torch_capability": capability,
             "isa": " ".join(f for f in ISA_FLAGS if f in flags)}
