@@ -22,8 +22,9 @@ import numpy as np
 
 from predictor.simulate import simulate
 from predictor.sources.synth.dlrm import build_dlrm_graph
-from tuner.search import build_sharding_context, default_storage, run_sharding_search
-from tuner.spaces import load_space
+from tuner.search import default_storage
+from tuner.search.registry import load_space
+from tuner.search.sharding import build_sharding_context, run_sharding_search
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -58,7 +59,7 @@ def main() -> None:
             t0 = time.perf_counter()
             out = run_sharding_search(space, storage=default_storage(Path(tmp)), workers=workers)
             wall = time.perf_counter() - t0
-        n = sum(len(c) for c in out.results.values())
+        n = sum(len(c) for c in out.outcomes.values())
         rows.append({"workers": workers, "evaluations": n, "wall_s": wall, "evaluations_per_s": n / wall})
     one = single_candidate(space)
     meta = {"date": date.today().isoformat(), "cpus": os.cpu_count(), "machine": platform.machine(),

@@ -55,8 +55,7 @@ from predictor.sources.synth.models import get_model_spec, mpt_spec  # noqa: E40
 from predictor.sources.synth.op_trace import trace_scalable, trace_training_step  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
-from tuner.accelerators.evaluate import build_context, evaluate_unit, trace_model  # noqa: E402
-from tuner.accelerators.space import AcceleratorSpace  # noqa: E402
+from tuner.search.accelerators import AcceleratorSpace, build_context, evaluate_unit, trace_model  # noqa: E402
 
 OUT = ROOT / "experiments" / "results"
 THREADS = 2

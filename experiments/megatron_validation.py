@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error  # noqa: E402
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
-from tuner.parallel.job import predict_plan  # noqa: E402
+from tuner.plans import predict_plan  # noqa: E402
 
 OUT = ROOT / "experiments" / "results"
 SEQ, VOCAB = 2048, 51200

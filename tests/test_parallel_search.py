@@ -10,10 +10,10 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.parallel.runner import run_parallel_search
-from tuner.parallel.space import enumerate_candidates
 from tuner.search import default_storage
-from tuner.spaces import SpaceError, load_space
+from tuner.search.parallel import enumerate_candidates, run_parallel_search
+from tuner.search.registry import load_space
+from tuner.search.schema import SpaceError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,13 +79,13 @@ def test_tpe_search_resumes_without_re_evaluating(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     first = run_parallel_search(space, storage=default_storage(out), workers=0)
-    assert first.strategy == "tpe" and len(first.results) == 6 and first.evaluated == 6
+    assert first.space.strategy == "tpe" and len(first.outcomes) == 6 and first.evaluated == 6
     again = run_parallel_search(space, storage=default_storage(out), workers=0, resume=True)
     assert again.evaluated == 0 and again.reused == 6
-    assert again.results.keys() == first.results.keys()
+    assert again.outcomes.keys() == first.outcomes.keys()
     more = run_parallel_search(space.model_copy(update={"search": space.search.model_copy(update={"trials": 8})}),
                                storage=default_storage(out), workers=0, resume=True)
-    assert more.evaluated == 2 and len(more.results) == 8
+    assert more.evaluated == 2 and len(more.outcomes) == 8
 
 
 def test_candidates_skip_impossible_combinations(tmp_path):
@@ -95,7 +95,7 @@ def test_candidates_skip_impossible_combinations(tmp_path):
     assert "tp2-pp2-dp2-mb1-1f1b-none" in keys
     reasons = " | ".join(r for _, r in invalid)
     assert "does not divide 8 devices" in reasons  # tp=3
-    assert all(c.fields["tp"] * c.fields["pp"] * c.fields["dp"] == 8 for c in cands)
+    assert all(c.params["fields"]["tp"] * c.params["fields"]["pp"] * c.params["fields"]["dp"] == 8 for c in cands)
 
 
 @pytest.mark.slow
@@ -103,8 +103,8 @@ def test_ray_workers_give_the_same_grid_as_in_process(tmp_path):
     space = _space(tmp_path, ranges={"tp": [2, 4], "pp": [1, 2], "micro_batch": [2], "recompute": ["none"]})
     a = run_parallel_search(space, storage=default_storage(_mk(tmp_path / "a")), workers=0)
     b = run_parallel_search(space, storage=default_storage(_mk(tmp_path / "b")), workers=2)
-    assert {k: v["predicted_iteration_s"] for k, v in a.results.items()} == pytest.approx(
-        {k: v["predicted_iteration_s"] for k, v in b.results.items()})
+    assert {k: v[0].record["predicted_iteration_s"] for k, v in a.outcomes.items()} == pytest.approx(
+        {k: v[0].record["predicted_iteration_s"] for k, v in b.outcomes.items()})
 
 
 def _mk(p: Path) -> Path:

@@ -13,8 +13,10 @@ import yaml
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.search import default_storage, run_sharding_search
-from tuner.spaces import ShardingSpace, SpaceError, load_space
+from tuner.search import default_storage
+from tuner.search.registry import load_space
+from tuner.search.schema import SpaceError
+from tuner.search.sharding import ShardingSpace, run_sharding_search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,9 +138,9 @@ def test_search_with_ray_matches_in_process(tmp_path):
     local = run_sharding_search(space, storage=default_storage(tmp_path / "a"), workers=0)
     (tmp_path / "b").mkdir()
     ray_run = run_sharding_search(space, storage=default_storage(tmp_path / "b"), workers=2)
-    for unit, cands in local.results.items():
-        assert [c["predicted_iteration_s"] for c in cands] == pytest.approx(
-            [c["predicted_iteration_s"] for c in ray_run.results[unit]]
+    for unit, outs in local.outcomes.items():
+        assert [o.record["predicted_iteration_s"] for o in outs] == pytest.approx(
+            [o.record["predicted_iteration_s"] for o in ray_run.outcomes[unit]]
         )
 
 
@@ -160,9 +162,9 @@ def test_killed_search_resumes_without_losing_finished_evaluations(tmp_path):
     assert resumed.reused == 2 * 3  # the finished units' 3 sharders each came from the study
     assert resumed.evaluated == 2 * 3  # only the other two units ran again
     fresh = run_sharding_search(space, storage=default_storage(tmp_path), workers=0)
-    for unit, cands in fresh.results.items():
-        assert [c["predicted_iteration_s"] for c in cands] == pytest.approx(
-            [c["predicted_iteration_s"] for c in resumed.results[unit]]
+    for unit, outs in fresh.outcomes.items():
+        assert [o.record["predicted_iteration_s"] for o in outs] == pytest.approx(
+            [o.record["predicted_iteration_s"] for o in resumed.outcomes[unit]]
         )
 
 
@@ -193,7 +195,7 @@ def test_killed_cli_run_leaves_no_complete_looking_results(tmp_path):
 def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_search_goes_on(tmp_path, monkeypatch):
     import optuna
 
-    import tuner.search as search_mod
+    import tuner.search.sharding as search_mod
 
     real = search_mod.get_sharder
 
@@ -205,8 +207,8 @@ def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_search_goes_on(
     space = ShardingSpace.model_validate(SMALL)
     storage = default_storage(tmp_path / "o")
     out = run_sharding_search(space, storage=storage, workers=0)
-    for cands in out.results.values():
-        by = {c["sharder"]: c for c in cands}
+    for outs in out.outcomes.values():
+        by = {o.record["sharder"]: o.record for o in outs}
         assert by["size_greedy"]["status"] == "failed" and "sharder exploded" in by["size_greedy"]["reason"]
         assert by["naive"]["status"] == "ok" and by["model_guided"]["status"] == "ok"
     study = optuna.load_study(study_name=out.study_name, storage=storage)

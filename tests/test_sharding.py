@@ -238,3 +238,25 @@ def test_local_search_improves_naive_on_generated_task():
     assert c < cost(start)
     assert evals <= 200
     check_assignment(best, t, 4, cap)
+
+
+def test_model_guided_sharder_keeps_the_contract_and_beats_its_starts():
+    from tuner.search.sharding import ShardingSpace, build_sharding_context
+    from tuner.sharders import ModelGuidedSharder, model_guided_shard
+
+    space = ShardingSpace.model_validate({"space": "sharding", "platform": "a100-80gb", "n_gpus": 2, "batch_sizes": [512],
+                                          "tasks": {"generate": {"count": 1, "seed": 1}},
+                                          "model": {"bottom_mlp": [64, 32], "top_mlp": [64, 1]}})
+    job = build_sharding_context(space).job(0, 512)
+    cap = job.table_capacity_bytes(0.8)
+    naive = get_sharder("naive").shard(job.spec.tables, 2, cap)
+    starts = {"naive": (naive, job.objective(naive))}
+    sharder = ModelGuidedSharder(job, starts, max_evals=6, seed=3)
+    assert isinstance(sharder, Sharder) and sharder.name == "model_guided"
+    a = sharder.shard(job.spec.tables, 2, cap)
+    check_assignment(a, job.spec.tables, 2, cap)
+    placement = sharder.place(cap)
+    assert np.array_equal(a, placement.assignment) and placement.predicted_s <= starts["naive"][1]
+    assert placement.info["evaluations"] <= 6
+    b, cost, info = model_guided_shard(job, cap, starts, max_evals=6, seed=3)
+    assert np.array_equal(a, b) and cost == placement.predicted_s and info == placement.info

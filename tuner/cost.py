@@ -53,7 +53,7 @@ def evaluate_graph(
     *,
     n_devices: int | None = None,
 ) -> tuple[CostResult, Timeline]:
-    """Simulate ``graph`` and judge it against ``platform``'s memory and price."""
+    """Simulate ``graph`` and check it against ``platform``'s memory and price (seconds, bytes, USD)."""
     tl = simulate(graph, timing)
     mem = np.asarray(memory_bytes_per_rank, dtype=float)
     cap = platform.memory_bytes

@@ -135,8 +135,8 @@ def _load_workload(path: Path) -> tuple:
     import yaml
     from pydantic import BaseModel, ConfigDict, ValidationError
 
-    from tuner.parallel.space import ClusterSection, ModelSection, ParallelSpace, PlanOptions
-    from tuner.spaces import format_validation_error
+    from tuner.search.parallel import ClusterSection, ModelSection, ParallelSpace, PlanOptions
+    from tuner.search.schema import format_validation_error
 
     if not path.exists():
         fail(f"{path}: no such file")
@@ -177,7 +177,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
                       as_json: bool) -> None:
     from predictor.sources.synth.transformer import ParallelPlan, PlanError
     from predictor.timing.platforms import UnknownPlatformError, get_platform
-    from tuner.parallel.job import coerce, plan_from_fields, predict_plan
+    from tuner.plans import coerce, plan_from_fields, predict_plan
 
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")

@@ -15,8 +15,8 @@ from tuner.commands.common import console, err_console, fail
 def search(
     space: Annotated[Path, typer.Argument(help="search-space YAML, e.g. search_spaces/sharding.yaml")],
     out: Annotated[Path, typer.Option("--out", help="output folder")] = Path("out/search"),
-    workers: Annotated[int, typer.Option("--workers", help="parallel Ray workers (0: evaluate in this process)")] = 2,
-    address: Annotated[str | None, typer.Option("--address", help="address of an existing Ray cluster")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="CPUs of the local Ray (0: evaluate in this process; an existing cluster is used whole)")] = 2,
+    address: Annotated[str | None, typer.Option("--address", help="address of an existing Ray cluster (default: RAY_ADDRESS, else a local Ray)")] = None,
     storage: Annotated[
         str | None, typer.Option("--storage", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
     ] = None,
@@ -24,9 +24,10 @@ def search(
     quiet: Annotated[bool, typer.Option("--quiet", help="no table, no progress bar")] = False,
 ) -> None:
     """Evaluate a search space and rank its candidates."""
-    from tuner.search import default_storage
-    from tuner.search_runners import SearchRequest, get_runner
-    from tuner.spaces import SpaceError, load_space
+    from tuner.search.executor import ClusterError
+    from tuner.search.registry import SearchRequest, load_space, run_request
+    from tuner.search.schema import SpaceError
+    from tuner.search.study import default_storage
 
     try:
         spec = load_space(space)
@@ -36,7 +37,6 @@ def search(
         fail("--workers must be >= 0")
     if out.exists() and not out.is_dir():
         fail(f"--out {out}: exists and is not a folder")
-    runner = get_runner(spec.space)  # type: ignore[attr-defined]
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").unlink(missing_ok=True)  # a stale one must not look like this run's
     t0 = time.perf_counter()
@@ -67,7 +67,9 @@ def search(
             progress=progress,
         )
         try:
-            summary = runner(request)
+            summary = run_request(request)
+        except ClusterError as exc:  # Ray could not start, or the cluster could not be joined
+            fail(str(exc))
         except SpaceError as exc:
             fail(f"{space}: {exc}")
         except ValueError as exc:  # infeasible settings, bad storage URL, ...

@@ -1,16 +1,16 @@
-"""Predict one TP/PP/DP plan: its graph, its memory, and the one cost function.
+"""Predict one TP/PP/DP plan of a transformer: its graph, its memory, and the one cost function.
 
-:func:`predict_plan` is what ``tuner predict --workload``, every search evaluation and the
-Megatron validation call. A plan whose memory does not fit is reported infeasible with the
-stage, the bytes and the device capacity — without simulating it (the search skips the
-work; the reason is the same one :func:`tuner.cost.evaluate_graph` would give). Every other
-plan is built with :func:`predictor.sources.synth.transformer.build_transformer_graph` and judged
-by :func:`tuner.cost.evaluate_graph`.
+:func:`predict_plan` is what ``tuner predict --workload``, every ``space: parallel`` evaluation
+and the Megatron validation call. A plan whose memory does not fit is reported infeasible with
+the stage, the bytes and the device capacity — without simulating it (the reason is the same one
+:func:`tuner.cost.evaluate_graph` would give). Every other plan is built with
+:func:`predictor.sources.synth.transformer.build_transformer_graph` and costed by
+:func:`tuner.cost.evaluate_graph`.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from predictor.sources.synth.transformer_memory import memory_per_stage
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import evaluate_graph
 
-__all__ = ["PLAN_FIELDS", "predict_plan", "plan_from_fields", "peak_flops"]
+__all__ = ["PLAN_FIELDS", "predict_plan", "plan_from_fields", "peak_flops", "coerce"]
 
 #: ParallelPlan field -> type, for ``--set key=value`` and search parameters
 PLAN_FIELDS: dict[str, type] = {f.name: f.type for f in fields(ParallelPlan)}
@@ -43,8 +43,6 @@ def plan_from_fields(values: dict, base: ParallelPlan | None = None) -> Parallel
     unknown = sorted(set(values) - set(PLAN_FIELDS))
     if unknown:
         raise PlanError(f"unknown plan field(s) {', '.join(unknown)}; known: {', '.join(PLAN_FIELDS)}")
-    from dataclasses import replace
-
     return replace(base or ParallelPlan(), **values)
 
 
@@ -114,7 +112,7 @@ def predict_plan(
     return base, (tl if keep_timeline else None)
 
 
-def coerce(name: str, raw: str):
+def coerce(name: str, raw: str) -> int | bool | str:
     """Parse the text of ``--set name=raw`` into the plan field's type; raises :class:`PlanError`."""
     if name not in PLAN_FIELDS:
         raise PlanError(f"unknown plan field {name!r}; known: {', '.join(PLAN_FIELDS)}")

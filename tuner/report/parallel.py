@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from predictor.sources.synth.transformer import ParallelPlan
-from tuner.parallel.job import predict_plan
-from tuner.parallel.runner import ParallelOutcome
+from tuner.plans import predict_plan
 from tuner.report import atomic_write_text, json_default
+from tuner.search.core import SearchResult
+from tuner.search.parallel import ParallelContext, ParallelSearch
 
 __all__ = ["parallel_payload", "print_parallel_table", "write_parallel_outputs"]
 
@@ -28,10 +29,11 @@ def _rank_key(r: dict) -> tuple:
     return (_ORDER.get(r["status"], 4), t if t is not None else math.inf, mem)
 
 
-def parallel_payload(outcome: ParallelOutcome) -> dict:
+def parallel_payload(result: SearchResult) -> dict:
     """The ``results.json`` document: plans ranked (feasible by predicted time first)."""
-    ctx = outcome.ctx
-    plans = sorted(outcome.results.values(), key=_rank_key)
+    search: ParallelSearch = result.space  # type: ignore[assignment]
+    ctx: ParallelContext = search.context
+    plans = sorted((outs[0].record for outs in result.outcomes.values()), key=_rank_key)
     ok = [p for p in plans if p["status"] == "ok"]
     counts = {s: sum(1 for p in plans if p["status"] == s) for s in _ORDER}
     return {
@@ -44,15 +46,14 @@ def parallel_payload(outcome: ParallelOutcome) -> dict:
         "devices_per_node": ctx.devices_per_node,
         "nodes": ctx.space.cluster.nodes,
         "global_batch": ctx.space.global_batch,
-        "strategy": outcome.strategy,
+        "strategy": search.strategy,
         "timing_source": "analytic kernel models from the catalog; span-aware collectives",
-        "study": {"name": outcome.study_name, "storage": outcome.storage, "evaluated": outcome.evaluated,
-                  "reused_from_study": outcome.reused},
-        "counts": {"candidates": outcome.n_candidates, "evaluated": len(plans), **counts,
-                   "invalid_combinations": len(outcome.invalid)},
+        "study": result.study_info(),
+        "counts": {"candidates": len(search.candidates()), "evaluated": len(plans), **counts,
+                   "invalid_combinations": len(search.invalid)},
         "best": ok[0] if ok else None,
         "plans": plans,
-        "invalid": [{"plan": k, "reason": r} for k, r in outcome.invalid],
+        "invalid": [{"plan": k, "reason": r} for k, r in search.invalid],
     }
 
 
@@ -101,14 +102,14 @@ def print_parallel_table(payload: dict, console: Console | None = None, top: int
         console.print("[red]no plan fits in memory[/]")
 
 
-def write_parallel_outputs(outcome: ParallelOutcome, out: Path) -> dict:
+def write_parallel_outputs(result: SearchResult, out: Path) -> dict:
     """Write results.csv, the Chrome trace of the best plan, then results.json (atomic, last)."""
     out.mkdir(parents=True, exist_ok=True)
-    payload = parallel_payload(outcome)
+    payload = parallel_payload(result)
     atomic_write_text(out / "results.csv", _frame(payload).to_csv(index=False))
     best = payload["best"]
     if best is not None:
-        ctx = outcome.ctx
+        ctx: ParallelContext = result.space.worker_context()
         _, tl = predict_plan(ctx.spec, ParallelPlan(**best["fields"]), ctx.platform, devices_per_node=ctx.devices_per_node,
                              devices=ctx.devices, detail=ctx.space.search.detail, keep_timeline=True)
         if tl is not None:

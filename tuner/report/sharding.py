@@ -1,8 +1,5 @@
-"""Search outputs a person reads first: the terminal table, ``results.json``/``.csv``, Chrome traces
-of the best plans, and ``report.md`` with one PNG bar chart per task.
-
-``results.json`` is written last and atomically (temporary file + rename): a run that is
-killed never leaves one that looks complete.
+"""Outputs of a ``space: sharding`` search: the terminal table, ``results.json``/``.csv``, Chrome traces
+of the best placements, and ``report.md`` with one PNG bar chart per task (``results.json`` last).
 """
 
 from __future__ import annotations
@@ -15,10 +12,11 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from predictor.files import atomic_write_text
-from tuner.search import SearchOutcome
+from tuner.report import atomic_write_text, json_default
+from tuner.search.core import SearchResult
+from tuner.search.sharding import ShardingContext
 
-__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "atomic_write_text", "json_default"]
+__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs"]
 
 
 def _best(cands: list[dict]) -> dict | None:
@@ -26,13 +24,18 @@ def _best(cands: list[dict]) -> dict | None:
     return min(ok, key=lambda c: c["predicted_iteration_s"]) if ok else None
 
 
-def sharding_payload(outcome: SearchOutcome) -> dict:
+def _units(result: SearchResult) -> list[tuple[int, int, list[dict]]]:
+    """(task index, global batch size, one result per sharder) of every evaluated unit, in space order."""
+    return [(c.params["task"], c.params["batch_size"], [o.record for o in outs]) for c, outs in result.ordered()]
+
+
+def sharding_payload(result: SearchResult) -> dict:
     """The ``results.json`` document."""
-    ctx = outcome.ctx
+    ctx: ShardingContext = result.space.worker_context()
     tasks = []
     wins: dict[str, int] = {}
     gains = []
-    for (ti, b), cands in outcome.results.items():
+    for ti, b, cands in _units(result):
         best = _best(cands)
         if best:
             wins[best["sharder"]] = wins.get(best["sharder"], 0) + 1
@@ -59,8 +62,7 @@ def sharding_payload(outcome: SearchOutcome) -> dict:
         "platform_name": ctx.platform.name,
         "n_gpus": ctx.space.n_gpus,
         "timing_source": ctx.timing_source,
-        "study": {"name": outcome.study_name, "storage": outcome.storage, "evaluated": outcome.evaluated,
-                  "reused_from_study": outcome.reused},
+        "study": result.study_info(),
         "summary": {
             "wins": wins,
             "model_guided_gain_vs_best_heuristic_mean": float(np.mean(gains)) if gains else None,
@@ -149,17 +151,17 @@ def _bar_chart(df: pd.DataFrame, task: str, path: Path) -> None:
     plt.close(fig)
 
 
-def write_sharding_outputs(outcome: SearchOutcome, out: Path, console: Console | None = None) -> dict:
+def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
     """Write every output file; ``results.json`` last. Returns the payload."""
     out.mkdir(parents=True, exist_ok=True)
-    payload = sharding_payload(outcome)
+    payload = sharding_payload(result)
     df = _frame(payload)
     atomic_write_text(out / "results.csv", df.to_csv(index=False))
     # Chrome traces of the best plan of every task and batch size
     traces = out / "traces"
     traces.mkdir(exist_ok=True)
-    ctx = outcome.ctx
-    for (ti, b), cands in outcome.results.items():
+    ctx: ShardingContext = result.space.worker_context()
+    for ti, b, cands in _units(result):
         best = _best(cands)
         if not best:
             continue
@@ -201,11 +203,3 @@ def write_sharding_outputs(outcome: SearchOutcome, out: Path, console: Console |
     atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=json_default))
     return payload
 
-
-def json_default(x):
-    """``json.dumps(default=...)`` for numpy scalars and arrays (everything the reports hold)."""
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -1,0 +1,262 @@
+"""The search vocabulary and the one driver: space -> candidates -> evaluation -> outcome.
+
+* A **space** (:class:`SearchSpace`) resolves a validated space file into a picklable context
+  (what a worker needs) and enumerates its **candidates** — the way TorchRec's planner has an
+  enumerator.
+* A **candidate** (:class:`Candidate`) is one evaluation: a study key, the parameters it needs,
+  and the study keys of the outcomes it yields (several when one evaluation ranks several
+  options together, e.g. every sharder of one task).
+* An **evaluation** is ``space.evaluator()(context, candidate, part)``, a module-level function
+  the executor (:mod:`tuner.search.executor`) runs in a Ray task or in this process.
+* An **outcome** (:class:`Outcome`) is one Optuna trial: ``ok`` (COMPLETE, value = what the
+  study minimises), ``infeasible`` (PRUNED, with the reason), ``invalid`` or ``failed`` (FAIL,
+  with the error), plus the JSON-ready record the reports read.
+* A **proposer** picks the next candidates: every one (:class:`Exhaustive`) or an Optuna
+  sampler's choice (:class:`tuner.search.tpe.TPEProposer`).
+
+:func:`run_search` ties them together with the study (:mod:`tuner.search.study`): it skips what
+the study already holds when resuming, records every outcome as soon as its evaluation returns
+(a killed search loses only what was in flight), and returns a :class:`SearchResult`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["Candidate", "Outcome", "Evaluator", "SearchSpace", "Proposer", "Exhaustive", "SearchResult", "run_search",
+           "STATUSES", "Progress"]
+
+#: outcome status -> Optuna trial state
+STATUSES: dict[str, TrialState] = {
+    "ok": TrialState.COMPLETE,
+    "infeasible": TrialState.PRUNED,
+    "invalid": TrialState.FAIL,
+    "failed": TrialState.FAIL,
+}
+
+#: ``progress(done, total)``: steps done (candidates evaluated or reused, preparation steps) of ``total``
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluation of a space: its study key, its parameters, the keys of its outcomes."""
+
+    key: str
+    params: dict[str, Any]
+    outcome_keys: tuple[str, ...] = ()  # default: one outcome under ``key``
+    part: str | None = None  # name of a large shared input the evaluation needs (see SearchSpace.part)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Study keys of the outcomes this evaluation yields."""
+        return self.outcome_keys or (self.key,)
+
+
+@dataclass
+class Outcome:
+    """One evaluated option, recorded as one Optuna trial.
+
+    ``params`` are the trial's parameters (values of the space's distributions), ``value`` the
+    number the study minimises (``None`` unless ``ok``) and ``record`` the JSON-ready result,
+    whose ``status`` and ``reason`` keys the reports and the study read.
+    """
+
+    key: str
+    params: dict[str, Any]
+    record: dict[str, Any]
+    value: float | None = None
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``infeasible``, ``invalid`` or ``failed``."""
+        return self.record.get("status", "failed")
+
+    @property
+    def state(self) -> TrialState:
+        """The Optuna trial state of the status."""
+        return STATUSES.get(self.status, TrialState.FAIL)
+
+    @property
+    def reason(self) -> str:
+        """Why the option is not ``ok`` (empty when it is)."""
+        return str(self.record.get("reason") or "")
+
+
+#: ``evaluate(context, candidate, part) -> outcomes``; module-level so Ray can ship it to workers
+Evaluator = Callable[[Any, Candidate, Any], list[Outcome]]
+
+
+class SearchSpace(abc.ABC):
+    """A space plugged into the search core; subclasses resolve their space file in ``__init__``.
+
+    Required: :attr:`kind`, :meth:`study_name`, :meth:`distributions`, :meth:`candidates`,
+    :meth:`evaluator`, :meth:`worker_context`, :meth:`failed`, and the three output hooks the
+    ``tuner search`` command calls (:meth:`write_outputs`, :meth:`print_table`, :meth:`summary`).
+    """
+
+    #: the ``space:`` value of the files it reads
+    kind: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def study_name(self) -> str:
+        """Name of the study; it changes whenever a setting that changes results does."""
+
+    @abc.abstractmethod
+    def distributions(self) -> dict[str, BaseDistribution]:
+        """Optuna distributions of the trial parameters."""
+
+    @abc.abstractmethod
+    def candidates(self) -> list[Candidate]:
+        """Every candidate of the space, in report order."""
+
+    @abc.abstractmethod
+    def evaluator(self) -> Evaluator:
+        """The module-level evaluation function."""
+
+    @abc.abstractmethod
+    def worker_context(self) -> Any:
+        """What every evaluation receives (picklable; sent to the Ray object store once)."""
+
+    @abc.abstractmethod
+    def failed(self, candidate: Candidate, reason: str) -> list[Outcome]:
+        """``failed`` outcomes for an evaluation that raised or whose worker died."""
+
+    def part(self, name: str) -> Any:
+        """A large input shared by the candidates that name it (sent to the object store once)."""
+        raise KeyError(name)
+
+    def prepare(self, todo: list[Candidate]) -> list[Callable[[], None]]:
+        """Driver-side steps to run before ``todo`` is evaluated (each one is a progress step)."""
+        return []
+
+    def proposer(self, candidates: list[Candidate], done: dict[str, list[Outcome]], history: list[FrozenTrial],
+                 workers: int) -> Proposer:
+        """How to pick candidates; default: every candidate not done."""
+        return Exhaustive(candidates, done)
+
+    @abc.abstractmethod
+    def write_outputs(self, result: SearchResult, out: Path) -> dict:
+        """Write the output files (``results.json`` last, atomically); returns the results document."""
+
+    @abc.abstractmethod
+    def print_table(self, payload: dict, console: Console) -> None:
+        """The terminal table of a results document."""
+
+    @abc.abstractmethod
+    def summary(self, result: SearchResult, payload: dict, out: Path) -> str:
+        """One line: what was evaluated and where the outputs are."""
+
+
+class Proposer(abc.ABC):
+    """Picks the candidates to evaluate next, in batches."""
+
+    #: candidates with outcomes when the search is complete (the progress total)
+    target: int = 0
+
+    @abc.abstractmethod
+    def propose(self, done: dict[str, list[Outcome]]) -> list[Candidate]:
+        """The next batch (evaluated before the next call); empty when the search is complete."""
+
+    def observe(self, candidate: Candidate, outcomes: list[Outcome]) -> None:  # noqa: B027 (optional hook)
+        """Called with every evaluated candidate's outcomes; the default ignores them."""
+
+
+class Exhaustive(Proposer):
+    """Every candidate not done, in one batch (the executor bounds how many run at once)."""
+
+    def __init__(self, candidates: list[Candidate], done: dict[str, list[Outcome]]) -> None:
+        self.todo = [c for c in candidates if c.key not in done]
+        self.target = len(candidates)
+
+    def propose(self, done: dict[str, list[Outcome]]) -> list[Candidate]:
+        batch, self.todo = self.todo, []
+        return batch
+
+
+@dataclass
+class SearchResult:
+    """What a search produced: the outcomes by candidate key, and the study's bookkeeping."""
+
+    space: SearchSpace
+    outcomes: dict[str, list[Outcome]]  # candidates reused from the study first, then in completion order
+    study_name: str
+    storage: str
+    evaluated: int  # outcomes evaluated now
+    reused: int  # outcomes read back from the study
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def study_info(self) -> dict[str, Any]:
+        """The ``study`` entry of a results document."""
+        return {"name": self.study_name, "storage": self.storage, "evaluated": self.evaluated,
+                "reused_from_study": self.reused}
+
+    def ordered(self) -> list[tuple[Candidate, list[Outcome]]]:
+        """(candidate, outcomes) of every candidate with outcomes, in the space's candidate order."""
+        return [(c, self.outcomes[c.key]) for c in self.space.candidates() if c.key in self.outcomes]
+
+
+def run_search(
+    space: SearchSpace,
+    *,
+    storage: str,
+    workers: int = 2,
+    address: str | None = None,
+    resume: bool = False,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """Evaluate ``space``, recording every outcome in the study ``space.study_name()`` of ``storage``.
+
+    ``workers=0`` evaluates in this process; otherwise in Ray tasks on a local Ray with
+    ``workers`` CPUs, or on the cluster at ``address`` (or ``RAY_ADDRESS``). ``resume`` reuses
+    the outcomes the study already holds; without it an older study of that name is replaced.
+    """
+    from tuner.search.executor import Executor
+    from tuner.search.study import SearchStudy
+
+    study = SearchStudy.open(space.study_name(), storage, resume, space.distributions())
+    candidates = space.candidates()
+    finished = study.finished() if resume else {}
+    done: dict[str, list[Outcome]] = {}
+    for c in candidates:
+        if all(k in finished for k in c.keys):
+            done[c.key] = [finished[k] for k in c.keys]
+    reused = sum(len(v) for v in done.values())
+    proposer = space.proposer(candidates, done, study.history(), workers)
+    steps = space.prepare([c for c in candidates if c.key not in done])
+    total = proposer.target + len(steps)
+    prepared = 0
+    evaluated = 0
+
+    def tick() -> None:
+        if progress:
+            progress(min(len(done), proposer.target) + prepared, total)
+
+    tick()
+    for step in steps:
+        step()
+        prepared += 1
+        tick()
+
+    def on_result(candidate: Candidate, outcomes: list[Outcome]) -> None:
+        nonlocal evaluated
+        done[candidate.key] = outcomes
+        evaluated += len(outcomes)
+        study.record(outcomes)
+        proposer.observe(candidate, outcomes)
+        tick()
+
+    executor = Executor(workers, address)
+    while batch := proposer.propose(done):
+        executor.run(space, batch, on_result)
+    return SearchResult(space, done, study.name, storage, evaluated=evaluated, reused=reused)

@@ -1,0 +1,151 @@
+"""The executor: runs a space's evaluations in this process or as Ray tasks, a bounded window at a time.
+
+``workers=0`` evaluates in this process, one candidate after another. Otherwise the executor
+connects to Ray — a local Ray with ``workers`` CPUs, or the existing cluster named by
+``--address`` or ``RAY_ADDRESS`` (joined as it is: Ray refuses a CPU count there) — and keeps
+at most two tasks per cluster CPU in flight, so every CPU stays busy while results come back
+and a killed search loses only that window. The space's context (and each shared part) goes
+to the object store once; a task whose worker dies is retried by Ray (``max_retries``), then
+recorded as ``failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from tuner.search.core import Candidate, Evaluator, Outcome, SearchSpace
+
+__all__ = ["Executor", "ClusterError", "connect_ray", "TASKS_PER_CPU"]
+
+#: tasks in flight per cluster CPU
+TASKS_PER_CPU = 2
+
+OnResult = Callable[[Candidate, list[Outcome]], None]
+
+
+class ClusterError(RuntimeError):
+    """Ray could not be started or the cluster could not be joined; the message names the cluster."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _cluster_address(address: str | None) -> str | None:
+    """The existing cluster to join: ``address``, else ``RAY_ADDRESS`` (``None``: start a local Ray)."""
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    return None if target == "local" else target
+
+
+def connect_ray(workers: int, address: str | None = None) -> int:
+    """Start or join Ray (once per process); returns the in-flight window (tasks).
+
+    Without a cluster address a local Ray with ``max(workers, 1)`` CPUs starts; Ray may still
+    find a cluster that ``ray start`` left on this machine, which is then joined as it is. An
+    existing cluster gets this package's code shipped with its tasks. Raises
+    :class:`ClusterError` with one line when Ray cannot start or the cluster cannot be joined.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        target = _cluster_address(address)
+        base: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR,
+                                "configure_logging": True}
+        try:
+            if target is None:
+                try:
+                    ray.init(num_cpus=max(workers, 1), **base)
+                except ValueError as exc:  # a `ray start` cluster on this machine: Ray joins it, without a CPU count
+                    if "existing cluster" not in str(exc):
+                        raise
+                    ray.init(runtime_env=_code_env(), **base)
+            else:
+                ray.init(address=target, runtime_env=_code_env(), **base)
+        except Exception as exc:
+            where = f"the Ray cluster at {target!r}" if target else f"a local Ray with {max(workers, 1)} CPUs"
+            source = " (from RAY_ADDRESS)" if target and not address else ""
+            raise ClusterError(f"cannot connect to {where}{source}: {_first_line(exc)}") from None
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    return TASKS_PER_CPU * max(cpus, 1)
+
+
+def _code_env() -> dict:
+    """Ray runtime environment shipping ``predictor`` and ``tuner`` to the cluster's workers."""
+    import predictor
+    import tuner
+
+    return {"py_modules": [os.path.dirname(predictor.__file__), os.path.dirname(tuner.__file__)]}
+
+
+class Executor:
+    """Runs evaluations: in this process when ``workers`` is 0, else as Ray tasks."""
+
+    def __init__(self, workers: int = 2, address: str | None = None) -> None:
+        self.workers = workers
+        self.address = address
+        self._space: SearchSpace | None = None
+        self._refs: dict[str | None, Any] = {}
+        self._remote: dict[Evaluator, Any] = {}
+
+    def run(self, space: SearchSpace, candidates: list[Candidate], on_result: OnResult) -> None:
+        """Evaluate ``candidates``; ``on_result(candidate, outcomes)`` as each one returns."""
+        if not candidates:
+            return
+        if self.workers <= 0:
+            self._run_here(space, candidates, on_result)
+        else:
+            self._run_ray(space, candidates, on_result)
+
+    def _run_here(self, space: SearchSpace, candidates: list[Candidate], on_result: OnResult) -> None:
+        evaluate = space.evaluator()
+        context = space.worker_context()
+        for c in candidates:
+            try:
+                outcomes = evaluate(context, c, space.part(c.part) if c.part else None)
+            except Exception as exc:  # recorded as failed; the search goes on
+                traceback.print_exc(file=sys.stderr)
+                outcomes = space.failed(c, f"{type(exc).__name__}: {exc}")
+            on_result(c, outcomes)
+
+    def _put(self, space: SearchSpace, part: str | None) -> Any:
+        """Object-store reference of the space's context (``part=None``) or of one of its parts."""
+        import ray
+
+        if self._space is not space:
+            self._space, self._refs = space, {}
+        if part not in self._refs:
+            self._refs[part] = ray.put(space.worker_context() if part is None else space.part(part))
+        return self._refs[part]
+
+    def _run_ray(self, space: SearchSpace, candidates: list[Candidate], on_result: OnResult) -> None:
+        import ray
+
+        window = connect_ray(self.workers, self.address)
+        evaluate = space.evaluator()
+        if evaluate not in self._remote:
+            self._remote[evaluate] = ray.remote(max_retries=2, num_cpus=1)(evaluate)
+        remote = self._remote[evaluate]
+        context = self._put(space, None)
+        queue = deque(candidates)
+        pending: dict[Any, Candidate] = {}
+        while queue or pending:
+            while queue and len(pending) < window:
+                c = queue.popleft()
+                part = self._put(space, c.part) if c.part else None
+                pending[remote.remote(context, c, part)] = c
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                c = pending.pop(ref)
+                try:
+                    outcomes = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    text = str(exc).strip()
+                    outcomes = space.failed(c, f"worker error: {text.splitlines()[-1] if text else type(exc).__name__}")
+                on_result(c, outcomes)

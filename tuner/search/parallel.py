@@ -1,0 +1,350 @@
+"""``space: parallel`` — search TP/PP/DP plans for training one transformer on one cluster.
+
+Example (``search_spaces/parallel.yaml``)::
+
+    space: parallel
+    model: {name: gpt3-13b, layers: 40, hidden: 5120, heads: 40, seq: 2048, vocab: 51200}
+    cluster: {platform: a100-80gb, nodes: 8}          # devices_per_node from the catalog
+    global_batch: 512
+    ranges: {tp: [1, 2, 4, 8], pp: [1, 2, 4, 8], micro_batch: [1, 2, 4],
+             schedule: [1f1b, interleaved], recompute: [none, selective, full]}
+    search: {strategy: auto, trials: 60}
+
+``dp`` is derived (every device is used: ``dp = devices / (tp * pp)``) unless ``ranges.dp``
+restricts it. Combinations that cannot run (heads not divisible by ``tp``, layers not
+divisible by the pipeline chunks, batch not divisible...) are not candidates; plans that run
+out of memory are evaluated as infeasible. The same file works as ``tuner predict --workload``.
+
+Strategy (``search.strategy``): ``grid`` evaluates every candidate (``auto`` picks it up to
+``search.grid_limit`` candidates); ``tpe`` lets an Optuna TPE sampler pick ``search.trials``
+distinct plans over the range dimensions, ``workers`` at a time
+(:class:`tuner.search.tpe.TPEProposer`). Every evaluated plan is one outcome: ok (value =
+predicted seconds per iteration), infeasible (does not fit in memory, with the reason),
+invalid or failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial
+from pydantic import Field, model_validator
+
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec, check_plan
+from predictor.timing.platforms import UnknownPlatformError, get_platform
+from predictor.timing.platforms.schema import Platform
+from tuner.plans import predict_plan
+from tuner.search.core import (
+    Candidate,
+    Evaluator,
+    Exhaustive,
+    Outcome,
+    Progress,
+    Proposer,
+    SearchResult,
+    SearchSpace,
+    run_search,
+)
+from tuner.search.schema import PositiveInt, SpaceError, StrictModel
+from tuner.search.study import fingerprint
+from tuner.search.tpe import TPEProposer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["ParallelSpace", "ModelSection", "ClusterSection", "PlanOptions", "SEARCHED", "normalise",
+           "enumerate_candidates", "ParallelContext", "build_context", "evaluate_candidate", "ParallelSearch",
+           "run_parallel_search"]
+
+
+class MoESection(StrictModel):
+    """Mixture-of-experts MLP."""
+
+    experts: PositiveInt
+    top_k: PositiveInt = 2
+    capacity_factor: float = Field(default=1.0, gt=0)
+
+
+class ModelSection(StrictModel):
+    """A GPT-style transformer (sizes are element counts)."""
+
+    name: str = "transformer"
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    seq: PositiveInt
+    vocab: PositiveInt
+    ffn: PositiveInt | None = Field(default=None, description="FFN width (default ffn_mult x hidden)")
+    ffn_mult: float = Field(default=4.0, gt=0)
+    moe: MoESection | None = None
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    attention: Literal["flash", "unfused"] = "flash"
+    causal: bool = True
+    tie_embeddings: bool = True
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelSection:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden size {self.hidden} is not divisible by {self.heads} heads")
+        if self.moe is not None and self.moe.top_k > self.moe.experts:
+            raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
+        return self
+
+    def to_spec(self) -> TransformerSpec:
+        """The model as the transformer synthesiser's spec."""
+        d = self.model_dump()
+        moe = d.pop("moe")
+        return TransformerSpec(**d, moe=MoESpec(**moe) if moe else None)
+
+
+class ClusterSection(StrictModel):
+    """The devices: an accelerator of the catalog, devices per node, nodes."""
+
+    platform: str = Field(description="catalog key, e.g. a100-80gb (`tuner catalog` lists them)")
+    nodes: PositiveInt = 1
+    devices_per_node: PositiveInt | None = Field(default=None, description="default: the catalog entry's")
+    catalog: str | None = Field(default=None, description="user YAML overriding or adding catalog entries")
+
+
+class PlanOptions(StrictModel):
+    """Plan settings that are not searched (Megatron-LM switches)."""
+
+    overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
+    pp_scatter_gather: bool = True
+    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+
+class RangesSection(StrictModel):
+    """Values to try for each plan dimension."""
+
+    tp: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1)
+    pp: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1)
+    dp: list[PositiveInt] | None = Field(default=None, description="default: devices / (tp x pp)")
+    micro_batch: list[PositiveInt] = Field(default=[1, 2, 4], min_length=1)
+    schedule: list[Literal["1f1b", "interleaved"]] = Field(default=["1f1b"], min_length=1)
+    virtual_stages: list[Annotated[int, Field(ge=2)]] = Field(default=[2], min_length=1)
+    recompute: list[Literal["none", "selective", "full"]] = Field(default=["none", "selective", "full"], min_length=1)
+    sequence_parallel: list[bool] = Field(default=[False], min_length=1)
+    ep: list[PositiveInt] = Field(default=[1], min_length=1)
+    distributed_optimizer: list[bool] = Field(default=[False], min_length=1)
+
+
+class SearchSection(StrictModel):
+    """How to search: every candidate (grid) or an Optuna TPE study of ``trials`` plans."""
+
+    strategy: Literal["auto", "grid", "tpe"] = "auto"
+    grid_limit: PositiveInt = Field(default=256, description="auto: grid up to this many candidates, else TPE")
+    trials: PositiveInt = Field(default=80, description="plans TPE evaluates")
+    seed: int = 0
+    top: PositiveInt = Field(default=10, description="plans shown in the table")
+    detail: Literal["auto", "kernel", "stage"] = "auto"
+
+
+class ParallelSpace(StrictModel):
+    """``space: parallel`` — the fastest feasible TP/PP/DP plan for one model on one cluster."""
+
+    space: Literal["parallel"]
+    model: ModelSection
+    cluster: ClusterSection
+    global_batch: PositiveInt = Field(description="sequences per iteration")
+    ranges: RangesSection = RangesSection()
+    options: PlanOptions = PlanOptions()
+    search: SearchSection = SearchSection()
+
+    def devices(self, devices_per_node: int) -> int:
+        """Devices of the cluster with ``devices_per_node`` devices per node."""
+        return self.cluster.nodes * devices_per_node
+
+
+#: plan dimensions a search varies (each a list in ``ranges``)
+SEARCHED = ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "sequence_parallel", "ep",
+            "distributed_optimizer")
+
+
+def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict] | tuple[None, str]:
+    """(key, plan fields) of the range values ``raw``, or (None, reason) when they cannot make a plan."""
+    tp, pp = raw["tp"], raw["pp"]
+    if devices % (tp * pp):
+        return None, f"tp x pp = {tp * pp} does not divide {devices} devices"
+    dp = devices // (tp * pp)
+    if space.ranges.dp is not None and dp not in space.ranges.dp:
+        return None, f"dp={dp} is not in ranges.dp"
+    sched = raw["schedule"] if pp > 1 else "1f1b"
+    fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
+                  schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
+                  recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
+                  ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp > 1),
+                  **space.options.model_dump())
+    return ParallelPlan(**fields).label(), fields
+
+
+def enumerate_candidates(space: ParallelSpace, devices: int) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """Every valid plan of the ranges on ``devices`` devices, and the invalid combinations with their reason.
+
+    A candidate's params are ``fields`` (of a :class:`ParallelPlan`) and ``raw`` (the range values
+    that made it: its trial parameters).
+    """
+    r = space.ranges
+    spec = space.model.to_spec()
+    seen: dict[str, Candidate] = {}
+    invalid: dict[str, str] = {}
+    for values in itertools.product(*(getattr(r, name) for name in SEARCHED)):
+        raw = dict(zip(SEARCHED, values, strict=True))
+        key, fields = normalise(space, devices, raw)
+        if key is None:
+            invalid.setdefault(f"tp{raw['tp']}-pp{raw['pp']}", fields)  # type: ignore[arg-type]
+            continue
+        if key in seen or key in invalid:
+            continue
+        try:
+            check_plan(spec, ParallelPlan(**fields), devices)
+        except PlanError as exc:
+            invalid[key] = str(exc)
+            continue
+        seen[key] = Candidate(key, {"fields": fields, "raw": raw})
+    return list(seen.values()), sorted(invalid.items())
+
+
+# ----------------------------------------------------------------------------- evaluation
+@dataclass
+class ParallelContext:
+    """What a worker needs to evaluate a plan (picklable)."""
+
+    space: ParallelSpace
+    platform: Platform
+    spec: TransformerSpec
+    devices_per_node: int
+    devices: int
+
+
+def build_context(space: ParallelSpace) -> ParallelContext:
+    """Resolve the platform and the device count; raises :class:`SpaceError` on bad input."""
+    try:
+        platform = get_platform(space.cluster.platform, space.cluster.catalog)
+    except UnknownPlatformError as exc:
+        raise SpaceError(f"cluster.platform: {exc}") from None
+    except FileNotFoundError:
+        raise SpaceError(f"cluster.catalog: no such file {space.cluster.catalog}") from None
+    dpn = space.cluster.devices_per_node or platform.devices_per_node
+    spec = space.model.to_spec()
+    return ParallelContext(space, platform, spec, dpn, space.cluster.nodes * dpn)
+
+
+def evaluate_candidate(ctx: ParallelContext, key: str, fields: dict) -> dict:
+    """Predict one plan; never raises (an error becomes ``status="failed"`` with its text)."""
+    try:
+        res, _ = predict_plan(ctx.spec, ParallelPlan(**fields), ctx.platform, devices_per_node=ctx.devices_per_node,
+                              devices=ctx.devices, detail=ctx.space.search.detail)
+    except PlanError as exc:
+        res = {"status": "invalid", "feasible": False, "reason": str(exc), "predicted_iteration_s": None}
+    except Exception as exc:  # recorded, the search goes on
+        res = {"status": "failed", "feasible": False, "predicted_iteration_s": None,
+               "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=3)}
+    res["key"] = key
+    res["fields"] = fields
+    return res
+
+
+def _outcome(candidate: Candidate, res: dict) -> Outcome:
+    return Outcome(candidate.key, candidate.params["raw"], res,
+                   res["predicted_iteration_s"] if res["status"] == "ok" else None)
+
+
+def evaluate_plan(ctx: ParallelContext, candidate: Candidate, part: object = None) -> list[Outcome]:
+    """The evaluation of one candidate plan: one outcome."""
+    return [_outcome(candidate, evaluate_candidate(ctx, candidate.key, candidate.params["fields"]))]
+
+
+# ----------------------------------------------------------------------------- the space
+class ParallelSearch(SearchSpace):
+    """The parallel space plugged into the search core (grid or TPE)."""
+
+    kind = "parallel"
+
+    def __init__(self, spec: ParallelSpace) -> None:
+        self.spec = spec
+        self.context = build_context(spec)
+        self._candidates, self.invalid = enumerate_candidates(spec, self.context.devices)
+        if not self._candidates:
+            why = self.invalid[0][1] if self.invalid else "the ranges are empty"
+            raise SpaceError(f"no valid plan in the ranges for {self.context.devices} devices (e.g. {why})")
+        self._by_key = {c.key: c for c in self._candidates}
+        strategy = spec.search.strategy
+        if strategy == "auto":
+            strategy = "grid" if len(self._candidates) <= spec.search.grid_limit else "tpe"
+        self.strategy = strategy
+
+    def study_name(self) -> str:
+        # the parts of the space that change results (not search.top, strategy or trials)
+        d = self.spec.model_dump(mode="json")
+        d["search"] = {k: v for k, v in d["search"].items() if k in ("detail",)}
+        return f"parallel-{self.strategy}-{fingerprint(d)}"
+
+    def distributions(self) -> dict[str, CategoricalDistribution]:
+        return {name: CategoricalDistribution(list(getattr(self.spec.ranges, name))) for name in SEARCHED}
+
+    def candidates(self) -> list[Candidate]:
+        return self._candidates
+
+    def evaluator(self) -> Evaluator:
+        return evaluate_plan
+
+    def worker_context(self) -> ParallelContext:
+        return self.context
+
+    def failed(self, candidate: Candidate, reason: str) -> list[Outcome]:
+        res = {"status": "failed", "feasible": False, "predicted_iteration_s": None, "reason": reason,
+               "key": candidate.key, "fields": candidate.params["fields"]}
+        return [_outcome(candidate, res)]
+
+    def resolve(self, params: dict) -> Candidate | None:
+        """The candidate that sampled range values make (with them as its trial parameters), or ``None``."""
+        key, _ = normalise(self.spec, self.context.devices, params)
+        if key is None or key not in self._by_key:
+            return None
+        c = self._by_key[key]
+        return Candidate(c.key, {**c.params, "raw": params})
+
+    def proposer(self, candidates: list[Candidate], done: dict[str, list[Outcome]], history: list[FrozenTrial],
+                 workers: int) -> Proposer:
+        if self.strategy == "grid":
+            return Exhaustive(candidates, done)
+        s = self.spec.search
+        return TPEProposer(self.distributions(), self.resolve, target=min(s.trials, len(candidates)),
+                           batch_size=max(workers, 1), seed=s.seed, history=history)
+
+    def write_outputs(self, result: SearchResult, out: Path) -> dict:
+        from tuner.report.parallel import write_parallel_outputs
+
+        return write_parallel_outputs(result, out)
+
+    def print_table(self, payload: dict, console: Console) -> None:
+        from tuner.report.parallel import print_parallel_table
+
+        print_parallel_table(payload, console, top=self.spec.search.top)
+
+    def summary(self, result: SearchResult, payload: dict, out: Path) -> str:
+        best = payload["best"]
+        tail = f"best {best['plan']}: {best['predicted_iteration_s']:.3f} s/iteration" if best else "no plan fits in memory"
+        return (f"{len(result.outcomes)} plans of {len(self._candidates)} candidates ({self.strategy}; "
+                f"{result.evaluated} new, {result.reused} from the study); {tail} -> {out}/results.json")
+
+
+def run_parallel_search(
+    space: ParallelSpace,
+    *,
+    storage: str,
+    workers: int = 2,
+    address: str | None = None,
+    resume: bool = False,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """Search ``space`` (grid or TPE); see :func:`tuner.search.core.run_search`."""
+    return run_search(ParallelSearch(space), storage=storage, workers=workers, address=address, resume=resume,
+                      progress=progress)

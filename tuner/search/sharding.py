@@ -1,0 +1,344 @@
+"""``space: sharding`` — rank embedding-table sharders for DLRM training tasks (Lin et al. 2024 §IV-B).
+
+One candidate is one task at one global batch size; its evaluation places the tables with
+every sharder of the space (the model-guided sharder starts from the heuristic sharders'
+placements, so they are evaluated together) and predicts each placement's iteration time with
+:class:`tuner.cost.DLRMShardingJob`. Each sharder's result is one outcome (one trial): ok
+(value = predicted seconds per iteration), infeasible (the placement does not fit, with the
+reason) or failed (the error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from optuna.distributions import CategoricalDistribution
+from pydantic import Field, field_validator, model_validator
+
+from predictor.sources.synth.dlrm import DLRMSpec
+from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
+from predictor.timing.kernels import ModelTiming
+from predictor.timing.platforms import CatalogError, UnknownPlatformError
+from predictor.timing.platforms.assets import AssetPackError, ResolvedPlatform, resolve_platform
+from predictor.timing.platforms.schema import Platform
+from tuner.cost import DLRMShardingJob
+from tuner.search.core import Candidate, Evaluator, Outcome, Progress, SearchResult, SearchSpace, run_search
+from tuner.search.schema import PositiveInt, SpaceError, StrictModel
+from tuner.search.study import fingerprint
+from tuner.sharders import InfeasibleShardingError, ModelGuidedSharder, get_sharder
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["ShardingSpace", "ShardingContext", "ShardingSearch", "build_sharding_context", "evaluate_sharding_unit",
+           "run_sharding_search", "SHARDER_NAMES", "HEURISTIC_SHARDERS"]
+
+HEURISTIC_SHARDERS = ("naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy")
+SHARDER_NAMES = (*HEURISTIC_SHARDERS, "model_guided")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+# ----------------------------------------------------------------------------- schema
+class TableSpec(StrictModel):
+    """One embedding table."""
+
+    rows: PositiveInt = Field(description="rows E")
+    dim: PositiveInt = Field(description="embedding dimension D")
+    pooling: float = Field(gt=0, description="mean lookups per sample L")
+    reuse: list[float] | None = Field(default=None, description="17-bin reuse-factor histogram")
+    name: str | None = None
+
+    @field_validator("reuse")
+    @classmethod
+    def _seventeen_bins(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (len(v) != 17 or min(v) < 0 or sum(v) <= 0):
+            raise ValueError("reuse must be 17 non-negative numbers with a positive sum")
+        return v
+
+
+class ExplicitTask(StrictModel):
+    """A task given table by table."""
+
+    name: str
+    tables: list[TableSpec] = Field(min_length=1)
+
+
+class GeneratedTasks(StrictModel):
+    """Random tasks as Lin et al. 2024 §IV-B: half heavy, half normal."""
+
+    count: PositiveInt = 20
+    seed: int = 0
+    dataset: Literal["2021", "2022", "both"] = "both"
+
+
+class TasksSpec(StrictModel):
+    """Where the tasks come from: generated, or given explicitly."""
+
+    generate: GeneratedTasks | None = None
+    explicit: list[ExplicitTask] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TasksSpec:
+        if not self.generate and not self.explicit:
+            raise ValueError("give 'generate' or 'explicit' tasks")
+        return self
+
+
+class DenseModel(StrictModel):
+    """The dense part of DLRM (layer widths in elements)."""
+
+    dense_features: PositiveInt = 13
+    bottom_mlp: list[PositiveInt] = Field(default=[512, 256, 128], min_length=1)
+    top_mlp: list[PositiveInt] = Field(default=[1024, 1024, 512, 256, 1], min_length=1)
+    optimizer: Literal["sgd", "adagrad"] = "sgd"
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+
+
+class ModelGuidedOptions(StrictModel):
+    """Budget of the model-guided sharder."""
+
+    max_evals: PositiveInt = Field(default=60, description="simulations per task and batch size")
+
+
+class ShardingSpace(StrictModel):
+    """``space: sharding`` — rank embedding-table sharders for DLRM training tasks."""
+
+    space: Literal["sharding"]
+    platform: str = Field(description="catalog key, e.g. a100-80gb")
+    catalog: str | None = Field(default=None, description="user YAML that overrides or adds catalog entries")
+    n_gpus: PositiveInt
+    batch_sizes: list[PositiveInt] = Field(min_length=1, description="global batch sizes")
+    tasks: TasksSpec
+    model: DenseModel = DenseModel()
+    sharders: list[Literal[SHARDER_NAMES]] = Field(default=list(SHARDER_NAMES), min_length=1)  # type: ignore[valid-type]
+    objective: Literal["iteration_time"] = "iteration_time"
+    memory_fraction: float = Field(default=0.8, gt=0, le=1, description="share of device memory tables may use")
+    model_guided: ModelGuidedOptions = ModelGuidedOptions()
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _batches_divide(self) -> ShardingSpace:
+        for b in self.batch_sizes:
+            if b % self.n_gpus:
+                raise ValueError(f"batch size {b} is not divisible by n_gpus={self.n_gpus}")
+        if len(set(self.sharders)) != len(self.sharders):
+            raise ValueError("sharders lists a name twice")
+        return self
+
+
+# ----------------------------------------------------------------------------- context
+@dataclass
+class ShardingContext:
+    """Everything a worker needs to evaluate a task at a batch size (picklable)."""
+
+    space: ShardingSpace
+    platform: Platform
+    tasks: list[EmbeddingTables]
+    resolved: ResolvedPlatform  # the platform's kernel models: an asset pack's, or the analytic ones
+
+    @property
+    def timing_source(self) -> str:
+        """Where the kernel times come from (an asset pack, or the analytic models)."""
+        return self.resolved.source
+
+    def spec(self, task_index: int, batch_size: int) -> DLRMSpec:
+        """The DLRM training step of one task at one global batch size."""
+        m = self.space.model
+        return DLRMSpec(
+            tables=self.tasks[task_index],
+            batch_size=batch_size,
+            dense_features=m.dense_features,
+            bottom_mlp=tuple(m.bottom_mlp),
+            top_mlp=tuple(m.top_mlp),
+            dtype_bytes=DTYPE_BYTES[m.dtype],
+            optimizer=m.optimizer,
+            label=self.tasks[task_index].label,
+        )
+
+    def job(self, task_index: int, batch_size: int) -> DLRMShardingJob:
+        """The cost of placements of one task at one global batch size."""
+        pack = self.resolved.pack
+        threads = int((pack.manifest.get("threads") if pack is not None else None) or 1)
+        return DLRMShardingJob(self.spec(task_index, batch_size), self.space.n_gpus, self.platform, self.timing(),
+                               threads_per_rank=threads)
+
+    def timing(self) -> ModelTiming:
+        """Kernel timing on the space's platform (calibrated models when it has an asset pack)."""
+        return self.resolved.timing()
+
+
+def _explicit_tables(space: ShardingSpace) -> list[EmbeddingTables]:
+    tasks = []
+    for t in space.tasks.explicit or []:
+        reuse = None
+        if all(x.reuse is not None for x in t.tables):
+            reuse = np.asarray([x.reuse for x in t.tables], dtype=float)
+        tasks.append(
+            EmbeddingTables(
+                rows=np.asarray([x.rows for x in t.tables]),
+                dim=np.asarray([x.dim for x in t.tables]),
+                pooling=np.asarray([x.pooling for x in t.tables], dtype=float),
+                reuse=reuse,
+                name=[x.name or f"t{i}" for i, x in enumerate(t.tables)],
+                label=t.name,
+            )
+        )
+    return tasks
+
+
+def build_sharding_context(space: ShardingSpace) -> ShardingContext:
+    """Resolve the platform and materialise the tasks; raises :class:`SpaceError` on bad input."""
+    try:
+        resolved = resolve_platform(space.platform, space.catalog)
+    except (UnknownPlatformError, AssetPackError, CatalogError) as exc:
+        raise SpaceError(f"platform: {exc.args[0]}") from None
+    platform = resolved.platform
+    if space.tasks.explicit:
+        tasks = _explicit_tables(space)
+    else:
+        gen = space.tasks.generate
+        assert gen is not None
+        tasks = generate_tasks(
+            space.n_gpus,
+            n_tasks=gen.count,
+            seed=gen.seed,
+            device_memory_bytes=platform.memory_bytes,
+            memory_fraction=space.memory_fraction,
+            dataset=gen.dataset,
+        )
+    return ShardingContext(space, platform, tasks, resolved)
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _placed(name: str, job: DLRMShardingJob, assignment: np.ndarray) -> dict:
+    res, _ = job.evaluate(assignment)
+    d = res.as_dict()
+    d.update({"sharder": name, "status": "ok" if res.feasible else "infeasible",
+              "assignment": [int(x) for x in assignment]})
+    return d
+
+
+def _not_placed(name: str, status: str, reason: str) -> dict:
+    return {"sharder": name, "status": status, "feasible": False, "reason": reason, "predicted_iteration_s": None,
+            "per_rank_s": None, "memory_bytes_per_rank": None, "assignment": None}
+
+
+def evaluate_sharding_unit(ctx: ShardingContext, task_index: int, batch_size: int, sharders: list[str]) -> list[dict]:
+    """Evaluate ``sharders`` on one task at one global batch size; one result dict per sharder.
+
+    Never raises for a single sharder: an infeasible placement is ``status="infeasible"`` with
+    its reason, an unexpected error ``status="failed"`` with the error text.
+    """
+    job = ctx.job(task_index, batch_size)
+    capacity = job.table_capacity_bytes(ctx.space.memory_fraction)
+    rng_seed = ctx.space.seed * 1_000_003 + task_index * 101 + batch_size
+    out: dict[str, dict] = {}
+    starts: dict[str, tuple[np.ndarray, float]] = {}
+    heuristics = [s for s in HEURISTIC_SHARDERS if s in sharders or "model_guided" in sharders]
+    for name in heuristics:
+        try:
+            a = get_sharder(name).shard(job.spec.tables, job.n_ranks, capacity, rng=np.random.default_rng(rng_seed))
+            placed = _placed(name, job, a)
+            if placed["feasible"]:
+                starts[name] = (a, placed["predicted_iteration_s"])
+            out[name] = placed
+        except InfeasibleShardingError as exc:
+            out[name] = _not_placed(name, "infeasible", str(exc))
+        except Exception as exc:  # recorded, the search goes on
+            out[name] = _not_placed(name, "failed", f"{type(exc).__name__}: {exc}")
+    if "model_guided" in sharders:
+        try:
+            sharder = ModelGuidedSharder(job, starts, max_evals=ctx.space.model_guided.max_evals, seed=rng_seed)
+            placement = sharder.place(capacity)
+            placed = _placed("model_guided", job, placement.assignment)
+            placed["search"] = placement.info
+            out["model_guided"] = placed
+        except InfeasibleShardingError as exc:
+            out["model_guided"] = _not_placed("model_guided", "infeasible", str(exc))
+        except Exception as exc:
+            out["model_guided"] = _not_placed("model_guided", "failed", f"{type(exc).__name__}: {exc}")
+    return [out[s] for s in sharders]
+
+
+def _outcomes(ctx: ShardingContext, candidate: Candidate, results: list[dict]) -> list[Outcome]:
+    ti, b = candidate.params["task"], candidate.params["batch_size"]
+    label = ctx.tasks[ti].label
+    return [Outcome(key, {"task": label, "batch_size": b, "sharder": r["sharder"]}, r,
+                    r["predicted_iteration_s"] if r["status"] == "ok" else None)
+            for key, r in zip(candidate.keys, results, strict=True)]
+
+
+def evaluate_sharding(ctx: ShardingContext, candidate: Candidate, part: object = None) -> list[Outcome]:
+    """The evaluation of one candidate (a task at a batch size): one outcome per sharder."""
+    p = candidate.params
+    return _outcomes(ctx, candidate, evaluate_sharding_unit(ctx, p["task"], p["batch_size"], list(ctx.space.sharders)))
+
+
+# ----------------------------------------------------------------------------- the space
+class ShardingSearch(SearchSpace):
+    """The sharding space plugged into the search core."""
+
+    kind = "sharding"
+
+    def __init__(self, spec: ShardingSpace) -> None:
+        self.spec = spec
+        self.context = build_sharding_context(spec)
+        sharders = list(spec.sharders)
+        self._candidates = [
+            Candidate(f"{ti}/{b}", {"task": ti, "batch_size": b}, tuple(f"{ti}/{b}/{s}" for s in sharders))
+            for ti in range(len(self.context.tasks)) for b in spec.batch_sizes
+        ]
+
+    def study_name(self) -> str:
+        return f"sharding-{fingerprint(self.spec.model_dump(mode='json'))}"
+
+    def distributions(self) -> dict[str, CategoricalDistribution]:
+        return {
+            "task": CategoricalDistribution([t.label for t in self.context.tasks]),
+            "batch_size": CategoricalDistribution(list(self.spec.batch_sizes)),
+            "sharder": CategoricalDistribution(list(self.spec.sharders)),
+        }
+
+    def candidates(self) -> list[Candidate]:
+        return self._candidates
+
+    def evaluator(self) -> Evaluator:
+        return evaluate_sharding
+
+    def worker_context(self) -> ShardingContext:
+        return self.context
+
+    def failed(self, candidate: Candidate, reason: str) -> list[Outcome]:
+        return _outcomes(self.context, candidate, [_not_placed(s, "failed", reason) for s in self.spec.sharders])
+
+    def write_outputs(self, result: SearchResult, out: Path) -> dict:
+        from tuner.report.sharding import write_sharding_outputs
+
+        return write_sharding_outputs(result, out)
+
+    def print_table(self, payload: dict, console: Console) -> None:
+        from tuner.report.sharding import print_sharding_table
+
+        print_sharding_table(payload, console)
+
+    def summary(self, result: SearchResult, payload: dict, out: Path) -> str:
+        n_eval = sum(len(o) for o in result.outcomes.values())
+        return (f"{n_eval} evaluations ({result.evaluated} new, {result.reused} from the study) "
+                f"-> {out}/results.json, report.md, traces/")
+
+
+def run_sharding_search(
+    space: ShardingSpace,
+    *,
+    storage: str,
+    workers: int = 2,
+    address: str | None = None,
+    resume: bool = False,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """Evaluate every (task, batch size, sharder) of ``space``; see :func:`tuner.search.core.run_search`."""
+    return run_search(ShardingSearch(space), storage=storage, workers=workers, address=address, resume=resume,
+                      progress=progress)
