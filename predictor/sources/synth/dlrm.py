@@ -175,19 +175,14 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
         raise ValueError(f"global batch {spec.batch_size} is not divisible by {n_ranks} ranks")
     if mode == "host":
         return _build_host_graph(spec, assignment, n_ranks, comm_threads)
-    dt = spec.dtype_bytes
-    B = float(spec.batch_size)
-    b_local = B / n_ranks
-    layers = spec.mlp_layers()
-    n_bottom = len(spec.bottom_mlp)
-    rf = t.reuse if t.reuse is not None else None
-    a2a_bytes = all_to_all_message_bytes(spec, assignment, n_ranks) if n_ranks > 1 else 0.0
-    comm_params = {"msg_bytes": a2a_bytes, "world": n_ranks, "dtype_bytes": dt}
+    return _build_device_graph(spec, assignment, n_ranks, mode)
 
-    gb = GraphBuilder()
-    g_a2a_fwd = gb.new_group()
-    # DDP buckets are formed in backward order (top MLP last layer first), same on every rank
-    grad_layers = [(name, i * o + o) for name, i, o in reversed(layers)]
+
+def _device_ddp_buckets(spec: DLRMSpec) -> tuple[list[list[str]], list[int]]:
+    """DDP buckets of the device graph (layer names, backward order: top MLP last layer first; the
+    same on every rank) and their bytes."""
+    dt = spec.dtype_bytes
+    grad_layers = [(name, i * o + o) for name, i, o in reversed(spec.mlp_layers())]
     buckets: list[list[str]] = [[]]
     acc = 0
     for name, count in grad_layers:
@@ -197,81 +192,100 @@ def build_dlrm_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode:
         buckets[-1].append(name)
         acc += count * dt
     bucket_bytes = [sum(c for n, c in grad_layers if n in names) * dt for names in buckets]
+    return buckets, bucket_bytes
+
+
+def _build_device_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode: ExecMode) -> ExecutionGraph:
+    """Device mode: per rank, kernels launched onto the compute stream, the all-to-alls and DDP's
+    bucket all-reduces on the communication stream."""
+    a2a_bytes = all_to_all_message_bytes(spec, assignment, n_ranks) if n_ranks > 1 else 0.0
+    a2a = {"msg_bytes": a2a_bytes, "world": n_ranks, "dtype_bytes": spec.dtype_bytes}
+    gb = GraphBuilder()
+    g_a2a_fwd = gb.new_group()
+    buckets, bucket_bytes = _device_ddp_buckets(spec)
     bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
     g_buckets = [gb.new_group() for _ in buckets]
     g_a2a_bwd = gb.new_group()
-
     for r in range(n_ranks):
         e = OpEmitter(gb, r, mode)
         local = np.flatnonzero(assignment == r)
         e.node("optimizer.zero_grad")
-        # ------------------------------------------------------------ forward
-        emb_fwd: list[int] = []
-        for ti in local:
-            p = {"batch": B, "rows": float(t.rows[ti]), "dim": float(t.dim[ti]), "pooling": float(t.pooling[ti]),
-                 "dtype_bytes": float(t.dtype_bytes)}
-            if rf is not None:
-                p.update({c: float(v) for c, v in zip(RF_COLUMNS, rf[ti], strict=True)})
-            emb_fwd += e.op(f"embedding_bag[{ti}]", [(f"embedding_bag_fwd[{ti}]", "embedding_bag_fwd", Category.MEMORY, p)])
-        a2a_f = e.op("all_to_all_fwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(comm_params))],
-                     comm=True, after=emb_fwd[-1:], group=g_a2a_fwd if n_ranks > 1 else -1)
-        for name, i, o in layers[:n_bottom]:
-            e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
-            e.op(f"{name}.relu", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
-        width = spec.interaction_width()
-        if spec.interaction == "dot":
-            tt = len(t) + 1
-            d = int(spec.bottom_mlp[-1])
-            e.op("interaction", [("interaction.bmm", "gemm", Category.COMPUTE,
-                                  {"m": tt, "n": tt, "k": d, "batch": b_local, "dtype_bytes": dt,
-                                   "flops": 2.0 * tt * tt * d * b_local}),
-                                 eltwise("interaction.tril", "interaction", b_local * width, dt)],
-                 after=a2a_f)
-        else:
-            e.op("interaction", [concat("interaction.cat", b_local, width, len(t) + 1, dt)], after=a2a_f)
-        for name, i, o in layers[n_bottom:]:
-            e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
-            e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
-        e.op("loss", [eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
-        # ------------------------------------------------------------ backward
-        backward_entry(e, dt)
-        e.op("loss.backward", [eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
-        bucket_last: dict[int, int] = {}
-        ar_kernels: list[int] = []
-        a2a_b: list[int] = []
-
-        ddp = _DDPState(buckets, bucket_of, bucket_bytes, g_buckets, n_ranks, dt, bucket_last, ar_kernels)
-        for name, i, o in reversed(layers[n_bottom:]):
-            _backward_layer(e, ddp, name, i, o, b_local, first=False)
-        inter_b = e.op("interaction.backward", [eltwise("interaction_bwd", "interaction", b_local * width, dt, rw=3.0)])
-        if n_ranks > 1:
-            a2a_b = e.op("all_to_all_bwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(comm_params))],
-                         comm=True, after=inter_b, group=g_a2a_bwd)
-        for li, (name, i, o) in enumerate(reversed(layers[:n_bottom])):
-            _backward_layer(e, ddp, name, i, o, b_local, first=li == n_bottom - 1)
-        first_emb = True
-        for ti in local:
-            p = {"batch": B, "rows": float(t.rows[ti]), "dim": float(t.dim[ti]), "pooling": float(t.pooling[ti]),
-                 "dtype_bytes": float(t.dtype_bytes)}
-            if rf is not None:
-                p.update({c: float(v) for c, v in zip(RF_COLUMNS, rf[ti], strict=True)})
-            e.op(f"embedding_bag_backward[{ti}]",
-                 [(f"embedding_bag_bwd[{ti}]", "embedding_bag_bwd", Category.MEMORY, p)],
-                 after=a2a_b if first_emb else ())
-            if e.mode == "device":  # AccumulateGrad and SGD's ``add_`` of the sparse gradient (the update is in a
-                # post-accumulate hook, or in the optimizer's per-tensor loop): one op launching the row update,
-                # whose time is already inside embedding_bag_bwd's (calibrated as backward + row update)
-                e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
-                                                               Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
-                e.sparse_table(f"embedding_bag[{ti}].sparse_host")
-            first_emb = False
-        adagrad = spec.optimizer == "adagrad"  # its state is a third tensor list (read and written)
-        # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
-        # default on a device
-        e.op("optimizer.step", foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(layers)], dt,
-                                       lists=3 if adagrad else 2, rw=5.0 if adagrad else 3.0), after=ar_kernels)
+        a2a_f = _device_forward(e, spec, local, n_ranks, a2a, g_a2a_fwd if n_ranks > 1 else -1)
+        ddp = _DDPState(buckets, bucket_of, bucket_bytes, g_buckets, n_ranks, spec.dtype_bytes, {}, [])
+        _device_backward(e, spec, local, ddp, a2a, g_a2a_bwd, a2a_f)
     gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
     return gb.build()
+
+
+def _device_forward(e: OpEmitter, spec: DLRMSpec, local: np.ndarray, n_ranks: int, a2a: dict,
+                    group: int) -> list[int]:
+    """Lookups of the local tables, the forward all-to-all, bottom MLP, interaction, top MLP and
+    loss of one rank; returns the all-to-all's tasks."""
+    dt, t = spec.dtype_bytes, spec.tables
+    b_local = float(spec.batch_size) / n_ranks
+    layers = spec.mlp_layers()
+    n_bottom = len(spec.bottom_mlp)
+    emb_fwd: list[int] = []
+    for ti in local:
+        emb_fwd += e.op(f"embedding_bag[{ti}]", [_table_kernel(spec, int(ti), "fwd")])
+    a2a_f = e.op("all_to_all_fwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(a2a))],
+                 comm=True, after=emb_fwd[-1:], group=group)
+    for name, i, o in layers[:n_bottom]:
+        e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
+        e.op(f"{name}.relu", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
+    width = spec.interaction_width()
+    if spec.interaction == "dot":
+        tt = len(t) + 1
+        d = int(spec.bottom_mlp[-1])
+        e.op("interaction", [("interaction.bmm", "gemm", Category.COMPUTE,
+                              {"m": tt, "n": tt, "k": d, "batch": b_local, "dtype_bytes": dt,
+                               "flops": 2.0 * tt * tt * d * b_local}),
+                             eltwise("interaction.tril", "interaction", b_local * width, dt)],
+             after=a2a_f)
+    else:
+        e.op("interaction", [concat("interaction.cat", b_local, width, len(t) + 1, dt)], after=a2a_f)
+    for name, i, o in layers[n_bottom:]:
+        e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
+        e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
+    e.op("loss", [eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
+    return a2a_f
+
+
+def _device_backward(e: OpEmitter, spec: DLRMSpec, local: np.ndarray, ddp: _DDPState, a2a: dict, group: int,
+                     a2a_fwd: list[int]) -> None:
+    """Backward of one rank (top MLP, interaction, gradient all-to-all, bottom MLP, the local
+    tables' backward with their sparse update) and the dense optimizer step after DDP's buckets."""
+    dt = spec.dtype_bytes
+    n_ranks = ddp.n_ranks
+    b_local = float(spec.batch_size) / n_ranks
+    layers = spec.mlp_layers()
+    n_bottom = len(spec.bottom_mlp)
+    backward_entry(e, dt)
+    e.op("loss.backward", [eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
+    a2a_b: list[int] = []
+    for name, i, o in reversed(layers[n_bottom:]):
+        _backward_layer(e, ddp, name, i, o, b_local, first=False)
+    width = spec.interaction_width()
+    inter_b = e.op("interaction.backward", [eltwise("interaction_bwd", "interaction", b_local * width, dt, rw=3.0)])
+    if n_ranks > 1:
+        a2a_b = e.op("all_to_all_bwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(a2a))],
+                     comm=True, after=inter_b, group=group)
+    for li, (name, i, o) in enumerate(reversed(layers[:n_bottom])):
+        _backward_layer(e, ddp, name, i, o, b_local, first=li == n_bottom - 1)
+    for j, ti in enumerate(local):
+        e.op(f"embedding_bag_backward[{ti}]", [_table_kernel(spec, int(ti), "bwd")], after=a2a_b if j == 0 else ())
+        if e.mode == "device":
+            # AccumulateGrad and SGD's ``add_`` of the sparse gradient (the update is in a post-accumulate
+            # hook, or in the optimizer's per-tensor loop): one op launching the row update, whose time is
+            # already inside embedding_bag_bwd's (calibrated as backward + row update)
+            e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
+                                                           Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
+            e.sparse_table(f"embedding_bag[{ti}].sparse_host")
+    adagrad = spec.optimizer == "adagrad"  # its state is a third tensor list (read and written)
+    # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
+    # default on a device
+    e.op("optimizer.step", foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(layers)], dt,
+                                   lists=3 if adagrad else 2, rw=5.0 if adagrad else 3.0), after=ddp.all_reduces)
 
 
 # ============================================================================ host mode (CPU)
