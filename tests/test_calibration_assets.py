@@ -10,7 +10,9 @@ import pytest
 
 from predictor.timing.kernels import TaskView, timing_for
 from predictor.timing.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
-from predictor.timing.kernels.learned import FittedRoofline, MLPConfig, MLPKernelModel, RooflineFit, fit_mlp
+from predictor.timing.kernels.learned import MLPKernelModel
+from predictor.timing.kernels.mlp import MLPConfig, fit_mlp
+from predictor.timing.kernels.roofline_fit import FittedRoofline, RooflineFit
 from predictor.timing.platforms import get_platform, resolve_platform
 from predictor.timing.platforms.assets import (
     AssetPackError,

@@ -9,18 +9,11 @@ from predictor.sources.synth.dlrm_tables import reuse_profiles, thin_reuse
 from predictor.timing.calibration.embedding_bag import indices_for_reuse, reuse_factors
 from predictor.timing.kernels import TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective, PiecewiseSigmoid, fit_piecewise_sigmoid
-from predictor.timing.kernels.learned import (
-    FittedRoofline,
-    MLPConfig,
-    MLPKernelModel,
-    MLPNet,
-    RooflineFit,
-    fit_mlp,
-    fit_roofline,
-    model_from_dict,
-    model_to_dict,
-    uniform_reuse_factors,
-)
+from predictor.timing.kernels.features import uniform_reuse_factors
+from predictor.timing.kernels.learned import MLPKernelModel
+from predictor.timing.kernels.mlp import MLPConfig, MLPNet, fit_mlp
+from predictor.timing.kernels.roofline_fit import FittedRoofline, RooflineFit, fit_roofline
+from predictor.timing.kernels.serialize import model_from_dict, model_to_dict
 from predictor.timing.platforms import get_platform
 
 SIZES = 4.0 * 2.0 ** np.arange(27)  # 4 B .. 256 MiB, doubling (Lin et al. 2024 §III-C)
@@ -267,7 +260,7 @@ def test_calibrated_cpu_collective_is_used_for_local_gloo_ranks():
 
 
 def test_ld_aligned_feature_marks_16_byte_rows():
-    from predictor.timing.kernels.learned import feature_matrix
+    from predictor.timing.kernels.features import feature_matrix
 
     cols = {"n": np.array([1024.0, 1023.0, 1024.0, 4.0, 6.0]), "k": np.array([64.0, 64.0, 63.0, 4.0, 8.0]),
             "dtype_bytes": np.array([2.0, 2.0, 2.0, 4.0, np.nan])}
@@ -277,7 +270,7 @@ def test_ld_aligned_feature_marks_16_byte_rows():
 
 
 def test_roofline_peak_ignores_floor_dominated_regimes():
-    from predictor.timing.kernels.learned import RooflineFit
+    from predictor.timing.kernels.roofline_fit import RooflineFit
 
     # a launch floor of 5 us: the first regime's "bandwidth" moves its 1 KB in 1 ns, pure floor
     fit = RooflineFit(floor_s=5e-6, edges=(1e3, 1e8), bandwidths=(1e15, 3e12, 2.5e12))
@@ -307,7 +300,7 @@ def _ragged_or_aligned(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _fit_with_alignment(x: np.ndarray, t: np.ndarray):
-    from predictor.timing.kernels.learned import ALIGN16_FEATURES, feature_matrix
+    from predictor.timing.kernels.features import ALIGN16_FEATURES, feature_matrix
 
     feats = ("m", "n", "k", *ALIGN16_FEATURES)
     raw = feature_matrix({"m": x[:, 0], "n": x[:, 1], "k": x[:, 2]}, feats, len(x))
@@ -322,7 +315,7 @@ def test_alignment_features_are_kept_where_ragged_shapes_run_slower():
     t = _gemm_like(x[:, 0], x[:, 1], x[:, 2]) * np.where(x[:, 1] % 16 == 0, 1.0, 2.0)
     net, feats = _fit_with_alignment(x[:320], t[:320])
     assert net.config["optional"]["used"] and net.features == feats
-    from predictor.timing.kernels.learned import feature_matrix
+    from predictor.timing.kernels.features import feature_matrix
 
     test = feature_matrix({"m": x[320:, 0], "n": x[320:, 1], "k": x[320:, 2]}, net.features, 80)
     err = np.abs(net.predict(test) / t[320:] - 1) * 100
@@ -347,7 +340,7 @@ def test_optional_features_must_be_among_the_features():
 
 
 def test_align16_features_mark_multiples_of_16():
-    from predictor.timing.kernels.learned import feature_matrix
+    from predictor.timing.kernels.features import feature_matrix
 
     cols = {"m": np.array([16.0, 17.0, 1024.0]), "n": np.array([8.0, 32.0, 48.0]), "k": np.array([0.0, 160.0, 5.0])}
     got = feature_matrix(cols, ["m_al16", "n_al16", "k_al16"], 3)
@@ -355,7 +348,7 @@ def test_align16_features_mark_multiples_of_16():
 
 
 def test_gemm_shape_features_count_bytes_and_atens_small_bmm_path():
-    from predictor.timing.kernels.learned import feature_matrix
+    from predictor.timing.kernels.features import feature_matrix
 
     cols = {"m": np.array([1.0, 7.0, 8.0, 512.0]), "n": np.array([453.0, 7.0, 7.0, 64.0]),
             "k": np.array([185.0, 8.0, 8.0, 32.0]), "batch": np.array([265.0, 1.0, np.nan, 4.0]),

@@ -11,7 +11,7 @@ import torch
 from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.conv2d import Conv2dBenchmark
 from predictor.timing.calibration.timing import Timer
-from predictor.timing.kernels.learned import conv_align_features, conv_native, feature_matrix
+from predictor.timing.kernels.features import conv_align_features, conv_native, feature_matrix
 from predictor.timing.platforms.cpu_local import fp32_lanes
 
 SHAPES = list(itertools.product((1, 2, 15, 16, 17), (1, 3, 8), (4, 12, 60), (1, 3, 5)))  # images, C_in, H=W, kh
@@ -59,7 +59,8 @@ def test_a_conv_model_with_the_path_indicator_recovers_a_slower_native_path():
     """Synthetic convolutions whose native path runs 2x slower at the same FLOPs: the fit puts the known
     factor 2 on the indicator, and a graph task reaches the feature through the routed model."""
     from predictor.timing.kernels.base import TaskView
-    from predictor.timing.kernels.learned import MLPConfig, MLPKernelModel, fit_mlp
+    from predictor.timing.kernels.learned import MLPKernelModel
+    from predictor.timing.kernels.mlp import MLPConfig, fit_mlp
     from predictor.timing.platforms import get_platform
 
     rng = np.random.default_rng(0)
@@ -123,7 +124,7 @@ def test_conv_spec_takes_the_alignment_inputs_on_avx512_only() -> None:
 def test_a_conv_model_with_the_alignment_inputs_recovers_a_faster_aligned_path() -> None:
     """Synthetic convolutions whose output channels on a 16-boundary run 1.25x faster at the same FLOPs: the fit
     recovers the factor through ``cout_al16``."""
-    from predictor.timing.kernels.learned import MLPConfig, fit_mlp
+    from predictor.timing.kernels.mlp import MLPConfig, fit_mlp
 
     rng = np.random.default_rng(1)
     n_samples = 600

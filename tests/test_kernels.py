@@ -155,7 +155,7 @@ def test_taskview_rejects_unknown_parameters():
 
 
 def test_backward_kinds_fall_back_to_their_forward_model_until_calibrated():
-    from predictor.timing.kernels.learned import FittedRoofline, fit_roofline
+    from predictor.timing.kernels.roofline_fit import FittedRoofline, fit_roofline
 
     platform = get_platform("a100-80gb")
     moved = np.logspace(3, 8, 20)

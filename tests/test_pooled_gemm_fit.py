@@ -14,7 +14,8 @@ from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.gemm import GemmBenchmark
 from predictor.timing.calibration.timing import Timer
 from predictor.timing.kernels import TaskView
-from predictor.timing.kernels.learned import MLPKernelModel, feature_matrix, route_columns
+from predictor.timing.kernels.features import feature_matrix, route_columns
+from predictor.timing.kernels.learned import MLPKernelModel
 from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")
@@ -110,7 +111,7 @@ def test_route_columns_read_the_op_of_the_route():
 
 
 def test_a_pooled_net_is_stored_once_and_shared_again_when_read():
-    from predictor.timing.kernels.learned import model_from_dict, model_to_dict
+    from predictor.timing.kernels.serialize import model_from_dict, model_to_dict
 
     models, _ = fit_models({"gemm": _gemm_frame()}, _cpu_specs(), "tiny", 0, CPU, log=lambda s: None)
     d = model_to_dict(models["gemm"])

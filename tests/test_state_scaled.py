@@ -15,7 +15,8 @@ from predictor.timing.calibration.elementwise import ElementwiseBenchmark
 from predictor.timing.calibration.timing import Timer
 from predictor.timing.kernels import TaskView
 from predictor.timing.kernels.elementwise import Roofline
-from predictor.timing.kernels.learned import FittedRoofline, RooflineFit, model_from_dict, model_to_dict
+from predictor.timing.kernels.roofline_fit import FittedRoofline, RooflineFit
+from predictor.timing.kernels.serialize import model_from_dict, model_to_dict
 from predictor.timing.kernels.state import StateScaled, state_factor, unwrap
 from predictor.timing.kernels.timing import ModelTiming
 from predictor.timing.platforms import get_platform

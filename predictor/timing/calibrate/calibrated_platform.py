@@ -13,7 +13,7 @@ from predictor.timing.calibrate.options import CalibrationError
 from predictor.timing.calibration.base import Level
 from predictor.timing.kernels.base import KernelModel
 from predictor.timing.kernels.collective import PiecewiseCollective, latency_steps, wire_factor
-from predictor.timing.kernels.learned import FittedRoofline
+from predictor.timing.kernels.roofline_fit import FittedRoofline
 from predictor.timing.kernels.state import unwrap
 from predictor.timing.platforms.schema import Platform
 

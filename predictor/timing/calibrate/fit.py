@@ -29,17 +29,11 @@ from predictor.timing.calibrate.report import held_out_errors
 from predictor.timing.calibration.base import Level, ModelSpec
 from predictor.timing.kernels.base import KernelModel, TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective, fit_piecewise_sigmoid
-from predictor.timing.kernels.learned import (
-    DERIVED_FEATURES,
-    KNOWN_TERM_KINDS,
-    ROUTE_FEATURES,
-    FittedRoofline,
-    MLPKernelModel,
-    feature_matrix,
-    fit_mlp,
-    fit_roofline,
-    route_columns,
-)
+from predictor.timing.kernels.features import DERIVED_FEATURES, ROUTE_FEATURES, feature_matrix, route_columns
+from predictor.timing.kernels.host_memory import KNOWN_TERM_KINDS
+from predictor.timing.kernels.learned import MLPKernelModel
+from predictor.timing.kernels.mlp import fit_mlp
+from predictor.timing.kernels.roofline_fit import FittedRoofline, fit_roofline
 from predictor.timing.kernels.state import FIT_TARGETS, StateScaled, fits_fastest, state_factor
 from predictor.timing.kernels.timing import models_by_kind
 from predictor.timing.platforms.schema import Platform
@@ -79,7 +73,7 @@ def learned_seconds(frame: pd.DataFrame, platform: Platform, column: str = "seco
     """The fitting target of each benchmark row (MLPs and fitted rooflines), seconds: the measured time,
     less the page faults the sample paid (its ``faults`` column x ``platform.page_fault_s``) for kinds
     whose model adds its output block's faults back from platform facts
-    (:func:`~predictor.timing.kernels.learned.known_seconds`: embedding backward, GEMMs, memory-bound kinds
+    (:func:`~predictor.timing.kernels.host_memory.known_seconds`: embedding backward, GEMMs, memory-bound kinds
     with a new output block); at least :data:`MIN_LEARNED_FRACTION` of the measured time.
 
     The faults are the ones counted, not the ones the model assumes: whether a benchmark's large

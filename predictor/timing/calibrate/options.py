@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from predictor.timing.calibration.base import Level
-from predictor.timing.kernels.learned import QUICK_GRID, TABLE_II_GRID, TINY_GRID
+from predictor.timing.kernels.mlp import QUICK_GRID, TABLE_II_GRID, TINY_GRID
 from predictor.timing.kernels.state import FIT_TARGETS, fits_fastest
 
 __all__ = [
@@ -60,7 +60,7 @@ MLP_SETTINGS = {
     "quick": (QUICK_GRID, 1500, 45.0),
     "full": (TABLE_II_GRID, 3000, 1800.0),
 }
-#: networks per MLP, by level (:func:`~predictor.timing.kernels.learned.fit_mlp` ``members``: the winning
+#: networks per MLP, by level (:func:`~predictor.timing.kernels.mlp.fit_mlp` ``members``: the winning
 #: configuration trained from that many initial seeds, their geometric mean predicted); quick keeps 3 so that
 #: a quick calibration ends inside 10 minutes on a slower 2-core CPU
 MLP_MEMBERS = {"tiny": 1, "quick": 3, "full": 5}

@@ -69,7 +69,7 @@ class ModelSpec:
         pool: specs of one family with the same non-empty pool are fitted as one MLP (a multi-task
             fit) on the union of their training samples, each kernel keeping its own 80/20 split, its
             route and its row of the error table; they must agree on method, features and work. With
-            the route inputs of :data:`~predictor.timing.kernels.learned.ROUTE_FEATURES` among its features the
+            the route inputs of :data:`~predictor.timing.kernels.features.ROUTE_FEATURES` among its features the
             net tells the pooled kernels apart (GEMMs: ``is_addmm``, ``is_bmm``).
     """
 

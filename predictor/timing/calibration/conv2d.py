@@ -6,10 +6,10 @@ padding) is a GEMM with ``m = H_out * W_out`` output pixels per image, ``n = C_o
 task carries (columns ``m, n, k, batch``, plus ``dim`` = the kernel height ``kh``), and the
 MLP's features (a task without ``dim`` falls back to the analytic GEMM model). On a CPU the MLP also
 gets ``conv_native`` (one thread; ``conv_native_mt`` with more): whether PyTorch runs the convolution
-with its own kernel or hands it to oneDNN (:func:`~predictor.timing.kernels.learned.conv_native`, ATen's
+with its own kernel or hands it to oneDNN (:func:`~predictor.timing.kernels.features.conv_native`, ATen's
 rule: 1x1 filters on fewer than 16 images, and small single images, stay native), and ``cout_alV`` /
 ``cin_alV``: whether ``C_out`` / ``C_in`` fill oneDNN's channel blocks of ``V`` = the CPU's fp32 lanes
-(:data:`~predictor.timing.kernels.learned.CONV_ALIGN_FEATURES`; session 40). Kernel sizes 1, 3 and 5;
+(:data:`~predictor.timing.kernels.features.CONV_ALIGN_FEATURES`; session 40). Kernel sizes 1, 3 and 5;
 channels and spatial sizes log-uniform. fp32 (the CPU's conv path for bf16 is a slow
 fallback; on CUDA bf16 is added).
 """
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from predictor.timing.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
-from predictor.timing.kernels.learned import conv_align_features
+from predictor.timing.kernels.features import conv_align_features
 
 __all__ = ["Conv2dBenchmark"]
 

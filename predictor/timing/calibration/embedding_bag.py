@@ -31,7 +31,7 @@ Timed kernels (``torch.nn.functional.embedding_bag``, ``mode="sum"``):
 Parameters per row: ``batch = B, rows = E, dim = D, pooling = L, dtype_bytes, rf0..rf16``.
 Modelled by an MLP on ``log2 B, E, L, D`` and four sizes derived with the 17 reuse factors
 (log2 of lookups ``B L``, rows touched ``B L sum_j rf_j / c_j``, their bytes, table bytes:
-:data:`~predictor.timing.kernels.learned.DERIVED_FEATURES`). Lin et al. 2024 §III-E give the network
+:data:`~predictor.timing.kernels.features.DERIVED_FEATURES`). Lin et al. 2024 §III-E give the network
 the 17 bins themselves; with a quick calibration's ~500 samples on this CPU that generalised
 worse to real task tables (measured on the 84 tables of three sharding tasks' real batches,
 timed cold beside the calibration: backward GMAE 12.6 % with the bins vs 11.3 % without, 37.6 % vs
@@ -63,7 +63,7 @@ __all__ = ["EmbeddingBagBenchmark", "reuse_factors", "indices_for_reuse", "EMBED
 
 #: B, E, L, D, derived sizes (lookups, rows touched, their bytes, table bytes) and the 17 reuse factors
 #: the embedding MLPs' inputs: B, E, L, D and the sizes the batch's 17-bin reuse histogram implies
-#: (:data:`~predictor.timing.kernels.learned.DERIVED_FEATURES`); the 17 bins themselves are not inputs
+#: (:data:`~predictor.timing.kernels.features.DERIVED_FEATURES`); the 17 bins themselves are not inputs
 EMBEDDING_FEATURES = ("batch", "rows", "pooling", "dim", "lookups", "distinct_rows", "distinct_bytes", "table_bytes")
 
 

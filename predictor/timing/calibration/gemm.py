@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from predictor.timing.calibration.base import BenchContext, Benchmark, Case, ModelSpec, log_uniform_int
-from predictor.timing.kernels.learned import (
+from predictor.timing.kernels.features import (
     ALIGN16_FEATURES,
     ALIGN_FINE_FEATURES,
     ONEDNN_FEATURES,

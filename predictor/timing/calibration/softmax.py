@@ -15,7 +15,7 @@ import torch
 
 from predictor.timing.calibration.base import BenchContext, Benchmark, Case, ModelSpec
 from predictor.timing.calibration.layer_norm import row_features, rows_by_width_cases
-from predictor.timing.kernels.learned import SHORT_ROW_FEATURES
+from predictor.timing.kernels.features import SHORT_ROW_FEATURES
 
 __all__ = ["SoftmaxBenchmark"]
 

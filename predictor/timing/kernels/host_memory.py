@@ -27,7 +27,8 @@ import numpy as np
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.platforms.schema import Platform
 
-__all__ = ["PAGE_BYTES", "GEMM_KINDS", "ELEMENTS_OUTPUT_KINDS", "FRESH_OUTPUT_KINDS", "output_bytes", "allocation_fault_seconds"]
+__all__ = ["PAGE_BYTES", "GEMM_KINDS", "ELEMENTS_OUTPUT_KINDS", "FRESH_OUTPUT_KINDS", "output_bytes", "allocation_fault_seconds",
+           "KNOWN_TERM_KINDS", "known_seconds"]
 
 #: bytes per faulted page
 PAGE_BYTES = 4096.0
@@ -69,3 +70,19 @@ def allocation_fault_seconds(tasks: TaskView, platform: Platform) -> np.ndarray:
         return np.zeros(n)
     out = np.nan_to_num(output_bytes(tasks), nan=0.0)
     return np.where(out >= ceiling, np.ceil(out / PAGE_BYTES) * fault_s, 0.0)
+
+
+#: the op kinds :func:`known_seconds` can be non-zero for
+KNOWN_TERM_KINDS = FRESH_OUTPUT_KINDS
+
+
+def known_seconds(tasks: TaskView, platform: Platform) -> np.ndarray:
+    """Seconds of each task that a calibrated model does not learn because they follow from measured
+    platform facts: the page faults of an output block the host maps afresh every step
+    (:func:`allocation_fault_seconds`: outputs of at least 32 MiB of
+    embedding backwards, GEMMs and the memory-bound kinds that write a new block; zero for other
+    kinds, and on platforms without a measured fault cost). Calibration fits the models to the measured times less
+    the faults each sample was counted paying;
+    :meth:`~predictor.timing.kernels.learned.MLPKernelModel.predict` and
+    :meth:`~predictor.timing.kernels.roofline_fit.FittedRoofline.predict` add these back."""
+    return allocation_fault_seconds(tasks, platform)

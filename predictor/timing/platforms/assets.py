@@ -198,7 +198,7 @@ def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack
         AssetPackError: the folder or a file is missing, not valid JSON/YAML, or inconsistent; or
             the pack is not fitted yet and ``allow_unfitted`` is false.
     """
-    from predictor.timing.kernels.learned import model_from_dict
+    from predictor.timing.kernels.serialize import model_from_dict
 
     root = Path(path)
     if not root.exists():
@@ -302,7 +302,7 @@ def write_asset_pack(
 
     import torch
 
-    from predictor.timing.kernels.learned import model_to_dict
+    from predictor.timing.kernels.serialize import model_to_dict
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
