@@ -371,8 +371,8 @@ def kernel_counts(traces_dir: str | Path, program: str = GPT_PROGRAM) -> list[di
     On a host-bound step every kernel costs the host a launch, so a program with more kernels than
     the synthesiser emits (eager PyTorch vs Megatron's fused kernels) is under-predicted.
     """
-    from predictor.sources.traces.annotate import annotate
     from predictor.sources.traces.load import load_traces
+    from predictor.whatif.annotate import annotate
 
     out = []
     for model in ROWS:

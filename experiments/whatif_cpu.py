@@ -55,7 +55,7 @@ from predictor.timing.calibration.collectives import free_port  # noqa: E402
 from predictor.whatif.apply import parse_sets, predict_trace  # noqa: E402
 
 THREADS = 1
-#: profiled iterations recorded (per-task minimum over them; see predictor.sources.traces.annotate)
+#: profiled iterations recorded (per-task minimum over them; see predictor.whatif.annotate)
 ACTIVE = 5
 
 
@@ -284,8 +284,8 @@ def run(args) -> dict:
             base_real = real_by["base"]
             print(f"[{wl}] captured + measured in {time.time() - t:.1f}s; base real {base_real['median_s'] * 1e3:.2f} ms",
                   flush=True)
-            from predictor.sources.traces.annotate import annotate, combine_captures
             from predictor.sources.traces.load import load_traces
+            from predictor.whatif.annotate import annotate, combine_captures
 
             at = combine_captures([annotate(load_traces(f)) for f in captured])
             folder = captured[0]

@@ -14,7 +14,7 @@ import pytest
 
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
-from predictor.sources.traces.annotate import kernel_params
+from predictor.sources.traces.host_kernels import kernel_params
 from predictor.timing.calibrate import _fit_all
 from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.data_movement import DataMovementBenchmark

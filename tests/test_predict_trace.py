@@ -55,8 +55,8 @@ def test_archived_capture_keeps_its_unprofiled_iterations(captured, tmp_path):
     """A .tar.gz of a capture folder predicts as the folder does (its steps.csv read from inside)."""
     import tarfile
 
-    from predictor.sources.traces.annotate import annotate
     from predictor.sources.traces.load import load_traces
+    from predictor.whatif.annotate import annotate
 
     archive = tmp_path / "run.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -67,8 +67,8 @@ def test_archived_capture_keeps_its_unprofiled_iterations(captured, tmp_path):
 
 
 def test_annotation_splits_host_ops_into_kernels(captured):
-    from predictor.sources.traces.annotate import annotate
     from predictor.sources.traces.load import load_traces
+    from predictor.whatif.annotate import annotate
 
     at = annotate(load_traces(captured))
     assert at.host_mode and at.base_batch == BATCH and at.unprofiled_s is not None
@@ -157,7 +157,7 @@ def test_predict_missing_or_foreign_trace(tmp_path):
 def test_kineto_dtype_names_keep_gemm_shapes(dtype: str, nbytes: float):
     """Kineto spells half-precision types c10::BFloat16 / c10::Half: their shapes must not be dropped
     (a bf16 trace once lost every GEMM's m, n, k, so batch what-ifs left its GEMMs unscaled)."""
-    from predictor.sources.traces.annotate import kernel_params
+    from predictor.sources.traces.host_kernels import kernel_params
 
     p = kernel_params("addmm", "aten::addmm", [[3072], [4096, 1024], [1024, 3072], [], []],
                       [dtype] * 3 + ["Scalar"] * 2)
@@ -172,7 +172,7 @@ def test_a_host_bound_gpu_capture_replays_at_its_unprofiled_step():
     mean per-event profiler cost); the near-balanced MLP capture keeps that cap."""
     from pathlib import Path
 
-    from predictor.sources.traces.annotate import HOST_BOUND_RATIO
+    from predictor.whatif.annotate import HOST_BOUND_RATIO
     from predictor.whatif.apply import parse_sets, predict_trace
 
     traces = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-s39"

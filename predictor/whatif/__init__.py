@@ -1,7 +1,7 @@
 """What-if transforms of a captured execution graph, one module per kind of change.
 
 Each transform is a pure ``ExecutionGraph -> ExecutionGraph`` on a graph carrying the
-auxiliary columns of :mod:`predictor.sources.traces.annotate`; :mod:`predictor.whatif.apply` chains
+auxiliary columns of :mod:`predictor.sources.traces.step_graphs`; :mod:`predictor.whatif.apply` chains
 them (``WhatIf`` spec, ``predict_trace``).
 
 * :mod:`.batch` — :func:`scale_batch`

@@ -1,7 +1,7 @@
 """What-if edits of a captured execution graph (Lumos §3.4) and their prediction.
 
 Every transform is a pure function ``ExecutionGraph -> ExecutionGraph`` on a graph that
-carries the auxiliary columns of :mod:`predictor.sources.traces.annotate` (a captured step); none
+carries the auxiliary columns of :mod:`predictor.sources.traces.step_graphs` (a captured step); none
 mutates its input, and all work on columns (one fancy-index per column, position keys for
 insertion — :class:`~predictor.graph.edit.GraphEditor`). They live one per module in
 :mod:`predictor.whatif` and are re-exported here with the ``WhatIf`` spec that chains them:
@@ -317,16 +317,16 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
 
     ``platform``: target platform (catalog key or asset pack; default: where the trace was
     captured: ``cpu-local`` for CPU captures). ``annotated``: a prepared
-    :class:`~predictor.sources.traces.annotate.AnnotatedTrace` (skips reading).
+    :class:`~predictor.whatif.annotate.AnnotatedTrace` (skips reading).
 
     Raises:
         TraceError, WhatIfError, UnknownPlatformError, AssetPackError: one-line problems.
     """
     from predictor.simulate import simulate
-    from predictor.sources.traces.annotate import annotate
     from predictor.sources.traces.load import load_traces
     from predictor.timing.kernels import timing_for
     from predictor.timing.platforms import CPU_LOCAL
+    from predictor.whatif.annotate import annotate
 
     at = annotated if annotated is not None else annotate(load_traces(path), base_batch=spec.base_batch_size)
     captured = spec.captured_on or (CPU_LOCAL if at.host_mode else None)

@@ -6,12 +6,12 @@ import numpy as np
 
 from predictor.graph import ExecutionGraph, ProcKind
 from predictor.graph.edit import AUX_DEFAULTS, AUX_KEY, GraphEditor, aux_of
-from predictor.sources.traces.annotate import PARAM_EXP_COLUMNS as EXP_COLS
+from predictor.sources.traces.batch_dependence import PARAM_EXP_COLUMNS as EXP_COLS
 
 __all__ = ["WhatIfError", "PHASE_FWD", "PHASE_BWD", "PHASE_OPT", "MIB", "EXP_COLS", "aux_col", "ensure_aux",
            "copy_all", "with_meta", "main_procs"]
 
-#: phases of the annotated tasks (see predictor.sources.traces.annotate)
+#: phases of the annotated tasks (see predictor.sources.traces.step_graphs)
 PHASE_FWD, PHASE_BWD, PHASE_OPT = 1, 2, 3
 MIB = float(1 << 20)
 

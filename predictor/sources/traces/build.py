@@ -375,7 +375,7 @@ def _step_annotations(kt: KinetoTrace) -> list[tuple[str, float, float, int]]:
 
 
 # --------------------------------------------------------------------------- ET join
-def _join_et(kt: KinetoTrace, et: ExecutionTrace, notes: list[str]) -> dict[int, int]:
+def join_et(kt: KinetoTrace, et: ExecutionTrace, notes: list[str]) -> dict[int, int]:
     """Kineto event index -> ET node index (rf_id join, else name and order)."""
     ops = np.flatnonzero(kt.mask(EventCat.CPU_OP, EventCat.USER_ANNOTATION))
     roots = et.is_root()
@@ -460,7 +460,7 @@ class _Builder:
         tsa = kt.ts
         dura = kt.dur
         b = self.b
-        et_map = _join_et(kt, rt.et, self.notes) if rt.et is not None else {}
+        et_map = join_et(kt, rt.et, self.notes) if rt.et is not None else {}
         # shapes of each cpu_op event (Kineto Input Dims, else the ET)
         def shapes_of(e: int) -> tuple[list, list | None]:
             a = kt.args[e]
