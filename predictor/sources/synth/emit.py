@@ -146,7 +146,7 @@ class OpEmitter:
         ``after``: tasks on another processor the first kernel must wait for.
         """
         if self.mode == "device":
-            return self._device_op(name, kernels, stream=self.comm if comm else self.compute, after=after, group=group)
+            return self.device_op(name, kernels, stream=self.comm if comm else self.compute, after=after, group=group)
         return self._host_op(name, kernels, comm=comm, async_op=async_op, after=after, group=group)
 
     def node(self, name: str) -> None:
@@ -171,7 +171,10 @@ class OpEmitter:
         if self.mode == "device":
             self.b.task(self.cpu, name, "overhead", Category.CPU, overhead=Overhead.SPARSE_TABLE)
 
-    def _device_op(self, name: str, kernels: Sequence[Kernel], *, stream: int, after: Sequence[int], group: int) -> list[int]:
+    def device_op(self, name: str, kernels: Sequence[Kernel], *, stream: int, after: Sequence[int] = (),
+                  group: int = -1) -> list[int]:
+        """Device mode: one op whose kernels are launched onto ``stream`` (T1, T2, a T4 launch per kernel
+        with T5 between launches, T3); returns the kernels' task ids."""
         b = self.b
         b.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
         b.task(self.cpu, name, "cpu_op", Category.CPU, overhead=Overhead.T2)

@@ -123,7 +123,7 @@ class StepEmitter(OpEmitter):
         """An op whose kernels run on ``stream`` (device mode; blocking on the thread in host mode)."""
         if self.mode != "device":
             return self.op(name, kernels, comm=True, async_op=True, after=after)
-        return self._device_op(name, kernels, stream=stream, after=after, group=-1)
+        return self.device_op(name, kernels, stream=stream, after=after)
 
     def sync(self, name: str = "cudaStreamSynchronize") -> int:
         """A blocking wait on the CPU thread (its GPU_CPU edges are added by the caller)."""
