@@ -12,7 +12,7 @@ Run under the measurement lock (the machine is shared)::
 
     flock /tmp/tuner-measure.lock python benchmarks/kernels_cpu.py --threads 1 --world-size 2
 
-Target (issue 4): under 5 % GMAE for every kernel on this CPU; the papers reach under 10 %.
+Target: under 5 % GMAE for every kernel on this CPU; the papers reach under 10 %.
 """
 
 from __future__ import annotations
@@ -42,28 +42,10 @@ PAPER_GMAE = {
 TARGET_GMAE = 5.0
 
 
-def _noise_floor_sentence(f: Path = ROOT / "benchmarks" / "results" / "round_noise_cpu.json") -> str:
-    """What ``benchmarks/round_noise_cpu.py`` measured (its results ``f``): the GMAE a perfect model would score
-    (or "")."""
-    if not f.exists():
-        return ""
-    per = json.loads(f.read_text()).get("per_kernel", [])
-    three = [r["floor_gmae_pct"] for r in per]
-    one = [r["floor_one_round_gmae_pct"] for r in per if "floor_one_round_gmae_pct" in r]
-    if not three:
-        return ""
-    shown = f.with_suffix(".md").relative_to(ROOT) if f.is_relative_to(ROOT) else f.with_suffix(".md")
-    return (f" Measured directly (`{shown}`, {len(per)} kernels), a median-of-three "
-            f"sample is {min(three):.1f}-{max(three):.1f} % GMAE from its shape's typical time on this VM"
-            + (f" and a one-round sample {min(one):.1f}-{max(one):.1f} %" if one else "")
-            + ": the GMAE a perfect model would score. Most of every GMAE below is model error, largest on "
-            "shapes under 100 us.")
-
-
 def collective_floor(pack) -> dict[str, float]:
     """Per collective kernel: GMAE (%) between the medians of its odd and even passes, over sqrt(2).
 
-    Each half is a sample of the kind the model is judged against (a median over passes), so this
+    Each half is a sample of the kind the model is scored against (a median over passes), so this
     is about the held-out GMAE a model that knew every size's typical time would score against a
     median of half the passes (a sample of all passes scatters somewhat less). Packs calibrated before
     the passes were recorded (column ``pass_s``) give {}.
@@ -136,7 +118,7 @@ def _data_from_sentence(key: str, src: dict) -> str:
     """One sentence on a family (or some of its kernels, ``family:k1,k2``) whose samples a refit took from another
     calibration (manifest ``refit.data_from``), with the pace factors of a ``--match-level`` refit; a key pooled over
     several calibrations (its record's ``sources``) names each of them with its own level, scale, samples and pace."""
-    from predictor.timing.calibrate import parse_data_source
+    from predictor.timing.calibrate.pool import parse_data_source
 
     family, kernels = parse_data_source(key)
     what = f"{family} samples of {', '.join(kernels)}" if kernels else f"{family} samples"
@@ -158,11 +140,11 @@ def _data_from_sentence(key: str, src: dict) -> str:
 
 def _kernel_pace_sentence(pace: dict[str, float]) -> str:
     """One sentence on the platform's measured kernel pace (``Platform.kernel_pace``), or ``""`` without one: it
-    scales a training step's predicted kernels, not this table, whose models are scored at their own spell's pace."""
+    scales a training step's predicted kernels, not this table, whose models are scored at their own benchmarks' pace."""
     if not pace:
         return ""
     return (" The platform also carries a measured kernel pace (" + _pace_factors(pace)
-            + ": how much slower a typical later spell of this machine ran the pack's own probe shapes; "
+            + ": how much slower this machine typically ran the pack's own probe shapes in later measurements; "
             "`predictor/timing/calibration/pace.py`), which scales a step's predicted kernels of that class, not this table.")
 
 
@@ -186,17 +168,16 @@ def main() -> None:
     ap.add_argument("--fit-target", default="typical", choices=FIT_TARGETS,
                     help="what the models are fitted to (tuner calibrate --fit-target; default typical)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "kernels_cpu"))
-    ap.add_argument("--noise", type=Path, default=ROOT / "benchmarks" / "results" / "round_noise_cpu.json",
-                    help="benchmarks/round_noise_cpu.py results of the same machine (the noise-floor sentence)")
     ap.add_argument("--from-pack", action="store_true",
                     help="re-render the results from the pack at --out (its manifest) without measuring")
     args = ap.parse_args()
 
     import torch
 
-    from predictor.timing.calibrate import calibrate, collective_passes, error_table_markdown, round_spreads
-    from predictor.timing.platforms.assets import load_asset_pack
-    from predictor.timing.platforms.cpu_local import _cpu_model
+    from predictor.timing.calibrate import CalibrationOptions, calibrate, error_table_markdown, round_spreads
+    from predictor.timing.calibrate.options import collective_passes
+    from predictor.timing.kernels.assets import load_asset_pack
+    from predictor.timing.platforms.cpu_local import cpu_model as _cpu_model
 
     started = time.perf_counter()
     if args.from_pack:
@@ -210,8 +191,7 @@ def main() -> None:
         args.gemm_timing = str(pack.manifest.get("gemm_timing", "warm"))
         today = str(pack.manifest.get("created", ""))[:10]
     else:
-        pack = calibrate("cpu", args.out, quick=True, world_size=args.world_size, threads=args.threads,
-                         seed=args.seed, scale=args.scale, gemm_timing=args.gemm_timing, fit_target=args.fit_target)
+        pack = calibrate(CalibrationOptions("cpu", out=args.out, quick=True, world_size=args.world_size, threads=args.threads, seed=args.seed, scale=args.scale, gemm_timing=args.gemm_timing, fit_target=args.fit_target))
         wall = time.perf_counter() - started
         today = _dt.date.today().isoformat()
     table = pack.error_table
@@ -279,12 +259,12 @@ def main() -> None:
         "Round spread: two timings of the same shape in different rounds differ by a median of "
         + ", ".join(f"{k} {v:.0f} %" for k, v in round_spreads(pack.path).items())
         + " (slowest / fastest round - 1). That is the extreme of up to three rounds, not the error of a "
-        "sample." + _noise_floor_sentence(args.noise.resolve()) + " This 2-core VM shares its cores and caches with other jobs, and "
+        "sample. This 2-core VM shares its cores and caches with other jobs, and "
         "memory-bound kernels of a few MB switch between a fast and a ~2x slower state for seconds to "
         "minutes at a time." + _collective_floor_sentence(pack),
         "",
         (_fastest_round_sentence(table, len(met_typical), target) if fastest else "")
-        + f"**Target (issue 4): GMAE < {TARGET_GMAE:.0f} % for every kernel. Met for {len(met)} of {len(table)} "
+        + f"**Target: GMAE < {TARGET_GMAE:.0f} % for every kernel. Met for {len(met)} of {len(table)} "
         "kernels" + (" against the held-out fastest rounds" if fastest else "") + ".**"
         + ("" if len(met) == len(table) else " Kernels above target: "
            + ", ".join(f"{r['kernel']} ({r['gmae_pct']:.1f} %)" for r in table

@@ -1,4 +1,4 @@
-"""Replay accuracy and speed on the real traces in ../shared/data/traces (issue 3, parts 4 and 6).
+"""Replay accuracy and speed on the real traces in ../shared/data/traces.
 
 Ground truth: the ProfilerStep durations recorded in the traces by their authors (see
 shared/data/SOURCES.md: ResNet-50 DDP on A100 from HolisticTraceAnalysis' tests, DLRM on 8
@@ -9,7 +9,7 @@ simulated duration of the same step: the graph is rebuilt from the trace, every 
 its measured duration except the waits (syncs, collectives, cross-thread and cross-stream
 dependencies), which the simulator recomputes.
 
-Lumos (Table/Fig. 5) reports a 3.3 % mean replay error, dPRO 14 %; the issue's target is
+Lumos (Table/Fig. 5) reports a 3.3 % mean replay error, dPRO 14 %; the target is
 under 3 % mean absolute error per step and under 5 % on every step.
 
 Also written: ablations (the same replay with one dependency kind removed, and Lin et al.'s
@@ -45,7 +45,7 @@ from predictor.sources.traces.overheads import OverheadTable, extract_overheads
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(os.environ.get("TUNER_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 TRACES = SHARED / "data" / "traces"
-#: the four real training traces of the issue's target, then the small HTA unit-test traces
+#: the four real training traces of the target, then the small HTA unit-test traces
 MAIN = [
     ("resnet50_ddp_a100_rank0of2.kineto.json.gz", "ResNet-50 DDP, A100, rank 0 of 2 (+ET)"),
     ("dlrm_v100_8ranks.kineto.tar.gz", "DLRM, 8 x V100 (+ET per rank)"),
@@ -272,7 +272,6 @@ def main() -> None:
     # Lin et al. 2022 overhead types per trace, and the shared table pooled over the four traces
     tables = {fname: extract_overheads(load_traces(TRACES / fname, use_et=False)) for fname, _ in MAIN}
     shared = OverheadTable.merge(list(tables.values()))
-    shared.save(RESULTS / "replay_overheads.json")
     overheads = {f: {k: t.seconds(k) for k in ("T1", "T2", "T3", "T4", "T5")} | {"profiler_cost_s": t.profiler_cost_s}
                  for f, t in tables.items()}
     overheads["shared"] = {k: shared.seconds(k) for k in ("T1", "T2", "T3", "T4", "T5")}
@@ -286,7 +285,7 @@ def main() -> None:
         "command": "flock /tmp/tuner-measure.lock python benchmarks/replay_bench.py",
     }
     doc = {"environment": env, "overall_main_traces": overall, "traces": per_trace, "steps": rows,
-           "overheads_s": overheads, "speed_resnet50": speed, "hta": hta}
+           "overheads_s": overheads, "shared_overhead_table": shared.to_json(), "speed_resnet50": speed, "hta": hta}
     (RESULTS / "replay.json").write_text(json.dumps(doc, indent=1))
     (RESULTS / "replay.md").write_text(_markdown(doc))
     print(json.dumps(overall, indent=1))
@@ -363,7 +362,7 @@ def _markdown(doc: dict) -> str:
                      f"| {b['overlap_s'] * 1e3:.2f} | {b['idle_s'] * 1e3:.2f} | {b['total_s'] * 1e3:.2f} |")
     L.append("\n## CPU overheads (Lin et al. 2022 §III-C), µs, profiler cost removed\n")
     L.append("Measured on each trace (mean per type after 1.5-IQR outlier removal); `shared` pools the four "
-             "(Lin et al.'s shared overheads). Full table per op type and runtime call: `replay_overheads.json`.\n")
+             "(Lin et al.'s shared overheads). Full table per op type and runtime call: `replay.json` (`shared_overhead_table`).\n")
     L.append("| trace | T1 | T2 | T3 | T4 | T5 | profiler cost per CPU op / runtime call |")
     L.append("|---|---:|---:|---:|---:|---:|---|")
     for f, o in doc["overheads_s"].items():

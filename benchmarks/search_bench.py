@@ -51,7 +51,10 @@ def single_candidate(space) -> dict:
             "simulate_s": float(np.median(sim))}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options; --help
     space = load_space(REPO / "search_spaces" / "sharding.yaml")
     rows = []
     for workers in (0, 2):

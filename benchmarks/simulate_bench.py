@@ -129,7 +129,7 @@ def bench_co_run(repeats: int, pack: str = "cpu-local-avx2") -> dict | None:
     extra simulations); None when ``pack`` is not found."""
     from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
     from predictor.sources.synth.dlrm_tables import generate_tasks
-    from predictor.timing.platforms.assets import AssetPackError, resolve_platform
+    from predictor.timing.kernels.assets import AssetPackError, resolve_platform
 
     try:
         timing = resolve_platform(pack).timing()

@@ -378,10 +378,13 @@ def main() -> None:
                     help="CPU memory measurements (3a): run them, reuse those in accelerators.json, or skip")
     ap.add_argument("--cpu-time", choices=("run", "reuse", "skip"), default="run",
                     help="CPU iteration-time measurements (3d): run, reuse from accelerators.json, or skip")
+    ap.add_argument("--out", type=Path, default=OUT,
+                    help="folder of the results (accelerators.md, .json, _fig7.png; --memory/--cpu-time reuse read it)")
     args = ap.parse_args()
-    previous = json.loads((OUT / "accelerators.json").read_text()) if (OUT / "accelerators.json").exists() else {}
+    out = args.out
+    previous = json.loads((out / "accelerators.json").read_text()) if (out / "accelerators.json").exists() else {}
     torch.set_num_threads(THREADS)
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     result: dict = {"date": _dt.date.today().isoformat(), "host": socket.gethostname(),
                     "machine": f"{_platform.machine()} VM, {os.cpu_count()} cores (shared)", "torch": torch.__version__,
@@ -417,7 +420,7 @@ def main() -> None:
         }
         if label.startswith("best"):
             fig7_png({"(a) throughput, best-throughput batch, GA 16": thr,
-                      "(b) price-performance (Centimani prices)": pp}, OUT / "accelerators_fig7.png")
+                      "(b) price-performance (Centimani prices)": pp}, out / "accelerators_fig7.png")
     result["ranking_centimani"] = ranking
     # ---- Table 5 match
     t5 = {}
@@ -461,9 +464,9 @@ def main() -> None:
     elif args.cpu_time == "reuse" and "cpu_time" in previous:
         result["cpu_time"] = previous["cpu_time"]
     result["runtime_s"] = time.perf_counter() - t_start
-    (OUT / "accelerators.json").write_text(json.dumps(result, indent=1, default=float))
-    (OUT / "accelerators.md").write_text(render(result))
-    log(f"wrote {OUT / 'accelerators.md'} in {result['runtime_s']:.0f} s")
+    (out / "accelerators.json").write_text(json.dumps(result, indent=1, default=float))
+    (out / "accelerators.md").write_text(render(result))
+    log(f"wrote {out / 'accelerators.md'} in {result['runtime_s']:.0f} s")
 
 
 def render(res: dict) -> str:
@@ -612,7 +615,7 @@ def render(res: dict) -> str:
               f"warm-up ones, fp32, AdamW, {THREADS} threads; measured {ct.get('date', '')}, 1-minute load average "
               f"{load[0]:.1f} before and {load[1]:.1f} after.", ""]
         if busy:
-            L += ["**Not a valid accuracy figure:** the load average exceeded the 2 cores (other sessions' jobs "
+            L += ["**Not a valid accuracy figure:** the load average exceeded the 2 cores (other users' jobs "
                   "outside the measurement lock were running), so the measured times include waiting for the "
                   "CPU; the errors below mostly measure that contention.", ""]
         L += [

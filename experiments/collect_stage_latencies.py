@@ -1,4 +1,4 @@
-"""Measure the CPU stage-latency dataset of the stage model (PredTOP training data, issue 6 part 2).
+"""Measure the stage-latency data set of the stage model (PredTOP training data).
 
 Every contiguous layer range of the GPT variants in ``predictor.stage.dataset.DEFAULT_MODELS``
 at TP 1/2/4 (emulated by shapes): forward + backward of one micro-batch, one torch thread,

@@ -1,14 +1,10 @@
-"""What the experiment scripts share: the one way to stop on bad input (one line, exit code 2), and the
-plumbing of the small gloo probes on forked local ranks (``run_gloo_ranks``, ``span_after_last_arrival``;
-used by ``collective_protocol_cpu`` and ``comm_overlap_cpu``)."""
+"""What the experiment scripts share: the one way to stop on bad input (one line, exit code 2), paths in
+result files, writing a result pair, and the host's CPU against a pack's."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -32,7 +28,7 @@ def repo_relative(path: str | Path) -> str:
 def write_results(out: Path, data: dict, markdown_text: str) -> None:
     """Write an experiment's results as ``OUT.json`` and ``OUT.md`` (folders made; each file written aside
     and renamed into place, the markdown last) and say where."""
-    from tuner.report import atomic_write_text
+    from predictor.files import atomic_write_text
 
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps(data, indent=1))
@@ -61,46 +57,3 @@ def host_line(check: dict) -> str:
     if check.get("pack_cpu_mismatch"):
         line += f" **Host check: {check['pack_cpu_mismatch']}.**"
     return line
-
-
-def _gloo_rank(rank: int, world: int, port: int, probe: Callable, cfg: dict, out: str) -> None:
-    """One forked rank: join the local gloo group of ``world`` ranks on 127.0.0.1:``port`` with one torch
-    thread, run ``probe(dist, rank, cfg)``; rank 0 writes its rows to ``out`` (JSON)."""
-    import torch
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rows = probe(dist, rank, cfg)
-        if rank == 0:
-            Path(out).write_text(json.dumps(rows))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def run_gloo_ranks(probe: Callable[..., list[dict]], cfg: dict, world: int = 2) -> list[dict]:
-    """Run ``probe(dist, rank, cfg) -> rows`` on ``world`` forked local gloo ranks (one torch thread
-    each); rank 0's rows."""
-    import torch.multiprocessing as mp
-
-    from predictor.timing.calibration.collectives import free_port
-
-    with tempfile.TemporaryDirectory(prefix="gloo-probe-") as tmp:
-        out = str(Path(tmp) / "rows.json")
-        mp.start_processes(_gloo_rank, args=(world, free_port(), probe, cfg, out), nprocs=world, join=True,
-                           start_method="fork")
-        return json.loads(Path(out).read_text())
-
-
-def span_after_last_arrival(dist, start: float, end: float) -> float:
-    """Seconds from the last rank's ``start`` to the last rank's ``end`` (``perf_counter`` readings: one
-    clock for every process of the host), gathered over the group."""
-    import torch
-
-    every = [torch.empty(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, torch.tensor([start, end], dtype=torch.float64))
-    return max(float(v[1]) for v in every) - max(float(v[0]) for v in every)

@@ -68,16 +68,15 @@ class DLRMJobSpec:
     #: diagnosis: pin rank r (and the threads it starts, gloo's included) to CPU ``r mod cores``
     #: before it joins the group; the default leaves placement to the scheduler, as a user's job does
     pin: bool = False
-    #: distinct index batches the timed iterations cycle through. 2 (every run before session 26): a
+    #: distinct index batches the timed iterations cycle through. 2 (the oldest stored runs): a
     #: batch's rows come back two iterations later, still cached while two batches' rows fit in the
     #: LLC, which a real input stream does not give; 8 or more: each iteration's rows as fresh as the
     #: reuse profile makes them
     batch_pool: int = 2
 
 
-#: the index batches a run or window cycled when its record names none: every measurement before the
-#: ``--batch-pool`` option (session 26) cycled the :attr:`DLRMJobSpec.batch_pool` default of 2. Readers of
-#: older results files use this instead of spelling the 2 themselves.
+#: the index batches a stored run or window cycled when its record names none (the oldest ones, measured
+#: before the ``--batch-pool`` option existed, cycled 2).
 LEGACY_BATCH_POOL = DLRMJobSpec.batch_pool
 
 
@@ -193,7 +192,7 @@ def _mark_grad(grad: torch.Tensor) -> None:
     _mark("emb_grad")
 
 
-def _sgd_in_backward(w: torch.Tensor) -> None:
+def sgd_in_backward(w: torch.Tensor) -> None:
     """SGD row update of a table as soon as its sparse gradient is accumulated."""
     with torch.no_grad():
         w.add_(w.grad, alpha=-SPARSE_LR)
@@ -215,7 +214,7 @@ def _timed_allreduce_hook(state, bucket):
     return fut.then(done)
 
 
-def _mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
+def mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
@@ -223,7 +222,7 @@ def _mlp(sizes: list[int], sigmoid_last: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class _Dense(nn.Module):
+class Dense(nn.Module):
     """Bottom MLP, concatenation with the embeddings, top MLP: the part DDP replicates."""
 
     def __init__(self, bottom: nn.Module, top: nn.Module) -> None:
@@ -250,10 +249,10 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     dims = np.asarray(spec.dim)
     torch.manual_seed(spec.seed + rank)
     tables = nn.ModuleList(nn.EmbeddingBag(int(spec.rows[t]), int(dims[t]), mode="sum", sparse=True) for t in mine)
-    bottom = _mlp([spec.dense_features, *spec.bottom_mlp], sigmoid_last=False)
+    bottom = mlp([spec.dense_features, *spec.bottom_mlp], sigmoid_last=False)
     width = spec.bottom_mlp[-1] + int(dims.sum())
-    top = _mlp([width, *spec.top_mlp], sigmoid_last=True)
-    dense = _Dense(bottom, top)
+    top = mlp([width, *spec.top_mlp], sigmoid_last=True)
+    dense = Dense(bottom, top)
     # one process: plain training (no DDP, no all-to-all), as the synthesiser's 1-rank graph
     ddp = nn.parallel.DistributedDataParallel(dense) if n > 1 else dense
     if n > 1 and spec.phases:
@@ -263,7 +262,7 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     # calibrated embedding_bag_bwd kernel is timed): the row update runs as soon as a table's
     # sparse gradient is ready, then the gradient is dropped
     for w in tables.parameters():
-        w.register_post_accumulate_grad_hook(_sgd_in_backward)
+        w.register_post_accumulate_grad_hook(sgd_in_backward)
     # received layout: rank q's tables (in table order) for my samples, rank-major; every rank
     # sees the same layout, so the top MLP's input columns mean the same thing on every rank
     dims_of_rank = [int(dims[assignment == q].sum()) for q in range(n)]

@@ -1,11 +1,10 @@
-"""End-to-end accuracy on this CPU: predicted vs measured PyTorch training iterations (issue 4, part 3).
+"""End-to-end accuracy on this CPU: predicted vs measured PyTorch training iterations.
 
 Three models, several batch sizes each, every one *predicted from its spec* (the synthesisers
 in host mode: :func:`predictor.sources.synth.mlp.build_mlp_graph`,
 :func:`predictor.sources.synth.transformer.build_transformer_graph`,
-:func:`predictor.sources.synth.dlrm.build_dlrm_graph`; kernel times from
-``timing_for("cpu-local")``, the calibrated asset pack when there is one) and *measured* by
-training the same model for real on this machine:
+:func:`predictor.sources.synth.dlrm.build_dlrm_graph`; kernel times from the calibrated asset pack
+of ``--platform``) and *measured* by training the same model for real on this machine:
 
 * **MLP**: ``nn.Sequential`` of ``nn.Linear`` + ReLU, cross-entropy, SGD;
 * **GPT**: a small GPT-style decoder in plain ``torch.nn`` with random weights, built like one
@@ -25,23 +24,29 @@ process), warm-up iterations, then the median of ``--iters`` timed iterations (e
 the end of the optimizer step; CPU ops are synchronous). This VM has 2 cores shared with other
 users: every measurement first waits until other processes use little CPU and records how many
 cores they used while it ran (:mod:`experiments.measure_env`); a row run beside more than
-``--max-background`` cores is measured again (the quietest attempt is kept).
+``--max-background`` cores is measured again (the quietest attempt is kept). Each measured run (a
+*window* of the shared machine's state) is appended to the data set
+``benchmarks/data/e2e_cpu_windows.json``.
 
-Reported per row: measured (median, and the 10-90 % range of the timed iterations), predicted,
-the absolute % error, and Lin et al.'s kernel-sum baseline (the sum of kernel times, no
-overheads or waits). Summary: geomean and max absolute % error (``predictor.metrics``).
-Targets (issue 4): geomean under 5 %, max under 10 % (Lin et al. 2022 report 7.96 % E2E on
-GPUs; the multi-GPU paper of Lin et al. 2024, 5.21 %).
+One configuration's measured iteration moves by up to ~20 % between windows minutes apart, more
+than the accuracy target, so a pack is scored on every stored window of its CPU: per window
+(geomean and max absolute error, median signed error), pooled over every (window, configuration)
+pair, and against each configuration's median over the windows (the steadier ground truth).
+``--rescore`` does only that, measuring nothing (seconds).
+
+Targets: geomean under 5 %, max under 10 % (Lin et al. 2022 report 7.96 % E2E on GPUs; the
+multi-GPU paper of Lin et al. 2024, 5.21 %).
 
 ``--allocator no_trim`` measures the same programs with glibc's malloc told never to hand freed
 memory back to the OS (:func:`predictor.timing.platforms.host.allocator_env`; the script re-executes
 itself with that environment, so every rank process inherits it). Under the default allocator a
-step pays 0 to a few thousand page faults depending on the process's allocation history
-(``experiments/allocator_spread_cpu.py``), which no kernel model sees.
+step pays 0 to a few thousand page faults depending on the process's allocation history, which no
+kernel model sees.
 
-Run: ``flock /tmp/tuner-measure.lock python experiments/e2e_cpu.py [--allocator no_trim]``
-Writes ``benchmarks/results/e2e_cpu.md`` and ``benchmarks/results/e2e_cpu.json`` (last; with
-``--allocator no_trim``: ``e2e_cpu_no_trim.{md,json}``).
+Run: ``flock /tmp/tuner-measure.lock python experiments/e2e_cpu.py`` (measure one window, ~10 min);
+``python experiments/e2e_cpu.py --rescore`` (score the stored windows, no measuring).
+Writes ``experiments/results/e2e_cpu.md`` and ``.json`` (the scores over the stored windows and the
+newest measured window in detail).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ import os
 import platform as pyplatform
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timezone
@@ -68,7 +74,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.common import host_check, host_line  # noqa: E402
+from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     LEGACY_BATCH_POOL,
     DLRMJobSpec,
@@ -87,6 +93,7 @@ from experiments.measure_env import (  # noqa: E402
     memory_drift,
     time_call,
 )
+from predictor.files import atomic_write_text  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 from predictor.simulate import simulate  # noqa: E402
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
@@ -95,8 +102,6 @@ from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph  # noqa: E402
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec, build_transformer_graph  # noqa: E402
 from predictor.timing.platforms.host import ALLOCATORS, comm_thread_has_core, with_allocator  # noqa: E402
 from tuner.sharders import get_sharder  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results"
 
 # ----------------------------------------------------------------------------- the workloads
 #: MLP: 512 features -> 3 x 1024 -> 10 classes
@@ -394,7 +399,7 @@ def build_cases(args, timing, threads: int) -> list[Case]:
 
 def run_all(args, timing, threads: int, log=print) -> list[Row]:
     """Measure every case ``args.passes`` times, the passes interleaved (pass 1 of every row, then
-    pass 2, ...), so a slow spell of the shared machine does not fall on one row only."""
+    pass 2, ...), so a slow stretch of the shared machine does not fall on one row only."""
     torch.set_num_threads(threads)
     cases = build_cases(args, timing, threads)
     mr = dict(max_background=args.max_background, retries=args.retries, log=log, quiet_timeout_s=args.quiet_timeout)
@@ -603,7 +608,7 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
     verdict = "met" if s["meets_target"] else "**not met**"
     lines += [
         "",
-        f"Target (issue 4): geomean under 5 %, max under 10 % — {verdict}. References: Lin et al. 2022, 7.96 % "
+        f"Target: geomean under 5 %, max under 10 % — {verdict}. References: Lin et al. 2022, 7.96 % "
         "E2E geomean error on GPUs; Lin et al. 2024 (multi-GPU), 5.21 %. Run-to-run spread of the measurements "
         f"themselves (pass medians): median {s['pass_spread_median_pct']:.1f}%, max {s['pass_spread_max_pct']:.1f}%.",
         "",
@@ -714,16 +719,439 @@ def system_lines(rows: list[Row]) -> list[str]:
 
 def resolve(platform_name: str):
     """(timing, pack manifest or None, pack folder or None) for ``--platform``."""
-    from predictor.timing.platforms.assets import resolve_platform
+    from predictor.timing.kernels.assets import resolve_platform
 
     res = resolve_platform(platform_name)
     pack = res.pack
     return res.timing(), (pack.manifest if pack is not None else None), (pack.path if pack is not None else None)
 
 
-def main(argv: list[str] | None = None) -> None:
+def measure(args, argv: list[str] | None) -> dict:
+    """Measure every row (``args.passes`` interleaved passes) and return the measured window: ``meta``,
+    ``summary``, ``rows`` (as dicts) and ``kernel_context_check``. Exit 2 on a corrupt pack."""
+    timing, manifest, pack_path = resolve(args.platform)
+    host = host_check(manifest)
+    threads = args.threads or int((manifest or {}).get("threads", 1))
+    t0 = time.perf_counter()
+    torch.set_num_threads(threads)
+    check_drift = pack_path is not None and not args.no_check
+    try:
+        drift = {"before": gemm_drift(pack_path) if check_drift else {},
+                 "memory_before": memory_drift(pack_path) if check_drift else {}}
+    except ValueError as exc:  # a corrupt pack: one line, exit 2 (no results written)
+        fail(str(exc))
+    rows = run_all(args, timing, threads)
+    drift["after"] = gemm_drift(pack_path) if check_drift else {}
+    drift["memory_after"] = memory_drift(pack_path) if check_drift else {}
+    checks = [] if args.no_check else kernel_context_check(timing)
+    from predictor.timing.platforms.cpu_local import cpu_model
+
+    meta = {
+        "date": date.today().isoformat(),
+        "machine": f"{os.cpu_count()}-core {pyplatform.machine()} VM",
+        "cpu_model": cpu_model(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "timing_source": timing.source,
+        "pack_created": (manifest or {}).get("created"),
+        "pack_threads": (manifest or {}).get("threads"),
+        "iters": args.iters,
+        "passes": args.passes,
+        "warmup": args.warmup,
+        "dlrm_warmup": args.dlrm_warmup,
+        "gemm_drift": drift,
+        **host,
+        "allocator": args.allocator,
+        "batch_pool": args.batch_pool,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "command": "python experiments/e2e_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    return {"meta": meta, "summary": summarize(rows), "rows": [asdict(r) for r in rows],
+            "kernel_context_check": checks}
+
+
+#: every full measurement, appended by the measuring mode and re-scored by ``--rescore``
+WINDOWS_FILE = REPO / "benchmarks" / "data" / "e2e_cpu_windows.json"
+#: where the results go (``OUT.md`` and ``OUT.json``)
+OUT = REPO / "experiments" / "results" / "e2e_cpu"
+
+
+def archive_window(path: Path, meta: dict, rows: list[dict]) -> None:
+    """Append a measured run (one *window* of the shared machine's state) to the data set ``path``.
+
+    Windows minutes apart differ by up to ~20 % on this VM, more than the accuracy target, so a pack
+    is scored on every stored window, not only the latest (``--rescore``).
+    """
+    windows = json.loads(path.read_text()) if path.exists() else []
+    windows.append({"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
+                    "iters": meta.get("iters"), "passes": meta.get("passes"),
+                    "allocator": meta.get("allocator", "default"),
+                    "batch_pool": meta.get("batch_pool", LEGACY_BATCH_POOL),
+                    "gemm_drift": meta.get("gemm_drift"),
+                    "cpu": meta.get("cpu"),
+                    "rows": [{"model": r["model"], "batch": r["batch"], "ranks": r["ranks"],
+                              "measured_s": r["measured_s"], "pass_medians_s": r["pass_medians_s"]} for r in rows]})
+    atomic_write_text(path, json.dumps(windows, indent=1))
+
+
+# ----------------------------------------------------------------------------- scoring the stored windows
+def load_windows(path: Path) -> list[dict]:
+    """The stored windows; one line and exit 2 on a missing or malformed data set."""
+    if not path.exists():
+        fail(f"{path}: no stored measurements (run experiments/e2e_cpu.py first)")
+    try:
+        windows = json.loads(path.read_text())
+        for w in windows:
+            for r in w["rows"]:
+                float(r["measured_s"]), str(r["model"]), int(r["batch"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        fail(f"{path}: not a data set of e2e measurements ({type(exc).__name__}: {exc})")
+    if not windows:
+        fail(f"{path}: no window stored")
+    return windows
+
+
+def utc_time(text: str, what: str) -> datetime:
+    """``text`` as an ISO time, UTC when it names no zone; one line naming ``what`` and exit 2 when it is not one."""
+    try:
+        t = datetime.fromisoformat(str(text))
+    except ValueError:
+        fail(f"{what} {text!r}: not an ISO time (e.g. 2026-11-26T11:18)")
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def resolve_pack(spec: str):
+    """``(resolved platform, source)`` of a pack name or folder; one line and exit 2 when it does not resolve.
+    The resolved platform's ``pack`` (None for a catalog platform) has the manifest."""
+    from predictor.timing.kernels.assets import AssetPackError, resolve_platform
+
+    try:
+        plat = resolve_platform(spec)
+    except (AssetPackError, KeyError, ValueError) as exc:
+        fail(f"--platform {spec}: {exc}")
+    return plat, plat.source
+
+
+def windows_of_cpu(windows: list[dict], cpu: dict | None) -> list[dict]:
+    """The windows measured on the CPU ``cpu`` (a :func:`~predictor.timing.platforms.cpu_local.cpu_signature`
+    record; None: the unrecorded host of the oldest windows, an AVX-512 EPYC): a pack describes one CPU."""
+    from predictor.timing.platforms.cpu_local import same_cpu
+
+    return [w for w in windows if same_cpu(w.get("cpu"), cpu)]
+
+
+def predict_rows(timing) -> dict[tuple[str, int], float]:
+    """Predicted seconds of every configuration, keyed by (model, batch), with ``timing``."""
+    args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
+                                 gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
+                                 dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1, batch_pool=2)
+    return {(c.model, c.batch): float(c.predicted[0]) for c in build_cases(args, timing, 1)}
+
+
+def _stats(pairs: list[tuple[float, float]]) -> dict:
+    """GMAE, max and median signed error (%) of (predicted, measured) pairs (:mod:`predictor.metrics`)."""
+    p, m = [a for a, _ in pairs], [b for _, b in pairs]
+    return {"geomean_abs_pct": geomean_abs_pct_error(p, m), "max_abs_pct": max_abs_pct_error(p, m),
+            "median_signed_pct": float(np.median((np.asarray(p) / np.asarray(m) - 1.0) * 100.0)), "n": len(pairs)}
+
+
+def config_medians(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[tuple[str, int], float]:
+    """Each predicted configuration's median measured seconds over ``windows`` (the steadier ground truth)."""
+    by_cfg: dict[tuple[str, int], list[float]] = {}
+    for w in windows:
+        for r in w["rows"]:
+            if (key := (r["model"], int(r["batch"]))) in pred:
+                by_cfg.setdefault(key, []).append(r["measured_s"])
+    return {k: float(np.median(v)) for k, v in by_cfg.items()}
+
+
+def score(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
+    """Errors (%) of ``pred`` against each window, pooled, and against the per-configuration median."""
+    per, pooled = [], []
+    for w in windows:
+        pairs = [(pred[key], r["measured_s"]) for r in w["rows"] if (key := (r["model"], int(r["batch"]))) in pred]
+        pooled += pairs
+        per.append({"measured_at": w["measured_at"], **_stats(pairs)})
+    med = config_medians(pred, windows)
+    med_errs = {f"{k[0]} {k[1]}": (pred[k] / m - 1.0) * 100.0 for k, m in med.items()}
+    return {"windows": per, "pooled": _stats(pooled),
+            "vs_median_of_windows": _stats([(pred[k], m) for k, m in med.items()]),
+            "per_config_vs_median": med_errs}
+
+
+def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[str, dict]:
+    """Per DLRM batch: the 2-rank step over the 1-rank step of the same window (both measured minutes
+    apart, so the machine's drift between windows cancels), median over the windows, against the same
+    ratio predicted: the 2-rank model (contention, collectives, DDP) apart from the machine's pace."""
+    out = {}
+    measured_rows = [{(r["model"], int(r["batch"])): r["measured_s"] for r in w["rows"]} for w in windows]
+    for (model, batch), p2 in pred.items():
+        if model != "dlrm-2rank" or ("dlrm", batch) not in pred:
+            continue
+        ratios = [got[(model, batch)] / got[("dlrm", batch)] for got in measured_rows
+                  if (model, batch) in got and ("dlrm", batch) in got]
+        if ratios:
+            measured, predicted = float(np.median(ratios)), p2 / pred[("dlrm", batch)]
+            out[str(batch)] = {"measured": measured, "predicted": predicted, "n": len(ratios),
+                               "measured_range": [float(min(ratios)), float(max(ratios))],
+                               "error_pct": (predicted / measured - 1.0) * 100.0}
+    return out
+
+
+def window_gemm_drift(window: dict) -> float | None:
+    """A window's GEMM drift: the geomean of its before / after re-timings of the measuring pack's GEMM shapes
+    (``measure_env.gemm_drift``: now / at calibration), or None when it recorded none
+    (:func:`predictor.timing.calibration.pace.window_drift` of the compute class)."""
+    from predictor.timing.calibration.pace import window_drift
+
+    return window_drift(window, "compute")
+
+
+def drift_relative(pred: dict[tuple[str, int], float], windows: list[dict],
+                   pack_pace: float = 1.0) -> dict[str, dict]:
+    """Per configuration, over the windows that recorded a GEMM drift: the median of measured / predicted,
+    its correlation with the window's GEMM drift, and the median of (measured / predicted) / drift: the
+    row's error with the machine's pace at the time divided out (above 1: the step runs slower than the
+    pack predicts beyond the machine's own drift). Every drift is a re-timing of the pack the window was
+    measured with. ``pack_pace``: the compute pace the pack's predictions already carry
+    (``Platform.kernel_pace``): each drift is taken relative to it."""
+    out: dict[str, dict] = {}
+    for key, p in pred.items():
+        pairs = [(r["measured_s"] / p, d / pack_pace) for w in windows if (d := window_gemm_drift(w)) is not None
+                 for r in w["rows"] if (r["model"], int(r["batch"])) == key]
+        if len(pairs) < 3:
+            continue
+        ratio, drift = np.array(pairs).T
+        with np.errstate(invalid="ignore", divide="ignore"):  # a constant column has no correlation (NaN)
+            corr = float(np.corrcoef(ratio, drift)[0, 1])
+        out[f"{key[0]} {key[1]}"] = {"n": len(pairs), "measured_over_predicted": float(np.median(ratio)),
+                                     "corr_with_drift": corr,
+                                     "over_drift": float(np.median(ratio / drift))}
+    return out
+
+
+def pace_relative_summary(drift: dict[str, dict]) -> dict[str, float]:
+    """Geomean and max (%) over the configurations of :func:`drift_relative`'s ``|over_drift - 1|``; {} if none."""
+    errs = np.array([abs(r["over_drift"] - 1.0) * 100.0 for r in drift.values()])
+    if not len(errs):
+        return {}
+    return {"geomean_abs_pct": float(np.exp(np.mean(np.log(np.maximum(errs, 1e-9))))), "max_abs_pct": float(errs.max())}
+
+
+def at_median_pace(pred: dict[tuple[str, int], float], windows: list[dict], pack_pace: float = 1.0) -> dict:
+    """A what-if, reported only: ``pred`` multiplied by the median over ``windows`` of their GEMM drift
+    (:func:`window_gemm_drift`) and scored against each configuration's median over the windows. Nothing
+    feeds a prediction. ``{}`` when no window recorded a drift. ``pack_pace``: the compute pace the pack's
+    predictions already carry (``Platform.kernel_pace``): they are multiplied by the median drift over it."""
+    drifts = [d for w in windows if (d := window_gemm_drift(w)) is not None]
+    if not drifts:
+        return {}
+    pace = float(np.median(drifts))
+    pairs = [(pred[k] * pace / pack_pace, m) for k, m in config_medians(pred, windows).items()]
+    return {"pace": pace, "pace_quartiles": [float(q) for q in np.percentile(drifts, [25, 75])], "n_windows": len(drifts),
+            **_stats(pairs)}
+
+
+def _label(spec: str) -> str:
+    """A pack spec as a column name: a path shortened to its last part."""
+    return Path(spec).name if "/" in spec else spec
+
+
+def rescore(args, windows: list[dict]) -> dict:
+    """Every pack of ``args`` (``--platform`` first, then ``--compare``) scored on ``windows``, those of the
+    first pack's CPU (``--cpu``): ``{"windows": [...], "cpu_note": ..., "packs": {spec: scores}}``."""
+    from predictor.timing.platforms.cpu_local import cpu_signature, describe_cpu
+
+    platforms = [args.platform, *args.compare]
+    results, cpu_note = {}, f"all {len(windows)} windows, of every CPU (`--cpu all`)"
+    for i, spec in enumerate([*platforms]):
+        plat, source = resolve_pack(spec)
+        p = platforms[i] = plat.pack.name if plat.pack is not None else spec  # "cpu-local": the host's pack
+        if i == 0 and args.cpu != "all":
+            cpu = cpu_signature() if args.cpu == "host" else (plat.pack.manifest.get("cpu") if plat.pack else None)
+            n_all, windows = len(windows), windows_of_cpu(windows, cpu)
+            who = "this host's CPU" if args.cpu == "host" else f"the CPU of `{_label(p)}`"
+            cpu_note = (f"the {len(windows)} of {n_all} windows measured on {who}: "
+                        + (describe_cpu(cpu) if cpu else "unrecorded, the AVX-512 EPYC of the oldest windows"))
+            if not windows:
+                fail(f"{repo_relative(args.data)}: no window measured on {who} "
+                     f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
+        pred = predict_rows(plat.timing())
+        pack_pace = plat.platform.kernel_pace.get("compute", 1.0)
+        results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows),
+                      "drift_relative": drift_relative(pred, windows, pack_pace),
+                      "at_median_pace": at_median_pace(pred, windows, pack_pace), "kernel_pace": pack_pace}
+    if args.since is not None:
+        cpu_note += f"; only those measured at or after {args.since} (`--since`)"
+    return {"date": date.today().isoformat(), "windows": [w["measured_at"] for w in windows], "cpu_note": cpu_note,
+            "allocator": args.allocator, "batch_pool": args.batch_pool, "platforms": platforms,
+            "spread": _spread(windows), "packs": results}
+
+
+def _spread(windows: list[dict]) -> list[float]:
+    """Per configuration measured in more than one window: slowest / fastest window - 1."""
+    by_cfg: dict[str, list[float]] = {}
+    for w in windows:
+        for r in w["rows"]:
+            by_cfg.setdefault(f"{r['model']} {r['batch']}", []).append(r["measured_s"])
+    return [max(v) / min(v) - 1.0 for v in by_cfg.values() if len(v) > 1]
+
+
+def windows_markdown(doc: dict) -> str:
+    """The scores over the stored windows (:func:`rescore`'s ``doc``) as markdown."""
+    platforms, results, sp = doc["platforms"], doc["packs"], doc["spread"]
+    lines = [
+        "# End-to-end CPU accuracy over every stored measurement window",
+        "",
+        f"{doc['date']}; {len(doc['windows'])} stored runs of `experiments/e2e_cpu.py` "
+        f"(`{repo_relative(WINDOWS_FILE)}`), each the median of 3 interleaved passes of the 12 training "
+        f"iterations, measured with the C allocator `{doc['allocator']}` and the DLRM rows cycling a pool of "
+        f"{doc['batch_pool']} index batches (`--batch-pool`). Reproduce: `{doc['command']}`.",
+        "",
+        f"Windows: {doc['cpu_note']}.",
+        "",
+        (f"How much the machine moves: one configuration's measurement differs between windows by a median of "
+         f"{100 * float(np.median(sp)):.1f} % (slowest / fastest window - 1; max {100 * max(sp):.1f} %)."
+         if sp else "One window only: how much the machine moves between windows is not known from these."),
+        "",
+        "| pack | pooled geomean % | pooled max % | median signed % | vs median of windows: geomean % / max % |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for p in platforms:
+        r = results[p]
+        lines.append(f"| {_label(p)} | {r['pooled']['geomean_abs_pct']:.2f} | {r['pooled']['max_abs_pct']:.1f} | "
+                     f"{r['pooled']['median_signed_pct']:+.1f} | {r['vs_median_of_windows']['geomean_abs_pct']:.2f} / "
+                     f"{r['vs_median_of_windows']['max_abs_pct']:.1f} |")
+    lines += ["", "Per window (geomean % / max % / median signed %):", "",
+              "| measured at | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
+    for i, at in enumerate(doc["windows"]):
+        cells = [f"{results[p]['windows'][i]['geomean_abs_pct']:.1f} / {results[p]['windows'][i]['max_abs_pct']:.1f} / "
+                 f"{results[p]['windows'][i]['median_signed_pct']:+.1f}" for p in platforms]
+        lines.append(f"| {at} | " + " | ".join(cells) + " |")
+    lines += ["", "Per configuration against the median of the windows (error %):", "",
+              "| configuration | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
+    for k in results[platforms[0]]["per_config_vs_median"]:
+        lines.append(f"| {k} | " + " | ".join(f"{results[p]['per_config_vs_median'][k]:+.1f}" for p in platforms) + " |")
+    lines += _ratio_lines(platforms, results) + _pace_lines(platforms, results)
+    lines += ["", "Target: geomean under 5 %, max under 10 %."]
+    return "\n".join(lines) + "\n"
+
+
+def _ratio_lines(platforms: list[str], results: dict) -> list[str]:
+    """The 2-rank / 1-rank table of :func:`windows_markdown`."""
+    first = results[platforms[0]].get("rank_ratio") or {}
+    if not first:
+        return []
+    lines = ["", "The 2-rank DLRM step over the 1-rank step of the same window (the machine's drift between windows "
+             "cancels; the 2-rank model alone: host contention, collectives, DDP): measured median over "
+             "the windows [range], and each pack's predicted ratio (error %):", "",
+             "| batch | measured | " + " | ".join(map(_label, platforms)) + " |", "|---:|---|" + "---:|" * len(platforms)]
+    for b, r in first.items():
+        cells = [f"{results[p]['rank_ratio'][b]['predicted']:.3f} ({results[p]['rank_ratio'][b]['error_pct']:+.1f})"
+                 for p in platforms]
+        lines.append(f"| {b} | {r['measured']:.3f} [{r['measured_range'][0]:.3f}-{r['measured_range'][1]:.3f}] | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def _pace_lines(platforms: list[str], results: dict) -> list[str]:
+    """The tables of :func:`windows_markdown` against the machine's pace (GEMM drift) of each window."""
+    lines: list[str] = []
+    drift = results[platforms[0]].get("drift_relative") or {}
+    if drift:
+        lines += ["", f"Against the machine's pace (`{_label(platforms[0])}`): each window re-times the measuring "
+                  "pack's GEMM shapes before and after (`gemm_drift`, now / at calibration). Per configuration, over "
+                  "the windows with that record: median measured / predicted, its correlation with the window's "
+                  "drift, and the median of (measured / predicted) / drift, the error with the machine's pace divided "
+                  "out:", "", "| configuration | windows | measured / predicted | corr. with drift | / drift |",
+                  "|---|---:|---:|---:|---:|"]
+        for k, r in drift.items():
+            lines.append(f"| {k} | {r['n']} | {r['measured_over_predicted']:.3f} | {r['corr_with_drift']:+.2f} | "
+                         f"{r['over_drift']:.3f} |")
+        lines += ["", "Each pack's errors with the pace divided out (|(measured / predicted) / drift - 1| over the "
+                  "configurations: a model change scored apart from the machine's pace when the pack was "
+                  "calibrated; a pack with a measured kernel pace has each drift divided by its compute pace "
+                  "first):", "", "| pack | geomean % | max % |", "|---|---:|---:|"]
+        for p in platforms:
+            s = pace_relative_summary(results[p].get("drift_relative") or {})
+            if s:
+                lines.append(f"| {_label(p)} | {s['geomean_abs_pct']:.2f} | {s['max_abs_pct']:.1f} |")
+    paced = results[platforms[0]].get("at_median_pace") or {}
+    if paced:
+        lines += ["", f"What if each pack ran at the windows' median pace (a what-if, not a prediction): the median GEMM "
+                  f"drift over the {paced['n_windows']} windows with a record is x{paced['pace']:.3f} (quartiles "
+                  f"{paced['pace_quartiles'][0]:.3f}-{paced['pace_quartiles'][1]:.3f}); each pack's predictions "
+                  "multiplied by it (over its own compute pace, for a pack that carries one), against the "
+                  "per-configuration medians:", "",
+                  "| pack | geomean % | max % | median signed % |", "|---|---:|---:|---:|"]
+        for p in platforms:
+            a = results[p].get("at_median_pace") or {}
+            if a:
+                lines.append(f"| {_label(p)} | {a['geomean_abs_pct']:.2f} | {a['max_abs_pct']:.1f} | "
+                             f"{a['median_signed_pct']:+.1f} |")
+    return lines
+
+
+def latest_markdown(latest: dict) -> str:
+    """The newest measured window (:func:`measure`'s record) as markdown, one heading level down."""
+    rows = [Row(**{k: v for k, v in r.items() if k in Row.__dataclass_fields__}) for r in latest["rows"]]
+    text = markdown(rows, latest["summary"], latest["meta"], latest.get("kernel_context_check") or [])
+    return "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines()) + "\n"
+
+
+def write_results(out: Path, scores: dict, latest: dict | None) -> str:
+    """``OUT.md`` and ``OUT.json`` (JSON last): the scores over the stored windows and, when there is one,
+    the newest measured window. Returns the markdown."""
+    text = windows_markdown(scores)
+    if latest:
+        text += "\n" + latest_markdown(latest)
+    atomic_write_text(out.with_suffix(".md"), text)
+    atomic_write_text(out.with_suffix(".json"), json.dumps({"windows": scores, "latest": latest}, indent=1))
+    return text
+
+
+def _rescore_command(args) -> str:
+    """The command line that re-scores what ``args`` scored (its non-default options)."""
+    cmd = "python experiments/e2e_cpu.py --rescore"
+    if args.platform != "cpu-local":
+        cmd += f" --platform {args.platform}"
+    if args.compare:
+        cmd += " --compare " + " ".join(args.compare)
+    for flag, value, default in (("--allocator", args.allocator, "default"), ("--batch-pool", args.batch_pool, 8),
+                                 ("--cpu", args.cpu, "pack"), ("--since", args.since, None)):
+        if value != default:
+            cmd += f" {flag} {value}"
+    if args.data != WINDOWS_FILE:
+        cmd += f" --data {repo_relative(args.data)}"
+    if args.out != OUT:
+        cmd += f" --out {repo_relative(args.out)}"
+    return cmd
+
+
+def score_windows(args) -> dict:
+    """:func:`rescore` over the stored windows measured as ``args`` asks (allocator, batch pool, ``--since``)."""
+    since = None if args.since is None else utc_time(args.since, "--since")
+    windows = [w for w in load_windows(args.data) if w.get("allocator", "default") == args.allocator
+               and w.get("batch_pool", LEGACY_BATCH_POOL) == args.batch_pool
+               and (since is None or utc_time(w.get("measured_at"), f"{args.data}: measured_at") >= since)]
+    if not windows:
+        fail(f"{repo_relative(args.data)}: no window measured with --allocator {args.allocator} and --batch-pool "
+             f"{args.batch_pool}" + (f" since {args.since}" if since is not None else ""))
+    return {**rescore(args, windows), "command": _rescore_command(args)}
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rescore", action="store_true",
+                    help="measure nothing: score --platform (and --compare) on every stored window")
     ap.add_argument("--platform", default="cpu-local")
+    ap.add_argument("--compare", nargs="*", default=[], help="--rescore: more packs (names or folders) beside it")
+    ap.add_argument("--cpu", choices=("pack", "host", "all"), default="pack",
+                    help="--rescore: the windows measured on the CPU of the --platform pack (default; a pack "
+                         "without a record: the windows without one), on this host's CPU, or all of them")
+    ap.add_argument("--since", default=None, metavar="ISO_TIME",
+                    help="--rescore: only the windows measured at or after this UTC time, e.g. 2026-11-26T11:18")
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt", "dlrm"], choices=["mlp", "gpt", "dlrm"])
     ap.add_argument("--mlp-batches", type=int, nargs="+", default=list(MLP_BATCHES))
     ap.add_argument("--gpt-batches", type=int, nargs="+", default=list(GPT_BATCHES))
@@ -742,108 +1170,44 @@ def main(argv: list[str] | None = None) -> None:
                     help="seconds to wait for the machine to be quiet before each run")
     ap.add_argument("--allocator", choices=ALLOCATORS, default="default",
                     help="C allocator mode of the measured processes (no_trim: no page faults from trimming)")
-    ap.add_argument("--batch-pool", type=int, default=2,
-                    help="distinct index batches the DLRM rows cycle through (2: every window before session 26, "
-                         "whose rows come back cached; 8: fresh rows each iteration, as a real input stream)")
-    ap.add_argument("--out", type=Path, default=RESULTS,
-                    help="folder the results go to (e2e_cpu.md and .json; default benchmarks/results, where the run "
-                         f"is also archived as a window in {WINDOWS_FILE})")
-    ap.add_argument("--archive", action="store_true",
-                    help=f"append this run to {RESULTS.name}/{WINDOWS_FILE} with another --out too")
-    ap.add_argument("--no-archive", action="store_true",
-                    help=f"do not append this run to {RESULTS.name}/{WINDOWS_FILE}")
+    ap.add_argument("--batch-pool", type=int, default=8,
+                    help="distinct index batches the DLRM rows cycle through (8: fresh rows each iteration, as a "
+                         "real input stream; 2: a batch's rows come back cached, as the oldest windows)")
+    ap.add_argument("--data", type=Path, default=WINDOWS_FILE, help="the stored windows (a JSON data set)")
+    ap.add_argument("--no-archive", action="store_true", help="do not append the measured window to --data")
+    ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix (OUT.md and OUT.json)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.out.suffix in (".md", ".json"):
-        ap.error(f"--out {args.out}: a folder (e2e_cpu.md and e2e_cpu.json are written into it), not a file")
-    if args.archive and args.no_archive:
-        ap.error("--archive and --no-archive contradict each other")
+        ap.error(f"--out {args.out}: the results path without suffix (OUT.md and OUT.json are written)")
     if args.iters < 10:
         ap.error("--iters must be >= 10 (median of at least 10 iterations)")
     if args.passes < 1:
         ap.error("--passes must be >= 1")
     if args.batch_pool < 1:
         ap.error("--batch-pool must be >= 1")
+    if args.out.with_suffix(".json").resolve() == args.data.resolve():
+        fail(f"--out {args.out}: would overwrite the data set {args.data}")
+    if args.rescore:
+        previous = args.out.with_suffix(".json")
+        try:
+            latest = json.loads(previous.read_text()).get("latest") if previous.exists() else None
+        except (json.JSONDecodeError, AttributeError):
+            latest = None
+        print(write_results(args.out, score_windows(args), latest))
+        return
     want = with_allocator(dict(os.environ), args.allocator)
     if want != dict(os.environ):  # glibc reads its settings at process start: run again with them
         own = argv if argv is not None else sys.argv[1:]
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *own], want)
-
-    timing, manifest, pack_path = resolve(args.platform)
-    host = host_check(manifest)
-    threads = args.threads or int((manifest or {}).get("threads", 1))
-    t0 = time.perf_counter()
-    torch.set_num_threads(threads)
-    check_drift = pack_path is not None and not args.no_check
-    try:
-        drift = {"before": gemm_drift(pack_path) if check_drift else {},
-                 "memory_before": memory_drift(pack_path) if check_drift else {}}
-    except ValueError as exc:  # a corrupt pack: one line, exit 2 (no results written)
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    rows = run_all(args, timing, threads)
-    drift["after"] = gemm_drift(pack_path) if check_drift else {}
-    drift["memory_after"] = memory_drift(pack_path) if check_drift else {}
-    checks = [] if args.no_check else kernel_context_check(timing)
-    summary = summarize(rows)
-    from predictor.timing.platforms.cpu_local import _cpu_model
-
-    meta = {
-        "date": date.today().isoformat(),
-        "machine": f"{os.cpu_count()}-core {pyplatform.machine()} VM",
-        "cpu_model": _cpu_model(),
-        "torch": torch.__version__,
-        "threads": threads,
-        "timing_source": timing.source,
-        "pack_created": (manifest or {}).get("created"),
-        "pack_threads": (manifest or {}).get("threads"),
-        "iters": args.iters,
-        "passes": args.passes,
-        "warmup": args.warmup,
-        "dlrm_warmup": args.dlrm_warmup,
-        "gemm_drift": drift,
-        **host,
-        "allocator": args.allocator,
-        "batch_pool": args.batch_pool,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "command": "python experiments/e2e_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-    }
-    from tuner.report import atomic_write_text
-
-    text = markdown(rows, summary, meta, checks)
-    stem = ("e2e_cpu" if args.allocator == "default" else f"e2e_cpu_{args.allocator}") \
-        + ("" if args.batch_pool == 2 else f"_pool{args.batch_pool}")
-    atomic_write_text(args.out / f"{stem}.md", text)
-    atomic_write_text(args.out / f"{stem}.json",
-                      json.dumps({"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows],
-                                  "kernel_context_check": checks}, indent=1))
-    if (args.out == RESULTS or args.archive) and not args.no_archive:
-        archive_window(RESULTS / WINDOWS_FILE, meta, rows)
-    print(text)
-
-
-#: every full e2e measurement, appended (``experiments/e2e_windows.py`` re-predicts them all)
-WINDOWS_FILE = "e2e_cpu_windows.json"
-
-
-def archive_window(path: Path, meta: dict, rows: list[Row]) -> None:
-    """Append this run's measured iterations (one *window* of the shared machine's state) to ``path``.
-
-    Windows minutes apart differ by up to ~20 % on this VM, more than the accuracy target, so a
-    pack is judged on every archived window, not only the latest (``experiments/e2e_windows.py``).
-    """
-    from tuner.report import atomic_write_text
-
-    windows = json.loads(path.read_text()) if path.exists() else []
-    windows.append({"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
-                    "iters": meta.get("iters"), "passes": meta.get("passes"),
-                    "allocator": meta.get("allocator", "default"),
-                    "batch_pool": meta.get("batch_pool", LEGACY_BATCH_POOL),
-                    "gemm_drift": meta.get("gemm_drift"),
-                    "cpu": meta.get("cpu"),
-                    "rows": [{"model": r.model, "batch": r.batch, "ranks": r.ranks, "measured_s": r.measured_s,
-                              "pass_medians_s": r.pass_medians_s} for r in rows]})
-    atomic_write_text(path, json.dumps(windows, indent=1))
+    latest = measure(args, argv)
+    if not args.no_archive:
+        archive_window(args.data, latest["meta"], latest["rows"])
+    print(write_results(args.out, score_windows(args), latest))
 
 
 if __name__ == "__main__":

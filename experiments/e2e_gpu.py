@@ -1,17 +1,19 @@
-"""End-to-end accuracy on one GPU: predicted vs measured PyTorch training iterations (issue 4, part 5).
+"""End-to-end accuracy on one GPU: predicted vs measured PyTorch training iterations (H100, H200).
 
 Two halves, because the GPU is lent for minutes and the predictions need none:
 
-* ``--measure`` (on the GPU machine): trains the models of :mod:`experiments.e2e_cpu` (the MLP, the
-  small GPT, one-process DLRM with ``nn.EmbeddingBag``) and a larger bf16 GPT at several batch sizes
-  on ``cuda``, and writes the measured iteration times, the GPU and software it ran on, to a JSON
-  file; ``--traces DIR`` also records one configuration of each model with :func:`tuner.capture`
-  (Kineto + execution trace), for ``tuner replay``.
-* ``--predict FILE`` (anywhere): predicts every measured row from its spec (the synthesisers in
-  device mode: asynchronous kernels on a stream, the host launching them with the platform's CPU
-  overheads T1-T5) with the GPU's catalog entry (analytic kernel models) and, when it exists, its
-  calibrated asset pack (``--gpu h100``: ``assets/h100``; ``--gpu h200``: ``assets/h200-cal``, made by
-  ``tuner calibrate --device cuda --out assets/NAME``); writes ``benchmarks/results/e2e_GPU.md`` and ``.json``.
+* ``--measure`` (on the GPU machine, ``bash experiments/gpu.sh``): trains the models of
+  :mod:`experiments.e2e_cpu` (the MLP, the small GPT, one-process DLRM with ``nn.EmbeddingBag``) and a
+  larger bf16 GPT at several batch sizes on ``cuda``, and writes the measured iteration times, the GPU and
+  software it ran on, to a JSON file; ``--traces DIR`` also records one configuration of each model with
+  :func:`tuner.capture` (Kineto + execution trace). Back here, ``--add FILE --name NAME`` stores the run in
+  the data set ``benchmarks/data/gpu_runs.json`` (the traces go to ``benchmarks/traces/NAME``).
+* ``--predict`` (anywhere, no GPU): predicts every stored run's rows from their specs (the synthesisers in
+  device mode: asynchronous kernels on a stream, the host launching them with the platform's CPU overheads
+  T1-T5) with the GPU's catalog entry (analytic kernel models) and the calibrated asset packs
+  (``assets/h100``, ``assets/h200-cal``), and from the captured traces of the GPU's first run; writes
+  ``experiments/results/e2e_gpu.md`` and ``.json``. ``--predict FILE ...`` predicts those measured files
+  instead (``--gpu`` names their GPU).
 
 Measurement: per configuration, ``--warmup`` untimed iterations, then ``--iters`` iterations each
 timed by CUDA events around the step on the current stream (the host runs ahead as it would in
@@ -20,12 +22,7 @@ idle gaps waiting for launches included), median per pass; ``--passes`` passes i
 configurations; reported: the median of the pass medians. Also the wall-clock mean of the timed
 iterations between two synchronisations, as a cross-check.
 
-Run (GPU machine): ``python experiments/e2e_gpu.py --measure --out e2e_h100_measured.json --traces T``
-Then (here):       ``python experiments/e2e_gpu.py --predict benchmarks/results/e2e_h100_measured.json``
-H200 (2026-11-27, session 39's instance first, its traces): ``python experiments/e2e_gpu.py --gpu h200 --predict
-benchmarks/results/e2e_h200_measured_s39.json benchmarks/results/e2e_h200_measured_s39b.json
-benchmarks/results/e2e_h200_measured.json benchmarks/results/e2e_h200_measured_b.json --platforms h200 h100 h200-cal
-benchmarks/results/data/packs/h200-s39 --traces-dir benchmarks/traces/h200-s39``
+Run (here): ``python experiments/e2e_gpu.py --predict`` (about 2 minutes).
 """
 
 from __future__ import annotations
@@ -48,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.common import repo_relative  # noqa: E402
-from experiments.dlrm_gloo import _Dense, _mlp, _sgd_in_backward, table_batch  # noqa: E402
+from experiments.common import fail, repo_relative  # noqa: E402
+from experiments.dlrm_gloo import Dense, mlp, sgd_in_backward, table_batch  # noqa: E402
 from experiments.e2e_cpu import (  # noqa: E402
     DLRM_BOTTOM,
     DLRM_TOP,
@@ -61,11 +58,15 @@ from experiments.e2e_cpu import (  # noqa: E402
     gpt_step,
     mlp_step,
 )
+from predictor.files import atomic_write_text  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
 from predictor.sources.synth.mlp import MLPSpec  # noqa: E402
 from predictor.sources.synth.transformer import TransformerSpec  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
+#: the stored measured runs: a list of ``--measure`` records, each with its ``name`` and ``gpu_kind``
+DATA = REPO / "benchmarks" / "data" / "gpu_runs.json"
+TRACES = REPO / "benchmarks" / "traces"
+OUT = REPO / "experiments" / "results" / "e2e_gpu"
 
 #: a GPU-sized GPT in bf16 (parameters, activations and Adam state), unfused attention as the synthesiser's
 GPT_BF16 = TransformerSpec(layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, dtype="bf16", attention="unfused",
@@ -77,11 +78,11 @@ ROWS: dict[str, tuple[int, ...]] = {
     "gpt-bf16": (2, 4, 8),
     "dlrm": (1024, 4096, 16384),
 }
-#: ``--gpu``: the GPU a measured file is predicted for -> its catalog entry (analytic models) and its
-#: calibrated asset pack (``assets/PACK``); the pack also prices the trace what-if rows
-GPUS: dict[str, dict[str, str]] = {
-    "h100": {"catalog": "h100-sxm", "pack": "h100"},
-    "h200": {"catalog": "h200", "pack": "h200-cal"},
+#: a GPU -> its catalog entry (analytic models), its calibrated asset pack (``assets/PACK``; it also prices
+#: the trace what-if rows), the platforms its runs are predicted with, and the traces of its first stored run
+GPUS: dict[str, dict] = {
+    "h100": {"catalog": "h100-sxm", "pack": "h100", "platforms": ("h100-sxm", "h100"), "traces": "h100"},
+    "h200": {"catalog": "h200", "pack": "h200-cal", "platforms": ("h200", "h100", "h200-cal"), "traces": "h200-2"},
 }
 #: the configuration of each model recorded as a trace (``--traces``)
 TRACE_BATCH = {"mlp": 4096, "gpt": 8, "gpt-bf16": 4, "dlrm": 4096}
@@ -115,9 +116,9 @@ def dlrm_step(batch: int, device: torch.device) -> Callable[[], None]:
     embs = nn.ModuleList(nn.EmbeddingBag(int(job.rows[t]), int(dims[t]), mode="sum", sparse=True)
                          for t in range(len(dims))).to(device)
     for w in embs.parameters():
-        w.register_post_accumulate_grad_hook(_sgd_in_backward)
-    dense = _Dense(_mlp([job.dense_features, *DLRM_BOTTOM], sigmoid_last=False),
-                   _mlp([DLRM_BOTTOM[-1] + int(dims.sum()), *DLRM_TOP], sigmoid_last=True)).to(device)
+        w.register_post_accumulate_grad_hook(sgd_in_backward)
+    dense = Dense(mlp([job.dense_features, *DLRM_BOTTOM], sigmoid_last=False),
+                   mlp([DLRM_BOTTOM[-1] + int(dims.sum()), *DLRM_TOP], sigmoid_last=True)).to(device)
     opt = torch.optim.SGD(dense.parameters(), lr=0.01)
     lookups = [table_batch(job, t, 0) for t in range(len(dims))]
     idx = [(torch.as_tensor(i, device=device), torch.as_tensor(o, device=device)) for i, o in lookups]
@@ -276,7 +277,7 @@ def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
             row[f"error_pct[{p}]"] = float(abs_pct_errors([tl.loop_pace_s()], [r["measured_s"]])[0])
         pm = np.asarray(r["pass_medians_s"])
         row["pass_spread_pct"] = float(100 * (pm.max() - pm.min()) / np.median(pm))
-        trace = _trace_for(r["model"], traces_dir) if traces_dir is not None else None
+        trace = trace_for(r["model"], traces_dir) if traces_dir is not None else None
         if trace is not None:
             from predictor.whatif.apply import parse_sets, predict_trace
 
@@ -305,64 +306,101 @@ def predict_rows(measured: dict, timings: dict, traces_dir: str | Path | None,
     return rows, summary
 
 
-def predict(args) -> None:
-    """Predict every row of the measured files with each platform; write the md/json results.
-
-    The first file is reported row by row (and predicted from the traces, captured in its
-    session); the others (runs on other machine instances) by their summary only.
-    """
-    import tempfile
-
+def predict_gpu(gpu: str, runs: list[tuple[str, dict]], platforms: list[str], traces_dir: Path | None,
+                program: str = GPT_PROGRAM) -> dict:
+    """Every row of ``runs`` (``(name, measured record)``, all of GPU ``gpu``) predicted with each platform
+    (a catalog name or an asset pack). The first run is reported row by row (and predicted from the traces in
+    ``traces_dir``, captured beside it); the others (runs on other machine instances) by their summary only."""
     from predictor.timing.kernels import timing_for
-    from predictor.timing.platforms.assets import AssetPackError, pack_at_revision
 
-    files = [Path(f) for f in args.predict]
-    gpu = GPUS[args.gpu]
-    pack_name = gpu["pack"]
-    requested = args.platforms or [gpu["catalog"], pack_name]
-    platforms = [p for p in requested if p != pack_name or (REPO / "assets" / pack_name / "manifest.json").exists()]
-    timings = {}
-    with tempfile.TemporaryDirectory(prefix="e2e_gpu_") as work:  # git:REV packs, extracted while they load
-        for p in platforms:
-            if not p.startswith("git:"):
-                timings[p] = timing_for(p)
-                continue
-            try:  # the committed assets/PACK of an earlier revision, shown as PACK@REV
-                pack = pack_at_revision(REPO, p[4:], f"assets/{pack_name}", Path(work) / p[4:])
-            except AssetPackError as exc:
-                print(f"error: --platforms {p}: {exc}", file=sys.stderr)
-                raise SystemExit(2) from None
-            timings[f"{pack_name}@{p[4:]}"] = timing_for(str(pack))
+    pack_name = GPUS[gpu]["pack"]
+    timings = {p: timing_for(p) for p in platforms
+               if p != pack_name or (REPO / "assets" / pack_name / "manifest.json").exists()}
     platforms = list(timings)
-    chosen = args.gpt_program
-    other = "megatron" if chosen == "eager" else "eager"
-    try:
-        runs = [_read_measured(f) for f in files]
-    except ValueError as exc:  # a missing, truncated or foreign file: one line, exit 2 (no results written)
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    measured = runs[0]
-    traces_dir = args.traces_dir or REPO / "benchmarks" / "traces" / args.gpu
-    rows, summary = predict_rows(measured, timings, traces_dir if pack_name in platforms else None, chosen, pack_name)
+    other = "megatron" if program == "eager" else "eager"
+    first_name, measured = runs[0]
+    traced = traces_dir if traces_dir is not None and pack_name in platforms else None
+    rows, summary = predict_rows(measured, timings, traced, program, pack_name)
     others, programs = [], []
-    for f, m in zip(files, runs, strict=True):
-        s = summary if m is measured else predict_rows(m, timings, None, chosen)[1]
+    for name, m in runs:
+        s = summary if m is measured else predict_rows(m, timings, None, program)[1]
         if m is not measured:
-            others.append({"file": f.name, "date": m["date"], "gpu": m["gpu"], "summary": s,
+            others.append({"run": name, "date": m["date"], "gpu": m["gpu"], "summary": s,
                            "measured_s": {f"{r['model']}/{r['batch']}": r["measured_s"] for r in m["rows"]}})
         # the same rows with the transformer synthesiser's other program for the GPT rows
-        programs.append({"file": f.name, "by_program": {chosen: {p: s[p] for p in timings},
-                                                         other: predict_rows(m, timings, None, other)[1]}})
-    out = {"gpu": args.gpu, "pack": pack_name,
-           "measured": {k: v for k, v in measured.items() if k != "rows"}, "file": files[0].name,
-           "platforms": platforms, "summary": summary, "rows": rows, "other_runs": others,
-           "gpt_program": chosen, "program_comparison": programs,
-           "kernel_counts": kernel_counts(traces_dir, chosen), "traces_dir": repo_relative(traces_dir)}
-    results = Path(args.results_dir)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"e2e_{args.gpu}.json").write_text(json.dumps(out, indent=1))
-    (results / f"e2e_{args.gpu}.md").write_text(render(out))
-    print(render(out))
+        programs.append({"run": name, "by_program": {program: {p: s[p] for p in timings},
+                                                      other: predict_rows(m, timings, None, other)[1]}})
+    return {"gpu": gpu, "pack": pack_name, "measured": {k: v for k, v in measured.items() if k != "rows"},
+            "run": first_name, "platforms": platforms, "summary": summary, "rows": rows, "other_runs": others,
+            "gpt_program": program, "program_comparison": programs,
+            "kernel_counts": kernel_counts(traces_dir, program) if traces_dir is not None else [],
+            "traces_dir": repo_relative(traces_dir) if traces_dir is not None else None}
+
+
+def predict(args) -> None:
+    """``--predict``: the stored runs of every GPU (or the measured files given, of ``--gpu``); writes
+    ``OUT.md`` and ``OUT.json``."""
+    try:
+        if args.predict:
+            runs = {args.gpu: [(Path(f).name, read_measured(Path(f))) for f in args.predict]}
+        else:
+            stored = load_runs(args.data)
+            runs = {g: [(r["name"], r) for r in stored if r["gpu_kind"] == g] for g in GPUS}
+    except ValueError as exc:  # a missing, truncated or foreign file: one line, exit 2 (no results written)
+        fail(str(exc))
+    out = {"date": date.today().isoformat(), "gpus": {}}
+    for gpu, these in runs.items():
+        if not these:
+            continue
+        traces = Path(args.traces_dir) if args.traces_dir else TRACES / GPUS[gpu]["traces"]
+        out["gpus"][gpu] = predict_gpu(gpu, these, args.platforms or list(GPUS[gpu]["platforms"]), traces,
+                                       args.gpt_program)
+    text = "# End-to-end accuracy on one GPU: predicted vs measured training iterations\n\n" + "\n".join(
+        "\n".join("#" + ln if ln.startswith("#") else ln for ln in render(o).splitlines()) + "\n"
+        for o in out["gpus"].values())
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(args.out).with_suffix(".md"), text)
+    atomic_write_text(Path(args.out).with_suffix(".json"), json.dumps(out, indent=1))
+    print(text)
+
+
+def load_runs(path: Path = DATA) -> list[dict]:
+    """The stored runs, each a ``--measure`` record with its ``name`` and ``gpu_kind``.
+
+    Raises:
+        ValueError: the data set is missing, not JSON, or a run lacks what a prediction needs.
+    """
+    try:
+        runs = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read the stored GPU runs {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"stored GPU runs {path} are not JSON (line {exc.lineno})") from None
+    if not isinstance(runs, list):
+        raise ValueError(f"stored GPU runs {path}: not a list of runs")
+    for r in runs:
+        _check_measured(r, f"{path}, run {r.get('name') if isinstance(r, dict) else r!r}")
+        if r.get("gpu_kind") not in GPUS or not r.get("name"):
+            raise ValueError(f"{path}: a run without a name or with gpu_kind {r.get('gpu_kind')!r} "
+                             f"(one of {', '.join(GPUS)})")
+    return runs
+
+
+def stored_run(name: str, path: Path = DATA) -> dict:
+    """The stored run ``name``; ValueError when there is none."""
+    for r in load_runs(path):
+        if r["name"] == name:
+            return r
+    raise ValueError(f"{path}: no stored run {name!r}")
+
+
+def add_run(path: Path, measured: Path, name: str, gpu: str) -> None:
+    """Append the measured file ``measured`` to the data set ``path`` as run ``name`` of GPU ``gpu``."""
+    runs = load_runs(path) if Path(path).exists() else []
+    if any(r["name"] == name for r in runs):
+        raise ValueError(f"{path}: a run named {name!r} is stored already")
+    runs.append({"name": name, "gpu_kind": gpu, **read_measured(measured)})
+    atomic_write_text(Path(path), json.dumps(runs, indent=1))
 
 
 def kernel_counts(traces_dir: str | Path, program: str = GPT_PROGRAM) -> list[dict]:
@@ -376,7 +414,7 @@ def kernel_counts(traces_dir: str | Path, program: str = GPT_PROGRAM) -> list[di
 
     out = []
     for model in ROWS:
-        trace = _trace_for(model, traces_dir)
+        trace = trace_for(model, traces_dir)
         if trace is None:
             continue
         batch = _trace_batch(trace)
@@ -393,7 +431,7 @@ def _trace_batch(trace: Path) -> int:
     return int(trace.name.split("-b")[-1].split(".")[0])
 
 
-def _trace_for(model: str, folder: str | Path) -> Path | None:
+def trace_for(model: str, folder: str | Path) -> Path | None:
     """The captured trace of ``model`` in ``folder`` (``traces-{model}-b{B}.tar.gz``), if any."""
     hits = sorted(Path(folder).glob(f"traces-{model}-b*.tar.gz"))
     return hits[0] if hits else None
@@ -404,16 +442,16 @@ def render(out: dict) -> str:
     ps = out["platforms"]
     gpu, pack = out.get("gpu", "h100"), out.get("pack", "h100")
     lines = [
-        f"# End-to-end accuracy on one {gpu.upper()}: predicted vs measured training iterations",
+        f"# One {gpu.upper()}",
         "",
         f"Measured {m['date']} on {m['gpu']} (torch {m['torch']}, CUDA {m['cuda']}; TF32 off), "
         f"{m['warmup']} warm-up + {m['iters']} timed iterations x {m['passes']} interleaved passes, CUDA events "
         "per iteration; measured = median of the pass medians. Predicted from the specs "
         "(`experiments/e2e_gpu.py --predict`), device-mode graphs, as the pace of the measured loop (no "
         "synchronisation per step: the larger of the host's span and the busiest stream's kernel time, "
-        "`Timeline.loop_pace_s`; before session 32 one step's latency). A calibrated pack's host overheads are the "
+        "`Timeline.loop_pace_s`). A calibrated pack's host overheads are the "
         "device host model (T1..T5 x its calibration step's unprofiled / profiled ratio, plus `step_s` per step: "
-        "`benchmarks/results/gpu_host_model.md`); the catalog's are as published.",
+        "`predictor/timing/calibration/step_graph.py`); the catalog's are as published.",
         "",
         "Platforms: " + "; ".join(f"`{p}` = {out['summary'][p]['source']}" for p in ps),
         "",
@@ -436,7 +474,7 @@ def render(out: dict) -> str:
         lines += [
             "", "## From captured traces (what-if batch size)", "",
             f"Each model's trace (`{out.get('traces_dir', f'benchmarks/traces/{gpu}')}/`, captured with `tuner.capture` at one batch in the same "
-            "session as the measurements, 3 profiled steps, then 15 unprofiled ones) predicted at every measured "
+            "machine as the measurements, 3 profiled steps, then 15 unprofiled ones) predicted at every measured "
             f"batch with `tuner predict TRACE --set batch_size=B --platform {pack}`: the profiled step corrected to the "
             "capture's unprofiled iterations, changed kernels re-timed by the pack (anchored on the measured ones), "
             "and the loop's pace the larger of the host's step and the busiest stream's work.",
@@ -451,14 +489,14 @@ def render(out: dict) -> str:
     if out.get("program_comparison"):
         progs = list(out["program_comparison"][0]["by_program"])
         lines += ["", "## The GPT rows' program: eager (what was measured) vs Megatron's fused kernels", "",
-                  f"Rows above: `{out['gpt_program']}`. All 13 rows of every measured file, geomean / max % "
+                  f"Rows above: `{out['gpt_program']}`. All 13 rows of every measured run, geomean / max % "
                   "(only the GPT rows differ):", "",
-                  "| measured file | " + " | ".join(f"{p} ({prog})" for prog in progs for p in ps) + " |",
+                  "| measured run | " + " | ".join(f"{p} ({prog})" for prog in progs for p in ps) + " |",
                   "|---|" + "---:|" * (len(progs) * len(ps))]
         for c in out["program_comparison"]:
             cells = [f"{c['by_program'][prog][p]['geomean_pct']:.1f} / {c['by_program'][prog][p]['max_pct']:.1f}"
                      for prog in progs for p in ps]
-            lines.append(f"| {c['file']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {c['run']} | " + " | ".join(cells) + " |")
     if out.get("kernel_counts"):
         lines += ["", "## Kernels per iteration: synthesised vs traced", "",
                   "A host-bound step pays one launch (T4, plus T5 between launches) per kernel and T1-T3 per op. "
@@ -466,7 +504,7 @@ def render(out: dict) -> str:
                   "fused program emits 79 kernels for the small GPT at batch 8, 143 for the bf16 GPT at batch 4). "
                   "The MLP and DLRM synthesisers emit eager PyTorch's ops; in device mode every synthesiser also emits "
                   "the kernel-less host work (autograd nodes, views, `zero_grad`) and the step's framework cost "
-                  "(`benchmarks/results/gpu_host_model.md` counts them against the traces).", "",
+                  "(counted against the traces below).", "",
                   "| model | batch | kernels, synthesised | kernels, traced |", "|---|---:|---:|---:|"]
         for k in out["kernel_counts"]:
             lines.append(f"| {k['model']} | {k['batch']} | {k['synthesised']} | {k['traced']} |")
@@ -479,22 +517,22 @@ def render(out: dict) -> str:
             moved.append(pct)
             if r["pass_spread_pct"] < 2.0:
                 steady.append(pct)
-        lines += ["", "## The same rows measured on other machine instances (same kind, other sessions of the day)", "",
+        lines += ["", "## The same rows measured on other machine instances of the same kind", "",
                   f"Across the {len(out['other_runs']) + 1} runs a row's measured time moved by up to "
                   f"{max(moved):.0f} % (median {np.median(moved):.0f} %): the hosts of the lent machines differ, "
                   "and the small-batch rows are host-bound"
                   + (f"; the rows whose passes agree within 2 % (GPU-bound) moved by at most {max(steady):.1f} %."
                      if steady else "."), "",
-                  "| measured file | " + " | ".join(f"{p} geomean / max %" for p in ps) + " |",
+                  "| measured run | " + " | ".join(f"{p} geomean / max %" for p in ps) + " |",
                   "|---|" + "---:|" * len(ps)]
         for o in out["other_runs"]:
-            lines.append(f"| {o['file']} | " + " | ".join(
+            lines.append(f"| {o['run']} | " + " | ".join(
                 f"{o['summary'][p]['geomean_pct']:.1f} / {o['summary'][p]['max_pct']:.1f}" for p in ps) + " |")
     lines += ["", "Configurations: " + "; ".join(f"{k}: {_config(k)}" for k in ROWS), ""]
     return "\n".join(lines)
 
 
-def _read_measured(path: Path) -> dict:
+def read_measured(path: Path) -> dict:
     """A measured file of ``--measure``.
 
     Raises:
@@ -502,16 +540,21 @@ def _read_measured(path: Path) -> dict:
             naming the problem).
     """
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(Path(path).read_text())
     except OSError as exc:
         raise ValueError(f"cannot read measured file {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"measured file {path} is not JSON (line {exc.lineno}): truncated or foreign?") from None
+    return _check_measured(data, f"measured file {path}")
+
+
+def _check_measured(data: object, what: str) -> dict:
+    """``data`` when it is a ``--measure`` record (rows with model, batch, measured_s; date and gpu filled in
+    as ``?`` when absent); ValueError naming ``what`` otherwise."""
     rows = data.get("rows") if isinstance(data, dict) else None
     need = ("model", "batch", "measured_s")
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in need) for r in rows):
-        raise ValueError(f"measured file {path} has no rows with {', '.join(need)}: not written by "
-                         "`e2e_gpu.py --measure`")
+        raise ValueError(f"{what} has no rows with {', '.join(need)}: not written by `e2e_gpu.py --measure`")
     for k in ("date", "gpu"):
         data.setdefault(k, "?")
     return data
@@ -521,33 +564,47 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--measure", action="store_true", help="measure on the GPU (writes --out)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default="e2e_h100_measured.json")
-    ap.add_argument("--traces", default=None, help="folder for one captured trace per model")
+    ap.add_argument("--out", default="e2e_measured.json", help="--measure: the measured file")
+    ap.add_argument("--traces", default=None, help="--measure: folder for one captured trace per model")
     ap.add_argument("--models", nargs="+", default=list(ROWS), choices=list(ROWS))
     ap.add_argument("--trace-batches", nargs="*", default=None, metavar="MODEL=BATCH",
                     help="batch of a model's trace (default: TRACE_BATCH)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--predict", nargs="+", default=None,
-                    help="measured JSON(s) to predict: the first row by row, the others summarised")
+    ap.add_argument("--add", type=Path, default=None, metavar="FILE",
+                    help="store the measured FILE in --data as run --name of --gpu (no prediction)")
+    ap.add_argument("--name", default=None, help="--add: the run's name, e.g. h100-5 (its traces: benchmarks/traces/NAME)")
+    ap.add_argument("--predict", nargs="*", default=None, metavar="FILE",
+                    help="predict the stored runs of every GPU, or the measured FILEs of --gpu (the first row by "
+                         "row, the others summarised)")
     ap.add_argument("--gpu", choices=list(GPUS), default="h100",
-                    help="the GPU of the measured files (--predict): default platforms, traces and result names")
+                    help="the GPU of the measured files (--predict FILE, --add): platforms and traces")
     ap.add_argument("--platforms", nargs="+", default=None,
-                    help="catalog names, packs, or git:REV (the --gpu's pack as committed at REV, shown as PACK@REV); "
-                    "default: the --gpu's catalog entry and asset pack")
+                    help="catalog names or packs (default: the GPU's catalog entry and asset packs)")
     ap.add_argument("--gpt-program", choices=["eager", "megatron"], default=GPT_PROGRAM,
                     help="the transformer synthesiser's program for the GPT rows (the measured GPTs are eager)")
-    ap.add_argument("--results-dir", default=str(RESULTS), help="where e2e_GPU.md/.json go (--predict)")
+    ap.add_argument("--data", type=Path, default=DATA, help="the stored runs (a JSON data set)")
+    ap.add_argument("--results", type=Path, default=OUT, help="--predict: results path without suffix")
     ap.add_argument("--traces-dir", default=None,
-                    help="captured traces to predict the rows from too (--predict; default benchmarks/traces/GPU)")
+                    help="--predict: captured traces to predict the first run's rows from too "
+                         "(default benchmarks/traces/ of the GPU's first stored run)")
     args = ap.parse_args(argv)
+    if args.add is not None:
+        if not args.name:
+            ap.error("--add needs --name")
+        try:
+            add_run(args.data, args.add, args.name, args.gpu)
+        except ValueError as exc:
+            fail(str(exc))
+        print(f"stored {args.add} as run {args.name} ({args.gpu}) in {repo_relative(args.data)}")
     if args.measure:
         measure(args)
-    if args.predict:
+    if args.predict is not None:
+        args.out = args.results
         predict(args)
-    if not (args.measure or args.predict):
-        ap.error("give --measure and/or --predict FILE")
+    if not (args.measure or args.predict is not None or args.add is not None):
+        ap.error("give --measure, --add FILE or --predict [FILE ...]")
 
 
 if __name__ == "__main__":

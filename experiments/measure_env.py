@@ -3,7 +3,7 @@
 This VM has 2 cores shared with other engineers; a process that is not ours (a model fit, a test
 run) slows a measured training iteration by up to 2x. Measurements therefore (1) wait until the
 other processes use little CPU (:func:`wait_for_quiet`), and (2) record how many cores the other
-processes used *during* the measurement (:class:`BackgroundLoad`), so a reader can judge each
+processes used *during* the measurement (:class:`BackgroundLoad`), so a reader can weigh each
 number; scripts re-measure a row that ran beside too much background load.
 
 "Other processes' CPU" = busy CPU time of the whole machine (``/proc/stat``: user, nice, system,
@@ -211,10 +211,9 @@ def gemm_drift(pack_path, cases: int = 24, seed: int = 0) -> dict:
     Re-times ``cases`` of the pack's own fp32 ``addmm`` / ``mm`` microbenchmark shapes (the larger
     half by FLOPs, where a training step spends its time), with the calibration's timer and
     statistic, warm or cold as the pack timed them (its data column ``cold``: ``--gemm-timing
-    cold``), and compares with the times recorded in the pack (``data/gemm.csv``). Until
-    2026-11-24 03:00 the probe timed warm whatever the pack did; against a cold-timed pack (session
-    14's) it read x0.72-0.80 where the machine had not changed. A shared VM's
-    speed drifts by tens of percent within an hour; this separates that drift from model error.
+    cold``), and compares with the times recorded in the pack (``data/gemm.csv``); timed warm against a
+    cold-timed pack it read x0.72-0.80 where the machine had not changed. A shared VM's speed drifts by
+    tens of percent within an hour; this separates that drift from model error.
 
     Returns ``{"ratio_geomean": now / then, "ratio_min", "ratio_max", "cases"}`` (ratio > 1: the
     machine is slower now), or ``{}`` when the pack has no GEMM data.

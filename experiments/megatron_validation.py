@@ -242,7 +242,13 @@ def rank_checks(rows: list[Row], preds: list[dict]) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT / "megatron_validation",
+                    help="results path without suffix (OUT.md and OUT.json)")
+    out = ap.parse_args(argv).out
     t0 = time.perf_counter()
     rows = ROWS
     fit_mask = np.asarray([r.split == "fit" for r in rows])
@@ -287,9 +293,9 @@ def main() -> None:
             for r, u, c, eu, ec in zip(rows, uncal, cal, err_u, err_c, strict=True)
         ],
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "megatron_validation.json").write_text(json.dumps(payload, indent=1))
-    (OUT / "megatron_validation.md").write_text(render(payload))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1))
+    out.with_suffix(".md").write_text(render(payload))
     print(render(payload))
 
 

@@ -52,6 +52,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from predictor.files import atomic_write_text  # noqa: E402
 from predictor.metrics import mean_abs_pct_error  # noqa: E402
 from predictor.stage import (  # noqa: E402
     GPTSpec,
@@ -68,7 +69,6 @@ from predictor.stage import (  # noqa: E402
 from predictor.stage.gpt import build_stage_module, stage_inputs  # noqa: E402
 from predictor.stage.model import DEFAULT_NETWORKS  # noqa: E402
 from tuner.alpa import MAX_SUCC_CAP, Submesh, mesh_configs, stage_construction_dp  # noqa: E402
-from tuner.report import atomic_write_text  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 MODEL = GPTSpec(hidden=384, heads=8, seq=128, vocab=8192, n_layers=8, micro_batch=4)

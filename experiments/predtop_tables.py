@@ -17,7 +17,9 @@ fractions 80..10 %): DAG Transformer 2.33 2.89 3.64 3.08 3.47 3.01 4.28 3.60; GC
 5.81 2.57 2.57 13.38 10.37 29.99; GAT 4.56 7.44 66.74 4.68 3.93 8.95 5.05 34.31. The paper
 states DAG-Transformer MRE < 3.7 % from 30 % of the samples on.
 
-Run:  python experiments/predtop_tables.py            (writes experiments/results/predtop_tables.{md,json})
+Run:  python experiments/predtop_tables.py [--dataset predictor/stage/data/h100_stage_latencies.json]
+      (writes that data set's table into experiments/results/predtop_tables.{md,json}; ``--render`` re-writes
+      the markdown from the JSON without training)
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from predictor.files import atomic_write_text  # noqa: E402
 from predictor.metrics import mean_abs_pct_error  # noqa: E402
 from predictor.stage import StageLatencyModel, TrainConfig, load_dataset, load_graphs  # noqa: E402
 from predictor.stage.dataset import DEFAULT_DATASET  # noqa: E402
 from predictor.stage.model import DEFAULT_NETWORKS, fit_work_anchor  # noqa: E402
-from tuner.report import atomic_write_text  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 
@@ -209,15 +211,24 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def _read_table(path: Path) -> dict:
-    """A table written by this script (for ``--merge``); ValueError naming the file otherwise."""
+def _read_tables(path: Path) -> dict[str, dict]:
+    """The tables of the results file ``path`` by data set (``{}`` when it does not exist); ValueError naming
+    the file when it is not one this script wrote."""
+    if not path.exists():
+        return {}
     try:
-        doc = json.loads(path.read_text())
+        tables = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the table to merge into ({exc})") from exc
-    if not isinstance(doc, dict) or "protocol" not in doc or "mre_pct" not in doc:
+        raise ValueError(f"{path}: cannot read the tables ({exc})") from exc
+    if not isinstance(tables, dict) or not all(isinstance(d, dict) and "protocol" in d and "mre_pct" in d
+                                                for d in tables.values()):
         raise ValueError(f"{path}: not a predtop_tables result")
-    return doc
+    return tables
+
+
+def _dataset_key(dataset: str | Path) -> str:
+    """The name a data set's table has in the results file (its file stem, e.g. ``cpu_stage_latencies``)."""
+    return Path(dataset).stem
 
 
 def merge_into(base: dict, new: dict) -> dict:
@@ -277,7 +288,7 @@ def _command(doc: dict, out: Path | None) -> str:
             value = value or 0  # off is 0 on the command line
         if key in train and value != defaults.get_default(flag.replace("-", "_")):
             cmd += f" --{flag} {value}"
-    if out is not None:
+    if out is not None and out.resolve() != (RESULTS / "predtop_tables").resolve():
         cmd += f" --out {out.relative_to(ROOT) if out.is_absolute() and out.is_relative_to(ROOT) else out}"
     return cmd
 
@@ -469,7 +480,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=[*MODELS, *VARIANTS])
     ap.add_argument("--merge", action="store_true",
-                    help="add the --models columns to the existing .json (same seeds, fractions, training) "
+                    help="add the --models columns to the data set's table in the .json (same seeds, fractions, training) "
                          "instead of writing a new table")
     ap.add_argument("--max-steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -489,25 +500,33 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def markdown_all(tables: dict[str, dict], out: Path | None = None) -> str:
+    """Every data set's table (:func:`markdown`), one section each."""
+    parts = ["# PredTOP Tables V–VI: stage-latency MRE (%)", ""]
+    for doc in tables.values():
+        parts += ["#" + ln if ln.startswith("#") else ln for ln in markdown(doc, out).splitlines()] + [""]
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.render:
-        doc = json.loads(args.out.with_suffix(".json").read_text())
-        atomic_write_text(args.out.with_suffix(".md"), markdown(doc, args.out))
-        return 0
+    path = args.out.with_suffix(".json")
     try:
-        # the table to merge into is read before training, so a missing or broken one fails at once
-        base = _read_table(args.out.with_suffix(".json")) if args.merge else None
+        tables = _read_tables(path)
+        if args.render:
+            atomic_write_text(args.out.with_suffix(".md"), markdown_all(tables, args.out))
+            return 0
+        key = _dataset_key(args.dataset)
+        # the table to merge into is read before training, so a missing one fails at once
+        if args.merge and key not in tables:
+            raise ValueError(f"{path}: no table of {key} to merge into")
         doc = run(args)
-        if base is not None:
-            doc = merge_into(base, doc)
+        tables[key] = merge_into(tables[key], doc) if args.merge else doc
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    atomic_write_text(args.out.with_suffix(".md"), markdown(doc, args.out))
-    atomic_write_text(
-        args.out.with_suffix(".json"), json.dumps(doc, indent=1) + "\n"
-    )  # last: marks completion
+    atomic_write_text(args.out.with_suffix(".md"), markdown_all(tables, args.out))
+    atomic_write_text(path, json.dumps(tables, indent=1) + "\n")  # last: marks completion
     print(f"wrote {args.out.with_suffix('.md')} and .json")
     return 0
 

@@ -15,11 +15,23 @@ waits for the machine to be quiet and records the cores other processes used dur
 (:mod:`experiments.measure_env`; a run beside too much load is repeated). To tell real
 differences from noise, every distinct placement is measured ``--passes`` times (the passes
 interleaved); its time is the median over every timed iteration of every pass, and the spread
-of the pass medians is reported as the measurement spread.
+of the pass medians is reported as the measurement spread. Each measured run is put first in the
+data set ``benchmarks/data/sharding_runs.json``.
 
-Run (measurement lock):
+On this shared VM one placement's measured iteration moves by tens of percent between runs hours
+apart, so one run's criterion count says as much about its window as about the model. The stored
+runs of one CPU with identical tasks and heuristic placements (the tasks are seeded; the heuristic
+placements depend on the tables only) are therefore pooled: each heuristic placement's ground truth
+is the median of its measured times over the runs (each run's times divided by its window factor
+first), and the criterion and P = AF are evaluated on it with the predictions of the asset packs
+and of each run (made with the pack of its day); each run's model-guided sharder is compared with
+its own time of the pooled-fastest placement (its placement depends on the pack, so it is measured
+in one run only). ``--rescore`` does only that, measuring nothing (seconds).
+
+Run (measurement lock, ~30 min):
     flock /tmp/tuner-measure.lock python experiments/sharding_selection.py --tasks 10
-Writes experiments/results/sharding_selection.md and .json (last).
+Score the stored runs again: ``python experiments/sharding_selection.py --rescore``.
+Writes experiments/results/sharding_selection.md and .json (the pooled scores and the newest run).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import platform as pyplatform
 import sys
 import time
 import types
-from datetime import date
+from datetime import date, datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -58,13 +70,12 @@ from tuner.cost import DLRMShardingJob  # noqa: E402
 from tuner.sharders import InfeasibleShardingError, get_sharder, model_guided_shard  # noqa: E402
 
 SIX = ("naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy")
-RESULTS = REPO / "experiments" / "results"
 
 
 def resolve_timing(name: str):
     """(platform, timing, pack manifest or None) for ``--platform``: the calibrated asset pack when
     one is found, else the analytic models (``timing.source`` says which)."""
-    from predictor.timing.platforms.assets import resolve_platform
+    from predictor.timing.kernels.assets import resolve_platform
 
     res = resolve_platform(name)
     timing = res.timing()
@@ -206,8 +217,15 @@ def run_task(ti: int, tables: EmbeddingTables, args, platform, timing) -> dict:
     }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rescore", action="store_true",
+                    help="measure nothing: score the stored runs on their pooled measurements (seconds)")
+    ap.add_argument("--compare", nargs="*", default=[],
+                    help="--rescore: more packs (names or folders) whose predictions are scored beside --platform's")
+    ap.add_argument("--cpu", choices=("pack", "host", "all"), default="pack",
+                    help="--rescore: pool the runs measured on the CPU of the --platform pack (default), on this "
+                         "host's CPU, or every run")
     ap.add_argument("--tasks", type=int, default=10)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1024)
@@ -216,9 +234,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--passes", type=int, default=2, help="measurements of every placement, interleaved")
-    ap.add_argument("--batch-pool", type=int, default=2,
-                    help="index batches each job cycles (2 as every run before the option; 8: a batch's rows are "
-                         "no longer cached when it comes back, as in a real input stream)")
+    ap.add_argument("--batch-pool", type=int, default=8,
+                    help="index batches each job cycles (8: a batch's rows are no longer cached when it comes "
+                         "back, as in a real input stream; 2 as the oldest stored runs)")
     ap.add_argument("--cold-embedding-check", action="store_true",
                     help="diagnosis: also predict with every table's embedding kernels measured alone, cache evicted")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: the asset pack's)")
@@ -231,15 +249,14 @@ def main() -> None:
     ap.add_argument("--table-memory-gib", type=float, default=1.0, help="per-rank memory the generator sizes tables for")
     ap.add_argument("--platform", default="cpu-local")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    if args.iters < 10:
-        ap.error("--iters must be >= 10")
-    if args.passes < 1:
-        ap.error("--passes must be >= 1")
-    if args.batch_pool < 1:
-        ap.error("--batch-pool must be >= 1")
+    ap.add_argument("--data", type=Path, default=RUNS_FILE, help="the stored runs (a JSON data set)")
+    ap.add_argument("--no-archive", action="store_true", help="do not append the measured run to --data")
+    ap.add_argument("--out", type=Path, default=OUT, help="results path without suffix (OUT.md and OUT.json)")
+    return ap
 
+
+def measure_run(args) -> dict:
+    """Measure every task (:func:`run_task`) and return the run: ``meta``, ``summary``, ``rows``."""
     platform, timing, manifest = resolve_timing(args.platform)
     host = host_check(manifest)
     args.threads_used = args.threads or int((manifest or {}).get("threads", 1))
@@ -253,19 +270,28 @@ def main() -> None:
               f"actual fastest {r['actual_fastest']} ({r['actual_fastest_s'] * 1e3:.1f} ms), "
               f"criterion {'met' if r['meets_criterion'] else 'MISSED'}, model-guided {r['model_guided_actual_s'] * 1e3:.1f} ms",
               flush=True)
-    wall = time.perf_counter() - t0
+    summary = summarize(rows, timing, platform, args, manifest, time.perf_counter() - t0)
+    keep = ("tasks", "ranks", "batch", "bottom", "top", "warmup", "iters", "passes", "batch_pool",
+            "cold_embedding_check", "threads", "max_evals", "table_memory_gib", "platform", "seed", "threads_used")
+    meta = {"date": date.today().isoformat(), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": f"{os.cpu_count()}-core {pyplatform.machine()} VM",
+            "args": {k: getattr(args, k) for k in keep}, **host}
+    return {"meta": meta, "summary": summary, "rows": rows}
+
+
+def summarize(rows: list[dict], timing, platform, args, manifest: dict | None, wall: float) -> dict:
+    """A run's summary: the criterion count, model-guided against the best of six, prediction errors."""
     met = sum(r["meets_criterion"] for r in rows)
     all_pred = [v for r in rows for v in r["predicted_s"].values()]
     all_meas = [r["measured_s"][k] for r in rows for k in r["predicted_s"]]
     mg_vs = [r["model_guided_vs_best_six_pct"] for r in rows]
     spread = [v for r in rows for v in r["run_to_run_pct"].values()]
-    gaps_p = [abs(r["choice_gap_pct"]) for r in rows]
     summary = {
         "tasks": len(rows),
         "criterion_met": met,
         "criterion_rate": met / len(rows),
         "picked_actual_fastest": sum(r["predicted_fastest"] == r["actual_fastest"] for r in rows),
-        "mean_choice_gap_pct": float(np.mean(gaps_p)),
+        "mean_choice_gap_pct": float(np.mean([abs(r["choice_gap_pct"]) for r in rows])),
         "prediction_gmae_pct_all_sharders": geomean_abs_pct_error(all_pred, all_meas),
         "prediction_max_err_pct_all_sharders": float(abs_pct_errors(all_pred, all_meas).max()),
         "model_guided_vs_best_six_mean_pct": float(np.mean(mg_vs)),
@@ -298,9 +324,17 @@ def main() -> None:
                 "tables": len(p_k), "gmae_pct": geomean_abs_pct_error(p_k, m_k),
                 "max_err_pct": float(abs_pct_errors(p_k, m_k).max()),
                 "predicted_sum_s": float(np.sum(p_k)), "measured_sum_s": float(np.sum(m_k))}
-    meta = {"date": date.today().isoformat(), "machine": f"{os.cpu_count()}-core {pyplatform.machine()} VM",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, **host}
-    sm = summary
+    return summary
+
+
+def run_markdown(run: dict) -> str:
+    """A measured run (:func:`measure_run`) as markdown: Table IV of the paper, task by task."""
+    meta, sm, rows = run["meta"], run["summary"], run["rows"]
+    args = types.SimpleNamespace(**{**vars(_parser().parse_args([])), "batch_pool": LEGACY_BATCH_POOL,
+                                    **meta["args"]})
+    met = sm["criterion_met"]
+    wall = sm["wall_s"]
+    platform_key = sm["platform"]
     lines = [
         "# Sharding selection, measured on this machine (Lin et al. 2024 Table IV, redone)",
         "",
@@ -308,13 +342,13 @@ def main() -> None:
         f"torch thread(s) (the asset pack was calibrated at {sm['pack_threads']}), global batch {args.batch}, "
         f"{args.iters} timed iterations after {args.warmup} warm-up per pass (the per-iteration slowest rank), "
         f"each job cycling {args.batch_pool} index batches. "
-        f"Prediction: `{sm['timing_source']}` on `{platform.key}` (host-mode DLRM graph, simulated).",
+        f"Prediction: `{sm['timing_source']}` on `{platform_key}` (host-mode DLRM graph, simulated).",
         "Reproduce: `flock /tmp/tuner-measure.lock python experiments/sharding_selection.py "
         f"--tasks {args.tasks} --ranks {args.ranks} --batch {args.batch}"
         + (f" --platform {args.platform}" if args.platform != "cpu-local" else "")
         + (" --cold-embedding-check" if args.cold_embedding_check else "")
-        + (f" --batch-pool {args.batch_pool}" if args.batch_pool != 2 else "")
-        + (f" --out {repo_relative(args.out)}" if Path(args.out).resolve() != RESULTS.resolve() else "") + "`",
+        + (f" --batch-pool {args.batch_pool}" if args.batch_pool != 8 else "")
+        + "`",
         host_line(meta),
         "",
         "Columns as Table IV of the paper: P = predicted fastest of the six sharders, AF = actual (measured) fastest, "
@@ -352,7 +386,7 @@ def main() -> None:
     ]
     checked = [r for r in rows if r["cold_embedding_check"]]
     if checked:
-        cs = summary["cold_embedding_check"]
+        cs = sm["cold_embedding_check"]
         lines += [
             "",
             "## Diagnosis: the same simulation with the embedding kernels measured cold",
@@ -396,12 +430,294 @@ def main() -> None:
             else:
                 cells.append("infeasible")
         lines.append(f"| {r['task']} | " + " | ".join(cells) + " |")
-    from tuner.report import atomic_write_text
+    return "\n".join(lines) + "\n"
 
-    atomic_write_text(args.out / "sharding_selection.md", "\n".join(lines) + "\n")
-    atomic_write_text(args.out / "sharding_selection.json",
-                      json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1, default=float))
-    print("\n".join(lines))
+
+# ----------------------------------------------------------------------------- scoring the stored runs
+#: every measured run, appended by the measuring mode and re-scored by ``--rescore`` (newest first)
+RUNS_FILE = REPO / "benchmarks" / "data" / "sharding_runs.json"
+#: where the results go (``OUT.md`` and ``OUT.json``)
+OUT = REPO / "experiments" / "results" / "sharding_selection"
+CRITERION = 0.10
+
+
+def load_runs(path: Path) -> list[dict]:
+    """The stored runs, newest first; one line and exit 2 on a missing or malformed data set."""
+    if not path.exists():
+        fail(f"{path}: no stored runs (run experiments/sharding_selection.py first)")
+    try:
+        runs = json.loads(path.read_text())
+        for run in runs:
+            str(run["run"]), dict(run["meta"]["args"])
+            for r in run["rows"]:
+                str(r["task"]), dict(r["placements"]), dict(r["measured_s"]), dict(r["predicted_s"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        fail(f"{path}: not a data set of sharding runs ({type(exc).__name__}: {exc})")
+    if not runs:
+        fail(f"{path}: no run stored")
+    return runs
+
+
+def archive_run(path: Path, run: dict) -> None:
+    """Put a measured run first in the data set ``path`` (named by its UTC time of measurement)."""
+    runs = json.loads(path.read_text()) if path.exists() else []
+    runs.insert(0, {"run": run["meta"]["measured_at"][:16], **run})
+    from predictor.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(runs, separators=(",", ":"), default=float) + "\n")
+
+
+def same_placements(a: dict, b: dict) -> bool:
+    """Two runs measured the same tasks with the same heuristic placements."""
+    if [r["task"] for r in a["rows"]] != [r["task"] for r in b["rows"]]:
+        return False
+    return all(ra["placements"].get(s) == rb["placements"].get(s)
+               for ra, rb in zip(a["rows"], b["rows"], strict=True) for s in SIX)
+
+
+def batch_pool(run: dict) -> int:
+    """The index batches a run's jobs cycled (``--batch-pool``; :data:`LEGACY_BATCH_POOL` when it records none)."""
+    return int(run.get("meta", {}).get("args", {}).get("batch_pool", LEGACY_BATCH_POOL))
+
+
+def window_factors(runs: list[dict]) -> list[float]:
+    """Each run's speed relative to all runs: the geomean over its 60 heuristic placements of its
+    measured time over the placement's geomean across runs (> 1: a slow window)."""
+    logs = np.array([[np.log(float(r["measured_s"][s])) for r in run["rows"] for s in SIX] for run in runs])
+    return [float(np.exp(v)) for v in (logs - logs.mean(axis=0)).mean(axis=1)]
+
+
+def pooled_truth(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """task -> sharder -> median over the runs of the measured seconds, each run's divided by its
+    window factor (:func:`window_factors`), so a slow window does not outvote the placements'
+    relative times (heuristic sharders)."""
+    factors = window_factors(runs)
+    out: dict[str, dict[str, float]] = {}
+    for r0 in runs[0]["rows"]:
+        out[r0["task"]] = {}
+        for s in SIX:
+            vals = [float(r["measured_s"][s]) / f for run, f in zip(runs, factors, strict=True) for r in run["rows"]
+                    if r["task"] == r0["task"] and s in r["measured_s"]]
+            if vals:
+                out[r0["task"]][s] = float(np.median(vals))
+    return out
+
+
+def score(pred: dict[str, dict[str, float]], truth: dict[str, dict[str, float]]) -> dict:
+    """Criterion, P = AF and prediction error of ``pred`` (task -> sharder -> s) on ``truth``."""
+    met = exact = 0
+    gaps, p_all, m_all = [], [], []
+    for task, meas in truth.items():
+        cand = {s: pred[task][s] for s in meas if s in pred.get(task, {})}
+        if not cand:
+            continue
+        p = min(cand, key=cand.get)
+        af = min(meas, key=meas.get)
+        gap = meas[p] / meas[af] - 1.0
+        gaps.append(gap)
+        met += gap <= CRITERION
+        exact += p == af
+        p_all += [cand[s] for s in cand]
+        m_all += [meas[s] for s in cand]
+    return {"tasks": len(gaps), "criterion_met": int(met), "p_is_af": int(exact),
+            "mean_gap_pct": 100.0 * float(np.mean(gaps)) if gaps else float("nan"),
+            "prediction_gmae_pct": geomean_abs_pct_error(p_all, m_all)}
+
+
+def mg_vs_pooled_best(run: dict, truth: dict[str, dict[str, float]]) -> float:
+    """Mean % of the run's model-guided time over the same run's time of the pooled-truth fastest
+    heuristic placement: free of the selection bias of the run's own best of six (the minimum of six
+    noisy measurements is lower than the fastest placement's typical time). NaN without MG data."""
+    gaps = []
+    for r in run["rows"]:
+        mg = r.get("model_guided_actual_s")
+        best = min(truth[r["task"]], key=truth[r["task"]].get)
+        if mg is not None and best in r["measured_s"]:
+            gaps.append(float(mg) / float(r["measured_s"][best]) - 1.0)
+    return 100.0 * float(np.mean(gaps)) if gaps else float("nan")
+
+
+def repredict(run: dict, plat) -> dict[str, dict[str, float]]:
+    """task -> heuristic sharder -> seconds predicted by the resolved platform ``plat`` for ``run``'s placements
+    (the tasks rebuilt from the run's arguments, as the measuring mode built them)."""
+    timing = plat.timing()
+    args = run_args(run, pack_threads=int((plat.pack.manifest if plat.pack else {}).get("threads", 1)))
+    out: dict[str, dict[str, float]] = {}
+    for ti, (tables, row) in enumerate(zip(rebuilt_tasks(run, args), run["rows"], strict=False)):
+        _, job = task_job(ti, tables, args, timing.platform, timing)
+        out[row["task"]] = {s: float(job.objective(np.asarray(row["placements"][s])))
+                            for s in SIX if s in row["placements"]}
+    return out
+
+
+def run_summary(run: dict) -> dict:
+    s = run.get("summary", {})
+    return {"date": run.get("meta", {}).get("date"), "criterion_met": s.get("criterion_met"),
+            "tasks": len(run["rows"]), "model_guided_vs_best_six_pct": s.get("model_guided_vs_best_six_mean_pct")}
+
+
+def pooled_runs(args, stored: list[dict]) -> tuple[list[dict], list[str], str]:
+    """(the runs pooled, the labels of those left out and why, a note on the CPU): the runs of ``--cpu`` and
+    ``--batch-pool`` whose tasks and heuristic placements are the newest such run's."""
+    from predictor.timing.kernels.assets import AssetPackError, resolve_platform
+    from predictor.timing.platforms.cpu_local import cpu_signature, describe_cpu, same_cpu
+
+    try:
+        plat = resolve_platform(args.platform)
+    except (AssetPackError, KeyError, ValueError) as exc:
+        fail(f"--platform {args.platform}: {exc}")
+    cpu = cpu_signature() if args.cpu == "host" else (plat.pack.manifest.get("cpu") if plat.pack else None)
+    note = "every CPU" if args.cpu == "all" else describe_cpu(cpu) if cpu else "unrecorded (the oldest runs' CPU)"
+    runs, skipped = [], []
+    for run in stored:
+        if args.cpu != "all" and not same_cpu(run["meta"].get("cpu"), cpu):
+            continue
+        if batch_pool(run) != args.batch_pool:
+            skipped.append(f"{run['run']} (a pool of {batch_pool(run)} index batches)")
+        elif not runs or same_placements(runs[0], run):
+            runs.append(run)
+        else:
+            skipped.append(f"{run['run']} (other placements)")
+    if not runs:
+        fail(f"{repo_relative(args.data)}: no run measured on {note} with --batch-pool {args.batch_pool}")
+    return runs, skipped, note
+
+
+def rescore(args) -> dict:
+    """The stored runs of ``args`` pooled (:func:`pooled_runs`) and every run's own predictions, and those of
+    ``--platform`` and ``--compare``, scored on the pooled truth."""
+    from predictor.timing.kernels.assets import AssetPackError, resolve_platform
+
+    runs, skipped, cpu_note = pooled_runs(args, load_runs(args.data))
+    truth = pooled_truth(runs)
+    labels = [r["run"] for r in runs]
+    own = [score({r["task"]: {k: float(v) for k, v in r["predicted_s"].items()} for r in run["rows"]}, truth)
+           for run in runs]
+    packs = {}
+    for spec in [args.platform, *args.compare]:
+        try:
+            plat = resolve_platform(spec)
+        except (AssetPackError, KeyError, ValueError) as exc:
+            fail(f"--compare {spec}: {exc}")
+        packs[plat.pack.name if plat.pack is not None else spec] = score(repredict(runs[0], plat), truth)
+    spread = [max(v) / min(v) - 1.0 for task in truth for s in SIX
+              for v in [[float(r["measured_s"][s]) for run in runs for r in run["rows"] if r["task"] == task]]
+              if len(v) > 1]
+    return {"date": date.today().isoformat(), "cpu": cpu_note, "batch_pool": args.batch_pool, "runs": labels,
+            "skipped": skipped, "spread": spread, "window_factors": window_factors(runs), "pooled_truth_s": truth,
+            "scored": dict(zip(labels, own, strict=True)),
+            "reported": {lb: run_summary(r) for lb, r in zip(labels, runs, strict=True)},
+            "model_guided_vs_pooled_best_pct": {lb: mg_vs_pooled_best(r, truth) for lb, r in zip(labels, runs, strict=True)},
+            "packs": packs, "command": _rescore_command(args)}
+
+
+def _rescore_command(args) -> str:
+    cmd = "python experiments/sharding_selection.py --rescore"
+    for flag, value, default in (("--platform", args.platform, "cpu-local"), ("--cpu", args.cpu, "pack"),
+                                 ("--batch-pool", args.batch_pool, 8)):
+        if value != default:
+            cmd += f" {flag} {value}"
+    if args.compare:
+        cmd += " --compare " + " ".join(args.compare)
+    if args.data != RUNS_FILE:
+        cmd += f" --data {repo_relative(args.data)}"
+    if args.out != OUT:
+        cmd += f" --out {repo_relative(args.out)}"
+    return cmd
+
+
+def pooled_markdown(doc: dict) -> str:
+    """The scores of :func:`rescore` as markdown."""
+    labels, sp = doc["runs"], doc["spread"]
+    lines = [
+        "# Sharding selection over every stored run (Lin et al. 2024 Table IV on a pooled ground truth)",
+        "",
+        f"{doc['date']}; {len(labels)} runs of `experiments/sharding_selection.py` measured on {doc['cpu']} with "
+        f"identical tasks and heuristic placements, each job cycling {doc['batch_pool']} index batches "
+        f"(`{repo_relative(RUNS_FILE)}`"
+        + (f"; left out: {', '.join(doc['skipped'])}" if doc["skipped"] else "") + f"). Reproduce: `{doc['command']}`.",
+        "",
+        (f"How much one placement's measurement moves between runs: median {100 * float(np.median(sp)):.1f} %, "
+         f"max {100 * max(sp):.1f} % (slowest / fastest run - 1)." if sp else
+         "One run only: how much a placement's measurement moves between runs is not known from it."),
+        "",
+        "Ground truth: each of the 60 heuristic placements' median measured time over the runs, each run's "
+        "times divided first by its window factor (the geomean of its 60 placements' times over their geomean "
+        "across runs: " + ", ".join(f"{f:.2f}" for f in doc["window_factors"]) + ").",
+        "",
+        "The placements predicted by the asset packs, on the pooled truth:",
+        "",
+        "| pack | criterion met | P = AF | mean P vs AF % | prediction GMAE % |", "|---|---:|---:|---:|---:|",
+    ]
+    lines += [f"| `{spec}` | {j['criterion_met']}/{j['tasks']} | {j['p_is_af']}/{j['tasks']} | "
+              f"{j['mean_gap_pct']:.1f} | {j['prediction_gmae_pct']:.1f} |" for spec, j in doc["packs"].items()]
+    lines += [
+        "",
+        "Each run's own predictions (made with the asset pack of its day), on the pooled truth, and the run as "
+        "it reported itself:",
+        "",
+        "| predictions of run | criterion met (pooled truth) | P = AF | mean P vs AF % | prediction GMAE % | "
+        "as reported in its run: criterion | its model-guided vs its best of six % | its model-guided vs its "
+        "time of the pooled fastest % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    fair = doc["model_guided_vs_pooled_best_pct"]
+    for label in labels:
+        j, rs = doc["scored"][label], doc["reported"][label]
+        mg = rs["model_guided_vs_best_six_pct"]
+        lines.append(f"| {label} | {j['criterion_met']}/{j['tasks']} | {j['p_is_af']}/{j['tasks']} | "
+                     f"{j['mean_gap_pct']:.1f} | {j['prediction_gmae_pct']:.1f} | {rs['criterion_met']}/{rs['tasks']} | "
+                     + (f"{mg:+.2f}" if mg is not None else "-") + f" | {fair[label]:+.2f} |")
+    mgs = [m for lb in labels if (m := doc["reported"][lb]["model_guided_vs_best_six_pct"]) is not None]
+    lines += ["", f"Model-guided sharder (its placement depends on the run's pack, so it is measured in one run "
+              f"only), mean over the runs: {float(np.mean(mgs)):+.2f} % against the run's measured best of the six "
+              f"(the minimum of six noisy measurements: biased against any single placement), "
+              f"{float(np.nanmean(list(fair.values()))):+.2f} % against the same run's time of the placement that is "
+              "fastest on the pooled truth (target <= 0).",
+              "", "Target: criterion met in at least 95 % of tasks (paper: 85 %); model-guided at least "
+              "as good as the best of the six on average."]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out: Path, pooled: dict, latest: dict | None) -> str:
+    """``OUT.md`` and ``OUT.json`` (JSON last): the scores over the stored runs and, when there is one, the
+    newest measured run task by task. Returns the markdown."""
+    from predictor.files import atomic_write_text
+
+    text = pooled_markdown(pooled)
+    if latest:
+        text += "\n" + "\n".join("#" + ln if ln.startswith("#") else ln
+                                 for ln in run_markdown(latest).splitlines()) + "\n"
+    atomic_write_text(out.with_suffix(".md"), text)
+    atomic_write_text(out.with_suffix(".json"), json.dumps({"pooled": pooled, "latest": latest}, indent=1,
+                                                           default=float))
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.iters < 10:
+        ap.error("--iters must be >= 10")
+    if args.passes < 1:
+        ap.error("--passes must be >= 1")
+    if args.batch_pool < 1:
+        ap.error("--batch-pool must be >= 1")
+    if args.out.suffix in (".md", ".json"):
+        ap.error(f"--out {args.out}: the results path without suffix (OUT.md and OUT.json are written)")
+    if args.rescore:
+        previous = args.out.with_suffix(".json")
+        try:
+            latest = json.loads(previous.read_text()).get("latest") if previous.exists() else None
+        except (json.JSONDecodeError, AttributeError):
+            latest = None
+        print(write_results(args.out, rescore(args), latest))
+        return
+    latest = measure_run(args)
+    print(run_markdown(latest))
+    if not args.no_archive:
+        archive_run(args.data, latest)
+    print(write_results(args.out, rescore(args), latest))
 
 
 if __name__ == "__main__":

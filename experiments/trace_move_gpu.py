@@ -2,10 +2,11 @@
 
 ``tuner predict TRACE --set captured_on=SRC --set batch_size=B --platform DST`` re-times every kernel of a trace
 captured on one GPU with DST's kernel models (and its host overheads), at every batch measured on DST. Ground
-truth: the single-GPU e2e rows measured on DST (``experiments/e2e_gpu.py --measure``), which the traces and packs
-never saw. Directions (:data:`DIRECTIONS`): the H200 traces of sessions 31 and 39 to the H100 pack against two
-H100 runs of the pack's machine instance, the H100 traces (session 9) to the H200 pack against an H200 run of each
-of its two instances.
+truth: the single-GPU e2e rows measured on DST (``experiments/e2e_gpu.py --measure``, stored in
+``benchmarks/data/gpu_runs.json``), which the traces and packs never saw. Directions (:data:`DIRECTIONS`): the
+traces of two H200 machine instances (``benchmarks/traces/h200``, ``h200-2``) to the H100 pack against two H100
+runs of the pack's machine instance, the H100 traces to the H200 pack against an H200 run of each of its two
+instances.
 
 Run:  python experiments/trace_move_gpu.py   (writes experiments/results/trace_move_gpu.{md,json}; ~1 minute)
 """
@@ -23,33 +24,35 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.common import write_results  # noqa: E402
+from experiments.common import fail, write_results  # noqa: E402
+from experiments.e2e_gpu import DATA, TRACES, stored_run, trace_for  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
-TRACES = REPO / "benchmarks" / "traces"
-#: (traces folder, pack it was captured beside, target pack, measured files of the target GPU)
+#: (traces folder, pack it was captured beside, target pack, stored runs of the target GPU)
 DIRECTIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    ("h200-s39", "h200-cal", "h100", ("e2e_h100_measured_run5.json", "e2e_h100_measured.json")),
-    ("h200", "h200-cal", "h100", ("e2e_h100_measured_run5.json", "e2e_h100_measured.json")),
-    ("h100", "h100", "h200-cal", ("e2e_h200_measured.json", "e2e_h200_measured_s39.json")),
+    ("h200-2", "h200-cal", "h100", ("h100-1a", "h100-1b")),
+    ("h200", "h200-cal", "h100", ("h100-1a", "h100-1b")),
+    ("h100", "h100", "h200-cal", ("h200-1a", "h200-2a")),
 )
 
 
-def run() -> dict:
-    from experiments.e2e_gpu import _read_measured, _trace_for
+def run(data: Path = DATA) -> dict:
+    """Every direction's rows predicted from the moved traces; the summary per direction and over all."""
     from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error
     from predictor.whatif.apply import parse_sets, predict_trace
 
     rows = []
     for tdir, src, dst, files in DIRECTIONS:
         for f in files:
-            measured = _read_measured(RESULTS / f)
+            try:
+                measured = stored_run(f, data)
+            except ValueError as exc:
+                fail(str(exc))
             for r in measured["rows"]:
-                trace = _trace_for(r["model"], TRACES / tdir)
+                trace = trace_for(r["model"], TRACES / tdir)
                 if trace is None:
                     continue
                 res = predict_trace(trace, parse_sets([f"batch_size={int(r['batch'])}", f"captured_on={src}"]), dst)
-                rows.append({"traces": tdir, "captured_on": src, "platform": dst, "file": f, "model": r["model"],
+                rows.append({"traces": tdir, "captured_on": src, "platform": dst, "run": f, "model": r["model"],
                              "batch": int(r["batch"]), "trace": trace.name, "measured_s": r["measured_s"],
                              "predicted_s": float(res.predicted_iteration_s),
                              "error_pct": 100.0 * (res.predicted_iteration_s - r["measured_s"]) / r["measured_s"]})
@@ -71,9 +74,9 @@ def markdown(out: dict) -> str:
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {s['direction']} | {s['rows']} | {s['geomean_pct']:.2f} | {s['max_pct']:.1f} | "
               f"{s['median_signed_pct']:+.1f} |" for s in out["summary"]]
-    lines += ["", "| traces -> platform | measured file | model | batch | measured ms | predicted ms | error % |",
+    lines += ["", "| traces -> platform | measured run | model | batch | measured ms | predicted ms | error % |",
               "|---|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['traces']} -> {r['platform']} | {r['file']} | {r['model']} | {r['batch']} | "
+    lines += [f"| {r['traces']} -> {r['platform']} | {r['run']} | {r['model']} | {r['batch']} | "
               f"{r['measured_s'] * 1e3:.3f} | {r['predicted_s'] * 1e3:.3f} | {r['error_pct']:+.1f} |"
               for r in out["rows"]]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""What-if validation on this CPU (issue 3, part 5): capture one configuration, predict another,
+"""What-if validation on this CPU: capture one configuration, predict another,
 run that one for real, compare.
 
 Workloads (random weights, random data, SGD, one torch thread per process):
@@ -26,7 +26,7 @@ Run (timing-sensitive; ~5-8 minutes on the 2-core VM):
 
     flock /tmp/tuner-measure.lock nice -n -10 python experiments/whatif_cpu.py
 
-Writes ``benchmarks/results/whatif_cpu.json`` and ``.md`` (JSON last... both atomically).
+Writes ``experiments/results/whatif_cpu.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -346,13 +346,13 @@ def _fmt_ms(s: float) -> str:
 
 
 def write(doc: dict, out_dir: Path) -> None:
-    from tuner.report import atomic_write_text
+    from predictor.files import atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
     s = doc["summary"]
     src = sorted({r["timing_source"] for r in doc["rows"]})
     lines = [
-        "# What-if predictions vs real runs on this CPU (issue 3, part 5)",
+        "# What-if predictions vs real runs on this CPU",
         "",
         f"Measured {doc['date']} on a {doc['machine']}; torch {doc['torch']}, {doc['torch_threads']} thread per "
         f"process, measurement run at nice -10; ground truth = the median of {doc['iters']} real unprofiled "
@@ -412,7 +412,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=2, help="warm-up iterations before timing, per round")
     ap.add_argument("--after", type=int, default=8, help="unprofiled iterations recorded after the capture window")
     ap.add_argument("--only", nargs="*", help="workloads to run (default: all)")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results", help="the folder of the results")
     args = ap.parse_args()
     doc = run(args)
     if args.only:

@@ -300,7 +300,7 @@ def test_a_moved_gpu_trace_prices_a_split_k_gemm_once():
 
     from predictor.whatif.apply import parse_sets, predict_trace
 
-    trace = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-s39" / "traces-mlp-b4096.tar.gz"
+    trace = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-2" / "traces-mlp-b4096.tar.gz"
     res = predict_trace(trace, parse_sets(["captured_on=h200-cal"]), "h100")
     tl = res.timeline
     g = tl.graph
