@@ -9,18 +9,17 @@ Timing protocol (:func:`measure_stage`): build the stage with random weights, ru
 untimed steps, then ``repeats`` timed steps (garbage collector off). Each step is timed on two
 clocks: the **CPU time of the calling thread** (``time.thread_time``) and wall-clock time
 (``time.perf_counter``). With ``torch.set_num_threads(1)`` all the work runs on that one
-thread, so its CPU time is the stage's latency on a core of its own; on this shared 2-core VM
-wall-clock time also counts the slices the scheduler gives to other tenants (coefficient of
-variation over repeats ~0.2 wall-clock vs ~0.04 CPU time, measured on 2026-11-22), so the
-sample's latency label is the **median CPU time**; the wall-clock median, the minimum and the
-quartiles are kept too. The collection
-(:func:`collect`) sweeps over all stages several times, each sweep in a new random order with a
-fresh build of every stage, so that a label mixes several builds and several minutes of the
-shared machine's state; then it re-measures a random ``retest_fraction`` of the stages the same
-way: the relative difference between the two labels is the measurement noise floor that no
-predictor can beat. Measured (2026-11-22): 5 passes gave labels 6.7 % apart on average between two
-collections, 12 passes (the default since) 1.5 %; the stage models' held-out MRE fell by about one
-point with the 12-pass labels (``experiments/results/predtop_tables.md``).
+thread, so its CPU time is the stage's latency on a core of its own; on a shared VM wall-clock
+time also counts the slices the scheduler gives to other tenants, so the sample's latency label
+is the **median CPU time** (coefficient of variation over repeats on a shared 2-core VM: ~0.04
+CPU time, ~0.2 wall-clock); the wall-clock median, the minimum and the quartiles are kept too.
+The collection (:func:`collect`) sweeps over all stages several times, each sweep in a new random
+order with a fresh build of every stage, so that a label mixes several builds and several minutes
+of the shared machine's state; then it re-measures a random ``retest_fraction`` of the stages the
+same way: the relative difference between the two labels is the measurement noise floor that no
+predictor can beat. 12 passes by default: labels of two collections 1.5 % apart on average (6.7 %
+with 5 passes), which takes about one point off the stage models' held-out MRE
+(``experiments/results/predtop_tables.md``).
 
 Collect (timing-sensitive, so under the shared measurement lock, one thread)::
 
