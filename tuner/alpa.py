@@ -52,6 +52,7 @@ from predictor.sources.synth.transformer_memory import (
     activation_bytes_per_layer,
     layer_param_count,
 )
+from predictor.timing.kernels import ModelTiming
 from predictor.timing.platforms.schema import Platform
 
 __all__ = [
@@ -87,6 +88,7 @@ class Submesh:
 
     @property
     def n_devices(self) -> int:
+        """Devices of the submesh."""
         return self.hosts * self.devices_per_host
 
 
@@ -99,6 +101,7 @@ class MeshConfig:
 
     @property
     def n_devices(self) -> int:
+        """Devices of the logical mesh."""
         return self.dp * self.tp
 
 
@@ -137,7 +140,7 @@ class SimulatedStagePredictor:
     one simulation per (layer count, embedding, head, config) however many ``(i, j)`` pairs.
     """
 
-    def __init__(self, platform: Platform, *, timing=None) -> None:
+    def __init__(self, platform: Platform, *, timing: ModelTiming | None = None) -> None:
         self.platform = platform
         self.timing = timing or transformer_timing(platform)
         self._cache: dict[tuple, float] = {}
@@ -209,6 +212,7 @@ class StageCosts:
 
     @property
     def submesh_sizes(self) -> np.ndarray:
+        """Devices of every submesh (int64, shape ``(S,)``)."""
         return np.asarray([s.n_devices for s in self.submeshes], dtype=np.int64)
 
 
@@ -295,7 +299,8 @@ def stage_cost_tensors(
 
 # ============================================================================ the DP
 @numba.njit(cache=True)
-def _dp_bounded(cost: np.ndarray, max_succ: np.ndarray, sizes: np.ndarray, n_devices: int, t_max: float):
+def _dp_bounded(cost: np.ndarray, max_succ: np.ndarray, sizes: np.ndarray, n_devices: int,
+                t_max: float) -> tuple[float, int, np.ndarray]:
     """min over splits of sum(stage cost), every stage <= t_max, all devices used (Alpa eq. 3-4)."""
     L = cost.shape[0]
     S = cost.shape[2]

@@ -37,6 +37,7 @@ class CostResult:
     usd_per_iteration: float | None = None
 
     def as_dict(self) -> dict:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
 
     @property

@@ -21,13 +21,14 @@ from rich.table import Table
 
 from predictor.timing.platforms.schema import Platform
 from tuner.report import atomic_write_text, json_default
+from tuner.search.accelerators import AcceleratorSpace
 
 __all__ = ["build_payload", "print_table", "write_outputs", "render_html"]
 
 GIB = 2.0**30
 
 
-def build_payload(space, platforms: dict[str, Platform], infos: dict, rows: list[dict], study: dict) -> dict:
+def build_payload(space: AcceleratorSpace, platforms: dict[str, Platform], infos: dict, rows: list[dict], study: dict) -> dict:
     """The ``results.json`` document: rows with normalisation to the baseline and ranks."""
     base = space.baseline_key
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -273,7 +274,7 @@ def write_outputs(payload: dict, out: Path) -> None:
     atomic_write_text(out / "results.json", json.dumps(_finite(payload), indent=1, default=json_default))
 
 
-def _finite(x):
+def _finite(x: object) -> object:
     """Non-finite floats (an objective without a price) become null: results.json stays strict JSON."""
     if isinstance(x, float) and not math.isfinite(x):
         return None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -194,7 +194,6 @@ class SearchResult:
     storage: str
     evaluated: int  # outcomes evaluated now
     reused: int  # outcomes read back from the study
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def study_info(self) -> dict[str, Any]:
         """The ``study`` entry of a results document."""

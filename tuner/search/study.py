@@ -91,6 +91,7 @@ class SearchStudy:
 
     @property
     def name(self) -> str:
+        """The study's name."""
         return self.study.study_name
 
     def record(self, outcomes: list[Outcome]) -> None:
