@@ -3,9 +3,6 @@ and synthesised graphs to the calibrated concat model, which learns the per-inpu
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +12,7 @@ import pytest
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from predictor.sources.traces.host_kernels import kernel_params
-from predictor.timing.calibrate import _fit_all
+from predictor.timing.calibrate.fit import fit_models
 from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.data_movement import DataMovementBenchmark
 from predictor.timing.calibration.timing import Timer
@@ -83,7 +80,7 @@ def _concat_spec():
 
 def test_concat_model_learns_the_per_input_cost():
     data = {"data_movement": _synthetic_concat(300, np.random.default_rng(1))}
-    models, table = _fit_all(data, _concat_spec(), "quick", 0, CPU, log=lambda s: None)
+    models, table = fit_models(data, _concat_spec(), "quick", 0, CPU, log=lambda s: None)
     row = table[0]
     assert row["kernel"] == "concat" and row["model"].startswith("MLP")
     assert row["gmae_pct"] < 5.0
@@ -103,28 +100,9 @@ def test_concat_model_learns_the_per_input_cost():
 def test_fit_skips_an_mlp_whose_data_lack_a_feature():
     data = {"data_movement": _synthetic_concat(40, np.random.default_rng(2)).drop(columns="parts")}
     lines: list[str] = []
-    models, table = _fit_all(data, _concat_spec(), "tiny", 0, CPU, log=lines.append)
+    models, table = fit_models(data, _concat_spec(), "tiny", 0, CPU, log=lines.append)
     assert not table and "concat" not in models
     assert any("lack column(s) parts" in s for s in lines)
-
-
-def test_add_concat_parts_rederives_the_committed_packs_inputs(tmp_path):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    from add_concat_parts import migrate
-
-    pack = tmp_path / "cpu-local"
-    shutil.copytree(ROOT / "assets" / "cpu-local", pack, ignore=shutil.ignore_patterns("models"))
-    csv = pack / "data" / "data_movement.csv"
-    stored = pd.read_csv(csv)
-    assert json.loads((pack / "manifest.json").read_text())["seed"] == 0
-    stored.drop(columns="parts").to_csv(csv, index=False)
-    assert migrate(pack).startswith("parts added")
-    again = pd.read_csv(csv)
-    assert again["parts"].equals(stored["parts"])
-    # a sample whose shape does not match the grid leaves the pack alone
-    again.loc[again.kernel == "concat", "batch"] += 1
-    again.drop(columns="parts").to_csv(csv, index=False)
-    assert migrate(pack).startswith("NOT migrated") and "parts" not in pd.read_csv(csv)
 
 
 def test_committed_pack_times_concatenations_by_their_inputs():
