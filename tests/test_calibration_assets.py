@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 
 from predictor.timing.kernels import TaskView, timing_for
+from predictor.timing.kernels.assets import (
+    AssetPackError,
+    find_asset_pack,
+    load_asset_pack,
+    resolve_platform,
+    write_asset_pack,
+)
 from predictor.timing.kernels.collective import PiecewiseCollective, PiecewiseSigmoid
 from predictor.timing.kernels.learned import MLPKernelModel
 from predictor.timing.kernels.mlp import MLPConfig, fit_mlp
 from predictor.timing.kernels.roofline_fit import FittedRoofline, RooflineFit
-from predictor.timing.platforms import get_platform, resolve_platform
-from predictor.timing.platforms.assets import (
-    AssetPackError,
-    find_asset_pack,
-    load_asset_pack,
-    write_asset_pack,
-)
+from predictor.timing.platforms import get_platform
 
 
 def _models() -> dict:
@@ -131,7 +132,7 @@ def test_rewriting_a_pack_replaces_it_whole(pack: Path):
 def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     import shutil
 
-    import predictor.timing.platforms.assets as assets
+    import predictor.timing.kernels.assets as assets
     from predictor.timing.platforms.cpu_local import cpu_model, cpu_signature
 
     root = tmp_path / "assets"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from predictor.timing.platforms.assets import load_asset_pack
+from predictor.timing.kernels.assets import load_asset_pack
 from tuner.cli import app
 
 runner = CliRunner()
@@ -244,7 +244,7 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
 
 def test_no_fit_writes_benchmarks_that_refit_fits_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Measure on the device only (--no-fit), fit elsewhere (--refit); an unfitted pack predicts nothing."""
-    from predictor.timing.platforms.assets import AssetPackError
+    from predictor.timing.kernels.assets import AssetPackError
 
     monkeypatch.setenv("TUNER_CALIBRATE_TINY", "1")
     raw = tmp_path / "raw"

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_tiny_cuda_calibration_writes_a_loadable_pack(tmp_path: Path):
     from predictor.timing.calibrate import CalibrationOptions, calibrate
-    from predictor.timing.platforms.assets import load_asset_pack
+    from predictor.timing.kernels.assets import load_asset_pack
 
     pack = calibrate(CalibrationOptions("cuda", out=tmp_path / "gpu-tiny", tiny=True), register=False, log=lambda s: None)
     again = load_asset_pack(tmp_path / "gpu-tiny")

@@ -20,9 +20,9 @@ from predictor.timing.calibration.pace import (
     read_windows,
     window_drift,
 )
+from predictor.timing.kernels.assets import load_asset_pack
 from predictor.timing.kernels.timing import ModelTiming
 from predictor.timing.platforms import get_platform
-from predictor.timing.platforms.assets import load_asset_pack
 from tuner.cli import app
 
 CPU = {"vendor": "AMD", "family": "25", "model": "17", "model_name": "AMD EPYC"}

@@ -16,8 +16,8 @@ from predictor.timing.calibration.base import BenchContext
 from predictor.timing.calibration.reduction import ReductionBenchmark
 from predictor.timing.calibration.timing import Timer
 from predictor.timing.kernels import TaskView
+from predictor.timing.kernels.assets import load_asset_pack
 from predictor.timing.platforms import get_platform
-from predictor.timing.platforms.assets import load_asset_pack
 
 CPU = get_platform("cpu-local")
 

@@ -149,7 +149,7 @@ def test_fastest_round_fit_needs_the_fastest_round_column():
 def test_a_corrupt_state_scaled_model_is_one_clear_pack_error(tmp_path):
     import json
 
-    from predictor.timing.platforms.assets import AssetPackError, load_asset_pack, write_asset_pack
+    from predictor.timing.kernels.assets import AssetPackError, load_asset_pack, write_asset_pack
 
     roof = FittedRoofline({"add": RooflineFit(2e-6, (), (40e9,))}, generic="add")
     write_asset_pack(tmp_path / "p", name="p", device="cpu", platform=CPU,

@@ -12,12 +12,11 @@ from predictor.timing.calibration.step_reuse import (
     PROBE_POOLINGS,
     probe_step_reuse,
     reuse_curve,
-    reuse_factor,
-    reuse_factors_by_pooling,
     reuse_surface,
 )
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.kernels.embedding import RF_BINS, repeat_fraction_from_rf
+from predictor.timing.kernels.step_reuse import reuse_factor, reuse_factors_by_pooling
 from predictor.timing.platforms import get_platform
 
 CPU = get_platform("cpu-local")

@@ -60,8 +60,8 @@ def _predict_trace(path: Path, sets: list[str], platform: str | None, catalog: P
 
     from predictor.graph import GraphError
     from predictor.sources.traces.errors import TraceError
+    from predictor.timing.kernels.assets import AssetPackError
     from predictor.timing.platforms import UnknownPlatformError
-    from predictor.timing.platforms.assets import AssetPackError
     from predictor.whatif.apply import WhatIfError, parse_sets, predict_trace
 
     if not path.exists():

@@ -21,8 +21,8 @@ from pydantic import Field, field_validator, model_validator
 from predictor.sources.synth.dlrm import DLRMSpec
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
 from predictor.timing.kernels import ModelTiming
+from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, resolve_platform
 from predictor.timing.platforms import CatalogError, UnknownPlatformError
-from predictor.timing.platforms.assets import AssetPackError, ResolvedPlatform, resolve_platform
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import DLRMShardingJob
 from tuner.search.core import Candidate, Evaluator, Outcome, Progress, SearchResult, SearchSpace, run_search

@@ -169,12 +169,12 @@ class CacheAwareTiming:
 def asset_timing(platform: Platform) -> ModelTiming | None:
     """The calibrated timing of ``platform``'s asset pack (``tuner calibrate``), or None without one.
 
-    Uses :func:`predictor.timing.platforms.assets.resolve_platform` by the platform's key; a platform
+    Uses :func:`predictor.timing.kernels.assets.resolve_platform` by the platform's key; a platform
     without a pack (every catalog accelerator until someone calibrates it) gets None, and the
     analytic cache-aware models are used instead.
     """
     try:
-        from predictor.timing.platforms.assets import resolve_platform
+        from predictor.timing.kernels.assets import resolve_platform
     except ImportError:  # the asset-pack module is not installed
         return None
     try:

@@ -15,7 +15,7 @@
    paper does: GMAE, MAPE and the standard deviation of the absolute percentage errors (:mod:`.fit`,
    :mod:`.report`);
 4. the calibrated platform (measured peak FLOP/s, bandwidths, collective latency, overheads)
-   and the models are written as an asset pack (:mod:`.pack`, :mod:`predictor.timing.platforms.assets`)
+   and the models are written as an asset pack (:mod:`.pack`, :mod:`predictor.timing.kernels.assets`)
    that ``--platform NAME`` then uses.
 
 ``refit(PACK)`` (:mod:`.refit`) fits a stored pack's models again from the benchmark data it keeps, no device

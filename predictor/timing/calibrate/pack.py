@@ -15,7 +15,7 @@ from predictor.timing.calibrate.fit import fit_models
 from predictor.timing.calibrate.options import CalibrationError
 from predictor.timing.calibrate.report import error_table_markdown
 from predictor.timing.calibration.base import Level, ModelSpec
-from predictor.timing.platforms.assets import (
+from predictor.timing.kernels.assets import (
     STORED_FLOAT_FORMAT,
     AssetPack,
     load_asset_pack,
@@ -29,7 +29,7 @@ __all__ = ["as_stored", "fit_and_write", "read_benchmark_table", "write_unfitted
 
 def as_stored(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` as a pack stores it and reads it back (floats to
-    :data:`~predictor.timing.platforms.assets.STORED_FLOAT_FORMAT`): a calibration fits exactly the samples it writes,
+    :data:`~predictor.timing.kernels.assets.STORED_FLOAT_FORMAT`): a calibration fits exactly the samples it writes,
     so a :func:`~predictor.timing.calibrate.refit` of its pack reproduces its models and error table."""
     return pd.read_csv(io.StringIO(frame.to_csv(index=False, float_format=STORED_FLOAT_FORMAT)))
 

@@ -19,9 +19,9 @@ from predictor.timing.calibrate.fit import task_view
 from predictor.timing.calibrate.options import PROBES, CalibrationError
 from predictor.timing.calibrate.pack import read_benchmark_table
 from predictor.timing.calibrate.probes import pooled_rounds
+from predictor.timing.kernels.assets import load_asset_pack
 from predictor.timing.kernels.base import KernelModel
 from predictor.timing.kernels.timing import models_by_kind
-from predictor.timing.platforms.assets import load_asset_pack
 from predictor.timing.platforms.schema import Platform
 
 __all__ = ["FIELD_FAMILIES", "LOCKSTEP_TIMING_FIELDS", "TIME_COLUMNS", "TIMING_FIELDS", "family_data_from",
@@ -122,7 +122,7 @@ def _load_source(m: dict, key: str, family: str, kernels: tuple[str, ...], src: 
     """The pack ``src`` named for ``family``, checked to be timed as the refitted pack's (manifest ``m``) on
     the same CPU."""
     from predictor.timing.calibration import FAMILIES
-    from predictor.timing.platforms.assets import AssetPackError
+    from predictor.timing.kernels.assets import AssetPackError
     from predictor.timing.platforms.cpu_local import same_cpu
 
     if family not in FAMILIES and family not in PROBES:

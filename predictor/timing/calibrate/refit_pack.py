@@ -24,7 +24,7 @@ from predictor.timing.calibrate.probes import (
 from predictor.timing.calibration import make_benchmarks
 from predictor.timing.calibration.base import BenchContext, Level
 from predictor.timing.calibration.timing import Timer
-from predictor.timing.platforms.assets import AssetPack, load_asset_pack
+from predictor.timing.kernels.assets import AssetPack, load_asset_pack
 from predictor.timing.platforms.cpu_local import fp32_lanes
 from predictor.timing.platforms.schema import Platform
 
@@ -53,7 +53,7 @@ def read_overheads(path: Path) -> dict:
 def _load(pack: str | Path) -> tuple[AssetPack, Level, dict[str, pd.DataFrame]]:
     """The pack to refit, its level and its stored benchmark tables by family."""
     from predictor.timing.calibration import FAMILIES
-    from predictor.timing.platforms.assets import AssetPackError
+    from predictor.timing.kernels.assets import AssetPackError
 
     try:
         old = load_asset_pack(pack, allow_unfitted=True)

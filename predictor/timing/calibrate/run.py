@@ -39,7 +39,7 @@ from predictor.timing.calibrate.probes import (
 from predictor.timing.calibration import make_benchmarks
 from predictor.timing.calibration.base import BenchContext, Benchmark, Level, ModelSpec
 from predictor.timing.calibration.timing import ESTIMATOR, Timer, typical
-from predictor.timing.platforms.assets import AssetPack
+from predictor.timing.kernels.assets import AssetPack
 from predictor.timing.platforms.cpu_local import cpu_model, cpu_signature, fp32_lanes
 from predictor.timing.platforms.schema import Platform
 
@@ -283,7 +283,7 @@ def _host_facts(s: _Setup, opts: CalibrationOptions, base: Platform, got: _Round
 def _manifest(s: _Setup, opts: CalibrationOptions, benches: list[Benchmark], only_kernels: frozenset[str] | None,
               base: Platform, overheads: dict, got: _Rounds, step_reuse_probe: list[dict],
               contention: dict[str, float], started: float) -> dict:
-    """The manifest fields of the run (see :mod:`predictor.timing.platforms.assets` for the others)."""
+    """The manifest fields of the run (see :mod:`predictor.timing.kernels.assets` for the others)."""
     dev = s.dev
     probes: dict = {}
     if got.contention_probe:

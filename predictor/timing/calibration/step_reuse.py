@@ -25,8 +25,9 @@ poolings (1 to 64 lookups per sample, their order shuffled each round), and a ta
 heavy table's backward re-reads many rows its forward brought in, a light one's cost is mostly per-sample
 work. :func:`reuse_surface` keeps the same ratio per pooling
 (:attr:`~predictor.timing.platforms.schema.Platform.embedding_step_reuse_pooling`); :class:`~predictor.timing.kernels.timing.ModelTiming`
-applies that per table where the pack has it (:func:`reuse_factors_by_pooling`), else the sums' curve
-(:func:`reuse_factor`). Times in seconds, sizes in bytes.
+applies that per table where the pack has it
+(:func:`~predictor.timing.kernels.step_reuse.reuse_factors_by_pooling`), else the sums' curve
+(:func:`~predictor.timing.kernels.step_reuse.reuse_factor`). Times in seconds, sizes in bytes.
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["STEP_REUSE_FRACTIONS", "STEP_REUSE_ROUNDS", "probe_step_reuse", "reuse_curve", "reuse_factor",
-           "step_working_set_bytes", "PROBE_POOLINGS", "PROBE_DIM",
-           "reuse_surface", "reuse_factors_by_pooling"]
+__all__ = ["STEP_REUSE_FRACTIONS", "STEP_REUSE_ROUNDS", "probe_step_reuse", "reuse_curve", "PROBE_POOLINGS",
+           "PROBE_DIM", "reuse_surface"]
 
 #: working sets the probe times, as fractions of the last-level cache
 STEP_REUSE_FRACTIONS = (0.125, 0.25, 0.5, 1.0, 2.0)
@@ -57,11 +57,6 @@ ROW_MULTIPLE = 4
 STEP_ITERS = 3
 #: most bytes of one probe table (the largest working sets get fewer rows per lookup instead)
 MAX_TABLE_BYTES = 128 * 2**20
-
-
-def step_working_set_bytes(distinct_rows: np.ndarray, dim: np.ndarray, dtype_bytes: np.ndarray | float = 4.0) -> float:
-    """A step's embedding working set: distinct rows x row bytes summed over its tables, bytes."""
-    return float(np.sum(np.asarray(distinct_rows, float) * np.asarray(dim, float) * np.asarray(dtype_bytes, float)))
 
 
 def _size_for(fraction: float, llc_bytes: float) -> tuple[int, list[int]]:
@@ -184,16 +179,6 @@ def reuse_curve(probe: list[dict]) -> list[list[float]]:
     return curve
 
 
-def reuse_factor(curve, x: float, which: str) -> float:
-    """The step / cold factor of ``which`` (``"fwd"`` or ``"bwd"``) at a working set of ``x`` x the LLC:
-    linear in log2(x) between the curve's points, the end points' factors beyond them; 1 without a curve."""
-    if not curve or not math.isfinite(x) or x <= 0:
-        return 1.0
-    pts = np.asarray(sorted(curve), dtype=float)
-    col = 1 if which == "fwd" else 2
-    return float(np.interp(math.log2(x), np.log2(pts[:, 0]), pts[:, col]))
-
-
 def reuse_surface(probe: list[dict]) -> list[list[float]]:
     """``[[working set / LLC, pooling, forward factor, backward factor], ...]``: per working set and per
     pooling of the probe's tables, the median over rounds of each round's step / cold ratio of the tables
@@ -220,20 +205,3 @@ def reuse_surface(probe: list[dict]) -> list[list[float]]:
             if all(math.isfinite(v) and v > 0 for v in (x, p, f, b)):
                 surface.append([x, p, float(f), float(b)])
     return surface
-
-
-def reuse_factors_by_pooling(surface, x: float, pooling: np.ndarray, which: str) -> np.ndarray:
-    """The step / cold factor of ``which`` (``"fwd"`` or ``"bwd"``) for tables of ``pooling`` lookups per
-    sample in a step whose working set is ``x`` x the LLC: per pooling of the surface linear in log2(x) as
-    :func:`reuse_factor`, then linear in log2(pooling) between the surface's poolings (the nearest end's
-    factor outside them, and for a pooling of 0 or unknown). Ones without a surface."""
-    pooling = np.asarray(pooling, dtype=float)
-    if not surface or not math.isfinite(x) or x <= 0:
-        return np.ones(pooling.shape)
-    pts = np.asarray(surface, dtype=float)
-    col = 2 if which == "fwd" else 3
-    levels = np.unique(pts[:, 1])
-    at_x = np.array([reuse_factor([[r[0], r[col], r[col]] for r in pts[pts[:, 1] == p]], x, "fwd")
-                     for p in levels])
-    p = np.where(np.isfinite(pooling) & (pooling > 0), pooling, levels[0])
-    return np.interp(np.log2(np.clip(p, levels[0], levels[-1])), np.log2(levels), at_x)

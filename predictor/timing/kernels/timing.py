@@ -40,6 +40,7 @@ from predictor.timing.kernels.elementwise import Roofline
 from predictor.timing.kernels.embedding import AnalyticEmbedding
 from predictor.timing.kernels.gemm import AnalyticGemm
 from predictor.timing.kernels.state import unwrap
+from predictor.timing.kernels.step_reuse import reuse_factor, reuse_factors_by_pooling, step_working_set_bytes
 from predictor.timing.platforms.schema import CpuOverheads, Platform
 
 
@@ -163,8 +164,6 @@ class ModelTiming:
         over the LLC (distinct rows x row bytes over the domain's tables / LLC bytes); {} without a
         step-reuse measurement, without embedding tasks, or when a forward task lacks its table's rows,
         batch or dim."""
-        from predictor.timing.calibration.step_reuse import step_working_set_bytes
-
         llc = self.platform.last_level_cache_bytes
         fwd = np.flatnonzero(graph.kind_mask("embedding_bag_fwd"))
         if not self.platform.embedding_step_reuse or llc <= 0 or fwd.size == 0:
@@ -182,8 +181,6 @@ class ModelTiming:
     def step_reuse_factors(self, graph: ExecutionGraph) -> dict[int, tuple[float, float]]:
         """Per cache domain (as :meth:`step_working_sets`), the (forward, backward) factor of the platform's
         step-reuse curve of table sums at that domain's working set; {} as :meth:`step_working_sets`."""
-        from predictor.timing.calibration.step_reuse import reuse_factor
-
         curve = self.platform.embedding_step_reuse
         return {d: (reuse_factor(curve, x, "fwd"), reuse_factor(curve, x, "bwd"))
                 for d, x in self.step_working_sets(graph).items()}
@@ -198,8 +195,6 @@ class ModelTiming:
         cold time at every batch of the e2e DLRM (session 33, ``dlrm_phases_cpu.py`` per table). With the cap,
         on the Zen 4 VM's nine windows 1.31 / 15.7 -> 1.26 / 13.2 % (geomean / max against the medians), on the
         AVX2 VM's eleven fresh-batch windows 5.47 / 17.0 -> 5.51 / 14.8 %."""
-        from predictor.timing.calibration.step_reuse import reuse_factor, reuse_factors_by_pooling
-
         out = np.ones(graph.n_tasks)
         working_sets = self.step_working_sets(graph)
         if not working_sets:

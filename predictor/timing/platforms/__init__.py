@@ -33,7 +33,6 @@ __all__ = [
     "UnknownPlatformError",
     "get_platform",
     "load_catalog",
-    "resolve_platform",
 ]
 
 #: name of the platform measured on the running machine
@@ -191,13 +190,3 @@ def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
         else:
             paths.append(path)
     return paths
-
-
-def resolve_platform(name_or_path: str, extra: str | Path | None = None):
-    """``--platform`` value -> (platform, kernel models, source label), asset packs first.
-
-    See :func:`predictor.timing.platforms.assets.resolve_platform`.
-    """
-    from predictor.timing.platforms.assets import resolve_platform as _resolve
-
-    return _resolve(name_or_path, extra)
