@@ -197,7 +197,9 @@ class SearchResult:
 
     def study_info(self) -> dict[str, Any]:
         """The ``study`` entry of a results document."""
-        return {"name": self.study_name, "storage": self.storage, "evaluated": self.evaluated,
+        from tuner.search.study import display_storage
+
+        return {"name": self.study_name, "storage": display_storage(self.storage), "evaluated": self.evaluated,
                 "reused_from_study": self.reused}
 
     def ordered(self) -> list[tuple[Candidate, list[Outcome]]]:

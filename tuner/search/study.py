@@ -23,13 +23,38 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from tuner.report import json_default
 from tuner.search.core import Outcome
 
-__all__ = ["SearchStudy", "open_study", "default_storage", "fingerprint", "trial_for", "finished_outcomes"]
+__all__ = ["SearchStudy", "open_study", "default_storage", "display_storage", "fingerprint", "trial_for",
+           "finished_outcomes"]
+
+
+def display_storage(storage: str) -> str:
+    """``storage`` as it may be printed or written: any password in the URL replaced by ``***``."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(storage)
+    except Exception:  # not a URL SQLAlchemy parses: hide everything between '://' and '@'
+        head, sep, tail = storage.partition("://")
+        return f"{head}{sep}***@{tail.rsplit('@', 1)[1]}" if sep and "@" in tail else storage
+    return url.render_as_string(hide_password=True) if url.password else storage
 
 
 def default_storage(out: Path) -> str:
     """SQLite study file in the output folder (created if missing)."""
     out.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(out / 'study.db').resolve()}"
+
+
+def _hide(text: str, storage: str) -> str:
+    """``text`` with the storage URL (and its password, if any) shown as :func:`display_storage` shows it."""
+    text = text.replace(storage, display_storage(storage))
+    with contextlib.suppress(Exception):
+        from sqlalchemy.engine import make_url
+
+        password = make_url(storage).password
+        if password:
+            text = text.replace(str(password), "***")
+    return text
 
 
 def fingerprint(data: Any) -> str:
@@ -49,11 +74,12 @@ def open_study(name: str, storage: str, resume: bool) -> optuna.Study:
                 optuna.delete_study(study_name=name, storage=storage)
         return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
     except (ImportError, ValueError, optuna.exceptions.OptunaError) as exc:
-        raise ValueError(f"storage {storage!r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"storage {display_storage(storage)!r}: {_hide(first, storage)}") from None
     except Exception as exc:  # SQLAlchemy connection and URL errors
         if type(exc).__module__.startswith("sqlalchemy"):
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"storage {storage!r}: {first}") from None
+            raise ValueError(f"storage {display_storage(storage)!r}: {_hide(first, storage)}") from None
         raise
 
 
