@@ -280,7 +280,7 @@ TIME_CASES = {"mlp": (256, 1024), "gpt2-tiny": (8, 32), "bert-mini": (8, 32), "d
 
 def time_validation(repeats: int = 5) -> dict:
     """Predicted (cpu-local platform, decoupled model through the simulator) vs measured iteration time."""
-    from predictor.sources.synth.decoupled import asset_timing
+    from predictor.sources.synth.decoupled_timing import asset_timing
     from predictor.sources.synth.training_loop import TrainingLoop
     from predictor.timing.platforms.cpu_local import measure_cpu_local
 
