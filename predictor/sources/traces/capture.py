@@ -27,7 +27,7 @@ Kineto finalises CUPTI after a trace only with ``TEARDOWN_CUPTI=1`` (its default
 pytorch/pytorch#144455: training ran 10-20 % slower after the profiler finished). The captures of
 2026-11-26 on an H200 (torch 2.11, CUDA 13.0) show it: the after-window steps ran 6-33 % slower
 than the same steps in the e2e loop (``benchmarks/traces/h200/*/rank0.steps.csv`` against
-``benchmarks/results/e2e_h200_measured.json``). A capture recording CUDA on CUDA >= 12.6 therefore
+run ``h200-1a`` of ``benchmarks/data/gpu_runs.json``). A capture recording CUDA on CUDA >= 12.6 therefore
 sets ``TEARDOWN_CUPTI=1`` while it runs, unless the variable is already set or ``teardown_cupti=False``
 (PyTorch sets it to 0 itself for CUDA graphs on older CUDA, where teardown crashed);
 ``steps.csv`` records whether it did.
