@@ -150,7 +150,7 @@ def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.Mo
         return d
 
     other = {**cpu_signature(), "torch_capability": "SOMETHING_ELSE"}
-    copy("cpu-local", cpu_model=cpu_model())  # no CPU record (before session 21), same model name
+    copy("cpu-local", cpu_model=cpu_model())  # no CPU record (an older pack), same model name
     assert assets.cpu_local_pack() == root / "cpu-local"
     copy("cpu-local-b", cpu=other)  # another CPU's: never chosen
     assert assets.cpu_local_pack() == root / "cpu-local"

@@ -223,7 +223,7 @@ def test_refit_rebuilds_a_pack_from_its_stored_benchmarks(tmp_path: Path, monkey
     assert b.platform.overheads.t2_s == pytest.approx(a.platform.overheads.t2_s)
     assert "(calibrated" in b.platform.name and b.platform.name.count("(calibrated") == 1
     # measured facts travel with the pack (the cost itself is a timing of this machine: a fresh block's write
-    # over a kept one's, clipped at 0; one CI run in session 46 read 0.0, so only its presence is asserted)
+    # over a kept one's, clipped at 0; one CI run read 0.0, so only its presence is asserted)
     assert b.platform.page_fault_s == a.platform.page_fault_s >= 0
     assert "page_fault_s" in a.platform.sources and b.platform.sources["page_fault_s"] == a.platform.sources["page_fault_s"]
     # facts measured since (a pack calibrated before page faults were measured) go into the platform
@@ -376,32 +376,32 @@ def test_refit_takes_some_kernels_of_a_family_from_another_pack(tmp_path: Path, 
         ([f"step_reuse:x={other}"], "a probe, taken whole")))
 
 
-def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """``--kernels K --no-fit`` times K alone, with the same shapes a whole-family spell of that seed draws for it
-    (the other kernels' shapes are drawn and left out), and records K in the manifest; such a spell is pooled by
-    name (``--data-from FAMILY:K=SPELL``) and refused whole or as a pack to refit."""
+def test_a_timing_only_run_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--kernels K --no-fit`` times K alone, with the same shapes a whole-family run of that seed draws for it
+    (the other kernels' shapes are drawn and left out), and records K in the manifest; such a timing-only run is
+    pooled by name (``--data-from FAMILY:K=RUN``) and refused whole or as a pack to refit."""
     base, _ = _two_data_movement_packs(tmp_path, monkeypatch)
-    spell = tmp_path / "spell"
-    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(spell), "--threads", "1",
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["calibrate", "--device", "cpu", "--out", str(run), "--threads", "1",
                               "--families", "data_movement", "--seed", "0", "--kernels", "transpose", "--no-fit"])
     assert res.exit_code == 0, res.output
     assert "--data-from FAMILY:transpose=" in res.output
-    got, whole = pd.read_csv(spell / "data" / "data_movement.csv"), pd.read_csv(base / "data" / "data_movement.csv")
+    got, whole = pd.read_csv(run / "data" / "data_movement.csv"), pd.read_csv(base / "data" / "data_movement.csv")
     assert set(got.kernel) == {"transpose"} and len(got) > 0
     shapes = [c for c in ("elements", "bytes", "m", "n") if c in got and c in whole]
     mine = whole[whole.kernel == "transpose"]
     assert {tuple(r) for r in got[shapes].astype(float).values} <= {tuple(r) for r in mine[shapes].astype(float).values}
-    assert load_asset_pack(spell, allow_unfitted=True).manifest["kernels"] == ["transpose"]
+    assert load_asset_pack(run, allow_unfitted=True).manifest["kernels"] == ["transpose"]
     merged = tmp_path / "merged"
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(merged),
-                              "--data-from", f"data_movement:transpose={spell}"])
+                              "--data-from", f"data_movement:transpose={run}"])
     assert res.exit_code == 0, res.output
     out = pd.read_csv(merged / "data" / "data_movement.csv")
     assert len(out[out.kernel == "transpose"]) == len(got)
     assert "kernels" not in load_asset_pack(merged).manifest
     _assert_refit_refuses(base, tmp_path / "bad", (
-        ([f"data_movement={spell}"], "the pack timed only transpose"),))
-    res = runner.invoke(app, ["calibrate", "--refit", str(spell), "--out", str(tmp_path / "bad")])
+        ([f"data_movement={run}"], "the pack timed only transpose"),))
+    res = runner.invoke(app, ["calibrate", "--refit", str(run), "--out", str(tmp_path / "bad")])
     assert res.exit_code == 2 and "holds a timing-only run of transpose" in res.output
     assert not (tmp_path / "bad").exists()
     for args, message in ((["--kernels", "transpose"], "add --no-fit"),
@@ -418,7 +418,7 @@ def test_a_spell_of_one_kernel_goes_into_a_pack_by_name(tmp_path: Path, monkeypa
 
 def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--match-level`` divides each taken kernel's times by their median ratio to the refitted pack's own model:
-    a calibration from a spell twice as slow adds the same shapes at the same level as one from the pack's spell."""
+    a calibration run twice as slow adds the same shapes at the same level as one at the pack's pace."""
     from predictor.timing.calibrate.pool import TIME_COLUMNS, match_level
 
     base, other = _two_data_movement_packs(tmp_path, monkeypatch)
@@ -432,7 +432,7 @@ def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path
     b, lv2 = match_level(slow, pack.models, pack.platform)
     assert set(lv) == {"concat", "memcpy", "transpose"} and all(v > 0 for v in lv.values())
     assert all(lv2[k] == pytest.approx(2.0 * lv[k]) for k in lv)
-    np.testing.assert_allclose(a["seconds"], b["seconds"])  # the spell's pace is gone, the shapes' times stay
+    np.testing.assert_allclose(a["seconds"], b["seconds"])  # the run's pace is gone, the shapes' times stay
     np.testing.assert_allclose(a["seconds"] * a["kernel"].map(lv), theirs["seconds"])
     (other / "data" / "data_movement.csv").write_text(slow.to_csv(index=False))
     merged = tmp_path / "merged"
@@ -455,7 +455,7 @@ def test_refit_match_level_brings_taken_samples_to_the_packs_pace(tmp_path: Path
 
 def test_refit_pools_a_kernels_samples_over_several_packs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--data-from KEY=A --data-from KEY=B`` fits the kernels of KEY on A's and B's samples together; with
-    ``--match-level`` each pack's samples are brought to the refitted pack's pace on their own (a spell twice as slow
+    ``--match-level`` each pack's samples are brought to the refitted pack's pace on their own (a run twice as slow
     adds its shapes at the pack's level), and the manifest records each pack with its pace under ``sources``.
     Keys of one family with other kernels may be given side by side; a kernel under two keys is refused."""
     from predictor.timing.calibrate.pool import TIME_COLUMNS, match_level
@@ -660,7 +660,7 @@ def test_the_lockstep_probe_alone_goes_into_a_pack_of_its_world_size(tmp_path: P
     res = runner.invoke(app, ["calibrate", "--refit", str(merged), "--out", str(tmp_path / "bad"),
                               "--data-from", f"lockstep={base}"])
     assert res.exit_code == 2 and "has no lockstep probe" in res.output
-    # probes of several spells pool their rounds per process (here the same probe twice: every round twice)
+    # probes of several runs pool their rounds per process (here the same probe twice: every round twice)
     pooled = tmp_path / "pooled"
     res = runner.invoke(app, ["calibrate", "--refit", str(base), "--out", str(pooled),
                               "--data-from", f"lockstep={probe}", "--data-from", f"lockstep={merged}"])

@@ -223,7 +223,7 @@ def test_embedding_fit_takes_out_the_page_faults_and_prediction_adds_them_back()
     cat = TaskView.from_columns("concat", elements=[1e7, 1e3], dtype_bytes=[4.0, 4.0])
     np.testing.assert_allclose(roof.predict(cat, host) - roof.predict(cat, get_platform("a100-80gb")),
                                [np.ceil(4e7 / 4096) * 1.5e-6, 0.0])
-    # the target never drops below a tenth of the measurement (a fault cost measured in a faster spell)
+    # the target never drops below a tenth of the measurement (a fault cost measured while the machine ran faster)
     over = host.model_copy(update={"page_fault_s": 1.0})
     assert (learned_seconds(frame, over) >= 0.1 * frame["seconds"].to_numpy() - 1e-18).all()
 
@@ -379,7 +379,7 @@ def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
     assert 0.3 < len(aligned) / len(shapes) < 0.7
     assert max(max(s[:3]) for s in shapes) <= 2048 // 4 + 16
     for spec in bench.specs(ctx):
-        # fp32 also tries n on 8- and 4-element steps (session 48); bf16 the 16-element flags alone
+        # fp32 also tries n on 8- and 4-element steps; bf16 the 16-element flags alone
         want = {"m_al16", "n_al16", "k_al16"} | ({"n_al8", "n_al4"} if spec.kernel.endswith("/fp32") else set())
         assert set(spec.optional_features) == want <= set(spec.raw_features)
 

@@ -1,4 +1,9 @@
-"""``tuner calibrate``: microbenchmark the local device, fit the kernel models, write an asset pack."""
+"""``tuner calibrate``: microbenchmark the local device, fit the kernel models, write an asset pack.
+
+A calibration run times every benchmark family on the device, fits a model per kernel and writes the pack.
+With ``--no-fit`` it only times (a timing-only run, kept as data): ``--refit PACK`` fits it later, anywhere,
+and ``--refit PACK --data-from FAMILY=RUN`` pools such runs into an existing pack.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +31,13 @@ def calibrate(
     seed: int = typer.Option(0, "--seed", help="seed of the shape grids and the held-out split"),
     families: str = typer.Option(None, "--families", help="comma-separated benchmark families (default: all): "
                                  "gemm, conv2d, embedding_bag, elementwise, layer_norm, softmax, data_movement, "
-                                 "collectives, reduction; and the probe step_reuse (CPU: embedding tables in a step's order vs "
-                                 "cold; runs with embedding_bag too)"),
+                                 "collectives, reduction; and the CPU probes step_reuse (embedding tables in a step's "
+                                 "order vs cold; runs with embedding_bag too) and lockstep (K processes waiting for "
+                                 "each other; needs --world-size 2 or more; runs with collectives too)"),
     kernels: str = typer.Option(None, "--kernels", help="comma-separated kernels of the run families to time, "
-                                "e.g. bmm/fp32 (default: all): they get their families' whole time budgets; a "
-                                "spell to pool into a pack with --refit PACK --data-from FAMILY:KERNEL=OUT (needs "
-                                "--no-fit)"),
+                                "e.g. bmm/fp32 (default: all): they get their families' whole time budgets; needs "
+                                "--no-fit, and the run is data to pool into a pack with --refit PACK --data-from "
+                                "FAMILY:KERNEL=OUT"),
     memory_bound: str = typer.Option(None, "--memory-bound", help="how element-wise, layer-norm, softmax, reduction and "
                                      "data-movement kernels are timed: cold (cache evicted before each call, as a "
                                      "training step finds them; default on CPU) or warm (repeated; default on GPU)"),
@@ -50,30 +56,36 @@ def calibrate(
     tiny: bool = typer.Option(False, "--tiny", hidden=True, help="test-sized grids"),
     refit: Path = typer.Option(None, "--refit", help="fit an existing pack's models again from the benchmark data "
                                "it stores (no device needed; e.g. after a model change, for a GPU no longer at hand)"),
-    no_fit: bool = typer.Option(False, "--no-fit", help="benchmark only: write the measurements without fitting "
-                                "(on a rented device); fit them later, anywhere, with --refit OUT"),
-    overheads: Path = typer.Option(None, "--overheads", help="with --refit: T1..T5 JSON measured since on the device "
-                                   "(python -m predictor.timing.calibration.overheads --device cuda --out FILE)"),
-    data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=PACK fits that "
-                                        "family on PACK's stored benchmarks instead (e.g. gemm=DIR of a "
-                                        "--families gemm --scale 4 calibration of the same machine; "
-                                        "FAMILY:KERNEL,KERNEL=PACK takes only those kernels' samples, e.g. "
-                                        "data_movement:transpose=DIR; the same FAMILY[:KERNEL,...] given for several "
-                                        "DIRs pools their samples (each DIR at the pack's pace with --match-level); "
-                                        "step_reuse=DIR takes DIR's step-reuse probe; lockstep=DIR, given for several "
-                                        "DIRs, pools their lockstep probes' rounds)"),
+    no_fit: bool = typer.Option(False, "--no-fit", help="a timing-only calibration run: write the measurements "
+                                "without fitting (e.g. on a rented device) and keep them as data; fit them later, "
+                                "anywhere, with --refit OUT, or pool them into a pack with --data-from"),
+    overheads: Path = typer.Option(None, "--overheads", help="with --refit: a JSON of the host overheads T1..T5 "
+                                   "measured since on the device (python -m predictor.timing.calibration.overheads "
+                                   "--device cuda --out FILE)"),
+    data_from: list[str] = typer.Option(None, "--data-from", help="with --refit, repeatable: FAMILY=DIR fits that "
+                                        "family on the benchmarks stored in DIR (another calibration run of the "
+                                        "same machine, e.g. --families gemm --scale 4, or a timing-only --no-fit "
+                                        "run) instead of the pack's own; FAMILY:KERNEL,KERNEL=DIR takes only those "
+                                        "kernels' samples, e.g. data_movement:transpose=DIR; the same "
+                                        "FAMILY[:KERNEL,...] given for several DIRs pools their samples; "
+                                        "step_reuse=DIR takes DIR's step-reuse probe; lockstep=DIR, given for "
+                                        "several DIRs, pools their lockstep probes' rounds"),
     match_level: bool = typer.Option(False, "--match-level", help="with --data-from: bring each taken kernel's "
                                      "samples to the refitted pack's pace first (divided by the median ratio of "
-                                     "their times to the pack's own model), so a longer calibration from a faster "
-                                     "or slower spell of the machine adds its shapes, not its spell's pace"),
+                                     "their times to the pack's own model), so a run timed while the machine was "
+                                     "faster or slower adds its shapes, not its pace"),
     pace_from: Path = typer.Option(None, "--pace-from", help="with --refit: set the platform's kernel pace (how "
-                                   "much slower a typical later spell of the machine runs compute kernels than the "
-                                   "pack's calibration spell) to the median GEMM drift of the measurement windows in "
-                                   "FILE taken against this pack, at least 10 (benchmarks/results/e2e_cpu_windows.json; "
-                                   "the memcpy drift is recorded, not applied)"),
+                                   "much slower the machine typically runs compute kernels than during the pack's "
+                                   "calibration) to the median GEMM drift of the measurement windows in FILE taken "
+                                   "against this pack, at least 10 (e.g. benchmarks/data/e2e_cpu_windows.json; the "
+                                   "memcpy drift is recorded, not applied)"),
 ) -> None:
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
-    and write an asset pack that `--platform NAME` then uses."""
+    and write an asset pack that `--platform NAME` then uses.
+
+    A timing-only run (--no-fit) writes the measurements without models, kept as data: fit it later with
+    --refit DIR, or pool it into an existing pack with --refit PACK --data-from FAMILY=DIR.
+    """
     from rich.table import Table
 
     from predictor.timing.calibrate import (
@@ -116,7 +128,7 @@ def calibrate(
         family, src = family.strip(), src.strip()
         if not sep or not family or not src:
             fail(f"--data-from {item!r}: expected FAMILY=PACK or FAMILY:KERNEL[,KERNEL...]=PACK, e.g. "
-                 "gemm=benchmarks/results/data/packs/NAME")
+                 "gemm=DIR")
         sources.setdefault(family, []).append(src)
     try:
         if refit is not None:

@@ -118,12 +118,11 @@ class BenchContext:
     #: case *cold*, data evicted from the last-level cache but the code path warm
     #: (:meth:`Timer.measure_cold`): in a training step their operands were written ops earlier and
     #: other kernels ran since, so a warm repeat, which finds them in cache, runs them 1.5-4x faster
-    #: than the step does (``experiments/insitu_cpu.py``)
+    #: than the step does (timed in situ)
     cold_memory_bound: bool = False
     #: GEMMs are timed cold too (``tuner calibrate --gemm-timing cold``): on a quiet 2-core VM a step
-    #: runs a small GEMM 1.1-1.2x slower than a warm repeat (``experiments/insitu_cpu.py``), and a
-    #: pack with cold GEMMs predicted that machine's MLP and GPT steps within 5 % where the warm one
-    #: was 4-18 % low (``benchmarks/results/e2e_quietpair.md``); off by default
+    #: runs a small GEMM 1.1-1.2x slower than a warm repeat, and a pack with cold GEMMs predicted that
+    #: machine's MLP and GPT steps within 5 % where the warm one was 4-18 % low; off by default
     cold_gemm: bool = False
     #: ``(k, n)``: time only the cases whose index is ``k`` mod ``n`` (round ``k`` of a family with
     #: :attr:`Benchmark.spread_rounds`); None: every case
@@ -131,11 +130,11 @@ class BenchContext:
     #: grid indices to time (None: every case): rounds after the first of a calibration time only
     #: the cases the first round reached, so every sample is the median of all rounds; drawn afresh,
     #: each round reached ~2/3 of the grid and a third of the samples had a single timing, which
-    #: fitted 25-45 % worse than the three-round ones (``benchmarks/results/kernels_cpu_scale4.md``)
+    #: fitted 25-45 % worse than the three-round ones
     only: frozenset[int] | None = None
     #: kernel labels to time (``tuner calibrate --kernels``; None: every kernel of the family): the others'
-    #: cases are left out of the grid, so the family's whole time budget goes to these (a spell of one
-    #: kernel, e.g. medians of 12 rounds of ``bmm/fp32``, to pool with ``--refit --data-from``)
+    #: cases are left out of the grid, so the family's whole time budget goes to these (a timing-only run of
+    #: one kernel, e.g. medians of 12 rounds of ``bmm/fp32``, to pool with ``--refit --data-from``)
     kernels: frozenset[str] | None = None
     #: multiple of the level's sample counts (:meth:`count`; ``tuner calibrate --scale``)
     scale: float = 1.0
@@ -331,8 +330,8 @@ class Benchmark(ABC):
     retimes_first_round: bool = True
     #: the first round shares the family's time equally between its kernels (:func:`time_fair_order`)
     #: rather than taking the shuffled grid in order: where one kernel runs far slower than the rest
-    #: (bf16 GEMMs on a CPU without native bf16: ~2 GFLOP/s on the AVX2 VM of session 21, where they
-    #: took ~99 % of the GEMM budget and left 16-20 samples per kernel), the others still get theirs
+    #: (bf16 GEMMs on a CPU without native bf16: ~2 GFLOP/s on an AVX2 VM, where they took ~99 % of the
+    #: GEMM budget and left 16-20 samples per kernel), the others still get theirs
     time_fair: bool = False
 
     def cold(self, ctx: BenchContext) -> bool | None:

@@ -18,7 +18,7 @@ Each call is timed on its own, in batches of back-to-back calls that start after
 call's time is the slowest rank's. A (kind, size) keeps the median over every call of every pass:
 on the 2-vCPU VM about one small-message call in five waits for the next 4 ms scheduler tick, and
 the median of single calls stays on the fast mode where a batch's mean mixes in a varying number of
-those waits (session 44). Rank 0 writes the table to a file the parent reads.
+those waits. Rank 0 writes the table to a file the parent reads.
 """
 
 from __future__ import annotations

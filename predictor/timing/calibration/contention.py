@@ -19,8 +19,8 @@ The embedding class is the exception: its time alone differs by up to 2x between
 the same program (where the allocator placed the table, huge pages or not), which says nothing
 about the host, so each process compares its own two medians; and since the ranks hold different
 tables, whose slowest rank the simulator already waits for at each collective, the factor is the
-*mean* of the processes' ratios (the slowest process's, until 2026-11-25, counted the noise's
-maximum twice: see :func:`factors`).
+*mean* of the processes' ratios (the slowest process's would count the noise's maximum twice: see
+:func:`factors`).
 
 * ``embedding``: embedding-bag forward + sparse backward + SGD row update on a table larger than
   the LLC (random rows);
@@ -56,7 +56,7 @@ CLASSES: tuple[str, ...] = KERNEL_CLASSES
 SLOT_S = 1.0
 #: how a round's per-process ratios become one factor (see :func:`factors`)
 ESTIMATORS: tuple[str, ...] = ("slowest", "mean", "slowest-dense")
-#: the estimator ``tuner calibrate`` stores factors by (until 2026-11-25: ``slowest``)
+#: the estimator ``tuner calibrate`` stores factors by (older packs: ``slowest``; a refit estimates them again)
 CONTENTION_ESTIMATOR = "slowest-dense"
 
 
@@ -111,7 +111,7 @@ def factors(per_process: list[dict[str, list[list[float]]]], estimator: str = CO
     is) and the mean for ``embedding`` (the ranks hold different tables and the simulator already waits
     for the slowest rank at each collective: the slowest process's ratio would count the noise's
     maximum a second time — measured against the tables in situ of 30 rank-placements on the AVX2 VM,
-    x1.076: slowest x1.121, mean x1.048 over 6 probe runs; ``experiments/contention_estimator_cpu.py``).
+    x1.076: slowest x1.121, mean x1.048 over 6 probe runs).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown contention estimator {estimator!r} (one of {', '.join(ESTIMATORS)})")

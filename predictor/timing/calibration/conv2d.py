@@ -9,7 +9,7 @@ gets ``conv_native`` (one thread; ``conv_native_mt`` with more): whether PyTorch
 with its own kernel or hands it to oneDNN (:func:`~predictor.timing.kernels.features.conv_native`, ATen's
 rule: 1x1 filters on fewer than 16 images, and small single images, stay native), and ``cout_alV`` /
 ``cin_alV``: whether ``C_out`` / ``C_in`` fill oneDNN's channel blocks of ``V`` = the CPU's fp32 lanes
-(:data:`~predictor.timing.kernels.features.CONV_ALIGN_FEATURES`; session 40). Kernel sizes 1, 3 and 5;
+(:data:`~predictor.timing.kernels.features.CONV_ALIGN_FEATURES`). Kernel sizes 1, 3 and 5;
 channels and spatial sizes log-uniform. fp32 (the CPU's conv path for bf16 is a slow
 fallback; on CUDA bf16 is added).
 """

@@ -64,8 +64,7 @@ class DataMovementBenchmark(Benchmark):
 
 def concat_draws(rng: np.random.Generator, count: int, cap: int) -> list[tuple[int, list[int]]]:
     """``count`` concatenations ``(B, [d_1, ..])``: 2..32 inputs of ``B x d_i``, ``B`` log-uniform 1..8192,
-    widths log-uniform 1..512, output elements in ``[64, cap]`` (the grid of :class:`DataMovementBenchmark`;
-    ``experiments/add_concat_parts.py`` re-derives a stored pack's inputs from it)."""
+    widths log-uniform 1..512, output elements in ``[64, cap]`` (the grid of :class:`DataMovementBenchmark`)."""
     out: list[tuple[int, list[int]]] = []
     while len(out) < count:
         parts = int(rng.integers(2, 33))

@@ -133,9 +133,8 @@ class EmbeddingBagBenchmark(Benchmark):
     in a training step dozens of other ops run between two lookups of a table, so its rows are
     not cache-resident. After the flush the same op runs untimed on another, typical table for the
     same batch (:func:`neighbour_warmers`): in a step the op before a table's call is another table's,
-    which leaves the code path warm and the caches full of its data. Measured on this 2-core VM (``experiments/e2e_cpu.py``, kernel context
-    check): the 29 tables of a DLRM task at batch 1024 take 1.1 ms forward repeated warm and
-    4.8 ms cold; simulating the DLRM iterations with cold-measured embedding kernels instead of
+    which leaves the code path warm and the caches full of its data. Measured on a 2-core VM: the 29 tables
+    of a DLRM task at batch 1024 take 1.1 ms forward repeated warm and 4.8 ms cold; simulating the DLRM iterations with cold-measured embedding kernels instead of
     warm-calibrated models cut their geomean error from 30 % to 14 %.
     """
 
@@ -275,11 +274,9 @@ def neighbour_warmers(batch: int, weight: torch.nn.Parameter):
     its backward) is another table's, which brings the code path back into cache and its own rows and
     gradient in.
 
-    The earlier warm-up (the same op on a 256-row table of a few KiB) left the caches nearly empty of
-    data: on this 2-core VM a light table's backward (589k x 32, one lookup per sample, batch 1024)
-    took 0.23 ms after it, 0.37 ms after a typical table's call and 0.28 ms (1.6x the pack's 0.17 ms)
-    inside the DLRM step of ``experiments/e2e_cpu.py``; the forward differed by 0-25 %
-    (``experiments/results/embedding_code_state_cpu.md``, ``dlrm_phases_cpu*.md``).
+    A warm-up by the same op on a 256-row table of a few KiB leaves the caches nearly empty of data: on a
+    2-core VM a light table's backward (589k x 32, one lookup per sample, batch 1024) took 0.23 ms after it,
+    0.37 ms after a typical table's call and 0.28 ms inside a DLRM training step.
     """
     rows, _, pooling = NEIGHBOUR_TABLE
     w, dev = weight, weight.device

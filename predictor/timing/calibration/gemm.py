@@ -42,11 +42,8 @@ class GemmBenchmark(Benchmark):
     """addmm / mm / bmm in every dtype the device runs fast enough to matter."""
 
     name = "gemm"
-    #: not spread (``Benchmark.spread_rounds``): tried on the 2-core VM with three times the shapes,
-    #: each timed once: held-out GEMM error 6.2-8.3 % (this recipe that day: 7.2-9.2 % on other data),
-    #: but the single timings came out 8 % below the median-of-rounds timings of the same machine 45
-    #: minutes later, and neither pack of that day predicted the archived steps as well as the
-    #: committed one (session 15 notes); kept to the recipe the committed pack was measured with
+    #: not spread (``Benchmark.spread_rounds``): timed once per shape, a 2-core VM's GEMMs read 8 % below the
+    #: median of rounds of the same machine 45 minutes later, and the packs predicted training steps worse.
     #: each (op, dtype) kernel gets an equal share of round one's time (``Benchmark.time_fair``): on a CPU
     #: without native bf16 the bf16 GEMMs run ~30x slower than fp32 and took the whole budget
     time_fair = True
@@ -63,28 +60,10 @@ class GemmBenchmark(Benchmark):
                               work=("m", "n", "k", "batch") if op == "bmm" else ("m", "n", "k"),
                               route=gemm_route(op, dt), model="gemm", router="gemm", fallback="analytic-gemm")
                     for op in OPS for dt in self.dtypes(ctx)]
-        # on a CPU, one net per dtype over addmm / mm / bmm (``pool``; the op as the 0/1 inputs ``is_addmm``,
-        # ``is_bmm``, ``batch`` 1 for the unbatched ops): they run the same BLAS / oneDNN micro-kernels on a
-        # batch entry, and the bmm nets, fitted alone on ~160 shapes of a 4-D grid, were the worst learned
-        # kernels (12 % GMAE). Pooled, over seeds 1-3 of the three Zen 4 calibrations: held-out GMAE fp32
-        # 9.05 -> 8.46 %, bf16 8.29 -> 7.19 %, bmm 12.35 / 12.38 -> 11.49 / 10.27 %
-        # (``experiments/results/s36/pooled_fit_gemm.md``). Whether m, n, k are multiples of 16 is kept
-        # where it lowers the validation error (fp32 on the 2-core VM: mm 9.5 -> 4.5 %; bf16: no gain). Not
-        # ``gemm_bytes`` (session 35): over seeds 1-3 it moved the held-out GMAE of addmm / mm 7.01 -> 6.81 %
-        # and of bmm 11.97 -> 12.24 % (``experiments/results/s35/``), and the refitted pack predicted a
-        # training step's large GEMMs 3-6 % faster (e2e MLP at batch 1024: -3.3 -> -7.0 % against the medians)
-        # bf16 also gets ATen's oneDNN edge (``onednn_gemm``: b m n k > 16^3, where the stored Zen 4 data jump
-        # ~4x): over seeds 1-3 of the five Zen 4 calibrations the bf16 held-out GMAE 6.70 -> 5.90 %, bmm bf16
-        # 9.30 -> 7.66 %, every pack better (``experiments/results/s38/pooled_fit_gemm_onednn.md``)
-        # fp32 gets ATen's naive-bmm edge (``bmm_naive``: a bmm whose m n k < 400 runs ATen's own per-entry loop,
-        # not BLAS): on the two 6-round Zen 4 spells the 9 held-out bmm rows on that path read 30.8 % GMAE without
-        # it and 6.6 % with it, bmm fp32 6.27 -> 4.47 % (order reversed 5.72 %; session 47)
-        # fp32 also gets ``bmm_intensity`` (log2 FLOPs per byte on bmm rows: a bmm with k of 1-8 is bound by writing
-        # its result) and ``n_al8`` / ``n_al4`` among the optional alignment inputs: with bmm over seven spells, three
-        # of them bmm-only medians of 12 rounds, addmm / mm / bmm fp32 3.49 / 3.46 / 5.34 -> 2.70 / 2.81 / 4.24 %
-        # (sources reversed 2.70 / 3.45 / 4.27 %; without ``bmm_intensity`` over six spells bmm read 5.11 %); on
-        # repeats of one grid the 12-round medians agree within 1.55 % GMAE, so the rest is the shapes'
-        # (session 48, ``docs/SESSION_NOTES.md``)
+        # CPU: one net per dtype pooled over addmm / mm / bmm (they run the same micro-kernels; bmm alone was the
+        # worst learned kernel), with ATen's path edges (bf16 ``onednn_gemm``, fp32 ``bmm_naive`` and
+        # ``bmm_intensity``) and optional alignment inputs: held-out GMAE on a Zen 4 pack fp32 addmm / mm / bmm
+        # 3.5 / 3.5 / 5.3 -> 2.7 / 2.8 / 4.2 %.
         def edge(dt: str) -> tuple[str, ...]:
             return ONEDNN_FEATURES if dt == "bf16" else ("bmm_naive", "bmm_intensity")
 
@@ -128,7 +107,7 @@ class GemmBenchmark(Benchmark):
         while len(out) < count:
             mult = 16 if rng.random() < 0.5 else 1
             # batched GEMMs in models are small per batch entry (attention: seq x head_dim), and
-            # their aligned half is aligned too (an earlier grid divided 16-multiples by 4)
+            # their aligned half is aligned too
             lo, top = (1, max(2, hi // 4)) if op == "bmm" else (4, hi)
             if op != "bmm" and not ctx.is_cuda and rng.random() < LARGE_SHARE:
                 m, n, k = _large_shape(rng, lo, top, cap, mult)
@@ -144,7 +123,7 @@ class GemmBenchmark(Benchmark):
 #: Dims drawn log-uniform under a FLOP cap leave few shapes near the cap (5 of ~450 per kernel above
 #: 1e9 FLOPs in a ``--quick --scale 2`` grid), yet a training step's time is in its largest GEMMs:
 #: a pack fitted on such a grid predicted the e2e MLP's 1-2 GFLOP GEMMs at 113-120 GFLOP/s where they
-#: ran at 108-110 (session 17)
+#: ran at 108-110
 LARGE_SHARE = 0.3
 #: the top of the FLOP range those shapes are drawn from: the cap over this factor, up to the cap
 LARGE_RANGE = 64.0
@@ -155,9 +134,9 @@ def _large_shape(rng: np.random.Generator, lo: int, top: int, cap: float, mult: 
     at random between the three dims, each within ``[lo, top]`` and rounded to ``mult``.
 
     What a dim loses to its bound goes to the dims still inside theirs, so the shape keeps its drawn
-    FLOPs wherever ``top ** 3`` allows: clipping alone (the grid before 2026-11-25) left 4 of a quick
-    grid's 350 addmm shapes above 1e9 FLOPs instead of ~20, and the AVX2 pack fitted on it predicted
-    the e2e MLP's 1024 x 1024 x 512 GEMM at 27 ms where it runs in 17."""
+    FLOPs wherever ``top ** 3`` allows: clipping alone left 4 of a quick grid's 350 addmm shapes above
+    1e9 FLOPs instead of ~20, and a pack fitted on it predicted a 1024 x 1024 x 512 GEMM at 27 ms where
+    it runs in 17."""
     log_mnk = rng.uniform(np.log(cap / LARGE_RANGE / 2.0), np.log(cap / 2.0))
     logs = rng.dirichlet(np.ones(3)) * log_mnk
     lo_log, hi_log = np.log(max(lo, 1)), np.log(top)

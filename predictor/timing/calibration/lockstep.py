@@ -6,9 +6,9 @@ time with all K processes running at once against alone: they price shared cache
 A data-parallel step does more: at every blocking collective each rank waits for the slowest, so every
 segment of work between two collectives costs the *maximum* over the ranks of that segment's time,
 tails included (a rank pre-empted, an unpinned rank sharing a core with another's thread for a while,
-a collective's thread woken late). The median call time at once sees none of that. Measured on the AVX2
-VM (``/tmp`` probe of session 26, 2 gloo ranks, GEMM segments then a 256 KiB all-to-all): a 16 ms segment
-cost 2-4 ms more per step than its time at once plus the collective alone.
+a collective's thread woken late). The median call time at once sees none of that. Measured on an AVX2
+VM (2 gloo ranks, GEMM segments then a 256 KiB all-to-all): a 16 ms segment cost 2-4 ms more per step than
+its time at once plus the collective alone.
 
 :func:`probe_lockstep` starts K gloo processes (:mod:`.processes`; unpinned, as a user's job runs) that,
 per round, time a segment of GEMM work *free* (all at once, no synchronisation), a one-float all-reduce

@@ -35,11 +35,10 @@ ATen calls, each with the profiler's callbacks). On an H100 host the T's so deri
 one-kernel op T1 + T2 + T3 + T4 = 50.9 µs, where a tight loop of such ops, unprofiled, costs 8-40 µs
 each (median 26 µs; :func:`unprofiled_op_seconds`, recorded as ``unprofiled_op_s``). The manifest keeps
 the T's as measured; a CUDA pack's *platform* holds the device host model of
-:mod:`predictor.timing.calibration.step_graph` (since session 32): the T's x this step's unprofiled / profiled
-ratio, and ``step_s``, what the unprofiled step costs beyond its simulated ops. Scaling alone (sessions 5
-and 31) under-charged the MLP / DLRM steps, whose device-mode graphs then lacked host work the real program
-runs (kernel-less autograd nodes, the foreach optimizer op, the framework work of ``backward()`` and
-``step()``); the synthesisers emit it since. :func:`unprofiled_step_seconds` records what that work costs
+:mod:`predictor.timing.calibration.step_graph`: the T's x this step's unprofiled / profiled ratio, and
+``step_s``, what the unprofiled step costs beyond its simulated ops. Scaling alone under-charged the MLP / DLRM
+steps, whose device-mode graphs lacked host work the real program runs (kernel-less autograd nodes, the
+foreach optimizer op, the framework work of ``backward()`` and ``step()``); the synthesisers emit it. :func:`unprofiled_step_seconds` records what that work costs
 unprofiled (``unprofiled_step_s``), to check the closure's ``step_s`` against on the next GPU run.
 """
 
@@ -147,7 +146,7 @@ STEP_PROBE_SIZES = (4, 32)
 
 def unprofiled_step_seconds(device: torch.device, calls: int = 300, rounds: int = 3) -> dict[str, float]:
     """Host seconds per call, unprofiled, of the step-level framework work an eager device-mode step runs
-    beside its ops (what the single-GPU e2e traces show the synthesisers lack; session 31):
+    beside its ops (what single-GPU e2e traces show besides the ops):
 
     * ``foreach_add_N``: one ``torch._foreach_add_`` over N tiny tensors (SGD's update as one op, many
       tensors, as PyTorch's default foreach optimizers run it on a GPU);

@@ -1,13 +1,13 @@
-"""The machine's typical pace against its calibration spell's (``Platform.kernel_pace``).
+"""The machine's typical pace against the pace of its calibration run (``Platform.kernel_pace``).
 
 A shared VM runs one kernel several percent faster or slower from hour to hour (other tenants, the
-host's clocks). A pack's kernel models are fitted to the spell its benchmarks were timed in, so a pack
-whose models are right at that spell's pace predicts a step in a typical later spell too fast or too
+host's clocks). A pack's kernel models are fitted to the hour its benchmarks were timed in, so a pack
+whose models are right at that hour's pace predicts a step at a typical later hour too fast or too
 slow by the machine's drift. The drift probe re-times some of the pack's own microbenchmark shapes as
 calibrated and divides by the recorded times (``experiments/measure_env.py``: ``gemm_drift``, the larger
 half of the fp32 ``addmm`` / ``mm`` shapes by FLOPs; ``memory_drift``, the larger half of the ``memcpy``
 shapes by bytes). ``experiments/e2e_cpu.py`` takes it before and after every measurement window and
-archives it with the window (``benchmarks/results/e2e_cpu_windows.json``).
+archives it with the window (``benchmarks/data/e2e_cpu_windows.json``).
 
 :func:`pace_from_windows` turns those records into the platform's pace: per kernel class, the median
 over the windows measured against this pack's data (same ``pack_created``, same CPU) of each window's
@@ -15,9 +15,8 @@ geomean of its before / after ratios. ``tuner calibrate --refit PACK --pace-from
 pack. Only ``compute`` is applied (:data:`APPLIED_CLASSES`): the GEMM probe re-times the very samples the pack's
 GEMM models are levelled on. The memcpy probe is recorded but not applied: its shapes are the larger half of the
 pack's memcpy samples by bytes, which stream from DRAM, while a step's memory-bound kernels run mostly from the
-last-level cache. On the Zen 4 VM the memcpy drift read a median x1.151 over 72 windows, and applying it as the
-memory pace moved the MLP / GPT rows 1-3 points over their medians (75 windows 1.81 / 8.6 % -> 2.11 / 9.7 %,
-session 47). No probe times the embedding kernels, so that class has no pace.
+last-level cache: on a Zen 4 VM applying its drift (a median x1.151 over 72 windows) as the memory pace moved
+the e2e geomean / max error from 1.81 / 8.6 % to 2.11 / 9.7 % (75 windows). No probe times the embedding kernels, so that class has no pace.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ __all__ = ["APPLIED_CLASSES", "MIN_WINDOWS", "PROBE_KEYS", "PROBE_ROWS", "PaceEr
 PROBE_KEYS: dict[str, tuple[str, str]] = {"compute": ("before", "after"), "memory": ("memory_before", "memory_after")}
 #: the classes whose measured drift becomes the platform's pace (the others are recorded only; module docstring)
 APPLIED_CLASSES: tuple[str, ...] = ("compute",)
-#: fewest windows a class's pace is taken from: one spell's drift is not the machine's typical pace
+#: fewest windows a class's pace is taken from: one hour's drift is not the machine's typical pace
 MIN_WINDOWS = 10
 
 
@@ -74,7 +73,7 @@ def probe_rows(table: pd.DataFrame, cls: str, cases: int | None = None, seed: in
 def probe_reference(rows: pd.DataFrame) -> str:
     """A short fingerprint of the probe's rows (kernel, shape and recorded time): a window's drift is a ratio to
     these recorded times, so windows taken against other rows (a pack whose data were refitted from other
-    spells) measure against another reference."""
+    calibration runs) measure against another reference."""
     cols = [c for c in ("kernel", "m", "n", "k", "elements", "seconds") if c in rows.columns]
     text = rows[cols].to_csv(index=False, float_format="%.6g")
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -103,7 +102,7 @@ def read_windows(path: str | Path) -> list[dict]:
         raise PaceError(f"--pace-from {path}: not a readable JSON file ({exc})") from None
     if not isinstance(data, list) or not all(isinstance(w, dict) for w in data):
         raise PaceError(f"--pace-from {path}: expected a JSON list of measurement windows "
-                        "(benchmarks/results/e2e_cpu_windows.json)")
+                        "(as benchmarks/data/e2e_cpu_windows.json)")
     return data
 
 
@@ -126,7 +125,7 @@ def pace_from_windows(windows: Sequence[Mapping], pack_created: str, cpu: Mappin
     taken from (windows, first and last ``measured_at``, median and quartiles of every probed class; ``applied``
     says which became the pace). ``references``: the pack's probe references (:func:`pack_references`); where
     :data:`MIN_WINDOWS` windows were taken against the pack's current reference only those count, else the
-    windows of the pack that recorded no reference (before session 47) and those of its current one.
+    windows of the pack that recorded no reference and those of its current one.
 
     Raises:
         PaceError: no applied class has :data:`MIN_WINDOWS` windows of this pack and CPU.

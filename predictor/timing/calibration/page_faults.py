@@ -47,7 +47,7 @@ def fault_cost(size: int, repeats: int) -> dict:
     kept.fill_(1)
     kept_wall: list[float] = []
     fresh_wall, sys_s, faults = [], [], []
-    for _ in range(repeats):  # kept and fresh writes alternate, so a slow spell hits both alike
+    for _ in range(repeats):  # kept and fresh writes alternate, so a slow stretch of the host hits both alike
         t0 = time.perf_counter()
         kept.fill_(2)
         kept_wall.append(time.perf_counter() - t0)

@@ -3,9 +3,8 @@
 Eager autograd's ``AddmmBackward0`` reduces the output gradient ``[m rows (tokens or samples), n features]``
 over its rows into the ``[n]`` bias gradient. ATen runs that as an outer-dimension reduction: each
 output column accumulates ``m`` strided elements, vectorised across columns, so its speed depends on the
-shape (a narrow ``n`` leaves the vector lanes idle), not on the bytes alone. Until this family, a step's
-bias gradients were priced by the ``add`` roofline on their bytes; in situ on the Zen 4 VM they ran ~2x that
-(GPT b8: 1.18 ms against 0.52 ms predicted, session 41).
+shape (a narrow ``n`` leaves the vector lanes idle), not on the bytes alone: priced by the ``add`` roofline
+on their bytes, a GPT step's bias gradients ran ~2x that on a Zen 4 VM (1.18 ms against 0.52 ms).
 
 Shapes: the row-wise grid (``m`` 1..65536, ``n`` 8..16384, 70 % of ``n`` multiples of 8, elements capped
 by level; :func:`~.layer_norm.rows_by_width_cases`). Parameters per row: ``m, n, elements = m n,
@@ -16,7 +15,7 @@ dtype_bytes, bytes`` (the input read once; the ``n``-element output is not count
 Timed as the other memory-bound families (cold on a CPU, :attr:`Benchmark.memory_bound`). In a step the
 gradient's state lies between cold and warm: on the Zen 4 VM the cold-fitted model priced a step's sums
 0.84-2.7x their profiled time, a warm-fitted one 0.23-0.36x, one timed right after the weight-gradient GEMM
-(its width not a model input) 0.26-0.67x (session 42, ``experiments/insitu_cpu.py``; ``docs/SESSION_NOTES.md``).
+(its width not a model input) 0.26-0.67x.
 """
 
 from __future__ import annotations

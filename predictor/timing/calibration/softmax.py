@@ -27,9 +27,8 @@ class SoftmaxBenchmark(Benchmark):
     memory_bound = True
 
     def specs(self, ctx: BenchContext) -> list[ModelSpec]:
-        # ``short_rows``: a row shorter than one 64-byte vector runs ATen's tail path, ~10x per element; over seeds
-        # 1-3 of the four Zen 4 calibrations with softmax data the family's held-out GMAE 7.43 -> 6.07 %, every pack
-        # and kernel better (``experiments/results/s38/kernel_variants_short_rows.md``)
+        # ``short_rows``: a row shorter than one 64-byte vector runs ATen's tail path, ~10x per element; held-out
+        # GMAE of the family on four Zen 4 calibrations 7.43 -> 6.07 %
         features, raw = row_features(ctx)
         features, raw = (*features, *SHORT_ROW_FEATURES), (*raw, *SHORT_ROW_FEATURES)
         return [ModelSpec(kernel=k, kinds=(k,), method="mlp", features=features, raw_features=raw,

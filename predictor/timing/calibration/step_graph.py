@@ -8,21 +8,22 @@ profiled (``iteration_s_profiled``), from which T1..T5 come. Two facts follow fo
 * **profiler ratio** — ``iteration_s_unprofiled / iteration_s_profiled``: the profiler slows every host
   event of that host-bound step; its T's, scaled by the ratio, are what the same ops cost unprofiled
   (:func:`device_overheads`). Scaling alone under-charges steps whose graphs lack host work the real
-  program runs (session 31, ``benchmarks/results/gpu_host_model.md``); the device-mode synthesisers emit
-  that work since (:mod:`predictor.sources.synth.emit`: kernel-less autograd nodes, foreach optimizers).
+  program runs; the device-mode synthesisers emit that work (:mod:`predictor.sources.synth.emit`: kernel-less
+  autograd nodes, foreach optimizers).
 * **step framework cost** (``step_s``, overhead type STEP, once per training step) — the measured
   unprofiled step less the simulated :func:`calibration_step_graph` priced with the scaled T's and
   ``step_s = 0``: what the step costs the host beyond its ops (entering ``backward()``, the autograd
   device thread's hand-offs, ``optimizer.step()``'s Python), clipped at zero.
 * **sparse table cost** (``sparse_table_s``, overhead type SPARSE_TABLE, once per embedding table with a
   sparse gradient) — when the calibration also timed the model without its tables
-  (``iteration_s_unprofiled_dense``, since session 32), two points close two unknowns: ``step_s`` from the
+  (``iteration_s_unprofiled_dense``), two points close two unknowns: ``step_s`` from the
   dense-only step, and the full step's remainder over its four tables (a sparse backward and update cost the
   host more than the average op the T's price: nested ATen calls building and adding the sparse gradient).
   Without that measurement ``step_s`` takes the whole remainder and ``sparse_table_s`` is 0.
 
 Both are calibration facts of the device, taken from the calibration's own measurements, and applied to
-every device-mode graph (CUDA asset packs; :func:`predictor.timing.calibrate._calibrated_platform`). Units: seconds.
+every device-mode graph (CUDA asset packs; :func:`predictor.timing.calibrate.calibrated_platform.calibrated_platform`).
+Units: seconds.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ evicted, another table's call before it (:func:`~predictor.timing.calibration.em
 In a training step a table's backward + SGD row update runs after its own forward read the same rows, with
 the other tables' lookups in between; while the step's embedding working set (distinct rows x row bytes
 over every table, summed over the ranks sharing the cache) fits in the last-level cache, those rows are
-still there. On the AVX2 VM of session 25 the e2e DLRM's tables in the step's order ran x0.80-0.88 the
-cold timing with a working set of a quarter of the L3, x1.0 at two thirds of it
-(``experiments/results/avx2/embedding_reuse_cpu.md``).
+still there: on an AVX2 VM the e2e DLRM's tables in the step's order ran x0.80-0.88 the cold timing with
+a working set of a quarter of the L3, x1.0 at two thirds of it.
 
 :func:`probe_step_reuse` times synthetic tables both ways at working sets from 1/8 to 2x the LLC:
 

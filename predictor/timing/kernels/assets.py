@@ -388,10 +388,9 @@ def cpu_local_pack() -> Path | None:
     """The pack ``--platform cpu-local`` stands for on this host: of the packs named ``cpu-local`` or
     ``cpu-local-*`` on the search path, the first whose manifest records this CPU
     (:func:`~predictor.timing.platforms.cpu_local.same_cpu` with this host's signature); else the pack named
-    ``cpu-local`` when it records no CPU (calibrated before session 21) and its ``cpu_model`` is this
-    host's; else None. So one checkout carries a pack per CPU its team runs on (``assets/cpu-local``:
-    the AVX-512 EPYC of sessions 1-20; ``assets/cpu-local-avx2``: session 22's AVX2 EPYC) and each host
-    picks its own."""
+    ``cpu-local`` when it records no CPU (an older pack) and its ``cpu_model`` is this host's; else None.
+    So one checkout carries a pack per CPU its team runs on (e.g. ``assets/cpu-local-zen4``,
+    ``assets/cpu-local-avx2``) and each host picks its own."""
     from predictor.timing.platforms.cpu_local import cpu_signature, same_cpu
 
     here = cpu_signature()

@@ -4,8 +4,8 @@ The host-contention probe (:mod:`predictor.timing.calibration.contention`) measu
 class runs while K processes run that class *at once*. In a training step the ranks of one host are not
 always all busy: a rank whose embedding tables are heavier keeps computing while the others wait at the
 all-to-all, and that tail runs alone, at its uncontended speed. Pricing every kernel at the contended speed
-over-prices unbalanced placements (on the AVX2 VM of session 27 the pooled sharding truth put the predicted
-imbalance against the residual at r = -0.32).
+over-prices unbalanced placements (on an AVX2 VM the measured sharding runs put the predicted imbalance
+against the residual at r = -0.32).
 
 :func:`co_run_durations` prices a kernel as progressing at ``1 / factor`` of its speed while some other rank
 of the host runs a kernel and at full speed otherwise: with ``o`` the part of its span during which another

@@ -48,10 +48,8 @@ def uniform_reuse_factors(lookups: np.ndarray, rows: np.ndarray) -> np.ndarray:
 ALIGN16_FEATURES = ("m_al16", "n_al16", "k_al16")
 #: finer steps of the vector dimension of a CPU GEMM (not logged): ``n_al8`` / ``n_al4`` = 1 when ``n`` (the
 #: columns of the result, the dimension BLAS vectorises for row-major operands) is a multiple of 8 / 4 elements.
-#: A ragged ``n`` costs a masked tail in proportion to what is left over: on the Zen 4 VM the fp32 net with the
-#: 16-element flags alone over-predicted the bmm samples with ``n`` = 8 mod 16 by a median 18 % and those with
-#: ``n`` = 4 or 12 mod 16 by 7-9 % (mm likewise), where ``n`` = 7 or 11 mod 16 ran 7-8 % slower than it said
-#: (1321 unseen samples of five spells, session 48)
+#: A ragged ``n`` costs a masked tail in proportion to what is left over: on a Zen 4 VM the fp32 net with the
+#: 16-element flags alone over-predicted bmm samples with ``n`` = 8 mod 16 by a median 18 % (1321 unseen samples)
 ALIGN_FINE_FEATURES = ("n_al8", "n_al4")
 #: PyTorch's CPU convolution path (columns ``m = H W``, ``k``, ``dim = kh``, ``batch``): 1 when an fp32
 #: convolution runs ATen's own kernel (im2col + GEMM, ``Slow2d``), 0 when it goes to oneDNN. ATen's
@@ -59,36 +57,33 @@ ALIGN_FINE_FEATURES = ("n_al8", "n_al4")
 #: (``conv_native``; with more threads, ``conv_native_mt``, oneDNN takes it), and so does a filter of at
 #: most 3x3 on a single image of at most 20480 input elements (strided and dilated convolutions always
 #: go to oneDNN; graph tasks do not carry the stride and read as stride 1). An MLP on log sizes did not
-#: place that edge from a few hundred samples: the native path was 18 % off where the rest was 11 %;
-#: with the indicator the held-out conv2d GMAE of five stored calibrations fell from 8.6-12.0 % to
-#: 7.1-8.2 % (``experiments/results/kernel_model_variants_conv.md``)
+#: place that edge from a few hundred samples: with the indicator the held-out conv2d GMAE of five stored
+#: calibrations fell from 8.6-12.0 % to 7.1-8.2 %
 CONV_PATH_FEATURES = ("conv_native", "conv_native_mt")
 #: A convolution's channel counts on a vector boundary (columns ``n`` = ``C_out``, ``k`` = ``C_in kh kw``,
 #: ``dim`` = ``kh``; not logged): ``cout_alV`` / ``cin_alV`` = 1 when ``C_out`` / ``C_in`` is a multiple of ``V``,
 #: else 0, for ``V`` = 8 or 16 fp32 lanes. oneDNN's fp32 convolutions block channels by the vector width
-#: (``nChw16c`` with AVX-512); on the Zen 4 VM the held-out samples over 1 ms with ``C_out`` a multiple of 16 ran a
-#: median 7-14 % under the net's prediction without them and those with ``C_out`` = 8 mod 16 5-18 % over it
-#: (session 40, ``cpu-s37x8`` seed 0). The spec takes the 16-lane pair on AVX-512 CPUs only
-#: (:func:`conv_align_features`); the 8-lane pair is there for ``experiments/kernel_model_variants.py``
+#: (``nChw16c`` with AVX-512); on a Zen 4 VM held-out samples over 1 ms with ``C_out`` a multiple of 16 ran a
+#: median 7-14 % under the net's prediction without them. The spec takes the 16-lane pair on AVX-512 CPUs only
+#: (:func:`conv_align_features`); the 8-lane pair is there to try
 CONV_ALIGN_FEATURES = ("cout_al8", "cin_al8", "cout_al16", "cin_al16")
 
 
 def conv_align_features(lanes: int) -> tuple[str, ...]:
     """The channel-alignment inputs of a CPU convolution net on a CPU with ``lanes`` fp32 lanes: the 16-lane pair
     of :data:`CONV_ALIGN_FEATURES` with AVX-512 (``lanes`` >= 16), none with fewer: on the AVX2 VM's stored
-    calibration the 8-lane (and 16-lane) inputs cost 0.6-1.4 points of held-out GMAE (session 40)."""
+    calibration the 8-lane (and 16-lane) inputs cost 0.6-1.4 points of held-out GMAE."""
     return ("cout_al16", "cin_al16") if lanes >= 16 else ()
 
 
-#: GEMM and convolution shape features, tried in session 35 (their held-out gains did not hold over other
-#: splits, and ``gemm_bytes`` moved a step's large GEMMs: see :mod:`predictor.timing.calibration.gemm`);
-#: ``experiments/kernel_model_variants.py`` has them as variants. Since session 47 the CPU fp32 GEMM net takes
-#: ``bmm_naive`` (on the 6-round spells its rows were the worst bmm samples).
+#: GEMM and convolution shape features (``gemm_bytes`` and ``conv_bytes`` are not in any spec: their held-out
+#: gains did not hold over other splits; the CPU fp32 GEMM net takes ``bmm_naive`` and ``bmm_intensity``, see
+#: :mod:`predictor.timing.calibration.gemm`).
 #: ``gemm_bytes`` = ``dtype_bytes x batch x (m k + k n + m n)``, the operands' and result's bytes (log2);
 #: ``bmm_naive`` = 1 when ``m n k < 400`` (not logged; in a net pooled over the GEMM ops, only on ``is_bmm``
 #: rows): ATen's CPU ``bmm`` runs its own per-entry loop below that product instead of a BLAS batch;
-#: ``bmm_intensity`` = log2 of ``2 m n k / (dtype_bytes (m k + k n + m n))`` on bmm rows, 0 on others (not logged;
-#: the CPU fp32 net since session 48): a bmm with a small k streams its result and runs at memory speed;
+#: ``bmm_intensity`` = log2 of ``2 m n k / (dtype_bytes (m k + k n + m n))`` on bmm rows, 0 on others (not
+#: logged): a bmm with a small k streams its result and runs at memory speed;
 #: ``conv_bytes`` = a "same"-padded convolution's input,
 #: weight and output bytes, ``dtype_bytes x (batch m k / kh^2 + n k + batch n m)`` (log2; the columns
 #: :func:`conv_native` reads)
@@ -96,9 +91,8 @@ GEMM_SHAPE_FEATURES = ("gemm_bytes", "bmm_naive", "conv_bytes", "bmm_intensity")
 #: PyTorch's CPU path for a bf16 GEMM (not logged): ``onednn_gemm`` = 1 when ``batch x m x n x k`` exceeds
 #: 16^3 = 4096, the size from which ATen hands a bf16 ``addmm`` / ``mm`` / ``bmm`` to oneDNN
 #: (``checksize`` in ``aten/src/ATen/native/mkldnn/Matmul.cpp``; on a CPU with AVX-512 BF16), else 0 (its own
-#: blocked kernel). On the Zen 4 VM the step costs a fixed ~20 us: products of 1k-4k ran a median 6-8 us, of
-#: 4k-16k 27-35 us (``cpu-s37x8``, all three bf16 ops; fp32 GEMMs have no such edge), and 16x16x16 with batch 1
-#: 7.8 us against 29.0 us with batch 2
+#: blocked kernel). On a Zen 4 VM the step costs a fixed ~20 us: products of 1k-4k ran a median 6-8 us, of
+#: 4k-16k 27-35 us (all three bf16 ops; fp32 GEMMs have no such edge)
 ONEDNN_FEATURES = ("onednn_gemm",)
 ONEDNN_MIN_PRODUCT = 16.0**3
 #: rows shorter than one 512-bit vector (not logged): ``short_rows`` = 1 when ``n x dtype_bytes`` < 64. ATen's

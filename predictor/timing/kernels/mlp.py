@@ -238,8 +238,7 @@ def _linear(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 #: precision the MLPs train in: "float32" (with PyTorch's fused AdamW) or "float64". The trained weights
-#: are stored as float32 either way; on the AVX2 VM of session 22 float32 trained 1.5-2x faster
-#: (``experiments/fit_recipe.py``)
+#: are stored as float32 either way; on a 2-core AVX2 VM float32 trained 1.5-2x faster
 TRAIN_DTYPE = "float32"
 
 

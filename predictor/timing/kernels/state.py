@@ -6,7 +6,7 @@ state of the hypervisor), not because of the shape: of a sample's rounds, the fa
 shape's time with the least disturbance, the median is the time the machine typically gives.
 Two ways to fit a model follow:
 
-* **typical** (the default, every pack before session 30): fit each shape's median over the
+* **typical** (the default): fit each shape's median over the
   rounds. The fitting target carries the rounds' noise, and so does the held-out error.
 * **fastest round**: fit each shape's fastest round (``median_s`` of the stored data: the median
   of the repeats of the fastest round). The model learns how time depends on shape from
@@ -15,8 +15,8 @@ Two ways to fit a model follow:
 
   ``factor = exp(median over the kind's training samples with >= 2 rounds of ln(median of rounds / fastest round))``
 
-  so a step, which runs in the typical state, is not under-predicted (session 8 measured the
-  plain fastest-round estimator at -12.8 % median on the e2e windows).
+  so a step, which runs in the typical state, is not under-predicted (the plain fastest-round
+  estimator read -12.8 % median on the e2e windows).
 
 :class:`StateScaled` is that model: any calibrated :class:`~predictor.timing.kernels.base.KernelModel`
 (``inner``, the fastest-round fit) times its per-kind factor (``factors``; ``"*"`` for kinds not

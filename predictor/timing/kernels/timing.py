@@ -19,8 +19,8 @@
   backward finds the rows its forward read still cached while the working set fits
   (:mod:`predictor.timing.calibration.step_reuse`); where the pack measured it per pooling of the probe's tables
   (``Platform.embedding_step_reuse_pooling``) each table takes its pooling's factor;
-* on a CPU platform with a measured pace (``Platform.kernel_pace``: how much slower a typical later spell of
-  the machine runs each kernel class than the spell the pack timed it in), the predicted kernels of that class
+* on a CPU platform with a measured pace (``Platform.kernel_pace``: how much slower the machine typically runs
+  each kernel class than during the calibration that timed it), the predicted kernels of that class
   take that factor (before host contention; measured and overhead-typed tasks keep their time);
 * on a CPU platform with measured collective waits for K ranks (``Platform.collective_wait_s[K]``), every
   collective task of a K-rank graph takes its kind's wait (seconds) more: the calibrated curves time the typical
@@ -87,8 +87,7 @@ class ModelTiming:
         #: host contention only while another rank of the host runs (:mod:`predictor.timing.kernels.co_run`);
         #: False prices every kernel of a K-rank CPU graph at the contended speed throughout
         self.co_run = co_run
-        #: step-reuse factors capped at 1 (:meth:`step_reuse_multipliers`; since session 33); False: as measured,
-        #: as every prediction before it (re-predicting an older run, ``experiments/sharding_windows.py``)
+        #: step-reuse factors capped at 1 (:meth:`step_reuse_multipliers`); False: as measured
         self.cap_step_reuse = True
         #: which model family produced the numbers ("analytic", or an asset pack's name)
         self.source = source
@@ -134,7 +133,7 @@ class ModelTiming:
         if not pace and not factors:  # the class masks only when a factor needs them (the hot loop)
             return out
         classes = self.kernel_classes(graph)
-        for cls, p in pace.items():  # the machine's typical pace against its calibration spell's
+        for cls, p in pace.items():  # the machine's typical pace against the calibration's
             out[on_device & classes[cls]] *= p
         if not factors:
             return out
@@ -191,10 +190,9 @@ class ModelTiming:
         else the curve of table sums (:meth:`step_reuse_factors`), each measured point taken at most 1
         (``cap_step_reuse``). The models are fitted to the cold protocol (cache evicted before every call), the
         worst a step can leave a table; a probe reading above 1 (single calls of 0.1-0.3 ms timed one by one,
-        per-round ratios 0.4-1.9 on the Zen 4 VM) is noise, and in situ the light tables ran 0.63-0.76 their
-        cold time at every batch of the e2e DLRM (session 33, ``dlrm_phases_cpu.py`` per table). With the cap,
-        on the Zen 4 VM's nine windows 1.31 / 15.7 -> 1.26 / 13.2 % (geomean / max against the medians), on the
-        AVX2 VM's eleven fresh-batch windows 5.47 / 17.0 -> 5.51 / 14.8 %."""
+        per-round ratios 0.4-1.9 on a Zen 4 VM) is noise, and in situ the light tables ran 0.63-0.76 their
+        cold time at every batch of the e2e DLRM. With the cap, the e2e DLRM error on a Zen 4 VM's nine windows
+        fell from 1.31 / 15.7 to 1.26 / 13.2 % (geomean / max against the medians)."""
         out = np.ones(graph.n_tasks)
         working_sets = self.step_working_sets(graph)
         if not working_sets:

@@ -230,7 +230,7 @@ def cpu_model() -> str:
 
 #: instruction-set flags that change which kernels PyTorch runs on a CPU (oneDNN / MKL pick their
 #: code paths by them): without ``avx512_bf16`` / ``amx_bf16`` a bf16 GEMM takes a slow reference
-#: path (1-3 GFLOP/s on one Zen 3 core, 50-60 with AVX-512 BF16 on the VM of sessions 1-20)
+#: path (1-3 GFLOP/s on one Zen 3 core, 50-60 with AVX-512 BF16 on a Zen 4 VM)
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
@@ -262,7 +262,7 @@ def describe_cpu(signature: dict) -> str:
 def fp32_lanes(capability: str | None) -> int:
     """fp32 lanes of one vector register in PyTorch's CPU capability ``capability`` (a
     :func:`cpu_signature`'s ``torch_capability``): 16 for ``AVX512``, 8 for ``AVX2``, 4 otherwise; an
-    unknown capability (None: packs of sessions before 30 did not record it, all on AVX-512 VMs) reads 16.
+    unknown capability (None: older packs did not record it; all were calibrated on AVX-512 VMs) reads 16.
     oneDNN's fp32 convolutions block channels by this many (``nChw16c`` / ``nChw8c``)."""
     if capability is None:
         return 16
@@ -280,7 +280,7 @@ def signature_mismatch(recorded: dict | None, current: dict | None = None) -> st
     agree. A pack without a record gets a reason too (its host cannot be checked)."""
     current = current or cpu_signature()
     if not recorded:
-        return "the pack does not record its CPU (calibrated before session 21), so its host cannot be checked"
+        return "the pack does not record its CPU (an older pack), so its host cannot be checked"
     diffs = [f"{k} {recorded.get(k) or '?'} vs {current.get(k) or '?'} here"
              for k in SIGNATURE_KEYS if recorded.get(k) != current.get(k)]
     return ("the pack was measured on another CPU: " + "; ".join(diffs)) if diffs else None
@@ -288,8 +288,8 @@ def signature_mismatch(recorded: dict | None, current: dict | None = None) -> st
 
 def same_cpu(a: dict | None, b: dict | None) -> bool:
     """Whether two recorded :func:`cpu_signature` s are of one CPU (:data:`SIGNATURE_KEYS` agree). Two
-    missing records agree: measurements from before CPUs were recorded (session 21) all come from one
-    host, the AVX-512 EPYC of sessions 1-20; a missing record never agrees with a present one."""
+    missing records agree: the measurements from before CPUs were recorded all come from one host (an
+    AVX-512 EPYC); a missing record never agrees with a present one."""
     if not a or not b:
         return not a and not b
     return all(a.get(k) == b.get(k) for k in SIGNATURE_KEYS)

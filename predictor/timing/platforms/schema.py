@@ -90,10 +90,10 @@ class Platform(_Strict):
     #: "compute") when they all run at once, and ("sync") of every class when they also wait for each other
     #: at every collective, measured by ``tuner calibrate --world-size K``
     host_contention: dict[int, dict[str, float]] = Field(default_factory=dict)
-    #: CPU hosts: kernel class ("compute", "memory", "embedding") -> how much slower a typical later spell of
-    #: the machine runs that class's kernels than the spell its calibration timed them in (1.0: as calibrated).
-    #: A shared VM's pace drifts by tens of percent over hours; a pack whose models are right at its own spell's
-    #: pace under-predicts a typical step by that drift. Measured, not assumed: the median over many later
+    #: CPU hosts: kernel class ("compute", "memory", "embedding") -> how much slower the machine typically runs
+    #: that class's kernels than during the calibration that timed them (1.0: as calibrated). A shared VM's
+    #: pace drifts by tens of percent over hours; a pack whose models are right at its calibration's pace
+    #: under-predicts a typical step by that drift. Measured, not assumed: the median over many later
     #: windows of the pack's own microbenchmarks re-timed (``tuner calibrate --refit --pace-from``); empty: none
     kernel_pace: dict[str, PositiveFloat] = Field(default_factory=dict)
     #: CPU hosts: ranks sharing the host -> collective kind -> seconds a call waits, on average, beyond its
