@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.sources.traces.build import ReplayGraph, join_et
+from predictor.sources.traces.build import ReplayGraph
 from predictor.sources.traces.host_kernels import GEMM_OPS, STOP_OPS, VIEW_OPS, kernel_params, tensor_inputs
 from predictor.sources.traces.kineto import EventCat, KinetoTrace
 from predictor.sources.traces.op_tree import BACKWARD_OP_PREFIX, OpTree
+from predictor.sources.traces.rank_events import join_et
 
 __all__ = ["PARAM_EXP_COLUMNS", "ParamInputs", "rank_params", "batch_exponents", "detect_batch",
            "record_batch_exponents"]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.sources.traces.build import join_et
 from predictor.sources.traces.kineto import EventCat, KinetoTrace
+from predictor.sources.traces.rank_events import join_et
 
 __all__ = ["OpTree", "op_tree", "with_et_dims", "top_op", "calls_op", "thread_of_proc", "events_started",
            "BACKWARD_OP_PREFIX"]

@@ -276,7 +276,7 @@ def _corrected(x0: float, x1: float, op_starts: np.ndarray, rt_starts: np.ndarra
 
 def extract_overheads(trace_set: TraceSet, *, remove_profiler: bool = True) -> OverheadTable:
     """Measure T1..T5 (and host-only op time) per op type on every rank of ``trace_set``."""
-    from predictor.sources.traces.build import LAUNCH_CALLS
+    from predictor.sources.traces.dependencies import LAUNCH_CALLS
 
     kts = [r.kineto for r in trace_set.ranks]
     notes: list[str] = []

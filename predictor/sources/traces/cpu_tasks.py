@@ -1,0 +1,217 @@
+"""CPU threads cut into consecutive tasks that cover each thread's timeline (see
+:mod:`~predictor.sources.traces.build`): runtime calls that matter to the GPU are tasks of their own
+(Lin et al. type T4), the time between them a segment typed T1 (between top-level ops), T2 (op start to
+first launch), T5 (between launches of one op) or T3 (after the last launch), and ``ProfilerStep#N``
+boundaries zero-length markers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from predictor.graph import Category, Overhead
+from predictor.sources.traces.dependencies import BLOCKING_COPY, LAUNCH, SYNC, RuntimeCalls
+from predictor.sources.traces.kineto import EventCat
+from predictor.sources.traces.rank_events import EPS_US, RankEvents
+
+if TYPE_CHECKING:
+    from predictor.sources.traces.build import TraceGraphBuilder
+
+__all__ = ["CpuTasks", "cut_cpu_threads"]
+
+_CPU_OP = int(EventCat.CPU_OP)
+_RUNTIME = int(EventCat.RUNTIME)
+_CAT_CPU, _CAT_SYNC = Category.CPU, Category.SYNC
+# item types on a thread's timeline, and their order at one instant: op end, step end, step start,
+# op start, runtime call
+_OP_START, _OP_END, _CALL, _MARKER = 0, 1, 2, 3
+
+
+@dataclass
+class CpuTasks:
+    """What cutting one rank's threads produced (task indices of the builder).
+
+    ``rt_task``: runtime event -> its (issuing) task; ``rt_wait_task``: sync / blocking copy / split
+    launch event -> its waiting (or rest) task; ``op_first`` / ``op_last``: top-level op -> its first /
+    last task; ``t1_gaps``: (task, start µs, end µs, thread); ``src_end`` / ``src_task`` / ``src_thread``:
+    in-op tasks that may end another thread's wait; ``step_tasks``: step -> its start / end markers.
+    """
+
+    rt_task: dict[int, int] = field(default_factory=dict)
+    rt_wait_task: dict[int, int] = field(default_factory=dict)
+    op_first: dict[int, int] = field(default_factory=dict)
+    op_last: dict[int, int] = field(default_factory=dict)
+    t1_gaps: list[tuple[int, float, float, int]] = field(default_factory=list)
+    src_end: list[float] = field(default_factory=list)
+    src_task: list[int] = field(default_factory=list)
+    src_thread: list[int] = field(default_factory=list)
+    step_tasks: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+def cut_cpu_threads(b: TraceGraphBuilder, info: RankEvents, calls: RuntimeCalls, cpu_proc: list[int],
+                    step_list: list[tuple[str, float, float, int]], t0: float, median_launch: float) -> CpuTasks:
+    """Append the tasks of every CPU thread of ``info`` to ``b`` (processors ``cpu_proc``); ``t0``: the
+    trace origin (µs), ``median_launch``: a launch call's usual duration (µs)."""
+    markers: dict[int, list[tuple[float, str, int]]] = {}  # steps: markers go on the thread holding the annotation
+    for k, (_, s0, s1, ev) in enumerate(step_list):
+        t_idx = info.thread_of_event.get(ev, 0)
+        markers.setdefault(t_idx, []).append((s0, "start", k))
+        markers.setdefault(t_idx, []).append((s1, "end", k))
+    out = CpuTasks(step_tasks={k: {} for k in range(len(step_list))})
+    cutter = _Cutter(b, info, calls, out, step_list, median_launch)
+    for t_idx, evs in enumerate(info.thread_events):
+        items = _thread_items(info, calls, evs, markers.get(t_idx, []))
+        if items:
+            cutter.thread(t_idx, cpu_proc[t_idx], items, t0)
+    return out
+
+
+def _thread_items(info: RankEvents, calls: RuntimeCalls, evs: list[int],
+                  markers: list[tuple[float, str, int]]) -> list[tuple[float, int, int, int]]:
+    """(time µs, order at that instant, item type, payload) of a thread's op starts and ends, runtime
+    calls that become tasks and step markers, sorted."""
+    kt = info.trace.kineto
+    cat, tsa, dura = kt.cat, kt.ts, kt.dur
+    items: list[tuple[float, int, int, int]] = []
+    for e in evs:
+        c = cat[e]
+        if c == _CPU_OP and info.top_of.get(e) == e:
+            items.append((float(tsa[e]), 3, _OP_START, e))
+            items.append((float(tsa[e] + dura[e]), 0, _OP_END, e))
+        elif c == _RUNTIME and e in calls.kind:
+            items.append((float(tsa[e]), 4, _CALL, e))
+    for when, which, k in markers:
+        items.append((when, 1 if which == "end" else 2, _MARKER, k * 2 + (1 if which == "end" else 0)))
+    items.sort()
+    return items
+
+
+class _Cutter:
+    """Walks the items of one thread after another, appending segment, runtime-call and marker tasks."""
+
+    def __init__(self, b: TraceGraphBuilder, info: RankEvents, calls: RuntimeCalls, out: CpuTasks,
+                 step_list: list[tuple[str, float, float, int]], median_launch: float) -> None:
+        self.b, self.info, self.calls, self.out = b, info, calls, out
+        self.step_list, self.median_launch = step_list, median_launch
+        self.kt = info.trace.kineto
+        self.gpu_end = [g.end for g in info.gpu]
+        self.op_launches: dict[int, int] = {}  # top-level op -> GPU work it launches
+        for e, kind in calls.kind.items():
+            if kind in (LAUNCH, BLOCKING_COPY):
+                top = info.top_of.get(e)
+                if top is not None:
+                    self.op_launches[top] = self.op_launches.get(top, 0) + 1
+
+    def thread(self, t_idx: int, proc: int, items: list[tuple[float, int, int, int]], t0: float) -> None:
+        """Cut thread ``t_idx`` from ``t0`` to its last item (the time after it is not part of the run)."""
+        self.t_idx, self.proc = t_idx, proc
+        self.cur, self.in_op, self.seen = t0, -1, 0
+        first_item = True
+        for when, _, typ, payload in items:
+            if when > self.cur + EPS_US:  # the segment up to this item
+                self._segment(when, first_item)
+                self.cur = when
+            first_item = False
+            if typ == _OP_START:
+                self.in_op, self.seen = payload, 0
+            elif typ == _OP_END:
+                if payload == self.in_op:
+                    self.in_op = -1
+            elif typ == _MARKER:
+                k, is_end = divmod(payload, 2)
+                at = max(when, self.cur)
+                i = self.b.timed_task(proc, self.step_list[k][0], "marker", _CAT_CPU, 0.0, at, at)
+                self.out.step_tasks[k]["end" if is_end else "start"] = i
+            else:
+                self._runtime_call(payload)
+
+    def _segment(self, when: float, first_item: bool) -> None:
+        """The time from ``self.cur`` to ``when``: a T1 gap outside ops, else a segment of the op."""
+        b, out, cur = self.b, self.out, self.cur
+        if self.in_op < 0:
+            i = b.timed_task(self.proc, "T1", "cpu_gap", _CAT_CPU, when - cur, cur, when, overhead=Overhead.T1)
+            out.t1_gaps.append((i, cur, when, self.t_idx))
+            if first_item:
+                b.bump("leading_gaps")
+            return
+        total = self.op_launches.get(self.in_op, 0)
+        if total == 0:
+            ov = Overhead.NONE
+        elif self.seen == 0:
+            ov = Overhead.T2
+        elif self.seen >= total:
+            ov = Overhead.T3
+        else:
+            ov = Overhead.T5
+        kt = self.kt
+        i = b.timed_task(self.proc, kt.names[kt.name[self.in_op]], "cpu_op", _CAT_CPU, when - cur, cur, when,
+                         overhead=ov, ev=self.in_op)
+        out.op_first.setdefault(self.in_op, i)
+        out.op_last[self.in_op] = i
+        out.src_end.append(when)
+        out.src_task.append(i)
+        out.src_thread.append(self.t_idx)
+
+    def _runtime_call(self, e: int) -> None:
+        """The task(s) of runtime call ``e``, starting no earlier than the thread's current time."""
+        kt, b, out = self.kt, self.b, self.out
+        kind = self.calls.kind[e]
+        s = max(float(kt.ts[e]), self.cur)
+        dur = float(kt.ts[e] + kt.dur[e]) - s
+        nm = kt.names[kt.name[e]]
+        if kind == SYNC:  # synchronisation: only the time after the awaited task ends
+            g_end = max((self.gpu_end[g] for g in self.calls.awaited.get(e, [])), default=-np.inf)
+            begin = max(s, g_end)
+            i = b.timed_task(self.proc, nm, "sync", _CAT_SYNC, s + dur - begin, begin, s + dur, overhead=Overhead.T4)
+            out.rt_task[e] = i
+            out.rt_wait_task[e] = i
+        elif kind == BLOCKING_COPY:
+            self._blocking_copy(e, nm, s, dur)
+        elif kind == LAUNCH and dur > self.median_launch and min(
+                self.info.gpu[g].start for g in self.info.gpu_of_launch[e]) < s + dur:
+            self._split_launch(e, nm, s, dur)
+        else:
+            kname = "launch" if kind == LAUNCH else "cuda_runtime"
+            out.rt_task[e] = b.timed_task(self.proc, nm, kname, _CAT_CPU, dur, s, s + dur, overhead=Overhead.T4)
+            if kind == LAUNCH:
+                self.seen += 1
+        top = self.in_op
+        if top >= 0:
+            out.op_first.setdefault(top, out.rt_task[e])
+            out.op_last[top] = out.rt_wait_task.get(e, out.rt_task[e])
+            out.src_end.append(b.mend[out.op_last[top]])
+            out.src_task.append(out.op_last[top])
+            out.src_thread.append(self.t_idx)
+        self.cur = s + dur
+
+    def _blocking_copy(self, e: int, nm: str, s: float, dur: float) -> None:
+        """A blocking copy: the issuing part costs what a launch costs; the rest of the call is waiting."""
+        b, info = self.b, self.info
+        launched = info.gpu_of_launch[e]
+        g0 = info.gpu[launched[0]]
+        d1 = min(max(g0.start - s, 0.0), self.median_launch, dur)
+        self.out.rt_task[e] = b.timed_task(self.proc, nm, "launch", _CAT_CPU, d1, s, s + d1, overhead=Overhead.T4)
+        g_end = max(self.gpu_end[g] for g in launched)
+        begin = max(s + d1, g_end)
+        self.out.rt_wait_task[e] = b.timed_task(self.proc, f"{nm} (wait)", "sync", _CAT_SYNC, s + dur - begin, begin,
+                                                s + dur, overhead=Overhead.T4)
+        self.seen += 1
+
+    def _split_launch(self, e: int, nm: str, s: float, dur: float) -> None:
+        """A launch during which its GPU task began (a pageable copy staged while the call runs, a full
+        launch queue): the call issued its work after a launch's usual cost; the rest is host time."""
+        b, info = self.b, self.info
+        kt = self.kt
+        g_first = min(info.gpu[g].start for g in info.gpu_of_launch[e])
+        if any("Pageable" in kt.names[kt.name[info.gpu[g].ev]] for g in info.gpu_of_launch[e]):
+            d1 = min(max(g_first - s, 0.0), dur)  # a pageable copy starts once the host staged its first chunk
+        else:
+            d1 = min(self.median_launch, dur)
+        self.out.rt_task[e] = b.timed_task(self.proc, nm, "launch", _CAT_CPU, d1, s, s + d1, overhead=Overhead.T4)
+        self.out.rt_wait_task[e] = b.timed_task(self.proc, f"{nm} (rest)", "cuda_runtime", _CAT_CPU, dur - d1,
+                                                s + d1, s + dur)
+        self.seen += 1
+        b.bump("long_launch_calls_split")
