@@ -175,7 +175,7 @@ def test_a_host_bound_gpu_capture_replays_at_its_unprofiled_step():
     from predictor.whatif.annotate import HOST_BOUND_RATIO
     from predictor.whatif.apply import parse_sets, predict_trace
 
-    traces = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-s39"
+    traces = Path(__file__).resolve().parents[1] / "benchmarks" / "traces" / "h200-2"
     gpt = predict_trace(traces / "traces-gpt-b8.tar.gz", parse_sets([]), "h200-cal")
     assert gpt.baseline_replayed_s == pytest.approx(gpt.baseline_measured_s, rel=0.10)
     mlp = predict_trace(traces / "traces-mlp-b4096.tar.gz", parse_sets([]), "h200-cal")

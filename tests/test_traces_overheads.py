@@ -18,6 +18,7 @@ from predictor.sources.traces.overheads import (
     OverheadTable,
     extract_overheads,
 )
+from predictor.timing.platforms.schema import CpuOverheads
 
 
 def _handmade(tmp_path):
@@ -71,7 +72,7 @@ def test_json_round_trip_merge_and_reuse_on_a_graph(tmp_path):
     d = tab.durations(rg.graph)
     has = rg.graph.overhead != Overhead.NONE
     assert np.all(np.isfinite(d[has])) and np.all(np.isnan(d[~has]))
-    cpu = tab.to_cpu_overheads()
+    cpu = CpuOverheads(**tab.type_means_s())
     assert cpu.t5_s == pytest.approx(7e-6)
 
 

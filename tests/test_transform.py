@@ -281,15 +281,15 @@ def test_cli_bad_set_exits_2_with_one_line(tmp_path, item):
 
 
 def test_kernels_of_one_op_share_its_model_time_on_another_platform():
-    from predictor.whatif.timing import _share_per_op
+    from predictor.whatif.timing import share_per_op
 
     t = np.array([200e-6, 200e-6, 100e-6, 50e-6])  # the model's time of each kernel's op
     measured = np.array([95e-6, 5e-6, 80e-6, 40e-6])
     ops = np.array([7.0, 7.0, 8.0, np.nan])  # a split-K GEMM (two kernels), a lone kernel, no recorded op
-    out = _share_per_op(t, measured, ops, np.zeros(4, dtype=bool))
+    out = share_per_op(t, measured, ops, np.zeros(4, dtype=bool))
     assert out == pytest.approx([190e-6, 10e-6, 100e-6, 50e-6])
     # new tasks (no measurement) keep the model's time
-    out = _share_per_op(t, measured, ops, np.array([False, True, False, False]))
+    out = share_per_op(t, measured, ops, np.array([False, True, False, False]))
     assert out == pytest.approx(t)
 
 

@@ -26,7 +26,7 @@ from predictor.simulate import Breakdown, MeasuredTiming, Timeline, simulate, un
 from predictor.sources.traces.build import ReplayGraph, build_graph
 from predictor.sources.traces.load import TraceSet, load_traces
 
-__all__ = ["ReplayResult", "replay", "replay_graph", "window_breakdown", "busy_fraction"]
+__all__ = ["ReplayResult", "replay", "replay_graph", "measured_timeline", "window_breakdown", "busy_fraction"]
 
 
 def _clip(start: np.ndarray, end: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
@@ -256,10 +256,18 @@ class ReplayResult:
         }
 
 
+def measured_timeline(rg: ReplayGraph) -> Timeline:
+    """The measured run of ``rg`` as a :class:`~predictor.simulate.Timeline` (same breakdown code)."""
+    g = rg.graph
+    return Timeline(g, rg.measured_start.copy(), rg.measured_end.copy(),
+                    rg.measured_end - rg.measured_start, np.full(g.n_tasks, -1, dtype=np.int64),
+                    np.full(max(g.n_groups, 0), -1, dtype=np.int64))
+
+
 def replay_graph(rg: ReplayGraph) -> ReplayResult:
     """Simulate a built replay graph with its measured durations."""
     tl = simulate(rg.graph, MeasuredTiming(), launch_fraction=rg.launch_fraction)
-    return ReplayResult(graph=rg, timeline=tl, measured=rg.measured_timeline())
+    return ReplayResult(graph=rg, timeline=tl, measured=measured_timeline(rg))
 
 
 def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_et: bool = True) -> ReplayResult:

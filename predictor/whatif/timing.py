@@ -10,7 +10,7 @@ from predictor.graph import Category, ExecutionGraph, Overhead
 from predictor.graph.edit import aux_of
 from predictor.whatif.common import EXP_COLS
 
-__all__ = ["WhatIfTiming", "RATIO_ALIAS"]
+__all__ = ["WhatIfTiming", "RATIO_ALIAS", "share_per_op"]
 
 
 #: kinds without a model of their own whose *ratio* new/old is taken from a related model
@@ -77,7 +77,7 @@ class WhatIfTiming:
                     val = np.where(is_new, t_new, anch)
                     counts["anchored_model"] += int((~is_new).sum())
                 else:
-                    val = _share_per_op(t_new, d[idx], launch_op[idx], is_new)
+                    val = share_per_op(t_new, d[idx], launch_op[idx], is_new)
                     counts["model"] += int((~is_new).sum())
                 counts["new_model"] += int(is_new.sum())
             elif kind in RATIO_ALIAS and RATIO_ALIAS[kind] in self.model_kinds:
@@ -104,7 +104,7 @@ class WhatIfTiming:
         return np.maximum(np.nan_to_num(d, nan=0.0), 0.0)
 
 
-def _share_per_op(t_op: np.ndarray, measured: np.ndarray, launch_op: np.ndarray, new: np.ndarray) -> np.ndarray:
+def share_per_op(t_op: np.ndarray, measured: np.ndarray, launch_op: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Model times of traced kernels when several kernels come from one launching op (a split-K GEMM's
     GEMM and reduce kernels, a backward op's kernels): each kernel's model time ``t_op`` prices the whole
     op, so the op's kernels share one ``t_op`` in proportion to their measured durations (seconds).

@@ -116,16 +116,6 @@ class ReplayGraph:
     #: of a CPU op segment, the launching op of a GPU task; -1 for gaps, runtime calls, markers
     task_event: np.ndarray | None = None
 
-    def measured_timeline(self):
-        """The measured run as a :class:`~predictor.simulate.Timeline` (same breakdown code)."""
-        from predictor.simulate import Timeline
-
-        g = self.graph
-        return Timeline(g, self.measured_start.copy(), self.measured_end.copy(),
-                        self.measured_end - self.measured_start, np.full(g.n_tasks, -1, dtype=np.int64),
-                        np.full(max(g.n_groups, 0), -1, dtype=np.int64))
-
-
 
 class TraceGraphBuilder(GraphBuilder):
     """A :class:`~predictor.graph.GraphBuilder` that also records where each task lay in the measured

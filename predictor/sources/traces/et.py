@@ -95,6 +95,21 @@ class ExecutionTrace:
         return self.out_ids[self.out_ptr[i] : self.out_ptr[i + 1]]
 
 
+def _node_fields(n: dict, flat: bool) -> tuple[object, object, object, tuple, tuple]:
+    """(parent, rf_id, tid, (input values, shapes, types), (output values, shapes, types)) of a node;
+    ``flat``: schema 1.0.1 (fields on the node), else attributes and nested inputs / outputs."""
+    if flat:
+        return (n.get("parent", -1), n.get("rf_id", -1), n.get("tid", 0),
+                (n.get("inputs", []), n.get("input_shapes", []), n.get("input_types", [])),
+                (n.get("outputs", []), n.get("output_shapes", []), n.get("output_types", [])))
+    attrs = {a.get("name"): a.get("value") for a in n.get("attrs", []) if isinstance(a, dict)}
+    ins = n.get("inputs") or {}
+    outs = n.get("outputs") or {}
+    return (n.get("ctrl_deps", -1), attrs.get("rf_id", -1), attrs.get("tid", 0),
+            (ins.get("values", []), ins.get("shapes", []), ins.get("types", [])),
+            (outs.get("values", []), outs.get("shapes", []), outs.get("types", [])))
+
+
 def et_from_json(doc: object, label: str) -> ExecutionTrace:
     """Columnise a parsed execution-trace document."""
     if not is_et_json(doc):
@@ -127,21 +142,7 @@ def et_from_json(doc: object, label: str) -> ExecutionTrace:
         if nid is None:
             nid = len(names)
             names[nm] = nid
-        if flat:
-            parent = n.get("parent", -1)
-            rf = n.get("rf_id", -1)
-            tid = n.get("tid", 0)
-            iv, ish, ity = n.get("inputs", []), n.get("input_shapes", []), n.get("input_types", [])
-            ov, osh, oty = n.get("outputs", []), n.get("output_shapes", []), n.get("output_types", [])
-        else:
-            parent = n.get("ctrl_deps", -1)
-            attrs = {a.get("name"): a.get("value") for a in n.get("attrs", []) if isinstance(a, dict)}
-            rf = attrs.get("rf_id", -1)
-            tid = attrs.get("tid", 0)
-            ins = n.get("inputs") or {}
-            outs = n.get("outputs") or {}
-            iv, ish, ity = ins.get("values", []), ins.get("shapes", []), ins.get("types", [])
-            ov, osh, oty = outs.get("values", []), outs.get("shapes", []), outs.get("types", [])
+        parent, rf, tid, (iv, ish, ity), (ov, osh, oty) = _node_fields(n, flat)
         ids.append(int(n["id"]))
         parents.append(int(parent) if isinstance(parent, int) else -1)
         rfs.append(int(rf) if isinstance(rf, int) else -1)

@@ -179,18 +179,11 @@ def kineto_from_json(doc: object, label: str) -> KinetoTrace:
         raise TraceError(f"{label}: not a Kineto trace (a JSON document without a 'traceEvents' list)")
     assert isinstance(doc, dict)
     events = doc["traceEvents"]
-    cats: list[int] = []
-    name_ids: list[int] = []
     names: dict[str, int] = {}
-    pids: list[int] = []
-    tids: list[int] = []
+    # per-event columns, appended in the loop below
+    cats, name_ids, pids, tids, corrs, exts, rfs, streams, devices = ([] for _ in range(9))
     tss: list[float] = []
     durs: list[float] = []
-    corrs: list[int] = []
-    exts: list[int] = []
-    rfs: list[int] = []
-    streams: list[int] = []
-    devices: list[int] = []
     argss: list[dict] = []
     thread_names: dict[tuple[int, int], str] = {}
     cat_get = {k: int(v) for k, v in _CATS.items()}.get
@@ -253,6 +246,16 @@ def kineto_from_json(doc: object, label: str) -> KinetoTrace:
         streams.append(stream)
         devices.append(device)
         argss.append(a)
+    columns = {"cat": (cats, np.int8), "name": (name_ids, np.int32), "pid": (pids, np.int64),
+               "tid": (tids, np.int64), "ts": (tss, np.float64), "dur": (durs, np.float64),
+               "corr": (corrs, np.int64), "ext": (exts, np.int64), "rf": (rfs, np.int64),
+               "stream": (streams, np.int64), "device": (devices, np.int64)}
+    return _trace_from_columns(doc, label, columns, list(names), argss, thread_names)
+
+
+def _trace_from_columns(doc: dict, label: str, columns: dict[str, tuple[list, type]], names: list[str],
+                        args: list[dict], thread_names: dict[tuple[int, int], str]) -> KinetoTrace:
+    """The :class:`KinetoTrace` of the per-event ``columns`` (name -> (values, dtype)) read from ``doc``."""
     info = _distributed_info(doc)
     rank = info.get("rank")
     world = info.get("world_size")
@@ -261,27 +264,17 @@ def kineto_from_json(doc: object, label: str) -> KinetoTrace:
         "distributedInfo": info,
         "devices": [str(d.get("name", "")) for d in doc.get("deviceProperties", []) or [] if isinstance(d, dict)],
         "record_shapes": doc.get("record_shapes"),
-        "raw_events": len(events),
+        "raw_events": len(doc["traceEvents"]),
     }
     return KinetoTrace(
         label=label,
-        cat=np.asarray(cats, dtype=np.int8),
-        name=np.asarray(name_ids, dtype=np.int32),
-        names=list(names),
-        pid=np.asarray(pids, dtype=np.int64),
-        tid=np.asarray(tids, dtype=np.int64),
-        ts=np.asarray(tss, dtype=np.float64),
-        dur=np.asarray(durs, dtype=np.float64),
-        corr=np.asarray(corrs, dtype=np.int64),
-        ext=np.asarray(exts, dtype=np.int64),
-        rf=np.asarray(rfs, dtype=np.int64),
-        stream=np.asarray(streams, dtype=np.int64),
-        device=np.asarray(devices, dtype=np.int64),
-        args=argss,
+        names=names,
+        args=args,
         rank=_int_or(rank, -1) if rank is not None else None,
         world_size=_int_or(world, -1) if world is not None else None,
         meta=meta,
         thread_names=thread_names,
+        **{k: np.asarray(v, dtype=dt) for k, (v, dt) in columns.items()},
     )
 
 

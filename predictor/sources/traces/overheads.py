@@ -27,7 +27,7 @@ beyond the 1.5-IQR whiskers of each type are dropped before the means, as in the
 
 The result is an :class:`OverheadTable`: JSON-serialisable, mergeable across traces (the
 paper's *shared overheads*) and usable on predicted graphs (:meth:`OverheadTable.durations`,
-:meth:`OverheadTable.to_cpu_overheads`).
+:meth:`OverheadTable.type_means_s`).
 """
 
 from __future__ import annotations
@@ -138,15 +138,15 @@ class OverheadTable:
             out[i] = v
         return out
 
-    def to_cpu_overheads(self):
-        """The type-wide means as the platform schema's :class:`CpuOverheads` (seconds)."""
-        from predictor.timing.platforms.schema import CpuOverheads
+    def type_means_s(self) -> dict[str, float]:
+        """The type-wide means (seconds, 0 where unmeasured) as the fields of the platform schema's
+        ``CpuOverheads``: ``CpuOverheads(**table.type_means_s())``."""
 
         def m(k: str) -> float:
             v = self.seconds(k)
             return 0.0 if math.isnan(v) else max(v, 0.0)
 
-        return CpuOverheads(t1_s=m("T1"), t2_s=m("T2"), t3_s=m("T3"), t4_s=m("T4"), t5_s=m("T5"))
+        return {"t1_s": m("T1"), "t2_s": m("T2"), "t3_s": m("T3"), "t4_s": m("T4"), "t5_s": m("T5")}
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_json(self) -> dict:
@@ -282,59 +282,71 @@ def extract_overheads(trace_set: TraceSet, *, remove_profiler: bool = True) -> O
     notes: list[str] = []
     c_cpu, c_rt = _profiler_costs(kts, notes) if remove_profiler else (0.0, 0.0)
     samples: dict[str, list[tuple[str, float]]] = {k: [] for k in _TYPES}  # type -> (op or call, seconds)
-    launch_ids_all = []
     for kt in kts:
         names = kt.names
         launch_ids = np.asarray([i for i, n in enumerate(names) if n in LAUNCH_CALLS], dtype=np.int32)
-        launch_ids_all.append(launch_ids)
         rt = np.flatnonzero(kt.cat == EventCat.RUNTIME)
         for i in rt.tolist():
             samples["T4"].append((names[kt.name[i]], max(kt.dur[i] * 1e-6 - c_rt, 0.0)))
         cpu = np.flatnonzero(kt.mask(EventCat.CPU_OP, EventCat.RUNTIME))
         for tid in np.unique(kt.tid[cpu]):
-            ev = cpu[kt.tid[cpu] == tid]
-            ev = ev[np.lexsort((kt.cat[ev] == EventCat.RUNTIME, -kt.dur[ev], kt.ts[ev]))]
-            is_op = kt.cat[ev] == EventCat.CPU_OP
-            ops = ev[is_op]
-            rts = ev[~is_op]
-            if ops.size == 0:
-                continue
-            s = kt.ts[ops]
-            e = s + kt.dur[ops]
-            prev_max = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
-            top = s >= prev_max - 1e-3
-            tops = ops[top]
-            ts_ = kt.ts[tops]
-            te_ = np.maximum.reduceat(e, np.flatnonzero(top)) if tops.size else np.zeros(0)
-            op_starts_sorted = np.sort(s)
-            rt_starts = kt.ts[rts]
-            o = np.argsort(rt_starts, kind="stable")
-            rts, rt_starts = rts[o], rt_starts[o]
-            is_launch = np.isin(kt.name[rts], launch_ids)
+            _thread_samples(kt, cpu[kt.tid[cpu] == tid], launch_ids, c_cpu, c_rt, samples)
+    by_type, by_op, by_runtime = _aggregate(samples, notes)
+    return OverheadTable(by_type=by_type, by_op=by_op, by_runtime=by_runtime,
+                         profiler_cost_s={"cpu_op": c_cpu, "runtime_call": c_rt},
+                         sources=[kt.label for kt in kts], notes=notes)
 
-            # T1: between consecutive top-level ops
-            for k in range(1, tops.size):
-                gap = (ts_[k] - te_[k - 1]) * 1e-6
-                if gap >= 0:
-                    samples["T1"].append((names[kt.name[tops[k]]], max(gap - c_cpu, 0.0)))
-            for k in range(tops.size):
-                a, b = float(ts_[k]), float(te_[k])
-                op_name = names[kt.name[tops[k]]]
-                lo, hi = _count_between(rt_starts, a, b)
-                lmask = is_launch[lo:hi]
-                launches = rts[lo:hi][lmask]
-                if launches.size == 0:
-                    host = (b - a) * 1e-6 - c_cpu * _n_between(op_starts_sorted, a, b) - c_rt * (hi - lo)
-                    samples["cpu"].append((op_name, max(host, 0.0)))
-                    continue
-                ls = kt.ts[launches]
-                le = ls + kt.dur[launches]
-                cost = (op_starts_sorted, rt_starts, c_cpu, c_rt)
-                samples["T2"].append((op_name, _corrected(a, float(ls[0]), *cost)))
-                samples["T3"].append((op_name, _corrected(float(le[-1]), b, *cost)))
-                for j in range(1, launches.size):
-                    if ls[j] >= le[j - 1]:
-                        samples["T5"].append((op_name, _corrected(float(le[j - 1]), float(ls[j]), *cost)))
+
+def _thread_samples(kt: KinetoTrace, ev: np.ndarray, launch_ids: np.ndarray, c_cpu: float, c_rt: float,
+                    samples: dict[str, list[tuple[str, float]]]) -> None:
+    """T1, T2, T3, T5 and host-only op samples (seconds, profiler cost removed) of one thread's events."""
+    names = kt.names
+    ev = ev[np.lexsort((kt.cat[ev] == EventCat.RUNTIME, -kt.dur[ev], kt.ts[ev]))]
+    is_op = kt.cat[ev] == EventCat.CPU_OP
+    ops = ev[is_op]
+    rts = ev[~is_op]
+    if ops.size == 0:
+        return
+    s = kt.ts[ops]
+    e = s + kt.dur[ops]
+    prev_max = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
+    top = s >= prev_max - 1e-3
+    tops = ops[top]
+    ts_ = kt.ts[tops]
+    te_ = np.maximum.reduceat(e, np.flatnonzero(top)) if tops.size else np.zeros(0)
+    op_starts_sorted = np.sort(s)
+    rt_starts = kt.ts[rts]
+    o = np.argsort(rt_starts, kind="stable")
+    rts, rt_starts = rts[o], rt_starts[o]
+    is_launch = np.isin(kt.name[rts], launch_ids)
+
+    # T1: between consecutive top-level ops
+    for k in range(1, tops.size):
+        gap = (ts_[k] - te_[k - 1]) * 1e-6
+        if gap >= 0:
+            samples["T1"].append((names[kt.name[tops[k]]], max(gap - c_cpu, 0.0)))
+    for k in range(tops.size):
+        a, b = float(ts_[k]), float(te_[k])
+        op_name = names[kt.name[tops[k]]]
+        lo, hi = _count_between(rt_starts, a, b)
+        lmask = is_launch[lo:hi]
+        launches = rts[lo:hi][lmask]
+        if launches.size == 0:
+            host = (b - a) * 1e-6 - c_cpu * _n_between(op_starts_sorted, a, b) - c_rt * (hi - lo)
+            samples["cpu"].append((op_name, max(host, 0.0)))
+            continue
+        ls = kt.ts[launches]
+        le = ls + kt.dur[launches]
+        cost = (op_starts_sorted, rt_starts, c_cpu, c_rt)
+        samples["T2"].append((op_name, _corrected(a, float(ls[0]), *cost)))
+        samples["T3"].append((op_name, _corrected(float(le[-1]), b, *cost)))
+        for j in range(1, launches.size):
+            if ls[j] >= le[j - 1]:
+                samples["T5"].append((op_name, _corrected(float(le[j - 1]), float(ls[j]), *cost)))
+
+
+def _aggregate(samples: dict[str, list[tuple[str, float]]], notes: list[str]):
+    """(by type, by op and type, by runtime call) statistics of the samples inside the whiskers."""
     by_type: dict[str, OverheadStat] = {}
     by_op: dict[str, dict[str, OverheadStat]] = {}
     by_runtime: dict[str, OverheadStat] = {}
@@ -357,6 +369,4 @@ def extract_overheads(trace_set: TraceSet, *, remove_profiler: bool = True) -> O
                 by_runtime[name] = stat
             else:
                 by_op.setdefault(name, {})[kind] = stat
-    return OverheadTable(by_type=by_type, by_op=by_op, by_runtime=by_runtime,
-                         profiler_cost_s={"cpu_op": c_cpu, "runtime_call": c_rt},
-                         sources=[kt.label for kt in kts], notes=notes)
+    return by_type, by_op, by_runtime
