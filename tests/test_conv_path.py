@@ -106,7 +106,7 @@ def test_channel_alignment_inputs_mark_channel_counts_on_a_vector_boundary() -> 
 
 def test_conv_spec_takes_the_alignment_inputs_on_avx512_only() -> None:
     assert fp32_lanes("AVX512") == 16 and fp32_lanes("AVX2") == 8 and fp32_lanes("DEFAULT") == 4
-    assert fp32_lanes(None) == 16  # packs before session 30 did not record it; all were AVX-512 VMs
+    assert fp32_lanes(None) == 16  # packs without the field were all calibrated on AVX-512 machines
     assert conv_align_features(16) == ("cout_al16", "cin_al16") and conv_align_features(8) == ()
 
     def spec(lanes: int):
@@ -118,7 +118,7 @@ def test_conv_spec_takes_the_alignment_inputs_on_avx512_only() -> None:
     wide, narrow = spec(16), spec(8)
     assert wide.features[-2:] == ("cout_al16", "cin_al16") and {"cout_al16", "cin_al16"} <= set(wide.raw_features)
     assert not set(narrow.features) & {"cout_al16", "cin_al16", "cout_al8", "cin_al8"}
-    assert not wide.optional_features  # plain inputs: the optional group lost 0.7 points against them (session 40)
+    assert not wide.optional_features  # plain inputs: the optional group was 0.7 points worse
 
 
 def test_a_conv_model_with_the_alignment_inputs_recovers_a_faster_aligned_path() -> None:

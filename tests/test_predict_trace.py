@@ -96,8 +96,8 @@ def test_predict_batch_size_json(captured):
     assert r["changes"]["batch_size"]["tasks_rescaled"] > 0
     assert r["predicted_iteration_s"] > r["baseline_replayed_s"] > 0
     # rescaled kernels are re-timed by their kind's model (anchored to the measured time on the captured
-    # platform) or, without one, by the batch ratio; a pack with the column-sum model (session 42) has a
-    # model for every kernel of this step
+    # platform) or, without one, by the batch ratio; a pack with the column-sum model has a model for every
+    # kernel of this step
     c = r["retimed_tasks"]
     assert c["model"] + c["anchored_model"] + c["ratio_no_model"] > 0, c
 
@@ -155,8 +155,8 @@ def test_predict_missing_or_foreign_trace(tmp_path):
 
 @pytest.mark.parametrize("dtype, nbytes", [("c10::BFloat16", 2.0), ("c10::Half", 2.0), ("float", 4.0)])
 def test_kineto_dtype_names_keep_gemm_shapes(dtype: str, nbytes: float):
-    """Kineto spells half-precision types c10::BFloat16 / c10::Half: their shapes must not be dropped
-    (a bf16 trace once lost every GEMM's m, n, k, so batch what-ifs left its GEMMs unscaled)."""
+    """Kineto names half-precision types c10::BFloat16 / c10::Half: a GEMM keeps its m, n, k and dtype
+    size with them (without them batch what-ifs would leave a bf16 trace's GEMMs unscaled)."""
     from predictor.sources.traces.host_kernels import kernel_params
 
     p = kernel_params("addmm", "aten::addmm", [[3072], [4096, 1024], [1024, 3072], [], []],
@@ -167,9 +167,9 @@ def test_kineto_dtype_names_keep_gemm_shapes(dtype: str, nbytes: float):
 
 
 def test_a_host_bound_gpu_capture_replays_at_its_unprofiled_step():
-    """Session 39's H200 capture of the small GPT (host 5 ms, kernels 1 ms per step): the replay with no change
-    lands near the capture's own unprofiled iterations (it replayed 60 % above them when GPU graphs stopped at the
-    mean per-event profiler cost); the near-balanced MLP capture keeps that cap."""
+    """An H200 capture of the small GPT (host 5 ms, kernels 1 ms per step) is host-bound: the replay with no
+    change lands near the capture's own unprofiled iterations (60 % above them with the profiler cost capped
+    at its per-event mean); the near-balanced MLP capture keeps that cap."""
     from pathlib import Path
 
     from predictor.whatif.annotate import HOST_BOUND_RATIO

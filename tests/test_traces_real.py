@@ -1,7 +1,7 @@
 """Replay of the real GPU traces in ../shared/data/traces (skipped when absent).
 
 Ground truth is the ProfilerStep duration recorded in each trace by its authors (see
-shared/data/SOURCES.md). Targets (issue 3): under 5 % error on every step.
+shared/data/SOURCES.md). Target: under 5 % error on every step.
 """
 
 from __future__ import annotations

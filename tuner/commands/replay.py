@@ -4,8 +4,8 @@ PATH is a Kineto trace (``.json``/``.json.gz``), or a folder / ``.tar.gz`` of pe
 optionally with their execution traces (found next to them, or given with ``--et``). Prints
 per ProfilerStep the measured and predicted time, the Lumos breakdown (exposed compute /
 exposed communication / overlap / idle) of both, and the critical path's top contributors;
-writes into ``--out`` the simulated timeline (beside the measured one) as a Chrome/Perfetto trace, a GPU-utilisation PNG
-(measured vs simulated, Lumos Fig. 6) and ``replay.json`` (last, atomically). ``--json``
+writes into ``--out`` the simulated timeline (beside the measured one) as a Chrome/Perfetto trace, a
+GPU-utilisation PNG (measured vs simulated, Lumos Fig. 6) and ``replay.json`` (last, atomically). ``--json``
 prints that summary on stdout and nothing else.
 """
 
@@ -19,15 +19,8 @@ from typing import Annotated
 
 import typer
 
+from predictor.files import atomic_write_text
 from tuner.commands.common import err_console, fail
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Readers see the old file or the whole new one (``tuner.report.atomic_write_text``, without
-    importing the search stack)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _plot_utilization(df, path: Path, title: str) -> Path:
@@ -130,7 +123,7 @@ def replay(
     summary["outputs"] = {"simulated trace": str(trace_file), "utilisation plot": str(png),
                           "summary": str(out / "replay.json")}
     text = json.dumps(summary, indent=1)
-    _atomic_write(out / "replay.json", text)
+    atomic_write_text(out / "replay.json", text)
     if json_out:
         sys.stdout.write(text + "\n")
     else:

@@ -37,7 +37,7 @@ Dependencies (Lumos §3.3.2)
 * GPU->GPU for the device itself: a task that started well after all of the above were
   satisfied, right when a task of another stream ended, was held back by it (a kernel that
   fills every SM, a busy copy engine) and depends on it — the GPU analogue of Lumos'
-  inter-thread rule.
+  inter-thread dependency.
 * DATA: from the execution trace's tensor ids, between top-level ops on different threads.
 * Collectives: NCCL kernels are matched across ranks by process group (or stream) and order
   into collective groups, which the simulator ends together; every member gets the group's

@@ -22,15 +22,12 @@ the time spent inside ``step()`` — trace export — excluded) and whether the 
 recording it: what-if predictions (:mod:`predictor.whatif.apply`) compare the profiled
 iterations with the unprofiled ones after the window to remove the profiler's own cost.
 
-On CUDA those unprofiled iterations are only clean if CUPTI is detached when the window ends:
-Kineto finalises CUPTI after a trace only with ``TEARDOWN_CUPTI=1`` (its default before 2026;
-pytorch/pytorch#144455: training ran 10-20 % slower after the profiler finished). The captures of
-2026-11-26 on an H200 (torch 2.11, CUDA 13.0) show it: the after-window steps ran 6-33 % slower
-than the same steps in the e2e loop (``benchmarks/traces/h200/*/rank0.steps.csv`` against
-run ``h200-1a`` of ``benchmarks/data/gpu_runs.json``). A capture recording CUDA on CUDA >= 12.6 therefore
-sets ``TEARDOWN_CUPTI=1`` while it runs, unless the variable is already set or ``teardown_cupti=False``
-(PyTorch sets it to 0 itself for CUDA graphs on older CUDA, where teardown crashed);
-``steps.csv`` records whether it did.
+On CUDA those unprofiled iterations are only clean if CUPTI is detached when the window ends, which
+Kineto does only with ``TEARDOWN_CUPTI=1`` (pytorch/pytorch#144455); without it the after-window steps
+of an H200 capture (torch 2.11, CUDA 13.0) ran 6-33 % slower than the same steps unprofiled. A capture
+recording CUDA on CUDA >= 12.6 therefore sets ``TEARDOWN_CUPTI=1`` while it runs, unless the variable is
+already set or ``teardown_cupti=False`` (PyTorch sets it to 0 for CUDA graphs on older CUDA, where
+teardown crashes); ``steps.csv`` records whether it did.
 """
 
 from __future__ import annotations

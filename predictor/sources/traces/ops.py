@@ -101,7 +101,7 @@ def _numel(shape: object) -> float:
 
 
 def is_tensor_type(t: object) -> bool:
-    """Is a Kineto ``Input type`` / ET type a tensor's? Kineto spells dtypes as PyTorch does
+    """Is a Kineto ``Input type`` / ET type a tensor's? Kineto names dtypes as PyTorch does
     (``float``, ``c10::BFloat16``, ``c10::Half``), hence case-insensitive; ``""``: unknown, assume so."""
     return isinstance(t, str) and (t.startswith("Tensor") or t.lower() in _DTYPE_BYTES or t == "")
 
