@@ -117,14 +117,15 @@ def _fastest_round_sentence(table: list[dict], met_typical: int, target: str = "
 def _data_from_sentence(key: str, src: dict) -> str:
     """One sentence on a family (or some of its kernels, ``family:k1,k2``) whose samples a refit took from another
     calibration (manifest ``refit.data_from``), with the pace factors of a ``--match-level`` refit; a key pooled over
-    several calibrations (its record's ``sources``) names each of them with its own level, scale, samples and pace."""
+    several calibrations (its record's ``sources``) gives each of them with its own level, scale, samples and pace
+    (the calibrations by their time of creation: the packs they were stored in are not kept)."""
     from predictor.timing.calibrate.pool import parse_data_source
 
     family, kernels = parse_data_source(key)
     what = f"{family} samples of {', '.join(kernels)}" if kernels else f"{family} samples"
     sources = src.get("sources")
     if isinstance(sources, list) and sources:
-        parts = "; ".join(f"`{s.get('pack')}` (created {s.get('created')}, {s.get('level')} level at scale "
+        parts = "; ".join(f"one created {s.get('created')} ({s.get('level')} level at scale "
                           f"{s.get('scale')}, {s.get('samples')} samples"
                           + (f", divided by {f}" if (f := _pace_factors(s.get("pace"))) else "") + ")"
                           for s in sources)
@@ -133,8 +134,8 @@ def _data_from_sentence(key: str, src: dict) -> str:
                 f"{parts}.")
     factors = _pace_factors(src.get("pace"))
     pace = f" brought to this pack's pace (`--match-level`: divided by {factors})" if factors else ""
-    return (f" Its {what} come from another calibration of this machine (`--data-from`): `{src.get('pack')}`, "
-            f"created {src.get('created')}, {src.get('level')} level at scale {src.get('scale')}, {src.get('samples')} "
+    return (f" Its {what} come from another calibration of this machine (`--data-from`), created "
+            f"{src.get('created')}, {src.get('level')} level at scale {src.get('scale')}, {src.get('samples')} "
             f"samples{pace}.")
 
 

@@ -444,7 +444,7 @@ def render(out: dict) -> str:
     lines = [
         f"# One {gpu.upper()}",
         "",
-        f"Measured {m['date']} on {m['gpu']} (torch {m['torch']}, CUDA {m['cuda']}; TF32 off), "
+        f"Run `{out.get('run', '?')}` of `{repo_relative(DATA)}`, measured {m['date']} on {m['gpu']} (torch {m['torch']}, CUDA {m['cuda']}; TF32 off), "
         f"{m['warmup']} warm-up + {m['iters']} timed iterations x {m['passes']} interleaved passes, CUDA events "
         "per iteration; measured = median of the pass medians. Predicted from the specs "
         "(`experiments/e2e_gpu.py --predict`), device-mode graphs, as the pace of the measured loop (no "
@@ -504,7 +504,7 @@ def render(out: dict) -> str:
                   "fused program emits 79 kernels for the small GPT at batch 8, 143 for the bf16 GPT at batch 4). "
                   "The MLP and DLRM synthesisers emit eager PyTorch's ops; in device mode every synthesiser also emits "
                   "the kernel-less host work (autograd nodes, views, `zero_grad`) and the step's framework cost "
-                  "(counted against the traces below).", "",
+                  "(the table counts the synthesised GPU kernels against the traced ones).", "",
                   "| model | batch | kernels, synthesised | kernels, traced |", "|---|---:|---:|---:|"]
         for k in out["kernel_counts"]:
             lines.append(f"| {k['model']} | {k['batch']} | {k['synthesised']} | {k['traced']} |")
