@@ -47,22 +47,22 @@ Run: ``flock /tmp/tuner-measure.lock python experiments/e2e_cpu.py`` (measure on
 ``python experiments/e2e_cpu.py --rescore`` (score the stored windows, no measuring).
 Writes ``experiments/results/e2e_cpu.md`` and ``.json`` (the scores over the stored windows and the
 newest measured window in detail).
+
+The models and their predictions are in :mod:`experiments.e2e_models`; the stored windows and their
+scoring (``--rescore``) in :mod:`experiments.e2e_rescore`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import platform as pyplatform
 import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timezone
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -77,15 +77,31 @@ if str(REPO) not in sys.path:
 from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     LEGACY_BATCH_POOL,
-    DLRMJobSpec,
     EmbeddingOverride,
     batch_reuse_histogram,
     cold_embedding_seconds,
-    measure_dlrm,
     table_batch,
 )
+from experiments.e2e_models import (  # noqa: E402
+    DLRM_BATCHES,
+    GPT,
+    GPT_BATCHES,
+    GPT_DROPOUT,
+    MLP_BATCHES,
+    Case,
+    build_cases,
+    dlrm_job,
+    dlrm_tables,
+)
+from experiments.e2e_rescore import (  # noqa: E402
+    WINDOWS_FILE,
+    archive_window,
+    load_windows,
+    rescore,
+    utc_time,
+    windows_markdown,
+)
 from experiments.measure_env import (  # noqa: E402
-    Measured,
     cpu_accounting,
     gemm_drift,
     llc_flush_buffer,
@@ -95,212 +111,13 @@ from experiments.measure_env import (  # noqa: E402
 )
 from predictor.files import atomic_write_text  # noqa: E402
 from predictor.metrics import abs_pct_errors, geomean_abs_pct_error, max_abs_pct_error  # noqa: E402
-from predictor.simulate import simulate  # noqa: E402
-from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph  # noqa: E402
-from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks  # noqa: E402
-from predictor.sources.synth.mlp import MLPSpec, build_mlp_graph  # noqa: E402
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec, build_transformer_graph  # noqa: E402
-from predictor.timing.platforms.host import ALLOCATORS, comm_thread_has_core, with_allocator  # noqa: E402
-from tuner.sharders import get_sharder  # noqa: E402
+from predictor.timing.platforms.host import ALLOCATORS, with_allocator  # noqa: E402
 
-# ----------------------------------------------------------------------------- the workloads
-#: MLP: 512 features -> 3 x 1024 -> 10 classes
-MLP = MLPSpec(input_dim=512, hidden=(1024, 1024, 1024), classes=10, batch_size=1, label="mlp-512-3x1024-10")
-MLP_BATCHES = (64, 256, 1024)
-#: a small GPT: 2 layers, hidden 256, 4 heads, 128 tokens, vocabulary 2048 (unfused attention, fp32)
-GPT = TransformerSpec(layers=2, hidden=256, heads=4, seq=128, vocab=2048, dtype="fp32", attention="unfused",
-                      name="gpt-2l-256h-4a-128s-2048v")
-GPT_BATCHES = (2, 4, 8)
-GPT_DROPOUT = 0.1
-#: DLRM: one "normal" task of the sharding experiment's generator (Lin et al. 2024 §IV-B1),
-#: the sharding experiment's MLPs
-DLRM_TASK = {"n_gpus": 2, "n_tasks": 4, "seed": 3, "index": 1, "table_memory_gib": 0.5}
-DLRM_BOTTOM = (256, 128, 64)
-DLRM_TOP = (256, 128, 1)
-DLRM_BATCHES = {1: (256, 1024, 4096), 2: (256, 1024, 4096)}
-DLRM_SHARDER = "size_lookup_greedy"
-
-
-# ----------------------------------------------------------------------------- real models
-def mlp_module(spec: MLPSpec) -> nn.Sequential:
-    """``spec`` as ``nn.Sequential`` (Linear, activation, ..., Linear)."""
-    act = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[spec.activation]
-    mods: list[nn.Module] = []
-    layers = spec.layers()
-    for li, (_, i, o) in enumerate(layers):
-        mods.append(nn.Linear(i, o))
-        if li < len(layers) - 1:
-            mods.append(act())
-    return nn.Sequential(*mods)
-
-
-@dataclass(frozen=True)
-class StepParts:
-    """One training step's pieces: ``zero_grad``, ``forward`` (through the loss, which it returns) and
-    ``optimizer`` (what follows ``loss.backward()``). Calling it runs the whole step."""
-
-    zero_grad: Callable[[], None]
-    forward: Callable[[], torch.Tensor]
-    optimizer: Callable[[], None]
-
-    def __call__(self) -> None:
-        self.zero_grad()
-        self.forward().backward()
-        self.optimizer()
-
-
-def mlp_step(spec: MLPSpec, seed: int = 0, device: str | torch.device = "cpu") -> StepParts:
-    """One SGD training step of ``spec`` on a fixed random batch on ``device`` (a callable)."""
-    torch.manual_seed(seed)
-    model = mlp_module(spec).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(spec.batch_size, spec.input_dim, device=device)
-    y = torch.randint(0, spec.classes, (spec.batch_size,), device=device) if spec.loss == "cross_entropy" else \
-        torch.randn(spec.batch_size, spec.classes, device=device)
-    loss_fn = F.cross_entropy if spec.loss == "cross_entropy" else F.mse_loss
-    return StepParts(zero_grad=lambda: opt.zero_grad(set_to_none=True), forward=lambda: loss_fn(model(x), y),
-                     optimizer=opt.step)
-
-
-class _Block(nn.Module):
-    """One decoder layer, op for op as the transformer synthesiser's layer (tp = 1, unfused attention)."""
-
-    def __init__(self, h: int, heads: int, ffn: int, p: float) -> None:
-        super().__init__()
-        self.h, self.heads, self.p = h, heads, p
-        self.ln1 = nn.LayerNorm(h)
-        self.qkv = nn.Linear(h, 3 * h)
-        self.proj = nn.Linear(h, h)
-        self.ln2 = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, ffn)
-        self.fc2 = nn.Linear(ffn, h)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, b: int, s: int) -> torch.Tensor:
-        h, nh = self.h, self.heads
-        d = h // nh
-        qkv = self.qkv(self.ln1(x))  # (b s, 3h)
-        q, k, v = qkv.view(b, s, 3, nh, d).permute(2, 0, 3, 1, 4).reshape(3, b * nh, s, d).unbind(0)
-        scores = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(d))  # scaled, causal mask
-        probs = F.dropout(torch.softmax(scores, dim=-1), self.p, self.training)
-        ctx = torch.bmm(probs, v).view(b, nh, s, d).transpose(1, 2).reshape(b * s, h)
-        x = x + F.dropout(self.proj(ctx), self.p, self.training)
-        y = self.fc2(F.gelu(self.fc1(self.ln2(x))))
-        return x + F.dropout(y, self.p, self.training)
-
-
-class GPTModel(nn.Module):
-    """A GPT-style decoder of :class:`TransformerSpec` size (tied embeddings, learned positions)."""
-
-    def __init__(self, spec: TransformerSpec, p: float = GPT_DROPOUT) -> None:
-        super().__init__()
-        self.spec, self.p = spec, p
-        self.tok = nn.Parameter(torch.randn(spec.vocab, spec.hidden) * 0.02)
-        self.pos = nn.Parameter(torch.randn(spec.seq, spec.hidden) * 0.02)
-        self.blocks = nn.ModuleList(_Block(spec.hidden, spec.heads, spec.ffn_size, p) for _ in range(spec.layers))
-        self.ln_f = nn.LayerNorm(spec.hidden)
-        mask = torch.full((spec.seq, spec.seq), float("-inf")).triu(1)
-        self.register_buffer("mask", mask)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        b, s = idx.shape
-        h = self.spec.hidden
-        x = (F.embedding(idx, self.tok) + self.pos).view(b * s, h)
-        x = F.dropout(x, self.p, self.training)
-        for blk in self.blocks:
-            x = blk(x, self.mask, b, s)
-        logits = F.linear(self.ln_f(x), self.tok)  # tied output layer
-        return F.cross_entropy(logits, targets.view(-1))
-
-
-def gpt_step(spec: TransformerSpec, batch: int, seed: int = 0, device: str | torch.device = "cpu") -> StepParts:
-    """One training step (forward, backward, gradient norm, fused Adam) on a fixed batch on ``device``
-    (a callable). Parameters and activations in ``spec.dtype`` (fp32, or bf16 / fp16 throughout)."""
-    torch.manual_seed(seed)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
-    model = GPTModel(spec).train().to(device=device, dtype=dtype)
-    params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=1e-4, fused=True)
-    idx = torch.randint(0, spec.vocab, (batch, spec.seq), device=device)
-    tgt = torch.randint(0, spec.vocab, (batch, spec.seq), device=device)
-
-    def optimizer() -> None:
-        torch.nn.utils.get_total_norm([p.grad for p in params])  # Megatron's gradient norm (clipping)
-        opt.step()
-
-    return StepParts(zero_grad=lambda: opt.zero_grad(set_to_none=True), forward=lambda: model(idx, tgt),
-                     optimizer=optimizer)
-
-
-def dlrm_tables(batch: int) -> EmbeddingTables:
-    """The DLRM rows' embedding tables (see :data:`DLRM_TASK`), reuse profiles for ``batch`` samples."""
-    t = DLRM_TASK
-    tasks = generate_tasks(int(t["n_gpus"]), n_tasks=int(t["n_tasks"]), seed=int(t["seed"]),
-                           device_memory_bytes=float(t["table_memory_gib"]) * 2**30, batch_size=batch)
-    return tasks[int(t["index"])]
-
-
-def dlrm_job(tables: EmbeddingTables, batch: int, n_ranks: int, threads: int, warmup: int, iters: int,
-             batch_pool: int = 2) -> DLRMJobSpec:
-    """The measured DLRM job (index batches drawn to the tables' reuse profiles, ``batch_pool`` of them
-    cycled: :attr:`~experiments.dlrm_gloo.DLRMJobSpec.batch_pool`); tables placed by :data:`DLRM_SHARDER`
-    on 2 ranks."""
-    if n_ranks > 1:
-        a = get_sharder(DLRM_SHARDER).shard(tables, n_ranks, float("inf"), rng=np.random.default_rng(0))
-    else:
-        a = np.zeros(len(tables), dtype=np.int64)
-    reuse = tuple(tuple(float(v) for v in row) for row in tables.reuse) if tables.reuse is not None else ()
-    return DLRMJobSpec(rows=tuple(int(x) for x in tables.rows), dim=tuple(int(x) for x in tables.dim),
-                       pooling=tuple(float(x) for x in tables.pooling), assignment=tuple(int(x) for x in a),
-                       n_ranks=n_ranks, batch_size=batch, bottom_mlp=DLRM_BOTTOM, top_mlp=DLRM_TOP,
-                       warmup=warmup, iters=iters, threads=threads, seed=batch, reuse=reuse, batch_pool=batch_pool)
-
-
-def dlrm_spec_for(job: DLRMJobSpec, tables: EmbeddingTables) -> DLRMSpec:
-    """The predictor's spec of ``job``: the tables with the reuse factors of the job's real batches."""
-    rf = np.stack([batch_reuse_histogram(table_batch(job, t, 0)[0]) for t in range(len(tables))])
-    tt = EmbeddingTables(rows=tables.rows, dim=tables.dim, pooling=tables.pooling, reuse=rf, label=tables.label)
-    return DLRMSpec(tables=tt, batch_size=job.batch_size, bottom_mlp=job.bottom_mlp, top_mlp=job.top_mlp)
-
-
-# ----------------------------------------------------------------------------- predictions
-def predict_graph(graph, timing) -> tuple[float, float]:
-    """(predicted iteration, kernel-sum baseline), seconds."""
-    tl = simulate(graph, timing)
-    return float(tl.iteration_s), float(tl.kernel_sum_s())
-
-
-def row_graph(model: str, batch: int):
-    """The host-mode graph of the ``"mlp"`` or ``"gpt"`` row at ``batch`` (:data:`MLP`, :data:`GPT`)."""
-    if model == "mlp":
-        return build_mlp_graph(dataclasses.replace(MLP, batch_size=batch), mode="host")
-    return gpt_graph(GPT, batch)
-
-
-def gpt_graph(spec: TransformerSpec, batch: int, program: str = "eager"):
-    """The transformer synthesiser's host-mode graph of one iteration at ``batch`` sequences.
-
-    ``program="eager"``: plain PyTorch's kernels (what :class:`GPTModel` runs: separate dropout and
-    residual adds, reshape copies, log-softmax + NLL, AccumulateGrad); ``"megatron"``: Megatron's
-    fused program (the e2e figures before 2026-11-23 used it; it predicted these rows within 1 %
-    of the eager program with the packs of the day).
-    """
-    return build_transformer_graph(dataclasses.replace(spec, program=program),
-                                   ParallelPlan(micro_batch=batch, global_batch=batch), detail="kernel", mode="host")
+#: where the results go (``OUT.md`` and ``OUT.json``)
+OUT = REPO / "experiments" / "results" / "e2e_cpu"
 
 
 # ----------------------------------------------------------------------------- measurement
-def time_steps(step: Callable[[], None], warmup: int, iters: int) -> list[float]:
-    """Seconds of each of ``iters`` calls of ``step`` after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        step()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def system_time_per_step(step: Callable[[], None], warmup: int, iters: int) -> dict:
     """Per iteration of ``step`` (after ``warmup``): wall, user and system CPU seconds and minor page
     faults of this process (``getrusage``). System time here is the kernel zero-filling pages the
@@ -347,56 +164,7 @@ class Row:
         self.pass_spread_pct = float(100 * (pm.max() - pm.min()) / np.median(pm)) if pm.size else float("nan")
 
 
-@dataclass
-class Case:
-    """One row to measure: its prediction and a function running one measured pass."""
-
-    model: str
-    config: str
-    batch: int
-    ranks: int
-    predicted: tuple[float, float]
-    run: Callable[[], list[float]]
-    passes: list[Measured] = field(default_factory=list)
-    graph: object = None  #: DLRM rows: the predicted graph (for the cold-embedding diagnosis)
-    job: DLRMJobSpec | None = None
-    cold_embedding_s: float = float("nan")
-    #: in-process rows (MLP, GPT): builds a fresh training step (for the system-time diagnosis)
-    make_step: Callable[[], Callable[[], None]] | None = None
-    system: dict = field(default_factory=dict)
-
-
 # ----------------------------------------------------------------------------- runs
-def build_cases(args, timing, threads: int) -> list[Case]:
-    """Every (model, batch) row with its prediction (from the spec) and its measurement closure."""
-    cases: list[Case] = []
-    if "mlp" in args.models:
-        for bs in args.mlp_batches:
-            spec = MLPSpec(**{**asdict(MLP), "batch_size": bs})
-            cases.append(Case("mlp", MLP.label, bs, 1, predict_graph(row_graph("mlp", bs), timing),
-                              lambda spec=spec: time_steps(mlp_step(spec), args.warmup, args.iters),
-                              make_step=lambda spec=spec: mlp_step(spec)))
-    if "gpt" in args.models:
-        for bs in args.gpt_batches:
-            cases.append(Case("gpt", GPT.name, bs, 1, predict_graph(row_graph("gpt", bs), timing),
-                              lambda bs=bs: time_steps(gpt_step(GPT, bs), args.warmup, args.iters),
-                              make_step=lambda bs=bs: gpt_step(GPT, bs)))
-    if "dlrm" in args.models:
-        for n in args.dlrm_ranks:
-            for bs in args.dlrm_batches:
-                tables = dlrm_tables(bs)
-                job = dlrm_job(tables, bs, n, threads, args.dlrm_warmup, args.iters, args.batch_pool)
-                spec = dlrm_spec_for(job, tables)
-                graph = build_dlrm_graph(spec, np.asarray(job.assignment), n, mode="host",
-                                         comm_threads=comm_thread_has_core(n, threads))
-                label = f"{tables.label}, {len(tables)} tables" + (f", {DLRM_SHARDER}" if n > 1 else "")
-                sink: dict = {}
-                cases.append(Case("dlrm" if n == 1 else f"dlrm-{n}rank", label, bs, n, predict_graph(graph, timing),
-                                  lambda job=job, sink=sink: _dlrm_times(job, sink), graph=graph, job=job,
-                                  system=sink))
-    return cases
-
-
 def run_all(args, timing, threads: int, log=print) -> list[Row]:
     """Measure every case ``args.passes`` times, the passes interleaved (pass 1 of every row, then
     pass 2, ...), so a slow stretch of the shared machine does not fall on one row only."""
@@ -443,15 +211,6 @@ def cold_embedding_diagnosis(cases: list[Case], timing, log=print) -> None:
         fwd, bwd = per_batch[c.batch]
         c.cold_embedding_s = float(simulate(c.graph, EmbeddingOverride(timing, fwd, bwd)).iteration_s)
         log(f"  {c.model} batch {c.batch}: with embeddings measured cold {c.cold_embedding_s * 1e3:.2f} ms")
-
-
-def _dlrm_times(job: DLRMJobSpec, system: dict | None = None) -> list[float]:
-    """Per-iteration time of the job: each iteration's slowest rank. ``system`` (optional) receives the
-    ranks' mean CPU accounting per iteration (:func:`experiments.dlrm_gloo.measure_dlrm`) of this run."""
-    out = measure_dlrm(job)
-    if system is not None:
-        system.update({k: float(np.mean([r[k] for r in out["system"]])) for k in out["system"][0]})
-    return [float(x) for x in np.asarray(out["times"]).max(axis=0)]
 
 
 # ----------------------------------------------------------------------------- kernel context check
@@ -615,45 +374,58 @@ def markdown(rows: list[Row], summary: dict, meta: dict, checks: list[dict]) -> 
     ]
     lines += drift_lines(meta.get("gemm_drift") or {})
     lines += system_lines(rows)
-    diag = [r for r in rows if np.isfinite(r.cold_embedding_s)]
-    if diag:
-        errs = [abs(r.cold_embedding_s - r.measured_s) / r.measured_s * 100 for r in diag]
-        lines += [
-            "## Diagnosis: DLRM rows with the embedding kernels measured cold",
-            "",
-            "Not a prediction (it uses measured kernel times): each DLRM row's graph simulated again with every "
-            "table's embedding-bag forward and backward (+ SGD update) timed alone on its real batch after evicting "
-            "the last-level cache and running another table's call before it (as the calibration times them), instead of the asset pack's embedding models; everything else unchanged.",
-            "",
-            "| model | batch | measured ms | predicted (pack) ms | error | with cold embeddings ms | error |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r, e in zip(diag, errs, strict=True):
-            lines.append(f"| {r.model} | {r.batch} | {r.measured_s * 1e3:.2f} | {r.predicted_s * 1e3:.2f} | "
-                         f"{r.error_pct:.1f}% | {r.cold_embedding_s * 1e3:.2f} | {e:.1f}% |")
-        g_pack = geomean_abs_pct_error([r.predicted_s for r in diag], [r.measured_s for r in diag])
-        g_cold = geomean_abs_pct_error([r.cold_embedding_s for r in diag], [r.measured_s for r in diag])
-        lines += ["", f"Geomean abs error of these rows: {g_pack:.2f}% with the pack, {g_cold:.2f}% with "
-                      "cold-measured embeddings.", ""]
-    if checks:
-        lines += [
-            "## Kernel context check",
-            "",
-            "The kernels behind most of the error, timed alone on this machine: the asset pack's prediction, the "
-            "kernel repeated on the same inputs (`warm`: how the calibration times GEMMs) and after evicting the "
-            "last-level cache before each call, with an op of the same kind run between (`cold`: embeddings after another "
-            "table's call, dropout after the same op on small data; "
-            "closer to a training step, where other ops ran since the kernel last touched its data; how the "
-            "calibration times embeddings and memory-bound kernels).",
-            "",
-            "| kernel | predicted ms | warm ms | cold ms |",
-            "|---|---:|---:|---:|",
-        ]
-        for c in checks:
-            lines.append(f"| {c['kernel']} | {c['predicted_s'] * 1e3:.3f} | {c['warm_s'] * 1e3:.3f} | "
-                         f"{c['cold_s'] * 1e3:.3f} |")
-        lines.append("")
+    lines += cold_embedding_lines(rows)
+    lines += kernel_check_lines(checks)
     return "\n".join(lines)
+
+
+def cold_embedding_lines(rows: list[Row]) -> list[str]:
+    """The DLRM rows simulated with every embedding kernel measured cold (:func:`cold_embedding_diagnosis`)."""
+    diag = [r for r in rows if np.isfinite(r.cold_embedding_s)]
+    if not diag:
+        return []
+    errs = [abs(r.cold_embedding_s - r.measured_s) / r.measured_s * 100 for r in diag]
+    lines = [
+        "## Diagnosis: DLRM rows with the embedding kernels measured cold",
+        "",
+        "Not a prediction (it uses measured kernel times): each DLRM row's graph simulated again with every "
+        "table's embedding-bag forward and backward (+ SGD update) timed alone on its real batch after evicting "
+        "the last-level cache and running another table's call before it (as the calibration times them), instead of the asset pack's embedding models; everything else unchanged.",
+        "",
+        "| model | batch | measured ms | predicted (pack) ms | error | with cold embeddings ms | error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r, e in zip(diag, errs, strict=True):
+        lines.append(f"| {r.model} | {r.batch} | {r.measured_s * 1e3:.2f} | {r.predicted_s * 1e3:.2f} | "
+                     f"{r.error_pct:.1f}% | {r.cold_embedding_s * 1e3:.2f} | {e:.1f}% |")
+    g_pack = geomean_abs_pct_error([r.predicted_s for r in diag], [r.measured_s for r in diag])
+    g_cold = geomean_abs_pct_error([r.cold_embedding_s for r in diag], [r.measured_s for r in diag])
+    lines += ["", f"Geomean abs error of these rows: {g_pack:.2f}% with the pack, {g_cold:.2f}% with "
+                  "cold-measured embeddings.", ""]
+    return lines
+
+
+def kernel_check_lines(checks: list[dict]) -> list[str]:
+    """The kernel context check (:func:`kernel_context_check`) as a table."""
+    if not checks:
+        return []
+    lines = [
+        "## Kernel context check",
+        "",
+        "The kernels behind most of the error, timed alone on this machine: the asset pack's prediction, the "
+        "kernel repeated on the same inputs (`warm`: how the calibration times GEMMs) and after evicting the "
+        "last-level cache before each call, with an op of the same kind run between (`cold`: embeddings after another "
+        "table's call, dropout after the same op on small data; "
+        "closer to a training step, where other ops ran since the kernel last touched its data; how the "
+        "calibration times embeddings and memory-bound kernels).",
+        "",
+        "| kernel | predicted ms | warm ms | cold ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for c in checks:
+        lines.append(f"| {c['kernel']} | {c['predicted_s'] * 1e3:.3f} | {c['warm_s'] * 1e3:.3f} | "
+                     f"{c['cold_s'] * 1e3:.3f} |")
+    return [*lines, ""]
 
 
 def drift_lines(drift: dict) -> list[str]:
@@ -768,329 +540,6 @@ def measure(args, argv: list[str] | None) -> dict:
     }
     return {"meta": meta, "summary": summarize(rows), "rows": [asdict(r) for r in rows],
             "kernel_context_check": checks}
-
-
-#: every full measurement, appended by the measuring mode and re-scored by ``--rescore``
-WINDOWS_FILE = REPO / "benchmarks" / "data" / "e2e_cpu_windows.json"
-#: where the results go (``OUT.md`` and ``OUT.json``)
-OUT = REPO / "experiments" / "results" / "e2e_cpu"
-
-
-def archive_window(path: Path, meta: dict, rows: list[dict]) -> None:
-    """Append a measured run (one *window* of the shared machine's state) to the data set ``path``.
-
-    Windows minutes apart differ by up to ~20 % on this VM, more than the accuracy target, so a pack
-    is scored on every stored window, not only the latest (``--rescore``).
-    """
-    windows = json.loads(path.read_text()) if path.exists() else []
-    windows.append({"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "pack_created": meta.get("pack_created"), "threads": meta.get("threads"),
-                    "iters": meta.get("iters"), "passes": meta.get("passes"),
-                    "allocator": meta.get("allocator", "default"),
-                    "batch_pool": meta.get("batch_pool", LEGACY_BATCH_POOL),
-                    "gemm_drift": meta.get("gemm_drift"),
-                    "cpu": meta.get("cpu"),
-                    "rows": [{"model": r["model"], "batch": r["batch"], "ranks": r["ranks"],
-                              "measured_s": r["measured_s"], "pass_medians_s": r["pass_medians_s"]} for r in rows]})
-    atomic_write_text(path, json.dumps(windows, indent=1))
-
-
-# ----------------------------------------------------------------------------- scoring the stored windows
-def load_windows(path: Path) -> list[dict]:
-    """The stored windows; one line and exit 2 on a missing or malformed data set."""
-    if not path.exists():
-        fail(f"{path}: no stored measurements (run experiments/e2e_cpu.py first)")
-    try:
-        windows = json.loads(path.read_text())
-        for w in windows:
-            for r in w["rows"]:
-                float(r["measured_s"]), str(r["model"]), int(r["batch"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        fail(f"{path}: not a data set of e2e measurements ({type(exc).__name__}: {exc})")
-    if not windows:
-        fail(f"{path}: no window stored")
-    return windows
-
-
-def utc_time(text: str, what: str) -> datetime:
-    """``text`` as an ISO time, UTC when it names no zone; one line naming ``what`` and exit 2 when it is not one."""
-    try:
-        t = datetime.fromisoformat(str(text))
-    except ValueError:
-        fail(f"{what} {text!r}: not an ISO time (e.g. 2026-11-26T11:18)")
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
-def resolve_pack(spec: str):
-    """``(resolved platform, source)`` of a pack name or folder; one line and exit 2 when it does not resolve.
-    The resolved platform's ``pack`` (None for a catalog platform) has the manifest."""
-    from predictor.timing.kernels.assets import AssetPackError, resolve_platform
-
-    try:
-        plat = resolve_platform(spec)
-    except (AssetPackError, KeyError, ValueError) as exc:
-        fail(f"--platform {spec}: {exc}")
-    return plat, plat.source
-
-
-def windows_of_cpu(windows: list[dict], cpu: dict | None) -> list[dict]:
-    """The windows measured on the CPU ``cpu`` (a :func:`~predictor.timing.platforms.cpu_local.cpu_signature`
-    record; None: the unrecorded host of the oldest windows, an AVX-512 EPYC): a pack describes one CPU."""
-    from predictor.timing.platforms.cpu_local import same_cpu
-
-    return [w for w in windows if same_cpu(w.get("cpu"), cpu)]
-
-
-def predict_rows(timing) -> dict[tuple[str, int], float]:
-    """Predicted seconds of every configuration, keyed by (model, batch), with ``timing``."""
-    args = types.SimpleNamespace(models=["mlp", "gpt", "dlrm"], mlp_batches=list(MLP_BATCHES),
-                                 gpt_batches=list(GPT_BATCHES), dlrm_batches=list(DLRM_BATCHES[1]),
-                                 dlrm_ranks=[1, 2], warmup=1, iters=1, dlrm_warmup=1, batch_pool=2)
-    return {(c.model, c.batch): float(c.predicted[0]) for c in build_cases(args, timing, 1)}
-
-
-def _stats(pairs: list[tuple[float, float]]) -> dict:
-    """GMAE, max and median signed error (%) of (predicted, measured) pairs (:mod:`predictor.metrics`)."""
-    p, m = [a for a, _ in pairs], [b for _, b in pairs]
-    return {"geomean_abs_pct": geomean_abs_pct_error(p, m), "max_abs_pct": max_abs_pct_error(p, m),
-            "median_signed_pct": float(np.median((np.asarray(p) / np.asarray(m) - 1.0) * 100.0)), "n": len(pairs)}
-
-
-def config_medians(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[tuple[str, int], float]:
-    """Each predicted configuration's median measured seconds over ``windows`` (the steadier ground truth)."""
-    by_cfg: dict[tuple[str, int], list[float]] = {}
-    for w in windows:
-        for r in w["rows"]:
-            if (key := (r["model"], int(r["batch"]))) in pred:
-                by_cfg.setdefault(key, []).append(r["measured_s"])
-    return {k: float(np.median(v)) for k, v in by_cfg.items()}
-
-
-def score(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict:
-    """Errors (%) of ``pred`` against each window, pooled, and against the per-configuration median."""
-    per, pooled = [], []
-    for w in windows:
-        pairs = [(pred[key], r["measured_s"]) for r in w["rows"] if (key := (r["model"], int(r["batch"]))) in pred]
-        pooled += pairs
-        per.append({"measured_at": w["measured_at"], **_stats(pairs)})
-    med = config_medians(pred, windows)
-    med_errs = {f"{k[0]} {k[1]}": (pred[k] / m - 1.0) * 100.0 for k, m in med.items()}
-    return {"windows": per, "pooled": _stats(pooled),
-            "vs_median_of_windows": _stats([(pred[k], m) for k, m in med.items()]),
-            "per_config_vs_median": med_errs}
-
-
-def rank_ratios(pred: dict[tuple[str, int], float], windows: list[dict]) -> dict[str, dict]:
-    """Per DLRM batch: the 2-rank step over the 1-rank step of the same window (both measured minutes
-    apart, so the machine's drift between windows cancels), median over the windows, against the same
-    ratio predicted: the 2-rank model (contention, collectives, DDP) apart from the machine's pace."""
-    out = {}
-    measured_rows = [{(r["model"], int(r["batch"])): r["measured_s"] for r in w["rows"]} for w in windows]
-    for (model, batch), p2 in pred.items():
-        if model != "dlrm-2rank" or ("dlrm", batch) not in pred:
-            continue
-        ratios = [got[(model, batch)] / got[("dlrm", batch)] for got in measured_rows
-                  if (model, batch) in got and ("dlrm", batch) in got]
-        if ratios:
-            measured, predicted = float(np.median(ratios)), p2 / pred[("dlrm", batch)]
-            out[str(batch)] = {"measured": measured, "predicted": predicted, "n": len(ratios),
-                               "measured_range": [float(min(ratios)), float(max(ratios))],
-                               "error_pct": (predicted / measured - 1.0) * 100.0}
-    return out
-
-
-def window_gemm_drift(window: dict) -> float | None:
-    """A window's GEMM drift: the geomean of its before / after re-timings of the measuring pack's GEMM shapes
-    (``measure_env.gemm_drift``: now / at calibration), or None when it recorded none
-    (:func:`predictor.timing.calibration.pace.window_drift` of the compute class)."""
-    from predictor.timing.calibration.pace import window_drift
-
-    return window_drift(window, "compute")
-
-
-def drift_relative(pred: dict[tuple[str, int], float], windows: list[dict],
-                   pack_pace: float = 1.0) -> dict[str, dict]:
-    """Per configuration, over the windows that recorded a GEMM drift: the median of measured / predicted,
-    its correlation with the window's GEMM drift, and the median of (measured / predicted) / drift: the
-    row's error with the machine's pace at the time divided out (above 1: the step runs slower than the
-    pack predicts beyond the machine's own drift). Every drift is a re-timing of the pack the window was
-    measured with. ``pack_pace``: the compute pace the pack's predictions already carry
-    (``Platform.kernel_pace``): each drift is taken relative to it."""
-    out: dict[str, dict] = {}
-    for key, p in pred.items():
-        pairs = [(r["measured_s"] / p, d / pack_pace) for w in windows if (d := window_gemm_drift(w)) is not None
-                 for r in w["rows"] if (r["model"], int(r["batch"])) == key]
-        if len(pairs) < 3:
-            continue
-        ratio, drift = np.array(pairs).T
-        with np.errstate(invalid="ignore", divide="ignore"):  # a constant column has no correlation (NaN)
-            corr = float(np.corrcoef(ratio, drift)[0, 1])
-        out[f"{key[0]} {key[1]}"] = {"n": len(pairs), "measured_over_predicted": float(np.median(ratio)),
-                                     "corr_with_drift": corr,
-                                     "over_drift": float(np.median(ratio / drift))}
-    return out
-
-
-def pace_relative_summary(drift: dict[str, dict]) -> dict[str, float]:
-    """Geomean and max (%) over the configurations of :func:`drift_relative`'s ``|over_drift - 1|``; {} if none."""
-    errs = np.array([abs(r["over_drift"] - 1.0) * 100.0 for r in drift.values()])
-    if not len(errs):
-        return {}
-    return {"geomean_abs_pct": float(np.exp(np.mean(np.log(np.maximum(errs, 1e-9))))), "max_abs_pct": float(errs.max())}
-
-
-def at_median_pace(pred: dict[tuple[str, int], float], windows: list[dict], pack_pace: float = 1.0) -> dict:
-    """A what-if, reported only: ``pred`` multiplied by the median over ``windows`` of their GEMM drift
-    (:func:`window_gemm_drift`) and scored against each configuration's median over the windows. Nothing
-    feeds a prediction. ``{}`` when no window recorded a drift. ``pack_pace``: the compute pace the pack's
-    predictions already carry (``Platform.kernel_pace``): they are multiplied by the median drift over it."""
-    drifts = [d for w in windows if (d := window_gemm_drift(w)) is not None]
-    if not drifts:
-        return {}
-    pace = float(np.median(drifts))
-    pairs = [(pred[k] * pace / pack_pace, m) for k, m in config_medians(pred, windows).items()]
-    return {"pace": pace, "pace_quartiles": [float(q) for q in np.percentile(drifts, [25, 75])], "n_windows": len(drifts),
-            **_stats(pairs)}
-
-
-def _label(spec: str) -> str:
-    """A pack spec as a column name: a path shortened to its last part."""
-    return Path(spec).name if "/" in spec else spec
-
-
-def rescore(args, windows: list[dict]) -> dict:
-    """Every pack of ``args`` (``--platform`` first, then ``--compare``) scored on ``windows``, those of the
-    first pack's CPU (``--cpu``): ``{"windows": [...], "cpu_note": ..., "packs": {spec: scores}}``."""
-    from predictor.timing.platforms.cpu_local import cpu_signature, describe_cpu
-
-    platforms = [args.platform, *args.compare]
-    results, cpu_note = {}, f"all {len(windows)} windows, of every CPU (`--cpu all`)"
-    for i, spec in enumerate([*platforms]):
-        plat, source = resolve_pack(spec)
-        p = platforms[i] = plat.pack.name if plat.pack is not None else spec  # "cpu-local": the host's pack
-        if i == 0 and args.cpu != "all":
-            cpu = cpu_signature() if args.cpu == "host" else (plat.pack.manifest.get("cpu") if plat.pack else None)
-            n_all, windows = len(windows), windows_of_cpu(windows, cpu)
-            who = "this host's CPU" if args.cpu == "host" else f"the CPU of `{_label(p)}`"
-            cpu_note = (f"the {len(windows)} of {n_all} windows measured on {who}: "
-                        + (describe_cpu(cpu) if cpu else "unrecorded, the AVX-512 EPYC of the oldest windows"))
-            if not windows:
-                fail(f"{repo_relative(args.data)}: no window measured on {who} "
-                     f"({describe_cpu(cpu) if cpu else 'unrecorded'}); --cpu all pools every CPU's")
-        pred = predict_rows(plat.timing())
-        pack_pace = plat.platform.kernel_pace.get("compute", 1.0)
-        results[p] = {"timing_source": source, **score(pred, windows), "rank_ratio": rank_ratios(pred, windows),
-                      "drift_relative": drift_relative(pred, windows, pack_pace),
-                      "at_median_pace": at_median_pace(pred, windows, pack_pace), "kernel_pace": pack_pace}
-    if args.since is not None:
-        cpu_note += f"; only those measured at or after {args.since} (`--since`)"
-    return {"date": date.today().isoformat(), "windows": [w["measured_at"] for w in windows], "cpu_note": cpu_note,
-            "allocator": args.allocator, "batch_pool": args.batch_pool, "platforms": platforms,
-            "spread": _spread(windows), "packs": results}
-
-
-def _spread(windows: list[dict]) -> list[float]:
-    """Per configuration measured in more than one window: slowest / fastest window - 1."""
-    by_cfg: dict[str, list[float]] = {}
-    for w in windows:
-        for r in w["rows"]:
-            by_cfg.setdefault(f"{r['model']} {r['batch']}", []).append(r["measured_s"])
-    return [max(v) / min(v) - 1.0 for v in by_cfg.values() if len(v) > 1]
-
-
-def windows_markdown(doc: dict) -> str:
-    """The scores over the stored windows (:func:`rescore`'s ``doc``) as markdown."""
-    platforms, results, sp = doc["platforms"], doc["packs"], doc["spread"]
-    lines = [
-        "# End-to-end CPU accuracy over every stored measurement window",
-        "",
-        f"{doc['date']}; {len(doc['windows'])} stored runs of `experiments/e2e_cpu.py` "
-        f"(`{repo_relative(WINDOWS_FILE)}`), each the median of 3 interleaved passes of the 12 training "
-        f"iterations, measured with the C allocator `{doc['allocator']}` and the DLRM rows cycling a pool of "
-        f"{doc['batch_pool']} index batches (`--batch-pool`). Reproduce: `{doc['command']}`.",
-        "",
-        f"Windows: {doc['cpu_note']}.",
-        "",
-        (f"How much the machine moves: one configuration's measurement differs between windows by a median of "
-         f"{100 * float(np.median(sp)):.1f} % (slowest / fastest window - 1; max {100 * max(sp):.1f} %)."
-         if sp else "One window only: how much the machine moves between windows is not known from these."),
-        "",
-        "| pack | pooled geomean % | pooled max % | median signed % | vs median of windows: geomean % / max % |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for p in platforms:
-        r = results[p]
-        lines.append(f"| {_label(p)} | {r['pooled']['geomean_abs_pct']:.2f} | {r['pooled']['max_abs_pct']:.1f} | "
-                     f"{r['pooled']['median_signed_pct']:+.1f} | {r['vs_median_of_windows']['geomean_abs_pct']:.2f} / "
-                     f"{r['vs_median_of_windows']['max_abs_pct']:.1f} |")
-    lines += ["", "Per window (geomean % / max % / median signed %):", "",
-              "| measured at | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
-    for i, at in enumerate(doc["windows"]):
-        cells = [f"{results[p]['windows'][i]['geomean_abs_pct']:.1f} / {results[p]['windows'][i]['max_abs_pct']:.1f} / "
-                 f"{results[p]['windows'][i]['median_signed_pct']:+.1f}" for p in platforms]
-        lines.append(f"| {at} | " + " | ".join(cells) + " |")
-    lines += ["", "Per configuration against the median of the windows (error %):", "",
-              "| configuration | " + " | ".join(map(_label, platforms)) + " |", "|---|" + "---:|" * len(platforms)]
-    for k in results[platforms[0]]["per_config_vs_median"]:
-        lines.append(f"| {k} | " + " | ".join(f"{results[p]['per_config_vs_median'][k]:+.1f}" for p in platforms) + " |")
-    lines += _ratio_lines(platforms, results) + _pace_lines(platforms, results)
-    lines += ["", "Target: geomean under 5 %, max under 10 %."]
-    return "\n".join(lines) + "\n"
-
-
-def _ratio_lines(platforms: list[str], results: dict) -> list[str]:
-    """The 2-rank / 1-rank table of :func:`windows_markdown`."""
-    first = results[platforms[0]].get("rank_ratio") or {}
-    if not first:
-        return []
-    lines = ["", "The 2-rank DLRM step over the 1-rank step of the same window (the machine's drift between windows "
-             "cancels; the 2-rank model alone: host contention, collectives, DDP): measured median over "
-             "the windows [range], and each pack's predicted ratio (error %):", "",
-             "| batch | measured | " + " | ".join(map(_label, platforms)) + " |", "|---:|---|" + "---:|" * len(platforms)]
-    for b, r in first.items():
-        cells = [f"{results[p]['rank_ratio'][b]['predicted']:.3f} ({results[p]['rank_ratio'][b]['error_pct']:+.1f})"
-                 for p in platforms]
-        lines.append(f"| {b} | {r['measured']:.3f} [{r['measured_range'][0]:.3f}-{r['measured_range'][1]:.3f}] | "
-                     + " | ".join(cells) + " |")
-    return lines
-
-
-def _pace_lines(platforms: list[str], results: dict) -> list[str]:
-    """The tables of :func:`windows_markdown` against the machine's pace (GEMM drift) of each window."""
-    lines: list[str] = []
-    drift = results[platforms[0]].get("drift_relative") or {}
-    if drift:
-        lines += ["", f"Against the machine's pace (`{_label(platforms[0])}`): each window re-times the measuring "
-                  "pack's GEMM shapes before and after (`gemm_drift`, now / at calibration). Per configuration, over "
-                  "the windows with that record: median measured / predicted, its correlation with the window's "
-                  "drift, and the median of (measured / predicted) / drift, the error with the machine's pace divided "
-                  "out:", "", "| configuration | windows | measured / predicted | corr. with drift | / drift |",
-                  "|---|---:|---:|---:|---:|"]
-        for k, r in drift.items():
-            lines.append(f"| {k} | {r['n']} | {r['measured_over_predicted']:.3f} | {r['corr_with_drift']:+.2f} | "
-                         f"{r['over_drift']:.3f} |")
-        lines += ["", "Each pack's errors with the pace divided out (|(measured / predicted) / drift - 1| over the "
-                  "configurations: a model change scored apart from the machine's pace when the pack was "
-                  "calibrated; a pack with a measured kernel pace has each drift divided by its compute pace "
-                  "first):", "", "| pack | geomean % | max % |", "|---|---:|---:|"]
-        for p in platforms:
-            s = pace_relative_summary(results[p].get("drift_relative") or {})
-            if s:
-                lines.append(f"| {_label(p)} | {s['geomean_abs_pct']:.2f} | {s['max_abs_pct']:.1f} |")
-    paced = results[platforms[0]].get("at_median_pace") or {}
-    if paced:
-        lines += ["", f"What if each pack ran at the windows' median pace (a what-if, not a prediction): the median GEMM "
-                  f"drift over the {paced['n_windows']} windows with a record is x{paced['pace']:.3f} (quartiles "
-                  f"{paced['pace_quartiles'][0]:.3f}-{paced['pace_quartiles'][1]:.3f}); each pack's predictions "
-                  "multiplied by it (over its own compute pace, for a pack that carries one), against the "
-                  "per-configuration medians:", "",
-                  "| pack | geomean % | max % | median signed % |", "|---|---:|---:|---:|"]
-        for p in platforms:
-            a = results[p].get("at_median_pace") or {}
-            if a:
-                lines.append(f"| {_label(p)} | {a['geomean_abs_pct']:.2f} | {a['max_abs_pct']:.1f} | "
-                             f"{a['median_signed_pct']:+.1f} |")
-    return lines
 
 
 def latest_markdown(latest: dict) -> str:

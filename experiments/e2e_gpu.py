@@ -47,7 +47,7 @@ if str(REPO) not in sys.path:
 
 from experiments.common import fail, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import Dense, mlp, sgd_in_backward, table_batch  # noqa: E402
-from experiments.e2e_cpu import (  # noqa: E402
+from experiments.e2e_models import (  # noqa: E402
     DLRM_BOTTOM,
     DLRM_TOP,
     GPT,
@@ -90,7 +90,7 @@ TRACE_BATCH = {"mlp": 4096, "gpt": 8, "gpt-bf16": 4, "dlrm": 4096}
 
 def _gpt_spec(model: str, program: str = "megatron") -> TransformerSpec:
     """The GPT row's spec; ``program="eager"``: the synthesiser's plain-PyTorch program (what the
-    measured :class:`experiments.e2e_cpu.GPTModel` runs) instead of Megatron's fused one."""
+    measured :class:`experiments.e2e_models.GPTModel` runs) instead of Megatron's fused one."""
     import dataclasses
 
     return dataclasses.replace(GPT if model == "gpt" else GPT_BF16, program=program)
