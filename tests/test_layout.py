@@ -76,6 +76,19 @@ def test_module_rules(path: Path) -> None:
             assert not private, f"{rel} imports private names {private} from {module}"
 
 
+@pytest.mark.parametrize("folder", ["experiments", "benchmarks"])
+def test_lab_scripts_stay_small(folder: str) -> None:
+    big = [f"{p.relative_to(ROOT)}: {n}" for p in sorted((ROOT / folder).glob("*.py"))
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
+    assert not big, f"scripts over {MAX_MODULE_LINES} lines: {big}"
+
+
+def test_tests_do_not_import_the_lab() -> None:
+    hits = [f"{p.name}: {m}" for p in sorted((ROOT / "tests").glob("*.py")) for m, _ in _imports(p)
+            if m.split(".")[0] in ("experiments", "benchmarks")]
+    assert not hits, f"tests import experiments/ or benchmarks/: {hits}"
+
+
 HISTORY_WORDS = re.compile(r"\b(sessions?|spells?)\b", re.IGNORECASE)
 
 
