@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 import numba
 import numpy as np
 
+from predictor.sources.synth.pipeline_schedule import pipeline_latency
 from predictor.sources.synth.transformer import (
     ParallelPlan,
     PlanError,
@@ -359,12 +360,6 @@ class StagePlan:
     max_stage_latency_s: float
     stages: tuple[StageAssignment, ...]
     thresholds_tried: int
-
-
-def pipeline_latency(stage_latencies: Sequence[float], n_micro_batches: int) -> float:
-    """PredTOP eq. 4 / Alpa: ``sum(t_i) + (B - 1) * max(t_i)`` seconds."""
-    t = np.asarray(stage_latencies, dtype=float)
-    return float(t.sum() + (n_micro_batches - 1) * t.max())
 
 
 def stage_construction_dp(

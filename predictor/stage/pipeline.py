@@ -21,20 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from predictor.sources.synth.pipeline_schedule import one_f_one_b as schedule_1f1b
+from predictor.sources.synth.pipeline_schedule import pipeline_latency
 
 __all__ = ["PipelineSchedule", "gpipe", "one_f_one_b", "one_f_one_b_order", "pipeline_latency"]
-
-
-def pipeline_latency(stage_latencies_s: Sequence[float], n_micro: int) -> float:
-    """PredTOP eq. 4: ``sum(t) + (n_micro - 1) * max(t)`` seconds."""
-    t = np.asarray(stage_latencies_s, dtype=float)
-    if t.size == 0:
-        raise ValueError("a pipeline needs at least one stage")
-    if n_micro < 1:
-        raise ValueError(f"n_micro must be >= 1, got {n_micro}")
-    if np.any(t < 0) or not np.all(np.isfinite(t)):
-        raise ValueError("stage latencies must be finite and >= 0 seconds")
-    return float(t.sum() + (n_micro - 1) * t.max())
 
 
 @dataclass

@@ -20,9 +20,13 @@ memory model multiplies by the activation size of a chunk.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["Step", "ScheduleError", "one_f_one_b", "interleaved", "schedule", "peak_in_flight", "bubble_fraction"]
+import numpy as np
+
+__all__ = ["Step", "ScheduleError", "one_f_one_b", "interleaved", "schedule", "peak_in_flight", "bubble_fraction",
+           "pipeline_latency"]
 
 
 class ScheduleError(ValueError):
@@ -102,3 +106,15 @@ def _check(p: int, m: int, stage: int, v: int) -> None:
         raise ScheduleError(f"pipeline sizes must be positive (stages={p}, micro-batches={m}, chunks={v})")
     if not 0 <= stage < p:
         raise ScheduleError(f"stage {stage} is outside 0..{p - 1}")
+
+
+def pipeline_latency(stage_latencies_s: Sequence[float], n_micro: int) -> float:
+    """PredTOP eq. 4 and Alpa's inter-operator objective: ``sum(t) + (n_micro - 1) * max(t)`` seconds."""
+    t = np.asarray(stage_latencies_s, dtype=float)
+    if t.size == 0:
+        raise ValueError("a pipeline needs at least one stage")
+    if n_micro < 1:
+        raise ValueError(f"n_micro must be >= 1, got {n_micro}")
+    if np.any(t < 0) or not np.all(np.isfinite(t)):
+        raise ValueError("stage latencies must be finite and >= 0 seconds")
+    return float(t.sum() + (n_micro - 1) * t.max())
