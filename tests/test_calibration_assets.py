@@ -129,16 +129,18 @@ def test_rewriting_a_pack_replaces_it_whole(pack: Path):
     assert not list(pack.parent.glob(".testpack*"))
 
 
-def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             host_cpu: None):
     import shutil
 
-    import predictor.timing.kernels.assets as assets
+    import predictor.timing.platforms.packs as assets
     from predictor.timing.platforms.cpu_local import cpu_model, cpu_signature
 
     root = tmp_path / "assets"
     root.mkdir()
-    monkeypatch.setattr(assets, "asset_search_paths", lambda: [root])
-    monkeypatch.setattr(assets, "_registry_path", lambda: tmp_path / "no-registry.json")
+    monkeypatch.setenv("TUNER_ASSETS", str(root))
+    monkeypatch.setattr(assets, "repo_assets_dir", lambda: tmp_path / "no-repo-assets")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
 
     def copy(name: str, **manifest) -> Path:
         d = root / name
@@ -162,3 +164,48 @@ def test_cpu_local_names_the_pack_of_this_cpu(pack: Path, monkeypatch: pytest.Mo
     copy("cpu-local", cpu=other)  # only packs of other CPUs: the measured platform, saying so
     assert assets.cpu_local_pack() is None
     assert "from another CPU" in resolve_platform("cpu-local").source
+
+
+def test_tuner_cpu_pack_pins_cpu_local_on_any_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """``$TUNER_CPU_PACK`` makes ``cpu-local`` the pack it names (by name or folder), whatever the host's CPU;
+    ``none`` makes it the measured CPU with analytic models; a name that is no pack is a one-line error."""
+    from predictor.timing.platforms import packs
+
+    repo = packs.repo_assets_dir()
+    for value in ("cpu-local-avx2", str(repo / "cpu-local-avx2")):
+        monkeypatch.setenv(packs.CPU_PACK_ENV, value)
+        assert packs.cpu_local_pack() == Path(value) if "/" in value else repo / value
+        assert resolve_platform("cpu-local").source.startswith("asset pack cpu-local-avx2")
+        assert get_platform("cpu-local").key == "cpu-local-avx2"
+    monkeypatch.setenv(packs.CPU_PACK_ENV, "none")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    assert packs.cpu_local_pack() is None
+    assert resolve_platform("cpu-local").source == "analytic (measured cpu-local; TUNER_CPU_PACK=none)"
+    assert get_platform("cpu-local").key == "cpu-local"
+    monkeypatch.setenv(packs.CPU_PACK_ENV, "no-such-pack")
+    with pytest.raises(AssetPackError, match="TUNER_CPU_PACK=no-such-pack: no asset pack of that name"):
+        resolve_platform("cpu-local")
+    with pytest.raises(AssetPackError, match="no asset pack"):
+        get_platform("cpu-local")
+
+
+def test_the_tests_pin_holds_on_another_cpu(monkeypatch: pytest.MonkeyPatch):
+    """Under the tests' pin (``conftest.py``) ``cpu-local`` neither measures the host nor picks its pack: with the
+    host taken for the AVX2-only EPYC that ``assets/cpu-local-avx2`` records, it is still the pinned pack."""
+    import predictor.timing.platforms.cpu_local as cpu_local
+    from predictor.timing.platforms import packs
+
+    pinned = Path(packs.cpu_pack_override() or "")
+    assert pinned.name == "cpu-local-zen4"
+    avx2 = json.loads((packs.repo_assets_dir() / "cpu-local-avx2" / "manifest.json").read_text())["cpu"]
+
+    def no_measuring(*_a, **_k):
+        raise AssertionError("the host was measured")
+
+    monkeypatch.setattr(cpu_local, "cpu_signature", lambda: dict(avx2))
+    monkeypatch.setattr(cpu_local, "measure_cpu_local", no_measuring)
+    assert packs.cpu_local_pack() == pinned
+    assert resolve_platform("cpu-local").pack.path == pinned
+    assert get_platform("cpu-local").key == pinned.name
+    monkeypatch.delenv(packs.CPU_PACK_ENV)  # unpinned, the same host picks the AVX2 pack
+    assert packs.cpu_local_pack() == packs.repo_assets_dir() / "cpu-local-avx2"

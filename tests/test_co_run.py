@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _pinned_cpu import bare_cpu
 
 from predictor.graph import Category, GraphBuilder, ProcKind
 from predictor.simulate import simulate
@@ -11,7 +12,6 @@ from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.kernels.co_run import busy_union, busy_within, co_run_durations
-from predictor.timing.platforms import get_platform
 
 
 def test_busy_union_and_the_busy_time_inside_windows() -> None:
@@ -53,7 +53,7 @@ def _dlrm(assignment: np.ndarray):
 
 @pytest.mark.parametrize("assignment", [np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])])
 def test_co_run_lies_between_alone_and_contended_throughout(assignment) -> None:
-    cpu = get_platform("cpu-local")
+    cpu = bare_cpu()
     factors = {"embedding": 1.5, "memory": 1.8, "compute": 1.2}
     contended = cpu.model_copy(update={"host_contention": {2: factors}})
     g = _dlrm(assignment)

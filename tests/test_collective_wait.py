@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from _pinned_cpu import bare_cpu
 
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from predictor.timing.calibrate.calibrated_platform import collective_wait
 from predictor.timing.kernels import ModelTiming
-from predictor.timing.platforms import get_platform
 from predictor.timing.platforms.schema import Platform
 
-CPU = get_platform("cpu-local")
+CPU = bare_cpu()  # cpu-local without host refinements: each test sets its own
 WAITS = {"all_to_all": 2e-4, "all_reduce": 7e-4}
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _pinned_cpu import bare_cpu
 
 from predictor.simulate import simulate
 from predictor.sources.synth.dlrm import GLOO_WORKER_THREADS, DLRMSpec, build_dlrm_graph, ddp_buckets
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from predictor.timing.kernels import ModelTiming
-from predictor.timing.platforms import get_platform
 
-CPU = get_platform("cpu-local")
+CPU = bare_cpu()  # cpu-local without host refinements: each test sets its own
 
 
 def _spec(n_tables=4, dim=64, batch=512, bottom=(32, 64), top=(64, 1)):

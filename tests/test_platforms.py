@@ -145,7 +145,7 @@ def test_malformed_yaml_and_incomplete_entry(tmp_path: Path) -> None:
         load_catalog(upper)
 
 
-def test_cpu_local_measures_plausible_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_local_measures_plausible_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_cpu: None) -> None:
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
     p = measure_cpu_local()
     assert p.key == "cpu-local" and p.kind == "cpu" and p.devices_per_node == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _pinned_cpu import bare_cpu
 from pydantic import ValidationError
 
 from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph
@@ -19,7 +20,7 @@ from predictor.timing.kernels.embedding import RF_BINS, repeat_fraction_from_rf
 from predictor.timing.kernels.step_reuse import reuse_factor, reuse_factors_by_pooling
 from predictor.timing.platforms import get_platform
 
-CPU = get_platform("cpu-local")
+CPU = bare_cpu()  # cpu-local without host refinements: each test sets its own
 LLC = CPU.last_level_cache_bytes
 
 

@@ -85,6 +85,10 @@ def calibrate(
 
     A timing-only run (--no-fit) writes the measurements without models, kept as data: fit it later with
     --refit DIR, or pool it into an existing pack with --refit PACK --data-from FAMILY=DIR.
+
+    --platform cpu-local picks the pack calibrated on this CPU (a pack named cpu-local or cpu-local-*);
+    TUNER_CPU_PACK=NAME (or a pack folder) makes cpu-local that pack on any host, TUNER_CPU_PACK=none the
+    measured CPU with analytic models.
     """
     from rich.table import Table
 

@@ -12,19 +12,13 @@ An asset pack is a folder written by ``tuner calibrate`` (:func:`predictor.timin
       data/*.csv        the microbenchmark samples the models were fitted to
       errors.md         the held-out error table
 
-Where a name is looked up (first hit wins), see :func:`asset_search_paths`:
-
-1. a path to a pack folder;
-2. ``$TUNER_ASSETS`` (folders separated by ``os.pathsep``);
-3. the ``assets/`` folder of the repository this package runs from (editable installs:
-   ``pip install -e .``; a wheel install has no such folder — use 2 or 4);
-4. ``$TUNER_CACHE_DIR/assets`` or ``~/.cache/tuner/assets``, and the registry of packs that
-   ``tuner calibrate --out ANYWHERE`` wrote (``registry.json`` there).
+Where a name is looked up, and which pack ``cpu-local`` stands for (the one calibrated on this CPU, or the
+one ``$TUNER_CPU_PACK`` names on any host), see :mod:`predictor.timing.platforms.packs`.
 
 :func:`resolve_platform` turns a ``--platform`` value into (platform, kernel models, source
 label): an asset pack's calibrated models ("asset pack NAME"), or the catalog's analytic
 models ("analytic (catalog)"), or for ``cpu-local`` the measured platform with analytic
-models unless a pack named ``cpu-local`` calibrated on this CPU is found.
+models unless a pack for this CPU is found (:func:`~predictor.timing.platforms.packs.cpu_local_pack`).
 :func:`timing_for` wraps that into a :class:`~predictor.timing.kernels.timing.ModelTiming`.
 """
 
@@ -40,8 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
+from predictor.timing.platforms.packs import (
+    CPU_PACK_ENV,
+    AssetPackError,
+    asset_search_paths,
+    cpu_local_pack,
+    cpu_pack_override,
+    find_asset_pack,
+    looks_like_path,
+    read_pack_json,
+    read_pack_platform,
+    register_asset_pack,
+)
 from predictor.timing.platforms.schema import CpuOverheads, Platform
 
 __all__ = [
@@ -51,6 +56,7 @@ __all__ = [
     "AssetPackError",
     "ResolvedPlatform",
     "asset_search_paths",
+    "cpu_local_pack",
     "find_asset_pack",
     "load_asset_pack",
     "register_asset_pack",
@@ -66,10 +72,6 @@ STORED_FLOAT_FORMAT = "%.6g"
 #: version of the on-disk layout
 PACK_FORMAT = 1
 _REQUIRED = ("format", "name", "device", "created", "models")
-
-
-class AssetPackError(ValueError):
-    """A missing, incomplete or corrupt asset pack (one-line message naming the file)."""
 
 
 @dataclass
@@ -118,73 +120,6 @@ class ResolvedPlatform:
         return ModelTiming(self.platform, self.models, keep_measured=keep_measured, source=self.source)
 
 
-# ----------------------------------------------------------------------------- search paths
-def _cache_root() -> Path:
-    root = os.environ.get("TUNER_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "tuner"
-
-
-def repo_assets_dir() -> Path:
-    """``assets/`` next to the ``predictor`` package (exists for a source checkout / editable install)."""
-    return Path(__file__).resolve().parents[3] / "assets"
-
-
-def asset_search_paths() -> list[Path]:
-    """Folders whose sub-folders are asset packs, in lookup order (see the module docstring)."""
-    paths = [Path(p) for p in os.environ.get("TUNER_ASSETS", "").split(os.pathsep) if p]
-    paths += [repo_assets_dir(), _cache_root() / "assets"]
-    return paths
-
-
-def _registry_path() -> Path:
-    return _cache_root() / "assets" / "registry.json"
-
-
-def register_asset_pack(name: str, path: str | Path) -> None:
-    """Remember where pack ``name`` lives so ``--platform name`` finds it; best effort."""
-    reg = _registry_path()
-    try:
-        data = json.loads(reg.read_text(encoding="utf-8")) if reg.exists() else {}
-        if not isinstance(data, dict):
-            data = {}
-        data[name.lower()] = str(Path(path).resolve())
-        reg.parent.mkdir(parents=True, exist_ok=True)
-        tmp = reg.with_name(f"{reg.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, reg)
-    except (OSError, ValueError):
-        pass
-
-
-def _read_registry() -> dict:
-    """The registry of pack names -> folders (:func:`register_asset_pack`); empty when missing or unreadable."""
-    try:
-        reg = json.loads(_registry_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return reg if isinstance(reg, dict) else {}
-
-
-def find_asset_pack(name: str) -> Path | None:
-    """The folder of pack ``name`` (case-insensitive), or None."""
-    key = name.strip().lower()
-    if not key or "/" in key or os.sep in key:
-        return None
-    for root in asset_search_paths():
-        cand = root / key
-        if (cand / "manifest.json").is_file():
-            return cand
-    reg = _read_registry()
-    hit = Path(reg[key]) if isinstance(reg.get(key), str) else None
-    if hit is not None and (hit / "manifest.json").is_file():
-        return hit
-    return None
-
-
-def _looks_like_path(value: str) -> bool:
-    return "/" in value or os.sep in value or value.startswith(".") or (Path(value) / "manifest.json").is_file()
-
-
 # ----------------------------------------------------------------------------- load
 def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack:
     """Load a pack folder.
@@ -205,7 +140,7 @@ def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack
         raise AssetPackError(f"asset pack {root}: not found")
     if not root.is_dir():
         raise AssetPackError(f"asset pack {root}: not a folder")
-    manifest = _read_json(root / "manifest.json", root)
+    manifest = read_pack_json(root / "manifest.json", root)
     if not isinstance(manifest, dict):
         raise AssetPackError(f"{root / 'manifest.json'}: must be a JSON object")
     missing = [k for k in _REQUIRED if k not in manifest]
@@ -220,7 +155,7 @@ def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack
         raise AssetPackError(f"asset pack {root}: holds benchmarks but no fitted models yet; "
                              f"fit them with: tuner calibrate --refit {root}")
     name = str(manifest["name"])
-    platform = _read_platform(root / "platform.yaml", name)
+    platform = read_pack_platform(root / "platform.yaml")
     models = []
     if not isinstance(manifest["models"], Mapping):
         raise AssetPackError(f"{root / 'manifest.json'}: models must map model keys to entries")
@@ -228,7 +163,7 @@ def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack
         file = root / str(entry.get("file", "")) if isinstance(entry, Mapping) else None
         if file is None or not entry.get("file"):
             raise AssetPackError(f"{root / 'manifest.json'}: model {key!r} names no file")
-        data = _read_json(file, root)
+        data = read_pack_json(file, root)
         try:
             models.append(model_from_dict(data))
         except (KeyError, ValueError, TypeError) as exc:
@@ -237,38 +172,6 @@ def load_asset_pack(path: str | Path, allow_unfitted: bool = False) -> AssetPack
     table = manifest.get("error_table", [])
     return AssetPack(name=name, path=root, manifest=manifest, platform=platform, models=models,
                      error_table=list(table) if isinstance(table, list) else [])
-
-
-def _read_json(file: Path, root: Path) -> Any:
-    if not file.is_file():
-        raise AssetPackError(f"{file}: missing from asset pack {root}")
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise AssetPackError(f"{file}: not a text file") from None
-    except json.JSONDecodeError as exc:
-        raise AssetPackError(f"{file}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-
-
-def _read_platform(file: Path, name: str) -> Platform:
-    if not file.is_file():
-        raise AssetPackError(f"{file}: missing from the asset pack")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise AssetPackError(f"{file}: invalid YAML{where}") from None
-    if not isinstance(data, Mapping) or len(data) != 1:
-        raise AssetPackError(f"{file}: must hold exactly one platform entry (KEY: fields)")
-    key, fields = next(iter(data.items()))
-    if not isinstance(fields, Mapping):
-        raise AssetPackError(f"{file}: entry {key!r} must be a mapping of fields")
-    try:
-        return Platform.model_validate({**fields, "key": str(key)})
-    except ValidationError as exc:
-        parts = [f"{'.'.join(str(p) for p in e['loc']) or '<entry>'}: {e['msg']}" for e in exc.errors()]
-        raise AssetPackError(f"{file}: {'; '.join(parts)}") from None
 
 
 # ----------------------------------------------------------------------------- write
@@ -378,54 +281,14 @@ def pack_at_revision(repo: str | Path, rev: str, pack: str, dest: str | Path) ->
 
 
 # ----------------------------------------------------------------------------- resolve
-def _this_cpu() -> str:
-    from predictor.timing.platforms.cpu_local import cpu_model
-
-    return cpu_model()
-
-
-def cpu_local_pack() -> Path | None:
-    """The pack ``--platform cpu-local`` stands for on this host: of the packs named ``cpu-local`` or
-    ``cpu-local-*`` on the search path, the first whose manifest records this CPU
-    (:func:`~predictor.timing.platforms.cpu_local.same_cpu` with this host's signature); else the pack named
-    ``cpu-local`` when it records no CPU (an older pack) and its ``cpu_model`` is this host's; else None.
-    So one checkout carries a pack per CPU its team runs on (e.g. ``assets/cpu-local-zen4``,
-    ``assets/cpu-local-avx2``) and each host picks its own."""
-    from predictor.timing.platforms.cpu_local import cpu_signature, same_cpu
-
-    here = cpu_signature()
-    candidates: list[Path] = []
-    for root in asset_search_paths():
-        if root.is_dir():
-            candidates += sorted(d for d in root.glob("cpu-local*") if (d / "manifest.json").is_file()
-                                 and (d.name == "cpu-local" or d.name.startswith("cpu-local-")))
-    # packs calibrated with --out elsewhere, by the name they were written as
-    candidates += [Path(v) for k, v in sorted(_read_registry().items()) if isinstance(v, str)
-                   and (k == "cpu-local" or k.startswith("cpu-local-")) and (Path(v) / "manifest.json").is_file()]
-    legacy = None
-    for d in candidates:
-        try:
-            m = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(m, dict):
-            continue
-        if m.get("cpu"):
-            if same_cpu(m["cpu"], here):
-                return d
-        elif legacy is None and d.name == "cpu-local" and m.get("cpu_model") == _this_cpu():
-            legacy = d
-    return legacy
-
-
 def resolve_platform(name_or_path: str, extra: str | Path | None = None) -> ResolvedPlatform:
     """A ``--platform`` value -> platform, kernel models and a source label.
 
     * a pack folder path, or the name of a pack on the search path -> its calibrated models
       (``"asset pack NAME"``);
-    * ``cpu-local`` -> the pack calibrated on this CPU (:func:`cpu_local_pack`: ``cpu-local`` or a
-      ``cpu-local-*`` sibling), else the measured platform with analytic models
-      (``"analytic (measured cpu-local)"``);
+    * ``cpu-local`` -> the pack ``$TUNER_CPU_PACK`` names, else the pack calibrated on this CPU
+      (:func:`~predictor.timing.platforms.packs.cpu_local_pack`: ``cpu-local`` or a ``cpu-local-*`` sibling),
+      else the measured platform with analytic models (``"analytic (measured cpu-local)"``);
     * a catalog key -> the catalog entry with analytic models (``"analytic (catalog)"``).
 
     Raises:
@@ -436,7 +299,7 @@ def resolve_platform(name_or_path: str, extra: str | Path | None = None) -> Reso
     from predictor.timing.platforms import CPU_LOCAL, get_platform
 
     value = name_or_path.strip()
-    if _looks_like_path(value):
+    if looks_like_path(value):
         pack = load_asset_pack(value)
         return ResolvedPlatform(pack.platform, [*pack.models, *analytic_models()], pack.source, pack)
     key = value.lower()
@@ -444,6 +307,9 @@ def resolve_platform(name_or_path: str, extra: str | Path | None = None) -> Reso
     if found is not None:
         pack = load_asset_pack(found)
         return ResolvedPlatform(pack.platform, [*pack.models, *analytic_models()], pack.source, pack)
+    if key == CPU_LOCAL and cpu_pack_override() is not None:  # pinned to no pack
+        return ResolvedPlatform(get_platform(key, extra), analytic_models(),
+                                f"analytic (measured cpu-local; {CPU_PACK_ENV}={cpu_pack_override()})")
     if key == CPU_LOCAL and find_asset_pack(key) is not None:
         return ResolvedPlatform(get_platform(key, extra), analytic_models(),
                                 "analytic (measured cpu-local; the cpu-local asset pack is from another CPU)")

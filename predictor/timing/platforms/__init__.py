@@ -9,7 +9,8 @@ override any field of a packaged entry (e.g. a price) or add new devices::
       price_date: "2025-06"
 
 ``cpu-local`` is not in the file: it is measured on the running machine
-(:func:`predictor.timing.platforms.cpu_local.measure_cpu_local`, cached).
+(:func:`predictor.timing.platforms.cpu_local.measure_cpu_local`, cached), or, with ``$TUNER_CPU_PACK`` set,
+it is that asset pack's calibrated platform on any host (:mod:`predictor.timing.platforms.packs`).
 """
 
 from __future__ import annotations
@@ -82,17 +83,20 @@ def load_catalog(extra: str | Path | None = None) -> dict[str, Platform]:
 
 
 def get_platform(name: str, extra: str | Path | None = None) -> Platform:
-    """One platform by (case-insensitive) name; ``cpu-local`` is measured on this machine.
+    """One platform by (case-insensitive) name; ``cpu-local`` is measured on this machine, or is the
+    calibrated platform of the asset pack ``$TUNER_CPU_PACK`` names (:mod:`predictor.timing.platforms.packs`).
 
     Raises:
         UnknownPlatformError: ``name`` is not in the catalog (message lists valid names).
         CatalogError: see :func:`load_catalog`.
+        AssetPackError: ``$TUNER_CPU_PACK`` names no readable pack.
     """
     key = name.strip().lower()
     if key == CPU_LOCAL:
         from predictor.timing.platforms.cpu_local import measure_cpu_local
+        from predictor.timing.platforms.packs import pinned_cpu_platform
 
-        platform = measure_cpu_local()
+        platform = pinned_cpu_platform() or measure_cpu_local()
         if extra is not None:
             path = Path(extra)
             over = _parse(path.read_text(encoding="utf-8"), str(path)).get(CPU_LOCAL)
