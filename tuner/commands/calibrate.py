@@ -90,50 +90,20 @@ def calibrate(
     TUNER_CPU_PACK=NAME (or a pack folder) makes cpu-local that pack on any host, TUNER_CPU_PACK=none the
     measured CPU with analytic models.
     """
-    from rich.table import Table
 
     from predictor.timing.calibrate import (
-        NOISY_ROUND_SPREAD_PCT,
         CalibrationError,
         CalibrationOptions,
-        compute_round_spread,
-        round_spreads,
     )
     from predictor.timing.calibrate import calibrate as run_calibration
     from predictor.timing.calibration.collectives import CollectiveError
     from predictor.timing.calibration.contention import ContentionError
 
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
-    if out is None and refit is None:
-        fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
-    if memory_bound is not None and refit is not None:
-        fail("--memory-bound goes with a fresh calibration (--refit reuses the pack's stored timings)")
-    if gemm_timing != "warm" and refit is not None:
-        fail("--gemm-timing goes with a fresh calibration (--refit reuses the pack's stored timings)")
-    if no_fit and refit is not None:
-        fail("--no-fit goes with a fresh calibration (--refit fits a pack's stored benchmarks)")
-    if scale != 1.0 and refit is not None:
-        fail("--scale goes with a fresh calibration (--refit reuses the pack's stored timings)")
-    if rounds is not None and refit is not None:
-        fail("--rounds goes with a fresh calibration (--refit reuses the pack's stored timings)")
-    if kernels is not None and refit is not None:
-        fail("--kernels goes with a fresh calibration (--refit reuses the pack's stored timings)")
-    if overheads is not None and refit is None:
-        fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
-    if data_from and refit is None:
-        fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
-    if pace_from is not None and refit is None:
-        fail("--pace-from goes with --refit PACK (it sets a calibrated pack's kernel pace)")
-    if match_level and not data_from:
-        fail("--match-level goes with --data-from FAMILY=PACK (it rescales the samples taken from PACK)")
-    sources: dict[str, list[str]] = {}  # one key given for several packs: refit pools them
-    for item in data_from or []:
-        family, sep, src = item.partition("=")
-        family, src = family.strip(), src.strip()
-        if not sep or not family or not src:
-            fail(f"--data-from {item!r}: expected FAMILY=PACK or FAMILY:KERNEL[,KERNEL...]=PACK, e.g. "
-                 "gemm=DIR")
-        sources.setdefault(family, []).append(src)
+    _refuse_mixed_flags(out=out, refit=refit, memory_bound=memory_bound, gemm_timing=gemm_timing, no_fit=no_fit,
+                        scale=scale, rounds=rounds, kernels=kernels, overheads=overheads, data_from=data_from,
+                        pace_from=pace_from, match_level=match_level)
+    sources = _data_sources(data_from)
     try:
         if refit is not None:
             from predictor.timing.calibrate import refit as run_refit
@@ -161,6 +131,57 @@ def calibrate(
                f"fit them (no device needed) with: tuner calibrate --refit {pack.path}")
         console.print(f"benchmarks of [bold]{pack.name}[/] written to {pack.path}, not fitted; {how}", highlight=False)
         return
+
+    _print_pack(pack)
+
+
+def _refuse_mixed_flags(*, out: Path | None, refit: Path | None, memory_bound: str | None, gemm_timing: str,
+                        no_fit: bool, scale: float, rounds: int | None, kernels: str | None, overheads: Path | None,
+                        data_from: list[str] | None, pace_from: Path | None, match_level: bool) -> None:
+    """Exit 2 with one line when flags of a fresh calibration meet --refit, or the other way round."""
+    if out is None and refit is None:
+        fail("--out is required (the asset pack folder to write), unless --refit PACK is given")
+    if memory_bound is not None and refit is not None:
+        fail("--memory-bound goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if gemm_timing != "warm" and refit is not None:
+        fail("--gemm-timing goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if no_fit and refit is not None:
+        fail("--no-fit goes with a fresh calibration (--refit fits a pack's stored benchmarks)")
+    if scale != 1.0 and refit is not None:
+        fail("--scale goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if rounds is not None and refit is not None:
+        fail("--rounds goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if kernels is not None and refit is not None:
+        fail("--kernels goes with a fresh calibration (--refit reuses the pack's stored timings)")
+    if overheads is not None and refit is None:
+        fail("--overheads goes with --refit PACK (a fresh calibration measures its own overheads)")
+    if data_from and refit is None:
+        fail("--data-from goes with --refit PACK (a fresh calibration measures every family it fits)")
+    if pace_from is not None and refit is None:
+        fail("--pace-from goes with --refit PACK (it sets a calibrated pack's kernel pace)")
+    if match_level and not data_from:
+        fail("--match-level goes with --data-from FAMILY=PACK (it rescales the samples taken from PACK)")
+
+
+def _data_sources(data_from: list[str] | None) -> dict[str, list[str]]:
+    """``--data-from`` values as ``FAMILY[:KERNEL,...] -> [DIR, ...]`` (one key given for several runs: refit pools
+    them); exit 2 on a malformed one."""
+    sources: dict[str, list[str]] = {}  # one key given for several packs: refit pools them
+    for item in data_from or []:
+        family, sep, src = item.partition("=")
+        family, src = family.strip(), src.strip()
+        if not sep or not family or not src:
+            fail(f"--data-from {item!r}: expected FAMILY=PACK or FAMILY:KERNEL[,KERNEL...]=PACK, e.g. "
+                 "gemm=DIR")
+        sources.setdefault(family, []).append(src)
+    return sources
+
+
+def _print_pack(pack) -> None:
+    """The held-out error table, the timing noise, the overheads and where the pack went."""
+    from rich.table import Table
+
+    from predictor.timing.calibrate import NOISY_ROUND_SPREAD_PCT, compute_round_spread, round_spreads
 
     spreads = round_spreads(pack.path)
     table = Table(title=f"Kernel models of {pack.name}: error on the held-out 20% (Lin et al. 2022 Table I layout)")

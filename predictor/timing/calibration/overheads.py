@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["measure_overheads", "METADATA_OPS", "whisker_mean", "unprofiled_op_seconds", "unprofiled_step_seconds",
-           "single_kernel_ops", "host_seconds_per_call"]
+           "single_kernel_ops", "host_seconds_per_call", "host_gaps"]
 
 #: leaf ops that do no compute (views, allocation, metadata) — not "kernels" on CPU
 METADATA_OPS = frozenset(
@@ -227,6 +227,72 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> N
     opt.step()
 
 
+def _small_dlrm(device: torch.device, batch: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, tuple]:
+    """The overheads calibration's model (:class:`_SmallDLRM`, seeded), its SGD optimizer and one batch of
+    ``batch`` samples on ``device``: (model, optimizer, (dense, indices, offsets, labels))."""
+    torch.manual_seed(0)
+    model = _SmallDLRM().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(0)
+    dense = torch.randn(batch, 13, generator=gen).to(device)
+    idx = [torch.randint(0, 20000, (batch * 4,), generator=gen).to(device) for _ in range(4)]
+    off = torch.arange(0, batch * 4, 4).to(device)
+    y = torch.rand(batch, 1, generator=gen).to(device)
+    return model, opt, (dense, idx, off, y)
+
+
+def _is_launch(e, cuda: bool) -> bool:
+    """Whether profiler event ``e`` is a launch: a CUDA runtime call (not a synchronisation) on a GPU, a compute
+    leaf (a leaf ``aten::`` op that is not a view or metadata op) on a CPU."""
+    if cuda:
+        return e.name.startswith("cuda") and "Synchronize" not in e.name
+    return not e.cpu_children and e.name.startswith("aten::") and e.name not in METADATA_OPS
+
+
+def _launches_under(e, cuda: bool) -> list:
+    """The launches below event ``e`` (``e`` itself when it is one and has none below), by start time."""
+    out, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        if x is not e and _is_launch(x, cuda):
+            out.append(x)
+            continue
+        stack.extend(x.cpu_children)
+    if not out and _is_launch(e, cuda):
+        out = [e]
+    return sorted(out, key=lambda x: x.time_range.start)
+
+
+def _is_step_marker(e) -> bool:
+    """The schedule's ``ProfilerStep#N`` events, which wrap iterations."""
+    return e is not None and e.name.startswith("ProfilerStep")
+
+
+def host_gaps(events: list, cuda: bool) -> tuple[list[float], ...]:
+    """The samples of T1..T5 (seconds) in one thread's profiler ``events``: per top-level op, the gap since the
+    previous op's end (T1), from its start to its first launch (T2), from its last launch to its end (T3), each
+    launch's own time on a GPU (T4) and the gaps between its launches (T5)."""
+    roots = sorted((e for e in events if not _is_step_marker(e) and (e.cpu_parent is None or _is_step_marker(e.cpu_parent))),
+                   key=lambda e: e.time_range.start)
+    t1, t2, t3, t4, t5 = [], [], [], [], []
+    prev_end = None
+    for e in roots:
+        s, t = e.time_range.start * 1e-6, e.time_range.end * 1e-6
+        if prev_end is not None and s >= prev_end:
+            t1.append(s - prev_end)
+        prev_end = t
+        ls = _launches_under(e, cuda)
+        if not ls:
+            continue
+        t2.append(ls[0].time_range.start * 1e-6 - s)
+        t3.append(t - ls[-1].time_range.end * 1e-6)
+        for a, b in zip(ls, ls[1:], strict=False):
+            t5.append(max(0.0, (b.time_range.start - a.time_range.end) * 1e-6))
+        if cuda:
+            t4 += [x.time_range.elapsed_us() * 1e-6 for x in ls]
+    return t1, t2, t3, t4, t5
+
+
 def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 3, batch: int = 256,
                       profiler_warmup: int = 0) -> dict:
     """T1..T5 (seconds) and how they were obtained; see the module docstring for definitions.
@@ -242,15 +308,7 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
     """
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    torch.manual_seed(0)
-    model = _SmallDLRM().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(0)
-    dense = torch.randn(batch, 13, generator=gen).to(device)
-    idx = [torch.randint(0, 20000, (batch * 4,), generator=gen).to(device) for _ in range(4)]
-    off = torch.arange(0, batch * 4, 4).to(device)
-    y = torch.rand(batch, 1, generator=gen).to(device)
-    data = (dense, idx, off, y)
+    model, opt, data = _small_dlrm(device, batch)
     cuda = device.type == "cuda"
 
     def sync() -> None:
@@ -289,45 +347,7 @@ def measure_overheads(device: torch.device, iterations: int = 12, warmup: int = 
     events = [e for e in events if e.thread == busiest]
     per_iter_events = len(events) / iterations
     prof_overhead = max(0.0, (np.median(profiled) - np.median(plain)) / max(per_iter_events, 1.0))
-
-    def is_launch(e) -> bool:
-        if cuda:
-            return e.name.startswith("cuda") and "Synchronize" not in e.name
-        return not e.cpu_children and e.name.startswith("aten::") and e.name not in METADATA_OPS
-
-    def launches_under(e) -> list:
-        out, stack = [], [e]
-        while stack:
-            x = stack.pop()
-            if x is not e and is_launch(x):
-                out.append(x)
-                continue
-            stack.extend(x.cpu_children)
-        if not out and is_launch(e):
-            out = [e]
-        return sorted(out, key=lambda x: x.time_range.start)
-
-    def is_step_marker(e) -> bool:  # the schedule's ProfilerStep#N (events: "ProfilerStep*") wrap iterations
-        return e is not None and e.name.startswith("ProfilerStep")
-
-    roots = sorted((e for e in events if not is_step_marker(e) and (e.cpu_parent is None or is_step_marker(e.cpu_parent))),
-                   key=lambda e: e.time_range.start)
-    t1, t2, t3, t4, t5 = [], [], [], [], []
-    prev_end = None
-    for e in roots:
-        s, t = e.time_range.start * 1e-6, e.time_range.end * 1e-6
-        if prev_end is not None and s >= prev_end:
-            t1.append(s - prev_end)
-        prev_end = t
-        ls = launches_under(e)
-        if not ls:
-            continue
-        t2.append(ls[0].time_range.start * 1e-6 - s)
-        t3.append(t - ls[-1].time_range.end * 1e-6)
-        for a, b in zip(ls, ls[1:], strict=False):
-            t5.append(max(0.0, (b.time_range.start - a.time_range.end) * 1e-6))
-        if cuda:
-            t4 += [x.time_range.elapsed_us() * 1e-6 for x in ls]
+    t1, t2, t3, t4, t5 = host_gaps(events, cuda)
     out: dict = {"device": str(device), "iterations": iterations, "warmup": warmup,
                  "profiler_warmup": profiler_warmup, "profiler_overhead_s": prof_overhead,
                  "iteration_s_unprofiled": float(np.median(plain)), "iteration_s_profiled": float(np.median(profiled)),
