@@ -192,7 +192,9 @@ def main() -> None:
         args.gemm_timing = str(pack.manifest.get("gemm_timing", "warm"))
         today = str(pack.manifest.get("created", ""))[:10]
     else:
-        pack = calibrate(CalibrationOptions("cpu", out=args.out, quick=True, world_size=args.world_size, threads=args.threads, seed=args.seed, scale=args.scale, gemm_timing=args.gemm_timing, fit_target=args.fit_target))
+        pack = calibrate(CalibrationOptions("cpu", out=args.out, quick=True, world_size=args.world_size,
+                                            threads=args.threads, seed=args.seed, scale=args.scale,
+                                            gemm_timing=args.gemm_timing, fit_target=args.fit_target))
         wall = time.perf_counter() - started
         today = _dt.date.today().isoformat()
     table = pack.error_table

@@ -1,9 +1,9 @@
 """A bare CPU platform for tests that price graphs on ``cpu-local`` and set one host refinement themselves.
 
-``cpu-local`` is pinned to a committed pack in the tests (``conftest.py``); its calibrated platform carries the
-refinements measured on that host (host contention, lockstep, kernel pace, collective waits, page faults, step
-reuse). :func:`bare_cpu` is that platform's peaks, bandwidths and overheads without them: a CPU whose kernels run
-as timed alone, on any machine.
+``cpu-local`` is pinned to a committed pack in the tests (``conftest.py``); its calibrated platform carries
+the refinements measured on that host (host contention, lockstep, kernel pace, collective waits, page
+faults, step reuse). :func:`bare_cpu` is that platform's peaks, bandwidths and overheads without them: a CPU
+whose kernels run as timed alone, on any machine.
 """
 
 from __future__ import annotations

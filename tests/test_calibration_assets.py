@@ -190,8 +190,8 @@ def test_tuner_cpu_pack_pins_cpu_local_on_any_host(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_tests_pin_holds_on_another_cpu(monkeypatch: pytest.MonkeyPatch):
-    """Under the tests' pin (``conftest.py``) ``cpu-local`` neither measures the host nor picks its pack: with the
-    host taken for the AVX2-only EPYC that ``assets/cpu-local-avx2`` records, it is still the pinned pack."""
+    """Under the tests' pin (``conftest.py``) ``cpu-local`` neither measures the host nor picks its pack: with
+    the host taken for the AVX2-only EPYC that ``assets/cpu-local-avx2`` records, it is still the pinned pack."""
     import predictor.timing.platforms.cpu_local as cpu_local
     from predictor.timing.platforms import packs
 
