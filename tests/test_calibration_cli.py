@@ -34,7 +34,10 @@ def test_calibrate_cpu_quick_tiny_smoke(tmp_path: Path, monkeypatch: pytest.Monk
     assert {"addmm/fp32", "bmm/bf16", "relu", "memcpy", "transpose", "embedding_bag_bwd"} <= kernels
     for r in pack.error_table:
         assert r["test"] >= 1 and r["gmae_pct"] >= 0
-    assert pack.platform.key == "smoke" and pack.platform.overheads.t1_s > 0
+    assert pack.platform.key == "smoke"
+    # T1..T5 measured (T1 less the profiler's cost per event, which a busy host can raise to T1 itself: >= 0)
+    o = pack.platform.overheads
+    assert all(np.isfinite(v) and v >= 0 for v in (o.t1_s, o.t2_s, o.t3_s, o.t4_s, o.t5_s))
     # the host's page-fault cost is measured and kept with the platform (priced into the embedding backward)
     assert 0 < pack.platform.page_fault_s < 1e-3 and pack.manifest["page_fault_s"] == pack.platform.page_fault_s
     # registered: --platform smoke resolves to it from anywhere
