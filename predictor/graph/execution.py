@@ -7,8 +7,9 @@ TorchRec's planner ``types.py`` plays there: the whole vocabulary lives here, an
 models, reports) import it and nothing above it.
 
 Storage is columnar: every task attribute is one numpy array of length ``n_tasks`` and every
-edge attribute one array of length ``n_edges``. Builders append through :class:`GraphBuilder`
-(Python lists, finalised once into arrays); the simulator reads only arrays.
+edge attribute one array of length ``n_edges``. Builders append through
+:class:`~predictor.graph.builder.GraphBuilder` (Python lists and block stamps, finalised once into
+arrays); the simulator reads only arrays.
 
 Conventions
 -----------
@@ -21,7 +22,6 @@ Conventions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -34,8 +34,6 @@ __all__ = [
     "DepKind",
     "Overhead",
     "ExecutionGraph",
-    "GraphBuilder",
-    "GraphVocabulary",
     "GraphError",
     "PARAM_COLUMNS",
 ]
@@ -299,164 +297,6 @@ class ExecutionGraph:
         }
 
 
-class GraphVocabulary:
-    """The processors, task names / kinds and collective groups a graph under construction has named so far.
-
-    Shared by :class:`GraphBuilder` (task by task) and :class:`~predictor.graph.assemble.GraphAssembler`
-    (block stamps): both intern names and kinds into dense ids and create processors on first use.
-    """
-
-    def __init__(self) -> None:
-        self._proc_rank: list[int] = []
-        self._proc_kind: list[int] = []
-        self._proc_names: list[str] = []
-        self._proc_index: dict[tuple[int, str], int] = {}
-        self._names: dict[str, int] = {}
-        self._kinds: dict[str, int] = {}
-        self._n_groups = 0
-        self.meta: dict = {}
-
-    def processor(self, rank: int, kind: ProcKind, name: str) -> int:
-        """Index of the processor ``name`` on ``rank`` (created on first use)."""
-        key = (rank, name)
-        idx = self._proc_index.get(key)
-        if idx is None:
-            idx = len(self._proc_rank)
-            self._proc_index[key] = idx
-            self._proc_rank.append(rank)
-            self._proc_kind.append(int(kind))
-            self._proc_names.append(name)
-        return idx
-
-    def new_group(self) -> int:
-        """A fresh collective-group id."""
-        self._n_groups += 1
-        return self._n_groups - 1
-
-    @staticmethod
-    def _intern(table: dict[str, int], value: str) -> int:
-        """The dense id of ``value`` in ``table`` (added on first use)."""
-        idx = table.get(value)
-        if idx is None:
-            idx = len(table)
-            table[value] = idx
-        return idx
-
-
-class GraphBuilder(GraphVocabulary):
-    """Accumulates tasks, processors and edges, then freezes them into an :class:`ExecutionGraph`.
-
-    Builders (trace readers, synthesisers) call :meth:`processor` once per CPU thread or GPU
-    stream, :meth:`task` in each processor's execution order, :meth:`edge` for every
-    dependency and :meth:`new_group` / ``group=`` for collectives. Appending is plain Python;
-    :meth:`build` converts everything to arrays once.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._cols: dict[str, list] = {
-            "rank": [],
-            "proc": [],
-            "name": [],
-            "kind": [],
-            "category": [],
-            "overhead": [],
-            "duration": [],
-            "flops": [],
-            "bytes": [],
-            "group": [],
-        }
-        self._params: dict[str, dict[int, float]] = {}
-        self._src: list[int] = []
-        self._dst: list[int] = []
-        self._ekind: list[int] = []
-
-    @property
-    def n_tasks(self) -> int:
-        return len(self._cols["rank"])
-
-    # -------------------------------------------------------------- appending
-    def task(
-        self,
-        proc: int,
-        name: str,
-        kind: str,
-        category: Category,
-        *,
-        duration: float = float("nan"),
-        flops: float = float("nan"),
-        bytes: float = float("nan"),  # noqa: A002 - the column's name
-        overhead: Overhead = Overhead.NONE,
-        group: int = -1,
-        params: Mapping[str, float] | None = None,
-    ) -> int:
-        """Append a task at the end of ``proc``'s execution order; returns its index."""
-        idx = self.n_tasks
-        c = self._cols
-        c["rank"].append(self._proc_rank[proc])
-        c["proc"].append(proc)
-        c["name"].append(self._intern(self._names, name))
-        c["kind"].append(self._intern(self._kinds, kind))
-        c["category"].append(int(category))
-        c["overhead"].append(int(overhead))
-        c["duration"].append(duration)
-        c["flops"].append(flops)
-        c["bytes"].append(bytes)
-        c["group"].append(group)
-        if params:
-            for key, value in params.items():
-                if key not in PARAM_COLUMNS:
-                    raise GraphError(f"unknown kernel parameter {key!r}; known: {', '.join(PARAM_COLUMNS)}")
-                self._params.setdefault(key, {})[idx] = float(value)
-        return idx
-
-    def edge(self, src: int, dst: int, kind: DepKind) -> None:
-        """``dst`` cannot start before ``src`` is done (or, for CPU_GPU, has issued the launch)."""
-        self._src.append(src)
-        self._dst.append(dst)
-        self._ekind.append(int(kind))
-
-    def edges(self, srcs: Iterable[int], dst: int, kind: DepKind) -> None:
-        for s in srcs:
-            self.edge(s, dst, kind)
-
-    # -------------------------------------------------------------- freezing
-    def build(self, validate: bool = True) -> ExecutionGraph:
-        c = self._cols
-        n = self.n_tasks
-        params = {}
-        for key, values in self._params.items():
-            col = np.full(n, np.nan)
-            idx = np.fromiter(values.keys(), dtype=np.int64, count=len(values))
-            col[idx] = np.fromiter(values.values(), dtype=np.float64, count=len(values))
-            params[key] = col
-        g = ExecutionGraph(
-            rank=np.asarray(c["rank"], dtype=np.int32),
-            proc=np.asarray(c["proc"], dtype=np.int32),
-            name=np.asarray(c["name"], dtype=np.int32),
-            kind=np.asarray(c["kind"], dtype=np.int32),
-            category=np.asarray(c["category"], dtype=np.int8),
-            overhead=np.asarray(c["overhead"], dtype=np.int8),
-            duration=np.asarray(c["duration"], dtype=np.float64),
-            flops=np.asarray(c["flops"], dtype=np.float64),
-            bytes=np.asarray(c["bytes"], dtype=np.float64),
-            group=np.asarray(c["group"], dtype=np.int32),
-            params=params,
-            proc_rank=np.asarray(self._proc_rank, dtype=np.int32),
-            proc_kind=np.asarray(self._proc_kind, dtype=np.int8),
-            proc_names=list(self._proc_names),
-            edge_src=np.asarray(self._src, dtype=np.int32),
-            edge_dst=np.asarray(self._dst, dtype=np.int32),
-            edge_kind=np.asarray(self._ekind, dtype=np.int8),
-            names=list(self._names),
-            kinds=list(self._kinds),
-            meta=dict(self.meta),
-        )
-        if validate:
-            g.validate()
-        return g
-
-
 def concat_graphs(graphs: list[ExecutionGraph]) -> ExecutionGraph:
     """Stack independent graphs (e.g. one per rank) into one, renumbering tasks, processors,
     names, kinds and groups. Collective groups with the same id in different inputs are
@@ -474,8 +314,8 @@ def concat_graphs(graphs: list[ExecutionGraph]) -> ExecutionGraph:
     t_off = 0
     p_off = 0
     for g in graphs:
-        name_map = np.asarray([GraphBuilder._intern(names, s) for s in g.names] or [0], dtype=np.int32)
-        kind_map = np.asarray([GraphBuilder._intern(kinds, s) for s in g.kinds] or [0], dtype=np.int32)
+        name_map = np.asarray([names.setdefault(s, len(names)) for s in g.names] or [0], dtype=np.int32)
+        kind_map = np.asarray([kinds.setdefault(s, len(kinds)) for s in g.kinds] or [0], dtype=np.int32)
         parts["rank"].append(g.rank)
         parts["proc"].append(g.proc + p_off)
         parts["name"].append(name_map[g.name] if g.n_tasks else g.name)

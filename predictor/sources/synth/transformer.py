@@ -42,7 +42,7 @@ groups between representatives: the p2p sends/receives, the tied-embedding all-r
 gradient-norm all-reduce. A 1024-GPU plan with ``pp=8`` is an 8-rank graph.
 
 Graph size: with ``detail="kernel"`` every step is stamped at kernel level from a template
-(:class:`~predictor.graph.assemble.GraphAssembler`); ``detail="stage"`` replaces each
+(:meth:`~predictor.graph.GraphBuilder.stamp`); ``detail="stage"`` replaces each
 forward/backward step by one task whose duration is the simulated span of that step's kernel
 template (the gray-box split of PredTOP: stage latency + pipeline structure), keeping kernel
 detail only where gradients are reduced; ``"auto"`` chooses ``stage`` above
@@ -56,8 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from predictor.graph import Category, DepKind, ExecutionGraph, ProcKind
-from predictor.graph.assemble import GraphAssembler
+from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.sources.synth.emit import ExecMode
 from predictor.sources.synth.pipeline_schedule import ScheduleError, Step, schedule
 from predictor.sources.synth.transformer_kernels import group_span
@@ -101,7 +100,7 @@ class _PipelineAssembly:
 
     def __init__(self, templates: StepTemplates, detail: str) -> None:
         self.tpl, self.detail = templates, detail
-        self.asm = GraphAssembler()
+        self.gb = GraphBuilder()
         device = templates.mode == "device"
         self.edge_gpu = DepKind.GPU_GPU if device else DepKind.CPU_CPU
         self.edge_sync = DepKind.GPU_CPU if device else DepKind.CPU_CPU
@@ -109,16 +108,16 @@ class _PipelineAssembly:
         self.recv_at: dict[tuple[str, int, int], _Recv] = {}
         # per sender: (phase, micro-batch, virtual stage, last task of the step)
         self.sends: list[list[tuple[str, int, int, int]]] = [[] for _ in range(templates.p)]
-        self.group_tied = self.asm.new_group() if templates.p > 1 else -1
-        self.group_norm = self.asm.new_group()
+        self.group_tied = self.gb.new_group() if templates.p > 1 else -1
+        self.group_norm = self.gb.new_group()
 
     def stage(self, stage: int) -> None:
         """Every step of ``stage`` in schedule order, then its end of the iteration."""
-        tpl, asm = self.tpl, self.asm
-        asm.processor(stage, ProcKind.CPU_THREAD, "cpu")
+        tpl, gb = self.tpl, self.gb
+        gb.processor(stage, ProcKind.CPU_THREAD, "cpu")
         if tpl.mode == "device":
             for name in ("stream compute", "stream comm"):
-                asm.processor(stage, ProcKind.GPU_STREAM, name)
+                gb.processor(stage, ProcKind.GPU_STREAM, name)
         dp_tasks: list[int] = []
         last_compute = -1
         for st in schedule(tpl.plan.schedule, tpl.p, tpl.m, stage, tpl.v):
@@ -127,7 +126,7 @@ class _PipelineAssembly:
 
     def _step(self, stage: int, st: Step, posted_after: int, dp_tasks: list[int]) -> int:
         """Stamp one step (after its receive preamble, if it receives); returns its last compute task."""
-        tpl, asm = self.tpl, self.asm
+        tpl, gb = self.tpl, self.gb
         vs = st.chunk * tpl.p + stage
         first, last = tpl.ends(st, stage)
         recv = (st.phase == "F" and not first) or (st.phase == "B" and not last)
@@ -136,20 +135,20 @@ class _PipelineAssembly:
         sync = gather = None
         if recv:
             blk = tpl.preamble_block(tpl.sg)
-            off = asm.stamp(blk, stage)
+            off = gb.stamp(blk, stage)
             mk = blk.meta["markers"]
             sync, gather = off + mk["sync"], (off + mk["gather"] if "gather" in mk else None)
         if final or self.detail == "kernel":
             blk = tpl.step_block(st.phase, first, last, final)
         else:
             blk = tpl.macro_block(st.phase, first, last)
-        off = asm.stamp(blk, stage)
+        off = gb.stamp(blk, stage)
         mk = blk.meta["markers"]
         first_k, last_k = off + mk["first"], off + mk["last"]
         dp_tasks += [off + i for i in mk.get("dp", [])]
         if recv:
             if gather is not None:
-                asm.edge(gather, first_k, self.edge_gpu)  # gathered before the step starts
+                gb.edge(gather, first_k, self.edge_gpu)  # gathered before the step starts
             src_vs = vs - 1 if st.phase == "F" else vs + 1
             target = gather if gather is not None else first_k
             self.recv_at[(st.phase, st.micro_batch, src_vs)] = _Recv(sync, target, posted_after)
@@ -166,15 +165,15 @@ class _PipelineAssembly:
             gmap[mk["groups"]["tied"]] = self.group_tied
         if "norm" in mk["groups"]:  # the eager program of one process has no norm all-reduce
             gmap[mk["groups"]["norm"]] = self.group_norm
-        off = self.asm.stamp(blk, stage, group_map=gmap)
+        off = self.gb.stamp(blk, stage, group_map=gmap)
         for w in mk["wait_compute"]:
-            self.asm.edge(last_compute, off + w, self.edge_gpu)
+            self.gb.edge(last_compute, off + w, self.edge_gpu)
         for d in dp_tasks:
-            self.asm.edge(d, off + mk["grad_norm"], self.edge_gpu)
+            self.gb.edge(d, off + mk["grad_norm"], self.edge_gpu)
 
     def p2p(self) -> None:
         """One send/recv pair per activation and gradient that crosses stages."""
-        tpl, asm, p = self.tpl, self.asm, self.tpl.p
+        tpl, gb, p = self.tpl, self.gb, self.tpl.p
         if p == 1:
             return
         for s in range(p):
@@ -182,23 +181,23 @@ class _PipelineAssembly:
                 forward = phase == "F"
                 dst = (s + 1) % p if forward else (s - 1) % p
                 link = tpl.lay.pp_next[s] if forward else tpl.lay.pp_next[dst]
-                g = asm.new_group()
+                g = gb.new_group()
                 params = {"msg_bytes": tpl.msg_act, "world": 2, "nodes": link[1], "dtype_bytes": tpl.spec.dtype_bytes}
                 tag = "activation" if forward else "gradient"
-                snd_proc = asm.processor(s, self.stream_kind, f"stream p2p send {'next' if forward else 'prev'}")
-                rcv_proc = asm.processor(dst, self.stream_kind, f"stream p2p recv {'prev' if forward else 'next'}")
-                snd = asm.task(snd_proc, f"send {tag} (virtual stage {vs})", "send_recv", Category.COMMUNICATION,
+                snd_proc = gb.processor(s, self.stream_kind, f"stream p2p send {'next' if forward else 'prev'}")
+                rcv_proc = gb.processor(dst, self.stream_kind, f"stream p2p recv {'prev' if forward else 'next'}")
+                snd = gb.task(snd_proc, f"send {tag} (virtual stage {vs})", "send_recv", Category.COMMUNICATION,
                                group=g, params=params)
-                rcv = asm.task(rcv_proc, f"recv {tag} (virtual stage {vs})", "send_recv", Category.COMMUNICATION,
+                rcv = gb.task(rcv_proc, f"recv {tag} (virtual stage {vs})", "send_recv", Category.COMMUNICATION,
                                group=g, params=params)
-                asm.edge(last_k, snd, self.edge_gpu)
+                gb.edge(last_k, snd, self.edge_gpu)
                 r = self.recv_at.get((phase, mb, vs))
                 if r is None:  # pragma: no cover - schedules always pair sends with receives
                     raise ScheduleError(f"no receiver for {phase} mb{mb} of virtual stage {vs}")
-                asm.edge(rcv, r.target, self.edge_gpu)
+                gb.edge(rcv, r.target, self.edge_gpu)
                 if r.posted_after >= 0:
-                    asm.edge(r.posted_after, rcv, self.edge_gpu)
-                asm.edge(rcv, r.sync, self.edge_sync)
+                    gb.edge(r.posted_after, rcv, self.edge_gpu)
+                gb.edge(rcv, r.sync, self.edge_sync)
 
     def build(self) -> ExecutionGraph:
         """All stages, the p2p transfers, and the graph's metadata."""
@@ -206,7 +205,7 @@ class _PipelineAssembly:
         for stage in range(tpl.p):
             self.stage(stage)
         self.p2p()
-        self.asm.meta.update(
+        self.gb.meta.update(
             {
                 "workload": "transformer",
                 "model": tpl.spec.name,
@@ -217,7 +216,7 @@ class _PipelineAssembly:
                 "detail": self.detail,
             }
         )
-        return self.asm.build()
+        return self.gb.build()
 
 
 def transformer_timing(platform, models=None, *, source: str = "analytic"):
@@ -278,11 +277,11 @@ def build_stage_graph(
     stage_plan = replace(plan, pp=1, dp=1, global_batch=plan.micro_batch, schedule="1f1b")
     check_plan(stage_spec, stage_plan)
     templates = StepTemplates(stage_spec, stage_plan, devices_per_node, mode)
-    asm = GraphAssembler()
+    gb = GraphBuilder()
     fwd = templates.step_block("F", with_embedding, with_head, False)
     bwd = templates.step_block("B", with_embedding, with_head, False)
-    asm.stamp(fwd, 0)
-    asm.stamp(bwd, 0)  # stream and thread order chain the backward after the forward
-    asm.meta.update({"workload": "transformer-stage", "model": spec.name, "layers": n_layers,
+    gb.stamp(fwd, 0)
+    gb.stamp(bwd, 0)  # stream and thread order chain the backward after the forward
+    gb.meta.update({"workload": "transformer-stage", "model": spec.name, "layers": n_layers,
                      "embedding": with_embedding, "head": with_head, "tp": plan.tp, "micro_batch": plan.micro_batch})
-    return asm.build()
+    return gb.build()

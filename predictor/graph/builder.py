@@ -1,0 +1,323 @@
+"""GraphBuilder: the one way to build an :class:`~predictor.graph.ExecutionGraph`.
+
+A builder appends work in two granularities, freely mixed:
+
+* :meth:`GraphBuilder.task` — one task at a time (trace readers, the DLRM and MLP synthesisers,
+  and the small templates themselves);
+* :meth:`GraphBuilder.stamp` — a copy of a small template graph, a *block*, onto a rank. A
+  synthesiser that repeats the same work many times (a pipeline stage runs the same chunk of
+  layers for every micro-batch) builds each distinct piece once as a block, emitted with
+  :class:`~predictor.sources.synth.emit.OpEmitter` on rank 0, and stamps it. A stamp only records
+  ``(block, rank, offset)``; :meth:`GraphBuilder.build` fills every copy of a block with one
+  vectorised assignment per column (offset the task and edge indices, map the block's
+  processors, names and kinds to the big graph's), so 10^5 stamps cost milliseconds, not seconds.
+
+Tasks and stamps are appended in call order, and a processor executes its tasks in array order,
+so the order of the calls is the program order of every CPU thread and stream. Both return the
+index their (first) task has in the final graph. Blocks carry ``meta["markers"]`` (name -> task
+index inside the block) so the caller can wire edges between stamps (add the offset
+:meth:`GraphBuilder.stamp` returns).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from predictor.graph.execution import (
+    PARAM_COLUMNS,
+    Category,
+    DepKind,
+    ExecutionGraph,
+    GraphError,
+    Overhead,
+    ProcKind,
+)
+
+__all__ = ["GraphBuilder", "GraphVocabulary"]
+
+_KNOWN_PARAMS = frozenset(PARAM_COLUMNS)
+#: task columns filled from the single tasks when the graph also has stamps
+_LOOSE_COLS = ("proc", "name", "kind", "category", "overhead", "duration", "flops", "bytes", "group")
+
+
+def _check_params(keys: Iterable[str]) -> None:
+    """Raise :class:`GraphError` for a kernel parameter that is not one of :data:`PARAM_COLUMNS`."""
+    if not _KNOWN_PARAMS.issuperset(keys):
+        unknown = next(k for k in keys if k not in _KNOWN_PARAMS)
+        raise GraphError(f"unknown kernel parameter {unknown!r}; known: {', '.join(PARAM_COLUMNS)}")
+
+
+class GraphVocabulary:
+    """The processors, task names / kinds and collective groups a graph under construction has named so far:
+    names and kinds are interned into dense ids, processors created on first use."""
+
+    def __init__(self) -> None:
+        self._proc_rank: list[int] = []
+        self._proc_kind: list[int] = []
+        self._proc_names: list[str] = []
+        self._proc_index: dict[tuple[int, str], int] = {}
+        self._names: dict[str, int] = {}
+        self._kinds: dict[str, int] = {}
+        self._n_groups = 0
+        self.meta: dict = {}
+
+    def processor(self, rank: int, kind: ProcKind, name: str) -> int:
+        """Index of the processor ``name`` on ``rank`` (created on first use)."""
+        key = (rank, name)
+        idx = self._proc_index.get(key)
+        if idx is None:
+            idx = len(self._proc_rank)
+            self._proc_index[key] = idx
+            self._proc_rank.append(rank)
+            self._proc_kind.append(int(kind))
+            self._proc_names.append(name)
+        return idx
+
+    def new_group(self) -> int:
+        """A fresh collective-group id."""
+        self._n_groups += 1
+        return self._n_groups - 1
+
+    @staticmethod
+    def _intern(table: dict[str, int], value: str) -> int:
+        """The dense id of ``value`` in ``table`` (added on first use)."""
+        idx = table.get(value)
+        if idx is None:
+            idx = len(table)
+            table[value] = idx
+        return idx
+
+
+class GraphBuilder(GraphVocabulary):
+    """Accumulates tasks, block stamps, processors and edges, then freezes them into an :class:`ExecutionGraph`.
+
+    Builders (trace readers, synthesisers) call :meth:`processor` once per CPU thread or GPU
+    stream, :meth:`task` / :meth:`stamp` in each processor's execution order, :meth:`edge` for
+    every dependency and :meth:`new_group` / ``group=`` for collectives. Appending is plain Python;
+    :meth:`build` converts everything to arrays once. Kernel parameters are the columns of
+    :data:`~predictor.graph.PARAM_COLUMNS`; any other name is rejected (a typo would otherwise
+    leave a kernel model reading NaN).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # single tasks, in call order
+        self._cols: dict[str, list] = {
+            "rank": [],
+            "proc": [],
+            "name": [],
+            "kind": [],
+            "category": [],
+            "overhead": [],
+            "duration": [],
+            "flops": [],
+            "bytes": [],
+            "group": [],
+        }
+        self._index: list[int] = []  # each single task's index in the final graph
+        self._params: dict[str, dict[int, float]] = {}  # key -> {index in the final graph: value}
+        self._src: list[int] = []
+        self._dst: list[int] = []
+        self._ekind: list[int] = []
+        self._n = 0
+        # block id -> (block, name map, kind map, [offsets], [proc maps]); group maps by offset
+        self._stamps: dict[int, tuple[ExecutionGraph, np.ndarray, np.ndarray, list[int], list[np.ndarray]]] = {}
+        self._proc_maps: dict[tuple[int, int], np.ndarray] = {}
+        self._group_maps: list[tuple[ExecutionGraph, int, dict[int, int]]] = []
+
+    @property
+    def n_tasks(self) -> int:
+        """Tasks appended so far, stamped ones included (the index the next task gets)."""
+        return self._n
+
+    # -------------------------------------------------------------- appending
+    def task(
+        self,
+        proc: int,
+        name: str,
+        kind: str,
+        category: Category,
+        *,
+        duration: float = float("nan"),
+        flops: float = float("nan"),
+        bytes: float = float("nan"),  # noqa: A002 - the column's name
+        overhead: Overhead = Overhead.NONE,
+        group: int = -1,
+        params: Mapping[str, float] | None = None,
+    ) -> int:
+        """Append a task at the end of ``proc``'s execution order; returns its index in the final graph."""
+        if params:
+            _check_params(params)
+        idx = self._n
+        c = self._cols
+        c["rank"].append(self._proc_rank[proc])
+        c["proc"].append(proc)
+        c["name"].append(self._intern(self._names, name))
+        c["kind"].append(self._intern(self._kinds, kind))
+        c["category"].append(int(category))
+        c["overhead"].append(int(overhead))
+        c["duration"].append(duration)
+        c["flops"].append(flops)
+        c["bytes"].append(bytes)
+        c["group"].append(group)
+        if params:
+            for key, value in params.items():
+                self._params.setdefault(key, {})[idx] = float(value)
+        self._index.append(idx)
+        self._n += 1
+        return idx
+
+    def stamp(self, block: ExecutionGraph, rank: int, *, group_map: Mapping[int, int] | None = None) -> int:
+        """Append a copy of ``block`` on ``rank``; returns the index its task 0 gets.
+
+        Processors are matched by name on ``rank`` (created on first use). Collective groups of
+        the block are dropped (-1) unless ``group_map`` maps them to groups of this graph.
+        """
+        offset = self._n
+        entry = self._stamps.get(id(block))
+        if entry is None or entry[0] is not block:
+            _check_params(block.params)
+            names = np.asarray([self._intern(self._names, s) for s in block.names] or [0], dtype=np.int32)
+            kinds = np.asarray([self._intern(self._kinds, s) for s in block.kinds] or [0], dtype=np.int32)
+            entry = (block, names, kinds, [], [])
+            self._stamps[id(block)] = entry  # keeps the block alive: ids stay unique
+        pkey = (id(block), rank)
+        pmap = self._proc_maps.get(pkey)
+        if pmap is None:
+            pmap = np.asarray(
+                [self.processor(rank, ProcKind(int(k)), nm) for k, nm in zip(block.proc_kind, block.proc_names, strict=True)]
+                or [0],
+                dtype=np.int32,
+            )
+            self._proc_maps[pkey] = pmap
+        entry[3].append(offset)
+        entry[4].append(pmap)
+        if group_map:
+            self._group_maps.append((block, offset, dict(group_map)))
+        self._n += block.n_tasks
+        return offset
+
+    def edge(self, src: int, dst: int, kind: DepKind) -> None:
+        """``dst`` cannot start before ``src`` is done (or, for CPU_GPU, has issued the launch)."""
+        self._src.append(src)
+        self._dst.append(dst)
+        self._ekind.append(int(kind))
+
+    def edges(self, srcs: Iterable[int], dst: int, kind: DepKind) -> None:
+        for s in srcs:
+            self.edge(s, dst, kind)
+
+    # -------------------------------------------------------------- freezing
+    def build(self, validate: bool = True) -> ExecutionGraph:
+        g = self._freeze_stamped() if self._stamps else self._freeze_tasks()
+        if validate:
+            g.validate()
+        return g
+
+    def _freeze_tasks(self) -> ExecutionGraph:
+        """Single tasks only: their lists are the columns (parameters in first-use order)."""
+        c = self._cols
+        n = self.n_tasks
+        params = {}
+        for key, values in self._params.items():
+            col = np.full(n, np.nan)
+            idx = np.fromiter(values.keys(), dtype=np.int64, count=len(values))
+            col[idx] = np.fromiter(values.values(), dtype=np.float64, count=len(values))
+            params[key] = col
+        return ExecutionGraph(
+            rank=np.asarray(c["rank"], dtype=np.int32),
+            proc=np.asarray(c["proc"], dtype=np.int32),
+            name=np.asarray(c["name"], dtype=np.int32),
+            kind=np.asarray(c["kind"], dtype=np.int32),
+            category=np.asarray(c["category"], dtype=np.int8),
+            overhead=np.asarray(c["overhead"], dtype=np.int8),
+            duration=np.asarray(c["duration"], dtype=np.float64),
+            flops=np.asarray(c["flops"], dtype=np.float64),
+            bytes=np.asarray(c["bytes"], dtype=np.float64),
+            group=np.asarray(c["group"], dtype=np.int32),
+            params=params,
+            proc_rank=np.asarray(self._proc_rank, dtype=np.int32),
+            proc_kind=np.asarray(self._proc_kind, dtype=np.int8),
+            proc_names=list(self._proc_names),
+            edge_src=np.asarray(self._src, dtype=np.int32),
+            edge_dst=np.asarray(self._dst, dtype=np.int32),
+            edge_kind=np.asarray(self._ekind, dtype=np.int8),
+            names=list(self._names),
+            kinds=list(self._kinds),
+            meta=dict(self.meta),
+        )
+
+    def _freeze_stamped(self) -> ExecutionGraph:
+        """Stamps and single tasks: every copy of a block filled at once, then the single tasks at
+        their indices (parameters sorted by name); the blocks' edges come before the builder's own."""
+        n = self._n
+        proc_rank = np.asarray(self._proc_rank, dtype=np.int32)
+        cols = {
+            "proc": np.zeros(n, dtype=np.int32),
+            "name": np.zeros(n, dtype=np.int32),
+            "kind": np.zeros(n, dtype=np.int32),
+            "category": np.zeros(n, dtype=np.int8),
+            "overhead": np.zeros(n, dtype=np.int8),
+            "duration": np.full(n, np.nan),
+            "flops": np.full(n, np.nan),
+            "bytes": np.full(n, np.nan),
+            "group": np.full(n, -1, dtype=np.int32),
+        }
+        keys = set(self._params)
+        for block, *_ in self._stamps.values():
+            keys.update(block.params)
+        params = {k: np.full(n, np.nan) for k in sorted(keys)}
+        src_parts, dst_parts, ek_parts = [], [], []
+        for block, name_map, kind_map, offsets, pmaps in self._stamps.values():
+            nb = block.n_tasks
+            if not nb or not offsets:
+                continue
+            off = np.asarray(offsets, dtype=np.int64)
+            pos = off[:, None] + np.arange(nb, dtype=np.int64)[None, :]
+            cols["proc"][pos] = np.stack(pmaps)[:, block.proc]
+            cols["name"][pos] = name_map[block.name][None, :]
+            cols["kind"][pos] = kind_map[block.kind][None, :]
+            for c in ("category", "overhead", "duration", "flops", "bytes"):
+                cols[c][pos] = getattr(block, c)[None, :]
+            for key, col in block.params.items():
+                params[key][pos] = col[None, :]
+            if block.n_edges:
+                src_parts.append((off[:, None] + block.edge_src[None, :]).ravel())
+                dst_parts.append((off[:, None] + block.edge_dst[None, :]).ravel())
+                ek_parts.append(np.tile(block.edge_kind, off.size))
+        for block, offset, gmap in self._group_maps:
+            for g_local, g_global in gmap.items():
+                cols["group"][offset + np.flatnonzero(block.group == g_local)] = g_global
+        if self._index:
+            idx = np.asarray(self._index, dtype=np.int64)
+            for c in _LOOSE_COLS:
+                cols[c][idx] = np.asarray(self._cols[c])
+            for key, values in self._params.items():
+                params[key][np.fromiter(values.keys(), dtype=np.int64)] = list(values.values())
+        src_parts.append(np.asarray(self._src, dtype=np.int64))
+        dst_parts.append(np.asarray(self._dst, dtype=np.int64))
+        ek_parts.append(np.asarray(self._ekind, dtype=np.int8))
+        return ExecutionGraph(
+            rank=proc_rank[cols["proc"]] if n else np.zeros(0, dtype=np.int32),
+            proc=cols["proc"],
+            name=cols["name"],
+            kind=cols["kind"],
+            category=cols["category"],
+            overhead=cols["overhead"],
+            duration=cols["duration"],
+            flops=cols["flops"],
+            bytes=cols["bytes"],
+            group=cols["group"],
+            params=params,
+            proc_rank=proc_rank,
+            proc_kind=np.asarray(self._proc_kind, dtype=np.int8),
+            proc_names=list(self._proc_names),
+            edge_src=np.concatenate(src_parts).astype(np.int32),
+            edge_dst=np.concatenate(dst_parts).astype(np.int32),
+            edge_kind=np.concatenate(ek_parts).astype(np.int8),
+            names=list(self._names),
+            kinds=list(self._kinds),
+            meta=dict(self.meta),
+        )
