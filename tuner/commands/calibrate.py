@@ -83,12 +83,13 @@ def calibrate(
     """Benchmark this machine's device, fit every kernel model, print the held-out error table,
     and write an asset pack that `--platform NAME` then uses.
 
-    A timing-only run (--no-fit) writes the measurements without models, kept as data: fit it later with
-    --refit DIR, or pool it into an existing pack with --refit PACK --data-from FAMILY=DIR.
+    A timing-only run (`--no-fit`) writes the measurements without models, kept as data: fit
+    it later with `--refit DIR`, or pool it into an existing pack with
+    `--refit PACK --data-from FAMILY=DIR`.
 
-    --platform cpu-local picks the pack calibrated on this CPU (a pack named cpu-local or cpu-local-*);
-    TUNER_CPU_PACK=NAME (or a pack folder) makes cpu-local that pack on any host, TUNER_CPU_PACK=none the
-    measured CPU with analytic models.
+    `--platform cpu-local` picks the pack calibrated on this CPU (a pack named cpu-local or
+    cpu-local-*); `TUNER_CPU_PACK=NAME` (or a pack folder) makes cpu-local that pack on any
+    host, `TUNER_CPU_PACK=none` the measured CPU with analytic models.
     """
 
     from predictor.timing.calibrate import (
