@@ -41,7 +41,7 @@ def predict(
     trace: Annotated[Path | None, typer.Option("--trace", help="write the predicted timeline as a Chrome/Perfetto trace")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Predict one configuration (a TP/PP/DP plan of a transformer) without starting Ray."""
+    """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
     if workload is not None and path is not None:
         fail(f"give either --workload MODEL.yaml or a TRACE, not both (got {path} and --workload {workload})")
     if workload is not None:
