@@ -3,7 +3,7 @@
 ``cpu-local`` normally stands for the pack calibrated on the host's CPU, or for the CPU measured in a few
 seconds (:mod:`predictor.timing.platforms.packs`), so a test that predicts on it would depend on which CPU
 runs it (an AVX2-only host picks another pack than an AVX-512 one, and measures other peaks). The product's
-public override, ``$TUNER_CPU_PACK``, pins it here to :data:`PINNED_PACK` for the whole session (set at
+public override, ``$TUNER_CPU_PACK``, pins it here to :data:`PINNED_PACK` for the whole test run (set at
 import, before test modules build their module-level platforms). Tests of the host matching itself take the
 ``host_cpu`` fixture, which removes the pin for that test.
 """

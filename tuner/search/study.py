@@ -27,13 +27,20 @@ __all__ = ["SearchStudy", "open_study", "default_storage", "display_storage", "f
            "finished_outcomes"]
 
 
-def display_storage(storage: str) -> str:
-    """``storage`` as it may be printed or written: any password in the URL replaced by ``***``."""
+def _parsed(storage: str) -> Any:
+    """``storage`` parsed by SQLAlchemy, or None when it is not a URL SQLAlchemy parses."""
     try:
         from sqlalchemy.engine import make_url
 
-        url = make_url(storage)
-    except Exception:  # not a URL SQLAlchemy parses: hide everything between '://' and '@'
+        return make_url(storage)
+    except Exception:
+        return None
+
+
+def display_storage(storage: str) -> str:
+    """``storage`` as it may be printed or written: any password in the URL replaced by ``***``."""
+    url = _parsed(storage)
+    if url is None:  # hide everything between '://' and '@'
         head, sep, tail = storage.partition("://")
         return f"{head}{sep}***@{tail.rsplit('@', 1)[1]}" if sep and "@" in tail else storage
     return url.render_as_string(hide_password=True) if url.password else storage
@@ -48,12 +55,9 @@ def default_storage(out: Path) -> str:
 def _hide(text: str, storage: str) -> str:
     """``text`` with the storage URL (and its password, if any) shown as :func:`display_storage` shows it."""
     text = text.replace(storage, display_storage(storage))
-    with contextlib.suppress(Exception):
-        from sqlalchemy.engine import make_url
-
-        password = make_url(storage).password
-        if password:
-            text = text.replace(str(password), "***")
+    url = _parsed(storage)
+    if url is not None and url.password:
+        text = text.replace(str(url.password), "***")
     return text
 
 
@@ -73,14 +77,12 @@ def open_study(name: str, storage: str, resume: bool) -> optuna.Study:
             with contextlib.suppress(KeyError):
                 optuna.delete_study(study_name=name, storage=storage)
         return optuna.create_study(study_name=name, storage=storage, direction="minimize", load_if_exists=True)
-    except (ImportError, ValueError, optuna.exceptions.OptunaError) as exc:
+    except Exception as exc:  # Optuna's, the driver's import and SQLAlchemy's URL / connection errors
+        known = (ImportError, ValueError, optuna.exceptions.OptunaError)
+        if not isinstance(exc, known) and not type(exc).__module__.startswith("sqlalchemy"):
+            raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"storage {display_storage(storage)!r}: {_hide(first, storage)}") from None
-    except Exception as exc:  # SQLAlchemy connection and URL errors
-        if type(exc).__module__.startswith("sqlalchemy"):
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"storage {display_storage(storage)!r}: {_hide(first, storage)}") from None
-        raise
 
 
 def trial_for(outcome: Outcome, distributions: dict[str, BaseDistribution]) -> FrozenTrial:
