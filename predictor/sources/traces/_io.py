@@ -12,7 +12,7 @@ from pathlib import Path
 
 from predictor.sources.traces.errors import TraceError
 
-__all__ = ["load_json_bytes", "read_json_file", "no_gc"]
+__all__ = ["load_json_bytes", "read_json_file", "read_json_source", "no_gc"]
 
 
 @contextmanager
@@ -71,3 +71,12 @@ def read_json_file(path: Path) -> object:
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     return load_json_bytes(data, str(path))
+
+
+def read_json_source(source: str | Path | bytes, label: str | None = None) -> tuple[object, str]:
+    """The parsed document of a path or of bytes, and the label its errors name (default: the path, or
+    ``<bytes>``)."""
+    if isinstance(source, bytes):
+        label = label or "<bytes>"
+        return load_json_bytes(source, label), label
+    return read_json_file(Path(source)), label or str(source)

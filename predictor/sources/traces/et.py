@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from predictor.sources.traces._io import load_json_bytes, read_json_file
+from predictor.sources.traces._io import read_json_source
 from predictor.sources.traces.errors import TraceError
 
 __all__ = ["ExecutionTrace", "read_et", "et_from_json", "is_et_json", "SUPPORTED_SCHEMAS"]
@@ -187,10 +187,5 @@ def et_from_json(doc: object, label: str) -> ExecutionTrace:
 
 def read_et(source: str | Path | bytes, label: str | None = None) -> ExecutionTrace:
     """Read one execution trace (``.json`` or ``.json.gz``) from a path or bytes."""
-    if isinstance(source, bytes):
-        label = label or "<bytes>"
-        doc = load_json_bytes(source, label)
-    else:
-        label = label or str(source)
-        doc = read_json_file(Path(source))
+    doc, label = read_json_source(source, label)
     return et_from_json(doc, label)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from predictor.sources.traces._io import load_json_bytes
+from predictor.sources.traces._io import read_json_source
 from predictor.sources.traces.errors import TraceError
 
 __all__ = ["EventCat", "KinetoTrace", "read_kineto", "kineto_from_json", "is_kineto_json"]
@@ -294,14 +294,7 @@ def read_kineto(source: str | Path | bytes, label: str | None = None) -> KinetoT
     Raises :class:`TraceError` (one line naming the file) for a missing, truncated, non-JSON
     or non-Kineto file.
     """
-    if isinstance(source, bytes):
-        label = label or "<bytes>"
-        doc = load_json_bytes(source, label)
-    else:
-        from predictor.sources.traces._io import read_json_file
-
-        label = label or str(source)
-        doc = read_json_file(Path(source))
+    doc, label = read_json_source(source, label)
     trace = kineto_from_json(doc, label)
     if trace.rank is None or trace.rank < 0:
         trace.rank = rank_from_filename(label)
