@@ -36,6 +36,16 @@ def write_results(out: Path, data: dict, markdown_text: str) -> None:
     print(f"wrote {repo_relative(out.with_suffix('.md'))}")
 
 
+def previous_latest(out: Path) -> dict | None:
+    """The ``latest`` section (the newest measured window or run) of the results pair at ``out``, if any:
+    a re-score without measuring keeps it."""
+    previous = out.with_suffix(".json")
+    try:
+        return json.loads(previous.read_text()).get("latest") if previous.exists() else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
 def host_check(manifest: dict | None) -> dict:
     """This host's CPU signature and, when a calibrated CPU pack predicts it, why the pack may not
     describe this CPU (:func:`predictor.timing.platforms.cpu_local.signature_mismatch`; None when they agree or

@@ -74,7 +74,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
+from experiments.common import fail, host_check, host_line, previous_latest, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     LEGACY_BATCH_POOL,
     EmbeddingOverride,
@@ -642,12 +642,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out.with_suffix(".json").resolve() == args.data.resolve():
         fail(f"--out {args.out}: would overwrite the data set {args.data}")
     if args.rescore:
-        previous = args.out.with_suffix(".json")
-        try:
-            latest = json.loads(previous.read_text()).get("latest") if previous.exists() else None
-        except (json.JSONDecodeError, AttributeError):
-            latest = None
-        print(write_results(args.out, score_windows(args), latest))
+        print(write_results(args.out, score_windows(args), previous_latest(args.out)))
         return
     want = with_allocator(dict(os.environ), args.allocator)
     if want != dict(os.environ):  # glibc reads its settings at process start: run again with them

@@ -51,7 +51,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.common import fail, host_check, host_line, repo_relative  # noqa: E402
+from experiments.common import fail, host_check, host_line, previous_latest, repo_relative  # noqa: E402
 from experiments.dlrm_gloo import (  # noqa: E402
     LEGACY_BATCH_POOL,
     DLRMJobSpec,
@@ -706,12 +706,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out.suffix in (".md", ".json"):
         ap.error(f"--out {args.out}: the results path without suffix (OUT.md and OUT.json are written)")
     if args.rescore:
-        previous = args.out.with_suffix(".json")
-        try:
-            latest = json.loads(previous.read_text()).get("latest") if previous.exists() else None
-        except (json.JSONDecodeError, AttributeError):
-            latest = None
-        print(write_results(args.out, rescore(args), latest))
+        print(write_results(args.out, rescore(args), previous_latest(args.out)))
         return
     latest = measure_run(args)
     print(run_markdown(latest))
