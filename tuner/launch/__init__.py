@@ -1,0 +1,65 @@
+"""Plans that launch: a TP/PP/DP plan as Megatron-LM arguments and a torchtitan TOML, and both read back.
+
+Public API (what ``tuner search`` reports, ``tuner predict`` and other searches call)::
+
+    megatron_args(spec, plan) -> list[str]            # Megatron-LM flags of the plan
+    torchtitan_toml(spec, plan) -> str                # torchtitan TOML job config
+    read_megatron_args(text_or_words) -> LaunchPlan   # a launch script back as spec + plan + devices
+    read_torchtitan_toml(text, spec=...) -> LaunchPlan
+    write_launch_files(out, spec, plan, ...) -> dict  # megatron_args.txt + torchtitan.toml in ``out``
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from predictor.files import atomic_write_text
+from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+from tuner.launch.common import LaunchError, LaunchPlan
+from tuner.launch.megatron import (
+    megatron_args,
+    megatron_command,
+    megatron_launch_text,
+    read_megatron_args,
+    read_megatron_file,
+)
+from tuner.launch.torchtitan import (
+    read_torchtitan_file,
+    read_torchtitan_toml,
+    torchtitan_plan,
+    torchtitan_toml,
+)
+
+__all__ = ["LaunchError", "LaunchPlan", "MEGATRON_FILE", "TORCHTITAN_FILE", "megatron_args", "megatron_command",
+           "megatron_launch_text", "read_megatron_args", "read_megatron_file", "torchtitan_plan", "torchtitan_toml",
+           "read_torchtitan_toml", "read_torchtitan_file", "launch_payload", "write_launch_files"]
+
+#: file names of the launch files next to results.json
+MEGATRON_FILE = "megatron_args.txt"
+TORCHTITAN_FILE = "torchtitan.toml"
+
+
+def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int) -> dict:
+    """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML and plan."""
+    return {
+        "megatron_args": megatron_args(spec, plan),
+        "megatron_command": megatron_command(spec, plan, devices_per_node),
+        "torchtitan_toml": torchtitan_toml(spec, plan, platform=platform, devices_per_node=devices_per_node),
+        "torchtitan_plan": torchtitan_plan(plan).label(),
+    }
+
+
+def write_launch_files(out: Path, spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int,
+                       predicted_s: float | None = None, torchtitan_predicted_s: float | None = None) -> dict:
+    """Write ``megatron_args.txt`` and ``torchtitan.toml`` into ``out``; returns :func:`launch_payload` with
+    the ``files`` written (names relative to ``out``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = launch_payload(spec, plan, platform=platform, devices_per_node=devices_per_node)
+    atomic_write_text(out / MEGATRON_FILE, megatron_launch_text(spec, plan, platform=platform,
+                                                                devices_per_node=devices_per_node,
+                                                                predicted_s=predicted_s))
+    atomic_write_text(out / TORCHTITAN_FILE, torchtitan_toml(spec, plan, platform=platform,
+                                                             devices_per_node=devices_per_node,
+                                                             predicted_s=torchtitan_predicted_s))
+    payload["files"] = [MEGATRON_FILE, TORCHTITAN_FILE]
+    return payload

@@ -1,0 +1,66 @@
+"""What the launch formats share: the plan read back from a file, its error, and the ``# tuner:`` line.
+
+A launch file written by tuner starts with comment lines; one of them, ``# tuner: {...}``, holds
+in JSON what the launcher itself does not take (the catalog platform, devices per node, the model's
+name and, for torchtitan, the model's shape). Launchers ignore comments, so the file runs as is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+
+__all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header"]
+
+#: the comment prefix of tuner's metadata line in a launch file
+HEADER_PREFIX = "# tuner:"
+
+
+class LaunchError(ValueError):
+    """A launch file that cannot be read as a tuner plan (one line naming the file and the problem)."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A workload and plan read from a launch file.
+
+    ``platform`` and ``devices_per_node`` are the file's hints (``None`` when it has none);
+    ``ignored`` lists the launcher options that do not change tuner's prediction and were skipped;
+    ``notes`` say where the launcher's meaning and tuner's model differ.
+    """
+
+    spec: TransformerSpec
+    plan: ParallelPlan
+    devices: int
+    platform: str | None = None
+    devices_per_node: int | None = None
+    ignored: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def summary(self) -> dict:
+        """The read-back as plain JSON types."""
+        return {"model": self.spec.to_dict(), "plan": self.plan.to_dict(), "devices": self.devices,
+                "platform": self.platform, "devices_per_node": self.devices_per_node,
+                "ignored": list(self.ignored), "notes": list(self.notes)}
+
+
+def header_line(meta: dict) -> str:
+    """The ``# tuner: {...}`` comment line holding ``meta`` as one line of JSON."""
+    return f"{HEADER_PREFIX} {json.dumps(meta, sort_keys=True, separators=(', ', ': '))}"
+
+
+def read_header(text: str, source: str) -> dict:
+    """The metadata of the first ``# tuner:`` line of ``text`` (``{}`` when there is none)."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(HEADER_PREFIX):
+            try:
+                meta = json.loads(stripped[len(HEADER_PREFIX):])
+            except json.JSONDecodeError as exc:
+                raise LaunchError(f"{source}: the '{HEADER_PREFIX}' line is not JSON ({exc.msg})") from None
+            if not isinstance(meta, dict):
+                raise LaunchError(f"{source}: the '{HEADER_PREFIX}' line must hold a JSON object")
+            return meta
+    return {}

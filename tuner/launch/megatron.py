@@ -1,0 +1,288 @@
+"""A tuner plan as Megatron-LM command-line arguments, and such arguments read back as a plan.
+
+The flags are those of Megatron-LM's ``megatron/training/arguments.py`` (and the config dataclasses
+it turns into flags: ``ModelParallelConfig``, ``TransformerConfig``, ``TrainingConfig``), checked
+against its main branch of 2026-08. :func:`megatron_args` is the argument list of one plan;
+:func:`megatron_launch_text` adds a ``torchrun`` line and tuner's comment header;
+:func:`read_megatron_args` parses a launch script or argument list (flags it does not model are
+skipped and listed) into a :class:`~tuner.launch.common.LaunchPlan`.
+
+Mapping (tuner field -> flag): ``tp`` ``--tensor-model-parallel-size``; ``pp``
+``--pipeline-model-parallel-size``; ``dp`` = world size / (tp x pp) (Megatron derives it);
+interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = layers / (pp x v);
+``recompute`` ``--recompute-granularity selective`` or ``full`` with ``--recompute-method uniform
+--recompute-num-layers 1``; ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
+Megatron's default for bf16 training). ``pp_scatter_gather`` has no flag in current Megatron-LM and
+reads back as tuner's default.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from tuner.launch.common import LaunchError, LaunchPlan, header_line, read_header
+
+__all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
+           "GPT2_VOCAB"]
+
+#: Megatron-LM's GPT examples tokenise with GPT-2 BPE: the vocabulary when no --vocab-size is given
+GPT2_VOCAB = 50257
+
+# flags that take a value (everything else starting with -- is a switch)
+_INT_FLAGS = {
+    "--num-layers": "layers", "--hidden-size": "hidden", "--ffn-hidden-size": "ffn",
+    "--num-attention-heads": "heads", "--seq-length": "seq", "--vocab-size": "vocab",
+    "--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+    "--num-layers-per-virtual-pipeline-stage": "layers_per_virtual_stage",
+    "--num-virtual-stages-per-pipeline-rank": "virtual_stages",
+    "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
+    "--expert-model-parallel-size": "ep", "--num-experts": "experts", "--moe-router-topk": "top_k",
+    "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
+    "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp",
+}
+_FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
+_STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
+              "--attention-backend": "attention_backend"}
+_SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
+             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
+             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations"}
+_TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
+_KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
+                           **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
+_VALUE_KEYS = {**_INT_FLAGS, **_FLOAT_FLAGS, **_STR_FLAGS}
+
+
+# ----------------------------------------------------------------------------- plan -> arguments
+def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
+    """Megatron-LM's arguments for training ``spec`` with ``plan`` (model shape, parallelism, batch, memory)."""
+    a = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden), "--ffn-hidden-size", str(spec.ffn_size),
+         "--num-attention-heads", str(spec.heads), "--seq-length", str(spec.seq), "--max-position-embeddings",
+         str(spec.seq), "--vocab-size", str(spec.vocab), "--attention-backend", spec.attention]
+    if not spec.tie_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if spec.dtype != "fp32":
+        a.append(f"--{spec.dtype}")
+    if spec.moe is not None:
+        a += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
+              "--moe-expert-capacity-factor", f"{spec.moe.capacity_factor:g}",
+              "--expert-model-parallel-size", str(plan.ep)]
+    a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    v = plan.virtual_stages_effective
+    if v > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(spec.layers // (plan.pp * v))]
+    if plan.sequence_parallel and plan.tp > 1:
+        a.append("--sequence-parallel")
+    a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
+    if plan.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif plan.recompute == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if plan.distributed_optimizer:
+        a.append("--use-distributed-optimizer")
+    if plan.overlap_grad_reduce:
+        a.append("--overlap-grad-reduce")
+    if plan.tp_comm_overlap:
+        a.append("--tp-comm-overlap")
+    if plan.grad_reduce_dtype == "bf16":
+        a.append("--grad-reduce-in-bf16")
+    elif plan.grad_reduce_dtype == "fp32" and spec.dtype == "fp16":
+        a.append("--accumulate-allreduce-grads-in-fp32")
+    return a
+
+
+def megatron_command(spec: TransformerSpec, plan: ParallelPlan, devices_per_node: int,
+                     script: str = "pretrain_gpt.py") -> list[str]:
+    """``torchrun`` over ``plan.devices`` devices (``devices_per_node`` per node) running ``script`` with the plan."""
+    nproc = min(devices_per_node, plan.devices)
+    nodes = max(1, plan.devices // nproc)
+    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(nproc), script, *megatron_args(spec, plan)]
+
+
+def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int,
+                         predicted_s: float | None = None) -> str:
+    """The ``megatron_args.txt`` file: comments (plan, prediction, tuner's header) and the torchrun command,
+    one flag per line."""
+    cmd = megatron_command(spec, plan, devices_per_node)
+    said = f", predicted {predicted_s:.4f} s/iteration by tuner" if predicted_s is not None else ""
+    lines = [f"# Megatron-LM launch of {spec.name} plan {plan.label()} on {plan.devices} x {platform}{said}",
+             header_line({"model_name": spec.name, "platform": platform, "devices_per_node": devices_per_node,
+                          "devices": plan.devices})]
+    head = shlex.join(cmd[:6])
+    rest = cmd[6:]
+    parts = [head]
+    i = 0
+    while i < len(rest):
+        takes_value = i + 1 < len(rest) and not rest[i + 1].startswith("--")
+        parts.append(shlex.join(rest[i:i + 2] if takes_value else rest[i:i + 1]))
+        i += 2 if takes_value else 1
+    lines.append(" \\\n    ".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- arguments -> plan
+def _tokens(text: str, source: str) -> list[str]:
+    """Shell words of a launch script: comments dropped, continuation lines joined, ``$VAR`` kept as text."""
+    try:
+        return shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise LaunchError(f"{source}: cannot split into shell words ({exc})") from None
+
+
+def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
+    """(Megatron values, torchrun values, skipped flags) of the argument words."""
+    values: dict = {}
+    launcher: dict = {}
+    skipped: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--"):
+            i += 1
+            continue
+        name, eq, inline = tok.partition("=")
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        has_next = nxt is not None and not nxt.startswith("--")
+        if name in _KINDS:
+            raw = inline if eq else (nxt if has_next else None)
+            if raw is None:
+                raise LaunchError(f"{source}: {name} needs a value")
+            try:
+                val = _KINDS[name](raw)
+            except ValueError:
+                what = {int: "an integer", float: "a number", str: "a word"}[_KINDS[name]]
+                raise LaunchError(f"{source}: {name} expects {what} (got {raw!r})") from None
+            key = _VALUE_KEYS.get(name)
+            if key is not None:
+                values[key] = val
+            else:
+                launcher[_TORCHRUN_INT[name]] = val
+            i += 1 if eq else 2
+            continue
+        if name in _SWITCHES:
+            values[name] = True
+        else:
+            skipped.append(name)
+        # an unknown flag's value (if any) is skipped with it
+        i += 1 if eq or not has_next else 2
+    return values, launcher, skipped
+
+
+def _positive(values: dict, key: str, flag: str, source: str, default: int | None = None) -> int:
+    val = values.get(key, default)
+    if val is None:
+        raise LaunchError(f"{source}: {flag} is missing (tuner needs the model shape and the micro-batch)")
+    if val < 1:
+        raise LaunchError(f"{source}: {flag} must be >= 1 (got {val})")
+    return int(val)
+
+
+def _spec(values: dict, source: str, name: str, notes: list[str]) -> TransformerSpec:
+    layers = _positive(values, "layers", "--num-layers", source)
+    hidden = _positive(values, "hidden", "--hidden-size", source)
+    heads = _positive(values, "heads", "--num-attention-heads", source)
+    seq = _positive(values, "seq", "--seq-length", source)
+    if "vocab" not in values:
+        notes.append(f"no --vocab-size: GPT-2 BPE's {GPT2_VOCAB} tokens assumed")
+    vocab = _positive(values, "vocab", "--vocab-size", source, GPT2_VOCAB)
+    ffn = values.get("ffn")
+    dtype = "bf16" if values.get("--bf16") else "fp16" if values.get("--fp16") else "fp32"
+    backend = values.get("attention_backend")
+    attention = "unfused" if backend in ("unfused", "local") else "flash"
+    moe = None
+    if values.get("experts"):
+        moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
+                      capacity_factor=float(values.get("capacity_factor", 1.0)))
+    return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
+                           ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
+                           attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
+                           name=name)
+
+
+def _recompute(values: dict, source: str) -> str:
+    gran = values.get("recompute")
+    if gran is None:  # Megatron reads --recompute-activations as selective granularity
+        return "selective" if values.get("--recompute-activations") else "none"
+    if gran not in ("selective", "full"):
+        raise LaunchError(f"{source}: --recompute-granularity must be selective or full (got {gran!r})")
+    return gran
+
+
+def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, devices: int | None = None,
+                       meta: dict | None = None) -> LaunchPlan:
+    """A plan from Megatron-LM arguments: a launch script's text or a list of argument words.
+
+    The world size is ``devices`` if given, else ``torchrun --nnodes x --nproc-per-node`` in the
+    text, else the ``devices`` of tuner's header. Raises :class:`LaunchError` (one line) when the
+    model shape, the micro-batch or the world size is missing, or a value is not a number.
+    """
+    if isinstance(text, str):
+        meta = {**read_header(text, source), **(meta or {})}
+        tokens = _tokens(text, source)
+    else:
+        meta = dict(meta or {})
+        tokens = list(text)
+    values, launcher, skipped = _parse(tokens, source)
+    notes: list[str] = []
+    if values.get("cp", 1) > 1:
+        raise LaunchError(f"{source}: --context-parallel-size {values['cp']}: tuner does not model context parallelism")
+    spec = _spec(values, source, str(meta.get("model_name", "megatron-model")), notes)
+    tp = _positive(values, "tp", "--tensor-model-parallel-size", source, 1)
+    pp = _positive(values, "pp", "--pipeline-model-parallel-size", source, 1)
+    mb = _positive(values, "micro_batch", "--micro-batch-size", source)
+    world = devices
+    if world is None and "nnodes" in launcher and "nproc" in launcher:
+        world = launcher["nnodes"] * launcher["nproc"]
+    if world is None and "dp" in values:
+        world = values["dp"] * tp * pp
+    if world is None and meta.get("devices"):
+        world = int(meta["devices"])
+    if world is None:
+        raise LaunchError(f"{source}: the world size is unknown (no torchrun --nnodes/--nproc-per-node): give --devices N")
+    if world % (tp * pp):
+        raise LaunchError(f"{source}: tp x pp = {tp * pp} does not divide the world size {world}")
+    dp = world // (tp * pp)
+    gb = _positive(values, "global_batch", "--global-batch-size", source, mb * dp)
+    v = 1
+    if pp > 1 and "layers_per_virtual_stage" in values:
+        per = _positive(values, "layers_per_virtual_stage", "--num-layers-per-virtual-pipeline-stage", source)
+        if spec.layers % (pp * per):
+            raise LaunchError(f"{source}: {spec.layers} layers do not split into pp={pp} ranks of "
+                              f"{per}-layer virtual stages")
+        v = spec.layers // (pp * per)
+    elif pp > 1 and "virtual_stages" in values:
+        v = _positive(values, "virtual_stages", "--num-virtual-stages-per-pipeline-rank", source)
+    sched = "interleaved" if v > 1 else "1f1b"
+    if values.get("recompute") == "full" and values.get("recompute_num_layers", 1) != 1:
+        notes.append("--recompute-num-layers > 1 read as full recomputation of every layer")
+    reduce = ("bf16" if values.get("--grad-reduce-in-bf16") else "fp32"
+              if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
+                        virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
+                        recompute=_recompute(values, source), ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
+                        distributed_optimizer=bool(values.get("--use-distributed-optimizer")),
+                        overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
+                        tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
+                        grad_reduce_dtype=reduce)  # type: ignore[arg-type]
+    dpn = launcher.get("nproc") or meta.get("devices_per_node")
+    return LaunchPlan(spec, plan, world, meta.get("platform"), int(dpn) if dpn else None,
+                      tuple(sorted(set(skipped))), tuple(notes))
+
+
+def read_megatron_file(path: Path, *, devices: int | None = None) -> LaunchPlan:
+    """:func:`read_megatron_args` of a file; raises :class:`LaunchError` for a missing or binary file."""
+    src = str(path)
+    if not path.exists():
+        raise LaunchError(f"{src}: no such file")
+    if path.is_dir():
+        raise LaunchError(f"{src}: is a directory, expected a launch script or argument list")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LaunchError(f"{src}: not a text file") from None
+    if not re.search(r"--[a-z]", text):
+        raise LaunchError(f"{src}: no Megatron-LM arguments (--flag value ...) in the file")
+    return read_megatron_args(text, src, devices=devices)

@@ -1,0 +1,234 @@
+"""A tuner plan as a torchtitan TOML job config, and such a file read back as a plan.
+
+The sections and keys are those of torchtitan's ``torchtitan/config/job_config.py`` up to v0.2.2,
+the last releases configured by TOML files (torchtitan replaced them by Python configurations in
+Feb 2026, pytorch/torchtitan#2386; the same keys remain as ``--section.key`` flags). torchtitan
+builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's shape into its
+``# tuner:`` comment line; a TOML without it reads back with the model given by the caller.
+
+torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the plan as torchtitan
+runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
+(``mixed_precision_reduce`` has no other value), gradient reduction overlapped. Mapping: ``dp``
+``data_parallel_shard_degree`` (FSDP) when ``distributed_optimizer`` else
+``data_parallel_replicate_degree`` (DDP) — tuner models FSDP as a sharded optimizer, not as
+sharded parameters; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
+``pipeline_parallel_microbatch_size`` with ``local_batch_size = global_batch / dp``; interleaved
+``virtual_stages`` ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage = layers / (pp x v)``
+and no embedding / output weighting; ``recompute`` ``[activation_checkpoint] mode`` (selective as
+``selective_ac_option = "op"``); ``tp_comm_overlap`` ``enable_async_tensor_parallel``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from tuner.launch.common import LaunchError, LaunchPlan, header_line, read_header
+
+__all__ = ["torchtitan_plan", "torchtitan_toml", "read_torchtitan_toml", "read_torchtitan_file"]
+
+_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+
+
+def torchtitan_plan(plan: ParallelPlan) -> ParallelPlan:
+    """``plan`` as torchtitan runs it (sequence parallel with TP, fp32 gradient reduction, overlapped)."""
+    return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
+                   pp_scatter_gather=True)
+
+
+def _value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return str(v)
+
+
+def _section(name: str, items: dict) -> list[str]:
+    return [f"[{name}]", *(f"{k} = {_value(v)}" for k, v in items.items()), ""]
+
+
+def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
+                    devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
+    """The TOML job config (``[job]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``) of ``plan``."""
+    t = torchtitan_plan(plan)
+    meta = {"model": spec.to_dict(), "devices": plan.devices}
+    if platform:
+        meta["platform"] = platform
+    if devices_per_node:
+        meta["devices_per_node"] = devices_per_node
+    where = f" on {plan.devices} x {platform}" if platform else f" on {plan.devices} devices"
+    said = f", predicted {predicted_s:.4f} s/iteration by tuner (as torchtitan runs it)" if predicted_s else ""
+    lines = [f"# torchtitan job config (TOML, v0.2 schema) of {spec.name} plan {t.label()}{where}{said}",
+             "# [model] name / flavor: the torchtitan model of this shape (tuner's shape is on the next line)",
+             header_line(meta)]
+    if plan.tp > 1 and not plan.sequence_parallel:
+        lines.append("# torchtitan's tensor parallelism is sequence parallel: the plan above runs with it")
+    if plan.distributed_optimizer:
+        lines.append("# FSDP shards parameters and gradients too; tuner models its sharded optimizer states")
+    lines.append("")
+    lines += _section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
+    training = {"local_batch_size": plan.micro_batch if plan.pp == 1 else plan.global_batch // plan.dp,
+                "global_batch_size": plan.global_batch, "seq_len": spec.seq,
+                "mixed_precision_param": _DTYPE[spec.dtype], "mixed_precision_reduce": "float32"}
+    lines += _section("training", training)
+    par: dict = {"data_parallel_replicate_degree": 1 if plan.distributed_optimizer else plan.dp,
+                 "data_parallel_shard_degree": plan.dp if plan.distributed_optimizer else 1,
+                 "tensor_parallel_degree": plan.tp, "enable_async_tensor_parallel": plan.tp_comm_overlap,
+                 "pipeline_parallel_degree": plan.pp, "context_parallel_degree": 1, "expert_parallel_degree": plan.ep}
+    if plan.pp > 1:
+        v = plan.virtual_stages_effective
+        par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
+                   pipeline_parallel_microbatch_size=plan.micro_batch,
+                   pipeline_parallel_layers_per_stage=spec.layers // (plan.pp * v),
+                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+    lines += _section("parallelism", par)
+    ac: dict = {"mode": plan.recompute}
+    if plan.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    lines += _section("activation_checkpoint", ac)
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- TOML -> plan
+def _load_toml(text: str, source: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise LaunchError(f"{source}: reading TOML needs Python 3.11 or the tomli package") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LaunchError(f"{source}: TOML syntax error: {exc}") from None
+
+
+def _int(table: dict, key: str, where: str, source: str, default: int) -> int:
+    val = table.get(key, default)
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise LaunchError(f"{source}: [{where}] {key} must be an integer (got {val!r})")
+    return val
+
+
+def _spec_from_meta(meta: dict, source: str) -> TransformerSpec | None:
+    model = meta.get("model")
+    if model is None:
+        return None
+    if not isinstance(model, dict):
+        raise LaunchError(f"{source}: the model of the '# tuner:' line must be a JSON object")
+    moe = model.pop("moe", None)
+    try:
+        return TransformerSpec(**model, moe=MoESpec(**moe) if moe else None)
+    except TypeError as exc:
+        raise LaunchError(f"{source}: the model of the '# tuner:' line is not a transformer spec ({exc})") from None
+
+
+def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None = None,
+                         spec: TransformerSpec | None = None) -> LaunchPlan:
+    """A plan from a torchtitan TOML job config.
+
+    The model is ``spec`` if given, else the shape in tuner's ``# tuner:`` line. The world size is
+    ``devices`` if given, else the product of the degrees when none is ``-1``, else the header's.
+    Raises :class:`LaunchError` (one line) for a file tuner cannot read or a plan it does not model.
+    """
+    meta = read_header(text, source)
+    doc = _load_toml(text, source)
+    for sec in ("training", "parallelism", "activation_checkpoint", "model"):
+        if not isinstance(doc.get(sec, {}), dict):
+            raise LaunchError(f"{source}: [{sec}] must be a table")
+    tr, par, ac = doc.get("training", {}), doc.get("parallelism", {}), doc.get("activation_checkpoint", {})
+    spec = spec or _spec_from_meta(meta, source)
+    if spec is None:
+        model = doc.get("model", {})
+        named = f" ({model.get('name', '?')} / {model.get('flavor', '?')})" if model else ""
+        raise LaunchError(f"{source}: torchtitan names its model{named}, tuner needs its shape: "
+                          "give --workload MODEL.yaml")
+    notes: list[str] = []
+    seq = _int(tr, "seq_len", "training", source, spec.seq)
+    if seq != spec.seq:
+        spec = replace(spec, seq=seq)
+    dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(tr.get("mixed_precision_param", "bfloat16"))
+    if dtype is None:
+        raise LaunchError(f"{source}: [training] mixed_precision_param must be bfloat16 or float32 "
+                          f"(got {tr['mixed_precision_param']!r})")
+    spec = replace(spec, dtype=dtype)  # type: ignore[arg-type]
+    tp = _int(par, "tensor_parallel_degree", "parallelism", source, 1)
+    pp = _int(par, "pipeline_parallel_degree", "parallelism", source, 1)
+    cp = _int(par, "context_parallel_degree", "parallelism", source, 1)
+    ep = _int(par, "expert_parallel_degree", "parallelism", source, 1)
+    rep = _int(par, "data_parallel_replicate_degree", "parallelism", source, 1)
+    shard = _int(par, "data_parallel_shard_degree", "parallelism", source, -1)
+    if cp > 1:
+        raise LaunchError(f"{source}: context_parallel_degree = {cp}: tuner does not model context parallelism")
+    for key, val in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
+                     ("data_parallel_replicate_degree", rep), ("expert_parallel_degree", ep)):
+        if val < 1:
+            raise LaunchError(f"{source}: [parallelism] {key} must be >= 1 (got {val})")
+    world = devices if devices is not None else (tp * pp * rep * shard if shard > 0 else meta.get("devices"))
+    if world is None:
+        raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
+    world = int(world)
+    if world % (tp * pp * rep):
+        raise LaunchError(f"{source}: tp x pp x replicate = {tp * pp * rep} does not divide the world size {world}")
+    if shard < 1:
+        shard = world // (tp * pp * rep)
+    dp = rep * shard
+    if tp * pp * dp != world:
+        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * dp} devices, not {world}")
+    local = _int(tr, "local_batch_size", "training", source, 8)
+    gb = _int(tr, "global_batch_size", "training", source, -1)
+    if gb < 1:
+        gb = local * dp
+    sched, v = "1f1b", 1
+    mb = local
+    if pp > 1:
+        mb = _int(par, "pipeline_parallel_microbatch_size", "parallelism", source, 1)
+        name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+        if name not in ("1F1B", "Interleaved1F1B"):
+            raise LaunchError(f"{source}: pipeline_parallel_schedule {name!r}: tuner models 1F1B and Interleaved1F1B")
+        per = par.get("pipeline_parallel_layers_per_stage")
+        first = _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1)
+        last = _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1)
+        if per is not None:
+            stages = math.ceil((spec.layers + first + last) / _int(par, "pipeline_parallel_layers_per_stage",
+                                                                   "parallelism", source, 1))
+            v = max(1, stages // pp)
+        else:
+            v = 2 if name == "Interleaved1F1B" else 1
+        if first or last:
+            notes.append("the first / last stage carry fewer layers in torchtitan; tuner splits the layers evenly")
+        sched = "interleaved" if v > 1 else "1f1b"
+        if local * dp != gb:
+            notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")
+    mode = str(ac.get("mode", "selective"))
+    if mode not in ("none", "selective", "full"):
+        raise LaunchError(f"{source}: [activation_checkpoint] mode {mode!r}: tuner models none, selective and full")
+    if shard > 1:
+        notes.append("FSDP read as a sharded optimizer (tuner does not model sharded parameters)")
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
+                        virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
+                        distributed_optimizer=shard > 1,
+                        tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
+    dpn = meta.get("devices_per_node")
+    return LaunchPlan(spec, torchtitan_plan(plan), world, meta.get("platform"), int(dpn) if dpn else None, (),
+                      tuple(notes))
+
+
+def read_torchtitan_file(path: Path, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:
+    """:func:`read_torchtitan_toml` of a file; raises :class:`LaunchError` for a missing or binary file."""
+    src = str(path)
+    if not path.exists():
+        raise LaunchError(f"{src}: no such file")
+    if path.is_dir():
+        raise LaunchError(f"{src}: is a directory, expected a TOML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LaunchError(f"{src}: not a text file") from None
+    return read_torchtitan_toml(text, src, devices=devices, spec=spec)
