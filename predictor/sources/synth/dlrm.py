@@ -36,7 +36,7 @@ from predictor.sources.synth.emit import ExecMode, OpEmitter, column_sum, concat
 from predictor.sources.synth.mlp import backward_entry, layer_tensors, linear_grad_nodes
 from predictor.timing.kernels.embedding import RF_COLUMNS
 
-__all__ = ["DLRMSpec", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
+__all__ = ["DLRMSpec", "DLRMGraphTemplate", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25
 
@@ -197,39 +197,196 @@ def _device_ddp_buckets(spec: DLRMSpec) -> tuple[list[list[str]], list[int]]:
 
 def _build_device_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, mode: ExecMode) -> ExecutionGraph:
     """Device mode: per rank, kernels launched onto the compute stream, the all-to-alls and DDP's
-    bucket all-reduces on the communication stream."""
-    a2a_bytes = all_to_all_message_bytes(spec, assignment, n_ranks) if n_ranks > 1 else 0.0
-    a2a = {"msg_bytes": a2a_bytes, "world": n_ranks, "dtype_bytes": spec.dtype_bytes}
-    gb = GraphBuilder()
-    g_a2a_fwd = gb.new_group()
-    buckets, bucket_bytes = _device_ddp_buckets(spec)
-    bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
-    g_buckets = [gb.new_group() for _ in buckets]
-    g_a2a_bwd = gb.new_group()
-    for r in range(n_ranks):
-        e = OpEmitter(gb, r, mode)
-        local = np.flatnonzero(assignment == r)
+    bucket all-reduces on the communication stream (assembled by :class:`DLRMGraphTemplate`)."""
+    return DLRMGraphTemplate(spec, n_ranks, mode).graph(assignment)
+
+
+class DLRMGraphTemplate:
+    """The device-mode iteration of one :class:`DLRMSpec` on ``n_ranks`` ranks, for any table placement.
+
+    Every rank runs the same program but for its tables: the head (``zero_grad``), one forward
+    piece per local table (the lookup op), the dense middle (forward all-to-all, MLPs, interaction,
+    loss, backward with DDP's bucket all-reduces, backward all-to-all), one backward piece per local
+    table (lookup backward, its sparse update) and the tail (the dense optimizer step). The
+    constructor emits these once, op by op on rank 0, as a *pool* holding every table's pieces;
+    :meth:`graph` lays out each rank's copy of them in program order with one gather per column
+    (about 0.1 ms for 4 ranks x 60 tables, against 20 ms emitting the tasks one by one), and is
+    task for task the graph the op-by-op emission of every rank gives.
+    """
+
+    def __init__(self, spec: DLRMSpec, n_ranks: int, mode: ExecMode = "device") -> None:
+        if n_ranks < 1:
+            raise ValueError("n_ranks must be >= 1")
+        self.spec, self.n_ranks = spec, n_ranks
+        n_tables = len(spec.tables)
+        pb = GraphBuilder()
+        g_a2a_fwd = pb.new_group()
+        buckets, bucket_bytes = _device_ddp_buckets(spec)
+        bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
+        g_buckets = [pb.new_group() for _ in buckets]
+        g_a2a_bwd = pb.new_group()
+        e = OpEmitter(pb, 0, mode)
+        a2a = {"msg_bytes": 0.0, "world": n_ranks, "dtype_bytes": spec.dtype_bytes}  # msg_bytes set per placement
         e.node("optimizer.zero_grad")
-        a2a_f = _device_forward(e, spec, local, n_ranks, a2a, g_a2a_fwd if n_ranks > 1 else -1)
+        self.head = pb.n_tasks
+        fwd_kernels = [_table_forward(e, spec, ti) for ti in range(n_tables)]
+        self.fwd_end = pb.n_tasks
         ddp = _DDPState(buckets, bucket_of, bucket_bytes, g_buckets, n_ranks, spec.dtype_bytes, {}, [])
-        _device_backward(e, spec, local, ddp, a2a, g_a2a_bwd, a2a_f)
-    gb.meta.update({"workload": "dlrm", "n_ranks": n_ranks, "batch_size": spec.batch_size, "label": spec.label})
-    return gb.build()
+        a2a_f, a2a_b = _dense_step(e, spec, n_ranks, a2a, g_a2a_fwd if n_ranks > 1 else -1, g_a2a_bwd, ddp)
+        self.mid_end = pb.n_tasks
+        bwd_kernels = [_table_backward(e, spec, ti, after=()) for ti in range(n_tables)]
+        self.bwd_end = pb.n_tasks
+        e.op("optimizer.step", _optimizer_kernels(spec), after=ddp.all_reduces)
+        self.pool = pb.build()
+        n_pool = self.pool.n_tasks
+        #: tasks of one table's forward / backward piece, and its (first) kernel inside the piece
+        self.nf = (self.fwd_end - self.head) // n_tables if n_tables else 0
+        self.nb = (self.bwd_end - self.mid_end) // n_tables if n_tables else 0
+        self.kf = fwd_kernels[0] - self.head if n_tables else 0
+        self.kb = bwd_kernels[0] - self.mid_end if n_tables else 0
+        self.a2a = [a2a_f[0] - self.fwd_end] + ([a2a_b[0] - self.fwd_end] if a2a_b else [])  # in the middle
+        # pool edges by the region of their source: the fixed ones (head, middle, tail; replicated per rank,
+        # position = rank base + offset + tables on the rank x coefficient) and those of the table pieces
+        src, dst, kind = self.pool.edge_src.astype(np.int64), self.pool.edge_dst.astype(np.int64), self.pool.edge_kind
+        in_fwd = (src >= self.head) & (src < self.fwd_end)
+        in_bwd = (src >= self.mid_end) & (src < self.bwd_end)
+        fixed = ~(in_fwd | in_bwd)
+        off, coef = self._fixed_layout(n_pool)
+        self.fixed_edges = (off[src[fixed]], coef[src[fixed]], off[dst[fixed]], coef[dst[fixed]], kind[fixed])
+        self.fwd_edges = self._piece_edges(src[in_fwd], dst[in_fwd], kind[in_fwd], self.head, self.nf, n_tables)
+        self.bwd_edges = self._piece_edges(src[in_bwd], dst[in_bwd], kind[in_bwd], self.mid_end, self.nb, n_tables)
+        self.params = np.stack(list(self.pool.params.values())) if self.pool.params else np.zeros((0, n_pool))
+        self.param_keys = list(self.pool.params)
+
+    def _fixed_layout(self, n_pool: int) -> tuple[np.ndarray, np.ndarray]:
+        """Offset in a rank's segment of each head / middle / tail pool task, and the per-local-table
+        tasks that precede it (0 for the head, one forward piece per table for the middle, both pieces
+        for the tail)."""
+        off = np.zeros(n_pool, dtype=np.int64)
+        coef = np.zeros(n_pool, dtype=np.int64)
+        mid = np.arange(self.fwd_end, self.mid_end)
+        tail = np.arange(self.bwd_end, n_pool)
+        off[: self.head] = np.arange(self.head)
+        off[mid] = mid - self.fwd_end + self.head
+        coef[mid] = self.nf
+        off[tail] = tail - self.bwd_end + self.head + (self.mid_end - self.fwd_end)
+        coef[tail] = self.nf + self.nb
+        return off, coef
+
+    @staticmethod
+    def _piece_edges(src: np.ndarray, dst: np.ndarray, kind: np.ndarray, start: int, size: int,
+                     n_tables: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The edges of one table's piece (offsets inside it): every table's piece has the same."""
+        per = src.size // n_tables if n_tables else 0
+        if per * n_tables != src.size:
+            raise AssertionError("table pieces differ in their edges")
+        return (src[:per] - start, dst[:per] - start, kind[:per])
+
+    def graph(self, assignment: np.ndarray) -> ExecutionGraph:
+        """The iteration graph of ``assignment`` (table -> rank)."""
+        spec, n, pool = self.spec, self.n_ranks, self.pool
+        a = np.asarray(assignment, dtype=np.int64)
+        n_tables = len(spec.tables)
+        counts = np.bincount(a, minlength=n)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        order = np.argsort(a, kind="stable")  # tables by rank, in index order on each
+        k = np.empty(n_tables, dtype=np.int64)
+        k[order] = np.arange(n_tables) - first[a[order]]  # place of each table among its rank's
+        mid = self.mid_end - self.fwd_end
+        size = self.head + mid + (pool.n_tasks - self.bwd_end) + (self.nf + self.nb) * counts
+        base = np.concatenate([[0], np.cumsum(size)[:-1]])
+        total = int(size.sum())
+        sel = np.empty(total, dtype=np.int64)  # pool task of every task of the graph
+        fixed_pool = np.concatenate([np.arange(self.head), np.arange(self.fwd_end, self.mid_end),
+                                     np.arange(self.bwd_end, pool.n_tasks)])
+        off, coef = self._fixed_layout(pool.n_tasks)
+        sel[(base[:, None] + off[fixed_pool][None, :] + counts[:, None] * coef[fixed_pool][None, :]).ravel()] = \
+            np.tile(fixed_pool, n)
+        pos_f = base[a] + self.head + self.nf * k  # first task of each table's forward piece
+        pos_b = base[a] + self.head + self.nf * counts[a] + mid + self.nb * k
+        tables = np.arange(n_tables)[:, None]
+        sel[(pos_f[:, None] + np.arange(self.nf)).ravel()] = (self.head + self.nf * tables + np.arange(self.nf)).ravel()
+        sel[(pos_b[:, None] + np.arange(self.nb)).ravel()] = (self.mid_end + self.nb * tables + np.arange(self.nb)).ravel()
+        rank = np.repeat(np.arange(n, dtype=np.int32), size)
+        n_procs = pool.n_procs
+        # edges: fixed ones per rank, the table pieces', then the placement's own (after the launch edge of their
+        # target, as emitted), ordered by target as the op-by-op emission appends them
+        fo_s, fc_s, fo_d, fc_d, fk = self.fixed_edges
+        srcs = [(base[:, None] + fo_s + counts[:, None] * fc_s).ravel(), (pos_f[:, None] + self.fwd_edges[0]).ravel(),
+                (pos_b[:, None] + self.bwd_edges[0]).ravel()]
+        dsts = [(base[:, None] + fo_d + counts[:, None] * fc_d).ravel(), (pos_f[:, None] + self.fwd_edges[1]).ravel(),
+                (pos_b[:, None] + self.bwd_edges[1]).ravel()]
+        kinds = [np.tile(fk, n), np.tile(self.fwd_edges[2], n_tables), np.tile(self.bwd_edges[2], n_tables)]
+        holding = np.flatnonzero(counts)
+        a2a_pos = base[:, None] + self.head + self.nf * counts[:, None] + np.asarray(self.a2a)[None, :]
+        if holding.size:  # the forward all-to-all after the rank's last lookup; the first backward lookup after
+            last = order[first[holding] + counts[holding] - 1]  # the backward all-to-all
+            srcs.append(pos_f[last] + self.kf)
+            dsts.append(a2a_pos[holding, 0])
+            kinds.append(np.full(holding.size, int(DepKind.GPU_GPU), dtype=np.int8))
+            if len(self.a2a) > 1:
+                srcs.append(a2a_pos[holding, 1])
+                dsts.append(pos_b[order[first[holding]]] + self.kb)
+                kinds.append(np.full(holding.size, int(DepKind.GPU_GPU), dtype=np.int8))
+        src, dst, ekind = np.concatenate(srcs), np.concatenate(dsts), np.concatenate(kinds)
+        by_dst = np.argsort(dst, kind="stable")
+        params = self.params[:, sel]
+        cols = dict(zip(self.param_keys, params, strict=True))
+        if "msg_bytes" in cols:
+            cols["msg_bytes"][a2a_pos.ravel()] = all_to_all_message_bytes(spec, a, n) if n > 1 else 0.0
+        return ExecutionGraph(
+            rank=rank,
+            proc=pool.proc[sel] + n_procs * rank,
+            name=pool.name[sel],
+            kind=pool.kind[sel],
+            category=pool.category[sel],
+            overhead=pool.overhead[sel],
+            duration=pool.duration[sel],
+            flops=pool.flops[sel],
+            bytes=pool.bytes[sel],
+            group=pool.group[sel],
+            params=cols,
+            proc_rank=np.repeat(np.arange(n, dtype=np.int32), n_procs),
+            proc_kind=np.tile(pool.proc_kind, n),
+            proc_names=list(pool.proc_names) * n,
+            edge_src=src[by_dst].astype(np.int32),
+            edge_dst=dst[by_dst].astype(np.int32),
+            edge_kind=ekind[by_dst].astype(np.int8),
+            names=list(pool.names),
+            kinds=list(pool.kinds),
+            meta={"workload": "dlrm", "n_ranks": n, "batch_size": spec.batch_size, "label": spec.label},
+        )
 
 
-def _device_forward(e: OpEmitter, spec: DLRMSpec, local: np.ndarray, n_ranks: int, a2a: dict,
-                    group: int) -> list[int]:
-    """Lookups of the local tables, the forward all-to-all, bottom MLP, interaction, top MLP and
-    loss of one rank; returns the all-to-all's tasks."""
+def _table_forward(e: OpEmitter, spec: DLRMSpec, ti: int) -> int:
+    """The lookup op of table ``ti`` (global batch); returns its kernel."""
+    return e.op(f"embedding_bag[{ti}]", [_table_kernel(spec, ti, "fwd")])[0]
+
+
+def _table_backward(e: OpEmitter, spec: DLRMSpec, ti: int, after: Sequence[int]) -> int:
+    """The backward of table ``ti`` with its sparse update; returns the backward kernel."""
+    k = e.op(f"embedding_bag_backward[{ti}]", [_table_kernel(spec, ti, "bwd")], after=after)[0]
+    if e.mode == "device":
+        # AccumulateGrad and SGD's ``add_`` of the sparse gradient (the update is in a post-accumulate
+        # hook, or in the optimizer's per-tensor loop): one op launching the row update, whose time is
+        # already inside embedding_bag_bwd's (calibrated as backward + row update)
+        e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
+                                                       Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
+        e.sparse_table(f"embedding_bag[{ti}].sparse_host")
+    return k
+
+
+def _dense_step(e: OpEmitter, spec: DLRMSpec, n_ranks: int, a2a: dict, group_fwd: int, group_bwd: int,
+                ddp: _DDPState) -> tuple[list[int], list[int]]:
+    """One rank's work between its lookups and its lookups' backward: the forward all-to-all, bottom MLP,
+    interaction (after the all-to-all), top MLP, loss, and the backward of all of them with DDP's
+    bucket all-reduces and the gradient all-to-all; returns the two all-to-alls' tasks."""
     dt, t = spec.dtype_bytes, spec.tables
     b_local = float(spec.batch_size) / n_ranks
     layers = spec.mlp_layers()
     n_bottom = len(spec.bottom_mlp)
-    emb_fwd: list[int] = []
-    for ti in local:
-        emb_fwd += e.op(f"embedding_bag[{ti}]", [_table_kernel(spec, int(ti), "fwd")])
     a2a_f = e.op("all_to_all_fwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(a2a))],
-                 comm=True, after=emb_fwd[-1:], group=group)
+                 comm=True, group=group_fwd)
     for name, i, o in layers[:n_bottom]:
         e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
         e.op(f"{name}.relu", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
@@ -248,44 +405,26 @@ def _device_forward(e: OpEmitter, spec: DLRMSpec, local: np.ndarray, n_ranks: in
         e.op(f"{name}.linear", [gemm(f"{name}.addmm", b_local, o, i, dt)])
         e.op(f"{name}.act", [eltwise(f"{name}.relu", "relu", b_local * o, dt)])
     e.op("loss", [eltwise("bce_loss", "loss", b_local, dt, rw=4.0)])
-    return a2a_f
-
-
-def _device_backward(e: OpEmitter, spec: DLRMSpec, local: np.ndarray, ddp: _DDPState, a2a: dict, group: int,
-                     a2a_fwd: list[int]) -> None:
-    """Backward of one rank (top MLP, interaction, gradient all-to-all, bottom MLP, the local
-    tables' backward with their sparse update) and the dense optimizer step after DDP's buckets."""
-    dt = spec.dtype_bytes
-    n_ranks = ddp.n_ranks
-    b_local = float(spec.batch_size) / n_ranks
-    layers = spec.mlp_layers()
-    n_bottom = len(spec.bottom_mlp)
     backward_entry(e, dt)
     e.op("loss.backward", [eltwise("bce_loss_bwd", "loss", b_local, dt, rw=4.0)])
     a2a_b: list[int] = []
     for name, i, o in reversed(layers[n_bottom:]):
         _backward_layer(e, ddp, name, i, o, b_local, first=False)
-    width = spec.interaction_width()
     inter_b = e.op("interaction.backward", [eltwise("interaction_bwd", "interaction", b_local * width, dt, rw=3.0)])
     if n_ranks > 1:
         a2a_b = e.op("all_to_all_bwd", [("all_to_all", "all_to_all", Category.COMMUNICATION, dict(a2a))],
-                     comm=True, after=inter_b, group=group)
+                     comm=True, after=inter_b, group=group_bwd)
     for li, (name, i, o) in enumerate(reversed(layers[:n_bottom])):
         _backward_layer(e, ddp, name, i, o, b_local, first=li == n_bottom - 1)
-    for j, ti in enumerate(local):
-        e.op(f"embedding_bag_backward[{ti}]", [_table_kernel(spec, int(ti), "bwd")], after=a2a_b if j == 0 else ())
-        if e.mode == "device":
-            # AccumulateGrad and SGD's ``add_`` of the sparse gradient (the update is in a post-accumulate
-            # hook, or in the optimizer's per-tensor loop): one op launching the row update, whose time is
-            # already inside embedding_bag_bwd's (calibrated as backward + row update)
-            e.op(f"embedding_bag[{ti}].accumulate_grad", [(f"embedding_bag_update[{ti}]", "embedding_bag_update",
-                                                           Category.MEMORY, {"elements": 0.0, "bytes": 0.0})])
-            e.sparse_table(f"embedding_bag[{ti}].sparse_host")
-    adagrad = spec.optimizer == "adagrad"  # its state is a third tensor list (read and written)
-    # the dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
-    # default on a device
-    e.op("optimizer.step", foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(layers)], dt,
-                                   lists=3 if adagrad else 2, rw=5.0 if adagrad else 3.0), after=ddp.all_reduces)
+    return a2a_f, a2a_b
+
+
+def _optimizer_kernels(spec: DLRMSpec) -> list:
+    """The dense parameters' update: one foreach op (multi_tensor_apply launches), the optimizer's
+    default on a device; adagrad's state is a third tensor list (read and written)."""
+    adagrad = spec.optimizer == "adagrad"
+    return foreach("sgd_update", "optimizer", [n for _, n in layer_tensors(spec.mlp_layers())], spec.dtype_bytes,
+                   lists=3 if adagrad else 2, rw=5.0 if adagrad else 3.0)
 
 
 # ============================================================================ host mode (CPU)
