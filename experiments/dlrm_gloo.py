@@ -73,6 +73,10 @@ class DLRMJobSpec:
     #: LLC, which a real input stream does not give; 8 or more: each iteration's rows as fresh as the
     #: reuse profile makes them
     batch_pool: int = 2
+    #: sharding types beyond table-wise: per table ``(sharding_type, ranks, sizes, offsets)`` as
+    #: :meth:`predictor.sources.synth.dlrm_sharding.TableShards.as_dict` holds them (tuples); when set it
+    #: replaces ``assignment`` (see :class:`ShardedEmbeddings`)
+    shards: tuple = ()
 
 
 #: the index batches a stored run or window cycled when its record names none (the oldest ones, measured
@@ -234,6 +238,124 @@ class Dense(nn.Module):
         return self.top(torch.cat([self.bottom(x), *embs], dim=1))
 
 
+class _ReduceScatter(torch.autograd.Function):
+    """Row-wise partial sums ``[B, W]`` -> my local batch's sums ``[B/N, W]``; backward: all-gather."""
+
+    @staticmethod
+    def forward(ctx, x, n):  # noqa: D401 - torch signature
+        out = x.new_empty(x.shape[0] // n, x.shape[1])
+        dist.reduce_scatter_tensor(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = grad.new_empty(grad.shape[0] * dist.get_world_size(), grad.shape[1])
+        dist.all_gather_into_tensor(full, grad.contiguous())
+        return full, None
+
+
+def _bucket(idx: np.ndarray, off: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of a batch that fall in rows ``[lo, hi)``, rebased to the shard, with per-sample offsets."""
+    counts = np.diff(np.append(off, idx.size))
+    sample = np.repeat(np.arange(off.size), counts)
+    keep = (idx >= lo) & (idx < hi)
+    n_per = np.bincount(sample[keep], minlength=off.size)
+    return (idx[keep] - lo).astype(np.int64), np.concatenate([[0], np.cumsum(n_per)[:-1]]).astype(np.int64)
+
+
+class ShardedEmbeddings(nn.Module):
+    """One rank's embeddings under ``spec.shards``, run as TorchRec runs each sharding type.
+
+    table-wise and column-wise shards: ``EmbeddingBag`` of the shard's columns for the global batch, the
+    pooled vectors through the all-to-all; row-wise (and table-row-wise, one host): the global batch's
+    ids in my rows, partial sums through a reduce-scatter (backward: all-gather); data-parallel: a replica
+    looked up for my samples, its dense gradient all-reduced (asynchronously, from the gradient hook)
+    and SGD applied by :meth:`finish`. Sparse shards update in the backward as the table-wise program.
+    """
+
+    def __init__(self, spec: DLRMJobSpec, rank: int) -> None:
+        super().__init__()
+        self.spec, self.rank, self.n = spec, rank, spec.n_ranks
+        self.a2a: list[tuple[int, int, int]] = []  # (table, rows, cols) of my all-to-all shards
+        self.rw: list[tuple[int, int, int, int]] = []  # (table, row offset, rows, dim)
+        self.dp: list[int] = []
+        cols_of = [0] * self.n
+        mods: dict[str, list[nn.Module]] = {"a2a": [], "rw": [], "dp": []}
+        for t, (kind, ranks, sizes, offsets) in enumerate(spec.shards):
+            for r, (rows, cols), (r0, _) in zip(ranks, sizes, offsets, strict=True):
+                if kind in ("table_wise", "column_wise"):
+                    cols_of[r] += cols
+                    if r == rank:
+                        self.a2a.append((t, rows, cols))
+                        mods["a2a"].append(nn.EmbeddingBag(rows, cols, mode="sum", sparse=True))
+                elif kind in ("row_wise", "table_row_wise") and r == rank and rows > 0:
+                    self.rw.append((t, r0, rows, cols))
+                    mods["rw"].append(nn.EmbeddingBag(rows, cols, mode="sum", sparse=True))
+            if kind == "data_parallel":
+                self.dp.append(t)
+                mods["dp"].append(nn.EmbeddingBag(*sizes[rank], mode="sum", sparse=False))
+        # bags in lookup order: all-to-all shards, row-wise shards, data-parallel replicas
+        self.bags = nn.ModuleList(mods["a2a"] + mods["rw"] + mods["dp"])
+        self.dims_of_rank = cols_of
+        self.works: list = []
+        b = spec.batch_size // self.n
+        self.send_split = [b * cols_of[rank]] * self.n
+        self.recv_split = [b * cols_of[q] for q in range(self.n)]
+        for k, m in enumerate(self.bags):
+            if k < len(self.a2a) + len(self.rw):
+                m.weight.register_post_accumulate_grad_hook(sgd_in_backward)
+            else:
+                m.weight.register_post_accumulate_grad_hook(self._all_reduce)
+
+    def _all_reduce(self, w: torch.Tensor) -> None:
+        self.works.append(dist.all_reduce(w.grad, async_op=True))
+
+    def batch(self, which: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Index batch ``which`` of every bag (drawn before timing, as the table-wise program)."""
+        b = self.spec.batch_size // self.n
+        out = []
+        for t, _, _ in self.a2a:
+            i, o = table_batch(self.spec, t, which)
+            out.append((torch.as_tensor(i), torch.as_tensor(o)))
+        for t, r0, rows, _ in self.rw:
+            i, o = table_batch(self.spec, t, which)
+            i, o = _bucket(i, o, r0, r0 + rows)
+            out.append((torch.as_tensor(i), torch.as_tensor(o)))
+        for t in self.dp:
+            i, o = table_batch(self.spec, t, which)
+            lo, hi = int(o[self.rank * b]), int(o[(self.rank + 1) * b]) if self.rank + 1 < self.n else i.size
+            out.append((torch.as_tensor(i[lo:hi]), torch.as_tensor(o[self.rank * b:(self.rank + 1) * b] - lo)))
+        return out
+
+    def forward(self, lookups: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """The embedding blocks of my local batch: all-to-all blocks by source rank, the row-wise sums,
+        the data-parallel tables."""
+        b = self.spec.batch_size // self.n
+        pooled = [self.bags[k](i, o) for k, (i, o) in enumerate(lookups)]
+        _mark("emb_fwd")
+        n_a2a, n_rw = len(self.a2a), len(self.rw)
+        embs: list[torch.Tensor] = []
+        if sum(self.dims_of_rank):
+            send = torch.cat(pooled[:n_a2a], dim=1) if n_a2a else torch.zeros(self.spec.batch_size, 0)
+            recv = _AllToAll.apply(send.reshape(-1), self.send_split, self.recv_split)
+            embs += [blk.view(b, self.dims_of_rank[q]) for q, blk in enumerate(torch.split(recv, self.recv_split))
+                     if self.recv_split[q]]
+        if n_rw:
+            embs.append(_ReduceScatter.apply(torch.cat(pooled[n_a2a:n_a2a + n_rw], dim=1), self.n))
+        embs += pooled[n_a2a + n_rw:]
+        return embs
+
+    def finish(self) -> None:
+        """Wait for the data-parallel gradients' all-reduces and apply SGD to the replicas."""
+        for w in self.works:
+            w.wait()
+        self.works = []
+        with torch.no_grad():
+            for m in self.bags[len(self.a2a) + len(self.rw):]:
+                m.weight.add_(m.weight.grad, alpha=-SPARSE_LR)
+                m.weight.grad = None
+
+
 def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     if spec.pin:
         cpus = sorted(os.sched_getaffinity(0))
@@ -248,7 +370,11 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     mine = np.flatnonzero(assignment == rank)
     dims = np.asarray(spec.dim)
     torch.manual_seed(spec.seed + rank)
-    tables = nn.ModuleList(nn.EmbeddingBag(int(spec.rows[t]), int(dims[t]), mode="sum", sparse=True) for t in mine)
+    sharded = ShardedEmbeddings(spec, rank) if spec.shards else None
+    if sharded is not None:
+        mine = np.asarray([t for t, _, _ in sharded.a2a] + [t for t, _, _, _ in sharded.rw], dtype=np.int64)
+    tables = nn.ModuleList(nn.EmbeddingBag(int(spec.rows[t]), int(dims[t]), mode="sum", sparse=True)
+                           for t in (mine if sharded is None else []))
     bottom = mlp([spec.dense_features, *spec.bottom_mlp], sigmoid_last=False)
     width = spec.bottom_mlp[-1] + int(dims.sum())
     top = mlp([width, *spec.top_mlp], sigmoid_last=True)
@@ -272,6 +398,9 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
     # a fixed pool of batches (drawing inputs is not what we time)
     batches = []
     for which in range(max(1, spec.batch_pool)):
+        if sharded is not None:
+            batches.append((sharded.batch(which), torch.randn(b, spec.dense_features), torch.rand(b, 1)))
+            continue
         lookups = [table_batch(spec, int(t), which) for t in mine]
         batches.append(([(torch.as_tensor(i), torch.as_tensor(o)) for i, o in lookups],
                         torch.randn(b, spec.dense_features), torch.rand(b, 1)))
@@ -280,6 +409,16 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
 
     def step(it: int) -> None:
         lookups, x, y = batches[it % len(batches)]
+        if sharded is not None:
+            loss = loss_fn(ddp(x, sharded(lookups)), y)
+            _mark("dense_fwd")
+            opt_dense.zero_grad(set_to_none=True)
+            loss.backward()
+            sharded.finish()
+            _mark("backward")
+            opt_dense.step()
+            _mark("optimizer")
+            return
         pooled = []
         for k, (i, o) in enumerate(lookups):
             pooled.append(tables[k](i, o))
@@ -339,7 +478,8 @@ def _worker(rank: int, spec: DLRMJobSpec, port: int, out_dir: str) -> None:
                     dist.barrier()
                 step(it)
         prof.export_chrome_trace(str(Path(spec.trace_dir) / f"rank{rank}.trace.json"))
-    rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)}
+    rf = {int(t): batch_reuse_histogram(batches[0][0][k][0].numpy()).tolist() for k, t in enumerate(mine)
+          if sharded is None}
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"times": times, "rf": rf, "system": system,
                                                                 "phases": phases, "marks": marks,
                                                                 "starts": starts}))
