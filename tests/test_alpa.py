@@ -86,8 +86,8 @@ def test_dp_rejects_malformed_tensors():
 
 
 def test_submeshes_and_configs_as_alpa():
-    assert alpa_submesh_choices(3, 8) == [Submesh(1, 1), Submesh(1, 2), Submesh(1, 4), Submesh(1, 8), Submesh(2, 8),
-                                          Submesh(3, 8)]
+    assert alpa_submesh_choices(3, 8) == [Submesh(1, 1), Submesh(1, 2), Submesh(1, 4), Submesh(1, 8), Submesh(2, 8)]
+    assert alpa_submesh_choices(3, 8, "all")[-2:] == [Submesh(2, 8), Submesh(3, 8)]
     assert mesh_configs(Submesh(1, 4)) == [MeshConfig(4, 1), MeshConfig(2, 2), MeshConfig(1, 4)]
     assert layer_groups(10, 4).tolist() == [3, 3, 2, 2]
 

@@ -9,7 +9,8 @@ candidate stage:
   layer groups ``i..j`` on submesh ``s`` with configuration ``c`` (``inf`` where impossible);
 * ``max_n_succ_stages[i, j, s, c]`` — how many stages may follow that stage before its
   activations (one micro-batch per later stage, 1F1B) no longer fit in device memory
-  (``-1``: the stage does not fit at all).
+  (``-1``: the stage does not fit at all), by Alpa's formula
+  ``(available - stage peak - optimizer states) // stashed activations - 1``.
 
 :func:`stage_cost_tensors` fills both from a :class:`StageLatencyPredictor` (the PredTOP idea:
 predict stage latency instead of profiling it). The default predictor,
@@ -27,6 +28,12 @@ its ``max_n_succ_stages >= (stages after it)``; the answer minimises
 ``(B - 1) * t_max`` alone exceeds the best total. As in Alpa, submesh shapes
 ``(1, 1), (1, 2), (1, 4) ... (1, M), (2, M) ... (N, M)`` are assumed to tile the cluster
 whenever their device counts add up to it.
+
+Drop-in for Alpa (``alpa/pipeline_parallel/stage_construction.py`` and ``stage_profiling.py``):
+:func:`get_submesh_choices` and :func:`get_all_submesh_autosharding_config_choices` enumerate
+submeshes and (logical mesh, option dict) configs in Alpa's order, :func:`get_compute_cost` takes
+``get_compute_cost``'s arguments and returns its two tensors, and :func:`manual_stage_option` turns
+the DP's plan into the arguments of Alpa's ``ManualStageOption``.
 """
 
 from __future__ import annotations
@@ -71,10 +78,30 @@ __all__ = [
     "stage_cost_tensors",
     "stage_construction_dp",
     "pipeline_latency",
+    "StageMemoryStats",
+    "stage_memory_stats",
+    "alpa_max_n_succ_stages",
+    "get_submesh_choices",
+    "LogicalMesh",
+    "LOGICAL_SPACES",
+    "get_one_submesh_autosharding_config_choices",
+    "get_all_submesh_autosharding_config_choices",
+    "mesh_config_of",
+    "VirtualMesh",
+    "AutoStageOption",
+    "AlpaLayer",
+    "alpa_layers",
+    "get_compute_cost",
+    "alpa_solution",
+    "manual_stage_option",
 ]
 
 #: model states per parameter with mixed-precision Adam (Megatron accounting), bytes
 STATE_BYTES_PER_PARAM = 18.0
+#: fp32 gradient accumulator per parameter, bytes (live while a stage runs)
+GRAD_BYTES_PER_PARAM = 4.0
+#: fp32 master weight + Adam's two fp32 moments per parameter, bytes (read only by the optimizer step)
+OPTIMIZER_BYTES_PER_PARAM = 12.0
 #: upper bound stored in max_n_succ_stages when memory is no constraint
 MAX_SUCC_CAP = 1 << 20
 
@@ -166,18 +193,38 @@ class SimulatedStagePredictor:
         return t
 
 
-def alpa_submesh_choices(num_hosts: int, devices_per_host: int) -> list[Submesh]:
-    """Alpa's submesh shapes: ``(1, 1), (1, 2), (1, 4), ... (1, M)`` then ``(2, M) ... (N, M)``."""
-    if num_hosts < 1 or devices_per_host < 1:
+def get_submesh_choices(num_hosts: int, num_devices_per_host: int, space: str = "power_of_two",
+                        manually_specified_submeshes: Sequence[tuple[int, int]] | None = None
+                        ) -> tuple[tuple[int, int], ...]:
+    """Alpa's submesh shapes ``(hosts, devices per host)``, in Alpa's order (its ``get_submesh_choices``).
+
+    ``(1, 1), (1, 2), (1, 4) ... (1, M)`` (``M`` must be a power of two), then whole hosts:
+    ``power_of_two`` (Alpa's default) ``(2, M), (4, M), ...`` up to ``num_hosts``; ``small_power_of_two``
+    the same up to 4 hosts; ``all`` ``(2, M), (3, M) ... (N, M)``; ``manual`` the given shapes.
+    """
+    if num_hosts < 1 or num_devices_per_host < 1:
         raise ValueError("a cluster needs at least one host and one device per host")
-    out = []
-    i = 1
-    while i < devices_per_host:
-        out.append(Submesh(1, i))
-        i *= 2
-    out.append(Submesh(1, devices_per_host))
-    out += [Submesh(h, devices_per_host) for h in range(2, num_hosts + 1)]
-    return out
+    if space == "manual":
+        if not manually_specified_submeshes:
+            raise ValueError("the manual submesh space needs manually_specified_submeshes")
+        return tuple((int(h), int(d)) for h, d in manually_specified_submeshes)
+    if num_devices_per_host & (num_devices_per_host - 1):
+        raise ValueError(f"Alpa's submesh spaces need a power-of-two number of devices per host "
+                         f"(got {num_devices_per_host})")
+    out = [(1, 1 << k) for k in range(num_devices_per_host.bit_length())]
+    if space == "all":
+        hosts = list(range(2, num_hosts + 1))
+    elif space in ("power_of_two", "small_power_of_two"):
+        top = num_hosts if space == "power_of_two" else min(num_hosts, 4)
+        hosts = [1 << k for k in range(1, top.bit_length()) if 1 << k <= top]
+    else:
+        raise ValueError(f"unknown submesh space {space!r}: power_of_two, small_power_of_two, all or manual")
+    return tuple(out + [(h, num_devices_per_host) for h in hosts])
+
+
+def alpa_submesh_choices(num_hosts: int, devices_per_host: int, space: str = "power_of_two") -> list[Submesh]:
+    """:func:`get_submesh_choices` as :class:`Submesh` objects (Alpa's default space: ``power_of_two``)."""
+    return [Submesh(h, d) for h, d in get_submesh_choices(num_hosts, devices_per_host, space)]
 
 
 def mesh_configs(submesh: Submesh) -> list[MeshConfig]:
@@ -217,21 +264,46 @@ class StageCosts:
         return np.asarray([s.n_devices for s in self.submeshes], dtype=np.int64)
 
 
-def _stage_memory(spec: TransformerSpec, n_layers: int, emb: bool, head: bool, cfg: MeshConfig, mb_dev: int,
-                  recompute: str) -> tuple[float, float]:
-    """(static bytes, activation bytes per micro-batch) of one device of a stage."""
+@dataclass(frozen=True)
+class StageMemoryStats:
+    """The memory terms of Alpa's ``get_merged_stages_memory_stats`` for one stage on one device, bytes.
+
+    ``peak``: the stage's own peak while it runs one micro-batch's forward + backward (weights in the
+    model dtype, fp32 gradient accumulators, that micro-batch's activations); ``initial``: what only
+    the optimizer step reads (fp32 master weights and Adam's two moments); ``intermediate``: the
+    activations one micro-batch keeps from its forward to its backward.
+    """
+
+    peak: float
+    initial: float
+    intermediate: float
+
+
+def stage_memory_stats(spec: TransformerSpec, n_layers: int, with_embedding: bool, with_head: bool, cfg: MeshConfig,
+                       mb_dev: int, recompute: str = "none") -> StageMemoryStats:
+    """Alpa's memory terms of a stage of ``n_layers`` layers on one device of logical mesh ``cfg``
+    running ``mb_dev`` sequences (Korthikanti et al. activations, Megatron's parameter sharding)."""
     t = cfg.tp
     vpad = spec.padded_vocab(t)
     params = n_layers * layer_param_count(spec, t)
-    if emb:
+    if with_embedding:
         params += vpad * spec.hidden / t + spec.seq * spec.hidden
-    if head:
-        params += 2 * spec.hidden + (0 if (emb and spec.tie_embeddings) else vpad * spec.hidden / t)
+    if with_head:
+        params += 2 * spec.hidden + (0 if (with_embedding and spec.tie_embeddings) else vpad * spec.hidden / t)
     plan = ParallelPlan(tp=t, micro_batch=mb_dev, recompute=recompute)  # type: ignore[arg-type]
     act = n_layers * activation_bytes_per_layer(spec, plan)
-    if head:
+    if with_head:
         act += 4.0 * spec.seq * mb_dev * spec.hidden / t * (1.0 + vpad / spec.hidden)
-    return params * STATE_BYTES_PER_PARAM + RESERVED_BYTES, act
+    weights_and_grads = params * (spec.dtype_bytes + GRAD_BYTES_PER_PARAM)
+    return StageMemoryStats(peak=weights_and_grads + act, initial=params * OPTIMIZER_BYTES_PER_PARAM,
+                            intermediate=act)
+
+
+def alpa_max_n_succ_stages(available: float, peak: float, initial: float, intermediate: float) -> int:
+    """Alpa's bound on the stages after a stage: ``(available - peak - initial) // intermediate - 1``,
+    clipped to ``[-1, 2**20]`` (``get_merged_stages_memory_stats``)."""
+    k = (available - peak - initial) // max(intermediate, 1e-8) - 1
+    return int(min(max(-1, k), MAX_SUCC_CAP))
 
 
 def stage_cost_tensors(
@@ -252,7 +324,9 @@ def stage_cost_tensors(
     group ``L-1`` the output layer). ``configs[s]`` are the logical meshes tried on submesh ``s``
     (default :func:`mesh_configs`); ``C`` is the longest list and shorter ones are padded with
     ``inf``. A config is impossible when ``dp`` does not divide ``micro_batch`` or ``tp`` does
-    not divide the heads / FFN. ``memory_bytes`` defaults to the platform's device memory.
+    not divide the heads / FFN. ``memory_bytes`` defaults to the platform's device memory;
+    ``max_n_succ_stages`` is Alpa's :func:`alpa_max_n_succ_stages` of :func:`stage_memory_stats`
+    with the memory less :data:`RESERVED_BYTES` available.
     """
     if predictor is None:
         if platform is None:
@@ -270,6 +344,7 @@ def stage_cost_tensors(
     if len(cfgs) != len(subs):
         raise ValueError(f"configs has {len(cfgs)} lists for {len(subs)} submeshes")
     L, S, C = n_groups, len(subs), max(len(c) for c in cfgs)
+    available = memory_bytes - RESERVED_BYTES  # what a device reports free next to the framework's reserve
     cost = np.full((L, L, S, C), np.inf)
     succ = np.full((L, L, S, C), -1, dtype=np.int64)
     for s, sub in enumerate(subs):
@@ -289,12 +364,8 @@ def stage_cost_tensors(
                     emb, head = i == 0, j == L - 1
                     q = StageQuery(spec, n, emb, head, sub, cfg, micro_batch, recompute)
                     cost[i, j, s, c] = float(predictor.stage_latency(q))
-                    static, act = _stage_memory(spec, n, emb, head, cfg, mb_dev, recompute)
-                    if static + act > memory_bytes:
-                        succ[i, j, s, c] = -1
-                    else:
-                        k = math.floor((memory_bytes - static) / max(act, 1.0)) - 1
-                        succ[i, j, s, c] = min(k, MAX_SUCC_CAP)
+                    m = stage_memory_stats(spec, n, emb, head, cfg, mb_dev, recompute)
+                    succ[i, j, s, c] = alpa_max_n_succ_stages(available, m.peak, m.initial, m.intermediate)
     return StageCosts(cost, succ, subs, cfgs, sizes, micro_batch)
 
 
@@ -419,3 +490,220 @@ def _walk(choice: np.ndarray, s: int, n_devices: int, sizes: np.ndarray) -> list
         i = j + 1
         s -= 1
     return out
+
+
+# ============================================================================ Alpa's interfaces
+@dataclass(frozen=True)
+class LogicalMesh:
+    """A logical device mesh of a submesh; ``shape`` is ``(data-parallel, model-parallel)`` devices."""
+
+    shape: tuple[int, int]
+
+
+#: Alpa's logical-mesh spaces (``AutoStageOption.submesh_logical_shape_space``)
+LOGICAL_SPACES = ("single_node_model_parallel", "all", "same_as_physical", "data_parallel_only", "model_parallel_only")
+_FORCE_BATCH = {"force_batch_dim_to_mesh_dim": 0}
+
+
+def get_one_submesh_autosharding_config_choices(submesh: tuple[int, int], space: str,
+                                                batch_size: int) -> list[tuple[LogicalMesh, dict]]:
+    """The ``(logical mesh, autosharding option dict)`` configs Alpa tries on one ``(hosts, devices per
+    host)`` submesh, in Alpa's order: for ``all`` / ``single_node_model_parallel`` every model-parallel
+    size ``mp = 1, 2, ...`` (up to the submesh's devices, or one host's) dividing the devices whose
+    data-parallel size divides ``batch_size``, with the batch forced onto mesh dimension 0, then the
+    ``(devices, 1)`` mesh with free batch sharding."""
+    hosts, per_host = submesh
+    n = hosts * per_host
+    if space in ("all", "single_node_model_parallel"):
+        top = n if space == "all" else per_host
+        out = [(LogicalMesh((n // mp, mp)), dict(_FORCE_BATCH)) for mp in range(1, top + 1)
+               if n % mp == 0 and batch_size % (n // mp) == 0]
+        return [*out, (LogicalMesh((n, 1)), {})]
+    if space == "same_as_physical":
+        return [(LogicalMesh((hosts, per_host)), {})]
+    if space == "data_parallel_only":
+        return [(LogicalMesh((n, 1)), dict(_FORCE_BATCH))]
+    if space == "model_parallel_only":
+        return [(LogicalMesh((1, n)), dict(_FORCE_BATCH))]
+    raise ValueError(f"unknown logical mesh space {space!r}: {', '.join(LOGICAL_SPACES)}")
+
+
+def get_all_submesh_autosharding_config_choices(virtual_mesh: object, submesh_choices: Sequence[tuple[int, int]],
+                                                space: str, batch_size: int) -> list[list]:
+    """Every submesh's configs, padded with ``None`` to the longest list (Alpa's function of this name;
+    ``virtual_mesh`` is accepted for its signature and not read)."""
+    configs = [get_one_submesh_autosharding_config_choices(tuple(sm), space, batch_size)  # type: ignore[arg-type]
+               for sm in submesh_choices]
+    width = max(len(c) for c in configs)
+    return [c + [None] * (width - len(c)) for c in configs]
+
+
+def mesh_config_of(logical: LogicalMesh) -> MeshConfig:
+    """The (dp, tp) that tuner predicts for a logical mesh: dimension 0 data, dimension 1 tensor parallel.
+
+    A config that leaves the batch sharding free is predicted as the same (dp, tp) split."""
+    return MeshConfig(int(logical.shape[0]), int(logical.shape[1]))
+
+
+@dataclass(frozen=True)
+class VirtualMesh:
+    """The cluster as Alpa's ``VirtualPhysicalMesh`` shows it to ``get_compute_cost``."""
+
+    num_hosts: int
+    num_devices_per_host: int
+    memory_bytes: float  #: device memory, bytes
+
+    @property
+    def num_devices(self) -> int:
+        """Devices of the cluster."""
+        return self.num_hosts * self.num_devices_per_host
+
+    def get_available_memory(self) -> float:
+        """Bytes a device has free for a stage (its memory less the framework's reserve)."""
+        return self.memory_bytes - RESERVED_BYTES
+
+
+@dataclass
+class AutoStageOption:
+    """The fields of Alpa's ``AutoStageOption`` that ``get_compute_cost`` reads, with Alpa's defaults."""
+
+    submesh_physical_shape_space: str = "power_of_two"
+    manually_specified_submeshes: Sequence[tuple[int, int]] | None = None
+    submesh_logical_shape_space: str = "single_node_model_parallel"
+    layer_profile_mode: str = "composition"
+    stage_imbalance_tolerance: float = np.inf
+    use_hlo_cost_model: bool = False
+    profiling_database_filename: str | None = None
+    cached_profile_result: str | None = None
+
+
+@dataclass(frozen=True)
+class AlpaLayer:
+    """One of Alpa's pipeline layers: the forward or the backward of layer group ``group``."""
+
+    spec: TransformerSpec
+    group: int
+    n_layers: int  #: transformer layers in the group
+    with_embedding: bool
+    with_head: bool
+    micro_batch: int  #: sequences per micro-batch
+    backward: bool = False
+    recompute: str = "none"
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of this layer on one micro-batch (a backward does twice its forward's)."""
+        head = 2.0 * self.spec.seq * self.spec.hidden * self.spec.vocab
+        per_layer = (self.spec.forward_flops_per_sequence() - head) / self.spec.layers
+        fwd = self.micro_batch * (self.n_layers * per_layer + head * self.with_head)
+        return fwd * (2.0 if self.backward else 1.0)
+
+
+def alpa_layers(spec: TransformerSpec, n_groups: int, micro_batch: int, recompute: str = "none") -> list[AlpaLayer]:
+    """Alpa's ``layers`` for training ``spec``: ``n_groups`` forward layers, then their backwards in reverse."""
+    sizes = layer_groups(spec.layers, n_groups)
+    fwd = [AlpaLayer(spec, g, int(n), g == 0, g == n_groups - 1, micro_batch, False, recompute)
+           for g, n in enumerate(sizes)]
+    return fwd + [replace(layer, backward=True) for layer in reversed(fwd)]
+
+
+def get_compute_cost(virtual_mesh: VirtualMesh, submesh_choices: Sequence[tuple[int, int]],
+                     autosharding_configs: Sequence[Sequence], layers: Sequence[AlpaLayer],
+                     accumulator_mapping: object = None, acc_grad_invars: object = None, acc_grad_outvars: object = None,
+                     apply_grad_layers: object = None, apply_grad_global_info: object = None,
+                     num_micro_batches: int = 1, default_as_option: object = None,
+                     auto_stage_option: AutoStageOption | None = None, inference_mode: bool = False, *,
+                     predictor: StageLatencyPredictor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Alpa's ``get_compute_cost`` with predicted instead of profiled stages.
+
+    Same arguments and return values: ``compute_cost[L, L, S, C]`` (seconds of one micro-batch's
+    forward + backward of layers ``i..j`` on submesh ``s`` with config ``c``; ``inf`` where Alpa
+    profiles nothing) and ``max_n_succ_stages[L, L, S, C]`` (:func:`alpa_max_n_succ_stages`; -1 where
+    nothing). As in Alpa's "composition" mode, a submesh as large as the cluster only holds the
+    whole model, a stage whose share of the FLOPs is off the submesh's share of the devices by more
+    than ``stage_imbalance_tolerance`` is skipped, and ``None`` configs are skipped; "individual"
+    mode sums single-layer costs. ``layers`` are :func:`alpa_layers`; the JAX-specific arguments
+    (accumulator mapping, gradient variables, apply-grad layers, default auto-sharding option) are
+    accepted and not read. ``predictor`` defaults to a :class:`SimulatedStagePredictor` needing a platform,
+    so pass one unless the layers' costs come from a learned model.
+    """
+    if inference_mode:
+        raise ValueError("inference_mode: tuner predicts training stages (forward + backward) only")
+    if predictor is None:
+        raise ValueError("give predictor= (e.g. SimulatedStagePredictor(platform) or a LearnedStagePredictor)")
+    opt = auto_stage_option or AutoStageOption()
+    if opt.layer_profile_mode not in ("composition", "individual"):
+        raise ValueError(f"unknown layer_profile_mode {opt.layer_profile_mode!r}: composition or individual")
+    if len(layers) % 2:
+        raise ValueError("training layers come in forward / backward pairs (an even count)")
+    L, S = len(layers) // 2, len(submesh_choices)
+    C = len(autosharding_configs[0])
+    fwd = list(layers[:L])
+    prefix = np.concatenate([[0.0], np.cumsum([layer.flops for layer in layers])])
+    total = prefix[-1]
+    cost = np.full((L, L, S, C), np.inf)
+    succ = np.full((L, L, S, C), -1, dtype=np.int64)
+    available = virtual_mesh.get_available_memory()
+    for m, (hosts, per_host) in enumerate(submesh_choices):
+        ratio = hosts * per_host / virtual_mesh.num_devices
+        for c, config in enumerate(autosharding_configs[m]):
+            if config is None:
+                continue
+            mesh = mesh_config_of(config[0])
+            for i in range(L):
+                for j in range(i, L):
+                    if ratio == 1 and not (i == 0 and j == L - 1):
+                        continue
+                    share = (prefix[j + 1] - prefix[i] + prefix[2 * L - i] - prefix[2 * L - j - 1]) / total
+                    tol = 1.0 + opt.stage_imbalance_tolerance
+                    if ratio > share * tol or ratio < share / tol:
+                        continue
+                    parts = [fwd[i:j + 1]] if opt.layer_profile_mode == "composition" else [[x] for x in fwd[i:j + 1]]
+                    found = [_predict_group(g, Submesh(hosts, per_host), mesh, predictor) for g in parts]
+                    if any(f is None for f in found):
+                        continue
+                    cost[i, j, m, c] = sum(f[0] for f in found)  # type: ignore[index]
+                    stats = [f[1] for f in found]  # type: ignore[index]
+                    # merged layers: all their weights, gradients and activations are live at the fwd/bwd turn
+                    succ[i, j, m, c] = alpa_max_n_succ_stages(available, sum(st.peak for st in stats),
+                                                              sum(st.initial for st in stats),
+                                                              sum(st.intermediate for st in stats))
+    return cost, succ
+
+
+def _predict_group(group: Sequence[AlpaLayer], submesh: Submesh, mesh: MeshConfig,
+                   predictor: StageLatencyPredictor) -> tuple[float, StageMemoryStats] | None:
+    """(seconds, memory) of layers ``group`` as one stage on ``mesh``; ``None`` when it cannot run there."""
+    first, last = group[0], group[-1]
+    spec, mb = first.spec, first.micro_batch
+    if mb % mesh.dp:
+        return None
+    try:
+        check_plan(replace(spec, layers=1), ParallelPlan(tp=mesh.tp, micro_batch=mb // mesh.dp,
+                                                         global_batch=mb // mesh.dp))
+    except PlanError:
+        return None
+    n = sum(x.n_layers for x in group)
+    q = StageQuery(spec, n, first.with_embedding, last.with_head, submesh, mesh, mb, first.recompute)
+    stats = stage_memory_stats(spec, n, first.with_embedding, last.with_head, mesh, mb // mesh.dp, first.recompute)
+    return float(predictor.stage_latency(q)), stats
+
+
+def alpa_solution(plan: StagePlan) -> list[tuple[tuple[int, int], int, int]]:
+    """The DP's stages as Alpa's ``training_dp`` solution: ``((first layer, last layer + 1), submesh, config)``."""
+    return [((st.first, st.last + 1), st.submesh_index, st.config_index) for st in plan.stages]
+
+
+def manual_stage_option(plan: StagePlan, submesh_choices: Sequence[tuple[int, int]],
+                        autosharding_configs: Sequence[Sequence]) -> dict:
+    """The keyword arguments of Alpa's ``ManualStageOption`` for the DP's ``plan`` (as Alpa parses its own
+    solution): ``ManualStageOption(**manual_stage_option(...))`` replays the plan in Alpa."""
+    picked = [autosharding_configs[st.submesh_index][st.config_index] for st in plan.stages]
+    if any(p is None for p in picked):
+        raise ValueError("the plan uses a padding (None) config: compute_cost and configs do not match")
+    return {
+        "forward_stage_layer_ids": [list(range(st.first, st.last + 1)) for st in plan.stages],
+        "submesh_physical_shapes": [tuple(submesh_choices[st.submesh_index]) for st in plan.stages],
+        "submesh_logical_shapes": [tuple(p[0].shape) for p in picked],
+        "submesh_autosharding_option_dicts": [dict(p[1]) for p in picked],
+    }
