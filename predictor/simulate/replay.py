@@ -26,7 +26,8 @@ from predictor.simulate import Breakdown, MeasuredTiming, Timeline, simulate, un
 from predictor.sources.traces.build import ReplayGraph, build_graph
 from predictor.sources.traces.load import TraceSet, load_traces
 
-__all__ = ["ReplayResult", "replay", "replay_graph", "measured_timeline", "window_breakdown", "busy_fraction"]
+__all__ = ["ReplayResult", "replay", "replay_graph", "scaled_durations", "measured_timeline", "window_breakdown",
+           "busy_fraction", "kernel_sum_s"]
 
 
 def _clip(start: np.ndarray, end: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
@@ -84,6 +85,22 @@ def busy_fraction(tl: Timeline, rank: int, edges: np.ndarray, *, compute_only: b
     return np.diff(b) / np.where(widths > 0, widths, 1.0)
 
 
+def kernel_sum_s(tl: Timeline, measured: Timeline, rank: int, a: float, b: float) -> float:
+    """Lin et al.'s baseline for one step of ``rank``: the busiest GPU stream's summed task durations
+    (kernels, copies, collectives; ``tl``'s durations) of the tasks that started in the measured window
+    ``[a, b)`` seconds. Without GPU streams (a CPU capture) the busiest thread's summed op time."""
+    g = tl.graph
+    inside = (g.rank == rank) & (measured.start >= a) & (measured.start < b)
+    gpu = g.is_gpu()
+    if (gpu & (g.rank == rank)).any():
+        sel = inside & gpu & (g.category != Category.SYNC)
+    else:
+        sel = inside & g.kind_mask("cpu_op")
+    if not sel.any():
+        return 0.0
+    return float(np.bincount(g.proc[sel], weights=tl.duration[sel], minlength=g.n_procs).max())
+
+
 @dataclass
 class ReplayResult:
     """A simulated replay next to the measured run it came from."""
@@ -95,7 +112,8 @@ class ReplayResult:
     # ------------------------------------------------------------------ steps
     def steps(self) -> pd.DataFrame:
         """One row per rank and step: ``name``, ``rank`` (as in the traces), ``measured_s``,
-        ``predicted_s``, ``error_pct`` (signed), window starts of both."""
+        ``predicted_s`` (the simulated host's step markers), ``error_pct`` (signed), window starts of
+        both, and Lin et al.'s ``kernel_sum_s`` baseline with its ``kernel_sum_error_pct``."""
         st = self.graph.steps
         tl = self.timeline
         g = self.graph.graph
@@ -120,6 +138,9 @@ class ReplayResult:
             "predicted_start_s": np.asarray(pstart, dtype=float),
         })
         out["error_pct"] = (out["predicted_s"] - out["measured_s"]) / out["measured_s"] * 100.0
+        out["kernel_sum_s"] = [kernel_sum_s(tl, self.measured, int(r.graph_rank), float(r.measured_start_s),
+                                            float(r.measured_start_s + r.measured_s)) for r in out.itertuples()]
+        out["kernel_sum_error_pct"] = (out["kernel_sum_s"] - out["measured_s"]) / out["measured_s"] * 100.0
         return out
 
     def iteration_s(self) -> tuple[float, float]:
@@ -264,10 +285,26 @@ def measured_timeline(rg: ReplayGraph) -> Timeline:
                     np.full(max(g.n_groups, 0), -1, dtype=np.int64))
 
 
-def replay_graph(rg: ReplayGraph) -> ReplayResult:
-    """Simulate a built replay graph with its measured durations."""
-    tl = simulate(rg.graph, MeasuredTiming(), launch_fraction=rg.launch_fraction)
+def replay_graph(rg: ReplayGraph, durations: np.ndarray | None = None) -> ReplayResult:
+    """Simulate a built replay graph with its measured durations (or ``durations``, seconds per task)."""
+    timing = MeasuredTiming() if durations is None else np.asarray(durations, dtype=np.float64)
+    tl = simulate(rg.graph, timing, launch_fraction=rg.launch_fraction)
     return ReplayResult(graph=rg, timeline=tl, measured=measured_timeline(rg))
+
+
+def scaled_durations(rg: ReplayGraph, *, gpu: float = 1.0, host: float = 1.0,
+                     ranks: list[int] | None = None) -> np.ndarray:
+    """The measured durations (seconds) with every GPU task (kernel, copy, set; collectives excluded)
+    multiplied by ``gpu`` and every host compute task (op segments, overhead gaps, runtime calls; not the
+    waits) by ``host``, on graph ranks ``ranks`` (default: all) — a perturbation the replay must follow."""
+    g = rg.graph
+    d = MeasuredTiming().durations(g)
+    on = np.ones(g.n_tasks, dtype=bool) if ranks is None else np.isin(g.rank, ranks)
+    gpu_work = on & g.is_gpu() & (g.category != Category.SYNC) & (g.category != Category.COMMUNICATION)
+    host_work = on & ~g.is_gpu() & (g.category == Category.CPU)
+    d[gpu_work] *= gpu
+    d[host_work] *= host
+    return d
 
 
 def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_et: bool = True) -> ReplayResult:

@@ -339,7 +339,9 @@ def _add_gpu_dependencies(b: TraceGraphBuilder, info: RankEvents, order: StreamO
             b.bump("gpu_cpu_edges")
     wait_src: dict[int, list[int]] = {}
     for src, dst, _, how in calls.waits:
-        if info.gpu[src].end <= info.gpu[dst].start + 0.5 and info.gpu[src].stream != info.gpu[dst].stream:
+        # a wait named by Kineto's cuda_sync record holds; an inferred one must fit the measured run
+        fits = how == "cuda_sync" or info.overlapping or info.gpu[src].end <= info.gpu[dst].start + 0.5
+        if fits and info.gpu[src].stream != info.gpu[dst].stream:
             b.dependency(gpu_task[src], gpu_task[dst], DepKind.GPU_GPU)
             wait_src.setdefault(dst, []).append(src)
             b.bump(f"event_edges_{how}")

@@ -28,6 +28,12 @@ _CAT_CPU, _CAT_SYNC = Category.CPU, Category.SYNC
 # item types on a thread's timeline, and their order at one instant: op end, step end, step start,
 # op start, runtime call
 _OP_START, _OP_END, _CALL, _MARKER = 0, 1, 2, 3
+#: a launch call this much (µs) longer than a usual one, with this many tasks queued on the device
+#: when it returned, waited for a free slot of the launch queue
+BLOCKED_LAUNCH_US = 20.0
+BLOCKED_LAUNCH_QUEUE = 8
+#: ... freed by the device task that ended at most this long (µs) before the call returned
+BLOCKED_LAUNCH_TAIL_US = 50.0
 
 
 @dataclass
@@ -98,6 +104,7 @@ class _Cutter:
         self.step_list, self.median_launch = step_list, median_launch
         self.kt = info.trace.kineto
         self.gpu_end = [g.end for g in info.gpu]
+        self.queue = _LaunchQueue(info)
         self.op_launches: dict[int, int] = {}  # top-level op -> GPU work it launches
         for e, kind in calls.kind.items():
             if kind in (LAUNCH, BLOCKING_COPY):
@@ -173,6 +180,9 @@ class _Cutter:
         elif kind == LAUNCH and dur > self.median_launch and min(
                 self.info.gpu[g].start for g in self.info.gpu_of_launch[e]) < s + dur:
             self._split_launch(e, nm, s, dur)
+        elif kind == LAUNCH and dur > self.median_launch + BLOCKED_LAUNCH_US and (
+                holder := self.queue.holder(self.info.gpu_of_launch[e][0], s, s + dur)) >= 0:
+            self._blocked_launch(e, nm, s, dur, holder)
         else:
             kname = "launch" if kind == LAUNCH else "cuda_runtime"
             out.rt_task[e] = b.timed_task(self.proc, nm, kname, _CAT_CPU, dur, s, s + dur, overhead=Overhead.T4)
@@ -200,6 +210,20 @@ class _Cutter:
                                                 s + dur, overhead=Overhead.T4)
         self.seen += 1
 
+    def _blocked_launch(self, e: int, nm: str, s: float, dur: float, holder: int) -> None:
+        """A launch that waited for a free slot of the device's launch queue: it issues its work after a
+        launch's usual cost, then waits for GPU task ``holder`` (whose end freed the slot); the wait keeps
+        only the time after that end (the simulator recomputes the wait itself)."""
+        b = self.b
+        d1 = min(self.median_launch, dur)
+        self.out.rt_task[e] = b.timed_task(self.proc, nm, "launch", _CAT_CPU, d1, s, s + d1, overhead=Overhead.T4)
+        begin = max(s + d1, self.gpu_end[holder])
+        self.out.rt_wait_task[e] = b.timed_task(self.proc, f"{nm} (queue full)", "sync", _CAT_SYNC, s + dur - begin,
+                                                begin, s + dur, overhead=Overhead.T4)
+        self.calls.awaited[e] = [holder]
+        self.seen += 1
+        b.bump("launches_blocked_by_full_queue")
+
     def _split_launch(self, e: int, nm: str, s: float, dur: float) -> None:
         """A launch during which its GPU task began (a pageable copy staged while the call runs, a full
         launch queue): the call issued its work after a launch's usual cost; the rest is host time."""
@@ -215,3 +239,34 @@ class _Cutter:
                                                 s + d1, s + dur)
         self.seen += 1
         b.bump("long_launch_calls_split")
+
+
+class _LaunchQueue:
+    """The launch queue of each device of a rank, from the measured run: how many tasks were issued but not
+    started at an instant, and which task's end let a blocked launch call return."""
+
+    def __init__(self, info: RankEvents) -> None:
+        kt = info.trace.kineto
+        dev = np.asarray([info.streams[g.stream][0] for g in info.gpu], dtype=np.int64)
+        launch = np.asarray([g.launch for g in info.gpu], dtype=np.int64)
+        starts = np.asarray([g.start for g in info.gpu])
+        ends = np.asarray([g.end for g in info.gpu])
+        self.device = dev
+        self.by_dev: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        for d in np.unique(dev).tolist():
+            on = dev == d
+            issued = np.sort(kt.ts[launch[on & (launch >= 0)]])
+            o = np.flatnonzero(on)[np.argsort(ends[on], kind="stable")]
+            self.by_dev[d] = (issued, np.sort(starts[on]), ends[o], o)
+
+    def holder(self, task: int, s: float, end: float) -> int:
+        """The GPU task whose end freed a slot for a launch call issuing ``task`` over [``s``, ``end``] µs
+        (-1: the queue was not full, or no task of the device ended just before the call returned)."""
+        issued, starts, e_sorted, o = self.by_dev[int(self.device[task])]
+        pending = int(np.searchsorted(issued, s, side="left")) - int(np.searchsorted(starts, end, side="right"))
+        if pending < BLOCKED_LAUNCH_QUEUE:
+            return -1
+        k = int(np.searchsorted(e_sorted, end + EPS_US, side="right")) - 1
+        if k < 0 or end - e_sorted[k] > BLOCKED_LAUNCH_TAIL_US:
+            return -1
+        return int(o[k])

@@ -21,6 +21,7 @@ from predictor.sources.traces.kineto import EventCat, KinetoTrace
 from predictor.sources.traces.rank_events import EPS_US, RankEvents, StreamOrder
 
 __all__ = ["INTER_THREAD_GAP_US", "RESOURCE_WAIT_US", "RESOURCE_TAIL_US", "RESOURCE_LEAD_US", "SYNC_CALLS",
+           "IMPLICIT_SYNC_CALLS",
            "BLOCKING_COPY_CALLS", "LAUNCH_CALLS", "LAUNCH", "SYNC", "BLOCKING_COPY", "RECORD", "WAIT",
            "RuntimeCalls", "classify_runtime_calls", "resource_waits", "match_collectives", "inter_thread_waits",
            "data_dependencies"]
@@ -36,6 +37,8 @@ RESOURCE_LEAD_US = 100.0
 #: runtime calls that only synchronise the CPU with the GPU
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
               "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
+#: runtime calls that wait for the whole device before doing their own work (CUDA's implicit synchronisation)
+IMPLICIT_SYNC_CALLS = ("cudaFree", "cudaFreeHost", "cudaFreeArray", "cuMemFree", "cuMemFree_v2", "cuMemFreeHost")
 #: runtime calls whose copy blocks the CPU until done
 BLOCKING_COPY_CALLS = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol",
                        "cudaMemcpyFromSymbol", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "cuMemcpy")
@@ -89,12 +92,14 @@ class _Classifier:
 
     def sync_targets(self, nm: str, rec: dict | None, s: float, t_idx: int) -> list[int]:
         """GPU tasks a synchronisation call ``nm`` at ``s`` µs on thread ``t_idx`` waits for."""
-        info, order = self.info, self.order
+        order = self.order
         targets: list[int] = []
         skind = (rec or {}).get("cuda_sync_kind")
-        if nm.startswith(("cudaDeviceSynchronize", "cuCtx")) or skind == "Context Sync":
-            dev = int((rec or {}).get("device", self.device0))
-            targets = [order.last_issued_before(si, s) for si, (d, _) in enumerate(info.streams) if d == dev]
+        if nm in IMPLICIT_SYNC_CALLS:
+            targets = self.device_targets(rec, s)
+            self.bump("sync_implicit_device")
+        elif nm.startswith(("cudaDeviceSynchronize", "cuCtx")) or skind == "Context Sync":
+            targets = self.device_targets(rec, s)
             self.bump("sync_device")
         elif nm.startswith(("cudaStreamSynchronize", "cuStream")):
             si = order.stream(int(rec.get("device", self.device0)), rec.get("stream")) if rec else -1
@@ -105,6 +110,9 @@ class _Classifier:
                 self.bump("sync_stream_cuda_sync")
             if si >= 0:
                 targets = [order.last_issued_before(si, s)]
+            else:  # no stream known: the call waits at most for the whole device
+                targets = self.device_targets(rec, s)
+                self.bump("sync_unresolved_as_device")
         else:  # event synchronize
             si, when = -1, -1.0
             if rec and rec.get("wait_on_cuda_event_record_corr_id") is not None:
@@ -116,7 +124,15 @@ class _Classifier:
             if si >= 0:
                 targets = [order.last_issued_before(si, when)]
                 self.bump("sync_event")
+            else:  # no record traced: the call waits at most for the whole device
+                targets = self.device_targets(rec, s)
+                self.bump("sync_unresolved_as_device")
         return [g for g in targets if g >= 0]
+
+    def device_targets(self, rec: dict | None, s: float) -> list[int]:
+        """The last GPU task issued before ``s`` µs to each stream of the call's device."""
+        dev = int((rec or {}).get("device", self.device0))
+        return [self.order.last_issued_before(si, s) for si, (d, _) in enumerate(self.info.streams) if d == dev]
 
     def event_wait(self, rec: dict | None, s: float, t_idx: int) -> tuple[int, int, str]:
         """(source GPU task, waiting GPU task, how) of a ``cudaStreamWaitEvent`` at ``s`` µs (-1: unresolved)."""
@@ -154,7 +170,9 @@ class _Classifier:
             if si == wsi or info.streams[si][0] != info.streams[wsi][0]:
                 continue
             c = self.order.last_issued_before(si, s)
-            if c >= 0 and info.gpu[c].end <= info.gpu[dst].start + 0.5 and info.gpu[c].end > best:
+            limit = info.gpu[dst].start + 0.5
+            if c >= 0 and (info.gpu[c].start <= limit if info.overlapping else info.gpu[c].end <= limit) \
+                    and info.gpu[c].end > best:
                 best, src = info.gpu[c].end, c
         return src
 
@@ -173,7 +191,7 @@ def classify_runtime_calls(info: RankEvents, order: StreamOrder, bump: Callable[
             s = float(tsa[e])
             launched = info.gpu_of_launch.get(e)
             rec = cl.sync_rec.get(int(kt.corr[e])) if kt.corr[e] >= 0 else None
-            if nm in SYNC_CALLS:
+            if nm in SYNC_CALLS or (nm in IMPLICIT_SYNC_CALLS and not launched):
                 out.kind[e] = SYNC
                 out.awaited[e] = cl.sync_targets(nm, rec, s, t_idx)
             elif launched:

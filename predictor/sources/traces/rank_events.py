@@ -59,6 +59,9 @@ class RankEvents:
     gpu_of_launch: dict[int, list[int]]  # runtime event -> indices into gpu
     nccl: list[int]  # indices into gpu of NCCL kernels, by start time
     thread_of_event: dict[int, int]
+    #: the GPU tasks' durations contradict their timestamps (tasks of one stream overlap: an edited trace);
+    #: inferred dependencies are then checked against the order of starts only
+    overlapping: bool = False
 
 
 def _sort_key_cpu(kt: KinetoTrace, idx: np.ndarray) -> np.ndarray:
@@ -80,9 +83,9 @@ def analyse_rank(index: int, rt: RankTrace) -> RankEvents:
     if not has_ops and gpu_idx.size == 0:
         raise TraceError(f"{kt.label}: has no CPU ops and no GPU kernels (nothing to replay)")
     threads, thread_events, top_of, inner_of, thread_of_event = _thread_nesting(kt, cpu)
-    streams, gpu, gpu_of_launch, nccl = _gpu_tasks(kt, gpu_idx, inner_of)
+    streams, gpu, gpu_of_launch, nccl, overlaps = _gpu_tasks(kt, gpu_idx, inner_of)
     return RankEvents(index, rt, threads, thread_events, top_of, inner_of, streams, gpu, gpu_of_launch, nccl,
-                      thread_of_event)
+                      thread_of_event, overlapping=overlaps > max(1, len(gpu) // 100))
 
 
 def _thread_nesting(kt: KinetoTrace, cpu: np.ndarray):
@@ -150,7 +153,14 @@ def _gpu_tasks(kt: KinetoTrace, gpu_idx: np.ndarray, inner_of: dict[int, int]):
         if cat[e] == EventCat.KERNEL and is_nccl_kernel(names[kt.name[e]]):
             nccl.append(len(gpu) - 1)
     nccl.sort(key=lambda i: gpu[i].start)
-    return streams, gpu, gpu_of_launch, nccl
+    # a stream runs one task at a time: a task ended no later than the next one on its stream started (an
+    # edited trace whose durations grew with the timestamps untouched keeps its order of events)
+    overlaps = 0
+    for a, b in zip(gpu[:-1], gpu[1:], strict=True):
+        if a.stream == b.stream and a.end > b.start:
+            overlaps += a.end > b.start + 1.0
+            a.end = max(b.start, a.start)
+    return streams, gpu, gpu_of_launch, nccl, overlaps
 
 
 class StreamOrder:
