@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from predictor.graph import ExecutionGraph
+from predictor.graph import Category, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.simulate import Timeline, simulate
-from predictor.sources.synth.dlrm import DLRMSpec, build_dlrm_graph, dlrm_memory_per_rank
+from predictor.sources.synth.dlrm import DLRMGraphTemplate, DLRMSpec, build_dlrm_graph, dlrm_memory_per_rank
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.platforms.host import comm_thread_has_core
 from predictor.timing.platforms.schema import Platform
@@ -53,9 +53,12 @@ def evaluate_graph(
     platform: Platform,
     *,
     n_devices: int | None = None,
+    durations: np.ndarray | None = None,
 ) -> tuple[CostResult, Timeline]:
-    """Simulate ``graph`` and check it against ``platform``'s memory and price (seconds, bytes, USD)."""
-    tl = simulate(graph, timing)
+    """Simulate ``graph`` and check it against ``platform``'s memory and price (seconds, bytes, USD).
+
+    ``durations``: the tasks' seconds when the caller has them already (else ``timing`` gives them)."""
+    tl = simulate(graph, timing if durations is None else durations)
     mem = np.asarray(memory_bytes_per_rank, dtype=float)
     cap = platform.memory_bytes
     over = np.flatnonzero(mem > cap)
@@ -84,7 +87,13 @@ def evaluate_graph(
 
 @dataclass
 class DLRMShardingJob:
-    """One DLRM training task at one batch size on ``n_ranks`` devices of ``platform``."""
+    """One DLRM training task at one batch size on ``n_ranks`` devices of ``platform``.
+
+    On an accelerator the job keeps one :class:`DLRMGraphTemplate` for all its placements and, when
+    the timing prices every task on its own parameters (no step-reuse curve, no host contention),
+    the durations of the template's pool: a placement's durations are then gathered from them and
+    only its all-to-alls, whose message size the placement sets, are timed again.
+    """
 
     spec: DLRMSpec
     n_ranks: int
@@ -93,22 +102,71 @@ class DLRMShardingJob:
     #: CPU platforms: torch threads per rank process (with the rank count, decides whether gloo's
     #: threads have cores of their own, :func:`predictor.timing.platforms.host.comm_thread_has_core`)
     threads_per_rank: int = 1
+    _template: DLRMGraphTemplate | None = field(default=None, init=False, repr=False)
+    _pool_s: np.ndarray | None = field(default=None, init=False, repr=False)
+    _a2a_s: dict[float, float] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def template(self) -> DLRMGraphTemplate | None:
+        """The graph template of the job's placements (None on CPU platforms: host-mode graphs)."""
+        if self.platform.kind == "cpu":
+            return None
+        if self._template is None:
+            self._template = DLRMGraphTemplate(self.spec, self.n_ranks)
+        return self._template
 
     def graph(self, assignment: np.ndarray) -> ExecutionGraph:
         """The iteration graph of a table -> rank assignment (host mode on CPU platforms)."""
-        host = self.platform.kind == "cpu"
-        comm_threads = not host or comm_thread_has_core(self.n_ranks, self.threads_per_rank)
-        return build_dlrm_graph(self.spec, assignment, self.n_ranks, mode="host" if host else "device",
-                                comm_threads=comm_threads)
+        template = self.template
+        if template is not None:
+            return template.graph(assignment)
+        comm_threads = comm_thread_has_core(self.n_ranks, self.threads_per_rank)
+        return build_dlrm_graph(self.spec, assignment, self.n_ranks, mode="host", comm_threads=comm_threads)
+
+    def timed_graph(self, assignment: np.ndarray) -> tuple[ExecutionGraph, np.ndarray]:
+        """The iteration graph of ``assignment`` and its task durations (seconds)."""
+        template = self.template
+        if template is None or not self._per_task_timing():
+            graph = self.graph(assignment)
+            return graph, self.timing.durations(graph)
+        graph, pool_index, a2a = template.assemble(assignment)
+        if self._pool_s is None:
+            self._pool_s = self.timing.durations(template.pool)
+        dur = self._pool_s[pool_index]
+        if a2a.size:
+            dur[a2a] = self._all_to_all_seconds(graph, int(a2a[0]))
+        return graph, dur
+
+    def _per_task_timing(self) -> bool:
+        """Whether the timing prices each task from its own parameters alone (then a task copied from the
+        template's pool takes the pool task's time)."""
+        return not self.platform.embedding_step_reuse and not self.timing.contention_factors(self.n_ranks)
+
+    def _all_to_all_seconds(self, graph: ExecutionGraph, task: int) -> float:
+        """Seconds of the all-to-all ``task`` of ``graph`` (timed once per message size)."""
+        key = float(graph.params["msg_bytes"][task])
+        if key not in self._a2a_s:
+            b = GraphBuilder()
+            proc = b.processor(0, ProcKind.GPU_STREAM, "stream comm")
+            params = {k: float(v[task]) for k, v in graph.params.items() if np.isfinite(v[task])}
+            b.task(proc, "all_to_all", graph.kinds[graph.kind[task]], Category(int(graph.category[task])),
+                   params=params)
+            self._a2a_s[key] = float(self.timing.durations(b.build())[0])
+        return self._a2a_s[key]
 
     def evaluate(self, assignment: np.ndarray) -> tuple[CostResult, Timeline]:
         """Cost of a table -> rank assignment."""
         mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
-        return evaluate_graph(self.graph(assignment), self.timing, mem, self.platform)
+        graph, dur = self.timed_graph(assignment)
+        return evaluate_graph(graph, self.timing, mem, self.platform, durations=dur)
 
     def objective(self, assignment: np.ndarray) -> float:
         """Predicted iteration time (seconds; +inf when it does not fit)."""
-        return self.evaluate(assignment)[0].objective
+        mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
+        if np.any(mem > self.platform.memory_bytes):
+            return float("inf")
+        graph, dur = self.timed_graph(assignment)
+        return simulate(graph, dur).iteration_s
 
     def table_capacity_bytes(self, memory_fraction: float) -> float:
         """Bytes of each device the sharders may fill with tables (paper: 80% of DRAM)."""

@@ -284,6 +284,11 @@ class DLRMGraphTemplate:
 
     def graph(self, assignment: np.ndarray) -> ExecutionGraph:
         """The iteration graph of ``assignment`` (table -> rank)."""
+        return self.assemble(assignment)[0]
+
+    def assemble(self, assignment: np.ndarray) -> tuple[ExecutionGraph, np.ndarray, np.ndarray]:
+        """The iteration graph of ``assignment`` (table -> rank), the pool task each of its tasks copies,
+        and its all-to-all tasks (the only tasks whose parameters depend on the placement)."""
         spec, n, pool = self.spec, self.n_ranks, self.pool
         a = np.asarray(assignment, dtype=np.int64)
         n_tables = len(spec.tables)
@@ -332,9 +337,10 @@ class DLRMGraphTemplate:
         by_dst = np.argsort(dst, kind="stable")
         params = self.params[:, sel]
         cols = dict(zip(self.param_keys, params, strict=True))
+        a2a_tasks = a2a_pos.ravel()
         if "msg_bytes" in cols:
-            cols["msg_bytes"][a2a_pos.ravel()] = all_to_all_message_bytes(spec, a, n) if n > 1 else 0.0
-        return ExecutionGraph(
+            cols["msg_bytes"][a2a_tasks] = all_to_all_message_bytes(spec, a, n) if n > 1 else 0.0
+        graph = ExecutionGraph(
             rank=rank,
             proc=pool.proc[sel] + n_procs * rank,
             name=pool.name[sel],
@@ -356,6 +362,7 @@ class DLRMGraphTemplate:
             kinds=list(pool.kinds),
             meta={"workload": "dlrm", "n_ranks": n, "batch_size": spec.batch_size, "label": spec.label},
         )
+        return graph, sel, a2a_tasks
 
 
 def _table_forward(e: OpEmitter, spec: DLRMSpec, ti: int) -> int:
