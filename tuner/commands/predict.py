@@ -12,6 +12,9 @@ Two sources, one ``_predict_*`` function each, chosen in :func:`predict`:
   file or archive): :func:`predictor.whatif.apply.predict_trace` transforms the captured
   execution graph and simulates it; tasks whose shape or platform changed are re-timed with
   the kernel models of ``--platform`` (an asset pack's calibrated ones when there is one).
+* ``tuner predict --megatron-args LAUNCH.sh`` / ``--torchtitan JOB.toml [--workload MODEL.yaml]`` — an
+  existing launch read back as a plan (:mod:`tuner.launch`) and predicted like a workload plan.
+  ``--launch DIR`` writes a workload's or launch's plan as ``megatron_args.txt`` and ``torchtitan.toml``.
 """
 
 from __future__ import annotations
@@ -40,12 +43,20 @@ def predict(
     detail: Annotated[str, typer.Option("--detail", help="graph detail: auto, kernel or stage")] = "auto",
     trace: Annotated[Path | None, typer.Option("--trace", help="write the predicted timeline as a Chrome/Perfetto trace")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    megatron: Annotated[Path | None, typer.Option("--megatron-args", help="score a Megatron-LM launch script or argument list (world size from torchrun, else --devices)")] = None,
+    torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan TOML job config (model shape from tuner's header, else --workload)")] = None,
+    launch: Annotated[Path | None, typer.Option("--launch", help="write the plan's megatron_args.txt and torchtitan.toml into this folder")] = None,
 ) -> None:
     """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
     if workload is not None and path is not None:
         fail(f"give either --workload MODEL.yaml or a TRACE, not both (got {path} and --workload {workload})")
+    if megatron is not None or torchtitan is not None:
+        _predict_launch(megatron, torchtitan, workload, path, set_ or [], platform, catalog, devices_per_node, devices,
+                        detail, trace, as_json, launch)
+        return
     if workload is not None:
-        _predict_workload(workload, set_ or [], platform, catalog, devices_per_node, devices, detail, trace, as_json)
+        _predict_workload(workload, set_ or [], platform, catalog, devices_per_node, devices, detail, trace, as_json,
+                          launch)
         return
     if path is not None:
         _predict_trace(path, set_ or [], platform, catalog, trace, as_json)
@@ -174,30 +185,16 @@ def _load_workload(path: Path) -> tuple:
 
 def _predict_workload(path: Path, sets: list[str], platform_key: str | None, catalog: Path | None,
                       devices_per_node: int | None, n_devices: int | None, detail: str, trace: Path | None,
-                      as_json: bool) -> None:
+                      as_json: bool, launch: Path | None = None) -> None:
     from predictor.sources.synth.transformer import ParallelPlan, PlanError
-    from predictor.timing.platforms import UnknownPlatformError, get_platform
-    from tuner.plans import coerce, plan_from_fields, predict_plan
+    from tuner.plans import plan_from_fields, predict_plan
 
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
     model, cluster, global_batch, options = _load_workload(path)
-    values: dict = {}
-    try:
-        for item in sets:
-            if "=" not in item:
-                fail(f"--set {item!r}: expected field=value, e.g. --set tp=4")
-            key, raw = item.split("=", 1)
-            values[key.strip()] = coerce(key.strip(), raw)
-    except PlanError as exc:
-        fail(f"--set: {exc}")
-    key = platform_key or (cluster.platform if cluster else "a100-80gb")
-    try:
-        platform = get_platform(key, catalog or (cluster.catalog if cluster else None))
-    except UnknownPlatformError as exc:
-        fail(str(exc))
-    except FileNotFoundError:
-        fail(f"catalog file not found: {catalog or cluster.catalog}")
+    values = _plan_sets(sets)
+    platform = _platform(platform_key or (cluster.platform if cluster else "a100-80gb"),
+                         catalog or (cluster.catalog if cluster else None))
     dpn = devices_per_node or (cluster.devices_per_node if cluster and cluster.devices_per_node else platform.devices_per_node)
     if dpn < 1:
         fail(f"--devices-per-node must be >= 1 (got {dpn})")
@@ -219,7 +216,100 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
                                   keep_timeline=trace is not None)
     except PlanError as exc:
         fail(str(exc))
-    _emit({"model": spec.name, "platform": platform.key, **result}, tl, trace, as_json, _print_result)
+    out = {"model": spec.name, "platform": platform.key, **result}
+    if launch is not None:
+        out["launch"] = _write_launch(launch, spec, plan, platform.key, dpn, result)
+    _emit(out, tl, trace, as_json, _print_result)
+
+
+def _plan_sets(sets: list[str]) -> dict:
+    """``--set field=value`` items as plan fields (bad ones: one error line, exit 2)."""
+    from predictor.sources.synth.transformer import PlanError
+    from tuner.plans import coerce
+
+    values: dict = {}
+    try:
+        for item in sets:
+            if "=" not in item:
+                fail(f"--set {item!r}: expected field=value, e.g. --set tp=4")
+            key, raw = item.split("=", 1)
+            values[key.strip()] = coerce(key.strip(), raw)
+    except PlanError as exc:
+        fail(f"--set: {exc}")
+    return values
+
+
+def _platform(key: str, catalog: Path | str | None):
+    """The catalog platform ``key`` (unknown key or missing catalog: one error line, exit 2)."""
+    from predictor.timing.platforms import UnknownPlatformError, get_platform
+
+    try:
+        return get_platform(key, catalog)
+    except UnknownPlatformError as exc:
+        fail(str(exc))
+    except FileNotFoundError:
+        fail(f"catalog file not found: {catalog}")
+
+
+def _write_launch(folder: Path, spec, plan, platform: str, dpn: int, result: dict) -> dict:
+    from tuner.launch import torchtitan_plan, write_launch_files
+
+    if folder.exists() and not folder.is_dir():
+        fail(f"--launch {folder}: not a folder")
+    same = torchtitan_plan(plan) == plan
+    return write_launch_files(folder, spec, plan, platform=platform, devices_per_node=dpn,
+                              predicted_s=result.get("predicted_iteration_s"),
+                              torchtitan_predicted_s=result.get("predicted_iteration_s") if same else None)
+
+
+# ----------------------------------------------------------------------------- launch files
+def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Path | None, path: Path | None,
+                    sets: list[str], platform_key: str | None, catalog: Path | None, devices_per_node: int | None,
+                    n_devices: int | None, detail: str, trace: Path | None, as_json: bool, launch: Path | None) -> None:
+    """Score an existing launch: Megatron-LM arguments or a torchtitan TOML read back as spec + plan."""
+    from predictor.sources.synth.transformer import PlanError
+    from tuner.launch import LaunchError, read_megatron_file, read_torchtitan_file
+    from tuner.plans import plan_from_fields, predict_plan
+
+    if megatron is not None and torchtitan is not None:
+        fail("give either --megatron-args FILE or --torchtitan FILE, not both")
+    if path is not None:
+        fail(f"a launch file and a TRACE cannot be predicted together (got {path})")
+    if megatron is not None and workload is not None:
+        fail("--workload gives the model of a --torchtitan file; Megatron-LM arguments carry their own")
+    if detail not in ("auto", "kernel", "stage"):
+        fail(f"--detail must be auto, kernel or stage (got {detail!r})")
+    if n_devices is not None and n_devices < 1:
+        fail(f"--devices must be >= 1 (got {n_devices})")
+    model, cluster = (_load_workload(workload)[:2] if workload is not None else (None, None))
+    if n_devices is None and cluster is not None:  # the workload's cluster sizes a torchtitan shard degree of -1
+        n_devices = cluster.nodes * (cluster.devices_per_node
+                                     or _platform(cluster.platform, cluster.catalog).devices_per_node)
+    try:
+        if megatron is not None:
+            lp = read_megatron_file(megatron, devices=n_devices)
+        else:
+            lp = read_torchtitan_file(torchtitan, devices=n_devices,  # type: ignore[arg-type]
+                                      spec=model.to_spec() if model is not None else None)
+    except LaunchError as exc:
+        fail(str(exc))
+    values = _plan_sets(sets)
+    platform = _platform(platform_key or lp.platform or (cluster.platform if cluster else "a100-80gb"),
+                         catalog or (cluster.catalog if cluster else None))
+    dpn = devices_per_node or lp.devices_per_node or platform.devices_per_node
+    if dpn < 1:
+        fail(f"--devices-per-node must be >= 1 (got {dpn})")
+    try:
+        plan = plan_from_fields(values, lp.plan)
+        result, tl = predict_plan(lp.spec, plan, platform, devices_per_node=dpn, devices=plan.devices, detail=detail,
+                                  keep_timeline=trace is not None)
+    except PlanError as exc:
+        fail(str(exc))
+    out = {"model": lp.spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan),
+           "read": lp.summary(), **result}
+    if launch is not None:
+        out["launch"] = _write_launch(launch, lp.spec, plan, platform.key, dpn, result)
+    _emit(out, tl, trace, as_json, _print_result)
 
 
 def _print_result(r: dict) -> None:
@@ -239,6 +329,10 @@ def _print_result(r: dict) -> None:
         table.add_row("slowest stage: exposed compute / comm / overlap / idle (s)",
                       f"{b['exposed_compute_s']:.3f} / {b['exposed_communication_s']:.3f} / {b['overlap_s']:.3f} / {b['idle_s']:.3f}")
         table.add_row("graph", f"{r['graph']['tasks']:,} tasks on {r['graph']['ranks']} stage ranks ({r['graph']['detail']})")
+    for note in r.get("read", {}).get("notes", []):
+        table.add_row("read from the launch file", note)
+    if "launch" in r:
+        table.add_row("launch files", ", ".join(r["launch"]["files"]))
     if "trace" in r:
         table.add_row("trace", r["trace"])
     console.print(table)

@@ -40,12 +40,15 @@ TORCHTITAN_FILE = "torchtitan.toml"
 
 
 def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int) -> dict:
-    """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML and plan."""
+    """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML, and the
+    plan as torchtitan runs it with the fields that differ (``{field: [plan's, torchtitan's]}``)."""
+    tt = torchtitan_plan(plan)
     return {
         "megatron_args": megatron_args(spec, plan),
         "megatron_command": megatron_command(spec, plan, devices_per_node),
         "torchtitan_toml": torchtitan_toml(spec, plan, platform=platform, devices_per_node=devices_per_node),
-        "torchtitan_plan": torchtitan_plan(plan).label(),
+        "torchtitan_plan": tt.label(),
+        "torchtitan_changes": {k: [v, tt.to_dict()[k]] for k, v in plan.to_dict().items() if tt.to_dict()[k] != v},
     }
 
 

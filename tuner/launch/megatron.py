@@ -230,6 +230,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     if values.get("cp", 1) > 1:
         raise LaunchError(f"{source}: --context-parallel-size {values['cp']}: tuner does not model context parallelism")
     spec = _spec(values, source, str(meta.get("model_name", "megatron-model")), notes)
+    recompute = _recompute(values, source)
     tp = _positive(values, "tp", "--tensor-model-parallel-size", source, 1)
     pp = _positive(values, "pp", "--pipeline-model-parallel-size", source, 1)
     mb = _positive(values, "micro_batch", "--micro-batch-size", source)
@@ -262,7 +263,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
-                        recompute=_recompute(values, source), ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
+                        recompute=recompute, ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")),
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from predictor.sources.synth.transformer import ParallelPlan
+from tuner.launch import torchtitan_plan, write_launch_files
 from tuner.plans import predict_plan
 from tuner.report import atomic_write_text, json_default
 from tuner.search.core import SearchResult
@@ -102,8 +103,23 @@ def print_parallel_table(payload: dict, console: Console | None = None, top: int
         console.print("[red]no plan fits in memory[/]")
 
 
+def _launch(ctx: ParallelContext, plan: ParallelPlan, predicted_s: float, out: Path) -> dict:
+    """The best plan's launch files (megatron_args.txt, torchtitan.toml) and the prediction of the plan as
+    torchtitan runs it (it may differ: torchtitan always runs TP with sequence parallelism, reduces in fp32)."""
+    tt = torchtitan_plan(plan)
+    tt_s = predicted_s
+    if tt != plan:
+        res, _ = predict_plan(ctx.spec, tt, ctx.platform, devices_per_node=ctx.devices_per_node, devices=ctx.devices,
+                              detail=ctx.space.search.detail)
+        tt_s = res["predicted_iteration_s"]
+    launch = write_launch_files(out, ctx.spec, plan, platform=ctx.platform.key, devices_per_node=ctx.devices_per_node,
+                                predicted_s=predicted_s, torchtitan_predicted_s=tt_s)
+    launch.update(predicted_iteration_s=predicted_s, torchtitan_predicted_iteration_s=tt_s)
+    return launch
+
+
 def write_parallel_outputs(result: SearchResult, out: Path) -> dict:
-    """Write results.csv, the Chrome trace of the best plan, then results.json (atomic, last)."""
+    """Write results.csv, the Chrome trace and launch files of the best plan, then results.json (atomic, last)."""
     out.mkdir(parents=True, exist_ok=True)
     payload = parallel_payload(result)
     atomic_write_text(out / "results.csv", _frame(payload).to_csv(index=False))
@@ -115,6 +131,7 @@ def write_parallel_outputs(result: SearchResult, out: Path) -> dict:
         if tl is not None:
             path = tl.write_chrome_trace(out / "traces" / f"best_{best['key']}.json")
             payload["best_trace"] = str(path.relative_to(out))
+        payload["launch"] = _launch(ctx, ParallelPlan(**best["fields"]), best["predicted_iteration_s"], out)
     atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=json_default))
     return payload
 

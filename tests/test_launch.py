@@ -1,0 +1,197 @@
+"""Plans that launch: Megatron-LM arguments and torchtitan TOML written, read back, and scored by `tuner predict`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from predictor.timing.platforms import get_platform
+from tuner.cli import app
+from tuner.launch import (
+    LaunchError,
+    megatron_args,
+    megatron_launch_text,
+    read_megatron_args,
+    read_torchtitan_toml,
+    torchtitan_plan,
+    torchtitan_toml,
+    write_launch_files,
+)
+from tuner.plans import predict_plan
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = TransformerSpec(layers=8, hidden=1024, heads=16, seq=1024, vocab=8000, name="gpt-small")
+A100 = get_platform("a100-80gb")
+
+PLANS = [
+    ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32, schedule="interleaved", virtual_stages=2,
+                 sequence_parallel=True, recompute="selective"),
+    ParallelPlan(tp=4, pp=1, dp=2, micro_batch=4, global_batch=64, recompute="full", distributed_optimizer=True,
+                 overlap_grad_reduce=False, grad_reduce_dtype="fp32"),
+    ParallelPlan(tp=1, pp=4, dp=2, micro_batch=1, global_batch=16, schedule="interleaved", virtual_stages=2,
+                 tp_comm_overlap=True),
+    ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32),
+]
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(app, list(args))
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label())
+def test_megatron_arguments_read_back_to_the_same_spec_and_plan(plan):
+    text = megatron_launch_text(SPEC, plan, platform="a100-80gb", devices_per_node=8)
+    back = read_megatron_args(text, "f")
+    assert (back.spec, back.plan, back.devices, back.platform) == (SPEC, plan, plan.devices, "a100-80gb")
+    # the bare argument list needs the world size from the caller
+    bare = read_megatron_args(megatron_args(SPEC, plan), devices=plan.devices)
+    assert bare.plan == plan and bare.spec == replace(SPEC, name="megatron-model")
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label())
+def test_torchtitan_toml_reads_back_to_the_plan_torchtitan_runs(plan):
+    text = torchtitan_toml(SPEC, plan, platform="a100-80gb", devices_per_node=8)
+    doc = tomllib.loads(text)
+    assert set(doc) == {"job", "training", "parallelism", "activation_checkpoint"}
+    par = doc["parallelism"]
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (plan.tp, plan.pp)
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == plan.dp
+    back = read_torchtitan_toml(text, "f")
+    assert back.spec == SPEC and back.plan == torchtitan_plan(plan) and back.devices == plan.devices
+    if plan.tp > 1:
+        assert back.plan.sequence_parallel  # torchtitan's TP is sequence parallel
+
+
+def test_moe_and_dtype_flags_round_trip():
+    spec = replace(SPEC, moe=MoESpec(experts=8, top_k=2, capacity_factor=1.25), tie_embeddings=False, dtype="fp16",
+                   ffn=3072, attention="unfused")
+    plan = ParallelPlan(tp=2, pp=1, dp=4, micro_batch=2, global_batch=64, ep=2, grad_reduce_dtype="fp32")
+    args = megatron_args(spec, plan)
+    assert "--fp16" in args and "--untie-embeddings-and-output-weights" in args and "--accumulate-allreduce-grads-in-fp32" in args
+    back = read_megatron_args(megatron_launch_text(spec, plan, platform="h100", devices_per_node=8), "f")
+    assert back.spec == spec and back.plan == plan
+
+
+def test_megatron_script_with_foreign_flags_and_torchrun():
+    script = """#!/bin/bash
+# a user's launch script
+GPUS_PER_NODE=8
+torchrun --nproc_per_node 8 --nnodes 2 --node_rank $NODE_RANK pretrain_gpt.py \\
+    --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 \\
+    --tensor-model-parallel-size=2 --pipeline-model-parallel-size 2 --micro-batch-size 2 \\
+    --global-batch-size 64 --lr 6.0e-5 --train-iters 500 --data-path $DATA --vocab-file gpt2-vocab.json \\
+    --recompute-activations --bf16 --use-distributed-optimizer
+"""
+    back = read_megatron_args(script, "run.sh")
+    assert back.devices == 16 and back.devices_per_node == 8
+    assert (back.plan.tp, back.plan.pp, back.plan.dp, back.plan.recompute) == (2, 2, 4, "selective")
+    assert back.plan.distributed_optimizer and back.spec.vocab == 50257 and back.notes
+    assert {"--lr", "--train-iters", "--data-path", "--vocab-file"} <= set(back.ignored)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("--num-layers 8 --hidden-size 1024", "--num-attention-heads is missing"),
+    ("--num-layers x --hidden-size 1024", "--num-layers expects an integer"),
+    ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 64 --micro-batch-size 1",
+     "world size is unknown"),
+    ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 64 --micro-batch-size 1 "
+     "--context-parallel-size 2", "context parallelism"),
+    ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 64 --micro-batch-size 1 "
+     "--recompute-granularity some", "must be selective or full"),
+])
+def test_bad_megatron_arguments_raise_one_line(text, expected):
+    with pytest.raises(LaunchError, match=expected):
+        read_megatron_args(text, "f")
+
+
+def test_bad_torchtitan_files_raise_one_line():
+    with pytest.raises(LaunchError, match="TOML syntax error"):
+        read_torchtitan_toml("[training\n", "f")
+    with pytest.raises(LaunchError, match="give --workload"):
+        read_torchtitan_toml('[model]\nname = "llama3"\nflavor = "8B"\n', "f")
+    with pytest.raises(LaunchError, match="shard_degree = -1"):
+        read_torchtitan_toml("[training]\nlocal_batch_size = 2\n", "f", spec=SPEC)
+    with pytest.raises(LaunchError, match="ZeroBubble"):
+        read_torchtitan_toml('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = '
+                             '"InterleavedZeroBubble"\n', "f", spec=SPEC, devices=4)
+    with pytest.raises(LaunchError, match="must be an integer"):
+        read_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "2"\n', "f", spec=SPEC, devices=4)
+    # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
+    plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan
+    assert (plan.dp, plan.distributed_optimizer, plan.micro_batch, plan.recompute) == (4, True, 8, "selective")
+
+
+def test_written_files_score_the_same_prediction(tmp_path):
+    plan = PLANS[0]
+    want, _ = predict_plan(SPEC, plan, A100, devices=plan.devices)
+    tt_want, _ = predict_plan(SPEC, torchtitan_plan(plan), A100, devices=plan.devices)
+    payload = write_launch_files(tmp_path, SPEC, plan, platform="a100-80gb", devices_per_node=8,
+                                 predicted_s=want["predicted_iteration_s"])
+    assert payload["torchtitan_changes"] == {"grad_reduce_dtype": ["bf16", "fp32"]}
+    code, out = _cli("predict", "--megatron-args", str(tmp_path / "megatron_args.txt"), "--json")
+    assert code == 0, out
+    assert json.loads(out)["predicted_iteration_s"] == want["predicted_iteration_s"]
+    code, out = _cli("predict", "--torchtitan", str(tmp_path / "torchtitan.toml"), "--json")
+    assert code == 0, out
+    assert json.loads(out)["predicted_iteration_s"] == tt_want["predicted_iteration_s"]
+
+
+def test_predict_workload_writes_launch_files(tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text("model: {name: m, layers: 8, hidden: 1024, heads: 16, seq: 1024, vocab: 8000}\n"
+                     "cluster: {platform: a100-80gb, nodes: 1}\nglobal_batch: 32\n")
+    code, out = _cli("predict", "--workload", str(model), "--set", "tp=2", "--set", "pp=2", "--launch",
+                     str(tmp_path / "launch"), "--json")
+    assert code == 0, out
+    res = json.loads(out)
+    assert res["launch"]["files"] == ["megatron_args.txt", "torchtitan.toml"]
+    assert "--tensor-model-parallel-size" in res["launch"]["megatron_args"]
+    code, again = _cli("predict", "--megatron-args", str(tmp_path / "launch" / "megatron_args.txt"), "--json")
+    assert code == 0 and json.loads(again)["predicted_iteration_s"] == res["predicted_iteration_s"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--megatron-args", "nope.txt"], "no such file"),
+    (["--torchtitan", "{toml}"], "TOML syntax error"),
+    (["--megatron-args", "{txt}"], "no Megatron-LM arguments"),
+    (["--megatron-args", "{txt}", "--torchtitan", "{toml}"], "not both"),
+    (["--torchtitan", "{model_only}"], "give --workload"),
+])
+def test_predict_bad_launch_files_exit_2_with_one_line(tmp_path, args, expected):
+    files = {"{toml}": tmp_path / "bad.toml", "{txt}": tmp_path / "bad.txt", "{model_only}": tmp_path / "m.toml"}
+    files["{toml}"].write_text("[parallelism\n")
+    files["{txt}"].write_text("just words\n")
+    files["{model_only}"].write_text('[model]\nname = "llama3"\n')
+    code, out = _cli("predict", *[str(files.get(a, a)) for a in args])
+    assert code == 2
+    assert "error:" in out and expected in out and "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_parallel_example_best_plan_round_trips_to_the_same_prediction(tmp_path):
+    """The example search's best plan -> megatron_args.txt / torchtitan.toml -> tuner predict: same seconds."""
+    out = tmp_path / "out"
+    code, text = _cli("search", str(REPO / "search_spaces" / "parallel.yaml"), "--out", str(out), "--workers", "0")
+    assert code == 0, text
+    res = json.loads((out / "results.json").read_text())
+    best, launch = res["best"], res["launch"]
+    assert launch["files"] == ["megatron_args.txt", "torchtitan.toml"]
+    code, mt = _cli("predict", "--megatron-args", str(out / "megatron_args.txt"), "--json")
+    assert code == 0, mt
+    mt = json.loads(mt)
+    assert mt["params"] == best["fields"]
+    assert mt["predicted_iteration_s"] == best["predicted_iteration_s"]
+    code, tt = _cli("predict", "--torchtitan", str(out / "torchtitan.toml"), "--json")
+    assert code == 0, tt
+    assert json.loads(tt)["predicted_iteration_s"] == launch["torchtitan_predicted_iteration_s"]
