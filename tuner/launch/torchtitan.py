@@ -1,8 +1,8 @@
 """A tuner plan as a torchtitan TOML job config, and such a file read back as a plan.
 
 The sections and keys are those of torchtitan's ``torchtitan/config/job_config.py`` up to v0.2.2,
-the last releases configured by TOML files (torchtitan replaced them by Python configurations in
-Feb 2026, pytorch/torchtitan#2386; the same keys remain as ``--section.key`` flags). torchtitan
+the last releases configured by TOML files (its main branch replaced them by Python
+configurations in Feb 2026, pytorch/torchtitan#2386, and later counted batches in tokens). torchtitan
 builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's shape into its
 ``# tuner:`` comment line; a TOML without it reads back with the model given by the caller.
 
