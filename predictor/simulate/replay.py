@@ -27,7 +27,7 @@ from predictor.sources.traces.build import ReplayGraph, build_graph
 from predictor.sources.traces.load import TraceSet, load_traces
 
 __all__ = ["ReplayResult", "replay", "replay_graph", "scaled_durations", "measured_timeline", "window_breakdown",
-           "busy_fraction", "kernel_sum_s"]
+           "busy_fraction", "kernel_sum_s", "work_masks", "HOST_COMM_PREFIXES"]
 
 
 def _clip(start: np.ndarray, end: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
@@ -37,12 +37,29 @@ def _clip(start: np.ndarray, end: np.ndarray, a: float, b: float) -> tuple[np.nd
     return s[keep], e[keep]
 
 
-def window_breakdown(tl: Timeline, rank: int, a: float, b: float) -> Breakdown:
-    """Lumos Fig. 5 breakdown of ``rank`` inside the window ``[a, b]`` (seconds)."""
-    g = tl.graph
+#: host ops of a CPU capture that are collectives (gloo), not compute
+HOST_COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "torch.distributed", "ProcessGroup")
+
+
+def work_masks(g, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(compute, communication) task masks of ``rank``: GPU kernels and collectives; on a rank without GPU
+    streams (a CPU capture) its host ops are the kernels — op segments, collectives by name — and the
+    overhead gaps, runtime calls and waits are neither."""
     on = g.rank == rank
-    comp = on & ((g.category == Category.COMPUTE) | (g.category == Category.MEMORY)) & g.is_gpu()
-    comm = on & (g.category == Category.COMMUNICATION)
+    gpu = g.is_gpu()
+    if (on & gpu).any():
+        comp = on & ((g.category == Category.COMPUTE) | (g.category == Category.MEMORY)) & gpu
+        return comp, on & (g.category == Category.COMMUNICATION)
+    is_comm = np.asarray([n.startswith(HOST_COMM_PREFIXES) for n in g.names], dtype=bool)
+    ops = on & g.kind_mask("cpu_op")
+    comm = ops & is_comm[g.name] if is_comm.size else ops & False
+    return ops & ~comm, comm | (on & (g.category == Category.COMMUNICATION))
+
+
+def window_breakdown(tl: Timeline, rank: int, a: float, b: float) -> Breakdown:
+    """Lumos Fig. 5 breakdown of ``rank`` inside the window ``[a, b]`` (seconds); a CPU capture's compute is
+    its host ops (:func:`work_masks`)."""
+    comp, comm = work_masks(tl.graph, rank)
     cs, ce = _clip(tl.start[comp], tl.end[comp], a, b)
     ms, me = _clip(tl.start[comm], tl.end[comm], a, b)
     c = union_length(cs, ce)
@@ -257,13 +274,15 @@ class ReplayResult:
             "world_size": int(rg.world_size),
             "steps": [
                 {"name": str(r.name), "rank": int(r.rank), "measured_s": float(r.measured_s),
-                 "predicted_s": float(r.predicted_s), "error_pct": float(r.error_pct)}
+                 "predicted_s": float(r.predicted_s), "error_pct": float(r.error_pct),
+                 "kernel_sum_s": float(r.kernel_sum_s), "kernel_sum_error_pct": float(r.kernel_sum_error_pct)}
                 for r in df.itertuples()
             ],
             "measured_iteration_s": meas,
             "predicted_iteration_s": pred,
             "mean_abs_error_pct": float(errs.mean()) if len(errs) else None,
             "max_abs_error_pct": float(errs.max()) if len(errs) else None,
+            "kernel_sum_mean_abs_error_pct": float(df["kernel_sum_error_pct"].abs().mean()) if len(errs) else None,
             "breakdown": self.breakdown("predicted").as_dict(),
             "breakdown_measured": self.breakdown("measured").as_dict(),
             "critical_path": [

@@ -2,11 +2,12 @@
 
 PATH is a Kineto trace (``.json``/``.json.gz``), or a folder / ``.tar.gz`` of per-rank traces,
 optionally with their execution traces (found next to them, or given with ``--et``). Prints
-per ProfilerStep the measured and predicted time, the Lumos breakdown (exposed compute /
-exposed communication / overlap / idle) of both, and the critical path's top contributors;
-writes into ``--out`` the simulated timeline (beside the measured one) as a Chrome/Perfetto trace, a
-GPU-utilisation PNG (measured vs simulated, Lumos Fig. 6) and ``replay.json`` (last, atomically). ``--json``
-prints that summary on stdout and nothing else.
+per ProfilerStep the measured and simulated time and the kernel-sum baseline, the Lumos breakdown (exposed
+compute / exposed communication / overlap / idle) of both, and the critical path's top contributors;
+writes into ``--out`` the simulated timeline (beside the measured one) as a Chrome/Perfetto trace, the
+simulated timeline in the Kineto schema (``simulated.kineto.json.gz``, one file per rank under
+``simulated_kineto/`` for several ranks), a GPU-utilisation PNG (measured vs simulated, Lumos Fig. 6; none
+without a GPU) and ``replay.json`` (last, atomically). ``--json`` prints that summary on stdout and nothing else.
 """
 
 from __future__ import annotations
@@ -55,20 +56,21 @@ def _print_report(summary: dict, out: Path | None) -> None:
     from tuner.commands.common import console
 
     t = Table(title=f"Replay of {summary['source']} ({summary['ranks']} rank(s) of {summary['world_size']})")
-    for col in ("rank", "step", "measured ms", "predicted ms", "error %"):
+    for col in ("rank", "step", "measured ms", "simulated ms", "error %", "kernel sum ms", "error %"):
         t.add_column(col, justify="right" if col != "step" else "left")
     for s in summary["steps"]:
         t.add_row(str(s["rank"]), s["name"], f"{s['measured_s'] * 1e3:.3f}", f"{s['predicted_s'] * 1e3:.3f}",
-                  f"{s['error_pct']:+.2f}")
+                  f"{s['error_pct']:+.2f}", f"{s['kernel_sum_s'] * 1e3:.3f}", f"{s['kernel_sum_error_pct']:+.1f}")
     console.print(t)
     console.print(
-        f"iteration: measured {summary['measured_iteration_s'] * 1e3:.3f} ms, predicted "
+        f"iteration: measured {summary['measured_iteration_s'] * 1e3:.3f} ms, simulated "
         f"{summary['predicted_iteration_s'] * 1e3:.3f} ms; mean |error| {summary['mean_abs_error_pct']:.2f} %, "
-        f"max {summary['max_abs_error_pct']:.2f} %", highlight=False)
+        f"max {summary['max_abs_error_pct']:.2f} % (kernel-sum baseline: mean "
+        f"{summary['kernel_sum_mean_abs_error_pct']:.1f} %)", highlight=False)
     b = Table(title="Breakdown over the replayed steps (slowest rank)")
     for col in ("", "exposed compute ms", "exposed comm ms", "overlap ms", "idle ms", "total ms"):
         b.add_column(col, justify="right")
-    for label, key in (("measured", "breakdown_measured"), ("predicted", "breakdown")):
+    for label, key in (("measured", "breakdown_measured"), ("simulated", "breakdown")):
         d = summary[key]
         b.add_row(label, *(f"{d[k] * 1e3:.3f}" for k in ("exposed_compute_s", "exposed_communication_s",
                                                           "overlap_s", "idle_s", "total_s")))
@@ -89,7 +91,7 @@ def _print_report(summary: dict, out: Path | None) -> None:
 def replay(
     path: Annotated[Path, typer.Argument(help="Kineto trace (.json/.json.gz), or folder/.tar.gz of per-rank traces")],
     json_out: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout (nothing else)")] = False,
-    out: Annotated[Path, typer.Option("--out", help="folder for the simulated trace, PNG and replay.json")] = Path(
+    out: Annotated[Path, typer.Option("--out", help="folder for the simulated traces, PNG and replay.json")] = Path(
         "out/replay"),
     et: Annotated[Path | None, typer.Option("--et", help="execution trace(s): file, folder or .tar.gz")] = None,
     no_et: Annotated[bool, typer.Option("--no-et", help="ignore execution traces")] = False,
@@ -97,6 +99,7 @@ def replay(
 ) -> None:
     """Replay a captured run: measured vs simulated time per ProfilerStep, breakdown, critical path."""
     from predictor.graph import GraphError
+    from predictor.simulate.kineto_export import write_kineto
     from predictor.simulate.replay import replay as run_replay
     from predictor.sources.traces.errors import TraceError
 
@@ -118,10 +121,19 @@ def replay(
     out.mkdir(parents=True, exist_ok=True)
     (out / "replay.json").unlink(missing_ok=True)  # a stale summary must not look like this run's
     trace_file = result.write_trace(out / "replay_trace.json")
-    png = _plot_utilization(result.utilization(), out / "gpu_utilization.png",
-                            f"{Path(path).name}: GPU compute-stream utilisation, measured vs simulated")
-    summary["outputs"] = {"simulated trace": str(trace_file), "utilisation plot": str(png),
-                          "summary": str(out / "replay.json")}
+    kineto = write_kineto(result, out)
+    summary["outputs"] = {"simulated trace": str(trace_file),
+                          "simulated Kineto trace": str(kineto[0] if len(kineto) == 1 else kineto[0].parent)}
+    png = out / "gpu_utilization.png"
+    png.unlink(missing_ok=True)  # a stale chart must not look like this run's
+    if result.graph.graph.is_gpu().any():
+        _plot_utilization(result.utilization(), png,
+                          f"{Path(path).name}: GPU compute-stream utilisation, measured vs simulated")
+        summary["outputs"]["utilisation plot"] = str(png)
+    else:
+        summary["notes"].append("no GPU in this trace: no GPU utilisation chart; the breakdown's compute is the "
+                                "host ops")
+    summary["outputs"]["summary"] = str(out / "replay.json")
     text = json.dumps(summary, indent=1)
     atomic_write_text(out / "replay.json", text)
     if json_out:

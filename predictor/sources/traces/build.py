@@ -115,6 +115,12 @@ class ReplayGraph:
     #: per task, the Kineto event (index into its rank's trace) it came from: the top-level op
     #: of a CPU op segment, the launching op of a GPU task; -1 for gaps, runtime calls, markers
     task_event: np.ndarray | None = None
+    #: per task, the runtime call (Kineto event index) of a runtime-call task or that launched a GPU task,
+    #: and the top-level op a CPU op segment or runtime call lies in (-1: none)
+    task_call: np.ndarray | None = None
+    task_op: np.ndarray | None = None
+    #: per processor, (pid, tid) of a CPU thread or (device, stream) of a GPU stream, as in the trace
+    proc_ids: list[tuple[int, int]] = field(default_factory=list)
 
 
 class TraceGraphBuilder(GraphBuilder):
@@ -136,6 +142,9 @@ class TraceGraphBuilder(GraphBuilder):
         self.stats: dict[str, int] = {}
         self.steps: list[dict] = []
         self.dur_override: dict[int, float] = {}
+        self.call_of: dict[int, int] = {}
+        self.op_of: dict[int, int] = {}
+        self.proc_ids: dict[int, tuple[int, int]] = {}
         self._pending: list[tuple[int, int, int]] = []
 
     def bump(self, name: str, n: int = 1) -> None:
@@ -178,6 +187,11 @@ class TraceGraphBuilder(GraphBuilder):
             self.stats[f"edges_{k.name}"] = int((g.edge_kind == k).sum())
         mstart = (key - t0) * 1e-6
         mend = (np.asarray(self.mend) - t0) * 1e-6
+        task_ev = np.asarray(self.task_ev, dtype=np.int64)
+        task_call = np.full(g.n_tasks, -1, dtype=np.int64)
+        task_call[list(self.call_of)] = list(self.call_of.values())
+        task_op = np.where(g.is_gpu(), -1, task_ev)
+        task_op[list(self.op_of)] = list(self.op_of.values())
         steps = pd.DataFrame(self.steps, columns=["rank", "trace_rank", "name", "start_task", "end_task",
                                                   "measured_s", "measured_start_s"])
         for row in steps.index[steps["start_task"] < 0]:  # whole-trace steps: the rank's extent
@@ -187,7 +201,8 @@ class TraceGraphBuilder(GraphBuilder):
         return ReplayGraph(graph=g, measured_start=mstart, measured_end=np.maximum(mend, mstart), steps=steps,
                            trace_ranks=[i.trace.rank for i in infos], world_size=self.trace_set.world_size,
                            launch_fraction=launch_fraction, t0_us=t0, notes=self.notes, stats=self.stats,
-                           task_event=np.asarray(self.task_ev, dtype=np.int64))
+                           task_event=task_ev, task_call=task_call, task_op=task_op,
+                           proc_ids=[self.proc_ids.get(p, (-1, p)) for p in range(g.n_procs)])
 
 
 def build_graph(trace_set: TraceSet) -> ReplayGraph:
@@ -224,8 +239,14 @@ def _add_rank(b: TraceGraphBuilder, info: RankEvents, t0: float, median_launch: 
     cpu_proc = [b.processor(r, ProcKind.CPU_THREAD, f"cpu tid {tid}" if pid == info.threads[0][0]
                             else f"cpu pid {pid} tid {tid}") for pid, tid in info.threads]
     gpu_proc = [b.processor(r, ProcKind.GPU_STREAM, f"gpu{dev} stream {st}") for dev, st in info.streams]
+    for proc, ids in zip([*cpu_proc, *gpu_proc], [*info.threads, *info.streams], strict=True):
+        b.proc_ids[proc] = ids
     step_list = step_annotations(rt.kineto)
     cpu = cut_cpu_threads(b, info, calls, cpu_proc, step_list, t0, median_launch)
+    for calls_tasks in (cpu.rt_task, cpu.rt_wait_task):
+        for e, i in calls_tasks.items():
+            b.call_of[i] = e
+            b.op_of[i] = info.top_of.get(e, -1)
     if len(info.threads) > 1 and cpu.src_end:  # Lumos: significant gaps bridged by another thread's op
         for src, gap, src_end, gap_end in inter_thread_waits(cpu.t1_gaps, cpu.src_end, cpu.src_task,
                                                               cpu.src_thread):
@@ -305,6 +326,8 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
             params = {k: v for k, v in params.items() if k in PARAM_COLUMNS}
             gpu_task[gi] = b.timed_task(proc, kname, kind, category, g.dur, g.start, g.end, group=g.group,
                                         flops=flops, nbytes=nbytes, params=params or None, ev=op)
+            if g.launch >= 0:
+                b.call_of[gpu_task[gi]] = g.launch
             if g.launch >= 0 and g.launch in rt_task:
                 b.dependency(rt_task[g.launch], gpu_task[gi], DepKind.CPU_GPU)
     if orphan:
