@@ -9,7 +9,11 @@ Lin et al. 2024 pick the best of six heuristic sharders by prediction; this shar
    is the start of :func:`tuner.sharders.local_search.local_search`, whose cost is the full
    simulator (all-to-all sizes, overlap, the slowest rank);
 
-so it never predicts worse than the best heuristic sharder it is given.
+so it never predicts worse than the best heuristic sharder it is given. With ``sharding_types``
+3. tables of the slowest ranks are tried row-wise, column-wise and data-parallel
+   (:func:`tuner.sharders.sharding_types.refine_sharding_types`), each change kept when the
+   simulated step gets faster: the placement is then a
+   :class:`~predictor.sources.synth.dlrm_sharding.ShardedPlacement`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from predictor.sources.synth.dlrm_sharding import ShardedPlacement
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.embedding import RF_COLUMNS
@@ -25,6 +30,7 @@ from tuner.cost import DLRMShardingJob
 from tuner.sharders.base import InfeasibleShardingError, Sharder
 from tuner.sharders.heuristics import GreedySharder
 from tuner.sharders.local_search import local_search
+from tuner.sharders.sharding_types import TypedShardingJob, refine_sharding_types
 
 __all__ = ["predicted_table_seconds", "PredictedGreedySharder", "ModelGuidedSharder", "ModelGuidedPlacement",
            "model_guided_shard"]
@@ -66,11 +72,13 @@ class PredictedGreedySharder(GreedySharder):
 
 @dataclass
 class ModelGuidedPlacement:
-    """A model-guided placement: the assignment, its predicted iteration time (s) and how it was found."""
+    """A model-guided placement: the table-wise assignment, its predicted iteration time (s) and how it was
+    found; ``sharded`` when sharding types other than table-wise made it faster (``predicted_s`` is then its time)."""
 
     assignment: np.ndarray
     predicted_s: float
     info: dict = field(default_factory=dict)  # start (sharder name), start_s (seconds), evaluations (simulations)
+    sharded: ShardedPlacement | None = None
 
 
 class ModelGuidedSharder(Sharder):
@@ -78,16 +86,19 @@ class ModelGuidedSharder(Sharder):
 
     ``starts`` are placements the heuristic sharders already produced for the job, with their
     predicted seconds; ``max_evals`` bounds the simulations (the predicted-greedy one included);
-    ``seed`` breaks ties among equally promising neighbours.
+    ``seed`` breaks ties among equally promising neighbours; ``type_evals`` (> 0) more simulations
+    try sharding types other than table-wise on the result.
     """
 
     name = "model_guided"
 
-    def __init__(self, job: DLRMShardingJob, starts: Starts | None = None, max_evals: int = 60, seed: int = 0) -> None:
+    def __init__(self, job: DLRMShardingJob, starts: Starts | None = None, max_evals: int = 60, seed: int = 0,
+                 type_evals: int = 0) -> None:
         self.job = job
         self.starts = dict(starts or {})
         self.max_evals = max_evals
         self.seed = seed
+        self.type_evals = type_evals
 
     def place(self, capacity_bytes: float) -> ModelGuidedPlacement:
         """The placement for the job's tables with ``capacity_bytes`` per rank; raises
@@ -115,8 +126,15 @@ class ModelGuidedSharder(Sharder):
             rng=self.seed,
             start_cost=start_cost,
         )
-        return ModelGuidedPlacement(best, best_cost, {"start": start_name, "start_s": start_cost,
-                                                      "evaluations": evals + used})
+        info = {"start": start_name, "start_s": start_cost, "evaluations": evals + used}
+        if self.type_evals > 0:
+            sharded, cost, tinfo = refine_sharding_types(TypedShardingJob(job), best, best_cost, capacity_bytes,
+                                                         self.type_evals)
+            info.update({"table_wise_s": best_cost, "type_evaluations": tinfo["evaluations"],
+                         "type_changes": tinfo["changes"]})
+            if tinfo["changes"]:
+                return ModelGuidedPlacement(best, cost, info, sharded)
+        return ModelGuidedPlacement(best, best_cost, info)
 
     def _shard(
         self, tables: EmbeddingTables, n_ranks: int, cap: np.ndarray, rng: np.random.Generator
