@@ -167,12 +167,25 @@ def test_predict_workload_writes_launch_files(tmp_path):
     (["--megatron-args", "{txt}"], "no Megatron-LM arguments"),
     (["--megatron-args", "{txt}", "--torchtitan", "{toml}"], "not both"),
     (["--torchtitan", "{model_only}"], "give --workload"),
+    (["--torchtitan", "{bad_header}"], "is not JSON"),
+    (["--torchtitan", "{bad_shape}"], "not a transformer spec"),
+    (["--megatron-args", "{bad_devices}"], "devices must be a positive integer"),
+    (["--megatron-args", "{var}"], "shell variables are not expanded"),
+    (["--megatron-args", "{heads}", "--devices", "4"], "not divisible by 6 attention heads"),
 ])
 def test_predict_bad_launch_files_exit_2_with_one_line(tmp_path, args, expected):
-    files = {"{toml}": tmp_path / "bad.toml", "{txt}": tmp_path / "bad.txt", "{model_only}": tmp_path / "m.toml"}
+    files = {k: tmp_path / f"f{i}" for i, k in enumerate(
+        ["{toml}", "{txt}", "{model_only}", "{bad_header}", "{bad_shape}", "{bad_devices}", "{var}", "{heads}"])}
+    model = '"model": {"layers": "eight", "hidden": 64, "heads": 4, "seq": 8, "vocab": 10}'
+    shape = "--num-layers 2 --hidden-size 64 --seq-length 8 --micro-batch-size 1"
     files["{toml}"].write_text("[parallelism\n")
     files["{txt}"].write_text("just words\n")
     files["{model_only}"].write_text('[model]\nname = "llama3"\n')
+    files["{bad_header}"].write_text("# tuner: {oops\n[training]\n")
+    files["{bad_shape}"].write_text("# tuner: {" + model + "}\n")
+    files["{bad_devices}"].write_text('# tuner: {"devices": "x"}\n' + shape + " --num-attention-heads 4\n")
+    files["{var}"].write_text(shape + " --num-attention-heads $HEADS\n")
+    files["{heads}"].write_text(shape + " --num-attention-heads 6 --tensor-model-parallel-size 4\n")
     code, out = _cli("predict", *[str(files.get(a, a)) for a in args])
     assert code == 2
     assert "error:" in out and expected in out and "Traceback" not in out

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
-__all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header"]
+__all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -64,3 +64,21 @@ def read_header(text: str, source: str) -> dict:
                 raise LaunchError(f"{source}: the '{HEADER_PREFIX}' line must hold a JSON object")
             return meta
     return {}
+
+
+def header_int(meta: dict, key: str, source: str) -> int | None:
+    """The positive integer ``key`` of the header (``None`` when absent); raises :class:`LaunchError` otherwise."""
+    val = meta.get(key)
+    if val is None:
+        return None
+    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+        raise LaunchError(f"{source}: '{HEADER_PREFIX}' {key} must be a positive integer (got {val!r})")
+    return val
+
+
+def header_str(meta: dict, key: str, source: str) -> str | None:
+    """The text ``key`` of the header (``None`` when absent); raises :class:`LaunchError` otherwise."""
+    val = meta.get(key)
+    if val is not None and not isinstance(val, str):
+        raise LaunchError(f"{source}: '{HEADER_PREFIX}' {key} must be text (got {val!r})")
+    return val

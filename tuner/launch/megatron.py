@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, header_line, read_header
+from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
            "GPT2_VOCAB"]
@@ -153,8 +153,12 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
             try:
                 val = _KINDS[name](raw)
             except ValueError:
+                if name in _TORCHRUN_INT:  # torchrun's gpu / auto / min:max and shell variables: size unknown
+                    i += 1 if eq else 2
+                    continue
                 what = {int: "an integer", float: "a number", str: "a word"}[_KINDS[name]]
-                raise LaunchError(f"{source}: {name} expects {what} (got {raw!r})") from None
+                hint = " (shell variables are not expanded)" if raw.startswith("$") else ""
+                raise LaunchError(f"{source}: {name} expects {what} (got {raw!r}){hint}") from None
             key = _VALUE_KEYS.get(name)
             if key is not None:
                 values[key] = val
@@ -194,6 +198,8 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     attention = "unfused" if backend in ("unfused", "local") else "flash"
     moe = None
     if values.get("experts"):
+        if not values.get("capacity_factor", 1.0) > 0:
+            raise LaunchError(f"{source}: --moe-expert-capacity-factor must be > 0")
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)))
     return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
@@ -229,7 +235,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     notes: list[str] = []
     if values.get("cp", 1) > 1:
         raise LaunchError(f"{source}: --context-parallel-size {values['cp']}: tuner does not model context parallelism")
-    spec = _spec(values, source, str(meta.get("model_name", "megatron-model")), notes)
+    spec = _spec(values, source, header_str(meta, "model_name", source) or "megatron-model", notes)
     recompute = _recompute(values, source)
     tp = _positive(values, "tp", "--tensor-model-parallel-size", source, 1)
     pp = _positive(values, "pp", "--pipeline-model-parallel-size", source, 1)
@@ -239,8 +245,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
         world = launcher["nnodes"] * launcher["nproc"]
     if world is None and "dp" in values:
         world = values["dp"] * tp * pp
-    if world is None and meta.get("devices"):
-        world = int(meta["devices"])
+    if world is None:
+        world = header_int(meta, "devices", source)
     if world is None:
         raise LaunchError(f"{source}: the world size is unknown (no torchrun --nnodes/--nproc-per-node): give --devices N")
     if world % (tp * pp):
@@ -268,8 +274,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce)  # type: ignore[arg-type]
-    dpn = launcher.get("nproc") or meta.get("devices_per_node")
-    return LaunchPlan(spec, plan, world, meta.get("platform"), int(dpn) if dpn else None,
+    dpn = launcher.get("nproc") or header_int(meta, "devices_per_node", source)
+    return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))
 
 

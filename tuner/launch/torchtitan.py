@@ -26,11 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, header_line, read_header
+from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 
 __all__ = ["torchtitan_plan", "torchtitan_toml", "read_torchtitan_toml", "read_torchtitan_file"]
 
-_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
 _SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 
 
@@ -66,6 +66,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
     lines = [f"# torchtitan job config (TOML, v0.2 schema) of {spec.name} plan {t.label()}{where}{said}",
              "# [model] name / flavor: the torchtitan model of this shape (tuner's shape is on the next line)",
              header_line(meta)]
+    if spec.dtype == "fp16":
+        lines.append("# torchtitan trains in bfloat16 or float32: the fp16 model is written as bfloat16")
     if plan.tp > 1 and not plan.sequence_parallel:
         lines.append("# torchtitan's tensor parallelism is sequence parallel: the plan above runs with it")
     if plan.distributed_optimizer:
@@ -122,10 +124,18 @@ def _spec_from_meta(meta: dict, source: str) -> TransformerSpec | None:
         return None
     if not isinstance(model, dict):
         raise LaunchError(f"{source}: the model of the '# tuner:' line must be a JSON object")
+    model = dict(model)
     moe = model.pop("moe", None)
     try:
-        return TransformerSpec(**model, moe=MoESpec(**moe) if moe else None)
-    except TypeError as exc:
+        spec = TransformerSpec(**model, moe=MoESpec(**moe) if moe else None)
+        for key in ("layers", "hidden", "heads", "seq", "vocab"):
+            if isinstance(getattr(spec, key), bool) or not isinstance(getattr(spec, key), int):
+                raise TypeError(f"{key} must be an integer")
+        spec.validate()
+        if not spec.param_count() > 0:
+            raise ValueError("the shape gives no parameters")
+        return spec
+    except (TypeError, ValueError) as exc:
         raise LaunchError(f"{source}: the model of the '# tuner:' line is not a transformer spec ({exc})") from None
 
 
@@ -153,7 +163,7 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     seq = _int(tr, "seq_len", "training", source, spec.seq)
     if seq != spec.seq:
         spec = replace(spec, seq=seq)
-    dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(tr.get("mixed_precision_param", "bfloat16"))
+    dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(str(tr.get("mixed_precision_param", "bfloat16")))
     if dtype is None:
         raise LaunchError(f"{source}: [training] mixed_precision_param must be bfloat16 or float32 "
                           f"(got {tr['mixed_precision_param']!r})")
@@ -170,7 +180,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
                      ("data_parallel_replicate_degree", rep), ("expert_parallel_degree", ep)):
         if val < 1:
             raise LaunchError(f"{source}: [parallelism] {key} must be >= 1 (got {val})")
-    world = devices if devices is not None else (tp * pp * rep * shard if shard > 0 else meta.get("devices"))
+    world = devices if devices is not None else (tp * pp * rep * shard if shard > 0 else
+                                                 header_int(meta, "devices", source))
     if world is None:
         raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
     world = int(world)
@@ -196,8 +207,11 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         first = _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1)
         last = _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1)
         if per is not None:
-            stages = math.ceil((spec.layers + first + last) / _int(par, "pipeline_parallel_layers_per_stage",
-                                                                   "parallelism", source, 1))
+            per = _int(par, "pipeline_parallel_layers_per_stage", "parallelism", source, 1)
+            if per < 1 or first < 0 or last < 0:
+                raise LaunchError(f"{source}: [parallelism] pipeline_parallel_layers_per_stage must be >= 1 and "
+                                  "the first / last stage's fewer layers >= 0")
+            stages = math.ceil((spec.layers + first + last) / per)
             v = max(1, stages // pp)
         else:
             v = 2 if name == "Interleaved1F1B" else 1
@@ -215,9 +229,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard > 1,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
-    dpn = meta.get("devices_per_node")
-    return LaunchPlan(spec, torchtitan_plan(plan), world, meta.get("platform"), int(dpn) if dpn else None, (),
-                      tuple(notes))
+    return LaunchPlan(spec, torchtitan_plan(plan), world, header_str(meta, "platform", source),
+                      header_int(meta, "devices_per_node", source), (), tuple(notes))
 
 
 def read_torchtitan_file(path: Path, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:
