@@ -91,12 +91,14 @@ torchrun --nproc_per_node 8 --nnodes 2 --node_rank $NODE_RANK pretrain_gpt.py \\
     --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 \\
     --tensor-model-parallel-size=2 --pipeline-model-parallel-size 2 --micro-batch-size 2 \\
     --global-batch-size 64 --lr 6.0e-5 --train-iters 500 --data-path $DATA --vocab-file gpt2-vocab.json \\
-    --recompute-activations --bf16 --use-distributed-optimizer
+    --recompute-activations --bf16 --use-distributed-optimizer --swiglu --num-query-groups 4
 """
     back = read_megatron_args(script, "run.sh")
     assert back.devices == 16 and back.devices_per_node == 8
     assert (back.plan.tp, back.plan.pp, back.plan.dp, back.plan.recompute) == (2, 2, 4, "selective")
-    assert back.plan.distributed_optimizer and back.spec.vocab == 50257 and back.notes
+    assert back.plan.distributed_optimizer and back.spec.vocab == 50257
+    assert any("50257" in n for n in back.notes) and any("SwiGLU" in n for n in back.notes)
+    assert any("grouped-query" in n for n in back.notes)
     assert {"--lr", "--train-iters", "--data-path", "--vocab-file"} <= set(back.ignored)
 
 

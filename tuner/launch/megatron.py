@@ -51,6 +51,15 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
+# model flags tuner's GPT does not model: read as the nearest GPT, with a note
+_APPROXIMATED = {
+    "--swiglu": "SwiGLU MLP read as a GeLU MLP of the same --ffn-hidden-size",
+    "--group-query-attention": "grouped-query attention read as multi-head attention",
+    "--num-query-groups": "grouped-query attention read as multi-head attention",
+    "--normalization": "the normalisation read as LayerNorm",
+    "--position-embedding-type": "position embeddings read as learned absolute ones",
+    "--multi-latent-attention": "multi-latent attention read as multi-head attention",
+}
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
 _VALUE_KEYS = {**_INT_FLAGS, **_FLOAT_FLAGS, **_STR_FLAGS}
@@ -232,7 +241,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
         meta = dict(meta or {})
         tokens = list(text)
     values, launcher, skipped = _parse(tokens, source)
-    notes: list[str] = []
+    notes: list[str] = list(dict.fromkeys(_APPROXIMATED[f] for f in skipped if f in _APPROXIMATED))
     if values.get("cp", 1) > 1:
         raise LaunchError(f"{source}: --context-parallel-size {values['cp']}: tuner does not model context parallelism")
     spec = _spec(values, source, header_str(meta, "model_name", source) or "megatron-model", notes)
