@@ -27,6 +27,7 @@ from tuner.alpa import (
     get_submesh_choices,
     manual_stage_option,
     stage_construction_dp,
+    training_dp,
 )
 
 SPEC = TransformerSpec(layers=8, hidden=1024, heads=16, seq=512, vocab=8000, name="gpt-tiny")
@@ -209,6 +210,9 @@ def test_manual_stage_option_of_a_hand_worked_plan():
     plan = stage_construction_dp(cost, succ, [1, 2], n_devices=2, n_micro_batches=4)
     assert plan is not None and len(plan.stages) == 2
     assert alpa_solution(plan) == [((0, 1), 0, 0), ((1, 2), 0, 1)]
+    # Alpa's training_dp signature: sum 2 + (4 - 1) x max 1 = 5 seconds, the same solution
+    assert training_dp(2, 2, 4, subs, 3, cost, succ) == (pytest.approx(5.0), alpa_solution(plan))
+    assert training_dp(2, 2, 4, subs, 3, cost, np.full(cost.shape, -1)) == (np.inf, None)
     opt = manual_stage_option(plan, subs, cfgs)
     assert opt == {
         "forward_stage_layer_ids": [[0], [1]],

@@ -93,6 +93,7 @@ __all__ = [
     "alpa_layers",
     "get_compute_cost",
     "alpa_solution",
+    "training_dp",
     "manual_stage_option",
 ]
 
@@ -692,6 +693,19 @@ def _predict_group(group: Sequence[AlpaLayer], submesh: Submesh, mesh: MeshConfi
 def alpa_solution(plan: StagePlan) -> list[tuple[tuple[int, int], int, int]]:
     """The DP's stages as Alpa's ``training_dp`` solution: ``((first layer, last layer + 1), submesh, config)``."""
     return [((st.first, st.last + 1), st.submesh_index, st.config_index) for st in plan.stages]
+
+
+def training_dp(num_layers: int, num_devices: int, num_microbatches: int, submesh_choices: Sequence[tuple[int, int]],
+                num_autosharding_configs: int, compute_cost: np.ndarray, max_n_succ_stages: np.ndarray
+                ) -> tuple[float, list[tuple[tuple[int, int], int, int]] | None]:
+    """Alpa's ``training_dp`` signature over :func:`stage_construction_dp`: (pipeline latency, solution),
+    ``(inf, None)`` when no split fits."""
+    shape = (num_layers, num_layers, len(submesh_choices), num_autosharding_configs)
+    if np.shape(compute_cost) != shape:
+        raise ValueError(f"compute_cost has shape {np.shape(compute_cost)}, expected {shape}")
+    plan = stage_construction_dp(compute_cost, max_n_succ_stages, [h * d for h, d in submesh_choices], num_devices,
+                                 num_microbatches)
+    return (math.inf, None) if plan is None else (plan.total_latency_s, alpa_solution(plan))
 
 
 def manual_stage_option(plan: StagePlan, submesh_choices: Sequence[tuple[int, int]],
