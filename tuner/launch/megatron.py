@@ -18,6 +18,7 @@ reads back as tuner's default.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Sequence
@@ -106,8 +107,9 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
 def megatron_command(spec: TransformerSpec, plan: ParallelPlan, devices_per_node: int,
                      script: str = "pretrain_gpt.py") -> list[str]:
     """``torchrun`` over ``plan.devices`` devices (``devices_per_node`` per node) running ``script`` with the plan."""
-    nproc = min(devices_per_node, plan.devices)
-    nodes = max(1, plan.devices // nproc)
+    # torchrun starts the same count on every node: the largest that divides the world and fits a node
+    nproc = math.gcd(plan.devices, max(devices_per_node, 1))
+    nodes = plan.devices // nproc
     return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(nproc), script, *megatron_args(spec, plan)]
 
 
@@ -283,7 +285,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce)  # type: ignore[arg-type]
-    dpn = launcher.get("nproc") or header_int(meta, "devices_per_node", source)
+    dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))
 
