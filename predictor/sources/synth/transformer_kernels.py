@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.graph import Category, ExecutionGraph, GraphBuilder, ProcKind
+from predictor.graph import PARAM_COLUMNS, Category, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.sources.synth.emit import ExecMode, Kernel, OpEmitter, column_sum, concat, eltwise, gemm
 from predictor.sources.synth.transformer_memory import layer_param_count
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
@@ -62,6 +62,11 @@ class GroupLayout:
     mp: tuple[int, int]  # model-parallel (grad-norm) group: tp x pp (x dp with the distributed optimizer)
     pp_next: list[tuple[int, int]]  # link stage s -> s+1 (mod p)
     tied: tuple[int, int]
+    #: traffic classes sharing a node's NICs while each class's transfers run: TP collectives
+    #: spanning nodes and data-parallel buckets reduced during backward (``overlap_grad_reduce``)
+    #: over the network meet there for the whole backward pass
+    tp_share: float = 1.0
+    dp_share: float = 1.0
 
     @classmethod
     def of(cls, plan: ParallelPlan, dpn: int) -> GroupLayout:
@@ -80,13 +85,20 @@ class GroupLayout:
         mp_g = group_span(np.asarray(mp_ranks), dpn)
         links = [group_span(np.asarray([rank(s, 0, 0), rank((s + 1) % pp, 0, 0)]), dpn) for s in range(pp)]
         tied = group_span(np.asarray([rank(0, 0, 0), rank(pp - 1, 0, 0)]), dpn)
-        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied)
+        tp_net = tp_g[1] > 1
+        dp_net = dp_g[1] > 1 and plan.overlap_grad_reduce
+        share = 2.0 if tp_net and dp_net else 1.0
+        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied, tp_share=share, dp_share=share)
 
 
-def collective(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt: int) -> Kernel:
-    """A collective kernel moving ``msg_bytes`` bytes over a group of ``span = (world, nodes)``."""
+def collective(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt: int, share: float = 1.0) -> Kernel:
+    """A collective kernel moving ``msg_bytes`` bytes over a group of ``span = (world, nodes)``, its
+    network transfers sharing the NICs with ``share - 1`` other traffic classes."""
     world, nodes = span
-    return (name, kind, Category.COMMUNICATION, {"msg_bytes": msg_bytes, "world": world, "nodes": nodes, "dtype_bytes": dt})
+    params = {"msg_bytes": msg_bytes, "world": world, "nodes": nodes, "dtype_bytes": dt}
+    if share != 1.0 and "nic_share" in PARAM_COLUMNS:  # carried where the graph has the column
+        params["nic_share"] = share
+    return (name, kind, Category.COMMUNICATION, params)
 
 
 class StepEmitter(OpEmitter):
@@ -164,7 +176,7 @@ class StepKernels:
     def tp_collective(self, e: StepEmitter, name: str, kind: str, elems: float) -> list[int]:
         if self.t <= 1:
             return []
-        return e.op(name, [collective(name, kind, elems * self.dt, self.lay.tp, self.dt)])
+        return e.op(name, [collective(name, kind, elems * self.dt, self.lay.tp, self.dt, self.lay.tp_share)])
 
     def _tp_reduce_out(self, e: StepEmitter, name: str) -> None:
         """The row-parallel output: all-reduce, or reduce-scatter with sequence parallelism."""
@@ -181,7 +193,7 @@ class StepKernels:
             e.op(f"{name}.wgrad", wgrad)
             return
         kind = "reduce_scatter" if self.sp else "all_reduce"
-        coll = collective(f"{name}.grad_{kind}", kind, self.T * self.h * self.dt, self.lay.tp, self.dt)
+        coll = collective(f"{name}.grad_{kind}", kind, self.T * self.h * self.dt, self.lay.tp, self.dt, self.lay.tp_share)
         if self.plan.tp_comm_overlap:
             last_dgrad = [e.last] if e.last is not None else []
             ar = e.op_on(e.tp_stream, f"{name}.grad_{kind}", [coll], after=last_dgrad)
@@ -333,15 +345,21 @@ class StepKernels:
                 batch: float = 1.0) -> Kernel:
         """Forward of a linear layer ``inp -> out`` on ``rows`` tokens."""
         op = "bmm" if batch != 1.0 else ("addmm" if bias else "mm")
-        return gemm(name, rows, out, inp, self.dt, batch=batch, op=self._op(op))
+        return gemm(name, rows, out, inp, self._linear_dt(name), batch=batch, op=self._op(op))
 
     def _dgrad(self, name: str, rows: float, inp: float, out: float, *, batch: float = 1.0) -> Kernel:
         """Input gradient of a linear layer ``inp -> out``: ``grad @ W``."""
-        return gemm(name, rows, inp, out, self.dt, batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+        return gemm(name, rows, inp, out, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
 
     def _wgrad(self, name: str, out: float, inp: float, rows: float, *, batch: float = 1.0) -> Kernel:
         """Weight gradient of a linear layer ``inp -> out``: ``grad.t() @ x``."""
-        return gemm(name, out, inp, rows, self.dt, batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+        return gemm(name, out, inp, rows, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+
+    def _linear_dt(self, name: str) -> int:
+        """Bytes per GEMM input of a linear layer: 1 for a layer's linears under ``fp8_linear``."""
+        if self.spec.fp8_linear and not name.startswith("lm_head") and ".router" not in name:
+            return 1
+        return self.dt
 
     def _bmm(self, name: str, m: float, n: float, k: float, batch: float) -> Kernel:
         """An attention GEMM per (sample, head)."""

@@ -59,6 +59,10 @@ class TransformerSpec:
     #: op per parameter tensor, grad-norm and fused Adam of ``torch.optim``); tensor parallelism,
     #: if any, keeps Megatron's collectives
     program: Literal["megatron", "eager"] = "megatron"
+    #: Transformer Engine FP8 training: the layers' linear GEMMs (QKV, projection, FC1, FC2, experts)
+    #: run in fp8 (1-byte inputs, the platform's fp8 peak); attention, the output layer and every
+    #: tensor kept in memory stay in ``dtype``
+    fp8_linear: bool = False
 
     @property
     def ffn_size(self) -> int:

@@ -52,6 +52,7 @@ class GradBuckets:
     kind: str  # all_reduce or reduce_scatter
     grad_bytes: int
     tag: str
+    share: float = 1.0  #: traffic classes on the NICs while the buckets reduce
     params: float = 0.0
     ready_after: int | None = None
     launched: list[int] = field(default_factory=list)
@@ -70,7 +71,8 @@ class GradBuckets:
         """Launch the gradients collected so far as one asynchronous bucket reduce."""
         if self.params <= 0 or self.span[0] <= 1:
             return
-        k = collective(f"{self.tag}.{self.kind}", self.kind, self.params * self.grad_bytes, self.span, self.grad_bytes)
+        k = collective(f"{self.tag}.{self.kind}", self.kind, self.params * self.grad_bytes, self.span, self.grad_bytes,
+                       self.share)
         after = [self.ready_after] if self.ready_after is not None else []
         self.launched += e.op(f"{self.tag}.bucket[{self.count}]", [k], comm=True, async_op=True, after=after)
         self.count += 1
@@ -125,8 +127,9 @@ class StepTemplates:
                 ops.head_fwd(e)
         else:
             kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
-            dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
-            expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad")
+            dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad", self.lay.dp_share)
+            expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad",
+                                 self.lay.dp_share)
             if last:
                 ops.head_bwd(e)
                 if final:

@@ -16,6 +16,16 @@ spans (:func:`alpha_beta`): ring algorithms move ``2(n-1)/n * m`` bytes per rank
 all-reduce and ``(n-1)/n * m`` for the others. (A sigmoid joining ``ts`` and that line over a
 wide range lies above the line in between — 2x for a 25 MB all-reduce on 8 A100s — so the
 analytic default is the line itself.)
+
+Platforms whose interconnect sets ``collective_model: nccl`` are timed instead by NCCL's own
+cost model (:func:`nccl_seconds`, after ``src/graph/tuning.cc`` of NCCL 2.8-2.18): for each
+algorithm (ring; tree for all-reduce across nodes) and protocol (LL, LL128, Simple) a latency
+``base + steps x per-hop latency`` (NVLink hops and network hops priced apart) and a bus
+bandwidth (the NVLink bus rate NCCL reaches inside a node; across nodes the group's share of the
+node's NICs), and the fastest pair wins — so small messages ride LL's low latency, large ones
+Simple's bandwidth, and deep node counts the tree's ``log2(nodes)`` latency. A group spanning
+nodes sends through ``ranks per node x NICs per device`` adapters; ``nic_share`` (a task
+parameter, default 1) divides them among traffic classes that cross the network at the same time.
 """
 
 from __future__ import annotations
@@ -117,6 +127,122 @@ def alpha_beta(kind: str, world: int, nodes: int, platform: Platform) -> tuple[f
     return ts, bw_max
 
 
+# ---------------------------------------------------------------------------- NCCL's cost model
+#: NCCL's protocols, in the order of the latency tables below
+PROTOCOLS = ("LL", "LL128", "Simple")
+#: base latency per call, microseconds, per algorithm and protocol (NCCL 2.18 ``baseLat``)
+NCCL_BASE_US = {"ring": (6.6, 14.0, 8.4), "tree": (6.8, 14.0, 0.0)}
+#: latency of one step (hop), microseconds, over NVLink and over the network (NCCL 2.18 ``hwLat``)
+NCCL_HOP_US = {("ring", "nvlink"): (0.6, 1.9, 3.4), ("ring", "net"): (2.7, 4.0, 14.0),
+               ("tree", "nvlink"): (0.6, 1.25, 28.0), ("tree", "net"): (5.0, 8.5, 28.0)}
+#: NCCL multiplies a multi-node ring all-reduce's Simple latency by this for large messages
+#: (its "plateau effect of ring", NCCL 2.8 ``ncclTopoGetAlgoTime``)
+RING_PLATEAU = 1.9
+
+
+@dataclass(frozen=True)
+class Links:
+    """The bus bandwidths (bytes/s) one collective group reaches on a platform."""
+
+    intra_bus: float  #: NVLink bus bandwidth of a ring inside one node
+    net_bus: float  #: the group's share of one node's NICs (0 inside one node)
+    per_rank_nic: float  #: one rank's share of the node's NICs, bytes/s
+    tree_bus: float  #: cap of the tree algorithm across nodes (0: no tree)
+    ll128: bool
+
+
+def group_links(world: int, nodes: int, platform: Platform, nic_share: float = 1.0) -> Links:
+    """Bus bandwidths of a ``world``-rank group over ``nodes`` nodes; ``nic_share`` traffic classes
+    share the NICs (bytes/s). Each device owns ``nics_per_node / devices_per_node`` of its node's
+    adapters at ``network_efficiency`` of their line rate; a ring through ``k`` ranks of a node uses
+    the ``k`` ranks' adapters side by side."""
+    ic = platform.interconnect
+    dpn = max(platform.devices_per_node, 1)
+    intra = ic.intra_node_bus_bandwidth_bytes_per_s or ic.intra_node_bandwidth_bytes_per_s
+    nic = (ic.nic_bandwidth_bytes_per_s or ic.inter_node_bandwidth_bytes_per_s) * ic.network_efficiency
+    per_rank = nic * (ic.nics_per_node or dpn) / dpn / max(nic_share, 1.0)
+    k = max(world / max(nodes, 1), 1.0)
+    net = k * per_rank if nodes > 1 else 0.0
+    return Links(intra, net, per_rank, ic.tree_bus_bandwidth_bytes_per_s or 0.0, ic.ll128)
+
+
+def _ring_steps(kind: str, world: int, nodes: int) -> tuple[int, int]:
+    """(steps, steps that cross nodes) of NCCL's ring for ``kind``."""
+    if kind == "all_reduce":
+        return 2 * (world - 1), (2 * nodes if nodes > 1 else 0)
+    if kind in ("all_gather", "reduce_scatter"):
+        return world - 1, nodes - 1
+    return world, (nodes if nodes > 1 else 0)  # broadcast, reduce
+
+
+def nccl_candidates(kind: str, world: int, nodes: int, m: float, platform: Platform,
+                    nic_share: float = 1.0) -> dict[tuple[str, str], tuple[float, float]]:
+    """(algorithm, protocol) -> (latency seconds, algorithm bandwidth bytes/s) of the NCCL choices for
+    a ring collective (all-reduce, all-gather, reduce-scatter, broadcast) of ``m`` bytes."""
+    ln = group_links(world, nodes, platform, nic_share)
+    bus = min(ln.intra_bus, ln.net_bus) if nodes > 1 and world > nodes else (ln.net_bus or ln.intra_bus)
+    ppn = world / max(nodes, 1)
+    steps, inter = _ring_steps(kind, world, nodes)
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for i, proto in enumerate(PROTOCOLS):
+        if proto == "LL128" and not ln.ll128:
+            continue
+        if proto == "LL":
+            bw = bus / (4.0 if nodes > 1 or kind == "all_reduce" else 3.0)
+        elif proto == "LL128":
+            bw = bus * (0.7 if ppn < 2 else 0.92)
+        else:
+            bw = bus
+        hop_in = NCCL_HOP_US["ring", "nvlink"][i] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+        lat = NCCL_BASE_US["ring"][i] + (steps - inter) * hop_in + inter * NCCL_HOP_US["ring", "net"][i]
+        if proto == "Simple" and nodes > 1 and kind == "all_reduce" and m >= world / 16.0 * 65536:
+            lat *= RING_PLATEAU
+        out["ring", proto] = (lat * 1e-6, bw * world / steps)
+    if kind == "all_reduce" and nodes > 1 and ln.tree_bus > 0:
+        tree = min(bus * 0.92, ln.tree_bus)
+        depth = math.log2(nodes)
+        for i, proto in enumerate(PROTOCOLS):
+            if proto == "LL128" and not ln.ll128:
+                continue
+            bw = tree / 3.8 if proto == "LL" else tree * (120.0 / 128.0) if proto == "LL128" else tree
+            lat = NCCL_BASE_US["tree"][i] + 2.0 * ((ppn - 1.0) * NCCL_HOP_US["tree", "nvlink"][i]
+                                                   + depth * NCCL_HOP_US["tree", "net"][i])
+            out["tree", proto] = (lat * 1e-6, bw * 0.5)
+    return out
+
+
+def nccl_seconds(kind: str, world: int, nodes: int, m: np.ndarray, platform: Platform,
+                 nic_share: float = 1.0) -> np.ndarray:
+    """Seconds of a collective of ``m`` bytes per rank (all-reduce buffer; the full gathered tensor for
+    all-gather / reduce-scatter) under NCCL's cost model: the fastest (algorithm, protocol).
+
+    All-to-all sends the off-node share ``(world - k) / world`` of each message through the rank's
+    NICs and the rest over NVLink, whichever is slower; send/recv crosses one NIC share (or NVLink).
+    """
+    m = np.asarray(m, dtype=np.float64)
+    floor = platform.kernel_floor_s
+    if world <= 1:
+        return np.zeros_like(m)
+    ln = group_links(world, nodes, platform, nic_share)
+    if kind in ("all_to_all", "send_recv"):
+        i = PROTOCOLS.index("Simple")
+        hop = NCCL_HOP_US["ring", "net" if nodes > 1 else "nvlink"][i]
+        lat = (NCCL_BASE_US["ring"][i] + hop) * 1e-6
+        if kind == "send_recv":
+            bw = ln.per_rank_nic if nodes > 1 else ln.intra_bus
+            return np.maximum(lat + m / bw, floor)
+        k = max(world / max(nodes, 1), 1.0)
+        off = (world - k) / world / ln.per_rank_nic if nodes > 1 else 0.0
+        on = (k - 1.0) / world / ln.intra_bus
+        return np.maximum(lat + m * max(off, on), floor)
+    best = np.full_like(m, np.inf)
+    for mm in np.unique(m):
+        sel = m == mm
+        cands = nccl_candidates(kind, world, nodes, float(mm), platform, nic_share)
+        best[sel] = min(lat + mm / bw for lat, bw in cands.values())
+    return np.maximum(best, floor)
+
+
 class PiecewiseCollective(KernelModel):
     """Collectives by eq. 2-4 where calibrated, else on the latency-bandwidth line of their links.
 
@@ -124,7 +250,9 @@ class PiecewiseCollective(KernelModel):
     taken to fill nodes in order, ``ceil(world / devices_per_node)``, except on a CPU platform,
     whose ranks are processes of one host, as ``tuner calibrate --world-size K`` runs them). A fitted
     :class:`PiecewiseSigmoid` for ``(kind, world)`` times single-node groups; every other case —
-    uncalibrated, or a group spanning nodes — uses :func:`alpha_beta`: ``ts + m / bw_max``.
+    uncalibrated, or a group spanning nodes — uses :func:`nccl_seconds` on a platform whose
+    interconnect says ``collective_model: nccl``, else :func:`alpha_beta`: ``ts + m / bw_max``.
+    ``nic_share`` (optional) is the number of traffic classes sharing the NICs meanwhile.
     """
 
     kinds = COLLECTIVES
@@ -142,15 +270,19 @@ class PiecewiseCollective(KernelModel):
         # them); accelerator ranks fill nodes of ``devices_per_node`` in order
         default = np.ones_like(world) if platform.kind == "cpu" else np.ceil(world / platform.devices_per_node)
         n_nodes = np.where(np.isfinite(nodes), nodes, default).astype(np.int64)
+        share = np.nan_to_num(tasks.get("nic_share", 1.0), nan=1.0)
         kind = tasks.kind or "all_reduce"
+        nccl = platform.interconnect.collective_model == "nccl"
         out = np.zeros(len(tasks))
-        for w, n in {(int(a), int(b)) for a, b in zip(world, n_nodes, strict=True)}:
+        for w, n, sh in {(int(a), int(b), float(c)) for a, b, c in zip(world, n_nodes, share, strict=True)}:
             if w <= 1:
                 continue  # a collective over one rank moves nothing
-            sel = (world == w) & (n_nodes == n)
+            sel = (world == w) & (n_nodes == n) & (share == sh)
             fitted = self.params.get((kind, w))
             if fitted is not None and n <= 1:
                 out[sel] = fitted(m[sel])
+            elif nccl:
+                out[sel] = nccl_seconds(kind, w, n, m[sel], platform, sh)
             else:
                 ts, bw = alpha_beta(kind, w, n, platform)
                 out[sel] = ts + m[sel] / bw

@@ -43,6 +43,22 @@ class Interconnect(_Strict):
     inter_node_bandwidth_bytes_per_s: float = Field(gt=0)
     inter_node_latency_s: float = Field(ge=0)
     name: str = Field(default="", description="e.g. 'NVLink 4 + 400G InfiniBand'")
+    #: how uncalibrated collectives are timed: ``"line"``, the latency-bandwidth line of the raw link
+    #: rates above; ``"nccl"``, NCCL's ring and tree algorithms with its LL / LL128 / Simple protocols
+    #: on the network fields below (:mod:`predictor.timing.kernels.collective`)
+    collective_model: Literal["line", "nccl"] = "line"
+    #: network adapters per node (None: one per device); devices share them evenly
+    nics_per_node: int | None = Field(default=None, ge=1)
+    #: line rate of one network adapter, one direction, bytes/s (None: ``inter_node_bandwidth_bytes_per_s``)
+    nic_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    #: share of a NIC's line rate a collective's transfers reach (protocol headers, flow control), 0..1
+    network_efficiency: float = Field(default=1.0, gt=0, le=1)
+    #: bus bandwidth NCCL's ring all-reduce reaches inside one node, bytes/s (None: the NVLink rate above)
+    intra_node_bus_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    #: largest bus bandwidth of NCCL's tree algorithm across nodes, bytes/s (None: no tree algorithm)
+    tree_bus_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    #: NCCL's LL128 protocol enabled (NVLink-connected Volta, Ampere, Hopper GPUs)
+    ll128: bool = False
 
 
 class CpuOverheads(_Strict):
