@@ -161,6 +161,10 @@ def test_predict_workload_writes_launch_files(tmp_path):
     assert "--tensor-model-parallel-size" in res["launch"]["megatron_args"]
     code, again = _cli("predict", "--megatron-args", str(tmp_path / "launch" / "megatron_args.txt"), "--json")
     assert code == 0 and json.loads(again)["predicted_iteration_s"] == res["predicted_iteration_s"]
+    # tp=2 without sequence parallelism: torchtitan runs it with SP and fp32 gradients, predicted separately
+    assert res["launch"]["torchtitan_changes"]["sequence_parallel"] == [False, True]
+    code, tt = _cli("predict", "--torchtitan", str(tmp_path / "launch" / "torchtitan.toml"), "--json")
+    assert code == 0 and json.loads(tt)["predicted_iteration_s"] == res["launch"]["torchtitan_predicted_iteration_s"]
 
 
 @pytest.mark.parametrize("args, expected", [

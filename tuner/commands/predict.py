@@ -218,7 +218,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
         fail(str(exc))
     out = {"model": spec.name, "platform": platform.key, **result}
     if launch is not None:
-        out["launch"] = _write_launch(launch, spec, plan, platform.key, dpn, result)
+        out["launch"] = _write_launch(launch, spec, plan, platform, dpn, detail, result)
     _emit(out, tl, trace, as_json, _print_result)
 
 
@@ -251,15 +251,22 @@ def _platform(key: str, catalog: Path | str | None):
         fail(f"catalog file not found: {catalog}")
 
 
-def _write_launch(folder: Path, spec, plan, platform: str, dpn: int, result: dict) -> dict:
+def _write_launch(folder: Path, spec, plan, platform, dpn: int, detail: str, result: dict) -> dict:
+    """Write the plan's launch files into ``folder``, with the prediction of the plan as torchtitan runs it."""
     from tuner.launch import torchtitan_plan, write_launch_files
+    from tuner.plans import predict_plan
 
     if folder.exists() and not folder.is_dir():
         fail(f"--launch {folder}: not a folder")
-    same = torchtitan_plan(plan) == plan
-    return write_launch_files(folder, spec, plan, platform=platform, devices_per_node=dpn,
-                              predicted_s=result.get("predicted_iteration_s"),
-                              torchtitan_predicted_s=result.get("predicted_iteration_s") if same else None)
+    tt = torchtitan_plan(plan)
+    tt_s = result.get("predicted_iteration_s")
+    if tt != plan:
+        tt_s = predict_plan(spec, tt, platform, devices_per_node=dpn, devices=plan.devices, detail=detail)[0][
+            "predicted_iteration_s"]
+    launch = write_launch_files(folder, spec, plan, platform=platform.key, devices_per_node=dpn,
+                                predicted_s=result.get("predicted_iteration_s"), torchtitan_predicted_s=tt_s)
+    launch.update(folder=str(folder), torchtitan_predicted_iteration_s=tt_s)
+    return launch
 
 
 # ----------------------------------------------------------------------------- launch files
@@ -308,7 +315,7 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Pa
     out = {"model": lp.spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan),
            "read": lp.summary(), **result}
     if launch is not None:
-        out["launch"] = _write_launch(launch, lp.spec, plan, platform.key, dpn, result)
+        out["launch"] = _write_launch(launch, lp.spec, plan, platform, dpn, detail, result)
     _emit(out, tl, trace, as_json, _print_result)
 
 
