@@ -14,7 +14,14 @@ import numpy as np
 
 from predictor.graph import Category, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.simulate import Timeline, simulate
-from predictor.sources.synth.dlrm import DLRMGraphTemplate, DLRMSpec, build_dlrm_graph, dlrm_memory_per_rank
+from predictor.sources.synth.dlrm import (
+    DLRMGraphTemplate,
+    DLRMSpec,
+    all_to_all_message_bytes,
+    build_dlrm_graph,
+    dlrm_dense_memory,
+    dlrm_memory_per_rank,
+)
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.platforms.host import comm_thread_has_core
 from predictor.timing.platforms.schema import Platform
@@ -105,6 +112,8 @@ class DLRMShardingJob:
     _template: DLRMGraphTemplate | None = field(default=None, init=False, repr=False)
     _pool_s: np.ndarray | None = field(default=None, init=False, repr=False)
     _a2a_s: dict[float, float] = field(default_factory=dict, init=False, repr=False)
+    _dense_memory: tuple[float, float] | None = field(default=None, init=False, repr=False)
+    _loads: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     @property
     def template(self) -> DLRMGraphTemplate | None:
@@ -123,49 +132,75 @@ class DLRMShardingJob:
         comm_threads = comm_thread_has_core(self.n_ranks, self.threads_per_rank)
         return build_dlrm_graph(self.spec, assignment, self.n_ranks, mode="host", comm_threads=comm_threads)
 
-    def timed_graph(self, assignment: np.ndarray) -> tuple[ExecutionGraph, np.ndarray]:
-        """The iteration graph of ``assignment`` and its task durations (seconds)."""
+    def timed_graph(self, assignment: np.ndarray, *, params: bool = True) -> tuple[ExecutionGraph, np.ndarray]:
+        """The iteration graph of ``assignment`` and its task durations (seconds); ``params=False``: a graph
+        without kernel parameters where the template allows (enough to simulate)."""
         template = self.template
         if template is None or not self._per_task_timing():
             graph = self.graph(assignment)
             return graph, self.timing.durations(graph)
-        graph, pool_index, a2a = template.assemble(assignment)
-        if self._pool_s is None:
-            self._pool_s = self.timing.durations(template.pool)
-        dur = self._pool_s[pool_index]
+        graph, pool_index, a2a = template.assemble(assignment, params=params)
+        dur = self._pool_seconds()[pool_index]
         if a2a.size:
-            dur[a2a] = self._all_to_all_seconds(graph, int(a2a[0]))
+            dur[a2a] = self._all_to_all_seconds(float(all_to_all_message_bytes(self.spec, assignment, self.n_ranks))
+                                                if self.n_ranks > 1 else 0.0)
         return graph, dur
+
+    def _pool_seconds(self) -> np.ndarray:
+        """Durations of the template's pool tasks (seconds), timed once."""
+        if self._pool_s is None:
+            assert self.template is not None
+            self._pool_s = self.timing.durations(self.template.pool)
+        return self._pool_s
+
+    def lower_bound(self, assignment: np.ndarray) -> float:
+        """A closed-form lower bound of :meth:`objective` (seconds): the busiest CPU thread or compute stream
+        of any rank, whose tasks run one after another (0 where the timing is not per task; +inf when the
+        placement does not fit)."""
+        if np.any(self.memory(assignment) > self.platform.memory_bytes):
+            return float("inf")
+        template = self.template
+        if template is None or not self._per_task_timing():
+            return 0.0
+        if self._loads is None:
+            self._loads = template.processor_seconds(self._pool_seconds())
+        base, per_table = self._loads
+        busy = base[None, :2] + np.stack([np.bincount(assignment, weights=per_table[:, p], minlength=self.n_ranks)
+                                          for p in range(2)], axis=1)
+        return float(busy.max())
+
+    def memory(self, assignment: np.ndarray) -> np.ndarray:
+        """Device memory of each rank under ``assignment`` (bytes)."""
+        if self._dense_memory is None:
+            self._dense_memory = dlrm_dense_memory(self.spec, self.n_ranks)
+        return dlrm_memory_per_rank(self.spec, assignment, self.n_ranks, self._dense_memory)
 
     def _per_task_timing(self) -> bool:
         """Whether the timing prices each task from its own parameters alone (then a task copied from the
         template's pool takes the pool task's time)."""
         return not self.platform.embedding_step_reuse and not self.timing.contention_factors(self.n_ranks)
 
-    def _all_to_all_seconds(self, graph: ExecutionGraph, task: int) -> float:
-        """Seconds of the all-to-all ``task`` of ``graph`` (timed once per message size)."""
-        key = float(graph.params["msg_bytes"][task])
-        if key not in self._a2a_s:
+    def _all_to_all_seconds(self, msg_bytes: float) -> float:
+        """Seconds of the job's all-to-all of ``msg_bytes`` per rank (timed once per message size)."""
+        if msg_bytes not in self._a2a_s:
             b = GraphBuilder()
             proc = b.processor(0, ProcKind.GPU_STREAM, "stream comm")
-            params = {k: float(v[task]) for k, v in graph.params.items() if np.isfinite(v[task])}
-            b.task(proc, "all_to_all", graph.kinds[graph.kind[task]], Category(int(graph.category[task])),
-                   params=params)
-            self._a2a_s[key] = float(self.timing.durations(b.build())[0])
-        return self._a2a_s[key]
+            b.task(proc, "all_to_all", "all_to_all", Category.COMMUNICATION,
+                   params={"msg_bytes": msg_bytes, "world": self.n_ranks, "dtype_bytes": self.spec.dtype_bytes})
+            self._a2a_s[msg_bytes] = float(self.timing.durations(b.build())[0])
+        return self._a2a_s[msg_bytes]
 
     def evaluate(self, assignment: np.ndarray) -> tuple[CostResult, Timeline]:
         """Cost of a table -> rank assignment."""
-        mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
+        mem = self.memory(assignment)
         graph, dur = self.timed_graph(assignment)
         return evaluate_graph(graph, self.timing, mem, self.platform, durations=dur)
 
     def objective(self, assignment: np.ndarray) -> float:
         """Predicted iteration time (seconds; +inf when it does not fit)."""
-        mem = dlrm_memory_per_rank(self.spec, assignment, self.n_ranks)
-        if np.any(mem > self.platform.memory_bytes):
+        if np.any(self.memory(assignment) > self.platform.memory_bytes):
             return float("inf")
-        graph, dur = self.timed_graph(assignment)
+        graph, dur = self.timed_graph(assignment, params=False)
         return simulate(graph, dur).iteration_s
 
     def table_capacity_bytes(self, memory_fraction: float) -> float:

@@ -14,7 +14,11 @@ import numpy as np
 from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from tuner.sharders.base import CapacityLike, RngLike, check_assignment, per_rank_capacity, rank_loads
 
-__all__ = ["local_search"]
+__all__ = ["local_search", "BOUND_MARGIN"]
+
+#: relative slack of a lower bound over the best cost before a neighbour is pruned: the bound sums
+#: durations in another order than the simulator, which may differ in the last bits
+BOUND_MARGIN = 1e-9
 
 
 def _proxy(tables: EmbeddingTables) -> np.ndarray:
@@ -81,6 +85,7 @@ def local_search(
     max_evals: int = 200,
     rng: RngLike = None,
     start_cost: float | None = None,
+    lower_bound: Callable[[np.ndarray], float] | None = None,
 ) -> tuple[np.ndarray, float, int]:
     """Improve a table placement by first-improvement moves and swaps under ``cost_fn``.
 
@@ -119,6 +124,11 @@ def local_search(
         keeps a deterministic order.
     start_cost:
         Known cost of ``assignment`` (saves one evaluation).
+    lower_bound:
+        ``lower_bound(assignment) -> float``, never above ``cost_fn``'s value (e.g. the busiest
+        processor's summed task time). A neighbour whose bound already exceeds the best cost is
+        rejected without calling ``cost_fn``; it still counts as an evaluation, so the search takes
+        exactly the steps it takes without the bound, only cheaper.
 
     Returns
     -------
@@ -171,8 +181,10 @@ def local_search(
                     continue
                 cand[t], cand[x] = dst, src
                 d_mem = {src: delta, dst: -delta}
-            c = float(cost_fn(cand.copy()))
             evals += 1
+            if lower_bound is not None and lower_bound(cand) > best_cost * (1.0 + BOUND_MARGIN):
+                continue  # cannot beat (nor tie) the best: the simulator need not run
+            c = float(cost_fn(cand.copy()))
             if c < best_cost or (c == best_cost and _spread(cand, w, n_ranks) < spread):
                 best, best_cost = cand, c
                 spread = _spread(best, w, n_ranks)

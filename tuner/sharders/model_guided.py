@@ -125,6 +125,7 @@ class ModelGuidedSharder(Sharder):
             max_evals=max(self.max_evals - evals, 0),
             rng=self.seed,
             start_cost=start_cost,
+            lower_bound=job.lower_bound,  # prunes moves the simulator would reject (same steps)
         )
         info = {"start": start_name, "start_s": start_cost, "evaluations": evals + used}
         if self.type_evals > 0:

@@ -36,7 +36,7 @@ from predictor.sources.synth.emit import ExecMode, OpEmitter, column_sum, concat
 from predictor.sources.synth.mlp import backward_entry, layer_tensors, linear_grad_nodes
 from predictor.timing.kernels.embedding import RF_COLUMNS
 
-__all__ = ["DLRMSpec", "DLRMGraphTemplate", "build_dlrm_graph", "dlrm_memory_per_rank", "all_to_all_message_bytes", "ddp_buckets"]
+__all__ = ["DLRMSpec", "DLRMGraphTemplate", "build_dlrm_graph", "dlrm_memory_per_rank", "dlrm_dense_memory", "all_to_all_message_bytes", "ddp_buckets"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25
 
@@ -98,20 +98,30 @@ def all_to_all_message_bytes(spec: DLRMSpec, assignment: np.ndarray, n_ranks: in
     return float(max(sent.max(), recv))
 
 
-def dlrm_memory_per_rank(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int) -> np.ndarray:
+def dlrm_dense_memory(spec: DLRMSpec, n_ranks: int) -> tuple[float, float]:
+    """Bytes every rank holds whatever the placement: (MLP weights, gradients, optimizer state and DDP
+    buckets; the MLPs' activations of the local batch)."""
+    dt = spec.dtype_bytes
+    params = spec.mlp_param_count() * dt
+    opt_state = params if spec.optimizer == "adagrad" else 0
+    dense = params * 3 + opt_state  # weights, grads, DDP bucket copies
+    b = spec.batch_size / n_ranks
+    acts = sum(b * (i + 2 * o) * dt for _, i, o in spec.mlp_layers())
+    return dense, acts
+
+
+def dlrm_memory_per_rank(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int,
+                         dense_memory: tuple[float, float] | None = None) -> np.ndarray:
     """Device memory each rank needs (bytes): tables (+ optimizer state), MLP weights, gradients,
-    optimizer state and DDP buckets, and the iteration's activations and communication buffers."""
+    optimizer state and DDP buckets, and the iteration's activations and communication buffers.
+    ``dense_memory``: :func:`dlrm_dense_memory` of the spec, when the caller keeps it."""
     dt = spec.dtype_bytes
     t = spec.tables
     table_bytes = t.rows.astype(float) * t.dim * t.dtype_bytes
     if spec.optimizer == "adagrad":
         table_bytes = table_bytes + t.rows.astype(float) * 4  # row-wise adagrad state
     per_rank_tables = np.bincount(assignment, weights=table_bytes, minlength=n_ranks)
-    params = spec.mlp_param_count() * dt
-    opt_state = params if spec.optimizer == "adagrad" else 0
-    dense = params * 3 + opt_state  # weights, grads, DDP bucket copies
-    b = spec.batch_size / n_ranks
-    acts = sum(b * (i + 2 * o) * dt for _, i, o in spec.mlp_layers())
+    dense, acts = dense_memory or dlrm_dense_memory(spec, n_ranks)
     dims_per_rank = np.bincount(assignment, weights=t.dim.astype(float), minlength=n_ranks)
     pooled = spec.batch_size * dims_per_rank * dt  # lookups' outputs for the global batch
     a2a = 2 * all_to_all_message_bytes(spec, assignment, n_ranks)  # send + receive buffers
@@ -252,6 +262,10 @@ class DLRMGraphTemplate:
         in_bwd = (src >= self.mid_end) & (src < self.bwd_end)
         fixed = ~(in_fwd | in_bwd)
         off, coef = self._fixed_layout(n_pool)
+        #: the head, middle and tail pool tasks, their offsets in a rank's segment and their table coefficients
+        self.fixed_pool = np.concatenate([np.arange(self.head), np.arange(self.fwd_end, self.mid_end),
+                                          np.arange(self.bwd_end, n_pool)])
+        self.fixed_off, self.fixed_coef = off[self.fixed_pool], coef[self.fixed_pool]
         self.fixed_edges = (off[src[fixed]], coef[src[fixed]], off[dst[fixed]], coef[dst[fixed]], kind[fixed])
         self.fwd_edges = self._piece_edges(src[in_fwd], dst[in_fwd], kind[in_fwd], self.head, self.nf, n_tables)
         self.bwd_edges = self._piece_edges(src[in_bwd], dst[in_bwd], kind[in_bwd], self.mid_end, self.nb, n_tables)
@@ -286,9 +300,28 @@ class DLRMGraphTemplate:
         """The iteration graph of ``assignment`` (table -> rank)."""
         return self.assemble(assignment)[0]
 
-    def assemble(self, assignment: np.ndarray) -> tuple[ExecutionGraph, np.ndarray, np.ndarray]:
+    def processor_seconds(self, pool_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Busy seconds of each processor of a rank (CPU thread, compute stream, communication stream) given
+        the pool's task durations: (what every rank runs, shape (3,); what each table adds to its rank,
+        shape (tables, 3)). The all-to-alls count with the pool's durations."""
+        pool = self.pool
+        n_procs, n_tables = pool.n_procs, len(self.spec.tables)
+        fixed = np.ones(pool.n_tasks, dtype=bool)
+        fixed[self.head:self.fwd_end] = False
+        fixed[self.mid_end:self.bwd_end] = False
+        base = np.bincount(pool.proc[fixed], weights=pool_seconds[fixed], minlength=n_procs)
+        per_table = np.zeros((n_tables, n_procs))
+        for start, size in ((self.head, self.nf), (self.mid_end, self.nb)):
+            if n_tables and size:
+                rows = start + size * np.arange(n_tables)[:, None] + np.arange(size)
+                for p in range(n_procs):
+                    per_table[:, p] += np.where(pool.proc[rows] == p, pool_seconds[rows], 0.0).sum(axis=1)
+        return base, per_table
+
+    def assemble(self, assignment: np.ndarray, *, params: bool = True) -> tuple[ExecutionGraph, np.ndarray, np.ndarray]:
         """The iteration graph of ``assignment`` (table -> rank), the pool task each of its tasks copies,
-        and its all-to-all tasks (the only tasks whose parameters depend on the placement)."""
+        and its all-to-all tasks (the only tasks whose parameters depend on the placement).
+        ``params=False`` leaves out the kernel parameters (a graph to simulate with known durations)."""
         spec, n, pool = self.spec, self.n_ranks, self.pool
         a = np.asarray(assignment, dtype=np.int64)
         n_tables = len(spec.tables)
@@ -302,11 +335,7 @@ class DLRMGraphTemplate:
         base = np.concatenate([[0], np.cumsum(size)[:-1]])
         total = int(size.sum())
         sel = np.empty(total, dtype=np.int64)  # pool task of every task of the graph
-        fixed_pool = np.concatenate([np.arange(self.head), np.arange(self.fwd_end, self.mid_end),
-                                     np.arange(self.bwd_end, pool.n_tasks)])
-        off, coef = self._fixed_layout(pool.n_tasks)
-        sel[(base[:, None] + off[fixed_pool][None, :] + counts[:, None] * coef[fixed_pool][None, :]).ravel()] = \
-            np.tile(fixed_pool, n)
+        sel[(base[:, None] + self.fixed_off + counts[:, None] * self.fixed_coef).ravel()] = np.tile(self.fixed_pool, n)
         pos_f = base[a] + self.head + self.nf * k  # first task of each table's forward piece
         pos_b = base[a] + self.head + self.nf * counts[a] + mid + self.nb * k
         tables = np.arange(n_tables)[:, None]
@@ -335,8 +364,7 @@ class DLRMGraphTemplate:
                 kinds.append(np.full(holding.size, int(DepKind.GPU_GPU), dtype=np.int8))
         src, dst, ekind = np.concatenate(srcs), np.concatenate(dsts), np.concatenate(kinds)
         by_dst = np.argsort(dst, kind="stable")
-        params = self.params[:, sel]
-        cols = dict(zip(self.param_keys, params, strict=True))
+        cols = dict(zip(self.param_keys, self.params[:, sel], strict=True)) if params else {}
         a2a_tasks = a2a_pos.ravel()
         if "msg_bytes" in cols:
             cols["msg_bytes"][a2a_tasks] = all_to_all_message_bytes(spec, a, n) if n > 1 else 0.0
