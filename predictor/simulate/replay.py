@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from predictor.graph import Category
+from predictor.graph import Category, GraphBuilder, ProcKind
 from predictor.simulate import Breakdown, MeasuredTiming, Timeline, simulate, union_length
 from predictor.sources.traces.build import ReplayGraph, build_graph
 from predictor.sources.traces.load import TraceSet, load_traces
@@ -326,7 +327,23 @@ def scaled_durations(rg: ReplayGraph, *, gpu: float = 1.0, host: float = 1.0,
     return d
 
 
+def _warm_simulator() -> threading.Thread:
+    """Simulate a one-task graph on a thread: the simulator's compiled code loads (about 0.4 s in a fresh
+    process, mostly in LLVM without the GIL) while the traces are read."""
+    def run() -> None:
+        gb = GraphBuilder()
+        gb.task(gb.processor(0, ProcKind.CPU_THREAD, "warm-up"), "warm-up", "cpu_op", Category.CPU, duration=0.0)
+        simulate(gb.build())
+
+    th = threading.Thread(target=run, name="tuner-simulator-warm-up", daemon=True)
+    th.start()
+    return th
+
+
 def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_et: bool = True) -> ReplayResult:
     """Read, build and simulate the traces at ``source`` (file, folder, archive or a TraceSet)."""
+    warm = _warm_simulator()
     ts = source if isinstance(source, TraceSet) else load_traces(source, et, use_et=use_et)
-    return replay_graph(build_graph(ts))
+    rg = build_graph(ts)
+    warm.join()
+    return replay_graph(rg)
