@@ -29,6 +29,7 @@ SPACES: dict[str, tuple[str, str]] = {
     "sharding": ("tuner.search.sharding:ShardingSpace", "tuner.search.sharding:ShardingSearch"),
     "parallel": ("tuner.search.parallel:ParallelSpace", "tuner.search.parallel:ParallelSearch"),
     "accelerators": ("tuner.search.accelerators:AcceleratorSpace", "tuner.search.accelerators:AcceleratorSearch"),
+    "rent": ("tuner.search.rent:RentSpace", "tuner.search.rent:RentSearch"),
 }
 
 
@@ -90,6 +91,7 @@ class SearchRequest:
     quiet: bool
     console: Console
     progress: Progress | None = None
+    all_traces: bool = False  # charts and traces of every candidate's best option, not only the best plans
 
 
 def run_request(req: SearchRequest) -> str:
@@ -97,6 +99,7 @@ def run_request(req: SearchRequest) -> str:
     space = space_plugin(req.spec.space)(req.spec)  # type: ignore[attr-defined]
     result = run_search(space, storage=req.storage, workers=req.workers, address=req.address, resume=req.resume,
                         progress=req.progress)
+    space.all_traces = req.all_traces
     payload = space.write_outputs(result, req.out)
     if not req.quiet:
         space.print_table(payload, req.console)

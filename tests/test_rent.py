@@ -1,0 +1,214 @@
+"""`space: rent`: schema errors, the Pareto front and the picks, infeasible reasons, grid and NSGA-II searches."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.search import default_storage, run_search
+from tuner.search.registry import load_space
+from tuner.search.rent import RentSearch, device_counts, parse_amount
+from tuner.search.rent_answer import best_per_accelerator, dominates, launch_arguments, pareto_front, picks
+
+MODEL = {"name": "tiny-gpt", "layers": 4, "hidden": 256, "heads": 4, "seq": 128, "vocab": 1000}
+SPACE = {
+    "space": "rent",
+    "model": {"transformer": MODEL},
+    "training": {"tokens": "20M", "global_batch": 16},
+    "accelerators": ["a100-80gb", "h100-sxm"],
+    "devices": [1, 2, 4],
+    "ranges": {"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2], "recompute": ["none"]},
+    "search": {"strategy": "grid"},
+}
+
+
+def _write(tmp_path: Path, data: dict, name: str = "space.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _run(tmp_path: Path, data: dict, *extra: str, out: str = "out") -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["search", str(_write(tmp_path, data)), "--out", str(tmp_path / out), "--workers",
+                                   "0", *extra])
+    return res.exit_code, res.output
+
+
+def _payload(tmp_path: Path, out: str = "out") -> dict:
+    return json.loads((tmp_path / out / "results.json").read_text())
+
+
+def _space(**changes) -> dict:
+    data = json.loads(json.dumps(SPACE))
+    data.update(changes)
+    return data
+
+
+# --------------------------------------------------------------------------- schema
+@pytest.mark.parametrize(("change", "expect"), [
+    ({"model": {"transformer": MODEL, "module": {"name": "gpt2-tiny"}}}, "exactly one of transformer, dlrm, module"),
+    ({"training": {"tokens": "20M"}}, "training.global_batch"),
+    ({"training": {"tokens": "lots", "global_batch": 16}}, "training.tokens"),
+    ({"accelerators": ["a100-80gb", "tpu-v9"]}, "accelerators[1]"),
+    ({"pricing": {"column": "spot", "prices": {"a100-80gb": {"spot": 2.0}}}}, "h100-sxm has no 'spot' price"),
+    ({"pricing": {"prices": {"mi999": {"on_demand": 1.0}}}}, "pricing.prices: mi999"),
+    ({"devices": {"min": 64, "max": 8}}, "max=8 is below min=64"),
+    ({"deadline_days": 1, "deadline_hours": 3}, "not both"),
+    ({"budget_usd": -5}, "budget_usd"),
+    ({"ranges": {"tp": [3], "pp": [1]}}, "no valid candidate"),
+])
+def test_bad_space_is_one_error_line_and_exit_2(tmp_path, change, expect):
+    code, out = _run(tmp_path, _space(**change))
+    assert code == 2, out
+    errors = [x for x in out.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and expect in errors[0], out
+    assert "Traceback" not in out and not (tmp_path / "out" / "results.json").exists()
+
+
+def test_amounts_and_device_ranges(tmp_path):
+    assert parse_amount("300B") == 3e11 and parse_amount("1.5T") == 1.5e12 and parse_amount(4e9) == 4e9
+    assert parse_amount("2e3k") == 2e6
+    for bad in ("", "3 apples", True, -1):
+        with pytest.raises(ValueError):
+            parse_amount(bad)
+    spec = load_space(_write(tmp_path, _space(devices={"min": 8, "max": 1024})))
+    assert device_counts(spec.devices) == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert device_counts([16, 4]) == [4, 16]
+
+
+# --------------------------------------------------------------------------- the answer, on records
+def _rec(key: str, t: float, usd: float, status: str = "ok", acc: str = "a") -> dict:
+    return {"key": key, "status": status, "time_to_train_h": t, "usd": usd, "accelerator": acc}
+
+
+def test_front_is_feasible_non_dominated_and_complete():
+    recs = [_rec("fast", 1, 100), _rec("mid", 2, 50), _rec("slow", 4, 10), _rec("dominated", 3, 60),
+            _rec("tie", 2, 50), _rec("same-time-dearer", 1, 120), _rec("oom", 0.5, 1, "infeasible"),
+            _rec("late", 0.1, 0.1, "infeasible"), {"key": "failed", "status": "failed"}]
+    front = pareto_front(recs)
+    assert [r["key"] for r in front] == ["fast", "mid", "slow"]
+    ok = [r for r in recs if r["status"] == "ok"]
+    for f in front:  # non-dominated by any feasible record
+        assert not any(dominates(o, f) for o in ok)
+    for o in ok:  # every feasible record off the front is dominated by (or ties) a front point
+        if o not in front:
+            assert any(dominates(f, o) or (f["time_to_train_h"], f["usd"]) == (o["time_to_train_h"], o["usd"])
+                       for f in front)
+    p = picks(recs)
+    assert p["cheapest"]["key"] == "slow" and p["fastest"]["key"] == "fast"
+    per = best_per_accelerator([*recs, _rec("b1", 9, 9, acc="b")], ["a", "b", "c"])
+    assert per["b"]["cheapest"]["key"] == "b1" and per["c"] == {"cheapest": None, "fastest": None}
+    assert picks([_rec("x", 1, 1, "infeasible")]) == {"cheapest": None, "fastest": None}
+
+
+def test_launch_arguments():
+    from predictor.sources.synth.transformer import TransformerSpec
+
+    fields = {"tp": 4, "pp": 2, "dp": 8, "micro_batch": 2, "global_batch": 512, "schedule": "interleaved",
+              "virtual_stages": 2, "recompute": "full", "sequence_parallel": True, "distributed_optimizer": True}
+    rec = {"kind": "transformer", "devices": 64, "nodes": 8, "devices_per_node": 8, "fields": fields,
+           "iterations": 1000}
+    m = launch_arguments(rec, TransformerSpec(**{**MODEL, "layers": 40}))["megatron"]
+    for flag in ("torchrun --nnodes 8 --nproc-per-node 8", "--tensor-model-parallel-size 4",
+                 "--pipeline-model-parallel-size 2", "--micro-batch-size 2", "--global-batch-size 512",
+                 "--num-layers-per-virtual-pipeline-stage 10", "--sequence-parallel", "--recompute-granularity full",
+                 "--use-distributed-optimizer", "--train-iters 1000"):
+        assert flag in m
+    dlrm = {"kind": "dlrm", "devices": 4, "nodes": 1, "devices_per_node": 8,
+            "fields": {"global_batch": 1024, "sharder": "size_greedy"}}
+    out = launch_arguments(dlrm)
+    assert out["torchrun"] == "torchrun --nnodes 1 --nproc-per-node 4" and "batch per rank 256" in out["dlrm"]
+
+
+# --------------------------------------------------------------------------- searches
+def test_grid_search_front_picks_and_outputs(tmp_path):
+    code, out = _run(tmp_path, _space())
+    assert code == 0, out
+    p = _payload(tmp_path)
+    recs = {r["key"]: r for r in p["records"]}
+    ok = [r for r in p["records"] if r["status"] == "ok"]
+    assert p["counts"]["evaluated"] == p["counts"]["candidates"] == len(recs)  # grid: every candidate
+    assert ok and p["front"]
+    front = [recs[k] for k in p["front"]]
+    assert all(f["status"] == "ok" for f in front)
+    assert not any(dominates(o, f) for f in front for o in ok)
+    for r in ok:  # the work: ceil(tokens / (batch x seq)) iterations, cost = hours x devices x price
+        assert r["iterations"] == math.ceil(20e6 / MODEL["seq"] / 16)
+        assert r["time_to_train_h"] == pytest.approx(r["iterations"] * r["iteration_s"] / 3600)
+        assert r["usd"] == pytest.approx(r["time_to_train_h"] * r["devices"] * r["usd_per_device_hour"])
+        assert r["device_hours"] == pytest.approx(r["time_to_train_h"] * r["devices"])
+        assert r["memory_bytes_per_device"] <= r["device_memory_bytes"]
+    cheap, fast = p["picks"]["cheapest"], p["picks"]["fastest"]
+    assert cheap["usd"] == min(r["usd"] for r in ok) and fast["time_to_train_h"] == min(r["time_to_train_h"] for r in ok)
+    assert "megatron" in cheap["launch"] and (tmp_path / "out" / cheap["trace"]).exists()
+    assert all((tmp_path / "out" / f).exists() for f in cheap["launch_files"])
+    assert set(p["per_accelerator"]) == {"a100-80gb", "h100-sxm"}
+    for name in ("report.html", "results.csv", "figures/pareto.png", "study.db"):
+        assert (tmp_path / "out" / name).exists()
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<svg" in html and "<script" not in html and "Pareto front" in html and cheap["trace"] in html
+    assert "cheapest:" in out
+    code, out = _run(tmp_path, _space(), "--resume")
+    assert code == 0 and f"0 new, {len(recs)} from the study" in out, out
+
+
+def test_deadline_budget_and_memory_infeasible_with_reasons(tmp_path):
+    code, out = _run(tmp_path, _space(), out="free")
+    assert code == 0, out
+    free = [r for r in _payload(tmp_path, "free")["records"] if r["status"] == "ok"]
+    times = sorted(r["time_to_train_h"] for r in free)
+    costs = sorted(r["usd"] for r in free)
+    deadline, budget = times[len(times) // 2], costs[-len(costs) // 3]
+    # 10 GB devices: the unsplit plans at micro-batch 2 no longer fit
+    cat = tmp_path / "cat.yaml"
+    cat.write_text("h100-sxm:\n  memory:\n    - {name: l2, capacity_bytes: 52428800, bandwidth_bytes_per_s: 1.2e+13, "
+                   "on_chip: true}\n    - {name: hbm, capacity_bytes: 4.0e+8, bandwidth_bytes_per_s: 3.35e+12, "
+                   "on_chip: false}\n")
+    code, out = _run(tmp_path, _space(deadline_hours=deadline, budget_usd=budget, catalog=str(cat)), out="lim")
+    assert code == 0, out
+    p = _payload(tmp_path, "lim")
+    recs = p["records"]
+    reasons = [r["reason"] for r in recs if r["status"] == "infeasible"]
+    for kind in ("memory: ", "deadline: ", "budget: "):
+        assert any(kind in x for x in reasons), kind
+    for r in recs:
+        if r["status"] == "ok":
+            assert r["time_to_train_h"] <= deadline and r["usd"] <= budget
+        elif r["reason"].startswith("memory"):
+            assert r["memory_bytes_per_device"] > 4e8 and "GiB" in r["reason"]
+    front = set(p["front"])
+    assert all(r["status"] == "ok" for r in recs if r["key"] in front)
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert p["picks"]["cheapest"]["key"] == min(ok, key=lambda r: (r["usd"], r["time_to_train_h"]))["key"]
+    assert p["picks"]["fastest"]["key"] == min(ok, key=lambda r: (r["time_to_train_h"], r["usd"]))["key"]
+    # the study records infeasible candidates as pruned trials with the reason
+    study = optuna.load_study(study_name=p["study"]["name"], storage=f"sqlite:///{tmp_path / 'lim' / 'study.db'}")
+    pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert len(pruned) == sum(r["status"] == "infeasible" for r in recs)
+    assert all(t.user_attrs["error"] for t in pruned)
+
+
+def test_nsga2_search_evaluates_distinct_candidates_and_resumes(tmp_path):
+    data = _space(devices=[1, 2, 4, 8], deadline_hours=1e6,
+                  ranges={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch": [1, 2, 4], "recompute": ["none", "full"]},
+                  search={"strategy": "nsga2", "trials": 14, "population": 6, "seed": 1})
+    spec = load_space(_write(tmp_path, data, "n.yaml"))
+    assert RentSearch(spec).strategy == "nsga2"
+    code, out = _run(tmp_path, data)
+    assert code == 0, out
+    p = _payload(tmp_path)
+    assert p["strategy"] == "nsga2" and p["counts"]["evaluated"] == 14 < p["counts"]["candidates"]
+    assert len({r["key"] for r in p["records"]}) == 14
+    ok = [r for r in p["records"] if r["status"] == "ok"]
+    front = [r for r in p["records"] if r["key"] in set(p["front"])]
+    assert front and not any(dominates(o, f) for f in front for o in ok)
+    more = load_space(_write(tmp_path, {**data, "search": {**data["search"], "trials": 16}}, "more.yaml"))
+    res = run_search(RentSearch(more), storage=default_storage(tmp_path / "out"), workers=0, resume=True)
+    assert (res.evaluated, res.reused) == (2, 14)
