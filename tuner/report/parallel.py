@@ -101,6 +101,12 @@ def print_parallel_table(payload: dict, console: Console | None = None, top: int
             console.print(f"  {p.get('key')}: {p['status']} — {p.get('reason', '')}", highlight=False)
     if not ok:
         console.print("[red]no plan fits in memory[/]")
+    launch = payload.get("launch")
+    if launch:
+        changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in launch["torchtitan_changes"].items())
+        tail = (f"; torchtitan runs it with {changed}: {launch['torchtitan_predicted_iteration_s']:.3f} s/iteration"
+                if changed else "")
+        console.print(f"best plan as a launch: {', '.join(launch['files'])}{tail}", highlight=False)
 
 
 def _launch(ctx: ParallelContext, plan: ParallelPlan, predicted_s: float, out: Path) -> dict:
