@@ -134,3 +134,44 @@ def test_model_guided_types_never_worse_and_row_wise_for_one_giant_table():
     assert TypedShardingJob(job).objective(mg.sharded) == pytest.approx(mg.predicted_s)
     p, cost, info = refine_sharding_types(TypedShardingJob(job), mg.assignment, mg.info["table_wise_s"], cap, 0)
     assert info["evaluations"] == 0 and p.is_table_wise()
+
+
+def test_search_with_sharding_types_writes_typed_results_and_plan_files(tmp_path):
+    """A space whose model-guided sharder may change types: typed results, traces and plan files."""
+    import json
+
+    from tuner.search import default_storage
+    from tuner.search.sharding import ShardingSpace, run_sharding_search
+
+    space = ShardingSpace.model_validate({
+        "space": "sharding", "platform": "cpu-local", "n_gpus": 2, "batch_sizes": [1024],
+        "tasks": {"explicit": [{"name": "giant", "tables": [
+            {"rows": 2_000_000, "dim": 128, "pooling": 200.0}, {"rows": 1000, "dim": 16, "pooling": 1.0},
+            {"rows": 1000, "dim": 16, "pooling": 1.0}]}]},
+        "model": {"bottom_mlp": [64, 32], "top_mlp": [64, 1]},
+        "sharders": ["size_greedy", "lookup_greedy", "model_guided"],
+        "model_guided": {"max_evals": 6, "sharding_types": True, "type_evals": 6}})
+    result = run_sharding_search(space, storage=default_storage(tmp_path), workers=0)
+    out = tmp_path / "o"
+    payload = result.space.write_outputs(result, out)
+    mg = next(c for c in payload["tasks"][0]["candidates"] if c["sharder"] == "model_guided")
+    assert mg["assignment"] is None and {r["sharding_type"] for r in mg["sharding"]} - {"table_wise"}
+    assert payload["tasks"][0]["best"] == "model_guided"
+    assert list((out / "traces").glob("giant_b1024_model_guided.json"))
+    plan = json.loads((out / "plans" / "giant_b1024.json").read_text())
+    assert plan["world_size"] == 2 and plan["sharder"] == "model_guided"
+    t0 = plan["plan"][""]["t0"]
+    assert t0["sharding_type"] in ("row_wise", "column_wise") and len(t0["shards"]) == 2
+
+
+def test_torchrec_sharder_without_torchrec_is_one_clear_error(monkeypatch):
+    import tuner.integrations.torchrec_space as trs
+    from tuner.search.schema import SpaceError
+    from tuner.search.sharding import ShardingSpace, build_sharding_context
+
+    monkeypatch.setattr(trs, "torchrec_available", lambda: False)
+    space = ShardingSpace.model_validate({"space": "sharding", "platform": "a100-80gb", "n_gpus": 2,
+                                          "batch_sizes": [512], "tasks": {"generate": {"count": 1}},
+                                          "sharders": ["naive", "torchrec"]})
+    with pytest.raises(SpaceError, match="needs TorchRec"):
+        build_sharding_context(space)

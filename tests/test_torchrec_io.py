@@ -150,3 +150,33 @@ def test_torchrec_candidate_and_dense_estimate():
     placement, info = torchrec_placement(spec, 4, resolved.platform, 0.8, timing=resolved.timing())
     assert len(placement) == 4 and info["estimator"] == "tuner"
     assert sum(info["sharding_types"].values()) == 4
+
+
+def test_space_with_torchrec_task_and_sharder(tmp_path, model_module):
+    """A space reads a TorchRec model, runs TorchRec's planner as a candidate, writes loadable plans."""
+    import json
+
+    import torch
+
+    from tuner.search import default_storage
+    from tuner.search.schema import SpaceError
+    from tuner.search.sharding import ShardingSpace, build_sharding_context, run_sharding_search
+
+    doc = {"space": "sharding", "platform": "a100-80gb", "n_gpus": 4, "batch_sizes": [1024],
+           "tasks": {"torchrec": [{"model": f"{model_module}:make", "name": "mine", "pooling": 4.0}]},
+           "model": {"bottom_mlp": [64, 32], "top_mlp": [64, 1]},
+           "sharders": ["size_greedy", "model_guided", "torchrec"], "model_guided": {"max_evals": 4}}
+    space = ShardingSpace.model_validate(doc)
+    result = run_sharding_search(space, storage=default_storage(tmp_path), workers=0)
+    payload = result.space.write_outputs(result, tmp_path / "o")
+    cands = {c["sharder"]: c for c in payload["tasks"][0]["candidates"]}
+    assert cands["torchrec"]["status"] == "ok" and cands["torchrec"]["predicted_iteration_s"] > 0
+    assert payload["tasks"][0]["task"] == "mine" and payload["tasks"][0]["n_tables"] == 3
+    plan_doc = json.loads((tmp_path / "o" / "plans" / "mine_b1024.json").read_text())
+    assert set(plan_doc["plan"][""]) == {"users", "goods", "ads"}
+    plan = torch.load(tmp_path / "o" / "plans" / "mine_b1024.pt", weights_only=False)
+    assert str(plan) == str(load_sharding_plan(tmp_path / "o" / "plans" / "mine_b1024.json"))
+    # a topology of another size than n_gpus is one clear error
+    bad = ShardingSpace.model_validate({**doc, "n_gpus": 2})
+    with pytest.raises(SpaceError, match="world_size 4"):
+        build_sharding_context(bad)

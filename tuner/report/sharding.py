@@ -12,11 +12,13 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from predictor.sources.synth.dlrm_sharding import ShardedPlacement
 from tuner.report import atomic_write_text, json_default
 from tuner.search.core import SearchResult
 from tuner.search.sharding import ShardingContext
+from tuner.sharders.sharding_types import TypedShardingJob
 
-__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs"]
+__all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "write_plan_files", "placement_of"]
 
 
 def _best(cands: list[dict]) -> dict | None:
@@ -40,7 +42,8 @@ def sharding_payload(result: SearchResult) -> dict:
         if best:
             wins[best["sharder"]] = wins.get(best["sharder"], 0) + 1
         by = {c["sharder"]: c for c in cands}
-        heur = [c["predicted_iteration_s"] for c in cands if c["sharder"] != "model_guided" and c.get("status") == "ok"]
+        heur = [c["predicted_iteration_s"] for c in cands
+                if c["sharder"] not in ("model_guided", "torchrec") and c.get("status") == "ok"]
         mg = by.get("model_guided")
         if mg and mg.get("status") == "ok" and heur:
             gains.append(1.0 - mg["predicted_iteration_s"] / min(heur))
@@ -165,7 +168,7 @@ def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
         best = _best(cands)
         if not best:
             continue
-        _, tl = ctx.job(ti, b).evaluate(np.asarray(best["assignment"]))
+        _, tl = TypedShardingJob(ctx.job(ti, b)).evaluate(placement_of(best))
         tl.write_chrome_trace(traces / f"{ctx.tasks[ti].label}_b{b}_{best['sharder']}.json")
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
@@ -200,6 +203,46 @@ def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
                 lines.append(f"- batch {r.batch_size}, {r.sharder}: {r.status} — {r.reason}")
         lines.append("")
     atomic_write_text(out / "report.md", "\n".join(lines))
+    write_plan_files(result, out / "plans")
     atomic_write_text(out / "results.json", json.dumps(payload, indent=1, default=json_default))
     return payload
+
+
+def placement_of(candidate: dict) -> np.ndarray | ShardedPlacement:
+    """A result's placement: its rank-per-table ``assignment``, or its ``sharding`` (other sharding types)."""
+    if candidate.get("assignment") is not None:
+        return np.asarray(candidate["assignment"])
+    return ShardedPlacement.from_records(candidate["sharding"])
+
+
+def write_plan_files(result: SearchResult, folder: Path) -> list[Path]:
+    """The best plan of each task and batch as a TorchRec plan file, ``TASK_bBATCH.json``
+    (:func:`tuner.integrations.torchrec_io.write_plan_file`), and with TorchRec installed the same plan
+    as a pickled ``ShardingPlan``, ``TASK_bBATCH.pt``."""
+    from tuner.integrations.torchrec_io import (
+        load_sharding_plan,
+        save_torchrec_plan,
+        torchrec_available,
+        write_plan_file,
+    )
+
+    ctx: ShardingContext = result.space.worker_context()
+    pickled = torchrec_available()
+    written = []
+    for ti, b, cands in _units(result):
+        best = _best(cands)
+        if not best:
+            continue
+        tables = ctx.tasks[ti]
+        stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in f"{tables.label}_b{b}")
+        path = write_plan_file(folder / f"{stem}.json", tables, placement_of(best), world_size=ctx.space.n_gpus,
+                               batch_size=b, compute_device="cpu" if ctx.platform.kind == "cpu" else "cuda",
+                               local_world_size=min(ctx.space.n_gpus, int(ctx.platform.devices_per_node or 1)),
+                               paths=ctx.table_paths[ti] if ctx.table_paths else None,
+                               meta={"task": tables.label, "sharder": best["sharder"],
+                                     "predicted_iteration_s": best["predicted_iteration_s"]})
+        written.append(path)
+        if pickled:
+            save_torchrec_plan(path.with_suffix(".pt"), load_sharding_plan(path))
+    return written
 

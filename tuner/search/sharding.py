@@ -19,6 +19,7 @@ from optuna.distributions import CategoricalDistribution
 from pydantic import Field, field_validator, model_validator
 
 from predictor.sources.synth.dlrm import DLRMSpec
+from predictor.sources.synth.dlrm_sharding import ShardedPlacement
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
 from predictor.timing.kernels import ModelTiming
 from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, resolve_platform
@@ -29,6 +30,7 @@ from tuner.search.core import Candidate, Evaluator, Outcome, Progress, SearchRes
 from tuner.search.schema import PositiveInt, SpaceError, StrictModel
 from tuner.search.study import fingerprint
 from tuner.sharders import InfeasibleShardingError, ModelGuidedSharder, get_sharder
+from tuner.sharders.sharding_types import TypedShardingJob
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,6 +40,8 @@ __all__ = ["ShardingSpace", "ShardingContext", "ShardingSearch", "build_sharding
 
 HEURISTIC_SHARDERS = ("naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy")
 SHARDER_NAMES = (*HEURISTIC_SHARDERS, "model_guided")
+#: sharders a space may list besides the default ones: TorchRec's planner (needs the torchrec extra)
+OPTIONAL_SHARDERS = ("torchrec",)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -75,21 +79,33 @@ class GeneratedTasks(StrictModel):
 
 
 class TasksSpec(StrictModel):
-    """Where the tasks come from: generated, or given explicitly."""
+    """Where the tasks come from: generated, given explicitly, or read from TorchRec models."""
 
     generate: GeneratedTasks | None = None
     explicit: list[ExplicitTask] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> TasksSpec:
-        if not self.generate and not self.explicit:
-            raise ValueError("give 'generate' or 'explicit' tasks")
+        if not self.generate and not self.explicit and not self.torchrec:
+            raise ValueError("give 'generate', 'explicit' or 'torchrec' tasks")
         return self
+class TorchRecTask(StrictModel):
+    """A task whose tables come from a TorchRec model: ``package.module:callable`` returning an
+    ``EmbeddingBagCollection`` (or a module holding them), optionally with ``ParameterConstraints``
+    and a ``Topology`` (see :mod:`tuner.integrations.torchrec_io`)."""
+
+    model: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$", description="package.module:callable")
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+    pooling: float | None = Field(default=None, gt=0, le=1e6,
+                                  description="pooling factor of tables without ParameterConstraints")
+
+
 
 
 class DenseModel(StrictModel):
     """The dense part of DLRM (layer widths in elements)."""
 
+    torchrec: list[TorchRecTask] | None = None
     dense_features: PositiveInt = 13
     bottom_mlp: list[PositiveInt] = Field(default=[512, 256, 128], min_length=1)
     top_mlp: list[PositiveInt] = Field(default=[1024, 1024, 512, 256, 1], min_length=1)
@@ -98,7 +114,10 @@ class DenseModel(StrictModel):
 
 
 class ModelGuidedOptions(StrictModel):
-    """Budget of the model-guided sharder."""
+    """Budget of the model-guided sharder, and whether it may shard tables other than table-wise."""
+
+    sharding_types: bool = Field(default=False, description="also try row-, column-wise and data-parallel per table")
+    type_evals: int = Field(default=24, ge=1, le=100_000, description="simulations spent on sharding types")
 
     max_evals: PositiveInt = Field(default=60, description="simulations per task and batch size")
 
@@ -113,7 +132,8 @@ class ShardingSpace(StrictModel):
     batch_sizes: list[PositiveInt] = Field(min_length=1, description="global batch sizes")
     tasks: TasksSpec
     model: DenseModel = DenseModel()
-    sharders: list[Literal[SHARDER_NAMES]] = Field(default=list(SHARDER_NAMES), min_length=1)  # type: ignore[valid-type]
+    sharders: list[Literal[(*SHARDER_NAMES, *OPTIONAL_SHARDERS)]] = Field(  # type: ignore[valid-type]
+        default=list(SHARDER_NAMES), min_length=1)
     objective: Literal["iteration_time"] = "iteration_time"
     memory_fraction: float = Field(default=0.8, gt=0, le=1, description="share of device memory tables may use")
     model_guided: ModelGuidedOptions = ModelGuidedOptions()
@@ -138,6 +158,9 @@ class ShardingContext:
     platform: Platform
     tasks: list[EmbeddingTables]
     resolved: ResolvedPlatform  # the platform's kernel models: an asset pack's, or the analytic ones
+    #: per task: TorchRec module path of each table (tasks read from a TorchRec model) and its Topology
+    table_paths: list[dict[str, str]] | None = None
+    topologies: list | None = None
 
     @property
     def timing_source(self) -> str:
@@ -196,11 +219,11 @@ def build_sharding_context(space: ShardingSpace) -> ShardingContext:
     except (UnknownPlatformError, AssetPackError, CatalogError) as exc:
         raise SpaceError(f"platform: {exc.args[0]}") from None
     platform = resolved.platform
+    tasks: list[EmbeddingTables] = []
     if space.tasks.explicit:
         tasks = _explicit_tables(space)
-    else:
+    elif space.tasks.generate:
         gen = space.tasks.generate
-        assert gen is not None
         tasks = generate_tasks(
             space.n_gpus,
             n_tasks=gen.count,
@@ -209,15 +232,31 @@ def build_sharding_context(space: ShardingSpace) -> ShardingContext:
             memory_fraction=space.memory_fraction,
             dataset=gen.dataset,
         )
-    return ShardingContext(space, platform, tasks, resolved)
+    paths: list[dict[str, str]] = [{} for _ in tasks]
+    topologies: list = [None for _ in tasks]
+    if space.tasks.torchrec or "torchrec" in space.sharders:
+        from tuner.integrations.torchrec_space import require_torchrec, torchrec_tasks
+
+        require_torchrec("sharders: torchrec")
+        for tables, table_paths, topology in torchrec_tasks(space.tasks.torchrec or [], space.n_gpus):
+            tasks.append(tables)
+            paths.append(table_paths)
+            topologies.append(topology)
+    return ShardingContext(space, platform, tasks, resolved, paths, topologies)
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _placed(name: str, job: DLRMShardingJob, assignment: np.ndarray) -> dict:
-    res, _ = job.evaluate(assignment)
+def _placed(name: str, job: DLRMShardingJob, placement: np.ndarray | ShardedPlacement) -> dict:
+    """A placement's result; one with sharding types other than table-wise has ``assignment`` None and
+    its tables' shards in ``sharding``."""
+    res, _ = TypedShardingJob(job).evaluate(placement)
     d = res.as_dict()
+    tw = not isinstance(placement, ShardedPlacement) or placement.is_table_wise()
+    assignment = (placement.assignment() if isinstance(placement, ShardedPlacement) else placement) if tw else None
     d.update({"sharder": name, "status": "ok" if res.feasible else "infeasible",
-              "assignment": [int(x) for x in assignment]})
+              "assignment": None if assignment is None else [int(x) for x in assignment]})
+    if not tw:
+        d["sharding"] = placement.as_records()
     return d
 
 
@@ -251,15 +290,28 @@ def evaluate_sharding_unit(ctx: ShardingContext, task_index: int, batch_size: in
             out[name] = _not_placed(name, "failed", f"{type(exc).__name__}: {exc}")
     if "model_guided" in sharders:
         try:
-            sharder = ModelGuidedSharder(job, starts, max_evals=ctx.space.model_guided.max_evals, seed=rng_seed)
+            mg = ctx.space.model_guided
+            sharder = ModelGuidedSharder(job, starts, max_evals=mg.max_evals, seed=rng_seed,
+                                         type_evals=mg.type_evals if mg.sharding_types else 0)
             placement = sharder.place(capacity)
-            placed = _placed("model_guided", job, placement.assignment)
+            placed = _placed("model_guided", job, placement.sharded or placement.assignment)
             placed["search"] = placement.info
             out["model_guided"] = placed
         except InfeasibleShardingError as exc:
             out["model_guided"] = _not_placed("model_guided", "infeasible", str(exc))
         except Exception as exc:
             out["model_guided"] = _not_placed("model_guided", "failed", f"{type(exc).__name__}: {exc}")
+    if "torchrec" in sharders:
+        try:
+            from tuner.integrations.torchrec_estimator import torchrec_placement
+
+            topology = ctx.topologies[task_index] if ctx.topologies else None
+            p, info = torchrec_placement(job.spec, job.n_ranks, job.platform, ctx.space.memory_fraction,
+                                         topology=topology)
+            out["torchrec"] = _placed("torchrec", job, p)
+            out["torchrec"]["search"] = info
+        except Exception as exc:  # TorchRec's PlannerError (no plan fits) included: recorded, the search goes on
+            out["torchrec"] = _not_placed("torchrec", "failed", f"{type(exc).__name__}: {str(exc)[:500]}")
     return [out[s] for s in sharders]
 
 
