@@ -28,7 +28,7 @@ import typer
 
 from tuner.commands.common import console, fail
 
-SOURCES = "--workload MODEL.yaml or a captured TRACE"
+SOURCES = "--workload MODEL.yaml, a captured TRACE, --megatron-args FILE or --torchtitan FILE"
 
 
 def predict(
@@ -120,12 +120,18 @@ def _print_trace_result(r: dict) -> None:
         table.add_row("speed-up vs baseline", f"{r['speedup_vs_baseline']:.3f}x")
     for key, ch in r["changes"].items():
         if isinstance(ch, dict) and "from" in ch:
-            extra = ", ".join(f"{k} {v}" for k, v in ch.items() if k not in ("from", "to", "notes") and v is not None)
+            extra = ", ".join(f"{k} {v}" for k, v in ch.items()
+                              if k not in ("from", "to", "notes", "explanation", "host_s", "device_busy_s")
+                              and v is not None)
             table.add_row(f"change: {key}", f"{ch['from']} -> {ch['to']}" + (f" ({extra})" if extra else ""))
         else:
             table.add_row(f"change: {key}", json.dumps(ch))
     if not r["changes"]:
         table.add_row("changes", "none (replay of the capture)")
+    if "explanation" in r["changes"].get("platform", {}):
+        table.add_row("host vs device", r["changes"]["platform"]["explanation"])
+    for kind, fb in r.get("fallback", {}).items():
+        table.add_row(f"no kernel model: {kind}", f"{fb['tasks']} tasks, {fb['how']}")
     table.add_row("timing source", r["timing_source"])
     c = r["retimed_tasks"]
     table.add_row(f"tasks ({c.get('mode', '')}): measured / model / anchored / ratio (no model) / new",
