@@ -233,3 +233,18 @@ def test_manual_stage_option_from_predicted_costs_partitions_the_model():
     assert sum(h * d for h, d in opt["submesh_physical_shapes"]) == 4
     for phys, logical in zip(opt["submesh_physical_shapes"], opt["submesh_logical_shapes"], strict=True):
         assert phys[0] * phys[1] == logical[0] * logical[1]
+
+
+def test_default_predictor_simulates_stages_on_the_mesh_platform():
+    from predictor.timing.platforms import get_platform
+
+    vm = VirtualMesh.from_platform(get_platform("a100-80gb"), num_hosts=1, num_devices_per_host=2)
+    subs = get_submesh_choices(1, 2)
+    cfgs = get_all_submesh_autosharding_config_choices(vm, subs, "single_node_model_parallel", 2)
+    cost, succ = get_compute_cost(vm, subs, cfgs, alpa_layers(SPEC, 2, 2))
+    finite = np.isfinite(cost)
+    assert finite.any() and (cost[finite] > 0).all() and (succ[finite] >= 0).all()
+    plan = stage_construction_dp(cost, succ, [h * d for h, d in subs], 2, 8)
+    assert sum(manual_stage_option(plan, subs, cfgs)["forward_stage_layer_ids"], []) == [0, 1]
+    with pytest.raises(ValueError, match="predictor"):
+        get_compute_cost(VirtualMesh(1, 2, 80 * GIB), subs, cfgs, alpa_layers(SPEC, 2, 2))

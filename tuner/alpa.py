@@ -553,6 +553,12 @@ class VirtualMesh:
     num_hosts: int
     num_devices_per_host: int
     memory_bytes: float  #: device memory, bytes
+    platform: Platform | None = None  #: the devices, for the default stage predictor
+
+    @classmethod
+    def from_platform(cls, platform: Platform, num_hosts: int, num_devices_per_host: int | None = None) -> VirtualMesh:
+        """``num_hosts`` hosts of ``platform`` devices (per host: the catalog's unless given)."""
+        return cls(num_hosts, num_devices_per_host or platform.devices_per_node, platform.memory_bytes, platform)
 
     @property
     def num_devices(self) -> int:
@@ -625,13 +631,15 @@ def get_compute_cost(virtual_mesh: VirtualMesh, submesh_choices: Sequence[tuple[
     than ``stage_imbalance_tolerance`` is skipped, and ``None`` configs are skipped; "individual"
     mode sums single-layer costs. ``layers`` are :func:`alpa_layers`; the JAX-specific arguments
     (accumulator mapping, gradient variables, apply-grad layers, default auto-sharding option) are
-    accepted and not read. ``predictor`` defaults to a :class:`SimulatedStagePredictor` needing a platform,
-    so pass one unless the layers' costs come from a learned model.
+    accepted and not read. ``predictor`` defaults to a :class:`SimulatedStagePredictor` of the
+    mesh's platform (:meth:`VirtualMesh.from_platform`); a learned stage model plugs in the same way.
     """
     if inference_mode:
         raise ValueError("inference_mode: tuner predicts training stages (forward + backward) only")
     if predictor is None:
-        raise ValueError("give predictor= (e.g. SimulatedStagePredictor(platform) or a LearnedStagePredictor)")
+        if virtual_mesh.platform is None:
+            raise ValueError("give predictor= or a VirtualMesh with a platform (VirtualMesh.from_platform)")
+        predictor = SimulatedStagePredictor(virtual_mesh.platform)
     opt = auto_stage_option or AutoStageOption()
     if opt.layer_profile_mode not in ("composition", "individual"):
         raise ValueError(f"unknown layer_profile_mode {opt.layer_profile_mode!r}: composition or individual")
