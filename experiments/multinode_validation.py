@@ -1,15 +1,15 @@
 """Multi-node GPT training: predicted vs published iteration times, old and new communication model.
 
-The published rows (A100 and H100 clusters, 8 to 3072 GPUs, Megatron-LM and NeMo) and their
-sources are in ``experiments/multinode_published.yaml``. For each communication model —
-``line`` (every collective on the latency-bandwidth line of the raw link rates, the model before
-NCCL's) and ``nccl`` (NCCL's ring / tree / protocol cost model on the catalog's network fields) —
-the script
+The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo and MosaicML's
+FSDP runs) and their sources are in ``experiments/multinode_published.yaml``. For each
+communication model — ``line`` (every collective on the latency-bandwidth line of the raw link
+rates, the model before NCCL's) and ``nccl`` (NCCL's ring / tree / protocol cost model on the
+catalog's network fields) — the script
 
 1. predicts every row with the catalog as is (uncalibrated);
-2. fits ONE constant per platform, the A100's ``gemm_efficiency_max`` (golden-section search on the
-   mean |error|), on ONE source, SC21 Table 1, and predicts every row again; the H100 keeps its
-   catalog value (no H100 row is fitted);
+2. fits ONE constant per chip, its ``gemm_efficiency_max`` (golden-section search on the mean
+   |error|), on ONE source: the A100's (both catalog entries, one GA100 die) on SC21 Table 1, the
+   H100's on MosaicML's H100 BF16 table; predicts every row again;
 3. reports mean / max |error| over the held-out rows, Spearman rank correlation of per-GPU
    throughput within each model that has several rows, and per row the error of both models;
 4. checks the orderings SC21 §5.4 states in its text for 64-GPU sweeps of tensor vs pipeline and
@@ -18,7 +18,7 @@ the script
    and fall as p grows (Fig. 14).
 
 Run: ``python experiments/multinode_validation.py`` (writes
-``experiments/results/multinode_validation.md`` and ``.json``; about 3 minutes on 2 cores).
+``experiments/results/multinode_validation.md`` and ``.json``; about 10 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec  # noqa: E402
+from predictor.simulate import simulate  # noqa: E402
+from predictor.sources.synth.transformer import (  # noqa: E402
+    ParallelPlan,
+    TransformerSpec,
+    build_transformer_graph,
+    transformer_timing,
+)
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
@@ -54,6 +60,7 @@ MODELS = ("line", "nccl")
 class Row:
     """One published run: its source, model, plan and measured iteration seconds."""
 
+    key: str  #: the source's key in the data file
     source: str
     platform: str
     split: str
@@ -91,6 +98,12 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 base = dict(tp=tp, pp=pp, global_batch=batch, micro_batch=mb, **sched, **d)
                 plans = [(f"{name} full recompute", dict(base, recompute="full"), full_s, {}),
                          (f"{name} SP + selective", dict(base, recompute="selective", sequence_parallel=True), sel_s, {})]
+            elif key.startswith("mosaic"):
+                name, hidden, layers, heads, gpus, mb, ga, ckpt, tps = r
+                gbs = gpus * mb * ga
+                t = gbs * seq / (tps * gpus)
+                plans = [(name, dict(tp=1, pp=1, global_batch=gbs, micro_batch=mb,
+                                     recompute="full" if ckpt else "none", **d), t, {"tokens_per_s_per_gpu": tps})]
             else:
                 name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, tps = r
                 sched = dict(schedule="interleaved", virtual_stages=vp) if vp > 1 else dict(schedule="1f1b")
@@ -103,7 +116,7 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 if plan.get("tp", 1) == 1:
                     plan.pop("sequence_parallel", None)
                 spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d)
-                rows.append(Row(src["cite"], src["platform"], src["split"], model, spec, plan, gpus, float(t),
+                rows.append(Row(key, src["cite"], src["platform"], src["split"], model, spec, plan, gpus, float(t),
                                 float(plan["global_batch"] * seq), extra))
     return rows
 
@@ -119,27 +132,42 @@ def platform_for(key: str, comm: str, gemm_eff: float | None = None) -> Platform
     return base.model_copy(update=upd)
 
 
+#: one fitted constant per chip: (the source it is fitted on, the catalog entries of that chip)
+FITS = {"A100": ("sc21_t1", ("a100-80gb", "a100-40gb")), "H100": ("mosaic_h100", ("h100-sxm",))}
+
+
 def predict(rows: list[Row], comm: str, eff: dict[str, float]) -> np.ndarray:
-    """Predicted iteration seconds of ``rows`` (NaN where the plan does not fit in memory)."""
+    """Predicted iteration seconds of ``rows`` (NaN where ``tuner predict`` finds the plan out of memory).
+
+    FSDP rows are simulated without the memory check: the memory model does not shard parameters
+    and gradients over the data-parallel group (only optimizer state, ``distributed_optimizer``).
+    """
     out = np.full(len(rows), np.nan)
     for i, r in enumerate(rows):
         plat = platform_for(r.platform, comm, eff.get(r.platform))
-        res, _ = predict_plan(TransformerSpec(**r.spec), ParallelPlan(**r.plan), plat, devices=r.gpus)
+        spec, plan = TransformerSpec(**r.spec), ParallelPlan(**r.plan)
+        if plan.fsdp:
+            timing = transformer_timing(plat)
+            graph = build_transformer_graph(spec, plan, devices_per_node=plat.devices_per_node, timing=timing)
+            out[i] = simulate(graph, timing).iteration_s
+            continue
+        res, _ = predict_plan(spec, plan, plat, devices=r.gpus)
         if res["predicted_iteration_s"] is not None:
             out[i] = res["predicted_iteration_s"]
     return out
 
 
-def fit_a100(rows: list[Row], comm: str, tol: float = 0.004) -> tuple[float, int]:
-    """Golden-section search of the A100 GEMM ceiling on the ``fit`` rows' mean |error|."""
-    fit = [r for r in rows if r.split == "fit"]
+def fit_chip(rows: list[Row], comm: str, chip: str, tol: float = 0.004) -> tuple[float, int]:
+    """Golden-section search of ``chip``'s GEMM ceiling on the mean |error| of its fit source's rows."""
+    source, keys = FITS[chip]
+    fit = [r for r in rows if r.key == source]
     meas = np.asarray([r.measured_s for r in fit])
     g, n = (math.sqrt(5) - 1) / 2, 0
 
     def f(x: float) -> float:
         nonlocal n
         n += 1
-        return float(np.nanmean(np.abs(predict(fit, comm, {"a100-80gb": x}) / meas - 1)))
+        return float(np.nanmean(np.abs(predict(fit, comm, dict.fromkeys(keys, x)) / meas - 1)))
 
     a, b = 0.5, 0.99
     c, d = b - g * (b - a), a + g * (b - a)
@@ -215,19 +243,21 @@ def run(rows: list[Row], comm: str) -> dict:
     held = np.asarray([r.split != "fit" for r in rows])
     t0 = time.perf_counter()
     unc = predict(rows, comm, {})
-    eff, n = fit_a100(rows, comm)
-    cal = predict(rows, comm, {"a100-80gb": eff})
+    fitted = {chip: fit_chip(rows, comm, chip) for chip in FITS}
+    eff = {key: fitted[chip][0] for chip, (_, keys) in FITS.items() for key in keys}
+    cal = predict(rows, comm, eff)
     err_u, err_c = (unc / meas - 1) * 100, (cal / meas - 1) * 100
     by_source = {}
     for src in dict.fromkeys(r.source for r in rows):
         m = np.asarray([r.source == src for r in rows])
         by_source[src] = summary(err_c, m)
     return {
-        "fitted_a100_gemm_efficiency_max": eff, "fit_evaluations": n,
+        "fitted_gemm_efficiency_max": {chip: {"value": v, "source": FITS[chip][0], "platforms": list(FITS[chip][1]),
+                                              "evaluations": n} for chip, (v, n) in fitted.items()},
         "uncalibrated": {"held_out": summary(err_u, held), "fit": summary(err_u, ~held)},
         "calibrated": {"held_out": summary(err_c, held), "fit": summary(err_c, ~held), "by_source": by_source},
         "within_model_spearman": within_model_ranks(rows, cal),
-        "sc21_sweeps": sweep_checks(comm, eff),
+        "sc21_sweeps": sweep_checks(comm, eff["a100-80gb"]),
         "predicted_s": cal.tolist(), "error_pct": err_c.tolist(), "seconds": time.perf_counter() - t0,
     }
 
@@ -263,14 +293,15 @@ def render(p: dict) -> str:
     ms = list(p["models"])
     L = ["# Multi-node GPT training: predicted vs published", "",
          f"`python experiments/multinode_validation.py` — {p['date']}, {p['machine']}. Published rows and their "
-         f"sources: `{p['data']}`. One constant fitted (the A100 GEMM ceiling, on SC21 Table 1); every other "
-         "source held out; the H100 uses its catalog entry unfitted.", "",
-         "| communication model | A100 GEMM ceiling (fitted) | held-out rows | held-out mean abs % | held-out max abs % "
+         f"sources: `{p['data']}`. One constant fitted per chip, the GEMM ceiling: the A100's (both catalog entries) "
+         "on SC21 Table 1, the H100's on MosaicML's H100 table; every other source held out.", "",
+         "| communication model | GEMM ceiling fitted (A100 / H100) | held-out rows | held-out mean abs % | held-out max abs % "
          "| mean signed % | fit rows mean abs % | uncalibrated held-out mean abs % |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for c in ms:
         x = p["models"][c]
         h, f, u = x["calibrated"]["held_out"], x["calibrated"]["fit"], x["uncalibrated"]["held_out"]
-        L.append(f"| {c} | {x['fitted_a100_gemm_efficiency_max']:.3f} | {h['rows']} (+{h['missing']} out of memory) | "
+        fe = x["fitted_gemm_efficiency_max"]
+        L.append(f"| {c} | {fe['A100']['value']:.3f} / {fe['H100']['value']:.3f} | {h['rows']} (+{h['missing']} out of memory) | "
                  f"{_f(h['mean_abs_pct'])} | {_f(h['max_abs_pct'])} | {_f(h['mean_signed_pct'], '{:+.1f}')} | "
                  f"{_f(f['mean_abs_pct'])} | {_f(u['mean_abs_pct'])} |")
     L += ["", "## By source (calibrated)", "", "| source | " + " | ".join(f"{c}: mean / max abs %" for c in ms) + " |",

@@ -81,7 +81,8 @@ class GroupLayout:
         dp_g = group_span(np.arange(dp) * tp, dpn)
         ep_g = group_span(np.arange(ep) * tp, dpn)
         edp_g = group_span(np.arange(0, dp, ep) * tp, dpn)
-        mp_ranks = [rank(s, d, t) for s in range(pp) for t in range(tp) for d in range(dp if plan.distributed_optimizer else 1)]
+        sharded = plan.distributed_optimizer or plan.fsdp
+        mp_ranks = [rank(s, d, t) for s in range(pp) for t in range(tp) for d in range(dp if sharded else 1)]
         mp_g = group_span(np.asarray(mp_ranks), dpn)
         links = [group_span(np.asarray([rank(s, 0, 0), rank((s + 1) % pp, 0, 0)]), dpn) for s in range(pp)]
         tied = group_span(np.asarray([rank(0, 0, 0), rank(pp - 1, 0, 0)]), dpn)
@@ -110,6 +111,7 @@ class StepEmitter(OpEmitter):
         self.last: int | None = None
         self.after_next: list[int] = []  # tasks the next compute op must wait for
         self._tp_stream: int | None = None
+        self._reduce_stream: int | None = None
 
     @property
     def tp_stream(self) -> int:
@@ -119,6 +121,15 @@ class StepEmitter(OpEmitter):
         if self._tp_stream is None:
             self._tp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream tp")
         return self._tp_stream
+
+    @property
+    def reduce_stream(self) -> int:
+        """Second communication stream (FSDP's reduce-scatters, beside the gathers' stream)."""
+        if self.mode != "device":
+            return self.comm
+        if self._reduce_stream is None:
+            self._reduce_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream fsdp reduce")
+        return self._reduce_stream
 
     def op(self, name: str, kernels, *, comm: bool = False, async_op: bool = False, after=(), group: int = -1) -> list[int]:
         if not comm and self.after_next:

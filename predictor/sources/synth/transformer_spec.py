@@ -138,6 +138,11 @@ class ParallelPlan:
     tp_comm_overlap: bool = False  #: overlap the input-gradient all-reduce with the wgrad GEMM
     pp_scatter_gather: bool = True
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    #: PyTorch FSDP FULL_SHARD over the data-parallel group (tp = pp = 1): each layer's parameters are
+    #: all-gathered (in the model dtype) before its forward and again before its backward, the next
+    #: layer's gather prefetched on the communication stream; its gradients are reduce-scattered (in
+    #: ``grad_reduce_dtype``) after every micro-batch's backward; Adam updates the local shard
+    fsdp: bool = False
 
     @property
     def devices(self) -> int:
@@ -157,7 +162,8 @@ class ParallelPlan:
         sched = self.schedule if self.schedule == "1f1b" or self.pp == 1 else f"int{self.virtual_stages}"
         extra = "-sp" if self.sequence_parallel and self.tp > 1 else ""
         extra += f"-ep{self.ep}" if self.ep > 1 else ""
-        extra += "-zero1" if self.distributed_optimizer else ""
+        extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
+        extra += "-fsdp" if self.fsdp else ""
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{self.recompute}{extra}"
 
     def to_dict(self) -> dict:
@@ -190,6 +196,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         raise PlanError(
             f"the interleaved schedule needs the micro-batches per replica ({plan.micro_batches}) divisible by pp={plan.pp}"
         )
+    if plan.fsdp and (plan.tp > 1 or plan.pp > 1 or spec.moe is not None):
+        raise PlanError("fsdp shards a dense model over data parallelism only (tp = pp = 1)")
     if plan.ep > 1 and spec.moe is None:
         raise PlanError(f"ep={plan.ep} needs a MoE model (the model has no experts)")
     if spec.moe is not None:

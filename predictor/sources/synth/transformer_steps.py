@@ -118,13 +118,25 @@ class StepTemplates:
         _, e = self._new()
         ops = self.ops
         markers: dict = {}
+        fsdp = self.plan.fsdp and self.plan.dp > 1
         if phase == "F":
+            if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
+                e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params())
+                gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", ops.layer_params)
             if first:
                 ops.embedding_fwd(e)
             for i in range(self.layers_per_chunk):
+                if fsdp:
+                    e.after_next += gathered
+                    if i + 1 < self.layers_per_chunk:
+                        gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", ops.layer_params)
                 ops.layer_fwd(e, f"layer[{i}].")
             if last:
                 ops.head_fwd(e)
+        elif fsdp:
+            reduces = self._fsdp_backward(e, first, last)
+            if final:  # the optimizer waits for the last micro-batch's reduce-scatters
+                markers["dp"] = reduces
         else:
             kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
             dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad", self.lay.dp_share)
@@ -154,6 +166,41 @@ class StepTemplates:
         blk = e.freeze(markers)
         self._blocks[key] = blk
         return blk
+
+    def _root_params(self) -> float:
+        """Parameters of FSDP's root unit: the embeddings (and an untied head)."""
+        spec = self.spec
+        head = 0.0 if spec.tie_embeddings else spec.padded_vocab(1) * spec.hidden
+        return spec.padded_vocab(1) * spec.hidden + spec.seq * spec.hidden + 2 * spec.hidden + head
+
+    def _fsdp_gather(self, e: StepEmitter, name: str, params: float) -> list[int]:
+        """FSDP: all-gather ``params`` parameters (model dtype) on the communication stream."""
+        dt = self.spec.dtype_bytes
+        return e.op(name, [collective(name, "all_gather", params * dt, self.lay.dp, dt)], comm=True, async_op=True)
+
+    def _fsdp_reduce(self, e: StepEmitter, name: str, params: float) -> list[int]:
+        """FSDP: reduce-scatter ``params`` gradients once the backward that produced them is done."""
+        k = collective(name, "reduce_scatter", params * self.grad_bytes, self.lay.dp, self.grad_bytes)
+        return e.op_on(e.reduce_stream, name, [k], after=[e.last] if e.last is not None else [])
+
+    def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool) -> list[int]:
+        """FSDP backward: layers in reverse, each re-gathered (the previous layer's gather prefetched,
+        BACKWARD_PRE) and its gradients reduce-scattered; the root unit's gradients last. Returns the
+        reduce-scatters."""
+        ops, n = self.ops, self.layers_per_chunk
+        reduces: list[int] = []
+        gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", ops.layer_params)
+        if last:
+            ops.head_bwd(e)
+        for i in reversed(range(n)):
+            e.after_next += gathered
+            if i > 0:
+                gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", ops.layer_params)
+            ops.layer_bwd(e, f"layer[{i}].")
+            reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", ops.layer_params)
+        if first:
+            ops.embedding_bwd(e)
+        return reduces + self._fsdp_reduce(e, "fsdp.root.reduce_scatter", self._root_params())
 
     def preamble_block(self, gather: bool) -> ExecutionGraph:
         """CPU sync after a blocking p2p exchange (+ the scatter/gather all-gather of a received tensor)."""
@@ -200,7 +247,7 @@ class StepTemplates:
             markers["tied"] = k[0]
             markers["wait_compute"].append(k[0])
             after_comm.append(k[0])
-        local = params / (plan.dp if plan.distributed_optimizer else 1)
+        local = params / (plan.dp if plan.distributed_optimizer or plan.fsdp else 1)
         if spec.program == "eager" and plan.tp * plan.pp * plan.dp == 1:
             self._eager_optimizer(e, local, after_comm, markers)
         else:
@@ -214,6 +261,8 @@ class StepTemplates:
     def _reduce_all_gradients(self, e: StepEmitter, params: float) -> list[int]:
         """Without ``overlap_grad_reduce``: every gradient bucket after the last backward, dense
         gradients first, then the experts'; returns the launched collectives."""
+        if self.plan.fsdp:  # every micro-batch's backward reduce-scatters its own gradients
+            return []
         kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
         dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
         expert_total = self.ops.expert_params * self.layers_per_chunk * self.v
@@ -239,7 +288,7 @@ class StepTemplates:
              group=group)
         e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
                                  {"elements": local, "dtype_bytes": 4, "bytes": ADAM_BYTES_PER_PARAM * local})])
-        if plan.distributed_optimizer and plan.dp > 1:
+        if plan.distributed_optimizer and not plan.fsdp and plan.dp > 1:
             e.op("param.all_gather", [collective("param.all_gather", "all_gather", params * spec.dtype_bytes,
                                                  self.lay.dp, spec.dtype_bytes)])
 
