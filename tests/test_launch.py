@@ -41,6 +41,8 @@ PLANS = [
     ParallelPlan(tp=1, pp=4, dp=2, micro_batch=1, global_batch=16, schedule="interleaved", virtual_stages=2,
                  tp_comm_overlap=True),
     ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32),
+    ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, recompute="full"),
+    ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, distributed_optimizer=True),
 ]
 
 
@@ -68,9 +70,13 @@ def test_torchtitan_toml_reads_back_to_the_plan_torchtitan_runs(plan):
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (plan.tp, plan.pp)
     assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == plan.dp
     back = read_torchtitan_toml(text, "f")
-    assert back.spec == SPEC and back.plan == torchtitan_plan(plan) and back.devices == plan.devices
+    assert back.spec == SPEC and back.plan == torchtitan_plan(plan, SPEC) and back.devices == plan.devices
     if plan.tp > 1:
         assert back.plan.sequence_parallel  # torchtitan's TP is sequence parallel
+    # torchtitan shards data parallelism with FSDP: tuner's fsdp when there is no TP or PP
+    sharded = plan.fsdp or plan.distributed_optimizer
+    assert back.plan.fsdp == (sharded and plan.tp == plan.pp == 1)
+    assert back.plan.distributed_optimizer == (sharded and not back.plan.fsdp)
 
 
 def test_moe_and_dtype_flags_round_trip():
@@ -102,6 +108,14 @@ torchrun --nproc_per_node 8 --nnodes 2 --node_rank $NODE_RANK pretrain_gpt.py \\
     assert {"--lr", "--train-iters", "--data-path", "--vocab-file"} <= set(back.ignored)
 
 
+def test_megatron_fsdp_flags():
+    shape = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+    assert read_megatron_args(shape + "--use-torch-fsdp2", devices=8).plan.fsdp
+    assert read_megatron_args(shape + "--use-megatron-fsdp", devices=8).plan.fsdp  # optim_grads_params by default
+    zero = read_megatron_args(shape + "--use-megatron-fsdp --data-parallel-sharding-strategy optim", devices=8)
+    assert not zero.plan.fsdp and zero.plan.distributed_optimizer and zero.notes
+
+
 @pytest.mark.parametrize("text, expected", [
     ("--num-layers 8 --hidden-size 1024", "--num-attention-heads is missing"),
     ("--num-layers x --hidden-size 1024", "--num-layers expects an integer"),
@@ -131,7 +145,7 @@ def test_bad_torchtitan_files_raise_one_line():
         read_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "2"\n', "f", spec=SPEC, devices=4)
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
     plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan
-    assert (plan.dp, plan.distributed_optimizer, plan.micro_batch, plan.recompute) == (4, True, 8, "selective")
+    assert (plan.dp, plan.fsdp, plan.micro_batch, plan.recompute) == (4, True, 8, "selective")
 
 
 def test_written_files_score_the_same_prediction(tmp_path):

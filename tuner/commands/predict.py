@@ -50,6 +50,11 @@ def predict(
     """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
     if workload is not None and path is not None:
         fail(f"give either --workload MODEL.yaml or a TRACE, not both (got {path} and --workload {workload})")
+    for flag, value in (("--devices-per-node", devices_per_node), ("--devices", devices)):
+        if value is not None and not 1 <= value <= 65536:
+            fail(f"{flag} must be 1 .. 65536, got {value}")
+    if trace is not None and trace.is_dir():
+        fail(f"--trace {trace}: is a folder; give the trace file to write, e.g. {trace / 'trace.json'}")
     if megatron is not None or torchtitan is not None:
         _predict_launch(megatron, torchtitan, workload, path, set_ or [], platform, catalog, devices_per_node, devices,
                         detail, trace, as_json, launch)
@@ -100,7 +105,10 @@ def _emit(result: dict, timeline, trace: Path | None, as_json: bool, print_table
     """Write the Chrome trace when asked (its path goes into ``result``), then print ``result`` as
     JSON or with ``print_table``."""
     if trace is not None and timeline is not None:
-        result["trace"] = str(timeline.write_chrome_trace(trace))
+        try:
+            result["trace"] = str(timeline.write_chrome_trace(trace))
+        except OSError as exc:
+            fail(f"--trace {trace}: {exc.strerror or exc}")
     if as_json:
         print(json.dumps(result, indent=1, default=_json_default))
         return
@@ -247,11 +255,11 @@ def _plan_sets(sets: list[str]) -> dict:
 
 def _platform(key: str, catalog: Path | str | None):
     """The catalog platform ``key`` (unknown key or missing catalog: one error line, exit 2)."""
-    from predictor.timing.platforms import UnknownPlatformError, get_platform
+    from predictor.timing.platforms import CatalogError, UnknownPlatformError, get_platform
 
     try:
         return get_platform(key, catalog)
-    except UnknownPlatformError as exc:
+    except (UnknownPlatformError, CatalogError) as exc:
         fail(str(exc))
     except FileNotFoundError:
         fail(f"catalog file not found: {catalog}")
@@ -264,7 +272,7 @@ def _write_launch(folder: Path, spec, plan, platform, dpn: int, detail: str, res
 
     if folder.exists() and not folder.is_dir():
         fail(f"--launch {folder}: not a folder")
-    tt = torchtitan_plan(plan)
+    tt = torchtitan_plan(plan, spec)
     tt_s = result.get("predicted_iteration_s")
     if tt != plan:
         tt_s = predict_plan(spec, tt, platform, devices_per_node=dpn, devices=plan.devices, detail=detail)[0][

@@ -42,7 +42,7 @@ TORCHTITAN_FILE = "torchtitan.toml"
 def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int) -> dict:
     """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML, and the
     plan as torchtitan runs it with the fields that differ (``{field: [plan's, torchtitan's]}``)."""
-    tt = torchtitan_plan(plan)
+    tt = torchtitan_plan(plan, spec)
     return {
         "megatron_args": megatron_args(spec, plan),
         "megatron_command": megatron_command(spec, plan, devices_per_node),

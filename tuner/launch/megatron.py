@@ -11,7 +11,8 @@ Mapping (tuner field -> flag): ``tp`` ``--tensor-model-parallel-size``; ``pp``
 ``--pipeline-model-parallel-size``; ``dp`` = world size / (tp x pp) (Megatron derives it);
 interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = layers / (pp x v);
 ``recompute`` ``--recompute-granularity selective`` or ``full`` with ``--recompute-method uniform
---recompute-num-layers 1``; ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
+--recompute-num-layers 1``; ``fsdp`` ``--use-megatron-fsdp --data-parallel-sharding-strategy
+optim_grads_params`` (``--use-torch-fsdp2`` reads as it too); ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
 Megatron's default for bf16 training). ``pp_scatter_gather`` has no flag in current Megatron-LM and
 reads back as tuner's default.
 """
@@ -47,10 +48,11 @@ _INT_FLAGS = {
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
-              "--attention-backend": "attention_backend"}
+              "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
-             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations"}
+             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
+             "--use-megatron-fsdp", "--use-torch-fsdp2"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # model flags tuner's GPT does not model: read as the nearest GPT, with a note
 _APPROXIMATED = {
@@ -93,6 +95,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.distributed_optimizer:
         a.append("--use-distributed-optimizer")
+    if plan.fsdp:
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if plan.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
     if plan.tp_comm_overlap:
@@ -228,6 +232,21 @@ def _recompute(values: dict, source: str) -> str:
     return gran
 
 
+def _fsdp(values: dict, notes: list[str]) -> tuple[bool, bool]:
+    """(FSDP full shard, optimizer sharding) of Megatron-FSDP's or torch FSDP2's flags."""
+    if values.get("--use-torch-fsdp2"):
+        return True, False
+    if not values.get("--use-megatron-fsdp"):
+        return False, False
+    strategy = values.get("dp_sharding", "optim_grads_params")  # Megatron's default for training
+    if strategy == "optim_grads_params":
+        return True, False
+    if strategy in ("optim", "optim_grads"):
+        notes.append(f"Megatron-FSDP {strategy} sharding read as the distributed optimizer")
+        return False, True
+    return False, False
+
+
 def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, devices: int | None = None,
                        meta: dict | None = None) -> LaunchPlan:
     """A plan from Megatron-LM arguments: a launch script's text or a list of argument words.
@@ -276,12 +295,13 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     sched = "interleaved" if v > 1 else "1f1b"
     if values.get("recompute") == "full" and values.get("recompute_num_layers", 1) != 1:
         notes.append("--recompute-num-layers > 1 read as full recomputation of every layer")
+    fsdp, zero = _fsdp(values, notes)
     reduce = ("bf16" if values.get("--grad-reduce-in-bf16") else "fp32"
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
                         recompute=recompute, ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
-                        distributed_optimizer=bool(values.get("--use-distributed-optimizer")),
+                        distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce)  # type: ignore[arg-type]

@@ -9,9 +9,9 @@ builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's
 torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the plan as torchtitan
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
 (``mixed_precision_reduce`` has no other value), gradient reduction overlapped. Mapping: ``dp``
-``data_parallel_shard_degree`` (FSDP) when ``distributed_optimizer`` else
-``data_parallel_replicate_degree`` (DDP) — tuner models FSDP as a sharded optimizer, not as
-sharded parameters; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
+``data_parallel_shard_degree`` (FSDP) when ``fsdp`` or ``distributed_optimizer`` else
+``data_parallel_replicate_degree`` (DDP) — FSDP is tuner's ``fsdp`` without TP, PP or experts and
+its distributed optimizer otherwise; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
 ``pipeline_parallel_microbatch_size`` with ``local_batch_size = global_batch / dp``; interleaved
 ``virtual_stages`` ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage = layers / (pp x v)``
 and no embedding / output weighting; ``recompute`` ``[activation_checkpoint] mode`` (selective as
@@ -34,10 +34,17 @@ _DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
 _SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 
 
-def torchtitan_plan(plan: ParallelPlan) -> ParallelPlan:
-    """``plan`` as torchtitan runs it (sequence parallel with TP, fp32 gradient reduction, overlapped)."""
+def _sharded(plan: ParallelPlan) -> bool:
+    return (plan.fsdp or plan.distributed_optimizer) and plan.dp > 1
+
+
+def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> ParallelPlan:
+    """``plan`` as torchtitan runs it: sequence parallel with TP, fp32 gradient reduction, overlapped; sharded
+    data parallelism is FSDP, which tuner models for dense models without TP or PP and otherwise as the
+    distributed optimizer."""
+    fsdp = _sharded(plan) and plan.tp == 1 and plan.pp == 1 and (spec is None or spec.moe is None)
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
-                   pp_scatter_gather=True)
+                   pp_scatter_gather=True, fsdp=fsdp, distributed_optimizer=_sharded(plan) and not fsdp)
 
 
 def _value(v: object) -> str:
@@ -55,7 +62,7 @@ def _section(name: str, items: dict) -> list[str]:
 def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
                     devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
     """The TOML job config (``[job]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``) of ``plan``."""
-    t = torchtitan_plan(plan)
+    t = torchtitan_plan(plan, spec)
     meta = {"model": spec.to_dict(), "devices": plan.devices}
     if platform:
         meta["platform"] = platform
@@ -70,16 +77,17 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines.append("# torchtitan trains in bfloat16 or float32: the fp16 model is written as bfloat16")
     if plan.tp > 1 and not plan.sequence_parallel:
         lines.append("# torchtitan's tensor parallelism is sequence parallel: the plan above runs with it")
-    if plan.distributed_optimizer:
-        lines.append("# FSDP shards parameters and gradients too; tuner models its sharded optimizer states")
+    if t.distributed_optimizer:
+        lines.append("# FSDP shards parameters and gradients too; with TP, PP or experts tuner models its "
+                     "sharded optimizer states only")
     lines.append("")
     lines += _section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
     training = {"local_batch_size": plan.micro_batch if plan.pp == 1 else plan.global_batch // plan.dp,
                 "global_batch_size": plan.global_batch, "seq_len": spec.seq,
                 "mixed_precision_param": _DTYPE[spec.dtype], "mixed_precision_reduce": "float32"}
     lines += _section("training", training)
-    par: dict = {"data_parallel_replicate_degree": 1 if plan.distributed_optimizer else plan.dp,
-                 "data_parallel_shard_degree": plan.dp if plan.distributed_optimizer else 1,
+    par: dict = {"data_parallel_replicate_degree": 1 if _sharded(plan) else plan.dp,
+                 "data_parallel_shard_degree": plan.dp if _sharded(plan) else 1,
                  "tensor_parallel_degree": plan.tp, "enable_async_tensor_parallel": plan.tp_comm_overlap,
                  "pipeline_parallel_degree": plan.pp, "context_parallel_degree": 1, "expert_parallel_degree": plan.ep}
     if plan.pp > 1:
@@ -223,13 +231,13 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     mode = str(ac.get("mode", "selective"))
     if mode not in ("none", "selective", "full"):
         raise LaunchError(f"{source}: [activation_checkpoint] mode {mode!r}: tuner models none, selective and full")
-    if shard > 1:
-        notes.append("FSDP read as a sharded optimizer (tuner does not model sharded parameters)")
+    if shard > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
+        notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard > 1,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
-    return LaunchPlan(spec, torchtitan_plan(plan), world, header_str(meta, "platform", source),
+    return LaunchPlan(spec, torchtitan_plan(plan, spec), world, header_str(meta, "platform", source),
                       header_int(meta, "devices_per_node", source), (), tuple(notes))
 
 

@@ -112,7 +112,7 @@ def print_parallel_table(payload: dict, console: Console | None = None, top: int
 def _launch(ctx: ParallelContext, plan: ParallelPlan, predicted_s: float, out: Path) -> dict:
     """The best plan's launch files (megatron_args.txt, torchtitan.toml) and the prediction of the plan as
     torchtitan runs it (it may differ: torchtitan always runs TP with sequence parallelism, reduces in fp32)."""
-    tt = torchtitan_plan(plan)
+    tt = torchtitan_plan(plan, ctx.spec)
     tt_s = predicted_s
     if tt != plan:
         res, _ = predict_plan(ctx.spec, tt, ctx.platform, devices_per_node=ctx.devices_per_node, devices=ctx.devices,
