@@ -71,6 +71,7 @@ from predictor.whatif import (
     speed_up,
 )
 from predictor.whatif.common import MIB
+from predictor.whatif.platform import explain_move
 
 __all__ = [
     "WhatIf",
@@ -268,6 +269,7 @@ class WhatIfResult:
     per_step_predicted_s: list[float]
     notes: list[str] = field(default_factory=list)
     timeline: object = None
+    fallback: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         return {
@@ -283,6 +285,7 @@ class WhatIfResult:
             "timing_source": self.timing_source,
             "platform": self.platform,
             "retimed_tasks": self.retime_counts,
+            "fallback": self.fallback,
             "annotation": self.annotation,
             "per_step_predicted_s": self.per_step_predicted_s,
             "notes": self.notes,
@@ -346,7 +349,7 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
     if overlap is None:  # a gloo thread per rank needs a core of its own, on this machine
         overlap = not (at.host_mode and not moved and spec.dp and
                        not comm_thread_has_core(spec.dp, at.torch_threads or torch_threads_default()))
-    preds, counts, changes, tl = [], {}, {}, None
+    preds, counts, changes, tl, fallback = [], {}, {}, None, {}
     replayed = []
     notes = list(at.notes)
     g0 = at.graphs()[0]
@@ -368,8 +371,12 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
         preds.append(steady_state_s(tl))
         steady = steady or preds[-1] > tl.iteration_s
         counts = wt.counts
+        fallback = wt.fallback
     if moved:
         changes["platform"] = {"from": captured, "to": timing.platform.key, "device_mode": bool(device_target)}
+        if tl is not None:
+            changes["platform"].update(explain_move(tl, captured, timing.platform.key, at.host_mode))
+            notes.append(changes["platform"]["explanation"])
     if steady:
         notes.append("a GPU stream's work per step exceeds the step's host span: the iteration is the stream's "
                      "busy time (an unsynchronised loop runs the host ahead; the GPU sets the pace)")
@@ -387,5 +394,5 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
         baseline_profiled_s=float(np.median(at.measured_step_s)), changes=changes,
         timing_source=getattr(timing, "source", "analytic"), platform=timing.platform.key,
         retime_counts={"mode": mode, **counts},
-        annotation=ann, per_step_predicted_s=[float(x) for x in preds], notes=notes, timeline=tl,
+        annotation=ann, per_step_predicted_s=[float(x) for x in preds], notes=notes, timeline=tl, fallback=fallback,
     )

@@ -73,8 +73,80 @@ def _best_repeat(sig: np.ndarray, weight: np.ndarray, count: int | None) -> tupl
     return None if best is None else (best[1], best[2], best[3])
 
 
+def _ordered_ops(g: ExecutionGraph, rank: int, phase: int) -> tuple[np.ndarray, np.ndarray]:
+    """(op ids in execution order, the first task of each) of one rank and phase (CPU threads)."""
+    op, ph = aux_col(g, "op"), aux_col(g, "phase")
+    cpu = g.proc_kind[g.proc] == ProcKind.CPU_THREAD
+    sel = np.flatnonzero((g.rank == rank) & (ph == phase) & (op >= 0) & cpu)
+    if sel.size == 0:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    ops, first = np.unique(op[sel], return_index=True)
+    order = np.argsort(sel[first], kind="stable")
+    return ops[order], sel[first][order]
+
+
+def _per_op(g: ExecutionGraph, rank: int, ops: np.ndarray, name: str) -> np.ndarray:
+    """Per op id of ``ops``: the largest value of aux column ``name`` over its tasks on ``rank`` (-1 if
+    none has one; the T1 gap that opens an op carries only its op id)."""
+    op = aux_col(g, "op")
+    val = np.nan_to_num(aux_col(g, name), nan=-1.0)
+    on = np.flatnonzero((g.rank == rank) & np.isin(op, ops))
+    out = np.full(ops.size, -1.0)
+    if on.size:
+        pos = np.searchsorted(np.sort(ops), op[on])
+        srt = np.argsort(ops)
+        np.maximum.at(out, srt[pos], val[on])
+    return out
+
+
+def _module_blocks(g: ExecutionGraph, rank: int) -> list[np.ndarray] | None:
+    """Forward blocks from the module hierarchy (aux ``mod_block``): per block its op ids in execution
+    order; None when the capture recorded no repeated module blocks."""
+    ops, _ = _ordered_ops(g, rank, PHASE_FWD)
+    if ops.size == 0:
+        return None
+    b = _per_op(g, rank, ops, "mod_block")
+    n = int(b.max()) + 1 if (b >= 0).any() else 0
+    if n < 2:
+        return None
+    blocks = [ops[b == j] for j in range(n)]
+    return blocks if all(x.size for x in blocks) else None
+
+
+def _backward_blocks(g: ExecutionGraph, rank: int, fwd_blocks: list[np.ndarray]
+                     ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray] | None:
+    """Backward blocks from autograd's sequence numbers (aux ``fwd_op``: the forward op a backward op
+    differentiates), in execution order (the last layer's first), with the ops before and after them;
+    ops without a forward op (``AccumulateGrad``) go with the backward op before them. None when the
+    trace did not record sequence numbers or a layer has no backward op."""
+    ops, _ = _ordered_ops(g, rank, PHASE_BWD)
+    if ops.size == 0:
+        return None
+    fwd = _per_op(g, rank, ops, "fwd_op")
+    layer_of = {float(o): j for j, blk in enumerate(fwd_blocks) for o in blk.tolist()}
+    lay = np.full(ops.size, -1, dtype=np.int64)
+    cur = -1
+    for i in range(ops.size):
+        if fwd[i] >= 0:
+            cur = layer_of.get(float(fwd[i]), -2)  # -2: a mapped op outside the layers
+        lay[i] = cur if cur >= 0 else -1
+    if (fwd >= 0).sum() == 0:
+        return None
+    c = len(fwd_blocks)
+    blocks = [ops[lay == j] for j in range(c - 1, -1, -1)]
+    if not all(b.size for b in blocks):
+        return None
+    inside = np.flatnonzero(lay >= 0)
+    return blocks, ops[:inside[0]][lay[:inside[0]] < 0], ops[inside[-1] + 1:]
+
+
 def detect_layers(g: ExecutionGraph, count: int | None = None, rank: int | None = None) -> LayerInfo:
-    """The repeated layer blocks of ``rank`` (default: the first), see the module docstring.
+    """The repeated layer blocks of ``rank`` (default: the first).
+
+    Forward: the repeated module blocks the capture recorded (``nn.Sequential`` blocks, encoder or decoder
+    layers: :mod:`predictor.sources.traces.modules`), else the tandem repeat of op signatures covering the
+    most time. Backward: the backward ops of each forward block by autograd's sequence numbers, else the
+    signature repeat with the forward's count. Optimizer: a per-parameter repeat where there is one.
 
     Raises:
         WhatIfError: no repeated block in the forward pass, or the backward pass has no
@@ -86,16 +158,31 @@ def detect_layers(g: ExecutionGraph, count: int | None = None, rank: int | None 
     suffix: dict[int, np.ndarray] = {}
     notes: list[str] = []
     ops, sigs, w = _op_sequence(g, r, PHASE_FWD)
-    found = _best_repeat(sigs, w, count) if ops.size else None
-    if found is None:
-        raise WhatIfError("no repeated layer blocks found in the forward pass" +
-                          (f" with {count} repeats (base_layers)" if count else "") +
-                          "; layer changes need a model built from identical layers")
-    s, p, c = found
-    period = p
-    blocks[PHASE_FWD] = [ops[s + j * p: s + (j + 1) * p] for j in range(c)]
-    prefix[PHASE_FWD], suffix[PHASE_FWD] = ops[:s], ops[s + c * p:]
-    for phase, required in ((PHASE_BWD, True), (PHASE_OPT, False)):
+    mod = _module_blocks(g, r)
+    if mod is not None and (count is None or len(mod) == count):
+        c = len(mod)
+        blocks[PHASE_FWD] = mod
+        lo = int(np.flatnonzero(ops == mod[0][0])[0])
+        hi = int(np.flatnonzero(ops == mod[-1][-1])[0])
+        prefix[PHASE_FWD], suffix[PHASE_FWD] = ops[:lo], ops[hi + 1:]
+        period = int(mod[0].size)
+        notes.append(f"forward blocks from the module hierarchy ({c} blocks of {period} ops)")
+    else:
+        found = _best_repeat(sigs, w, count) if ops.size else None
+        if found is None:
+            raise WhatIfError("no repeated layer blocks found in the forward pass" +
+                              (f" with {count} repeats (base_layers)" if count else "") +
+                              "; layer changes need a model built from identical layers")
+        s, p, c = found
+        period = p
+        blocks[PHASE_FWD] = [ops[s + j * p: s + (j + 1) * p] for j in range(c)]
+        prefix[PHASE_FWD], suffix[PHASE_FWD] = ops[:s], ops[s + c * p:]
+        notes.append(f"forward blocks from repeated op signatures ({c} blocks of {p} ops)")
+    bwd = _backward_blocks(g, r, blocks[PHASE_FWD])
+    if bwd is not None:
+        blocks[PHASE_BWD], prefix[PHASE_BWD], suffix[PHASE_BWD] = bwd
+        notes.append("backward blocks from autograd sequence numbers")
+    for phase, required in (((PHASE_BWD, True),) if bwd is None else ()) + ((PHASE_OPT, False),):
         ops2, sigs2, w2 = _op_sequence(g, r, phase)
         f2 = _best_repeat(sigs2, w2, c) if ops2.size else None
         if f2 is None:
@@ -154,7 +241,7 @@ def set_layers(g: ExecutionGraph, count: int, *, base: int | None = None) -> Exe
                 keep &= ~m
                 removed.append(np.flatnonzero(m))
             elif count > c0:
-                src = blks[-1]
+                src = blks[0] if phase == PHASE_BWD else blks[-1]  # the last layer (backward runs it first)
                 m = np.flatnonzero(on & np.isin(op, src))
                 extra = count - c0
                 for p in np.unique(g.proc[m]).tolist():

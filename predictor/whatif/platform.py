@@ -8,7 +8,7 @@ from predictor.graph import Category, DepKind, ExecutionGraph, Overhead, ProcKin
 from predictor.graph.edit import AUX_KEY, GraphEditor
 from predictor.whatif.common import WhatIfError, copy_all, ensure_aux, with_meta
 
-__all__ = ["move_platform", "speed_up"]
+__all__ = ["move_platform", "speed_up", "explain_move"]
 
 
 def move_platform(g: ExecutionGraph, device: bool, *, launch_s: float = 5e-6) -> ExecutionGraph:
@@ -70,3 +70,32 @@ def speed_up(g: ExecutionGraph, kind: str, factor: float) -> ExecutionGraph:
     prev = dict(g.meta.get("whatif", {}).get("speedup", {}))
     prev[kind] = prev.get(kind, 1.0) * factor
     return with_meta(out, speedup=prev)
+
+
+def explain_move(tl, captured: str, target: str, host_mode: bool) -> dict:
+    """What a platform move left on the host and what it re-timed, from the predicted timeline ``tl``.
+
+    ``host_s``: the busiest CPU thread's task time (framework dispatch and the launches, measured on the
+    capture's host and kept: the host CPU is assumed to be the same); ``device_busy_s``: the busiest
+    stream's kernel time on ``target``; ``bound``: ``host`` when the host's work per step exceeds the
+    device's, so a faster accelerator cannot shorten the step; ``explanation``: the same in one sentence.
+    """
+    g = tl.graph
+    dur = tl.end - tl.start
+    cpu = g.proc_kind[g.proc] == ProcKind.CPU_THREAD
+    gpu = ~cpu
+    host = np.bincount(g.proc[cpu], weights=dur[cpu], minlength=g.n_procs).max() if cpu.any() else 0.0
+    busy = np.bincount(g.proc[gpu], weights=dur[gpu], minlength=g.n_procs).max() if gpu.any() else 0.0
+    kernels = int((gpu & (g.category != Category.CPU)).sum())
+    bound = "host" if host >= busy else "device"
+    where = "a CPU capture: its ops' kernels moved to the device, their dispatch" if host_mode else "the trace's"
+    if bound == "host":
+        why = (f"the step is host-bound on {target}: the host's {host * 1e3:.3f} ms per step ({where} "
+               f"time and a launch per kernel, measured on {captured}'s host and kept) exceeds the device's "
+               f"{busy * 1e3:.3f} ms of kernels, so the accelerator's speed does not change the step; a "
+               "larger batch or a faster host would")
+    else:
+        why = (f"the step is device-bound on {target}: {busy * 1e3:.3f} ms of kernels per step (re-timed with "
+               f"{target}'s kernel models) exceed the host's {host * 1e3:.3f} ms ({where} time, kept)")
+    return {"host_s": float(host), "device_busy_s": float(busy), "kernels_moved": kernels, "bound": bound,
+            "explanation": why}

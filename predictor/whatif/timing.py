@@ -10,7 +10,7 @@ from predictor.graph import Category, ExecutionGraph, Overhead
 from predictor.graph.edit import aux_of
 from predictor.whatif.common import EXP_COLS
 
-__all__ = ["WhatIfTiming", "RATIO_ALIAS", "share_per_op"]
+__all__ = ["WhatIfTiming", "RATIO_ALIAS", "anchored_time", "share_per_op"]
 
 
 #: kinds without a model of their own whose *ratio* new/old is taken from a related model
@@ -32,6 +32,8 @@ class WhatIfTiming:
         self.mode = mode
         self.platform_moved = platform_moved
         self.counts: dict[str, int] = {}
+        #: op kind -> {"tasks": changed tasks of that kind no kernel model times, "how": how they were scaled}
+        self.fallback: dict[str, dict] = {}
         kinds: set[str] = set()
         for model in getattr(timing, "models", []):
             kinds.update(getattr(model, "kinds", ()))
@@ -64,16 +66,21 @@ class WhatIfTiming:
         todo = (changed | new) & kernel
         base = _base_params(g)
         launch_op = aux.get("launch_op", np.full(n, np.nan))
+        raw = aux.get("measured_raw", d)
+        self.fallback = {}
         for kid in np.unique(g.kind[todo]).tolist():
             kind = g.kinds[kid]
             idx = np.flatnonzero(todo & (g.kind == kid))
             has_model = kind in self.model_kinds
             is_new = new[idx]
+            if not has_model and self.platform_moved:
+                self.fallback[kind] = {"tasks": int(idx.size), "how": "the target platform's roofline on the "
+                                       "task's FLOPs and bytes (no kernel model of this kind)"}
             if has_model or self.platform_moved:
                 t_new = self._model(g, idx, kind)
                 if self.mode == "anchored" and not self.platform_moved and has_model:
                     t_old = self._model(g, idx, kind, base["params"], base["flops"], base["bytes"])
-                    anch = np.where(t_old > 0, d[idx] * t_new / np.maximum(t_old, 1e-15), t_new)
+                    anch = anchored_time(d[idx], raw[idx], t_old, t_new)
                     val = np.where(is_new, t_new, anch)
                     counts["anchored_model"] += int((~is_new).sum())
                 else:
@@ -86,9 +93,12 @@ class WhatIfTiming:
                 t_old = self._model(g, idx, alias, base["params"], base["flops"], base["bytes"])
                 val = np.where(is_new | (t_old <= 0), d[idx] * ratio[idx], d[idx] * t_new / np.maximum(t_old, 1e-15))
                 counts["anchored_model"] += int((~is_new).sum())
+                self.fallback[kind] = {"tasks": int(idx.size), "how": f"measured x the {alias} model's ratio new/old"}
             else:
                 val = np.where(is_new, 0.0, d[idx] * ratio[idx])
                 counts["ratio_no_model"] += int((~is_new).sum())
+                self.fallback[kind] = {"tasks": int(idx.size), "how": "measured x work ratio (FLOPs, else elements "
+                                       "or bytes, new/old)"}
             d[idx] = val
         # new host tasks without a duration: the platform's overhead of their type, else 0
         rest = ~np.isfinite(d)
@@ -102,6 +112,24 @@ class WhatIfTiming:
             d = d / np.where(np.isfinite(sp) & (sp > 0), sp, 1.0)
         self.counts = counts
         return np.maximum(np.nan_to_num(d, nan=0.0), 0.0)
+
+
+def anchored_time(measured: np.ndarray, raw: np.ndarray, t_old: np.ndarray, t_new: np.ndarray) -> np.ndarray:
+    """A changed kernel's new time (seconds) from its profiler-corrected ``measured`` time, its traced ``raw``
+    time and the model's times before / after the change.
+
+    The share ``w = measured / raw`` of the traced time that is the kernel's own decides how far the
+    measurement is trusted: that share scales by the model's ratio ``t_new / t_old`` (the measurement carries
+    what the model misses, such as the cache state inside a step), the rest of the change is the model's
+    increment ``t_new - t_old``. A kernel traced without profiler cost (``w = 1``) is ``measured x ratio``; one
+    whose traced time was mostly the profiler's (an execution trace recording a small op's inputs costs tens of
+    µs, more than the op: the correction leaves it at about 0) grows by the model's increment instead of staying
+    at 0 whatever the batch."""
+    ok = t_old > 0
+    ratio = np.where(ok, t_new / np.maximum(t_old, 1e-15), 1.0)
+    w = np.where(np.isfinite(raw) & (raw > 0), np.clip(measured / np.maximum(raw, 1e-15), 0.0, 1.0), 1.0)
+    val = measured * (1.0 + w * (ratio - 1.0)) + (1.0 - w) * (t_new - t_old)
+    return np.where(ok, np.maximum(val, 0.0), t_new)
 
 
 def share_per_op(t_op: np.ndarray, measured: np.ndarray, launch_op: np.ndarray, new: np.ndarray) -> np.ndarray:

@@ -127,9 +127,17 @@ def batch_exponents(kind: str, name: str, shapes: list, types: list | None, flag
     scaled = [list(s) if isinstance(s, list) else s for s in shapes]
     hit = False
 
-    def scale(pos: int, dim: int) -> None:
+    def scale(pos: int, dim: int, member: int = -1) -> None:
         nonlocal hit
         s = scaled[pos]
+        if member >= 0:  # one tensor of a tensor-list input (cat, stack): scale that member
+            if isinstance(s, list) and member < len(s) and isinstance(s[member], list):
+                inner = list(s[member])
+                if dim < len(inner) and isinstance(inner[dim], int):
+                    inner[dim] *= 2
+                    scaled[pos] = [*s[:member], inner, *s[member + 1:]]
+                    hit = True
+            return
         if isinstance(s, list) and dim < len(s) and isinstance(s[dim], int):
             s = list(s)
             s[dim] *= 2
@@ -159,12 +167,16 @@ def batch_exponents(kind: str, name: str, shapes: list, types: list | None, flag
                 elif b[1] % b0 == 0:
                     scale(ib, 1)
     else:
+        member: dict[int, int] = {}
         for (p, s), f in zip(tensors, flags, strict=True):
-            if f or not isinstance(shapes[p], list) or not all(isinstance(d, int) for d in shapes[p]):
+            if f or not isinstance(shapes[p], list):
                 continue
+            listed = not all(isinstance(d, int) for d in shapes[p])
+            k = member.get(p, -1) + 1 if listed else -1
+            member[p] = k
             d = next((j for j, x in enumerate(s) if x >= b0 and x % b0 == 0), -1)
             if d >= 0:
-                scale(p, d)
+                scale(p, d, k)
     if not hit:
         return {}
     p0 = kernel_params(kind, name, shapes, types)
@@ -185,6 +197,22 @@ _MODEL_INPUT_OPS = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3
                     "aten::embedding", "aten::embedding_bag", "aten::matmul", *GEMM_OPS, *STOP_OPS)
 
 
+def _bag_batch(name: str, shapes: list, concrete: list | None) -> int | None:
+    """The bags of an ``aten::embedding_bag(weight, indices, offsets, ..., include_last_offset)`` call: the
+    length of its 1-D offsets (less one with ``include_last_offset``); None for other ops or 2-D indices.
+    Its first non-parameter input, the flat indices, holds batch x pooling lookups, not the batch."""
+    if name not in ("aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"):
+        return None
+    if not isinstance(shapes, list) or len(shapes) < 3:
+        return None
+    idx, off = shapes[1], shapes[2]
+    if not (isinstance(idx, list) and len(idx) == 1 and isinstance(off, list) and len(off) == 1):
+        return None
+    last = bool(concrete) and len(concrete) > 7 and str(concrete[7]).strip().lower() == "true"
+    n = int(off[0]) - (1 if last else 0)
+    return n if n >= 2 else None
+
+
 def detect_batch(tree: OpTree, prm: ParamInputs, steps, rg: ReplayGraph, t0: float) -> tuple[int | None, str]:
     """Dim 0 of the first non-parameter input of the step's first layer-like forward op
     (linear, convolution, embedding, GEMM...), else of its first ATen op with one."""
@@ -203,6 +231,9 @@ def detect_batch(tree: OpTree, prm: ParamInputs, steps, rg: ReplayGraph, t0: flo
             continue
         a = kt.args[e]
         tens = tensor_inputs(a.get("Input Dims", []), a.get("Input type"))
+        bag = _bag_batch(nm, a.get("Input Dims", []), a.get("Concrete Inputs"))
+        if bag is not None:
+            return bag, f"length of the offsets of {nm} ({bag} bags)"
         for (_, s), f in zip(tens, prm.flags(e, tens, a.get("Input type")), strict=True):
             if not f and len(s) >= 1 and s[0] >= 2:
                 found = (int(s[0]), f"dim 0 of the first input of {nm} ({s})")

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["Capture", "capture", "kineto_path", "et_path", "steps_path", "read_step_times"]
+__all__ = ["Capture", "ModuleRanges", "capture", "kineto_path", "et_path", "steps_path", "read_step_times"]
 
 
 def _rank() -> int:
@@ -101,6 +101,55 @@ def read_step_times(path: str | Path, text: str | None = None) -> dict:
     return out
 
 
+class ModuleRanges:
+    """Global ``nn.Module`` forward hooks that open a ``record_function`` range ``nn.Module: <Class>_<i>``
+    before each forward and close it after (``i``: the instance's number among its class, in first-call
+    order, as the profiler's Python tracer names modules). Costs two profiler events per module call."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+        self._per_class: dict[str, int] = {}
+        self._open: list = []
+        self._handles: list = []
+
+    def _name(self, mod) -> str:
+        key = id(mod)
+        nm = self._names.get(key)
+        if nm is None:
+            cls = type(mod).__name__
+            k = self._per_class.get(cls, 0)
+            self._per_class[cls] = k + 1
+            nm = self._names[key] = f"nn.Module: {cls}_{k}"
+        return nm
+
+    def register(self) -> ModuleRanges:
+        import torch
+        from torch.nn.modules import module as nn_module
+
+        enter = torch.ops.profiler._record_function_enter_new
+        leave = torch.ops.profiler._record_function_exit._RecordFunction
+
+        def pre(mod, _args) -> None:
+            self._open.append(enter(self._name(mod), None))
+
+        def post(_mod, _args, _out) -> None:
+            if self._open:
+                leave(self._open.pop())
+
+        self._handles = [nn_module.register_module_forward_pre_hook(pre),
+                         nn_module.register_module_forward_hook(post, always_call=True)]
+        return self
+
+    def remove(self) -> None:
+        import torch
+
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        while self._open:  # ranges a failed forward left open
+            torch.ops.profiler._record_function_exit._RecordFunction(self._open.pop())
+
+
 class Capture:
     """Context manager around ``torch.profiler.profile`` with an ``ExecutionTraceObserver``.
 
@@ -108,12 +157,14 @@ class Capture:
     recorded; :meth:`step` marks the end of an iteration. ``record_shapes`` keeps op input
     shapes (what-if transforms rescale them); ``execution_trace=False`` skips the ET.
     ``teardown_cupti``: on CUDA >= 12.6, set ``TEARDOWN_CUPTI=1`` for the capture if it is unset, so the
-    iterations after the window run without CUPTI attached (module docstring).
+    iterations after the window run without CUPTI attached (module docstring). ``modules``: wrap every
+    ``nn.Module`` forward in a ``record_function`` range ``nn.Module: <Class>_<i>`` (the module hierarchy
+    that layer changes find repeated blocks in, :mod:`predictor.sources.traces.modules`).
     """
 
     def __init__(self, folder: str | Path, warmup: int = 2, active: int = 3, *, wait: int = 0,
                  record_shapes: bool = True, execution_trace: bool = True, cuda: bool | None = None,
-                 teardown_cupti: bool = True) -> None:
+                 teardown_cupti: bool = True, modules: bool = True) -> None:
         if warmup < 0 or active < 1 or wait < 0:
             raise ValueError("capture needs warmup >= 0, active >= 1, wait >= 0")
         self.folder = Path(folder)
@@ -124,6 +175,8 @@ class Capture:
         self.execution_trace = execution_trace
         self.cuda = cuda
         self.teardown_cupti = teardown_cupti
+        self.modules = modules
+        self._module_hooks: ModuleRanges | None = None
         self._set_cupti = False  # this capture set TEARDOWN_CUPTI (and unsets it on exit)
         self.rank = 0
         self.steps = 0
@@ -170,6 +223,8 @@ class Capture:
             execution_trace_observer=self._et,
         )
         self._prof.__enter__()
+        if self.modules:
+            self._module_hooks = ModuleRanges().register()
         self._t_last = time.perf_counter()
         return self
 
@@ -182,6 +237,9 @@ class Capture:
             self.wall_s.append(t - self._t_last)
         self._prof.step()
         self.steps += 1
+        if self._module_hooks is not None and self.steps >= self.wait + self.warmup + self.active:
+            self._module_hooks.remove()  # the unprofiled iterations after the window run without hooks
+            self._module_hooks = None
         self._t_last = time.perf_counter()
 
     def _window(self, k: int) -> str:
@@ -208,6 +266,9 @@ class Capture:
         prof, self._prof = self._prof, None
         if prof is None:
             return
+        if self._module_hooks is not None:
+            self._module_hooks.remove()
+            self._module_hooks = None
         prof.__exit__(exc_type, exc, tb)
         if not self._exported and exc_type is None and self.steps > self.wait + self.warmup:
             self._export(prof)  # fewer steps than the window: keep what was recorded

@@ -21,7 +21,7 @@ from predictor.sources.traces.op_tree import OpTree
 from predictor.sources.traces.ops import dtype_bytes, is_tensor_type, op_params
 
 __all__ = ["VIEW_OPS", "GEMM_OPS", "STOP_OPS", "host_kernel_kind", "reduction_kind", "tensor_inputs", "numel",
-           "kernel_params", "kernels_of", "split_at_kernels"]
+           "kernel_params", "rnn_params", "kernels_of", "split_at_kernels"]
 
 #: ops that only make views or metadata (no arithmetic): their time is dispatch cost
 VIEW_OPS = frozenset({
@@ -59,7 +59,13 @@ STOP_OPS = {
     "aten::native_dropout": "dropout", "aten::native_dropout_backward": "mul",
     "aten::nll_loss_forward": "loss", "aten::nll_loss_backward": "loss",
     "aten::cat": "concat", "aten::_cat": "concat", "aten::clone": "memcpy",
+    "aten::mkldnn_rnn_layer": "rnn", "aten::mkldnn_rnn_layer_backward": "rnn_bwd",
+    "aten::native_batch_norm": "batch_norm", "aten::_native_batch_norm_legit": "batch_norm",
+    "aten::native_batch_norm_backward": "batch_norm_bwd",
 }
+#: stop ops that only copy or fill memory: an op calling them still does its own arithmetic (an LSTM
+#: layer's backward clones its inputs, then computes for milliseconds), so they do not make it a wrapper
+_COPY_KINDS = frozenset({"memcpy", "concat"})
 #: leaf ops -> the element-wise kinds the calibration models (others: "elementwise" or their own)
 _ELTWISE = {
     "aten::relu": "relu", "aten::relu_": "relu", "aten::clamp_min": "relu", "aten::clamp_min_": "relu",
@@ -84,7 +90,7 @@ def host_kernel_kind(name: str) -> tuple[str, Category]:
         return g[0], Category.COMPUTE
     k = STOP_OPS.get(name)
     if k is not None:
-        return k, Category.COMPUTE if k in ("conv2d", "attention", "attention_bwd") else Category.MEMORY
+        return k, Category.COMPUTE if k in ("conv2d", "attention", "attention_bwd", "rnn", "rnn_bwd") else Category.MEMORY
     return _ELTWISE.get(name, "elementwise"), Category.MEMORY
 
 
@@ -152,6 +158,25 @@ def _concat_rows(shapes: list[list[int]], dim: int | None = None) -> float:
     return float(math.prod(shapes[0][:dim]))
 
 
+def rnn_params(shapes: list, dt: float) -> dict[str, float]:
+    """Parameters of one recurrent layer, ``aten::mkldnn_rnn_layer(input, w_ih, w_hh, b_ih, b_hh, hx, cx, ...)``
+    (its backward takes the same first seven inputs): ``batch`` B (``hx``'s rows), ``m`` time steps T,
+    ``n`` gate width G x H (``w_ih``'s rows), ``k`` input width, ``dim`` hidden width H, ``elements`` B T G H
+    (the gates), ``flops`` of the forward's GEMMs ``2 B T (k + H) G H`` (x2 for the backward: data and
+    weight gradients), ``bytes`` the gates written and read once."""
+    if not isinstance(shapes, list) or len(shapes) < 6:
+        return {}
+    x, w_ih, hx = shapes[0], shapes[1], shapes[5]
+    ok = all(isinstance(s, list) and s and all(isinstance(d, int) for d in s) for s in (x, w_ih, hx))
+    if not ok or len(w_ih) != 2 or len(hx) != 2 or hx[0] <= 0 or w_ih[1] <= 0:
+        return {}
+    b, h = float(hx[0]), float(hx[1])
+    gh, k = float(w_ih[0]), float(w_ih[1])
+    t = max(numel(x) / (b * k), 1.0)
+    return {"batch": b, "m": t, "n": gh, "k": k, "dim": h, "elements": b * t * gh,
+            "flops": 2.0 * b * t * (k + h) * gh, "bytes": 2.0 * b * t * gh * dt}
+
+
 def _int_arg(concrete: list | None, types: list | None) -> int | None:
     """The first integer scalar argument recorded in Kineto's ``Concrete Inputs`` (None if absent)."""
     for i, v in enumerate(concrete or []):
@@ -203,6 +228,16 @@ def kernel_params(kind: str, name: str, shapes: list, types: list | None,
         out["flops"] = (4.0 if kind == "attention" else 10.0) * b * h * t * s * d
         out["bytes"] = 4.0 * numel(first) * dt
         return out
+    if kind in ("rnn", "rnn_bwd"):
+        out.update(rnn_params(shapes, dt))
+        if kind == "rnn_bwd" and "flops" in out:  # data and weight gradients: twice the forward's GEMMs
+            out["flops"] *= 2.0
+            out["bytes"] *= 1.5
+        return out
+    if kind in ("batch_norm", "batch_norm_bwd") and ts:  # statistics pass + normalising pass (+ gradient)
+        el = numel(first)
+        out.update(elements=el, batch=float(first[0]), bytes=(3.0 if kind == "batch_norm" else 5.0) * el * dt)
+        return out
     if kind in ("embedding", "embedding_bwd") and len(ts) >= 2:
         w, idx = ts[0][1], ts[1][1]
         if kind == "embedding_bwd":  # grad, indices, num_weights, ...
@@ -246,8 +281,8 @@ def kernels_of(tree: OpTree, e: int) -> list[int]:
     def heavy(x: int) -> bool:
         h = memo.get(x)
         if h is None:
-            h = any(names[kt.name[c]] in GEMM_OPS or names[kt.name[c]] in STOP_OPS or heavy(c)
-                    for c in tree.children.get(x, ()))
+            h = any(names[kt.name[c]] in GEMM_OPS or STOP_OPS.get(names[kt.name[c]], "memcpy") not in _COPY_KINDS
+                    or heavy(c) for c in tree.children.get(x, ()))
             memo[x] = h
         return h
 

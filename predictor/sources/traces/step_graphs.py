@@ -49,6 +49,7 @@ from predictor.sources.traces.host_kernels import (
 )
 from predictor.sources.traces.kineto import EventCat, KinetoTrace
 from predictor.sources.traces.load import TraceSet
+from predictor.sources.traces.modules import forward_op_of, module_blocks
 from predictor.sources.traces.op_tree import (
     BACKWARD_OP_PREFIX,
     OpTree,
@@ -134,7 +135,7 @@ def step_graphs(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batc
         source=trace_set.source, steps=graphs, step_names=names, measured_step_s=measured, base_batch=b0,
         batch_source=how, host_mode=host_mode, world_size=trace_set.world_size,
         launch_fraction=rg.launch_fraction, combined=combined, inside_estimate_s=inside_cost(trees[0]) if host_mode else 0.0, counts=counts,
-        notes=notes + list(rg.notes),
+        notes=notes + ann.module_notes + list(rg.notes),
     )
 
 
@@ -159,6 +160,7 @@ class _TaskAnnotator:
         self.sig_ids: dict[str, int] = {}
         self.op_sig: dict[tuple[int, int], int] = {}
         self.is_gpu = g.is_gpu()
+        self.module_notes: list[str] = []
 
     # ------------------------------------------------------------------ aux values
     def put_old(self, i: int, **vals: float) -> None:
@@ -187,13 +189,20 @@ class _TaskAnnotator:
         proc_thread = {p: (tree.thread_key.get(thread_of_proc(g.proc_names[p], kt))
                            if g.proc_kind[p] == ProcKind.CPU_THREAD else None)
                        for p in np.unique(g.proc[g.rank == r]).tolist()}
+        fwd_of = forward_op_of(tree)  # layer structure: backward op -> forward op, repeated module blocks
+        blocks = module_blocks(tree, [e for e in tree.events.tolist() if kt.cat[e] == EventCat.CPU_OP
+                                      and e not in tree.parent and e not in fwd_of])
+        if blocks.count:
+            self.module_notes.append(f"rank {r}: repeated module blocks {blocks.description}")
         for i in np.flatnonzero(g.rank == r).tolist():
             e = int(self.rg.task_event[i])
             top = top_op(tree, e) if e >= 0 else -1
             a_us, b_us = float(self.mstart_us[i]), float(self.mend_us[i])
             phase = _phase(kt, top, annots, bwd_first) if top >= 0 else PHASE_OTHER
             base_aux = {"op": float(r * (1 << 32) + top) if top >= 0 else -1.0, "phase": float(phase),
-                        "sig": float(self._signature_id(r, tree, top))}
+                        "sig": float(self._signature_id(r, tree, top)),
+                        "fwd_op": float(r * (1 << 32) + fwd_of[top]) if top in fwd_of else -1.0,
+                        "mod_block": float(blocks.block_of.get(top, -1))}
             kernels = []
             if self.host_mode and g.kinds[g.kind[i]] == "cpu_op" and e >= 0:
                 kernels = [x for x in kernels_of(tree, e)
