@@ -130,7 +130,7 @@ class ModelGuidedSharder(Sharder):
         info = {"start": start_name, "start_s": start_cost, "evaluations": evals + used}
         if self.type_evals > 0:
             sharded, cost, tinfo = refine_sharding_types(TypedShardingJob(job), best, best_cost, capacity_bytes,
-                                                         self.type_evals)
+                                                         self.type_evals, table_seconds=predicted_table_seconds(job))
             info.update({"table_wise_s": best_cost, "type_evaluations": tinfo["evaluations"],
                          "type_changes": tinfo["changes"]})
             if tinfo["changes"]:

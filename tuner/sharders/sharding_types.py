@@ -27,10 +27,11 @@ from predictor.sources.synth.dlrm_sharding import (
     sharded_memory_per_rank,
     table_bytes_per_rank,
 )
+from predictor.sources.synth.dlrm_tables import EmbeddingTables
 from predictor.timing.platforms.host import comm_thread_has_core
 from tuner.cost import CostResult, DLRMShardingJob, evaluate_graph
 
-__all__ = ["TypedShardingJob", "refine_sharding_types", "type_candidates"]
+__all__ = ["TypedShardingJob", "refine_sharding_types", "type_candidates", "rebalance"]
 
 
 @dataclass
@@ -67,12 +68,44 @@ def type_candidates(rows: int, dim: int, rank: int, n_ranks: int) -> list[TableS
     return out
 
 
+def rebalance(placement: ShardedPlacement, tables_s: np.ndarray, tables: EmbeddingTables, n_ranks: int,
+              capacity_bytes: float) -> ShardedPlacement | None:
+    """The table-wise tables of ``placement`` placed again greedily (costliest first on the least loaded rank
+    with room) around its other shards, whose load is their share of the table's seconds (``tables_s``,
+    per table); None when they do not fit."""
+    load = np.zeros(n_ranks)
+    used = np.zeros(n_ranks)
+    tw = []
+    for i, ts in enumerate(placement.tables):
+        if ts.sharding_type == "table_wise":
+            tw.append(i)
+            continue
+        for r, (rows, cols) in zip(ts.ranks, ts.sizes, strict=True):
+            share = (rows * cols) / (tables.rows[i] * tables.dim[i])
+            load[r] += tables_s[i] * (1.0 / len(ts.ranks) if ts.sharding_type == "data_parallel" else share)
+            used[r] += rows * cols * tables.dtype_bytes
+    out = list(placement.tables)
+    for i in sorted(tw, key=lambda j: -tables_s[j]):
+        b = float(tables.rows[i] * tables.dim[i] * tables.dtype_bytes)
+        room = np.flatnonzero(used + b <= capacity_bytes)
+        if not room.size:
+            return None
+        r = int(room[np.argmin(load[room])])
+        load[r] += tables_s[i]
+        used[r] += b
+        out[i] = TableShards.table_wise(int(tables.rows[i]), int(tables.dim[i]), r)
+    return ShardedPlacement(tuple(out))
+
+
 def refine_sharding_types(typed: TypedShardingJob, assignment: np.ndarray, start_s: float, capacity_bytes: float,
-                          max_evals: int, max_tables: int = 6) -> tuple[ShardedPlacement, float, dict]:
+                          max_evals: int, max_tables: int = 6,
+                          table_seconds: np.ndarray | None = None) -> tuple[ShardedPlacement, float, dict]:
     """Greedy change of sharding types from a table-wise ``assignment`` costing ``start_s`` seconds.
 
     Candidates: the ``max_tables`` tables with the largest embedding work (pooling x dim) on the slowest
-    ranks; each is tried with :func:`type_candidates`, best change kept, up to ``max_evals`` simulations.
+    ranks; each is tried with :func:`type_candidates` and, given ``table_seconds`` (each table's predicted
+    lookup seconds), also with the table-wise tables placed again around it (:func:`rebalance`: a table cut
+    over every rank frees its rank for others); the best change is kept, up to ``max_evals`` simulations.
     Returns (placement, predicted seconds, info with the simulations spent and the changes made).
     """
     job = typed.job
@@ -92,15 +125,21 @@ def refine_sharding_types(typed: TypedShardingJob, assignment: np.ndarray, start
         for cand in type_candidates(int(t.rows[i]), int(t.dim[i]), int(assignment[i]), n):
             if evals >= max_evals:
                 break
-            trial = placement.with_table(i, cand)
-            if np.any(table_bytes_per_rank(t, trial, n, job.spec.optimizer == "adagrad") > capacity_bytes):
-                continue
-            evals += 1
-            options.append((typed.objective(trial), cand))
+            trials = [placement.with_table(i, cand)]
+            if table_seconds is not None:
+                moved = rebalance(trials[0], table_seconds, t, n, capacity_bytes)
+                if moved is not None and moved != trials[0]:
+                    trials.append(moved)
+            for trial in trials:
+                if evals >= max_evals or np.any(
+                        table_bytes_per_rank(t, trial, n, job.spec.optimizer == "adagrad") > capacity_bytes):
+                    continue
+                evals += 1
+                options.append((typed.objective(trial), cand, trial))
         if options:
-            cost, cand = min(options, key=lambda x: x[0])
+            cost, cand, trial = min(options, key=lambda x: x[0])
             if cost < best:
-                placement, best = placement.with_table(i, cand), cost
+                placement, best = trial, cost
                 changes.append({"table": i, "sharding_type": cand.sharding_type, "ranks": list(cand.ranks)})
         if evals >= max_evals:
             break
