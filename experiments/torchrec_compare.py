@@ -176,12 +176,12 @@ def measure_part(args) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["# tuner's sharders vs TorchRec's planner", "",
-             f"Reproduce: `{doc['command']}`. TorchRec {doc.get('torchrec_version', '?')}.", ""]
+    lines = ["# tuner's sharders vs TorchRec's planner", "", f"TorchRec {doc.get('torchrec_version', '?')}.", ""]
     p = doc.get("predict")
     if p:
         s = p["summary"]
         lines += [f"## Predicted: shipped tasks, {p['n_gpus']} x {p['platform']} ({p['timing_source']})", "",
+                  f"Reproduce: `{doc['predict_command']}`.", "",
                   "Ratio of each plan's predicted iteration time to the best table-wise tuner plan (six heuristics "
                   "and model-guided), over every task and batch size:", "",
                   "| plan | geomean | min | max | n |", "|---|---:|---:|---:|---:|"]
@@ -207,6 +207,7 @@ def markdown(doc: dict) -> str:
     m = doc.get("measure")
     if m:
         lines += [f"## Measured: CPU tasks, {m['ranks']} gloo ranks, batch {m['batch_size']} ({m['timing_source']})", "",
+                  f"Reproduce: `{doc['measure_command']}`.", "",
                   f"{m['passes']} interleaved passes of {m['iters']} timed iterations per placement; median of the "
                   "slowest rank's iterations. `bg` = most cores other processes used during a run of it.", ""]
         for row in m["rows"]:
@@ -229,9 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=20, help="shipped tasks predicted (the space has 20)")
     ap.add_argument("--batches", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--type-evals", type=int, default=24, help="simulations model-guided spends on sharding types")
-    ap.add_argument("--measure-tasks", type=int, nargs="+", default=[7, 5, 1], help="CPU task indices measured")
+    ap.add_argument("--measure-tasks", type=int, nargs="+", default=[7, 5], help="CPU task indices measured")
     ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     try:
@@ -244,19 +245,21 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     doc = {"command": "python experiments/torchrec_compare.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "torchrec_version": getattr(torchrec, "__version__", "?")}
-    old = {}
+    if args.part in ("predict", "both"):
+        doc["predict"] = predict_part(args)
+    if args.part in ("measure", "both"):
+        doc["measure"] = measure_part(args)
+    # the part not run now keeps its stored figures
     if args.out.with_suffix(".json").exists():
         import json
 
         old = json.loads(args.out.with_suffix(".json").read_text())
-    if args.part in ("predict", "both"):
-        doc["predict"] = predict_part(args)
-    elif "predict" in old:
-        doc["predict"] = old["predict"]
-    if args.part in ("measure", "both"):
-        doc["measure"] = measure_part(args)
-    elif "measure" in old:
-        doc["measure"] = old["measure"]
+        for part in ("predict", "measure"):
+            if part not in doc and part in old:
+                doc[part] = old[part]
+                doc[f"{part}_command"] = old.get(f"{part}_command", old.get("command"))
+    for part in ("predict", "measure"):
+        doc.setdefault(f"{part}_command", doc["command"])
     write_results(args.out, doc, markdown(doc))
 
 
