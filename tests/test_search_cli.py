@@ -127,7 +127,7 @@ def test_search_in_process_writes_every_output(tmp_path):
             assert len(c["per_rank_s"]) == 2 and len(c["memory_bytes_per_rank"]) == 2
             assert max(c["per_rank_s"]) == pytest.approx(c["predicted_iteration_s"])
     assert (out / "results.csv").read_text().count("\n") == 1 + 2 * 3
-    assert (out / "report.md").exists() and len(list((out / "figures").glob("*.png"))) == 2
+    assert (out / "report.md").exists() and len(list((out / "figures").glob("*.png"))) == 1  # the best plans
     traces = list((out / "traces").glob("*.json"))
     assert len(traces) == 2 and json.loads(traces[0].read_text())["traceEvents"]
     assert "Predicted iteration time" in text
@@ -176,7 +176,8 @@ def test_killed_cli_run_leaves_no_complete_looking_results(tmp_path):
     space = _write(tmp_path, dict(SMALL, tasks={"generate": {"count": 20, "seed": 1}}, batch_sizes=[512, 1024, 2048, 4096],
                                   model_guided={"max_evals": 40}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", "search", str(space), "--out", str(out), "--workers", "0", "--quiet"],
+        [sys.executable, "-m", "tuner.cli", "search", str(space), "--out", str(out), "--workers", "0", "--quiet",
+         "--overwrite"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     # wait until the study exists, then kill the run mid-way

@@ -12,6 +12,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from predictor.files import safe_filename
 from predictor.sources.synth.dlrm_sharding import ShardedPlacement
 from tuner.report import atomic_write_text, json_default
 from tuner.search.core import SearchResult
@@ -86,9 +87,9 @@ def _frame(payload: dict) -> pd.DataFrame:
                     "batch_size": t["batch_size"],
                     "sharder": c["sharder"],
                     "status": c["status"],
-                    "predicted_iteration_ms": None if c["predicted_iteration_s"] is None else c["predicted_iteration_s"] * 1e3,
-                    "slowest_rank_ms": max(c["per_rank_s"]) * 1e3 if c.get("per_rank_s") else None,
-                    "max_memory_gib": max(mem) / 2**30 if mem else None,
+                    "predicted_iteration_s": c["predicted_iteration_s"],  # seconds and bytes, as results.json
+                    "slowest_rank_s": max(c["per_rank_s"]) if c.get("per_rank_s") else None,
+                    "max_memory_bytes_per_rank": max(mem) if mem else None,
                     "feasible": c["feasible"],
                     "best": c["sharder"] == t["best"],
                     "reason": c.get("reason", ""),
@@ -142,7 +143,8 @@ def _bar_chart(df: pd.DataFrame, task: str, path: Path) -> None:
     width = 0.8 / max(len(sharders), 1)
     x = np.arange(len(batches))
     for i, s in enumerate(sharders):
-        vals = [sub[(sub.batch_size == b) & (sub.sharder == s)].predicted_iteration_ms.fillna(0).sum() for b in batches]
+        vals = [1e3 * sub[(sub.batch_size == b) & (sub.sharder == s)].predicted_iteration_s.fillna(0).sum()
+                for b in batches]
         ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=s)
     ax.set_xticks(x, [str(b) for b in batches])
     ax.set_xlabel("global batch size")
@@ -169,7 +171,7 @@ def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
         if not best:
             continue
         _, tl = TypedShardingJob(ctx.job(ti, b)).evaluate(placement_of(best))
-        tl.write_chrome_trace(traces / f"{ctx.tasks[ti].label}_b{b}_{best['sharder']}.json")
+        tl.write_chrome_trace(traces / f"{safe_filename(ctx.tasks[ti].label)}_b{b}_{best['sharder']}.json")
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
     lines = [
@@ -188,7 +190,7 @@ def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
         )
     lines.append("")
     for label in dict.fromkeys(df.task):
-        png = figs / f"{label}.png"
+        png = figs / f"{safe_filename(label)}.png"
         _bar_chart(df, label, png)
         sub = df[df.task == label]
         lines += [f"## {label}", "", f"![{label}](figures/{png.name})", "", "| batch | best | predicted ms |", "|---:|---|---:|"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from optuna.distributions import CategoricalDistribution
 from pydantic import Field, field_validator, model_validator
@@ -41,7 +41,7 @@ from predictor.timing.platforms import CatalogError, UnknownPlatformError, get_p
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import CostResult, evaluate_graph
 from tuner.search.core import Candidate, Evaluator, Outcome, SearchResult, SearchSpace
-from tuner.search.schema import PositiveInt, SpaceError, StrictModel
+from tuner.search.schema import SpaceError, StrictModel, at_most, bounded_int
 from tuner.search.study import fingerprint
 
 if TYPE_CHECKING:
@@ -60,21 +60,25 @@ class ModelEntry(StrictModel):
 
     name: str = Field(min_length=1, description="built-in spec name or 'package.module:callable' returning an nn.Module")
     input: str | None = Field(default=None, description="'package.module:callable' (batch size -> model arguments)")
-    input_shape: list[PositiveInt] | None = Field(default=None, description="shape of one sample of a float input")
+    input_shape: list[bounded_int(1, 2**20, "one dimension of a sample")] | None = Field(  # type: ignore[valid-type]
+        default=None, max_length=8, description="shape of one sample of a float input (up to 8 dimensions of 1 .. 2^20)")
 
 
 class DataLoading(StrictModel):
     """Data loading / pre-processing stage (Centimani §4.3.1)."""
 
-    host_samples_per_s: float | None = Field(default=None, gt=0, description="samples/s one host loads and pre-processes")
-    host_link_gb_per_s: float = Field(default=25.0, gt=0, description="host-to-device bandwidth, GB/s")
+    host_samples_per_s: Annotated[float, Field(gt=0), at_most(1e9, "samples per second of one host")] | None = Field(
+        default=None, description="samples/s one host loads and pre-processes, > 0 .. 10^9")
+    host_link_gb_per_s: Annotated[float, Field(gt=0), at_most(1e4, "a host link of 10 TB/s")] = Field(
+        default=25.0, description="host-to-device bandwidth, GB/s, > 0 .. 10^4")
     overlap: bool = Field(default=True, description="loading of the next batch overlaps the current iteration")
 
 
 class Communication(StrictModel):
     """Data-parallel gradient synchronisation (Centimani §4.3.3)."""
 
-    bucket_mib: float = Field(default=25.0, gt=0, description="gradient bucket size, MiB (DDP default 25)")
+    bucket_mib: Annotated[float, Field(gt=0), at_most(1e6, "a bucket of 1 TiB")] = Field(
+        default=25.0, description="gradient bucket size, MiB (DDP default 25), > 0 .. 10^6")
     compression_ratio: float = Field(default=1.0, gt=0, le=1, description="compressed/uncompressed gradient bytes")
 
 
@@ -85,17 +89,20 @@ class AcceleratorSpace(StrictModel):
     models: list[ModelEntry] = Field(min_length=1)
     accelerators: list[str] = Field(min_length=1, description="catalog keys (`tuner catalog` lists them)")
     catalog: str | None = Field(default=None, description="user YAML that overrides or adds catalog entries")
-    devices: list[PositiveInt] = Field(default=[1], min_length=1, description="data-parallel device counts")
+    devices: list[bounded_int(1, 65536, "devices of the largest clusters")] = Field(  # type: ignore[valid-type]
+        default=[1], min_length=1, max_length=64, description="data-parallel device counts, 1 .. 65536")
     precision: Literal["fp32", "bf16", "fp16", "amp_bf16", "amp_fp16"] = "bf16"
     optimizer: Literal["adamw", "adam", "sgd", "none"] = "adamw"
-    batch_sizes: list[PositiveInt] = Field(default=DEFAULT_BATCH_SIZES, min_length=1,
-                                           description="candidate per-device batch sizes (eq. 5 candidate set)")
+    batch_sizes: list[bounded_int(1, 2**20, "samples per device")] = Field(  # type: ignore[valid-type]
+        default=DEFAULT_BATCH_SIZES, min_length=1, max_length=64,
+        description="candidate per-device batch sizes (eq. 5 candidate set), 1 .. 2^20")
     batch_policy: Literal["eq5", "best_throughput"] = Field(
         default="eq5", description="eq5: the batch that fills memory most (Centimani eq. 5); "
                                    "best_throughput: the feasible candidate with the best objective")
     memory_fraction: float = Field(default=0.95, gt=0, le=1, description="usable share of each memory level")
-    workspace_mib: float = Field(default=32.0, ge=0, description="math-library workspace per device, MiB")
-    gradient_accumulation: PositiveInt = 1
+    workspace_mib: Annotated[float, Field(ge=0), at_most(1e6, "a workspace of 1 TiB")] = Field(
+        default=32.0, description="math-library workspace per device, MiB, 0 .. 10^6")
+    gradient_accumulation: bounded_int(1, 65536, "micro-steps per iteration") = 1  # type: ignore[valid-type]
     objective: Literal["throughput", "throughput_per_dollar"] = "throughput"
     baseline: str | None = Field(default=None, description="accelerator the charts are normalised to (default: the first)")
     data_loading: DataLoading = DataLoading()

@@ -15,8 +15,9 @@
   sampler's choice (:class:`tuner.search.tpe.TPEProposer`).
 
 :func:`run_search` ties them together with the study (:mod:`tuner.search.study`): it skips what
-the study already holds when resuming, records every outcome as soon as its evaluation returns
-(a killed search loses only what was in flight), and returns a :class:`SearchResult`.
+the study already holds when resuming, records the outcomes of finished evaluations in batches
+(one transaction each, at most a second apart: a killed search loses only what was in flight
+and that last second), and returns a :class:`SearchResult`.
 """
 
 from __future__ import annotations
@@ -258,6 +259,9 @@ def run_search(
         tick()
 
     executor = Executor(workers, address)
-    while batch := proposer.propose(done):
-        executor.run(space, batch, on_result)
+    try:
+        while batch := proposer.propose(done):
+            executor.run(space, batch, on_result)
+    finally:  # outcomes of finished evaluations are written even when the search is interrupted
+        study.flush()
     return SearchResult(space, done, study.name, storage, evaluated=evaluated, reused=reused)

@@ -1,27 +1,33 @@
 """The executor: runs a space's evaluations in this process or as Ray tasks, a bounded window at a time.
 
 ``workers=0`` evaluates in this process, one candidate after another. Otherwise the executor
-connects to Ray — a local Ray with ``workers`` CPUs, or the existing cluster named by
-``--address`` or ``RAY_ADDRESS`` (joined as it is: Ray refuses a CPU count there) — and keeps
+connects to Ray — a local Ray of its own with ``workers`` CPUs (never a cluster that ``ray
+start`` or a stale cluster file names), or the existing cluster named by ``--address`` or
+``RAY_ADDRESS`` (joined as it is: Ray refuses a CPU count there; ``auto`` joins the cluster
+``ray start`` runs on this machine, ``ray://host:port`` goes through Ray's client) — and keeps
 at most two tasks per cluster CPU in flight, so every CPU stays busy while results come back
 and a killed search loses only that window. The space's context (and each shared part) goes
 to the object store once; a task whose worker dies is retried by Ray (``max_retries``), then
-recorded as ``failed``.
+recorded as ``failed``; a lost node, raylet or cluster ends the run with :class:`ClusterLost`
+(the outcomes already returned are recorded and a resumed search skips them).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
-import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from tuner.search.core import Candidate, Evaluator, Outcome, SearchSpace
 
-__all__ = ["Executor", "ClusterError", "connect_ray", "TASKS_PER_CPU"]
+__all__ = ["Executor", "ClusterError", "ClusterLost", "connect_ray", "TASKS_PER_CPU", "RAY_CLIENT_EXTRA"]
+
+#: what installs Ray's client (``ray://`` addresses): Ray's ``client`` extra, grpcio among it
+RAY_CLIENT_EXTRA = "pip install 'tuner[ray-client]' (Ray's client: ray[client])"
 
 #: tasks in flight per cluster CPU
 TASKS_PER_CPU = 2
@@ -31,6 +37,29 @@ OnResult = Callable[[Candidate, list[Outcome]], None]
 
 class ClusterError(RuntimeError):
     """Ray could not be started or the cluster could not be joined; the message names the cluster."""
+
+
+class ClusterLost(ClusterError):
+    """The cluster, a node or the local raylet went away while the search ran."""
+
+
+def _lost_cluster_errors() -> tuple[type[BaseException], ...]:
+    """Ray's exceptions that mean the cluster (not one evaluation) failed."""
+    import ray.exceptions as rex
+
+    names = ("LocalRayletDiedError", "NodeDiedError", "RaySystemError", "OwnerDiedError")
+    return tuple(getattr(rex, n) for n in names if hasattr(rex, n))
+
+
+def _join_hint(text: str, target: str | None) -> str:
+    """What to do about a failed join, when the error says (token authentication, Ray's client)."""
+    low = text.lower()
+    if "auth" in low or "token" in low:
+        return ("; the cluster uses token authentication: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to its token "
+                "(`ray get-auth-token` on the head node prints it)")
+    if target and target.startswith("ray://") and ("client" in low or "grpc" in low):
+        return f"; {RAY_CLIENT_EXTRA}"
+    return ""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -47,8 +76,8 @@ def _cluster_address(address: str | None) -> str | None:
 def connect_ray(workers: int, address: str | None = None) -> int:
     """Start or join Ray (once per process); returns the in-flight window (tasks).
 
-    Without a cluster address a local Ray with ``max(workers, 1)`` CPUs starts; Ray may still
-    find a cluster that ``ray start`` left on this machine, which is then joined as it is. An
+    Without a cluster address a local Ray of its own with ``max(workers, 1)`` CPUs starts
+    (``address="local"``: a running ``ray start`` cluster or a stale cluster file is not used). An
     existing cluster gets this package's code shipped with its tasks. Raises
     :class:`ClusterError` with one line when Ray cannot start or the cluster cannot be joined.
     """
@@ -58,21 +87,28 @@ def connect_ray(workers: int, address: str | None = None) -> int:
         target = _cluster_address(address)
         base: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR,
                                 "configure_logging": True}
+        where = f"the Ray cluster at {target!r}" if target else f"a local Ray with {max(workers, 1)} CPUs"
+        source = " (from RAY_ADDRESS)" if target and not address else ""
+        if target and target.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+            raise ClusterError(f"cannot connect to {where}{source}: a ray:// address needs Ray's client; "
+                               f"{RAY_CLIENT_EXTRA}")
         try:
             if target is None:
                 try:
-                    ray.init(num_cpus=max(workers, 1), **base)
-                except ValueError as exc:  # a `ray start` cluster on this machine: Ray joins it, without a CPU count
+                    ray.init(address="local", num_cpus=max(workers, 1), **base)
+                except ValueError as exc:  # a Ray that joins a found cluster anyway: join it without a CPU count
                     if "existing cluster" not in str(exc):
                         raise
                     ray.init(runtime_env=_code_env(), **base)
             else:
                 ray.init(address=target, runtime_env=_code_env(), **base)
-        except Exception as exc:
-            where = f"the Ray cluster at {target!r}" if target else f"a local Ray with {max(workers, 1)} CPUs"
-            source = " (from RAY_ADDRESS)" if target and not address else ""
-            raise ClusterError(f"cannot connect to {where}{source}: {_first_line(exc)}") from None
-    cpus = int(ray.cluster_resources().get("CPU", 0))
+        except (Exception, SystemExit) as exc:  # Ray's connection, authentication and start-up errors
+            text = _first_line(exc)
+            raise ClusterError(f"cannot connect to {where}{source}: {text}{_join_hint(text, target)}") from None
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+    except Exception as exc:  # the cluster went away right after the join
+        raise ClusterLost(f"the Ray cluster stopped answering: {_first_line(exc)}") from None
     return TASKS_PER_CPU * max(cpus, 1)
 
 
@@ -109,9 +145,10 @@ class Executor:
         for c in candidates:
             try:
                 outcomes = evaluate(context, c, space.part(c.part) if c.part else None)
-            except Exception as exc:  # recorded as failed; the search goes on
-                traceback.print_exc(file=sys.stderr)
-                outcomes = space.failed(c, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # recorded as failed with its error; the search goes on
+                reason = f"{type(exc).__name__}: {exc}"
+                print(f"warning: evaluation {c.key} failed: {' '.join(reason.split())[:300]}", file=sys.stderr)
+                outcomes = space.failed(c, reason)
             on_result(c, outcomes)
 
     def _put(self, space: SearchSpace, part: str | None) -> Any:
@@ -140,11 +177,17 @@ class Executor:
                 c = queue.popleft()
                 part = self._put(space, c.part) if c.part else None
                 pending[remote.remote(context, c, part)] = c
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            lost = _lost_cluster_errors()
+            try:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+            except lost as exc:
+                raise ClusterLost(f"the Ray cluster was lost: {_first_line(exc)}") from None
             for ref in ready:
                 c = pending.pop(ref)
                 try:
                     outcomes = ray.get(ref)
+                except lost as exc:  # a node or the raylet died: the rest of the window would fail too
+                    raise ClusterLost(f"the Ray cluster lost a node or its raylet: {_first_line(exc)}") from None
                 except ray.exceptions.RayError as exc:
                     text = str(exc).strip()
                     outcomes = space.failed(c, f"worker error: {text.splitlines()[-1] if text else type(exc).__name__}")

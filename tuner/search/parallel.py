@@ -50,7 +50,7 @@ from tuner.search.core import (
     SearchSpace,
     run_search,
 )
-from tuner.search.schema import PositiveInt, SpaceError, StrictModel
+from tuner.search.schema import PositiveInt, Seed, SpaceError, StrictModel, at_most, bounded_int
 from tuner.search.study import fingerprint
 from tuner.search.tpe import TPEProposer
 
@@ -62,25 +62,37 @@ __all__ = ["ParallelSpace", "ModelSection", "ClusterSection", "PlanOptions", "SE
            "run_parallel_search"]
 
 
+#: devices of one cluster (nodes x devices per node)
+MAX_DEVICES = 65536
+#: micro-batches of one pipeline per iteration: the schedule is simulated micro-batch by micro-batch
+#: (65536 of them took 108 s for one plan on a 2-core Zen 4 VM)
+MAX_MICRO_BATCHES = 4096
+#: a width in elements (hidden, FFN, sequence)
+Width = Annotated[int, Field(gt=0), at_most(2**20, "a width of a million elements")]
+#: a parallel degree or a micro-batch size (each list of ``ranges`` holds at most 64 values)
+Degree = Annotated[int, Field(gt=0), at_most(MAX_DEVICES, "devices of the largest clusters")]
+
+
 class MoESection(StrictModel):
     """Mixture-of-experts MLP."""
 
-    experts: PositiveInt
+    experts: bounded_int(1, 4096, "experts of one MoE layer") = Field(description="1 .. 4096")  # type: ignore[valid-type]
     top_k: PositiveInt = 2
-    capacity_factor: float = Field(default=1.0, gt=0)
+    capacity_factor: Annotated[float, Field(gt=0), at_most(64.0, "tokens per expert slot")] = 1.0
 
 
 class ModelSection(StrictModel):
     """A GPT-style transformer (sizes are element counts)."""
 
     name: str = "transformer"
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    seq: PositiveInt
-    vocab: PositiveInt
-    ffn: PositiveInt | None = Field(default=None, description="FFN width (default ffn_mult x hidden)")
-    ffn_mult: float = Field(default=4.0, gt=0)
+    layers: bounded_int(1, 10_000, "every layer is a block of the simulated schedule") = Field(  # type: ignore[valid-type]
+        description="1 .. 10000")
+    hidden: Width = Field(description="1 .. 2^20")
+    heads: bounded_int(1, 2**14, "attention heads") = Field(description="1 .. 16384")  # type: ignore[valid-type]
+    seq: Width = Field(description="tokens per sequence, 1 .. 2^20")
+    vocab: bounded_int(1, 2**24, "vocabulary of 16 M tokens") = Field(description="1 .. 2^24")  # type: ignore[valid-type]
+    ffn: Width | None = Field(default=None, description="FFN width, 1 .. 2^20 (default ffn_mult x hidden)")
+    ffn_mult: Annotated[float, Field(gt=0), at_most(64.0, "FFN width as a multiple of hidden")] = 4.0
     moe: MoESection | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     attention: Literal["flash", "unfused"] = "flash"
@@ -106,8 +118,9 @@ class ClusterSection(StrictModel):
     """The devices: an accelerator of the catalog, devices per node, nodes."""
 
     platform: str = Field(description="catalog key, e.g. a100-80gb (`tuner catalog` lists them)")
-    nodes: PositiveInt = 1
-    devices_per_node: PositiveInt | None = Field(default=None, description="default: the catalog entry's")
+    nodes: bounded_int(1, MAX_DEVICES, "devices of the largest clusters") = 1  # type: ignore[valid-type]
+    devices_per_node: bounded_int(1, 1024, "devices one node holds") | None = Field(  # type: ignore[valid-type]
+        default=None, description="1 .. 1024 (default: the catalog entry's)")
     catalog: str | None = Field(default=None, description="user YAML overriding or adding catalog entries")
 
 
@@ -123,15 +136,16 @@ class PlanOptions(StrictModel):
 class RangesSection(StrictModel):
     """Values to try for each plan dimension."""
 
-    tp: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1)
-    pp: list[PositiveInt] = Field(default=[1, 2, 4, 8], min_length=1)
-    dp: list[PositiveInt] | None = Field(default=None, description="default: devices / (tp x pp)")
-    micro_batch: list[PositiveInt] = Field(default=[1, 2, 4], min_length=1)
+    tp: list[Degree] = Field(max_length=64, default=[1, 2, 4, 8], min_length=1)
+    pp: list[Degree] = Field(max_length=64, default=[1, 2, 4, 8], min_length=1)
+    dp: list[Degree] | None = Field(default=None, max_length=64, description="default: devices / (tp x pp)")
+    micro_batch: list[Degree] = Field(max_length=64, default=[1, 2, 4], min_length=1)
     schedule: list[Literal["1f1b", "interleaved"]] = Field(default=["1f1b"], min_length=1)
-    virtual_stages: list[Annotated[int, Field(ge=2)]] = Field(default=[2], min_length=1)
+    virtual_stages: list[bounded_int(2, 1024, "model chunks per stage")] = Field(  # type: ignore[valid-type]
+        default=[2], min_length=1, max_length=64)
     recompute: list[Literal["none", "selective", "full"]] = Field(default=["none", "selective", "full"], min_length=1)
     sequence_parallel: list[bool] = Field(default=[False], min_length=1)
-    ep: list[PositiveInt] = Field(default=[1], min_length=1)
+    ep: list[Degree] = Field(max_length=64, default=[1], min_length=1)
     distributed_optimizer: list[bool] = Field(default=[False], min_length=1)
 
 
@@ -139,10 +153,13 @@ class SearchSection(StrictModel):
     """How to search: every candidate (grid) or an Optuna TPE study of ``trials`` plans."""
 
     strategy: Literal["auto", "grid", "tpe"] = "auto"
-    grid_limit: PositiveInt = Field(default=256, description="auto: grid up to this many candidates, else TPE")
-    trials: PositiveInt = Field(default=80, description="plans TPE evaluates")
-    seed: int = 0
-    top: PositiveInt = Field(default=10, description="plans shown in the table")
+    grid_limit: bounded_int(1, 10**6, "candidates of one grid") = Field(  # type: ignore[valid-type]
+        default=256, description="auto: grid up to this many candidates (1 .. 10^6), else TPE")
+    trials: bounded_int(1, 100_000, "plans one TPE study evaluates") = Field(  # type: ignore[valid-type]
+        default=80, description="plans TPE evaluates, 1 .. 10^5")
+    seed: Seed = 0
+    top: bounded_int(1, 10_000, "rows of the terminal table") = Field(  # type: ignore[valid-type]
+        default=10, description="plans shown in the table, 1 .. 10^4")
     detail: Literal["auto", "kernel", "stage"] = "auto"
 
 
@@ -152,7 +169,8 @@ class ParallelSpace(StrictModel):
     space: Literal["parallel"]
     model: ModelSection
     cluster: ClusterSection
-    global_batch: PositiveInt = Field(description="sequences per iteration")
+    global_batch: bounded_int(1, 2**24, "sequences per iteration") = Field(  # type: ignore[valid-type]
+        description="sequences per iteration, 1 .. 2^24")
     ranges: RangesSection = RangesSection()
     options: PlanOptions = PlanOptions()
     search: SearchSection = SearchSection()
@@ -173,6 +191,10 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     if devices % (tp * pp):
         return None, f"tp x pp = {tp * pp} does not divide {devices} devices"
     dp = devices // (tp * pp)
+    micro_batches = space.global_batch // max(dp * raw["micro_batch"], 1)
+    if micro_batches > MAX_MICRO_BATCHES:
+        return None, (f"{micro_batches} micro-batches per iteration: at most {MAX_MICRO_BATCHES} (the schedule is "
+                      "simulated micro-batch by micro-batch); raise micro_batch or dp")
     if space.ranges.dp is not None and dp not in space.ranges.dp:
         return None, f"dp={dp} is not in ranges.dp"
     sched = raw["schedule"] if pp > 1 else "1f1b"
@@ -232,6 +254,9 @@ def build_context(space: ParallelSpace) -> ParallelContext:
     except FileNotFoundError:
         raise SpaceError(f"cluster.catalog: no such file {space.cluster.catalog}") from None
     dpn = space.cluster.devices_per_node or platform.devices_per_node
+    if space.cluster.nodes * dpn > MAX_DEVICES:
+        raise SpaceError(f"cluster: {space.cluster.nodes} nodes x {dpn} devices = {space.cluster.nodes * dpn} devices; "
+                         f"at most {MAX_DEVICES} (devices of the largest clusters)")
     spec = space.model.to_spec()
     return ParallelContext(space, platform, spec, dpn, space.cluster.nodes * dpn)
 

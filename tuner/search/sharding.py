@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 from optuna.distributions import CategoricalDistribution
@@ -27,7 +27,7 @@ from predictor.timing.platforms import CatalogError, UnknownPlatformError
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import DLRMShardingJob
 from tuner.search.core import Candidate, Evaluator, Outcome, Progress, SearchResult, SearchSpace, run_search
-from tuner.search.schema import PositiveInt, SpaceError, StrictModel
+from tuner.search.schema import Seed, SpaceError, StrictModel, at_most, bounded_int
 from tuner.search.study import fingerprint
 from tuner.sharders import InfeasibleShardingError, ModelGuidedSharder, get_sharder
 from tuner.sharders.sharding_types import TypedShardingJob
@@ -43,15 +43,25 @@ SHARDER_NAMES = (*HEURISTIC_SHARDERS, "model_guided")
 #: sharders a space may list besides the default ones: TorchRec's planner (needs the torchrec extra)
 OPTIONAL_SHARDERS = ("torchrec",)
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: an explicit task's name is part of output file names: no path separators, no leading dot
+TASK_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
+#: tables of one task: 10^4 tables x 4096 GPUs stays a graph of tens of millions of tasks
+MAX_TABLES = 10_000
+MAX_GPUS = 4096
+#: a layer width of the dense MLPs (elements)
+Width = Annotated[int, Field(gt=0), at_most(2**20, "a layer of a million units")]
 
 
 # ----------------------------------------------------------------------------- schema
 class TableSpec(StrictModel):
     """One embedding table."""
 
-    rows: PositiveInt = Field(description="rows E")
-    dim: PositiveInt = Field(description="embedding dimension D")
-    pooling: float = Field(gt=0, description="mean lookups per sample L")
+    rows: bounded_int(1, 10**11, "rows x dim x 8 bytes stays an exact int64") = Field(  # type: ignore[valid-type]
+        description="rows E, 1 .. 10^11")
+    dim: bounded_int(1, 65536, "rows x dim x 8 bytes stays an exact int64") = Field(  # type: ignore[valid-type]
+        description="embedding dimension D, 1 .. 65536")
+    pooling: Annotated[float, Field(gt=0), at_most(1e6, "lookups per sample beyond any DLRM data set")] = Field(
+        description="mean lookups per sample L, > 0 .. 10^6")
     reuse: list[float] | None = Field(default=None, description="17-bin reuse-factor histogram")
     name: str | None = None
 
@@ -66,29 +76,19 @@ class TableSpec(StrictModel):
 class ExplicitTask(StrictModel):
     """A task given table by table."""
 
-    name: str
-    tables: list[TableSpec] = Field(min_length=1)
+    name: str = Field(pattern=TASK_NAME, description="file-name safe: letters, digits, '.', '_', '-' (1 .. 64)")
+    tables: list[TableSpec] = Field(min_length=1, max_length=MAX_TABLES,
+                                    description=f"1 .. {MAX_TABLES} tables (each a task of every rank's graph)")
 
 
 class GeneratedTasks(StrictModel):
     """Random tasks as Lin et al. 2024 §IV-B: half heavy, half normal."""
 
-    count: PositiveInt = 20
-    seed: int = 0
+    count: bounded_int(1, 1000, "each task is a candidate per batch size") = 20  # type: ignore[valid-type]
+    seed: Seed = 0
     dataset: Literal["2021", "2022", "both"] = "both"
 
 
-class TasksSpec(StrictModel):
-    """Where the tasks come from: generated, given explicitly, or read from TorchRec models."""
-
-    generate: GeneratedTasks | None = None
-    explicit: list[ExplicitTask] | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> TasksSpec:
-        if not self.generate and not self.explicit and not self.torchrec:
-            raise ValueError("give 'generate', 'explicit' or 'torchrec' tasks")
-        return self
 class TorchRecTask(StrictModel):
     """A task whose tables come from a TorchRec model: ``package.module:callable`` returning an
     ``EmbeddingBagCollection`` (or a module holding them), optionally with ``ParameterConstraints``
@@ -100,15 +100,30 @@ class TorchRecTask(StrictModel):
                                   description="pooling factor of tables without ParameterConstraints")
 
 
+class TasksSpec(StrictModel):
+    """Where the tasks come from: generated, given explicitly, or read from TorchRec models."""
+
+    generate: GeneratedTasks | None = None
+    explicit: list[ExplicitTask] | None = None
+    torchrec: list[TorchRecTask] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TasksSpec:
+        if not self.generate and not self.explicit and not self.torchrec:
+            raise ValueError("give 'generate', 'explicit' or 'torchrec' tasks")
+        names = [t.name.lower() for t in self.explicit or []]  # names are file names: case-insensitive file systems
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"explicit task names must be unique (file names derive from them): {', '.join(twice)}")
+        return self
 
 
 class DenseModel(StrictModel):
     """The dense part of DLRM (layer widths in elements)."""
 
-    torchrec: list[TorchRecTask] | None = None
-    dense_features: PositiveInt = 13
-    bottom_mlp: list[PositiveInt] = Field(default=[512, 256, 128], min_length=1)
-    top_mlp: list[PositiveInt] = Field(default=[1024, 1024, 512, 256, 1], min_length=1)
+    dense_features: Width = 13
+    bottom_mlp: list[Width] = Field(default=[512, 256, 128], min_length=1, max_length=64)
+    top_mlp: list[Width] = Field(default=[1024, 1024, 512, 256, 1], min_length=1, max_length=64)
     optimizer: Literal["sgd", "adagrad"] = "sgd"
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
 
@@ -119,7 +134,8 @@ class ModelGuidedOptions(StrictModel):
     sharding_types: bool = Field(default=False, description="also try row-, column-wise and data-parallel per table")
     type_evals: int = Field(default=24, ge=1, le=100_000, description="simulations spent on sharding types")
 
-    max_evals: PositiveInt = Field(default=60, description="simulations per task and batch size")
+    max_evals: bounded_int(1, 100_000, "simulations per unit; a unit is one transaction") = Field(  # type: ignore[valid-type]
+        default=60, description="simulations per task and batch size, 1 .. 100000")
 
 
 class ShardingSpace(StrictModel):
@@ -128,8 +144,10 @@ class ShardingSpace(StrictModel):
     space: Literal["sharding"]
     platform: str = Field(description="catalog key, e.g. a100-80gb")
     catalog: str | None = Field(default=None, description="user YAML that overrides or adds catalog entries")
-    n_gpus: PositiveInt
-    batch_sizes: list[PositiveInt] = Field(min_length=1, description="global batch sizes")
+    n_gpus: bounded_int(1, MAX_GPUS, "every GPU is a rank of the simulated graph") = Field(  # type: ignore[valid-type]
+        description=f"GPUs, 1 .. {MAX_GPUS}")
+    batch_sizes: list[bounded_int(1, 2**24, "a global batch of 16 M samples")] = Field(  # type: ignore[valid-type]
+        min_length=1, max_length=64, description="global batch sizes, 1 .. 2^24")
     tasks: TasksSpec
     model: DenseModel = DenseModel()
     sharders: list[Literal[(*SHARDER_NAMES, *OPTIONAL_SHARDERS)]] = Field(  # type: ignore[valid-type]
@@ -137,7 +155,7 @@ class ShardingSpace(StrictModel):
     objective: Literal["iteration_time"] = "iteration_time"
     memory_fraction: float = Field(default=0.8, gt=0, le=1, description="share of device memory tables may use")
     model_guided: ModelGuidedOptions = ModelGuidedOptions()
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _batches_divide(self) -> ShardingSpace:
@@ -218,6 +236,8 @@ def build_sharding_context(space: ShardingSpace) -> ShardingContext:
         resolved = resolve_platform(space.platform, space.catalog)
     except (UnknownPlatformError, AssetPackError, CatalogError) as exc:
         raise SpaceError(f"platform: {exc.args[0]}") from None
+    except FileNotFoundError:
+        raise SpaceError(f"catalog: no such file {space.catalog}") from None
     platform = resolved.platform
     tasks: list[EmbeddingTables] = []
     if space.tasks.explicit:
