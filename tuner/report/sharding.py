@@ -156,19 +156,62 @@ def _bar_chart(df: pd.DataFrame, task: str, path: Path) -> None:
     plt.close(fig)
 
 
+def _best_units(payload: dict) -> set[tuple[str, int]]:
+    """(task, batch size) of each task's best plan: the batch size whose best sharder trains the most samples
+    per second."""
+    best: dict[str, tuple[float, int]] = {}
+    for t in payload["tasks"]:
+        s = t["best_predicted_iteration_s"]
+        if s:
+            rate = t["batch_size"] / s
+            if t["task"] not in best or rate > best[t["task"]][0]:
+                best[t["task"]] = (rate, t["batch_size"])
+    return {(task, b) for task, (_, b) in best.items()}
+
+
+def _overview_chart(payload: dict, path: Path) -> None:
+    """Every task's sharders at its best plan's batch size, as slowdown over the best (one PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    units = _best_units(payload)
+    rows = [t for t in payload["tasks"] if (t["task"], t["batch_size"]) in units]
+    sharders = [c["sharder"] for c in rows[0]["candidates"]] if rows else []
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows) + 2.5), 3.4), dpi=100)
+    width = 0.8 / max(len(sharders), 1)
+    x = np.arange(len(rows))
+    for i, s in enumerate(sharders):
+        vals = [next((c["predicted_iteration_s"] / t["best_predicted_iteration_s"] for c in t["candidates"]
+                      if c["sharder"] == s and c.get("status") == "ok"), 0.0) for t in rows]
+        ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=s)
+    ax.set_xticks(x, [f"{t['task']} b{t['batch_size']}" for t in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("iteration / best")
+    ax.set_ylim(bottom=0.9)
+    if rows:  # no task has a feasible plan: an empty chart
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
     """Write every output file; ``results.json`` last. Returns the payload."""
     out.mkdir(parents=True, exist_ok=True)
     payload = sharding_payload(result)
     df = _frame(payload)
     atomic_write_text(out / "results.csv", df.to_csv(index=False))
-    # Chrome traces of the best plan of every task and batch size
+    # Chrome traces of each task's best plan (the batch size and sharder of most samples per second); with
+    # ``--all-traces`` of the best sharder at every batch size (each trace costs a simulation and ~1 MB)
     traces = out / "traces"
     traces.mkdir(exist_ok=True)
     ctx: ShardingContext = result.space.worker_context()
+    every = getattr(result.space, "all_traces", False)
+    best_units = _best_units(payload)
     for ti, b, cands in _units(result):
         best = _best(cands)
-        if not best:
+        if not best or not (every or (ctx.tasks[ti].label, b) in best_units):
             continue
         _, tl = TypedShardingJob(ctx.job(ti, b)).evaluate(placement_of(best))
         tl.write_chrome_trace(traces / f"{safe_filename(ctx.tasks[ti].label)}_b{b}_{best['sharder']}.json")
@@ -189,11 +232,17 @@ def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
             f"average, {100 * s['model_guided_gain_vs_best_heuristic_max']:.2f}% at most."
         )
     lines.append("")
+    if not every:  # one chart of every task's best plan; a chart per task with --all-traces
+        _overview_chart(payload, figs / "best_plans.png")
+        lines += ["![every task's sharders at its best plan's batch size](figures/best_plans.png)", ""]
     for label in dict.fromkeys(df.task):
-        png = figs / f"{safe_filename(label)}.png"
-        _bar_chart(df, label, png)
         sub = df[df.task == label]
-        lines += [f"## {label}", "", f"![{label}](figures/{png.name})", "", "| batch | best | predicted ms |", "|---:|---|---:|"]
+        lines += [f"## {label}", ""]
+        if every:
+            png = figs / f"{safe_filename(label)}.png"
+            _bar_chart(df, label, png)
+            lines += [f"![{label}](figures/{png.name})", ""]
+        lines += ["| batch | best | predicted ms |", "|---:|---|---:|"]
         for t in payload["tasks"]:
             if t["task"] == label:
                 ms = "—" if t["best_predicted_iteration_s"] is None else f"{t['best_predicted_iteration_s'] * 1e3:.2f}"
