@@ -150,6 +150,16 @@ def test_torchrec_candidate_and_dense_estimate():
     placement, info = torchrec_placement(spec, 4, resolved.platform, 0.8, timing=resolved.timing())
     assert len(placement) == 4 and info["estimator"] == "tuner"
     assert sum(info["sharding_types"].values()) == 4
+    # TorchRec's proposals rated by tuner's simulator: its pick is no slower than its default pick
+    from tuner.cost import DLRMShardingJob
+    from tuner.sharders.sharding_types import TypedShardingJob
+
+    job = DLRMShardingJob(spec, 4, resolved.platform, resolved.timing())
+    rated, info = torchrec_placement(spec, 4, resolved.platform, 0.8, job=job)
+    default, _ = torchrec_placement(spec, 4, resolved.platform, 0.8)
+    assert info["perf_model"] == "tuner-simulator"
+    typed = TypedShardingJob(job)
+    assert typed.objective(rated) <= typed.objective(default) * (1 + 1e-9)
 
 
 def test_space_with_torchrec_task_and_sharder(tmp_path, model_module):

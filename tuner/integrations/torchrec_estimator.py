@@ -137,9 +137,11 @@ def make_perf_model(job: Any, names: list[str]) -> Any:
     from torchrec.distributed.planner.types import PerfModel
 
     from predictor.sources.synth.dlrm_sharding import TableShards
+    from tuner.sharders.sharding_types import TypedShardingJob
 
     index = {n: i for i, n in enumerate(names)}
     tables = job.spec.tables
+    typed = TypedShardingJob(job)
 
     class TunerPerfModel(PerfModel):
         """Rates a proposal by tuner's simulator (seconds per iteration)."""
@@ -151,7 +153,7 @@ def make_perf_model(job: Any, names: list[str]) -> Any:
                 ts[index[so.name]] = TableShards(so.sharding_type, ranks, tuple((int(s.size[0]), int(s.size[1]))
                                                                                 for s in so.shards),
                                                  tuple((int(s.offset[0]), int(s.offset[1])) for s in so.shards))
-            return float(job.evaluate(ShardedPlacement(tuple(ts)))[0].predicted_iteration_s)
+            return float(typed.evaluate(ShardedPlacement(tuple(ts)))[0].predicted_iteration_s)
 
     return TunerPerfModel()
 
