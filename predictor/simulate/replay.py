@@ -2,13 +2,16 @@
 
 ``replay(path)`` reads the traces (:func:`~predictor.sources.traces.load.load_traces`), builds the
 graph (:func:`~predictor.sources.traces.build.build_graph`), simulates it with the measured task
-durations (:class:`~predictor.simulate.MeasuredTiming`; waits are recomputed by the
-simulator) and returns a :class:`ReplayResult`: per rank and ProfilerStep the measured and
-predicted time, the Lumos Fig. 5 breakdown of both, the critical path, and the GPU
-utilisation over time (Lumos Fig. 6) of both.
+durations (:class:`~predictor.simulate.MeasuredTiming`: kernels and host compute segments; every wait —
+syncs, blocking copies, launches held by a full queue, collectives, cross-thread and cross-stream
+dependencies — is recomputed by the simulator) and returns a :class:`ReplayResult`: per rank and
+ProfilerStep the measured and simulated time with Lin et al.'s kernel-sum baseline, the Lumos Fig. 5
+breakdown of both (a CPU capture's compute: its host ops), the critical path, and the GPU utilisation
+over time (Lumos Fig. 6) of both. :func:`scaled_durations` perturbs the measured durations (the
+replay must follow); :mod:`~predictor.simulate.kineto_export` writes the simulated run as Kineto traces.
 
-A predicted step lasts from the simulated start of its ``ProfilerStep`` start marker to
-that of its end marker, on the thread that holds the annotation.
+A simulated step lasts from the simulated start of its ``ProfilerStep`` start marker to that of its
+end marker, on the thread that holds the annotation: the simulated host decides it.
 """
 
 from __future__ import annotations
