@@ -130,7 +130,8 @@ def test_host_bound_trace_follows_its_host(tmp_path):
 
 # ----------------------------------------------------------------------------- the shared traces
 SINGLE = ["resnet50_ddp_a100_rank0of2.kineto.json.gz", "recsys_a100_rank3of8.kineto.json.gz",
-          "mlp21_rtx2080ti.kineto.json.gz", "event_sync.kineto.json.gz", "event_sync_multistream.kineto.json.gz"]
+          "mlp21_rtx2080ti.kineto.json.gz", "event_sync.kineto.json.gz", "event_sync_multistream.kineto.json.gz",
+          "simple_add_a100.kineto.json.gz", "alexnet_a100.kineto.json.gz"]
 
 
 @needs_traces
