@@ -50,8 +50,10 @@ class WhatIfTiming:
         return np.asarray(self.timing.model_for(kind).predict(view, self.timing.platform), dtype=np.float64)
 
     def has_model(self, kind: str) -> bool:
-        """Does a kernel model of the timing claim ``kind`` (not just the roofline fallback)?"""
-        return kind in self.model_kinds
+        """Does a kernel model of the timing claim ``kind`` (not just the roofline fallback)? A backward kind
+        without its own model counts when the timing times it with its forward kind's model."""
+        timed = getattr(self.timing, "timed_kind", lambda k: k)(kind)
+        return kind in self.model_kinds or timed in self.model_kinds
 
     def durations(self, g: ExecutionGraph) -> np.ndarray:
         aux = aux_of(g)
@@ -71,7 +73,7 @@ class WhatIfTiming:
         for kid in np.unique(g.kind[todo]).tolist():
             kind = g.kinds[kid]
             idx = np.flatnonzero(todo & (g.kind == kid))
-            has_model = kind in self.model_kinds
+            has_model = self.has_model(kind)
             is_new = new[idx]
             if not has_model and self.platform_moved:
                 self.fallback[kind] = {"tasks": int(idx.size), "how": "the target platform's roofline on the "

@@ -13,6 +13,11 @@ Batch norm (``batch_norm`` / ``batch_norm_bwd``) is memory-bound: a statistics p
 pass over the activations (plus the gradient's): :class:`BatchNormModel` prices its ``bytes`` with the
 platform's element-wise model.
 
+Attention (``attention`` / ``attention_bwd``: ``scaled_dot_product_attention``'s fused kernel) is two batched
+GEMMs per head, ``Q K^T`` and ``P V``, around a softmax over ``T x S`` scores; the backward recomputes the
+scores (flash attention keeps no ``P``) and runs four more GEMMs (``dV``, ``dP``, ``dQ``, ``dK``) and the
+softmax's gradient: :class:`AttentionModel` prices those with the platform's ``bmm`` and ``softmax`` models.
+
 Parameters (:func:`~predictor.sources.traces.host_kernels.rnn_params`): ``batch`` B, ``m`` steps T,
 ``n`` gate width G x H, ``k`` input width, ``dim`` hidden width H, ``elements`` B T G H.
 """
@@ -26,12 +31,15 @@ import numpy as np
 from predictor.timing.kernels.base import KernelModel, TaskView
 from predictor.timing.platforms.schema import Platform
 
-__all__ = ["RNN_KINDS", "BATCH_NORM_KINDS", "RecurrentModel", "BatchNormModel"]
+__all__ = ["RNN_KINDS", "BATCH_NORM_KINDS", "ATTENTION_KINDS", "RecurrentModel", "BatchNormModel",
+           "AttentionModel"]
 
 #: recurrent-layer kinds timed by :class:`RecurrentModel`
 RNN_KINDS = ("rnn", "rnn_bwd")
 #: batch-norm kinds timed by :class:`BatchNormModel`
 BATCH_NORM_KINDS = ("batch_norm", "batch_norm_bwd")
+#: fused attention kinds timed by :class:`AttentionModel`
+ATTENTION_KINDS = ("attention", "attention_bwd")
 
 
 def _gemm_view(m: np.ndarray, n: np.ndarray, k: np.ndarray, dt: np.ndarray) -> TaskView:
@@ -88,3 +96,43 @@ class BatchNormModel(KernelModel):
     def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
         view = TaskView(dict(tasks.columns), len(tasks), "elementwise")
         return self.model_for("elementwise").predict(view, platform)
+
+
+class AttentionModel(KernelModel):
+    """Fused attention = its batched GEMMs (``model_for("bmm")``) + its softmax (``model_for("softmax")``).
+
+    Parameters: ``batch`` B x heads, ``m`` query length T, ``n`` key length S, ``k`` head width D.
+    """
+
+    kinds = ATTENTION_KINDS
+    name = "attention-composite"
+
+    def __init__(self, model_for: Callable[[str], KernelModel]) -> None:
+        self.model_for = model_for
+
+    def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        n_tasks = len(tasks)
+        bh, t, sk, d = tasks.get("batch"), tasks.get("m"), tasks.get("n"), tasks.get("k")
+        dt = tasks.get("dtype_bytes", 4.0)
+        ok = np.isfinite(bh) & np.isfinite(t) & np.isfinite(sk) & np.isfinite(d)
+        if not ok.any():
+            return np.zeros(n_tasks)
+        bh, t, sk, d, dt = (np.where(ok, x, 1.0) for x in (bh, t, sk, d, dt))
+        bmm = self.model_for("bmm")
+
+        def gemm(m, n, k):
+            cols = {"batch": bh, "m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * bh * m * n * k,
+                    "bytes": (m * k + k * n + m * n) * bh * dt}
+            return bmm.predict(TaskView(cols, n_tasks, "bmm"), platform)
+
+        scores = gemm(t, sk, d)  # Q K^T
+        time = scores + gemm(t, d, sk)  # P V
+        rows, el = bh * t, bh * t * sk
+        sm = {"m": rows, "n": sk, "elements": el, "dtype_bytes": dt, "bytes": 2.0 * el * dt}
+        if tasks.kind == "attention_bwd":  # scores again, dV, dP, dQ, dK, the softmax's gradient
+            time = time + scores + gemm(sk, d, t) + gemm(t, sk, d) + gemm(t, d, sk) + gemm(sk, d, t)
+            time = time + self.model_for("softmax_bwd").predict(
+                TaskView({**sm, "bytes": 3.0 * el * dt}, n_tasks, "softmax_bwd"), platform)
+        else:
+            time = time + self.model_for("softmax").predict(TaskView(sm, n_tasks, "softmax"), platform)
+        return np.where(ok, time, 0.0)

@@ -36,7 +36,7 @@ import numpy as np
 from predictor.graph import Category, ExecutionGraph, Overhead
 from predictor.timing.kernels.base import KernelModel, TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective
-from predictor.timing.kernels.composite import BatchNormModel, RecurrentModel
+from predictor.timing.kernels.composite import AttentionModel, BatchNormModel, RecurrentModel
 from predictor.timing.kernels.elementwise import Roofline
 from predictor.timing.kernels.embedding import AnalyticEmbedding
 from predictor.timing.kernels.gemm import AnalyticGemm
@@ -93,8 +93,9 @@ class ModelTiming:
         #: which model family produced the numbers ("analytic", or an asset pack's name)
         self.source = source
         self._by_kind = models_by_kind(self.models)
-        # recurrent layers and batch norm: composed of this timing's GEMM and element-wise models
-        for composite in (RecurrentModel(self.model_for), BatchNormModel(self.model_for)):
+        # recurrent layers, batch norm, fused attention: composed of this timing's GEMM and element-wise models
+        for composite in (RecurrentModel(self.model_for), BatchNormModel(self.model_for),
+                          AttentionModel(self.model_for)):
             if not any(k in self._by_kind for k in composite.kinds):
                 self.models.append(composite)
                 self._by_kind.update((k, composite) for k in composite.kinds)
