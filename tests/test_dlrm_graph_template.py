@@ -184,3 +184,13 @@ def test_one_template_serves_every_placement():
     for _ in range(5):
         a = rng.integers(0, 4, len(tables))
         assert_same_graph(template.graph(a), _reference_graph(spec, a, 4))
+
+
+def test_thousand_tables_on_64_ranks():
+    tables = generate_tasks(64, n_tasks=1, seed=17, device_memory_bytes=A100.memory_bytes, dataset="2021")[0]
+    assert len(tables) >= 1000
+    spec = DLRMSpec(tables=tables, batch_size=65536)
+    a = np.random.default_rng(2).integers(0, 64, len(tables))
+    new = DLRMGraphTemplate(spec, 64).graph(a)
+    assert_same_graph(new, _reference_graph(spec, a, 64))
+    assert simulate(new, ModelTiming(A100)).iteration_s > 0
