@@ -195,10 +195,12 @@ def test_deadline_budget_and_memory_infeasible_with_reasons(tmp_path):
     assert all(t.user_attrs["error"] for t in pruned)
 
 
-def test_nsga2_search_evaluates_distinct_candidates_and_resumes(tmp_path):
+@pytest.mark.parametrize("per_accelerator", [False, True])
+def test_nsga2_search_evaluates_distinct_candidates_and_resumes(tmp_path, per_accelerator):
     data = _space(devices=[1, 2, 4, 8], deadline_hours=1e6,
                   ranges={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch": [1, 2, 4], "recompute": ["none", "full"]},
-                  search={"strategy": "nsga2", "trials": 14, "population": 6, "seed": 1})
+                  search={"strategy": "nsga2", "trials": 14, "population": 6, "seed": 1,
+                          "per_accelerator": per_accelerator})
     spec = load_space(_write(tmp_path, data, "n.yaml"))
     assert RentSearch(spec).strategy == "nsga2"
     code, out = _run(tmp_path, data)
@@ -206,6 +208,8 @@ def test_nsga2_search_evaluates_distinct_candidates_and_resumes(tmp_path):
     p = _payload(tmp_path)
     assert p["strategy"] == "nsga2" and p["counts"]["evaluated"] == 14 < p["counts"]["candidates"]
     assert len({r["key"] for r in p["records"]}) == 14
+    if per_accelerator:  # equal shares
+        assert sorted(sum(r["accelerator"] == a for r in p["records"]) for a in ("a100-80gb", "h100-sxm")) == [7, 7]
     ok = [r for r in p["records"] if r["status"] == "ok"]
     front = [r for r in p["records"] if r["key"] in set(p["front"])]
     assert front and not any(dominates(o, f) for f in front for o in ok)

@@ -23,7 +23,7 @@ memory per device. Out-of-memory plans and plans that miss the deadline or the b
 
 Two objectives, time to train and cost: ``grid`` evaluates every candidate (``auto`` up to
 ``search.grid_limit``), ``nsga2`` lets Optuna's NSGA-II sampler pick ``search.trials`` candidates
-(:class:`tuner.search.rent_nsga.NSGAProposer`). The study records each outcome with value =
+(:class:`tuner.search.rent_nsga.NSGAProposer`; with ``search.per_accelerator`` one sampler per accelerator). The study records each outcome with value =
 time to train in hours; both objectives are in the record.
 """
 
@@ -184,6 +184,8 @@ class RentSearchOptions(StrictModel):
     grid_limit: PositiveInt = Field(default=600, description="auto: grid up to this many candidates, else NSGA-II")
     trials: PositiveInt = Field(default=400, description="candidates NSGA-II evaluates")
     population: Annotated[int, Field(ge=2)] = Field(default=40, description="NSGA-II population size")
+    per_accelerator: bool = Field(default=False, description="NSGA-II: one sampler per accelerator, equal shares "
+                                                             "of the trials (each accelerator's best searched alike)")
     seed: Seed = 0
     top: PositiveInt = Field(default=12, description="front points shown in the table")
     # stage-level graphs: 13B plans agree with kernel-level ones within 0.04 % and build 3-5x faster
@@ -342,7 +344,8 @@ class RentSearch(SearchSpace):
 
         s = self.spec.search
         return NSGAProposer(self.distributions(), self.resolve, target=min(s.trials, len(candidates)),
-                            batch_size=max(2 * workers, 1), seed=s.seed, population=s.population, history=history)
+                            batch_size=max(2 * workers, 1), seed=s.seed, population=s.population, history=history,
+                            group="accelerator" if s.per_accelerator else None)
 
     def write_outputs(self, result: SearchResult, out: Path) -> dict:
         from tuner.report.rent import write_rent_outputs

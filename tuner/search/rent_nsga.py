@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -36,11 +38,28 @@ def objectives(record: dict) -> tuple[float, float] | None:
     return None if t is None or usd is None else (float(t), float(usd))
 
 
-class NSGAProposer(Proposer):
-    """Proposes ``target`` distinct candidates chosen by a seeded NSGA-II sampler, ``batch_size`` at a time.
+@dataclass
+class _Sampler:
+    """One NSGA-II study: its distributions (without the group's parameter), its share of the target."""
 
-    At most ``30 * target + 100`` asks are made in all, so a space with few valid parameter
-    combinations ends.
+    study: optuna.Study
+    distributions: dict[str, BaseDistribution]
+    target: int
+    fixed: dict[str, Any]  # the group's parameter value, added to every sampled set
+    asks: int = 0
+
+    @property
+    def max_asks(self) -> int:
+        return 30 * self.target + 100
+
+
+class NSGAProposer(Proposer):
+    """Proposes ``target`` distinct candidates chosen by seeded NSGA-II samplers, ``batch_size`` at a time.
+
+    With ``group`` (a parameter name, e.g. ``accelerator``) each value of that parameter gets its
+    own sampler and an equal share of ``target``, asked in turn: every accelerator's own
+    time-cost front is searched, not only the one that dominates. A sampler makes at most
+    ``30 * share + 100`` asks, so a group with few valid parameter combinations ends.
     """
 
     def __init__(
@@ -53,31 +72,40 @@ class NSGAProposer(Proposer):
         seed: int,
         population: int,
         history: list[FrozenTrial],
+        group: str | None = None,
     ) -> None:
         self.distributions = distributions
         self.resolve = resolve
         self.target = target
         self.batch_size = max(batch_size, 1)
-        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
-        self.sampler_study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
+        self.group = group
+        values = list(distributions[group].choices) if group else [None]  # type: ignore[attr-defined]
+        own = {k: d for k, d in distributions.items() if k != group}
+        self.samplers: list[_Sampler] = []
+        for i, v in enumerate(values):
+            sampler = optuna.samplers.NSGAIISampler(seed=seed + i, population_size=population)
+            study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
+            share = target // len(values) + (1 if i < target % len(values) else 0)
+            self.samplers.append(_Sampler(study, own, share, {group: v} if group else {}))
         for old in history:
-            seeded = self._seed(old)
-            if seeded is not None:
-                self.sampler_study.add_trial(seeded)
-        self.asks = 0
-        self.max_asks = 30 * target + 100
-        self.asked: dict[str, Trial] = {}
+            self._seed(old)
+        self.asked: dict[str, tuple[_Sampler, Trial]] = {}
+        self.turn = 0
 
-    def _seed(self, old: FrozenTrial) -> FrozenTrial | None:
-        """A study trial of the persistent study as a two-objective trial (None if it has neither)."""
+    def _seed(self, old: FrozenTrial) -> None:
+        """Add a trial of the persistent study to its sampler as a two-objective trial (if it has both)."""
         if set(old.params) != set(self.distributions) or "result" not in old.user_attrs:
-            return None
-        rec = json.loads(old.user_attrs["result"])
-        values, cons = self._values(rec)
-        if values is None:
-            return None
-        return create_trial(params=dict(old.params), distributions=self.distributions, values=list(values),
-                            constraints=cons)
+            return
+        values, cons = self._values(json.loads(old.user_attrs["result"]))
+        s = self._sampler_of(old.params)
+        if values is None or s is None:
+            return
+        params = {k: v for k, v in old.params.items() if k not in s.fixed}
+        s.study.add_trial(create_trial(params=params, distributions=s.distributions, values=list(values),
+                                       constraints=cons))
+
+    def _sampler_of(self, params: dict) -> _Sampler | None:
+        return next((s for s in self.samplers if all(params.get(k) == v for k, v in s.fixed.items())), None)
 
     @staticmethod
     def _values(rec: dict) -> tuple[tuple[float, float] | None, dict[str, float]]:
@@ -87,37 +115,45 @@ class NSGAProposer(Proposer):
             values = (UNMET, UNMET)
         return values, cons
 
-    def _tell(self, trial: Trial, outcome: Outcome | None) -> None:
-        if outcome is None:
-            self.sampler_study.tell(trial, state=TrialState.FAIL)
-            return
-        values, cons = self._values(outcome.record)
+    @staticmethod
+    def _tell(s: _Sampler, trial: Trial, outcome: Outcome | None) -> None:
+        values, cons = NSGAProposer._values(outcome.record) if outcome is not None else (None, {})
         if values is None:
-            self.sampler_study.tell(trial, state=TrialState.FAIL)
+            s.study.tell(trial, state=TrialState.FAIL)
             return
         for name, v in cons.items():
             trial.set_constraint(name, v)
-        self.sampler_study.tell(trial, list(values))
+        s.study.tell(trial, list(values))
+
+    def _open(self, s: _Sampler, done: dict[str, list[Outcome]], pending: int) -> bool:
+        """Whether sampler ``s`` may ask again: its share not reached and asks left."""
+        have = sum(1 for outs in done.values() if all(outs[0].params.get(k) == v for k, v in s.fixed.items()))
+        return have + pending < s.target and s.asks < s.max_asks
 
     def propose(self, done: dict[str, list[Outcome]]) -> list[Candidate]:
-        """Up to ``batch_size`` new candidates; empty once ``target`` are done or the asks run out."""
-        while len(done) < self.target and self.asks < self.max_asks:
-            batch: list[Candidate] = []
-            while len(batch) < self.batch_size and self.asks < self.max_asks and len(done) + len(batch) < self.target:
-                trial = self.sampler_study.ask(self.distributions)
-                self.asks += 1
-                cand = self.resolve(trial.params)
-                if cand is None:
-                    self._tell(trial, None)
-                elif cand.key in done or cand.key in self.asked:  # proposed again: reuse its outcome
-                    prev = done.get(cand.key)
-                    self._tell(trial, prev[0] if prev else None)
-                else:
-                    self.asked[cand.key] = trial
-                    batch.append(cand)
-            if batch:
-                return batch
-        return []
+        """Up to ``batch_size`` new candidates, the samplers asked in turn; empty once every share is done."""
+        batch: list[Candidate] = []
+        pending = {id(s): sum(1 for q, _ in self.asked.values() if q is s) for s in self.samplers}
+        while len(batch) < self.batch_size:
+            open_ = [s for s in self.samplers if self._open(s, done, pending[id(s)])]
+            if not open_:
+                break
+            s = open_[self.turn % len(open_)]
+            self.turn += 1
+            trial = s.study.ask(s.distributions)
+            s.asks += 1
+            cand = self.resolve({**trial.params, **s.fixed})
+            if cand is None:
+                self._tell(s, trial, None)
+            elif cand.key in done or cand.key in self.asked:  # proposed again: reuse its outcome
+                prev = done.get(cand.key)
+                self._tell(s, trial, prev[0] if prev else None)
+            else:
+                self.asked[cand.key] = (s, trial)
+                pending[id(s)] += 1
+                batch.append(cand)
+        return batch
 
     def observe(self, candidate: Candidate, outcomes: list[Outcome]) -> None:
-        self._tell(self.asked.pop(candidate.key), outcomes[0])
+        s, trial = self.asked.pop(candidate.key)
+        self._tell(s, trial, outcomes[0])
