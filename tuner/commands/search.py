@@ -111,7 +111,7 @@ def _run(space: Path, spec, out: Path, storage: str | None, workers: int, addres
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
-        disable=quiet,
+        disable=quiet or not err_console.is_terminal,  # a bar in a log file or a pipe is noise
         transient=False,
     ) as bar:
         job = bar.add_task("evaluating", total=None)

@@ -69,7 +69,7 @@ def _frame(payload: dict) -> pd.DataFrame:
             "recompute": f.get("recompute"), "sequence_parallel": f.get("sequence_parallel"),
             "predicted_iteration_s": p.get("predicted_iteration_s"), "samples_per_s": p.get("samples_per_s"),
             "model_tflops_per_device": p.get("model_tflops_per_device"), "mfu": p.get("mfu"),
-            "memory_gib_per_device": (p.get("memory_bytes_per_device") or np.nan) / 2**30, "reason": p.get("reason", ""),
+            "memory_bytes_per_device": p.get("memory_bytes_per_device") or np.nan, "reason": p.get("reason", ""),
         })
     return pd.DataFrame(rows)
 
