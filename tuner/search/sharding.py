@@ -104,7 +104,7 @@ class TasksSpec(StrictModel):
     """Where the tasks come from: generated, given explicitly, or read from TorchRec models."""
 
     generate: GeneratedTasks | None = None
-    explicit: list[ExplicitTask] | None = None
+    explicit: list[ExplicitTask] | None = Field(default=None, max_length=1000, description="1 .. 1000 tasks")
     torchrec: list[TorchRecTask] | None = None
 
     @model_validator(mode="after")
