@@ -206,7 +206,9 @@ def within_model_ranks(rows: list[Row], pred: np.ndarray) -> list[dict]:
         meas = np.asarray([rows[i].tokens / rows[i].measured_s / rows[i].gpus for i in idx])
         prd = np.asarray([rows[i].tokens / pred[i] / rows[i].gpus for i in idx])
         rho = float(spearmanr(prd, meas)[0]) if len(idx) > 2 else float(np.sign(prd[1] - prd[0]) * np.sign(meas[1] - meas[0]))
-        out.append({"model": model, "rows": len(idx), "split": rows[idx[0]].split, "spearman": rho})
+        out.append({"model": model, "rows": len(idx), "split": rows[idx[0]].split, "spearman": rho,
+                    "measured_spread_pct": float((meas.max() / meas.min() - 1) * 100),
+                    "predicted_spread_pct": float((prd.max() / prd.min() - 1) * 100)})
     return out
 
 
@@ -311,10 +313,18 @@ def render(p: dict) -> str:
                  f"{_f(p['models'][c]['calibrated']['by_source'][src]['max_abs_pct'])}" for c in ms]
         L.append(f"| {src} | " + " | ".join(cells) + " |")
     L += ["", "## Spearman of per-GPU throughput within each model (calibrated)", "",
-          "| model | rows | split | " + " | ".join(ms) + " |", "|---|--:|---|" + "--:|" * len(ms)]
+          "Spread: max / min - 1 of the measured per-GPU throughput over the model's rows (MosaicML's runs at "
+          "8-128 GPUs differ by a few percent, so their order is mostly noise).", "",
+          "| model | rows | split | measured spread % | " + " | ".join(ms) + " |", "|---|--:|---|--:|" + "--:|" * len(ms)]
     for i, x in enumerate(p["models"][ms[0]]["within_model_spearman"]):
-        L.append(f"| {x['model']} | {x['rows']} | {x['split']} | "
+        L.append(f"| {x['model']} | {x['rows']} | {x['split']} | {x['measured_spread_pct']:.1f} | "
                  + " | ".join(f"{p['models'][c]['within_model_spearman'][i]['spearman']:+.2f}" for c in ms) + " |")
+    for c in ms:
+        sp = [x for x in p["models"][c]["within_model_spearman"] if x["split"] == "held-out" and x["rows"] >= 3]
+        if sp:
+            L.append(f"\n{c}: mean Spearman over the {len(sp)} held-out models with >= 3 rows "
+                     f"{np.mean([x['spearman'] for x in sp]):+.2f}; over those whose measured spread exceeds 5 % "
+                     f"{_f(np.mean([x['spearman'] for x in sp if x['measured_spread_pct'] > 5]) if any(x['measured_spread_pct'] > 5 for x in sp) else None, '{:+.2f}')}.")
     L += ["", "## SC21 §5.4 orderings (64 A100s; text claims, no published numbers)", "",
           "| figure | claim | (t, p, d) | " + " | ".join(f"{c}: TFLOP/s/GPU" for c in ms) + " | " +
           " | ".join(f"{c} holds" for c in ms) + " |", "|---|---|---|" + "---|" * (2 * len(ms))]

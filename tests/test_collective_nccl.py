@@ -125,3 +125,9 @@ def test_fp8_linear_runs_the_layer_linears_in_one_byte():
     assert len(linear) and (linear.dtype_bytes == 1).all()
     rest = gemm[gemm.name.str.contains(r"lm_head|attn_scores|attn_context")]
     assert len(rest) and (rest.dtype_bytes == 2).all()
+    # Transformer Engine's cast-transposes: 4 linear inputs forward, 4 output gradients backward, per layer
+    casts = df[df.name.str.contains("fp8_cast") & (df.category == "memory")]
+    assert len(casts) == 8 * spec.layers
+    plain = build_transformer_graph(TransformerSpec(layers=2, hidden=256, heads=4, seq=128, vocab=1024),
+                                    ParallelPlan(global_batch=1), detail="kernel").tasks_frame()
+    assert not plain.name.str.contains("fp8_cast").any()

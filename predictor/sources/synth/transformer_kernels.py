@@ -287,8 +287,10 @@ class StepKernels:
         T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
         if self.spec.moe is None:
             self._tp_gather_in(e, f"{p}mlp_input_all_gather")
+            self._fp8_cast(e, f"{p}fc1.fp8_cast", T * h)
             e.op(f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, f / t, h)])
             e.op(f"{p}bias_gelu", [eltwise(f"{p}bias_gelu", "gelu", T * f / t, dt, rw=2.0)])
+            self._fp8_cast(e, f"{p}fc2.fp8_cast", T * f / t)
             e.op(f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)])
             self._tp_reduce_out(e, f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
             return
@@ -319,10 +321,12 @@ class StepKernels:
         if self.spec.moe is None:
             if self.sp:
                 self.tp_collective(e, f"{p}mlp_output_grad_all_gather", "all_gather", T * h)
+            self._fp8_cast(e, f"{p}fc2.grad_fp8_cast", T * h)
             e.op(f"{p}fc2.backward", [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
                                       *self._bias_grad(f"{p}fc2", T, h)])
             self._accumulate_grad(e, f"{p}fc2", 2)
             e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu_bwd", T * f / t, dt, rw=3.0)])
+            self._fp8_cast(e, f"{p}fc1.grad_fp8_cast", T * f / t)
             e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, f / t)])
             self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", f / t, h, T),
                                                    *self._bias_grad(f"{p}fc1", T, f / t)])
@@ -365,6 +369,13 @@ class StepKernels:
     def _wgrad(self, name: str, out: float, inp: float, rows: float, *, batch: float = 1.0) -> Kernel:
         """Weight gradient of a linear layer ``inp -> out``: ``grad.t() @ x``."""
         return gemm(name, out, inp, rows, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+
+    def _fp8_cast(self, e: StepEmitter, name: str, elements: float) -> None:
+        """``fp8_linear``: Transformer Engine's cast-transpose of a linear layer's input (forward) or output
+        gradient (backward): reads the 16-bit tensor, writes its fp8 copy and the fp8 transpose the
+        other GEMM reads (2 + 1 + 1 bytes per element)."""
+        if self.spec.fp8_linear:
+            e.op(name, [eltwise(name, "elementwise", elements, 2, rw=2.0)])
 
     def _linear_dt(self, name: str) -> int:
         """Bytes per GEMM input of a linear layer: 1 for a layer's linears under ``fp8_linear``."""
@@ -424,8 +435,10 @@ class StepKernels:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._tp_gather_in(e, f"{p}qkv_input_all_gather")
+        self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
         e.op(f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, 3 * h / t, h)])
         self._attn_fwd(e, p)
+        self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * h / t)
         e.op(f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)])
         self._tp_reduce_out(e, f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
         self._dropout_add(e, f"{p}bias_dropout_add")
@@ -446,10 +459,12 @@ class StepKernels:
         e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         if self.sp:
             self.tp_collective(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
+        self._fp8_cast(e, f"{p}attn_proj.grad_fp8_cast", T * h)
         e.op(f"{p}attn_proj.backward", [self._dgrad(f"{p}attn_proj.dgrad", T, h / t, h),
                                         self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T), *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
+        self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * 3 * h / t)
         e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, 3 * h / t)])
         self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", 3 * h / t, h, T),
                                                *self._bias_grad(f"{p}qkv", T, 3 * h / t)])
