@@ -309,3 +309,13 @@ def test_parallel_csv_is_in_seconds_and_bytes(tmp_path):
     plans = {p["key"]: p for p in json.loads((out / "results.json").read_text())["plans"]}
     for _, row in df.iterrows():
         assert row.memory_bytes_per_device == pytest.approx(plans[row.plan]["memory_bytes_per_device"])
+
+
+def test_a_task_too_large_for_the_machine_fails_fast_with_the_limit(tmp_path):
+    data = {**SPACE, "n_gpus": 4096, "batch_sizes": [4096],
+            "tasks": {"explicit": [{"name": "wide", "tables": [{"rows": 10, "dim": 4, "pooling": 1}] * 300}]}}
+    t0 = time.perf_counter()
+    res = _search(str(_space(tmp_path, data)), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and time.perf_counter() - t0 < 30
+    (line,) = _errors(res)
+    assert "1,228,800 tables x GPUs, at most 1,048,576" in line

@@ -48,6 +48,8 @@ TASK_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$"
 #: tables of one task: 10^4 tables x 4096 GPUs stays a graph of tens of millions of tasks
 MAX_TABLES = 10_000
 MAX_GPUS = 4096
+#: tables x GPUs of one task: the graph grows with both; 16x the measured 1004 x 64 (0.57 GiB), ~9 GiB if linear
+MAX_TABLE_RANKS = 2**20
 #: a layer width of the dense MLPs (elements)
 Width = Annotated[int, Field(gt=0), at_most(2**20, "a layer of a million units")]
 
@@ -262,6 +264,11 @@ def build_sharding_context(space: ShardingSpace) -> ShardingContext:
             tasks.append(tables)
             paths.append(table_paths)
             topologies.append(topology)
+    widest = max((len(t) for t in tasks), default=0)
+    if widest * space.n_gpus > MAX_TABLE_RANKS:
+        raise SpaceError(f"a task of {widest} tables on n_gpus={space.n_gpus}: {widest * space.n_gpus:,} tables x GPUs, "
+                         f"at most {MAX_TABLE_RANKS:,} (every table is simulated on every GPU; 1004 x 64 took "
+                         "0.57 GiB and 36 s, benchmarks/results/scale_bench.md)")
     return ShardingContext(space, platform, tasks, resolved, paths, topologies)
 
 
