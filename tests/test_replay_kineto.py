@@ -120,9 +120,11 @@ def test_cpu_capture_breakdown_shows_compute_and_no_gpu_chart(tmp_path):
     res = replay(trace)
     assert not res.graph.graph.is_gpu().any()
     b = res.breakdown("predicted")
-    assert b.exposed_compute > 0.3 * b.total, b  # the host ops, not idle
+    # the host ops are compute (at least the busiest thread's op time per step), not idle
+    steps = res.steps()
+    assert np.all(steps["kernel_sum_s"] > 0)
+    assert b.exposed_compute >= 0.99 * steps["kernel_sum_s"].sum(), (b, steps)
     assert b.exposed_communication == 0.0
-    assert np.all(res.steps()["kernel_sum_s"] > 0)
     out = tmp_path / "out"
     out.mkdir()
     (out / "gpu_utilization.png").write_bytes(b"stale")
@@ -130,7 +132,7 @@ def test_cpu_capture_breakdown_shows_compute_and_no_gpu_chart(tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["breakdown"]["exposed_compute_s"] > 0.3 * doc["breakdown"]["total_s"]
+    assert doc["breakdown"]["exposed_compute_s"] >= 0.99 * sum(st["kernel_sum_s"] for st in doc["steps"])
     assert not (out / "gpu_utilization.png").exists()
     assert any("no GPU" in n for n in doc["notes"])
     assert (out / "simulated.kineto.json.gz").stat().st_size > 0

@@ -17,7 +17,7 @@ try:  # orjson parses a trace 1.3-1.5x faster than the standard library (10 MB K
 except ImportError:  # pragma: no cover - the standard library reads every trace too
     _fast_loads = None
 
-__all__ = ["load_json_bytes", "read_json_file", "read_json_source", "no_gc"]
+__all__ = ["load_json_bytes", "json_bytes", "parse_json", "read_json_file", "read_json_source", "no_gc"]
 
 
 @contextmanager
@@ -38,6 +38,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def load_json_bytes(data: bytes, label: str) -> object:
     """Parse ``data`` (JSON, optionally gzip-compressed) or raise :class:`TraceError` naming ``label``."""
+    return parse_json(json_bytes(data, label), label)
+
+
+def json_bytes(data: bytes, label: str) -> bytes:
+    """The JSON text of ``data`` (gzip-compressed or not), or :class:`TraceError` naming ``label``."""
     if data[:2] == _GZIP_MAGIC:
         try:
             data = gzip.decompress(data)
@@ -51,6 +56,11 @@ def load_json_bytes(data: bytes, label: str) -> object:
         raise TraceError(f"{label}: empty file")
     if b"\x00" in data[:4096]:
         raise TraceError(f"{label}: not a trace (binary data, not JSON)")
+    return data
+
+
+def parse_json(data: bytes, label: str) -> object:
+    """Parse JSON text ``data`` (from :func:`json_bytes`) or raise :class:`TraceError` naming ``label``."""
     if _fast_loads is not None:
         try:
             with no_gc():

@@ -25,10 +25,16 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from predictor.sources.traces._io import load_json_bytes, no_gc
+from predictor.sources.traces._io import json_bytes, no_gc, parse_json
 from predictor.sources.traces.errors import TraceError
 from predictor.sources.traces.et import ExecutionTrace, et_from_json, is_et_json
-from predictor.sources.traces.kineto import KinetoTrace, is_kineto_json, kineto_from_json, rank_from_filename
+from predictor.sources.traces.kineto import (
+    KinetoTrace,
+    is_kineto_json,
+    kineto_from_bytes,
+    kineto_from_json,
+    rank_from_filename,
+)
 
 __all__ = ["RankTrace", "TraceSet", "load_traces", "sibling_et_path"]
 
@@ -114,8 +120,17 @@ def sibling_et_path(path: Path) -> Path | None:
     return None
 
 
+def _parse(data: bytes, label: str) -> object:
+    """A Kineto trace read straight into columns (:func:`kineto_from_bytes`), else the parsed JSON document."""
+    raw = json_bytes(data, label)
+    with no_gc():
+        trace = kineto_from_bytes(raw, label)
+    return trace if trace is not None else parse_json(raw, label)
+
+
 def _read_documents(path: Path) -> list[tuple[str, object]]:
-    """(label, parsed JSON) of one file, or of every JSON file in a folder or archive."""
+    """(label, parsed JSON or a Kineto trace already in columns) of one file, or of every JSON file in a folder
+    or archive."""
     if not path.exists():
         raise TraceError(f"{path}: no such file or folder")
     docs: list[tuple[str, object]] = []
@@ -127,7 +142,7 @@ def _read_documents(path: Path) -> list[tuple[str, object]]:
                 data = f.read_bytes()
             except OSError as exc:
                 raise TraceError(f"{f}: cannot read ({exc.strerror})") from None
-            docs.append((str(f), load_json_bytes(data, str(f))))
+            docs.append((str(f), _parse(data, str(f))))
         if not docs:
             raise TraceError(f"{path}: folder holds no trace files (*.json, *.json.gz)")
         return docs
@@ -142,7 +157,7 @@ def _read_documents(path: Path) -> list[tuple[str, object]]:
                     if fh is None:
                         continue
                     label = f"{path}:{m.name}"
-                    docs.append((label, load_json_bytes(fh.read(), label)))
+                    docs.append((label, _parse(fh.read(), label)))
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise TraceError(f"{path}: truncated or corrupt archive ({exc or type(exc).__name__})") from None
         if not docs:
@@ -152,14 +167,16 @@ def _read_documents(path: Path) -> list[tuple[str, object]]:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
-    return [(str(path), load_json_bytes(data, str(path)))]
+    return [(str(path), _parse(data, str(path)))]
 
 
 def _split(docs: list[tuple[str, object]], what: str) -> tuple[list[KinetoTrace], list[ExecutionTrace]]:
     kin: list[KinetoTrace] = []
     ets: list[ExecutionTrace] = []
     for label, doc in docs:
-        if is_kineto_json(doc):
+        if isinstance(doc, KinetoTrace):
+            kin.append(doc)
+        elif is_kineto_json(doc):
             k = kineto_from_json(doc, label)
             if k.rank is None or k.rank < 0:
                 k.rank = rank_from_filename(label)
