@@ -1,9 +1,9 @@
-"""Multi-node GPT training: predicted vs published iteration times, old and new communication model.
+"""Multi-node GPT training: predicted vs published iteration times under the line and the NCCL collective models.
 
 The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo and MosaicML's
 FSDP runs) and their sources are in ``experiments/multinode_published.yaml``. For each
 communication model — ``line`` (every collective on the latency-bandwidth line of the raw link
-rates, the model before NCCL's) and ``nccl`` (NCCL's ring / tree / protocol cost model on the
+rates) and ``nccl`` (NCCL's ring / tree / protocol cost model on the
 catalog's network fields) — the script
 
 1. predicts every row with the catalog as is (uncalibrated);
