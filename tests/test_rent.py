@@ -199,7 +199,7 @@ def test_deadline_budget_and_memory_infeasible_with_reasons(tmp_path):
 def test_nsga2_search_evaluates_distinct_candidates_and_resumes(tmp_path, per_accelerator):
     data = _space(devices=[1, 2, 4, 8], deadline_hours=1e6,
                   ranges={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch": [1, 2, 4], "recompute": ["none", "full"]},
-                  search={"strategy": "nsga2", "trials": 14, "population": 6, "seed": 1,
+                  search={"strategy": "nsga2", "trials": 14, "population": 6, "seed": 1, "polish": 0,
                           "per_accelerator": per_accelerator})
     spec = load_space(_write(tmp_path, data, "n.yaml"))
     assert RentSearch(spec).strategy == "nsga2"
@@ -216,3 +216,36 @@ def test_nsga2_search_evaluates_distinct_candidates_and_resumes(tmp_path, per_ac
     more = load_space(_write(tmp_path, {**data, "search": {**data["search"], "trials": 16}}, "more.yaml"))
     res = run_search(RentSearch(more), storage=default_storage(tmp_path / "out"), workers=0, resume=True)
     assert (res.evaluated, res.reused) == (2, 14)
+
+
+def test_polish_leaves_each_accelerator_at_a_local_optimum(tmp_path):
+    data = _space(devices=[1, 2, 4, 8],
+                  ranges={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch": [1, 2, 4], "recompute": ["none", "full"]},
+                  search={"strategy": "nsga2", "trials": 10, "population": 6, "seed": 2, "polish": 200})
+    code, out = _run(tmp_path, data)
+    assert code == 0, out
+    p = _payload(tmp_path)
+    assert 10 < p["counts"]["evaluated"] < p["counts"]["candidates"]
+    search = RentSearch(load_space(_write(tmp_path, data, "again.yaml")))
+    keys = {r["key"] for r in p["records"]}
+    dims = search.distributions()
+    for acc, best in p["per_accelerator"].items():
+        for rec in best.values():
+            raw = {"accelerator": acc, "devices": rec["devices"],
+                   **{k: v for k, v in _raw_of(rec).items() if k in dims}}
+            for name, d in dims.items():
+                if name == "accelerator":
+                    continue
+                i = d.choices.index(raw[name])
+                for j in (i - 1, i + 1):
+                    if 0 <= j < len(d.choices):
+                        cand = search.resolve({**raw, name: d.choices[j]})
+                        assert cand is None or cand.key in keys, (rec["key"], name)
+
+
+def _raw_of(rec: dict) -> dict:
+    """The range values of a transformer record's plan (its trial parameters less accelerator and devices)."""
+    f = rec["fields"]
+    return {"tp": f["tp"], "pp": f["pp"], "micro_batch": f["micro_batch"], "schedule": f["schedule"],
+            "virtual_stages": 2, "recompute": f["recompute"], "sequence_parallel": f["sequence_parallel"],
+            "ep": f["ep"], "distributed_optimizer": f["distributed_optimizer"]}

@@ -184,6 +184,8 @@ class RentSearchOptions(StrictModel):
     grid_limit: PositiveInt = Field(default=600, description="auto: grid up to this many candidates, else NSGA-II")
     trials: PositiveInt = Field(default=400, description="candidates NSGA-II evaluates")
     population: Annotated[int, Field(ge=2)] = Field(default=40, description="NSGA-II population size")
+    polish: Annotated[int, Field(ge=0)] = Field(default=150, description="NSGA-II: evaluations after it to "
+                                                                         "hill-climb each accelerator's best plans")
     per_accelerator: bool = Field(default=False, description="NSGA-II: one sampler per accelerator, equal shares "
                                                              "of the trials (each accelerator's best searched alike)")
     seed: Seed = 0
@@ -340,12 +342,16 @@ class RentSearch(SearchSpace):
                  workers: int) -> Proposer:
         if self.strategy == "grid":
             return Exhaustive(candidates, done)
-        from tuner.search.rent_nsga import NSGAProposer
+        from tuner.search.rent_nsga import NSGAProposer, PolishProposer
 
         s = self.spec.search
-        return NSGAProposer(self.distributions(), self.resolve, target=min(s.trials, len(candidates)),
+        nsga = NSGAProposer(self.distributions(), self.resolve, target=min(s.trials, len(candidates)),
                             batch_size=max(2 * workers, 1), seed=s.seed, population=s.population, history=history,
                             group="accelerator" if s.per_accelerator else None)
+        if not s.polish:
+            return nsga
+        trades = (("tp", "pp"),) if self.context.kind == "transformer" else ()
+        return PolishProposer(nsga, self.distributions(), self.resolve, budget=s.polish, trades=trades)
 
     def write_outputs(self, result: SearchResult, out: Path) -> dict:
         from tuner.report.rent import write_rent_outputs

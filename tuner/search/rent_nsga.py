@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 from tuner.search.core import Candidate, Outcome, Proposer
 
-__all__ = ["NSGAProposer", "objectives", "UNMET"]
+__all__ = ["NSGAProposer", "PolishProposer", "objectives", "UNMET"]
 
 #: objective values told for a plan without a prediction (it did not fit in memory)
 UNMET = 1e30
@@ -157,3 +157,71 @@ class NSGAProposer(Proposer):
     def observe(self, candidate: Candidate, outcomes: list[Outcome]) -> None:
         s, trial = self.asked.pop(candidate.key)
         self._tell(s, trial, outcomes[0])
+
+
+class PolishProposer(Proposer):
+    """After ``inner`` is done, hill-climb each accelerator's cheapest and fastest feasible record.
+
+    A round proposes, for each accelerator and each objective (cost, time to train), the
+    neighbours of its best feasible record not evaluated yet: the parameter sets that differ in
+    one parameter by one step of its value list (devices, tp, pp, micro-batch...), or one step up
+    in one parameter of a ``trades`` pair and one step down in the other. It stops when
+    a round has no new neighbour or ``budget`` evaluations are spent. Within one accelerator and
+    device count time and cost both scale with the iteration time, so the best plan of a nearby
+    device count is usually one step away: this finds what a sampler that spent its trials on
+    the dominating accelerator left behind.
+    """
+
+    def __init__(self, inner: Proposer, distributions: dict[str, BaseDistribution], resolve: Resolve, *,
+                 budget: int, group: str = "accelerator", trades: tuple[tuple[str, str], ...] = ()) -> None:
+        self.inner = inner
+        self.trades = trades
+        self.choices = {k: list(d.choices) for k, d in distributions.items()}  # type: ignore[attr-defined]
+        self.resolve = resolve
+        self.budget = budget
+        self.group = group
+        self.spent = 0
+        self.inner_done = False
+        self.target = inner.target + budget
+
+    def _neighbours(self, params: dict) -> list[dict]:
+        out = []
+        for name, values in self.choices.items():
+            if name == self.group or params.get(name) not in values:
+                continue
+            i = values.index(params[name])
+            out += [{**params, name: values[j]} for j in (i - 1, i + 1) if 0 <= j < len(values)]
+        for a, b in self.trades:  # one step up in a and one down in b, and the reverse (tp x pp kept)
+            va, vb = self.choices.get(a, []), self.choices.get(b, [])
+            if params.get(a) not in va or params.get(b) not in vb:
+                continue
+            i, j = va.index(params[a]), vb.index(params[b])
+            for di in (-1, 1):
+                if 0 <= i + di < len(va) and 0 <= j - di < len(vb):
+                    out.append({**params, a: va[i + di], b: vb[j - di]})
+        return out
+
+    def propose(self, done: dict[str, list[Outcome]]) -> list[Candidate]:
+        if not self.inner_done:
+            batch = self.inner.propose(done)
+            if batch:
+                return batch
+            self.inner_done = True
+        ok = [outs[0] for outs in done.values() if objectives(outs[0].record) and outs[0].status == "ok"]
+        batch: dict[str, Candidate] = {}
+        for g in self.choices.get(self.group, [None]):
+            mine = [o for o in ok if o.params.get(self.group) == g]
+            for i in (1, 0):  # cost, then time to train
+                if not mine or self.spent + len(batch) >= self.budget:
+                    continue
+                best = min(mine, key=lambda o: objectives(o.record)[i])  # type: ignore[index]
+                for params in self._neighbours(best.params):
+                    cand = self.resolve(params)
+                    if cand is not None and cand.key not in done and self.spent + len(batch) < self.budget:
+                        batch.setdefault(cand.key, cand)
+        self.spent += len(batch)
+        return list(batch.values())
+
+    def observe(self, candidate: Candidate, outcomes: list[Outcome]) -> None:
+        if not self.inner_done:
+            self.inner.observe(candidate, outcomes)
