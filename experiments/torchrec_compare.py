@@ -144,9 +144,11 @@ def measure_part(args) -> dict:
         base, job = cpu_job(ti, tasks[ti], args, r)
         plans, pred, notes = plans_for(job, job.table_capacity_bytes(0.8), seed=ti, max_evals=40,
                                        type_evals=args.type_evals)
-        # one run per distinct placement
+        # one run per distinct placement (of the plans asked for)
         keys: dict[str, tuple] = {}
         for name, p in plans.items():
+            if args.plans and name not in args.plans:
+                continue
             keys[name] = tuple((s.sharding_type, s.ranks, s.sizes, s.offsets) for s in as_placement(job.spec.tables, p).tables)
         distinct = list(dict.fromkeys(keys.values()))
         times: dict[tuple, list[float]] = {k: [] for k in distinct}
@@ -163,10 +165,11 @@ def measure_part(args) -> dict:
         measured = {name: float(np.median(times[k])) for name, k in keys.items()}
         spread = {name: float(np.max(loads[k])) for name, k in keys.items()}
         tw_names = [n for n in measured if n in SIX or n == "model_guided"]
-        best_tw = min(tw_names, key=lambda n: measured[n])
+        best_tw = min(tw_names, key=lambda n: measured[n]) if tw_names else None
         row = {"task": tasks[ti].label, "n_tables": len(tasks[ti]), "predicted_s": pred, "measured_s": measured,
                "background_cores_max": spread, "best_table_wise_measured": best_tw, "notes": notes,
-               "types_beat_every_table_wise": measured["model_guided_types"] < min(measured[n] for n in tw_names)
+               "types_beat_every_table_wise": "model_guided_types" in measured and len(tw_names) == len(SIX) + 1
+               and measured["model_guided_types"] < min(measured[n] for n in tw_names)
                and bool(notes["model_guided_types"]["changes"])}
         rows.append(row)
         print(f"{tasks[ti].label}: " + ", ".join(f"{k} pred {pred[k] * 1e3:.1f} / meas {measured[k] * 1e3:.1f}"
@@ -216,6 +219,9 @@ def markdown(doc: dict) -> str:
             for k, v in row["measured_s"].items():
                 lines.append(f"| {k} | {row['predicted_s'][k] * 1e3:.1f} | {v * 1e3:.1f} | "
                              f"{row['background_cores_max'][k]:.2f} |")
+            if len(row["measured_s"]) < len(row["predicted_s"]):
+                lines += ["", "Not measured (predicted ms): " + ", ".join(
+                    f"{k} {v * 1e3:.1f}" for k, v in row["predicted_s"].items() if k not in row["measured_s"]) + "."]
             ch = row["notes"]["model_guided_types"]["changes"]
             lines += ["", f"Sharding-type changes of model_guided_types: "
                           f"{', '.join(c['sharding_type'] + ' table ' + str(c['table']) for c in ch) or 'none'}. "
@@ -232,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--type-evals", type=int, default=24, help="simulations model-guided spends on sharding types")
     ap.add_argument("--measure-tasks", type=int, nargs="+", default=[7, 5], help="CPU task indices measured")
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--plans", nargs="*", default=[], help="measure only these plans (default: every plan)")
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
