@@ -159,6 +159,19 @@ def test_grid_search_front_picks_and_outputs(tmp_path):
     assert code == 0 and f"0 new, {len(recs)} from the study" in out, out
 
 
+def test_price_column_from_the_space(tmp_path):
+    prices = {"a100-80gb": {"spot": 1.5}, "h100-sxm": {"spot": 3.0, "on_demand": 99.0}}
+    code, out = _run(tmp_path, _space(devices=[2], pricing={"column": "spot", "prices": prices}))
+    assert code == 0, out
+    p = _payload(tmp_path)
+    assert p["price_column"] == "spot"
+    for r in p["records"]:
+        if r["status"] == "ok":
+            assert r["usd_per_device_hour"] == prices[r["accelerator"]]["spot"]
+            assert r["usd"] == pytest.approx(r["time_to_train_h"] * 2 * prices[r["accelerator"]]["spot"])
+    assert {a["key"]: a["price_source"] for a in p["accelerators"]}["h100-sxm"] == "pricing.prices.h100-sxm.spot"
+
+
 def test_deadline_budget_and_memory_infeasible_with_reasons(tmp_path):
     code, out = _run(tmp_path, _space(), out="free")
     assert code == 0, out

@@ -306,7 +306,7 @@ def render_rent_html(payload: dict) -> str:
     for a in payload["accelerators"]:
         best = payload["per_accelerator"][a["key"]]
         cells = "".join(
-            f"<td class='l'>{e(str(r['devices']) + ' x ' + (r.get('plan') or ''))}</td><td>{_days(r)}</td>"
+            f"<td class='l'>{e(str(r['devices']) + ' x ' + (r.get('plan') or ''))}{_link(r, e)}</td><td>{_days(r)}</td>"
             f"<td>{_usd(r['usd'])}</td>" if r else "<td class='l'>none feasible</td><td>—</td><td>—</td>"
             for r in (best["cheapest"], best["fastest"]))
         parts.append(f"<tr><td class='l'>{e(a['key'])}</td><td>{a['usd_per_device_hour']:.2f}</td>{cells}"
@@ -318,6 +318,10 @@ def render_rent_html(payload: dict) -> str:
     parts.append(f"<p class='meta'>Optuna study <code>{e(st['name'])}</code> in <code>{e(st['storage'])}</code>: "
                  f"{st['evaluated']} evaluations now, {st['reused_from_study']} reused.</p></body></html>")
     return "\n".join(parts)
+
+
+def _link(r: dict, e) -> str:
+    return f" (<a href='{e(r['trace'])}'>trace</a>)" if r.get("trace") else ""
 
 
 def _params(m: dict) -> str:
