@@ -74,6 +74,7 @@ def test_module_rent_uses_centimani_batch_choice(tmp_path, monkeypatch):
         assert r["global_batch"] == 128 * r["devices"]
         assert r["time_to_train_h"] == pytest.approx(r["iterations"] * r["iteration_s"] / 3600)
     assert p["model"]["parameters"] == 16 * 64 + 64 + 64 * 2 + 2
+    assert (tmp_path / "out" / p["picks"]["cheapest"]["trace"]).exists()
 
 
 @pytest.mark.parametrize("name", ["rent.yaml", "rent_dlrm.yaml"])

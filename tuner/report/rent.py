@@ -123,7 +123,7 @@ def _trace_all(result: SearchResult, payload: dict, out: Path) -> None:
         if r is None:
             continue
         if r["key"] not in written:
-            tl = timeline_of(ctx, r)
+            tl = timeline_of(ctx, r, getattr(result.space, "traces", {}).get("module"))
             if tl is None:
                 continue
             path = tl.write_chrome_trace(out / "traces" / (_file_name(r["key"]) + ".json"))

@@ -28,6 +28,7 @@ from optuna.distributions import CategoricalDistribution
 from pydantic import Field, field_validator, model_validator
 
 from predictor.memory import BatchChoice, LevelUsage, MemoryExtras, memory_timeline, place, select_batch_size
+from predictor.simulate import Timeline
 from predictor.sources.synth.decoupled import (
     IterationPrediction,
     TimeOptions,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AcceleratorSpace", "ModelEntry", "DataLoading", "Communication", "DEFAULT_BATCH_SIZES",
            "AcceleratorContext", "ModelInfo", "build_context", "trace_model", "evaluate_unit", "unit_key",
-           "AcceleratorSearch"]
+           "unit_timeline", "AcceleratorSearch"]
 
 DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 MIB = 2.0**20
@@ -230,6 +231,15 @@ def _predict(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph
     cost, tl = evaluate_graph(graph, timing, [usage.off_chip_bytes], platform, n_devices=devices)
     pred = summarize_iteration(g, platform, graph, tl, opts, calibrated=calibrated, source=timing.source)
     return pred, cost
+
+
+def unit_timeline(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph, batch: int,
+                  devices: int) -> Timeline:
+    """The simulated iteration of ``trace`` at per-device ``batch`` on ``devices`` devices (as evaluated)."""
+    usage = place(memory_timeline(trace.at(batch), _extras(space, trace, devices)), platform,
+                  usable_fraction=space.memory_fraction)
+    graph, timing, _ = prepare_iteration(trace.at(batch), platform, usage, _options(space, devices))
+    return evaluate_graph(graph, timing, [usage.off_chip_bytes], platform, n_devices=devices)[1]
 
 
 def _best_throughput_batch(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph, devices: int,

@@ -27,6 +27,7 @@ from tuner.search.accelerators import (
     ModelInfo,
     evaluate_unit,
     trace_model,
+    unit_timeline,
 )
 from tuner.search.core import Candidate, Outcome
 from tuner.search.parallel import (
@@ -358,11 +359,11 @@ def failed_outcome(ctx: RentContext, candidate: Candidate, reason: str) -> Outco
     return Outcome(candidate.key, p["raw"], rec, None)
 
 
-def timeline_of(ctx: RentContext, record: dict) -> Any:
+def timeline_of(ctx: RentContext, record: dict, trace: Any = None) -> Any:
     """The predicted timeline of a feasible record (a :class:`~predictor.simulate.Timeline`), or ``None``.
 
-    Transformer and DLRM plans are simulated again with the evaluation's inputs; module plans
-    have none here.
+    The plan is simulated again with the evaluation's inputs; a module plan needs the model's
+    ``trace`` (``None``: no timeline).
     """
     offer = ctx.offers[record["accelerator"]]
     f = record.get("fields") or {}
@@ -376,4 +377,6 @@ def timeline_of(ctx: RentContext, record: dict) -> Any:
     if ctx.kind == "dlrm" and f.get("assignment") is not None:
         job = _sharding(ctx, offer, record["devices"], f["global_batch"]).job(0, f["global_batch"])
         return job.evaluate(np.asarray(f["assignment"]))[1]
+    if ctx.kind == "module" and trace is not None and f.get("batch_size") and ctx.module is not None:
+        return unit_timeline(ctx.module, offer.platform, trace, f["batch_size"], record["devices"])
     return None
