@@ -44,7 +44,8 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_BACKEND_LOG_LEVEL"):  # restored after the test
+        monkeypatch.delenv(name, raising=False)
     return calls, state
 
 
@@ -59,6 +60,14 @@ def test_ray_address_is_joined_without_a_cpu_count(fake_ray, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
     connect_ray(4)
     assert calls[0]["address"] == "10.1.2.3:6379" and "num_cpus" not in calls[0]
+
+
+def test_joining_with_a_token_at_hand_turns_token_mode_on(fake_ray, monkeypatch):
+    import os
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t0ken")
+    connect_ray(2, "10.1.2.3:6379")
+    assert os.environ["RAY_AUTH_MODE"] == "token"  # Ray sends its token only in token mode
 
 
 def test_token_authentication_failure_names_the_token(fake_ray):
@@ -137,7 +146,7 @@ def test_search_on_a_cluster_started_with_ray_start_head(tmp_path):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     try:
-        start = subprocess.run([str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+        start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}",  # Ray maps 127.0.0.1 to the node IP
                                 "--num-cpus=2", f"--temp-dir={temp_dir}", "--include-dashboard=false",
                                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=150)
         if start.returncode != 0:

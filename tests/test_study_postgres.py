@@ -177,9 +177,10 @@ def test_server_stopped_mid_run_is_one_line_and_the_search_resumes(tmp_path, ser
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "tuner.cli", "search", str(space_file), "--out", str(out), "--workers", "0",
            "--quiet", "--storage", server.url]
+    before = _trials(server.url)  # the server holds the other tests' studies too
     run = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and run.poll() is None and _trials(server.url) < 6:  # two units recorded
+    while time.time() < deadline and run.poll() is None and _trials(server.url) < before + 6:  # two units recorded
         time.sleep(0.3)
     server.stop()
     try:

@@ -51,15 +51,39 @@ def _lost_cluster_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(rex, n) for n in names if hasattr(rex, n))
 
 
+TOKEN_HINT = ("if the cluster uses token authentication, set RAY_AUTH_TOKEN to its token (`ray get-auth-token` on "
+              "the head node prints it)")
+
+
 def _join_hint(text: str, target: str | None) -> str:
-    """What to do about a failed join, when the error says (token authentication, Ray's client)."""
+    """What to do about a failed join (token authentication, Ray's client)."""
     low = text.lower()
-    if "auth" in low or "token" in low:
-        return ("; the cluster uses token authentication: set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to its token "
-                "(`ray get-auth-token` on the head node prints it)")
     if target and target.startswith("ray://") and ("client" in low or "grpc" in low):
         return f"; {RAY_CLIENT_EXTRA}"
+    if target and ("auth" in low or "token" in low or "failed to connect" in low):
+        return f"; {TOKEN_HINT}"
     return ""
+
+
+def _token_available() -> bool:
+    """Whether a Ray authentication token is at hand: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return True
+    return os.path.isfile(os.path.join(os.path.expanduser("~"), ".ray", "auth_token"))
+
+
+def _prepare_join() -> None:
+    """Environment for joining an existing cluster.
+
+    Ray 2.52+ sends its token only when ``RAY_AUTH_MODE=token``, and a driver joining an explicit
+    address never turns that on itself, so a cluster that `ray start` launched with token
+    authentication (the default for local clusters since Ray 2.59) refused the join after 20 s of
+    log lines. With a token at hand and no mode chosen, token mode is turned on; Ray's C++ warnings
+    (one per retry) are kept off the terminal.
+    """
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    if "RAY_AUTH_MODE" not in os.environ and _token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -101,6 +125,7 @@ def connect_ray(workers: int, address: str | None = None) -> int:
                         raise
                     ray.init(runtime_env=_code_env(), **base)
             else:
+                _prepare_join()
                 ray.init(address=target, runtime_env=_code_env(), **base)
         except (Exception, SystemExit) as exc:  # Ray's connection, authentication and start-up errors
             text = _first_line(exc)
