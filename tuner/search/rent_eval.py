@@ -268,7 +268,8 @@ def finish_record(ctx: RentContext, offer: Offer, devices: int, rec: dict) -> di
     return rec
 
 
-_DROP = ("memory_per_stage", "per_stage_s", "params", "graph", "key")
+#: plan-result fields a rent record leaves out (its cost comes from the space's price column, not the catalog's)
+_DROP = ("memory_per_stage", "per_stage_s", "params", "graph", "key", "usd_per_iteration")
 
 
 def _transformer(ctx: RentContext, offer: Offer, devices: int, fields: dict) -> dict:
