@@ -265,7 +265,8 @@ _HEAD = ("<table><tr><th class='l'>accelerator</th><th>devices</th><th>nodes</th
 
 def _card(title: str, r: dict | None, e) -> str:
     if r is None:
-        return f"<div class='card'><b>{e(title)}</b>: none — no candidate fits in memory and meets both limits.</div>"
+        return (f"<div class='card'><b>{e(title)}</b>: none — no candidate fits in memory and meets the deadline "
+                "and the budget.</div>")
     launch = "".join(f"<div><b>{e(k)}</b>: <code>{e(v)}</code></div>" for k, v in (r.get("launch") or {}).items())
     if r.get("launch_files"):
         launch += "<div>launch files: " + ", ".join(f"<a href='{e(f)}'>{e(f)}</a>" for f in r["launch_files"]) + "</div>"
@@ -295,8 +296,9 @@ def render_rent_html(payload: dict) -> str:
         f"<p class='meta'>{e(m['kind'])} model{_params(m)} · {e(work)} · {e(limits or 'no deadline or budget')} · "
         f"price column <b>{e(payload['price_column'])}</b> · {n['evaluated']} of {n['candidates']} candidates "
         f"evaluated ({e(payload['strategy'])}) · generated {e(payload['generated'])}</p>",
-        "<h2>Answer</h2>", _card("Cheapest that meets the deadline", cheap, e),
-        _card("Fastest within the budget", fast, e),
+        "<h2>Answer</h2>",
+        _card("Cheapest that meets the deadline" if payload["deadline_hours"] else "Cheapest", cheap, e),
+        _card("Fastest within the budget" if payload["budget_usd"] else "Fastest", fast, e),
         "<h2>Time to train vs cost</h2>", _svg(pareto_figure(payload)),
         f"<h2>Pareto front ({len(front)} plans)</h2>", _HEAD, *(_row(r, e, picked) for r in front), "</table>",
         "<h2>Best plan per accelerator</h2><table><tr><th class='l'>accelerator</th><th>USD/device-h</th>"
