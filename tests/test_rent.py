@@ -15,7 +15,14 @@ from tuner.cli import app
 from tuner.search import default_storage, run_search
 from tuner.search.registry import load_space
 from tuner.search.rent import RentSearch, device_counts, parse_amount
-from tuner.search.rent_answer import best_per_accelerator, dominates, launch_arguments, pareto_front, picks
+from tuner.search.rent_answer import (
+    best_per_accelerator,
+    best_per_unit,
+    dominates,
+    launch_arguments,
+    pareto_front,
+    picks,
+)
 
 MODEL = {"name": "tiny-gpt", "layers": 4, "hidden": 256, "heads": 4, "seq": 128, "vocab": 1000}
 SPACE = {
@@ -106,6 +113,10 @@ def test_front_is_feasible_non_dominated_and_complete():
     per = best_per_accelerator([*recs, _rec("b1", 9, 9, acc="b")], ["a", "b", "c"])
     assert per["b"]["cheapest"]["key"] == "b1" and per["c"] == {"cheapest": None, "fastest": None}
     assert picks([_rec("x", 1, 1, "infeasible")]) == {"cheapest": None, "fastest": None}
+    unit = [{**_rec("u1", 2, 20), "devices": 8}, {**_rec("u2", 1, 10), "devices": 8},
+            {**_rec("late", 9, 90, "infeasible"), "devices": 16, "reason": "deadline: 9 h > 5 h"},
+            {"key": "oom", "status": "infeasible", "reason": "memory: 99 GiB", "accelerator": "b", "devices": 8}]
+    assert best_per_unit(unit) == {"a": {"8": "u2", "16": "miss:deadline"}, "b": {"8": "miss:memory"}}
 
 
 def test_launch_arguments():
@@ -154,6 +165,11 @@ def test_grid_search_front_picks_and_outputs(tmp_path):
         assert (tmp_path / "out" / name).exists()
     html = (tmp_path / "out" / "report.html").read_text()
     assert "<svg" in html and "<script" not in html and "Pareto front" in html and cheap["trace"] in html
+    assert "Best plan per accelerator and device count" in html
+    for acc, units in p["per_unit"].items():
+        for dev, key in units.items():
+            mine = [r for r in ok if r["accelerator"] == acc and r["devices"] == int(dev)]
+            assert key == min(mine, key=lambda r: r["time_to_train_h"])["key"] if mine else key.startswith("miss:")
     assert "cheapest:" in out
     code, out = _run(tmp_path, _space(), "--resume")
     assert code == 0 and f"0 new, {len(recs)} from the study" in out, out

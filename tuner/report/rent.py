@@ -24,7 +24,13 @@ from predictor.sources.synth.transformer import ParallelPlan
 from tuner.launch import write_launch_files
 from tuner.report import atomic_write_text, json_default
 from tuner.search.core import SearchResult
-from tuner.search.rent_answer import best_per_accelerator, launch_arguments, pareto_front, picks
+from tuner.search.rent_answer import (
+    best_per_accelerator,
+    best_per_unit,
+    launch_arguments,
+    pareto_front,
+    picks,
+)
 from tuner.search.rent_eval import RentContext, duration, timeline_of
 
 __all__ = ["rent_payload", "print_rent_table", "write_rent_outputs", "render_rent_html", "pareto_figure"]
@@ -105,6 +111,7 @@ def rent_payload(result: SearchResult) -> dict:
         "front": [r["key"] for r in front],
         "picks": chosen,
         "per_accelerator": per_acc,
+        "per_unit": best_per_unit(records),
         "records": records,
     }
 
@@ -243,7 +250,7 @@ table{border-collapse:collapse;font-size:13px;margin:8px 0 16px}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4}
 td.l,th.l{text-align:left} tr.pick td{background:#eaf7ea;font-weight:600}
 .meta{color:#555;font-size:13px} code{font-size:12px;word-break:break-all} svg{max-width:100%;height:auto}
-.card{border:1px solid #cde;border-radius:6px;padding:8px 14px;margin:10px 0;background:#f8fbff}
+td.miss{color:#a00;font-size:12px} .card{border:1px solid #cde;border-radius:6px;padding:8px 14px;margin:10px 0;background:#f8fbff}
 """
 
 
@@ -314,12 +321,37 @@ def render_rent_html(payload: dict) -> str:
         parts.append(f"<tr><td class='l'>{e(a['key'])}</td><td>{a['usd_per_device_hour']:.2f}</td>{cells}"
                      f"<td class='l'>{e(a['price_source'])}</td></tr>")
     parts.append("</table>")
+    parts.append(_unit_table(payload, e))
     parts.append(_infeasible_section(payload, e))
     parts.append(_methods(payload, e))
     st = payload["study"]
     parts.append(f"<p class='meta'>Optuna study <code>{e(st['name'])}</code> in <code>{e(st['storage'])}</code>: "
                  f"{st['evaluated']} evaluations now, {st['reused_from_study']} reused.</p></body></html>")
     return "\n".join(parts)
+
+
+def _unit_table(payload: dict, e) -> str:
+    """Accelerators x device counts: the best feasible plan's time and cost, or why none is feasible."""
+    recs = {r["key"]: r for r in payload["records"]}
+    devs = payload["devices"]
+    out = ["<h2>Best plan per accelerator and device count</h2><p class='meta'>time to train / cost of the "
+           "fastest feasible plan evaluated (also the cheapest at that count); — : not evaluated</p><table><tr>"
+           "<th class='l'>accelerator</th>" + "".join(f"<th>{d}</th>" for d in devs) + "</tr>"]
+    for a in payload["accelerators"]:
+        row = payload["per_unit"].get(a["key"], {})
+        cells = []
+        for d in devs:
+            v = row.get(str(d))
+            if v is None:
+                cells.append("<td>—</td>")
+            elif v.startswith("miss:"):
+                cells.append(f"<td class='miss'>{e(v[5:])}</td>")
+            else:
+                r = recs[v]
+                cells.append(f"<td title='{e(r.get('plan') or '')}'>{_days(r)}<br>{_usd(r['usd'])}</td>")
+        out.append(f"<tr><td class='l'>{e(a['key'])}</td>{''.join(cells)}</tr>")
+    out.append("</table>")
+    return "".join(out)
 
 
 def _link(r: dict, e) -> str:

@@ -15,7 +15,8 @@ import shlex
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from tuner.launch import megatron_command
 
-__all__ = ["feasible", "pareto_front", "dominates", "picks", "best_per_accelerator", "launch_arguments"]
+__all__ = ["feasible", "pareto_front", "dominates", "picks", "best_per_accelerator", "best_per_unit",
+           "launch_arguments"]
 
 
 def feasible(records: list[dict]) -> list[dict]:
@@ -53,6 +54,31 @@ def picks(records: list[dict]) -> dict[str, dict | None]:
 def best_per_accelerator(records: list[dict], accelerators: list[str]) -> dict[str, dict[str, dict | None]]:
     """Accelerator -> its ``cheapest`` and ``fastest`` feasible records."""
     return {a: picks([r for r in records if r.get("accelerator") == a]) for a in accelerators}
+
+
+def best_per_unit(records: list[dict]) -> dict[str, dict[str, str]]:
+    """Accelerator -> device count (as text) -> the key of its fastest feasible record, or why there is none.
+
+    Within one accelerator and device count time and cost both scale with the iteration time, so
+    the fastest plan is also the cheapest. Without a feasible record the entry is ``miss:REASON``
+    (``memory``, ``deadline``, ``budget``, ``failed``) of the unit's fastest prediction, or of its
+    first record.
+    """
+    units: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        units.setdefault((r["accelerator"], r["devices"]), []).append(r)
+    out: dict[str, dict[str, str]] = {}
+    for (acc, dev), recs in units.items():
+        ok = feasible(recs)
+        if ok:
+            entry = min(ok, key=lambda r: r["time_to_train_h"])["key"]
+        else:
+            timed = [r for r in recs if r.get("time_to_train_h") is not None]
+            first = min(timed, key=lambda r: r["time_to_train_h"]) if timed else recs[0]
+            why = first.get("reason") or first.get("status", "failed")
+            entry = "miss:" + (why.split(":")[0] if first.get("status") == "infeasible" else first.get("status", "failed"))
+        out.setdefault(acc, {})[str(dev)] = entry
+    return out
 
 
 def launch_arguments(record: dict, spec: TransformerSpec | None = None) -> dict[str, str]:
