@@ -107,3 +107,18 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert 0.02 < ink < 0.6
     colours = (img[..., 0] - img[..., 2]).std() + (img[..., 1] - img[..., 2]).std()
     assert colours > 0.01  # the plot's coloured points are drawn
+
+
+def test_asset_pack_as_an_accelerator(tmp_path):
+    space = {"space": "rent", "model": {"transformer": {"name": "t", "layers": 4, "hidden": 256, "heads": 4,
+                                                        "seq": 128, "vocab": 1000}},
+             "training": {"tokens": "20M", "global_batch": 16}, "accelerators": ["h100", "a100-80gb"],
+             "devices": [1, 2], "pricing": {"prices": {"h100": {"on_demand": 3.0}}},
+             "ranges": {"tp": [1, 2], "pp": [1], "micro_batch": [1], "recompute": ["none"]}}
+    code, out = _run(tmp_path, space)
+    assert code == 0, out
+    p = json.loads((tmp_path / "out" / "results.json").read_text())
+    acc = {a["key"]: a for a in p["accelerators"]}
+    assert acc["h100"]["price_source"] == "pricing.prices.h100.on_demand"
+    assert acc["h100"]["timing_source"] == "analytic"  # transformer plans: the pack's platform, analytic kernels
+    assert all(r["usd_per_device_hour"] == 3.0 for r in p["records"] if r["accelerator"] == "h100")

@@ -102,7 +102,7 @@ def rent_payload(result: SearchResult) -> dict:
         "accelerators": [{"key": o.key, "name": o.platform.name, "kind": o.platform.kind,
                           "memory_bytes": o.platform.memory_bytes, "devices_per_node": o.platform.devices_per_node,
                           "usd_per_device_hour": o.usd_per_device_hour, "price_source": o.price_source,
-                          "timing_source": o.resolved.source} for o in ctx.offers.values()],
+                          "timing_source": _sources(records, o.key) or o.resolved.source} for o in ctx.offers.values()],
         "devices": ctx.devices,
         "strategy": search.strategy,  # type: ignore[attr-defined]
         "study": result.study_info(),
@@ -118,6 +118,12 @@ def rent_payload(result: SearchResult) -> dict:
 
 def _file_name(key: str) -> str:
     return key.replace("/", "_")
+
+
+def _sources(records: list[dict], accelerator: str) -> str:
+    """The kernel-timing sources the accelerator's evaluated records name (a transformer plan's are analytic)."""
+    return ", ".join(sorted({str(r["timing_source"]) for r in records
+                             if r.get("accelerator") == accelerator and r.get("timing_source")}))
 
 
 def _trace_all(result: SearchResult, payload: dict, out: Path) -> None:
