@@ -188,6 +188,27 @@ def test_price_column_from_the_space(tmp_path):
     assert {a["key"]: a["price_source"] for a in p["accelerators"]}["h100-sxm"] == "pricing.prices.h100-sxm.spot"
 
 
+def test_several_price_columns_are_offers_of_one_search(tmp_path):
+    prices = {"a100-80gb": {"spot": 1.5}, "h100-sxm": {"spot": 3.0}}
+    code, out = _run(tmp_path, _space(devices=[2], pricing={"column": ["on_demand", "spot"], "prices": prices}))
+    assert code == 0, out
+    p = _payload(tmp_path)
+    assert [a["key"] for a in p["accelerators"]] == ["a100-80gb@on_demand", "a100-80gb@spot", "h100-sxm@on_demand",
+                                                     "h100-sxm@spot"]
+    by = {}
+    for r in p["records"]:
+        by.setdefault(r["accelerator"].split("@")[0], {})[(r["plan"], r["price_column"])] = r
+    for acc, recs in by.items():  # the same plan at two prices: same time, cost in the ratio of the prices
+        for (plan, col), r in recs.items():
+            if col == "spot" and r["status"] == "ok":
+                od = recs[(plan, "on_demand")]
+                assert r["time_to_train_h"] == pytest.approx(od["time_to_train_h"])
+                assert r["usd"] / od["usd"] == pytest.approx(prices[acc]["spot"] / od["usd_per_device_hour"])
+    assert p["picks"]["cheapest"]["accelerator"].endswith("@spot") and p["picks"]["cheapest"]["platform"] in by
+    code, out = _run(tmp_path, _space(pricing={"column": ["spot", "spot"], "prices": prices}), out="bad")
+    assert code == 2 and "column lists a name twice" in out
+
+
 def test_deadline_budget_and_memory_infeasible_with_reasons(tmp_path):
     code, out = _run(tmp_path, _space(), out="free")
     assert code == 0, out

@@ -98,7 +98,7 @@ def rent_payload(result: SearchResult) -> dict:
         "work": _work(ctx),
         "deadline_hours": ctx.space.deadline_h,
         "budget_usd": ctx.space.budget_usd,
-        "price_column": ctx.space.pricing.column,
+        "price_column": ", ".join(ctx.space.pricing.columns),
         "accelerators": [{"key": o.key, "name": o.platform.name, "kind": o.platform.kind,
                           "memory_bytes": o.platform.memory_bytes, "devices_per_node": o.platform.devices_per_node,
                           "usd_per_device_hour": o.usd_per_device_hour, "price_source": o.price_source,
@@ -145,7 +145,7 @@ def _trace_all(result: SearchResult, payload: dict, out: Path) -> None:
     for r in payload["picks"].values():
         if r is not None and ctx.kind == "transformer" and ctx.spec is not None and "launch_files" not in r:
             folder = out / "launch" / _file_name(r["key"])
-            files = write_launch_files(folder, ctx.spec, ParallelPlan(**r["fields"]), platform=r["accelerator"],
+            files = write_launch_files(folder, ctx.spec, ParallelPlan(**r["fields"]), platform=r["platform"],
                                        devices_per_node=r["devices_per_node"], predicted_s=r["iteration_s"])["files"]
             r["launch_files"] = [str((folder / f).relative_to(out)) for f in files]
 

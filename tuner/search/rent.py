@@ -170,11 +170,23 @@ class Pricing(StrictModel):
     """Which price column to pay (USD per device-hour) and per-accelerator prices by column.
 
     ``on_demand`` defaults to the catalog's dated price; any other column (``spot``,
-    ``reserved_1y``...) must be given for every accelerator in ``prices``.
+    ``reserved_1y``...) must be given for every accelerator in ``prices``. A list of columns
+    makes each accelerator one offer per column (``a100-80gb@spot``), compared in one search.
     """
 
-    column: str = Field(default="on_demand", min_length=1)
+    column: str | list[str] = Field(default="on_demand", min_length=1)
     prices: dict[str, dict[str, Annotated[float, Field(ge=0)]]] = {}
+
+    @property
+    def columns(self) -> list[str]:
+        """The price columns, in the order given."""
+        return [self.column] if isinstance(self.column, str) else list(self.column)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Pricing:
+        if len(set(self.columns)) != len(self.columns) or not all(self.columns):
+            raise ValueError("column lists a name twice or an empty name")
+        return self
 
 
 class RentSearchOptions(StrictModel):

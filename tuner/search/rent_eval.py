@@ -85,9 +85,8 @@ class RentContext:
     module_context: AcceleratorContext | None = field(default=None, repr=False)
 
 
-def _price(space: RentSpace, key: str, platform: Platform) -> tuple[float, str]:
-    """(USD per device-hour, where it comes from) in the space's price column; SpaceError if absent."""
-    col = space.pricing.column
+def _price(space: RentSpace, key: str, platform: Platform, col: str) -> tuple[float, str]:
+    """(USD per device-hour, where it comes from) in price column ``col``; SpaceError if absent."""
     given = {k.lower(): v for k, v in space.pricing.prices.items()}.get(key.lower(), {})
     if col in given:
         return float(given[col]), f"pricing.prices.{key}.{col}"
@@ -106,9 +105,12 @@ def _offers(space: RentSpace) -> dict[str, Offer]:
             raise SpaceError(f"accelerators[{i}]: {exc.args[0]}") from None
         except FileNotFoundError:
             raise SpaceError(f"catalog: no such file {space.catalog}") from None
-        usd, source = _price(space, key, resolved.platform)
-        offers[key] = Offer(key, resolved, usd, space.pricing.column, source)
-    unknown = sorted(set(k.lower() for k in space.pricing.prices) - {k.lower() for k in offers})
+        cols = space.pricing.columns
+        for col in cols:
+            usd, source = _price(space, key, resolved.platform, col)
+            name = key if len(cols) == 1 else f"{key}@{col}"  # one offer per price column
+            offers[name] = Offer(name, resolved, usd, col, source)
+    unknown = sorted(set(k.lower() for k in space.pricing.prices) - {k.lower() for k in space.accelerators})
     if unknown:
         raise SpaceError(f"pricing.prices: {', '.join(unknown)} is not one of the accelerators")
     return offers
@@ -236,7 +238,8 @@ def finish_record(ctx: RentContext, offer: Offer, devices: int, rec: dict) -> di
     """
     space = ctx.space
     cap = offer.platform.memory_bytes
-    rec.update(accelerator=offer.key, accelerator_name=offer.platform.name, devices=devices,
+    rec.update(accelerator=offer.key, platform=offer.platform.key, accelerator_name=offer.platform.name,
+               devices=devices,
                nodes=offer.nodes(devices), devices_per_node=offer.platform.devices_per_node,
                usd_per_device_hour=offer.usd_per_device_hour, price_column=offer.price_column,
                device_memory_bytes=cap)
