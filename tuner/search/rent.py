@@ -295,11 +295,6 @@ class RentSearch(SearchSpace):
         d["search"] = {"detail": d["search"]["detail"]}
         return f"rent-{self.strategy}-{fingerprint(d)}"
 
-    def searched(self) -> tuple[str, ...]:
-        """The trial parameters beyond accelerator and devices."""
-        kind = self.context.kind
-        return SEARCHED if kind == "transformer" else (("batch_size",) if kind == "dlrm" else ())
-
     def distributions(self) -> dict[str, CategoricalDistribution]:
         d = {"accelerator": CategoricalDistribution(list(self.context.offers)),
              "devices": CategoricalDistribution(list(self.context.devices))}
