@@ -40,13 +40,7 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.simulate import simulate  # noqa: E402
-from predictor.sources.synth.transformer import (  # noqa: E402
-    ParallelPlan,
-    TransformerSpec,
-    build_transformer_graph,
-    transformer_timing,
-)
+from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
@@ -137,20 +131,11 @@ FITS = {"A100": ("sc21_t1", ("a100-80gb", "a100-40gb")), "H100": ("mosaic_h100",
 
 
 def predict(rows: list[Row], comm: str, eff: dict[str, float]) -> np.ndarray:
-    """Predicted iteration seconds of ``rows`` (NaN where ``tuner predict`` finds the plan out of memory).
-
-    FSDP rows are simulated without the memory check: the memory model does not shard parameters
-    and gradients over the data-parallel group (only optimizer state, ``distributed_optimizer``).
-    """
+    """Predicted iteration seconds of ``rows`` (NaN where ``tuner predict`` finds the plan out of memory)."""
     out = np.full(len(rows), np.nan)
     for i, r in enumerate(rows):
         plat = platform_for(r.platform, comm, eff.get(r.platform))
         spec, plan = TransformerSpec(**r.spec), ParallelPlan(**r.plan)
-        if plan.fsdp:
-            timing = transformer_timing(plat)
-            graph = build_transformer_graph(spec, plan, devices_per_node=plat.devices_per_node, timing=timing)
-            out[i] = simulate(graph, timing).iteration_s
-            continue
         res, _ = predict_plan(spec, plan, plat, devices=r.gpus)
         if res["predicted_iteration_s"] is not None:
             out[i] = res["predicted_iteration_s"]

@@ -31,6 +31,16 @@ distributed-optimizer documentation): 16-bit weights (2 bytes/param), fp32 main 
 with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks). fp32 training
 keeps no master copy (4 + 4 + 8).
 
+FSDP FULL_SHARD (``plan.fsdp``, tp = pp = 1, as PyTorch FSDP and Megatron's
+``optim_grads_params`` run it): weights, fp32 gradients and optimizer state are all sharded,
+``18 / d`` bytes per parameter. On top, each device holds what is gathered at once
+(:mod:`predictor.sources.synth.transformer_steps` issues the gathers): the root unit
+(embeddings, head, final norm) stays gathered from its forward all-gather to its backward
+reduce-scatter, with its full gradient; of the layers, the one computing and the prefetched
+next one are gathered (model dtype), and in the backward the layer's full gradient is being
+produced while the previous layer's full gradient is reduce-scattered on the second stream
+(two full-layer gradient buffers, in ``grad_reduce_dtype``).
+
 ``RESERVED_BYTES`` (CUDA context, cuBLAS/NCCL workspaces, allocator slack) is an estimate,
 not a measurement; every figure here is bytes.
 """
@@ -41,7 +51,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
-from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count"]
 
@@ -59,7 +69,7 @@ class StageMemory:
     optimizer_bytes: float
     activations_bytes: float
     buffers_bytes: float
-    params: float  #: parameters held by one device of the stage
+    params: float  #: parameters of the stage a device trains (FSDP keeps ``1 / dp`` of them between uses)
     in_flight: int  #: micro-batch chunks whose activations are alive at the peak
 
     @property
@@ -141,9 +151,14 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             params += 2 * h  # final layer norm
             if p > 1 or not spec.tie_embeddings:
                 params += vpad * h / t  # the output embedding (a tied copy when p > 1)
-        weights = params * dt
-        grads = params * grad_b
-        optim = params * master_b / (plan.dp if plan.distributed_optimizer else 1)
+        buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
+        if plan.fsdp and plan.dp > 1:
+            weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)
+            buffers += gathered
+        else:
+            weights = params * dt
+            grads = params * grad_b
+            optim = params * master_b / (plan.dp if plan.distributed_optimizer else 1)
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
         acts = in_flight * per_chunk_layers * act_layer
         if plan.recompute == "full":
@@ -152,9 +167,25 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             acts += in_flight * s * b * h / (t if sp else 1)  # embedding dropout mask
         if last:
             acts += 4.0 * s * b * h / t * (1.0 + vpad / h)  # output layer + loss (fp32 logits)
-        buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
         out.append(StageMemory(stage, weights, grads, optim, acts, buffers, params, in_flight))
     return out
+
+
+def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: float, grad_b: float,
+                 master_b: float) -> tuple[float, float, float, float]:
+    """FSDP FULL_SHARD model states of one device, bytes: (weight, gradient, optimizer shards, gathered).
+
+    ``gathered``: the root unit's full weights and gradient, two layers' full weights (the one
+    computing and the prefetched one) and two layers' full gradients (the one produced and the one
+    being reduce-scattered).
+    """
+    d = plan.dp
+    head = 0.0 if spec.tie_embeddings else spec.padded_vocab(1) * spec.hidden
+    root = spec.padded_vocab(1) * spec.hidden + spec.seq * spec.hidden + 2 * spec.hidden + head
+    layer = layer_param_count(spec, 1)
+    reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
+    gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
+    return params * dt / d, params * grad_b / d, params * master_b / d, gathered
 
 
 def _replace(plan: ParallelPlan, **changes) -> ParallelPlan:
