@@ -319,3 +319,16 @@ def test_a_task_too_large_for_the_machine_fails_fast_with_the_limit(tmp_path):
     assert res.exit_code == 2 and time.perf_counter() - t0 < 30
     (line,) = _errors(res)
     assert "1,228,800 tables x GPUs, at most 1,048,576" in line
+
+
+def test_native_log_lines_go_to_a_file_and_error_lines_to_the_terminal(tmp_path):
+    code = ("import os, sys; from pathlib import Path\n"
+            "from tuner.commands.common import CONSOLE_SCRIPT, divert_native_stderr, error_line\n"
+            "CONSOLE_SCRIPT['on'] = True\n"
+            f"assert divert_native_stderr(Path({str(tmp_path / 'ray.log')!r}))\n"
+            "os.write(2, b'[C++] raylet died\\n')\n"
+            "error_line('the Ray cluster was lost')\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.strip() == "error: the Ray cluster was lost"
+    assert "[C++] raylet died" in (tmp_path / "ray.log").read_text()

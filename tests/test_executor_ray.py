@@ -122,8 +122,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop_cluster(temp_dir: str) -> None:
-    """SIGKILL the processes of the cluster started in ``temp_dir`` (by pid; `ray stop` would stop every Ray)."""
+def _trials(db: Path) -> int:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:  # read-only: never creates the file
+            return int(conn.execute("SELECT count(*) FROM trials").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def _stop_cluster(temp_dir: str, only: str = "") -> None:
+    """SIGKILL the processes of the cluster started in ``temp_dir`` whose command line holds ``only`` (by pid;
+    `ray stop` would stop every Ray on the machine)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -131,7 +142,7 @@ def _stop_cluster(temp_dir: str) -> None:
             cmdline = (entry / "cmdline").read_bytes().decode(errors="ignore")
         except OSError:
             continue
-        if temp_dir in cmdline:
+        if temp_dir in cmdline and only in cmdline:
             with contextlib.suppress(OSError):
                 os.kill(int(entry.name), signal.SIGKILL)
 
@@ -160,7 +171,25 @@ def test_search_on_a_cluster_started_with_ray_start_head(tmp_path):
         here = CliRunner().invoke(app, ["search", str(space), "--out", str(tmp_path / "h"), "--workers", "0", "--quiet"])
         assert here.exit_code == 0
         assert (tmp_path / "c" / "results.csv").read_text() == (tmp_path / "h" / "results.csv").read_text()
-        sys.stderr.write(f"ray start --head cluster at 127.0.0.1:{port}: {run.stdout.strip()}\n")
+        # the cluster's raylet killed mid-search: one line, exit 1, and the search resumes (here in-process)
+        big = tmp_path / "big.yaml"
+        big.write_text(yaml.safe_dump({**SPACE, "tasks": {"generate": {"count": 8, "seed": 3}},
+                                       "sharders": ["naive", "size_greedy", "model_guided"],
+                                       "model_guided": {"max_evals": 30}}))
+        out = tmp_path / "k"
+        cmd = [sys.executable, "-m", "tuner.cli", "search", str(big), "--out", str(out), "--quiet"]
+        killed = subprocess.Popen([*cmd, "--address", f"127.0.0.1:{port}"], cwd=REPO, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 150
+        while time.time() < deadline and killed.poll() is None and _trials(out / "study.db") < 6:
+            time.sleep(0.5)
+        _stop_cluster(temp_dir, "raylet/raylet")
+        _, stderr = killed.communicate(timeout=150)
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        assert killed.returncode == 1 and len(lines) == 1, stderr
+        assert lines[0].startswith("error: the Ray cluster") and f"--out {out} --resume" in lines[0]
+        resumed = subprocess.run([*cmd, "--workers", "0"], cwd=REPO, env=env, capture_output=True, text=True)
+        assert resumed.returncode == 0 and "from the study" in resumed.stdout, resumed.stderr
     finally:
         _stop_cluster(temp_dir)
         time.sleep(1.0)

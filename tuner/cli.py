@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 
 from tuner.commands.calibrate import calibrate
 from tuner.commands.catalog import catalog
-from tuner.commands.common import EXIT_BAD_INPUT, EXIT_INTERRUPTED, UserError, error_line
+from tuner.commands.common import CONSOLE_SCRIPT, EXIT_BAD_INPUT, EXIT_INTERRUPTED, UserError, error_line
 from tuner.commands.predict import predict
 from tuner.commands.replay import replay
 from tuner.commands.search import search
@@ -111,6 +111,7 @@ app.command()(search)
 def main() -> None:
     """Console entry point."""
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    CONSOLE_SCRIPT["on"] = True
     app()
 
 

@@ -6,7 +6,9 @@ or a cluster lost mid-run) with 1, and Ctrl-C with 130 (:func:`stop`).
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -48,3 +50,30 @@ def stop(message: str, code: int) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code`` (1: a lost dependency, 130: interrupted)."""
     error_line(message)
     raise typer.Exit(code)
+
+
+#: set by the console script (``tuner``): the process may give file descriptor 2 to native code's log
+CONSOLE_SCRIPT = {"on": False}
+
+
+def divert_native_stderr(log: Path) -> bool:
+    """Send what native code writes to file descriptor 2 (Ray's C++ core: retries, lost raylets) to ``log``
+    for the rest of the process; Python's ``sys.stderr`` (error lines, the progress bar) keeps the terminal.
+
+    Only in the ``tuner`` console script, where the process ends with the command; returns whether it did.
+    """
+    if not CONSOLE_SCRIPT["on"]:
+        return False
+    try:
+        if sys.stderr.fileno() != 2:
+            return False
+        sys.stderr.flush()
+        saved = os.dup(2)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except (AttributeError, OSError, ValueError):
+        return False
+    os.dup2(target, 2)
+    os.close(target)
+    sys.stderr = os.fdopen(saved, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")
+    return True

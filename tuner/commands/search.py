@@ -8,6 +8,7 @@ the command that resumes (exit 1); Ctrl-C is one line and that command (exit 130
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from pathlib import Path
@@ -16,7 +17,15 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.commands.common import EXIT_INTERRUPTED, EXIT_RUNTIME, console, err_console, fail, stop
+from tuner.commands.common import (
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    console,
+    divert_native_stderr,
+    err_console,
+    fail,
+    stop,
+)
 
 #: most CPUs a local Ray is started with (a larger cluster is joined with --address)
 MAX_WORKERS = 4096
@@ -76,6 +85,8 @@ def search(
             if overwrite:
                 clear_outputs(out, default_storage=storage is None)
             write_marker(out, space_id, storage_id, str(space))
+            if workers > 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
+                divert_native_stderr(out / "ray.log")
             summary = _run(space, spec, out, storage, workers, address, go_on, quiet, all_traces)
     except OutputError as exc:
         fail(str(exc))

@@ -72,6 +72,13 @@ def _token_available() -> bool:
     return os.path.isfile(os.path.join(os.path.expanduser("~"), ".ray", "auth_token"))
 
 
+def _reload_ray_config() -> None:
+    """Make an imported Ray read ``RAY_*`` variables again (what Ray does when it turns token mode on)."""
+    config = getattr(sys.modules.get("ray._raylet"), "Config", None)
+    if config is not None and hasattr(config, "initialize"):
+        config.initialize("")
+
+
 def _prepare_join() -> None:
     """Environment for joining an existing cluster.
 
@@ -105,10 +112,12 @@ def connect_ray(workers: int, address: str | None = None) -> int:
     existing cluster gets this package's code shipped with its tasks. Raises
     :class:`ClusterError` with one line when Ray cannot start or the cluster cannot be joined.
     """
+    target = _cluster_address(address)
+    if target is not None and "ray" not in sys.modules:
+        _prepare_join()  # before Ray reads its configuration at import
     import ray
 
     if not ray.is_initialized():
-        target = _cluster_address(address)
         base: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR,
                                 "configure_logging": True}
         where = f"the Ray cluster at {target!r}" if target else f"a local Ray with {max(workers, 1)} CPUs"
@@ -126,6 +135,7 @@ def connect_ray(workers: int, address: str | None = None) -> int:
                     ray.init(runtime_env=_code_env(), **base)
             else:
                 _prepare_join()
+                _reload_ray_config()
                 ray.init(address=target, runtime_env=_code_env(), **base)
         except (Exception, SystemExit) as exc:  # Ray's connection, authentication and start-up errors
             text = _first_line(exc)

@@ -30,7 +30,7 @@ LOCK_NAME = ".tuner.lock"
 MARKER_NAME = ".tuner-search.json"
 #: files and folders a search writes in its output folder (the SQLite study only with the default storage)
 OUTPUT_NAMES = ("results.json", "results.csv", "report.md", "report.html", "figures", "traces", "study.db",
-                MARKER_NAME)
+                "ray.log", MARKER_NAME)
 
 
 class OutputError(ValueError):
