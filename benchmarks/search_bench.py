@@ -7,9 +7,9 @@ in one invocation: on this tree, and on this tree with the files of :data:`SPEED
 at ``--baseline`` (the graph builder, the cost, the local search and the reports before the
 vectorised templates), so both sides share every other file and the machine's load of the moment;
 their best plans (sharder, assignment and predicted time of every task and batch size) must agree.
-Then Ray throughput with 1 and 2 local workers and, with ``--cluster``, on a cluster started with
-``ray start --head`` (joined through ``RAY_ADDRESS``); and one candidate's build / timing /
-simulation. Writes ``benchmarks/results/search_bench.md`` and ``.json``.
+Then Ray throughput with 1 and 2 local workers and, with ``--cluster``, on a Ray cluster joined
+through ``RAY_ADDRESS`` (the one it names, else one this script starts with ``ray start --head`` on
+loopback and stops after); and one candidate's build / timing / simulation. Writes ``benchmarks/results/search_bench.md`` and ``.json``.
 
 Run: ``python benchmarks/search_bench.py [--repeat 3] [--cluster] [--baseline REV]``
 """
@@ -17,6 +17,7 @@ Run: ``python benchmarks/search_bench.py [--repeat 3] [--cluster] [--baseline RE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,19 +37,22 @@ SPACE = REPO / "search_spaces" / "sharding.yaml"
 BASELINE = "0170173"
 #: the files that decide the main job's speed, taken from the baseline for the "before" side
 SPEED_FILES = ("predictor/sources/synth/dlrm.py", "tuner/cost.py", "tuner/sharders/local_search.py",
-               "tuner/sharders/model_guided.py", "tuner/report/sharding.py")
+               "tuner/report/sharding.py")
+#: (file, text of this tree, what the baseline side runs instead): the calls into what SPEED_FILES gained
+BASELINE_EDITS = (("tuner/sharders/model_guided.py", "lower_bound=job.lower_bound,", ""),)
 
 
 # ----------------------------------------------------------------------------- one run (child process)
 def drive(out: Path, workers: int, extra: list[str]) -> dict:
     """Run ``tuner search SPACE --out OUT --workers N --quiet`` in this process; CPU seconds by part."""
     from tuner import cli
+    from tuner.report import sharding as report
     from tuner.search import sharding, study
 
-    spent = {"study_writes_s": 0.0, "reports_s": 0.0}
-    depth = {"study_writes_s": 0, "reports_s": 0}
+    spent = {"study_writes_s": 0.0, "reports_s": 0.0, "plan_files_s": 0.0}
+    depth = {"study_writes_s": 0, "reports_s": 0, "plan_files_s": 0}
 
-    def timed(cls: type, attr: str, key: str) -> None:
+    def timed(cls: object, attr: str, key: str) -> None:
         inner = getattr(cls, attr, None)
         if inner is None:
             return
@@ -68,6 +72,7 @@ def drive(out: Path, workers: int, extra: list[str]) -> dict:
     for attr in ("record", "flush"):
         timed(study.SearchStudy, attr, "study_writes_s")
     timed(sharding.ShardingSearch, "write_outputs", "reports_s")
+    timed(report, "write_plan_files", "plan_files_s")  # TorchRec plan files: part of the reports where written
     argv = ["search", str(SPACE), "--out", str(out), "--workers", str(workers), "--quiet", *extra]
     t0, w0 = time.process_time(), time.perf_counter()
     sys.argv = ["tuner", *argv]
@@ -91,7 +96,83 @@ def baseline_tree(rev: str, dest: Path) -> Path:
     for f in SPEED_FILES:
         text = subprocess.run(["git", "show", f"{rev}:{f}"], cwd=REPO, check=True, capture_output=True, text=True).stdout
         (dest / f).write_text(text)
+    for f, here, there in BASELINE_EDITS:
+        text = (dest / f).read_text()
+        if here not in text:
+            raise RuntimeError(f"{f} no longer has {here!r}: update BASELINE_EDITS")
+        (dest / f).write_text(text.replace(here, there))
     return dest
+
+
+def ray_run(out: Path, workers: int, env: dict, mode: str, label: int | None, attempts: int = 2) -> dict:
+    """A search on Ray; Ray's start-up can time out on a loaded VM: tried ``attempts`` times, else the error."""
+    err = ""
+    for _ in range(attempts):
+        try:
+            return run_child(REPO, out, workers, env=env) | {"mode": mode, "workers": label}
+        except RuntimeError as exc:
+            err = str(exc).strip().splitlines()[-1]
+            shutil.rmtree(out, ignore_errors=True)
+    return {"mode": mode, "workers": label, "error": err}
+
+
+def cluster_run(out: Path) -> dict:
+    """A search on the cluster at ``RAY_ADDRESS``, else on one started here (``ray start --head``, 2 CPUs)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        return ray_run(out, 2, {"RAY_ADDRESS": address}, f"cluster at {address}", None)
+    mode = "cluster of ray start --head (2 CPUs), joined through RAY_ADDRESS"
+    try:
+        temp_dir, where = start_head()
+    except RuntimeError as exc:  # a loaded 2-core VM: Ray's 30 s start-up window can pass
+        return {"mode": mode, "workers": None, "error": str(exc)}
+    try:
+        return ray_run(out, 2, {"RAY_ADDRESS": where}, mode, None)
+    finally:
+        stop_head(temp_dir)
+
+
+def start_head() -> tuple[str, str]:
+    """``ray start --head`` with 2 CPUs in a fresh temp dir; returns (temp dir, the address it prints). Ray turns
+    a loopback address into the machine's own when it joins, so the head listens there (its default)."""
+    import re
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    temp_dir = tempfile.mkdtemp(prefix="sb", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--include-dashboard=false",
+           "--disable-usage-stats"]
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        stop_head(temp_dir)
+        raise RuntimeError("ray start --head did not return within 300 s") from None
+    if res.returncode:
+        stop_head(temp_dir)
+        raise RuntimeError(f"ray start --head failed: {res.stderr.strip().splitlines()[-1:]}")
+    found = re.search(r"--address='([^']+)'", res.stdout + res.stderr)
+    return temp_dir, found.group(1) if found else f"127.0.0.1:{port}"
+
+
+def stop_head(temp_dir: str) -> None:
+    """Kill the processes of the cluster started in ``temp_dir``, by pid (``ray stop`` would stop every Ray)."""
+    import signal
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="ignore")
+        except OSError:
+            continue
+        if temp_dir in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def run_child(tree: Path, out: Path, workers: int, extra: list[str] = (), env: dict | None = None) -> dict:
@@ -116,13 +197,14 @@ def best_plans(results: dict) -> list[tuple]:
 
 
 def median_run(runs: list[dict]) -> dict:
-    keys = ("cpu_s", "wall_s", "study_writes_s", "reports_s", "evaluation_s")
+    keys = ("cpu_s", "wall_s", "study_writes_s", "reports_s", "plan_files_s", "evaluation_s")
     return {k: statistics.median(r[k] for r in runs) for k in keys} | {"repeats": len(runs),
                                                                          "cpu_s_all": [r["cpu_s"] for r in runs]}
 
 
 def single_candidate() -> dict:
-    """Median seconds of build / time / simulate of one candidate of the space's first task (largest batch)."""
+    """Median seconds of one candidate of the space's first task (largest batch): its full graph, the graph the
+    objective simulates with its durations, the simulation."""
     import numpy as np
 
     from predictor.simulate import simulate
@@ -134,19 +216,19 @@ def single_candidate() -> dict:
     job = ctx.job(0, max(space.batch_sizes))
     a = np.arange(len(ctx.tasks[0])) % space.n_gpus
     job.timed_graph(a)  # the template and its pool's durations, once per job
-    build, timing, sim = [], [], []
+    build, timed, sim = [], [], []
     for _ in range(30):
         t0 = time.perf_counter()
-        g = job.graph(a)
+        job.graph(a)
         t1 = time.perf_counter()
-        _, d = job.timed_graph(a)
+        g, d = job.timed_graph(a, params=False)
         t2 = time.perf_counter()
         simulate(g, d)
         t3 = time.perf_counter()
         build.append(t1 - t0)
-        timing.append(t2 - t1 - (t1 - t0))
+        timed.append(t2 - t1)
         sim.append(t3 - t2)
-    return {"tasks_in_graph": g.n_tasks, "build_s": float(np.median(build)), "timing_s": max(float(np.median(timing)), 0.0),
+    return {"tasks_in_graph": g.n_tasks, "build_s": float(np.median(build)), "timed_graph_s": float(np.median(timed)),
             "simulate_s": float(np.median(sim))}
 
 
@@ -155,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs of this tree's main job (median); the baseline runs once")
     ap.add_argument("--baseline", default=BASELINE, help="git revision of the 'before' side")
     ap.add_argument("--no-baseline", action="store_true", help="skip the 'before' side")
-    ap.add_argument("--cluster", action="store_true", help="also join the Ray cluster at RAY_ADDRESS")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also search on a Ray cluster: the one at RAY_ADDRESS, else one started here with ray start --head")
     ap.add_argument("--driver", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)
@@ -171,14 +254,10 @@ def main(argv: list[str] | None = None) -> None:
             tree = baseline_tree(args.baseline, tmp / "baseline")
             before = run_child(tree, tmp / "before", 0)
         ray = []
-        env = {"RAY_ADDRESS": ""}
         for w in (1, 2):
-            ray.append(run_child(REPO, tmp / f"ray{w}", w, env=env) | {"mode": f"local Ray, {w} worker(s)", "workers": w})
+            ray.append(ray_run(tmp / f"ray{w}", w, {"RAY_ADDRESS": ""}, f"local Ray, {w} worker(s)", w))
         if args.cluster:
-            if not os.environ.get("RAY_ADDRESS"):
-                raise SystemExit("error: --cluster needs RAY_ADDRESS (ray start --head prints it)")
-            ray.append(run_child(REPO, tmp / "cluster", 2) | {"mode": f"cluster {os.environ['RAY_ADDRESS']}",
-                                                              "workers": None})
+            ray.append(cluster_run(tmp / "cluster"))
     same = before is None or all(best_plans(r["results"]) == best_plans(before["results"]) for r in after)
     n_eval = sum(len(t["candidates"]) for t in after[0]["results"]["tasks"])
     a = median_run(after)
@@ -190,9 +269,11 @@ def main(argv: list[str] | None = None) -> None:
         "evaluations": n_eval,
         "main_job": {"after": a, "before": None if before is None else median_run([before]),
                      "cpu_speedup": None if before is None else before["cpu_s"] / a["cpu_s"],
+                     "cpu_speedup_without_plan_files": None if before is None else
+                     (before["cpu_s"] - before["plan_files_s"]) / (a["cpu_s"] - a["plan_files_s"]),
                      "same_best_plans": same},
-        "ray": [{k: r[k] for k in ("mode", "workers", "wall_s", "cpu_s")} | {"evaluations_per_s": n_eval / r["wall_s"]}
-                for r in ray],
+        "ray": [r if "error" in r else {k: r[k] for k in ("mode", "workers", "wall_s", "cpu_s")}
+                | {"evaluations_per_s": n_eval / r["wall_s"]} for r in ray],
         "single_candidate": single_candidate(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -213,24 +294,29 @@ def markdown(doc: dict) -> list[str]:
         "",
         "## Main job, `--workers 0` (CPU seconds in-process)",
         "",
-        "| tree | total | evaluation | study writes | reports | wall s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| tree | total | evaluation | study writes | reports | of which TorchRec plan files | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         f"| this tree (median of {a['repeats']}) | {a['cpu_s']:.1f} | {a['evaluation_s']:.1f} | {a['study_writes_s']:.2f} | "
-        f"{a['reports_s']:.2f} | {a['wall_s']:.1f} |",
+        f"{a['reports_s']:.2f} | {a['plan_files_s']:.2f} | {a['wall_s']:.1f} |",
     ]
     if b:
         lines += [
             f"| baseline `{doc['meta']['baseline']}` for {', '.join(f'`{f}`' for f in doc['meta']['baseline_files'])} | "
-            f"{b['cpu_s']:.1f} | {b['evaluation_s']:.1f} | {b['study_writes_s']:.2f} | {b['reports_s']:.2f} | {b['wall_s']:.1f} |",
+            f"{b['cpu_s']:.1f} | {b['evaluation_s']:.1f} | {b['study_writes_s']:.2f} | {b['reports_s']:.2f} | "
+            f"{b['plan_files_s']:.2f} | {b['wall_s']:.1f} |",
             "",
-            f"CPU {m['cpu_speedup']:.1f}x less; same best plans (sharder, assignment and predicted time of every "
+            f"CPU {m['cpu_speedup']:.1f}x less ({m['cpu_speedup_without_plan_files']:.1f}x without the TorchRec plan files, "
+            f"which the baseline does not write); same best plans (sharder, assignment and predicted time of every "
             f"task and batch size): {'yes' if m['same_best_plans'] else 'NO'}.",
         ]
     lines += ["", "## Ray", "", "| where | wall s | evaluations/s |", "|---|---:|---:|"]
-    lines += [f"| {r['mode']} | {r['wall_s']:.1f} | {r['evaluations_per_s']:.1f} |" for r in doc["ray"]]
+    lines += [f"| {r['mode']} | failed: {r['error']} | |" if "error" in r else
+              f"| {r['mode']} | {r['wall_s']:.1f} | {r['evaluations_per_s']:.1f} |" for r in doc["ray"]]
     one = doc["single_candidate"]
-    lines += ["", f"One candidate ({one['tasks_in_graph']} tasks, 4 ranks, largest batch): build {one['build_s'] * 1e3:.2f} ms, "
-              f"kernel timing {one['timing_s'] * 1e3:.2f} ms, simulate {one['simulate_s'] * 1e3:.3f} ms (medians of 30)."]
+    lines += ["", f"One candidate ({one['tasks_in_graph']} tasks, 4 ranks, largest batch): its graph from the job's template "
+              f"{one['build_s'] * 1e3:.2f} ms; the graph without kernel parameters and its durations (gathered, "
+              f"all-to-alls timed) {one['timed_graph_s'] * 1e3:.2f} ms; simulation {one['simulate_s'] * 1e3:.3f} ms "
+              "(medians of 30)."]
     return lines
 
 
