@@ -39,16 +39,19 @@ from predictor.graph import Category, DepKind, ExecutionGraph, Overhead, ProcKin
 from predictor.memory import LevelUsage
 from predictor.simulate import Timeline, simulate
 from predictor.sources.synth.decoupled_timing import CacheAwareTiming, FixedTiming, asset_timing
-from predictor.sources.synth.opgraph import OP_KINDS, OpGraph, Phase, TensorCategory
+from predictor.sources.synth.opgraph import CATEGORY_NAMES, OP_KINDS, OpGraph, Phase, TensorCategory
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective
 from predictor.timing.platforms.schema import Platform
 
 __all__ = ["TimeOptions", "IterationPrediction", "build_iteration_graph", "prepare_iteration", "summarize_iteration",
-           "predict_iteration", "COMMON_KINDS"]
+           "predict_iteration", "COMMON_KINDS", "DATAFLOW_KINDS"]
 
 #: op kinds Centimani calls "common" (micro-benchmarked / kernel-modelled)
 COMMON_KINDS = ("gemm", "conv", "attention")
+#: platform kinds that execute a compiled dataflow graph with operator fusion (SambaNova RDU, Graphcore
+#: IPU, Cerebras WSE; Centimani §3.1): intermediates between fused operators stay on chip
+DATAFLOW_KINDS = ("rdu", "ipu", "wse")
 #: task kind in the ExecutionGraph for each op kind (names the kernel models route on)
 _TASK_KIND = {"gemm": "gemm", "conv": "conv2d", "attention": "bmm", "embedding": "embedding",
               "norm": "layer_norm", "elementwise": "elementwise", "copy": "memcpy"}
@@ -160,6 +163,11 @@ def _on_chip_bytes(g: OpGraph, usage: LevelUsage | None, platform: Platform) -> 
     hit = dist + size <= cap
     if pinned_cat:
         hit |= np.isin(g.category[acc_t], pinned_cat)
+    if platform.kind in DATAFLOW_KINDS:
+        hit |= _streamed(g, acc_op, acc_t, prev, has_prev)
+        if usage is not None:  # software-managed SRAM, not a cache: a category placed wholly on chip stays there
+            resident = [c for c, name in enumerate(CATEGORY_NAMES) if usage.on_chip_share.get(name, 0.0) >= 1.0]
+            hit |= np.isin(g.category[acc_t], resident)
     # a write is on-chip when the tensor's next read hits (or it is never read again)
     nxt = np.full(m, -1, dtype=np.int64)
     nxt[prev[has_prev]] = np.flatnonzero(has_prev)
@@ -177,6 +185,25 @@ def _on_chip_bytes(g: OpGraph, usage: LevelUsage | None, platform: Platform) -> 
     w_hits = np.bincount(acc_op[acc_w], weights=hit[acc_w].astype(float), minlength=n_ops)
     write_share = np.divide(w_hits, w_cnt, out=np.zeros(n_ops), where=w_cnt > 0)
     return g.bytes_read * read_share + g.bytes_written * write_share
+
+
+def _streamed(g: OpGraph, acc_op: np.ndarray, acc_t: np.ndarray, prev: np.ndarray, has_prev: np.ndarray) -> np.ndarray:
+    """Accesses a dataflow chip serves on chip by operator fusion, whatever the tensor's size.
+
+    A *section* is a common operator (GEMM, convolution, attention) and the operators after it up
+    to the next one. A batch-sized tensor (activation, activation gradient, temporary) read in the
+    section that wrote it or in the next one flows between the fused operators tile by tile (PCU to
+    PMU to PCU on SN30, tile to tile on the IPU and the wafer) and never reaches DDR; any tensor
+    accessed again inside one section (the optimizer's chain of in-place updates of a moment, one
+    fused pass per parameter tile) is on chip from its first access; tensors kept longer (saved
+    activations, residuals, weights between passes) follow the reuse-distance rule.
+    """
+    common = np.isin(g.kind, [OP_KINDS.index(k) for k in COMMON_KINDS])
+    section = np.cumsum(common)
+    prev_op = acc_op[np.maximum(prev, 0)]
+    gap = section[acc_op] - section[prev_op]
+    batch_sized = np.isin(g.category[acc_t], (int(TensorCategory.INPUT_OUTPUT), int(TensorCategory.EPHEMERAL)))
+    return has_prev & ((gap == 0) | ((gap <= 1) & batch_sized))
 
 
 def _buckets(g: OpGraph, bucket_bytes: float) -> list[tuple[int, float]]:
