@@ -108,6 +108,9 @@ class SearchSpace(abc.ABC):
 
     #: the ``space:`` value of the files it reads
     kind: ClassVar[str] = ""
+    #: ``--all-traces``: :meth:`write_outputs` writes the charts and traces of every candidate's best option,
+    #: not only of the best plans
+    all_traces: bool = False
 
     @abc.abstractmethod
     def study_name(self) -> str:
