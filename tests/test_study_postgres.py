@@ -203,3 +203,18 @@ def test_server_stopped_mid_run_is_one_line_and_the_search_resumes(tmp_path, ser
                 for t in res["tasks"] for c in t["candidates"]]
 
     assert ranked(out) == ranked(tmp_path / "ref")
+
+
+def test_a_second_run_on_a_locked_out_refuses_before_touching_the_study(tmp_path, postgres_url):
+    from tuner.search.outdir import hold
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump(SPACE))
+    out = tmp_path / "o"
+    with hold(out):  # a first search holds the folder
+        result = CliRunner().invoke(app, ["search", str(space_file), "--out", str(out), "--workers", "0",
+                                          "--storage", postgres_url])
+    assert result.exit_code == 2
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert "another tuner search" in line and PASSWORD not in result.output
+    assert not (out / "results.json").exists()
