@@ -101,7 +101,7 @@ def calibrate(
     from predictor.timing.calibration.contention import ContentionError
 
     tiny = tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
-    _check_ranges(world_size=world_size, seed=seed)
+    _check_ranges(seed=seed)
     _refuse_mixed_flags(out=out, refit=refit, memory_bound=memory_bound, gemm_timing=gemm_timing, no_fit=no_fit,
                         scale=scale, rounds=rounds, kernels=kernels, overheads=overheads, data_from=data_from,
                         pace_from=pace_from, match_level=match_level)
@@ -138,11 +138,9 @@ def calibrate(
     _print_pack(pack)
 
 
-def _check_ranges(*, world_size: int, seed: int) -> None:
-    """Exit 2 with one line when a number is outside its range (--threads, --scale and --rounds are checked
-    with the calibration's options)."""
-    if not 1 <= world_size <= 256:
-        fail(f"--world-size must be 1 .. 256 (local processes), got {world_size}")
+def _check_ranges(*, seed: int) -> None:
+    """Exit 2 with one line when a number is outside its range (--world-size, --threads, --scale and --rounds
+    are checked with the calibration's options)."""
     if not 0 <= seed <= 2**32 - 1:
         fail(f"--seed must be 0 .. 2^32-1, got {seed}")
 
