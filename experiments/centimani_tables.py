@@ -630,6 +630,12 @@ def render(res: dict) -> str:
           "of SN30, Bow-IPU and CS-2) are estimates marked as such in `predictor/timing/platforms/catalog.yaml`.",
           "- One device, data parallel only: no pipelining across devices, no weight streaming, no recomputation. "
           "The dataflow machines in Centimani ran vendor-tuned multi-chip recipes.",
+          "- On the dataflow chips (SN30, Bow-IPU, CS-2) operator fusion keeps the intermediates between fused "
+          "operators on chip and a category the memory model placed wholly in SRAM stays there "
+          "(`predictor/sources/synth/decoupled.py`); what still runs at the (estimated) DDR bandwidths is the "
+          "saved activations of large eq. 5 batches, the optimizer state that does not fit beside the weights "
+          "(BERT-large, GPT-2 1.5B: once per step, amortised over only 16 micro-batches here) and small-batch "
+          "GEMM/convolution efficiency of the analytic model's saturating curve (a half-efficiency time set for GPUs).",
           "- The MosaicML runs use FSDP; we model its traffic (all-gather + reduce-scatter per bucket, overlapped) "
           "but not its memory sharding, and trace our own MPT-layout GPT (no ALiBi, SDPA attention).",
           "- CPU memory is the allocator's view; a GPU's caching allocator adds block rounding and fragmentation "
