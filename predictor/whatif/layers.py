@@ -278,6 +278,7 @@ def set_layers(g: ExecutionGraph, count: int, *, base: int | None = None) -> Exe
             outof = s_in & ~d_in & keep[g.edge_dst]
             ed.edges(loc[g.edge_src[outof]], new_of[g.edge_dst[outof]], g.edge_kind[outof])
         ed.set_aux("op", cp, op[mp] + k * op_step)
+        ed.set_aux("copied", cp, 1.0)  # a duplicated layer's task (WhatIfTiming: trust of its measured time)
         copy_layer.append(np.full(cp.size, k))
     out = ed.build()
     # layer indices of the copies: continue after the last block

@@ -102,13 +102,26 @@ class WhatIfTiming:
                 self.fallback[kind] = {"tasks": int(idx.size), "how": "measured x work ratio (FLOPs, else elements "
                                        "or bytes, new/old)"}
             d[idx] = val
+        # kernels of duplicated layers keep the share of their measured time that was their own, the rest the
+        # model's time: a copy of a kernel the profiler correction left at ~0 still costs what the kernel costs
+        copied = (np.nan_to_num(aux.get("copied", np.zeros(n)), nan=0.0) > 0) & kernel & ~todo
+        if copied.any() and self.mode == "anchored" and not self.platform_moved:
+            for kid in np.unique(g.kind[copied]).tolist():
+                kind = g.kinds[kid]
+                idx = np.flatnonzero(copied & (g.kind == kid))
+                if not self.has_model(kind):
+                    continue
+                w = np.where(np.isfinite(raw[idx]) & (raw[idx] > 0),
+                             np.clip(d[idx] / np.maximum(raw[idx], 1e-15), 0.0, 1.0), 1.0)
+                d[idx] = w * d[idx] + (1.0 - w) * self._model(g, idx, kind)
+                counts["copied_model"] = counts.get("copied_model", 0) + int((w < 1.0).sum())
         # new host tasks without a duration: the platform's overhead of their type, else 0
         rest = ~np.isfinite(d)
         if rest.any():
             ov = self.timing.overhead_seconds() if hasattr(self.timing, "overhead_seconds") else np.zeros(len(Overhead))
             d[rest] = ov[g.overhead[rest]]
             counts["new_overhead"] = int(rest.sum())
-        counts["unchanged_measured"] = int((~(todo | rest)).sum())
+        counts["unchanged_measured"] = int((~(todo | rest)).sum()) - counts.get("copied_model", 0)
         sp = aux.get("speedup")
         if sp is not None:
             d = d / np.where(np.isfinite(sp) & (sp > 0), sp, 1.0)
