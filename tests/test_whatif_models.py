@@ -192,9 +192,9 @@ def test_platform_move_says_what_stays_on_the_host(blocks_mlp):
         assert pl["to"] == p and pl["kernels_moved"] > 0 and pl["device_busy_s"] > 0 and pl["host_s"] > 0
         assert pl["bound"] == ("host" if pl["host_s"] >= pl["device_busy_s"] else "device")
         assert f"{pl['bound']}-bound on {p}" in pl["explanation"] and pl["explanation"] in r.notes
-        if pl["bound"] == "host":  # the host's time is the step's whatever the device
-            assert r.predicted_iteration_s == pytest.approx(pl["host_s"], rel=0.05)
-    big = {p: predict_trace(blocks_mlp[0], parse_sets(["batch_size=x20000"]), p) for p in ("a100-80gb", "rtx-2080ti")}
+        if pl["bound"] == "host":  # the host's time sets the step, plus at most the device's tail
+            assert pl["host_s"] * 0.999 <= r.predicted_iteration_s <= pl["host_s"] + pl["device_busy_s"]
+    big = {p: predict_trace(blocks_mlp[0], parse_sets(["batch_size=x2000000"]), p) for p in ("a100-80gb", "rtx-2080ti")}
     assert all(r.changes["platform"]["bound"] == "device" for r in big.values())
     assert big["rtx-2080ti"].predicted_iteration_s > 1.5 * big["a100-80gb"].predicted_iteration_s
 
