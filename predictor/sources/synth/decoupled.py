@@ -13,7 +13,8 @@ one accelerator is predicted in three stages, then their overlap is removed:
   cache-aware roofline: ``max(FLOPs / peak, on-chip bytes / on-chip bandwidth + off-chip
   bytes / off-chip bandwidth)``, where the split of each operator's bytes between the levels
   comes from the memory model's placement (:func:`predictor.memory.place`) — on GPUs an
-  operator whose whole working set fits in L2 streams at L2 bandwidth;
+  operator whose whole working set fits in L2 streams at L2 bandwidth; on dataflow chips
+  (:data:`DATAFLOW_KINDS`) fused operators also pass their intermediates on chip;
 * **communication** (§4.3.3, eq. 4): data-parallel gradient all-reduce in DDP-style buckets
   (optionally compressed: the message shrinks by ``compression_ratio``), timed by the
   collective model of :mod:`predictor.timing.kernels.collective` from the interconnect;
@@ -195,8 +196,9 @@ def _streamed(g: OpGraph, acc_op: np.ndarray, acc_t: np.ndarray, prev: np.ndarra
     section that wrote it or in the next one flows between the fused operators tile by tile (PCU to
     PMU to PCU on SN30, tile to tile on the IPU and the wafer) and never reaches DDR; any tensor
     accessed again inside one section (the optimizer's chain of in-place updates of a moment, one
-    fused pass per parameter tile) is on chip from its first access; tensors kept longer (saved
-    activations, residuals, weights between passes) follow the reuse-distance rule.
+    fused pass per parameter tile) is read from DDR once and stays on chip for the rest of the
+    section; tensors kept longer (saved activations, residuals, weights between passes) follow the
+    reuse-distance rule.
     """
     common = np.isin(g.kind, [OP_KINDS.index(k) for k in COMMON_KINDS])
     section = np.cumsum(common)
