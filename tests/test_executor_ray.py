@@ -173,9 +173,9 @@ def test_search_on_a_cluster_started_with_ray_start_head(tmp_path):
         assert (tmp_path / "c" / "results.csv").read_text() == (tmp_path / "h" / "results.csv").read_text()
         # the cluster's raylet killed mid-search: one line, exit 1, and the search resumes (here in-process)
         big = tmp_path / "big.yaml"
-        big.write_text(yaml.safe_dump({**SPACE, "tasks": {"generate": {"count": 8, "seed": 3}},
+        big.write_text(yaml.safe_dump({**SPACE, "tasks": {"generate": {"count": 30, "seed": 3}},
                                        "sharders": ["naive", "size_greedy", "model_guided"],
-                                       "model_guided": {"max_evals": 30}}))
+                                       "model_guided": {"max_evals": 10}}))  # 60 units: the kill lands mid-run
         out = tmp_path / "k"
         cmd = [sys.executable, "-m", "tuner.cli", "search", str(big), "--out", str(out), "--quiet"]
         killed = subprocess.Popen([*cmd, "--address", f"127.0.0.1:{port}"], cwd=REPO, env=env, text=True,
