@@ -104,6 +104,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "msg_bytes",  # per-rank message size of a collective (max of sent/received)
     "world",  # ranks taking part in a collective
     "nodes",  # nodes a collective's group spans (NaN: the group fills nodes in order)
+    "nic_share",  # traffic classes sharing the node's NICs while a collective crosses them (NaN: alone, 1)
     "dtype_bytes",  # bytes per element
     "parts",  # input tensors of a concatenation
     # reuse-factor histogram of an embedding lookup's batch (Lin et al. 2024 §III-E): fraction of

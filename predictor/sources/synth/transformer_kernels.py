@@ -33,11 +33,13 @@ bytes, seconds.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.graph import PARAM_COLUMNS, Category, ExecutionGraph, GraphBuilder, ProcKind
+from predictor.graph import Category, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.sources.synth.emit import ExecMode, Kernel, OpEmitter, column_sum, concat, eltwise, gemm
 from predictor.sources.synth.transformer_memory import layer_param_count
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
@@ -64,7 +66,7 @@ class GroupLayout:
     tied: tuple[int, int]
     #: traffic classes sharing a node's NICs while each class's transfers run: TP collectives
     #: spanning nodes and data-parallel buckets reduced during backward (``overlap_grad_reduce``)
-    #: over the network meet there for the whole backward pass
+    #: over the network meet there during the backward that launches the buckets (the last micro-batch's)
     tp_share: float = 1.0
     dp_share: float = 1.0
 
@@ -97,7 +99,7 @@ def collective(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt
     network transfers sharing the NICs with ``share - 1`` other traffic classes."""
     world, nodes = span
     params = {"msg_bytes": msg_bytes, "world": world, "nodes": nodes, "dtype_bytes": dt}
-    if share != 1.0 and "nic_share" in PARAM_COLUMNS:  # carried where the graph has the column
+    if share != 1.0:  # only where classes meet on the network: single-node graphs keep their columns
         params["nic_share"] = share
     return (name, kind, Category.COMMUNICATION, params)
 
@@ -182,12 +184,24 @@ class StepKernels:
         self.eager = spec.program == "eager"
         moe = spec.moe
         self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * (2 * self.h * self.f + self.f + self.h)
+        #: traffic classes on the NICs while the TP collectives now emitted run: ``layout.tp_share`` inside
+        #: the backward that overlaps the data-parallel buckets (:meth:`sharing_nics`), else 1
+        self.tp_share = 1.0
+
+    @contextmanager
+    def sharing_nics(self) -> Iterator[None]:
+        """TP collectives emitted inside this block share the NICs with the data-parallel buckets."""
+        self.tp_share = self.lay.tp_share
+        try:
+            yield
+        finally:
+            self.tp_share = 1.0
 
     # -------------------------------------------------------------- collectives
     def tp_collective(self, e: StepEmitter, name: str, kind: str, elems: float) -> list[int]:
         if self.t <= 1:
             return []
-        return e.op(name, [collective(name, kind, elems * self.dt, self.lay.tp, self.dt, self.lay.tp_share)])
+        return e.op(name, [collective(name, kind, elems * self.dt, self.lay.tp, self.dt, self.tp_share)])
 
     def _tp_reduce_out(self, e: StepEmitter, name: str) -> None:
         """The row-parallel output: all-reduce, or reduce-scatter with sequence parallelism."""
@@ -204,7 +218,7 @@ class StepKernels:
             e.op(f"{name}.wgrad", wgrad)
             return
         kind = "reduce_scatter" if self.sp else "all_reduce"
-        coll = collective(f"{name}.grad_{kind}", kind, self.T * self.h * self.dt, self.lay.tp, self.dt, self.lay.tp_share)
+        coll = collective(f"{name}.grad_{kind}", kind, self.T * self.h * self.dt, self.lay.tp, self.dt, self.tp_share)
         if self.plan.tp_comm_overlap:
             last_dgrad = [e.last] if e.last is not None else []
             ar = e.op_on(e.tp_stream, f"{name}.grad_{kind}", [coll], after=last_dgrad)

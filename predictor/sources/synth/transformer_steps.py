@@ -25,6 +25,7 @@ pipeline structure). Units: elements, bytes, seconds.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +37,7 @@ from predictor.sources.synth.transformer_kernels import GroupLayout, StepEmitter
 from predictor.sources.synth.transformer_memory import memory_per_stage
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "GradBuckets", "StepTemplates"]
+__all__ = ["ADAM_BYTES_PER_PARAM", "GradBuckets", "StepTemplates", "nic_seconds_weight", "weigh_bucket_share"]
 
 #: Adam step bytes per parameter: read fp32 param, grad, m, v; write param, m, v, 16-bit copy;
 #: zero the fp32 gradient (Megatron's fused multi-tensor Adam + zero_grad)
@@ -67,16 +68,43 @@ class GradBuckets:
         if self.params >= self.limit_params:
             self.flush(e)
 
-    def flush(self, e: StepEmitter) -> None:
-        """Launch the gradients collected so far as one asynchronous bucket reduce."""
+    def flush(self, e: StepEmitter, alone: bool = False) -> None:
+        """Launch the gradients collected so far as one asynchronous bucket reduce (``alone``: after the
+        backward, so its transfers have the NICs to themselves)."""
         if self.params <= 0 or self.span[0] <= 1:
             return
         k = collective(f"{self.tag}.{self.kind}", self.kind, self.params * self.grad_bytes, self.span, self.grad_bytes,
-                       self.share)
+                       1.0 if alone else self.share)
         after = [self.ready_after] if self.ready_after is not None else []
         self.launched += e.op(f"{self.tag}.bucket[{self.count}]", [k], comm=True, async_op=True, after=after)
         self.count += 1
         self.params = 0.0
+
+
+def nic_seconds_weight(kind: np.ndarray, msg: np.ndarray, world: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Bytes each collective pushes through one NIC of a node, per byte/s of that NIC: a ring over ``world``
+    ranks, ``world / nodes`` of them on a node side by side, sends ``2(n-1)/n`` (all-reduce) or ``(n-1)/n``
+    (the others) of ``msg`` bytes per rank over that node's ``world / nodes`` NICs."""
+    n = np.maximum(world, 1.0)
+    wire = np.where(kind == "all_reduce", 2.0, 1.0) * (n - 1.0) / n
+    return msg * wire / np.maximum(n / np.maximum(nodes, 1.0), 1.0)
+
+
+def weigh_bucket_share(blk: ExecutionGraph, buckets: list[int]) -> None:
+    """Set the NIC share of the data-parallel buckets of a backward block (in place) to ``1 + T / D``
+    (at most 2): the NIC load ``T`` of the TP collectives sharing the NICs over the buckets' own load
+    ``D``. Under fair sharing a bucket loses the NIC only while a TP collective runs, so it slows by the
+    TP traffic, not 2x; the TP collectives keep 2 (the buckets are in flight for the backward)."""
+    share = blk.params["nic_share"]
+    idx = np.asarray([i for i in buckets if np.isfinite(share[i])], dtype=np.int64)
+    if idx.size == 0:
+        return
+    kinds = np.asarray(blk.kinds, dtype=object)[blk.kind]
+    load = nic_seconds_weight(kinds, blk.params["msg_bytes"], blk.params["world"], blk.params["nodes"])
+    tp = np.isfinite(share)
+    tp[idx] = False
+    d = float(load[idx].sum())
+    share[idx] = 1.0 + min(float(np.nansum(load[tp])) / d, 1.0) if d > 0 else 1.0
 
 
 class StepTemplates:
@@ -142,28 +170,31 @@ class StepTemplates:
             dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad", self.lay.dp_share)
             expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad",
                                  self.lay.dp_share)
-            if last:
-                ops.head_bwd(e)
-                if final:
-                    head = 2 * self.spec.hidden
-                    if self.p > 1 or not self.spec.tie_embeddings:
-                        head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
-                    dense.add(e, head, e.last)
-            for i in reversed(range(self.layers_per_chunk)):
-                ops.layer_bwd(e, f"layer[{i}].")
-                if final:
-                    dense.add(e, ops.layer_params - ops.expert_params, e.last)
-                    expert.add(e, ops.expert_params, e.last)
-            if first:
-                ops.embedding_bwd(e)
-                if final:
-                    dense.add(e, self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
-                              + self.spec.seq * self.spec.hidden, e.last)
-            if final:
-                dense.flush(e)
-                expert.flush(e)
+            with ops.sharing_nics() if final else nullcontext():  # TP traffic meets the buckets' on the NICs
+                if last:
+                    ops.head_bwd(e)
+                    if final:
+                        head = 2 * self.spec.hidden
+                        if self.p > 1 or not self.spec.tie_embeddings:
+                            head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
+                        dense.add(e, head, e.last)
+                for i in reversed(range(self.layers_per_chunk)):
+                    ops.layer_bwd(e, f"layer[{i}].")
+                    if final:
+                        dense.add(e, ops.layer_params - ops.expert_params, e.last)
+                        expert.add(e, ops.expert_params, e.last)
+                if first:
+                    ops.embedding_bwd(e)
+                    if final:
+                        dense.add(e, self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
+                                  + self.spec.seq * self.spec.hidden, e.last)
+            if final:  # the last buckets reduce after the backward's TP traffic
+                dense.flush(e, alone=True)
+                expert.flush(e, alone=True)
                 markers["dp"] = dense.launched + expert.launched
         blk = e.freeze(markers)
+        if final and "nic_share" in blk.params:
+            weigh_bucket_share(blk, markers.get("dp", []))
         self._blocks[key] = blk
         return blk
 
