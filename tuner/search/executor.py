@@ -6,7 +6,9 @@ start`` or a stale cluster file names), or the existing cluster named by ``--add
 ``RAY_ADDRESS`` (joined as it is: Ray refuses a CPU count there; ``auto`` joins the cluster
 ``ray start`` runs on this machine, ``ray://host:port`` goes through Ray's client) — and keeps
 at most two tasks per cluster CPU in flight, so every CPU stays busy while results come back
-and a killed search loses only that window. The space's context (and each shared part) goes
+and a killed search loses only that window. A task evaluates a chunk of consecutive candidates
+(:class:`ChunkSizer`: about a second of work once the first evaluations are timed), and each
+candidate's outcomes go to ``on_result`` whole, in the chunk's order. The space's context (and each shared part) goes
 to the object store once; a task whose worker dies is retried by Ray (``max_retries``), then
 recorded as ``failed``; a lost node, raylet or cluster ends the run with :class:`ClusterLost`
 (the outcomes already returned are recorded and a resumed search skips them).
@@ -16,21 +18,29 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
+import statistics
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from tuner.search.core import Candidate, Evaluator, Outcome, SearchSpace
 
-__all__ = ["Executor", "ClusterError", "ClusterLost", "connect_ray", "TASKS_PER_CPU", "RAY_CLIENT_EXTRA"]
+__all__ = ["Executor", "ClusterError", "ClusterLost", "connect_ray", "evaluate_chunk", "ChunkSizer", "TASKS_PER_CPU",
+           "TASK_SECONDS", "MAX_CHUNK", "RAY_CLIENT_EXTRA"]
 
 #: what installs Ray's client (``ray://`` addresses): Ray's ``client`` extra, grpcio among it
 RAY_CLIENT_EXTRA = "pip install 'tuner[ray-client]' (Ray's client: ray[client])"
 
 #: tasks in flight per cluster CPU
 TASKS_PER_CPU = 2
+#: seconds one Ray task should run (several candidates when they are fast); Ray's per-task cost is ~ms
+TASK_SECONDS = 1.0
+#: at most this many candidates per Ray task
+MAX_CHUNK = 64
 
 OnResult = Callable[[Candidate, list[Outcome]], None]
 
@@ -163,7 +173,7 @@ class Executor:
         self.address = address
         self._space: SearchSpace | None = None
         self._refs: dict[str | None, Any] = {}
-        self._remote: dict[Evaluator, Any] = {}
+        self._remote: Any = None  # evaluate_chunk as a Ray remote function
 
     def run(self, space: SearchSpace, candidates: list[Candidate], on_result: OnResult) -> None:
         """Evaluate ``candidates``; ``on_result(candidate, outcomes)`` as each one returns."""
@@ -201,29 +211,91 @@ class Executor:
 
         window = connect_ray(self.workers, self.address)
         evaluate = space.evaluator()
-        if evaluate not in self._remote:
-            self._remote[evaluate] = ray.remote(max_retries=2, num_cpus=1)(evaluate)
-        remote = self._remote[evaluate]
+        if self._remote is None:
+            self._remote = ray.remote(max_retries=2, num_cpus=1)(evaluate_chunk)
+        remote = self._remote
         context = self._put(space, None)
         queue = deque(candidates)
-        pending: dict[Any, Candidate] = {}
+        pending: dict[Any, list[Candidate]] = {}
+        sizer = ChunkSizer(window)
         while queue or pending:
             while queue and len(pending) < window:
-                c = queue.popleft()
-                part = self._put(space, c.part) if c.part else None
-                pending[remote.remote(context, c, part)] = c
+                chunk = _take_chunk(queue, sizer.size(len(queue)))
+                part = self._put(space, chunk[0].part) if chunk[0].part else None
+                pending[remote.remote(evaluate, context, chunk, part)] = chunk
             lost = _lost_cluster_errors()
             try:
                 ready, _ = ray.wait(list(pending), num_returns=1)
             except lost as exc:
                 raise ClusterLost(f"the Ray cluster was lost: {_first_line(exc)}") from None
             for ref in ready:
-                c = pending.pop(ref)
+                chunk = pending.pop(ref)
                 try:
-                    outcomes = ray.get(ref)
+                    results = ray.get(ref)
                 except lost as exc:  # a node or the raylet died: the rest of the window would fail too
                     raise ClusterLost(f"the Ray cluster lost a node or its raylet: {_first_line(exc)}") from None
-                except ray.exceptions.RayError as exc:
+                except ray.exceptions.RayError as exc:  # the worker died (after Ray's retries): the chunk failed
                     text = str(exc).strip()
-                    outcomes = space.failed(c, f"worker error: {text.splitlines()[-1] if text else type(exc).__name__}")
-                on_result(c, outcomes)
+                    reason = f"worker error: {text.splitlines()[-1] if text else type(exc).__name__}"
+                    for c in chunk:
+                        on_result(c, space.failed(c, reason))
+                    continue
+                for c, (outcomes, seconds) in zip(chunk, results, strict=True):
+                    if isinstance(outcomes, str):  # the evaluation raised: recorded as failed, as in this process
+                        print(f"warning: evaluation {c.key} failed: {' '.join(outcomes.split())[:300]}", file=sys.stderr)
+                        outcomes = space.failed(c, outcomes)
+                    else:
+                        sizer.observe(seconds)
+                    on_result(c, outcomes)
+
+
+def evaluate_chunk(evaluate: Evaluator, context: Any, chunk: list[Candidate],
+                   part: Any) -> list[tuple[list[Outcome] | str, float]]:
+    """One Ray task: ``evaluate`` each candidate of ``chunk`` in order; per candidate its outcomes (or the
+    error text when it raised) and its evaluation seconds (wall, this worker)."""
+    out: list[tuple[list[Outcome] | str, float]] = []
+    for c in chunk:
+        t0 = time.perf_counter()
+        try:
+            res: list[Outcome] | str = evaluate(context, c, part)
+        except Exception as exc:  # recorded as failed on the driver; the chunk's other candidates go on
+            res = f"{type(exc).__name__}: {exc}"
+        out.append((res, time.perf_counter() - t0))
+    return out
+
+
+def _take_chunk(queue: deque[Candidate], size: int) -> list[Candidate]:
+    """Up to ``size`` candidates from the front of ``queue`` that share the first one's part (a task gets one)."""
+    chunk = [queue.popleft()]
+    while queue and len(chunk) < size and queue[0].part == chunk[0].part:
+        chunk.append(queue.popleft())
+    return chunk
+
+
+class ChunkSizer:
+    """How many candidates one Ray task evaluates.
+
+    A task should run about :data:`TASK_SECONDS` so Ray's per-task cost (scheduling, argument
+    transfer, the result's round trip) stays small against the evaluations; the size comes from
+    the median evaluation seconds measured so far (one candidate per task until a result is back).
+    It never exceeds an even share of what is left over the window's tasks, so every CPU gets work
+    to the end and a killed search loses at most ``window`` tasks.
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = max(window, 1)
+        self.seconds: list[float] = []
+
+    def observe(self, seconds: float) -> None:
+        """One evaluation's measured seconds."""
+        self.seconds.append(seconds)
+        if len(self.seconds) > 4 * MAX_CHUNK:  # the recent ones: a space's late candidates can be slower
+            del self.seconds[: len(self.seconds) - 2 * MAX_CHUNK]
+
+    def size(self, left: int) -> int:
+        """Candidates for the next task, with ``left`` candidates not yet submitted."""
+        if not self.seconds:
+            return 1
+        per = max(statistics.median(self.seconds), 1e-6)
+        want = max(1, min(MAX_CHUNK, int(TASK_SECONDS / per)))
+        return max(1, min(want, math.ceil(left / self.window)))
