@@ -27,7 +27,7 @@ from pathlib import Path
 
 from predictor.sources.traces._io import json_bytes, no_gc, parse_json
 from predictor.sources.traces.errors import TraceError
-from predictor.sources.traces.et import ExecutionTrace, et_from_json, is_et_json
+from predictor.sources.traces.et import ExecutionTrace, et_from_bytes, et_from_json, is_et_json
 from predictor.sources.traces.kineto import (
     KinetoTrace,
     is_kineto_json,
@@ -121,10 +121,13 @@ def sibling_et_path(path: Path) -> Path | None:
 
 
 def _parse(data: bytes, label: str) -> object:
-    """A Kineto trace read straight into columns (:func:`kineto_from_bytes`), else the parsed JSON document."""
+    """A Kineto trace or an execution trace read straight into columns (:func:`kineto_from_bytes`,
+    :func:`et_from_bytes`), else the parsed JSON document."""
     raw = json_bytes(data, label)
     with no_gc():
-        trace = kineto_from_bytes(raw, label)
+        trace: object = kineto_from_bytes(raw, label)
+        if trace is None:
+            trace = et_from_bytes(raw, label)
     return trace if trace is not None else parse_json(raw, label)
 
 
@@ -176,6 +179,8 @@ def _split(docs: list[tuple[str, object]], what: str) -> tuple[list[KinetoTrace]
     for label, doc in docs:
         if isinstance(doc, KinetoTrace):
             kin.append(doc)
+        elif isinstance(doc, ExecutionTrace):
+            ets.append(doc)
         elif is_kineto_json(doc):
             k = kineto_from_json(doc, label)
             if k.rank is None or k.rank < 0:
