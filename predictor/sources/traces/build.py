@@ -294,6 +294,7 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
     kt = rt.kineto
     names = kt.names
     gpu_task = [-1] * len(info.gpu)
+    op_memo: dict[tuple[int, str], dict[str, float]] = {}
     orphan = 0
     gap = queued_gap_us(info, order.stream_tasks, kt)
     b.stats[f"stream_gap_us_rank{rt.rank}"] = round(gap, 3)
@@ -313,9 +314,12 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
             op_name = names[kt.name[op]] if op >= 0 else ""
             kind, category = classify_gpu_task(gcat, kname, op_name, kt.args[e])
             params: dict[str, float] = {}
-            if op >= 0:
-                shapes, types = _op_shapes(info, et_map, op)
-                params = op_params(op_name, shapes, types, kind)
+            if op >= 0:  # an op's kernels share its parameters (3774 kernels of 2721 ops in ResNet-50)
+                known = op_memo.get((op, kind))
+                if known is None:
+                    shapes, types = _op_shapes(info, et_map, op)
+                    known = op_memo[(op, kind)] = op_params(op_name, shapes, types, kind)
+                params = dict(known)
             flops = params.pop("flops", math.nan)
             nbytes = _gpu_task_bytes(kt.args[e], category, params, b.trace_set.world_size)
             if g.launch < 0:

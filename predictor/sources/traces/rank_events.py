@@ -273,12 +273,14 @@ def join_et(kt: KinetoTrace, et: ExecutionTrace, notes: list[str]) -> dict[int, 
 
 def _join_by_rf_id(kt: KinetoTrace, et: ExecutionTrace, ops: np.ndarray, roots: np.ndarray) -> dict[int, int]:
     out: dict[int, int] = {}
-    rf_to_node = {int(r): i for i, r in enumerate(et.rf_id.tolist()) if r >= 0 and not roots[i]}
-    for e in ops.tolist():
-        r = int(kt.rf[e])
+    rf_to_node = {r: i for i, (r, root) in enumerate(zip(et.rf_id.tolist(), roots.tolist(), strict=True))
+                  if r >= 0 and not root}
+    et_names, et_name = et.names, et.name.tolist()  # Python lists: 2x faster than numpy scalars per op
+    kt_names, kt_name = kt.names, kt.name.tolist()
+    for e, r in zip(ops.tolist(), kt.rf[ops].tolist(), strict=True):
         if r >= 0:
             n = rf_to_node.get(r)
-            if n is not None and et.names[et.name[n]] == kt.names[kt.name[e]]:
+            if n is not None and et_names[et_name[n]] == kt_names[kt_name[e]]:
                 out[e] = n
     return out
 
