@@ -7,11 +7,13 @@ in one invocation: on this tree, and on this tree with the files of :data:`SPEED
 at ``--baseline`` (the graph builder, the cost, the local search and the reports before the
 vectorised templates), so both sides share every other file and the machine's load of the moment;
 their best plans (sharder, assignment and predicted time of every task and batch size) must agree.
-Then Ray throughput with 1 and 2 local workers and, with ``--cluster``, on a Ray cluster joined
+Then Ray throughput with 1 and 2 local workers (and 2 with one candidate per Ray task, the executor before
+chunks) and, with ``--cluster``, on a Ray cluster joined
 through ``RAY_ADDRESS`` (the one it names, else one this script starts with ``ray start --head`` on
 loopback and stops after); and one candidate's build / timing / simulation. Writes ``benchmarks/results/search_bench.md`` and ``.json``.
 
-Run: ``python benchmarks/search_bench.py [--repeat 3] [--cluster] [--baseline REV]``
+Run: ``python benchmarks/search_bench.py [--repeat 3] [--cluster] [--baseline REV]``; ``--only-ray`` re-measures
+only the Ray rows (local Ray with 1 and 2 workers, 2 workers with one candidate per task) and keeps the rest.
 """
 
 from __future__ import annotations
@@ -43,29 +45,33 @@ BASELINE_EDITS = (("tuner/sharders/model_guided.py", "lower_bound=job.lower_boun
 
 
 # ----------------------------------------------------------------------------- one run (child process)
-def drive(out: Path, workers: int, extra: list[str]) -> dict:
-    """Run ``tuner search SPACE --out OUT --workers N --quiet`` in this process; CPU seconds by part."""
+def drive(out: Path, workers: int, extra: list[str], max_chunk: int | None = None) -> dict:
+    """Run ``tuner search SPACE --out OUT --workers N --quiet`` in this process; CPU seconds by part, and the
+    wall seconds of Ray's start or join (``ray_start_s``) and of the executor's runs (``executor_s``).
+    ``max_chunk`` caps the candidates per Ray task (1: one candidate per task)."""
     from tuner import cli
     from tuner.report import sharding as report
-    from tuner.search import sharding, study
+    from tuner.search import executor, sharding, study
 
-    spent = {"study_writes_s": 0.0, "reports_s": 0.0, "plan_files_s": 0.0}
-    depth = {"study_writes_s": 0, "reports_s": 0, "plan_files_s": 0}
+    if max_chunk is not None and hasattr(executor, "MAX_CHUNK"):
+        executor.MAX_CHUNK = max_chunk
+    spent = {"study_writes_s": 0.0, "reports_s": 0.0, "plan_files_s": 0.0, "ray_start_s": 0.0, "executor_s": 0.0}
+    depth = dict.fromkeys(spent, 0)
 
-    def timed(cls: object, attr: str, key: str) -> None:
+    def timed(cls: object, attr: str, key: str, clock=time.process_time) -> None:
         inner = getattr(cls, attr, None)
         if inner is None:
             return
 
         def wrapper(*args, **kwargs):
             depth[key] += 1
-            t0 = time.process_time()
+            t0 = clock()
             try:
                 return inner(*args, **kwargs)
             finally:
                 depth[key] -= 1
                 if not depth[key]:  # the outermost call counts (record may flush)
-                    spent[key] += time.process_time() - t0
+                    spent[key] += clock() - t0
 
         setattr(cls, attr, wrapper)
 
@@ -73,6 +79,8 @@ def drive(out: Path, workers: int, extra: list[str]) -> dict:
         timed(study.SearchStudy, attr, "study_writes_s")
     timed(sharding.ShardingSearch, "write_outputs", "reports_s")
     timed(report, "write_plan_files", "plan_files_s")  # TorchRec plan files: part of the reports where written
+    timed(executor, "connect_ray", "ray_start_s", time.perf_counter)
+    timed(executor.Executor, "run", "executor_s", time.perf_counter)
     argv = ["search", str(SPACE), "--out", str(out), "--workers", str(workers), "--quiet", *extra]
     t0, w0 = time.process_time(), time.perf_counter()
     sys.argv = ["tuner", *argv]
@@ -104,12 +112,13 @@ def baseline_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
-def ray_run(out: Path, workers: int, env: dict, mode: str, label: int | None, attempts: int = 2) -> dict:
+def ray_run(out: Path, workers: int, env: dict, mode: str, label: int | None, attempts: int = 2,
+            max_chunk: int | None = None) -> dict:
     """A search on Ray; Ray's start-up can time out on a loaded VM: tried ``attempts`` times, else the error."""
     err = ""
     for _ in range(attempts):
         try:
-            return run_child(REPO, out, workers, env=env) | {"mode": mode, "workers": label}
+            return run_child(REPO, out, workers, env=env, max_chunk=max_chunk) | {"mode": mode, "workers": label}
         except RuntimeError as exc:
             err = str(exc).strip().splitlines()[-1]
             shutil.rmtree(out, ignore_errors=True)
@@ -175,10 +184,13 @@ def stop_head(temp_dir: str) -> None:
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def run_child(tree: Path, out: Path, workers: int, extra: list[str] = (), env: dict | None = None) -> dict:
+def run_child(tree: Path, out: Path, workers: int, extra: list[str] = (), env: dict | None = None,
+              max_chunk: int | None = None) -> dict:
     """One ``--driver`` run on the packages of ``tree``."""
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(tree)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--driver", str(out), "--workers", str(workers)]
+    if max_chunk is not None:
+        cmd.append(f"--max-chunk={max_chunk}")
     cmd += [f"--extra={e}" for e in extra]
     res = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if res.returncode:
@@ -239,12 +251,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-baseline", action="store_true", help="skip the 'before' side")
     ap.add_argument("--cluster", action="store_true",
                     help="also search on a Ray cluster: the one at RAY_ADDRESS, else one started here with ray start --head")
+    ap.add_argument("--only-ray", action="store_true",
+                    help="run only the Ray rows; the main job's rows and the single candidate are kept from the "
+                         "results file")
+    ap.add_argument("--ray-repeat", type=int, default=1, help="runs of each Ray row (median)")
     ap.add_argument("--driver", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--max-chunk", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
-        print(json.dumps(drive(args.driver, args.workers, args.extra)))
+        print(json.dumps(drive(args.driver, args.workers, args.extra, args.max_chunk)))
+        return
+    if args.only_ray:
+        doc = json.loads((RESULTS / "search_bench.json").read_text())
+        with tempfile.TemporaryDirectory() as tmp_s:
+            doc["ray"] = ray_rows(Path(tmp_s), doc["evaluations"], args.cluster, args.ray_repeat)
+        write(doc)
         return
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
@@ -253,13 +276,9 @@ def main(argv: list[str] | None = None) -> None:
         if not args.no_baseline:
             tree = baseline_tree(args.baseline, tmp / "baseline")
             before = run_child(tree, tmp / "before", 0)
-        ray = []
-        for w in (1, 2):
-            ray.append(ray_run(tmp / f"ray{w}", w, {"RAY_ADDRESS": ""}, f"local Ray, {w} worker(s)", w))
-        if args.cluster:
-            ray.append(cluster_run(tmp / "cluster"))
+        n_eval = sum(len(t["candidates"]) for t in after[0]["results"]["tasks"])
+        ray = ray_rows(tmp, n_eval, args.cluster, args.ray_repeat)
     same = before is None or all(best_plans(r["results"]) == best_plans(before["results"]) for r in after)
-    n_eval = sum(len(t["candidates"]) for t in after[0]["results"]["tasks"])
     a = median_run(after)
     doc = {
         "meta": {"date": date.today().isoformat(), "cpus": os.cpu_count(), "machine": platform.machine(),
@@ -272,10 +291,43 @@ def main(argv: list[str] | None = None) -> None:
                      "cpu_speedup_without_plan_files": None if before is None else
                      (before["cpu_s"] - before["plan_files_s"]) / (a["cpu_s"] - a["plan_files_s"]),
                      "same_best_plans": same},
-        "ray": [r if "error" in r else {k: r[k] for k in ("mode", "workers", "wall_s", "cpu_s")}
-                | {"evaluations_per_s": n_eval / r["wall_s"]} for r in ray],
+        "ray": ray,
         "single_candidate": single_candidate(),
     }
+    write(doc)
+
+
+def ray_rows(tmp: Path, n_eval: int, cluster: bool, repeat: int = 1) -> list[dict]:
+    """Searches on Ray: a local Ray with 1 and 2 workers, 2 workers with one candidate per task (the executor
+    before chunks), and with ``cluster`` a Ray cluster; wall seconds, Ray's start, the evaluation phase (medians
+    of ``repeat`` runs, the modes interleaved so the machine's load of the moment falls on each)."""
+    modes = [(f"local Ray, {w} worker(s)", w, None) for w in (1, 2)]
+    modes.append(("local Ray, 2 worker(s), one candidate per task", 2, 1))
+    runs: dict[str, list[dict]] = {}
+    for i in range(repeat):
+        for mode, w, chunk in modes:
+            runs.setdefault(mode, []).append(ray_run(tmp / f"ray{i}-{w}-{chunk}", w, {"RAY_ADDRESS": ""}, mode, w,
+                                                     max_chunk=chunk))
+        if cluster:
+            r = cluster_run(tmp / f"cluster{i}")
+            runs.setdefault(r["mode"], []).append(r)
+    rows = []
+    for mode, got in runs.items():
+        ok = [r for r in got if "error" not in r]
+        if not ok:
+            rows.append(got[-1])
+            continue
+        phase = [r["executor_s"] - r["ray_start_s"] for r in ok]  # the executor's wall time after Ray is up
+        med = {k: statistics.median(r[k] for r in ok) for k in ("wall_s", "cpu_s", "ray_start_s")}
+        rows.append({"mode": mode, "workers": ok[0]["workers"], "runs": len(ok), **med,
+                     "evaluation_phase_s": statistics.median(phase), "wall_s_all": [r["wall_s"] for r in ok],
+                     "evaluations_per_s": n_eval / med["wall_s"],
+                     "evaluation_phase_evaluations_per_s": n_eval / statistics.median(phase)})
+    return rows
+
+
+def write(doc: dict) -> None:
+    """Write ``search_bench.json`` and ``.md`` and print the markdown."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "search_bench.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = markdown(doc)
@@ -309,9 +361,14 @@ def markdown(doc: dict) -> list[str]:
             f"which the baseline does not write); same best plans (sharder, assignment and predicted time of every "
             f"task and batch size): {'yes' if m['same_best_plans'] else 'NO'}.",
         ]
-    lines += ["", "## Ray", "", "| where | wall s | evaluations/s |", "|---|---:|---:|"]
-    lines += [f"| {r['mode']} | failed: {r['error']} | |" if "error" in r else
-              f"| {r['mode']} | {r['wall_s']:.1f} | {r['evaluations_per_s']:.1f} |" for r in doc["ray"]]
+    lines += ["", "## Ray", "", f"Wall seconds of one `tuner search` process ({doc['evaluations']} evaluations); Ray's start "
+              "(local) or join (cluster); the evaluation phase is the executor's time once Ray is up; medians of "
+              f"{max((r.get('runs', 1) for r in doc['ray']), default=1)} runs, the modes interleaved.", "",
+              "| where | wall s | Ray start s | evaluation phase s | evaluations/s (wall) | evaluations/s (phase) |",
+              "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['mode']} | failed: {r['error']} | | | | |" if "error" in r else
+              f"| {r['mode']} | {r['wall_s']:.1f} | {r['ray_start_s']:.1f} | {r['evaluation_phase_s']:.1f} | "
+              f"{r['evaluations_per_s']:.1f} | {r['evaluation_phase_evaluations_per_s']:.0f} |" for r in doc["ray"]]
     one = doc["single_candidate"]
     lines += ["", f"One candidate ({one['tasks_in_graph']} tasks, 4 ranks, largest batch): its graph from the job's template "
               f"{one['build_s'] * 1e3:.2f} ms; the graph without kernel parameters and its durations (gathered, "
