@@ -8,10 +8,11 @@ start`` or a stale cluster file names), or the existing cluster named by ``--add
 at most two tasks per cluster CPU in flight, so every CPU stays busy while results come back
 and a killed search loses only that window. A task evaluates a chunk of consecutive candidates
 (:class:`ChunkSizer`: about a second of work once the first evaluations are timed), and each
-candidate's outcomes go to ``on_result`` whole, in the chunk's order. The space's context (and each shared part) goes
-to the object store once; a task whose worker dies is retried by Ray (``max_retries``), then
-recorded as ``failed``; a lost node, raylet or cluster ends the run with :class:`ClusterLost`
-(the outcomes already returned are recorded and a resumed search skips them).
+candidate's outcomes go to ``on_result`` whole, in the chunk's order. The space's context (and
+each shared part) goes to the object store once; a task whose worker dies is retried by Ray
+(``max_retries``), then its candidates are recorded as ``failed``; a lost node, raylet or
+cluster ends the run with :class:`ClusterLost` (the outcomes already returned are recorded and a
+resumed search skips them).
 """
 
 from __future__ import annotations
