@@ -42,6 +42,9 @@ SPEED_FILES = ("predictor/sources/synth/dlrm.py", "tuner/cost.py", "tuner/sharde
                "tuner/report/sharding.py")
 #: (file, text of this tree, what the baseline side runs instead): the calls into what SPEED_FILES gained
 BASELINE_EDITS = (("tuner/sharders/model_guided.py", "lower_bound=job.lower_bound,", ""),)
+#: the fast-candidate Ray row: how many stand-in candidates, and the CPU seconds of each
+FAST_CANDIDATES = 2000
+FAST_SECONDS = 0.002
 
 
 # ----------------------------------------------------------------------------- one run (child process)
@@ -92,6 +95,60 @@ def drive(out: Path, workers: int, extra: list[str], max_chunk: int | None = Non
     cpu, wall = time.process_time() - t0, time.perf_counter() - w0
     return {"cpu_s": cpu, "wall_s": wall, **spent, "evaluation_s": cpu - spent["study_writes_s"] - spent["reports_s"],
             "tuner": str(Path(cli.__file__).resolve().parents[1])}
+
+
+# ----------------------------------------------------------------------------- fast candidates (child process)
+def spin_evaluate(ctx: dict, candidate, part: object = None) -> list:
+    """A stand-in evaluation that spins ``ctx['seconds']`` of CPU and returns one ok outcome."""
+    from tuner.search import Outcome
+
+    t0 = time.process_time()
+    while time.process_time() - t0 < ctx["seconds"]:
+        pass
+    return [Outcome(candidate.key, dict(candidate.params), {"status": "ok"}, 0.0)]
+
+
+class SpinSpace:
+    """The part of a search space the executor uses: ``n`` candidates of ``seconds`` CPU each."""
+
+    def __init__(self, n: int, seconds: float) -> None:
+        from tuner.search import Candidate
+
+        self.ctx = {"seconds": seconds}
+        self._candidates = [Candidate(f"c{i}", {"i": i}) for i in range(n)]
+
+    def candidates(self) -> list:
+        return self._candidates
+
+    def evaluator(self):
+        return spin_evaluate
+
+    def worker_context(self) -> dict:
+        return self.ctx
+
+    def failed(self, candidate, reason: str) -> list:
+        raise RuntimeError(reason)
+
+
+def drive_fast(n: int, seconds: float, workers: int) -> dict:
+    """Wall seconds of ``n`` candidates of ``seconds`` each on one local Ray: chunked, then one per task."""
+    from tuner.search import executor
+
+    space = SpinSpace(n, seconds)
+    executor.connect_ray(workers)
+    done: list[str] = []
+    Executor = executor.Executor
+    Executor(workers).run(space, space.candidates()[: 4 * workers], lambda c, o: None)  # workers started, warm
+    out = {}
+    for label, cap in (("chunks", executor.MAX_CHUNK), ("one_per_task", 1)):
+        executor.MAX_CHUNK = cap
+        t0 = time.perf_counter()
+        Executor(workers).run(space, space.candidates(), lambda c, o: done.append(c.key))
+        out[f"{label}_s"] = time.perf_counter() - t0
+    if len(done) != 2 * n:
+        raise RuntimeError(f"{len(done)} results of {2 * n}")
+    return out | {"candidates": n, "seconds_each": seconds, "workers": workers,
+                  "serial_s": n * seconds}
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -257,11 +314,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ray-repeat", type=int, default=1, help="runs of each Ray row (median)")
     ap.add_argument("--driver", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--max-chunk", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--fast", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
         print(json.dumps(drive(args.driver, args.workers, args.extra, args.max_chunk)))
+        return
+    if args.fast:
+        print(json.dumps(drive_fast(FAST_CANDIDATES, FAST_SECONDS, 2)))
         return
     if args.only_ray:
         doc = json.loads((RESULTS / "search_bench.json").read_text())
@@ -312,6 +373,7 @@ def ray_rows(tmp: Path, n_eval: int, cluster: bool, repeat: int = 1) -> list[dic
             r = cluster_run(tmp / f"cluster{i}")
             runs.setdefault(r["mode"], []).append(r)
     rows = []
+    fast = fast_rows(repeat)
     for mode, got in runs.items():
         ok = [r for r in got if "error" not in r]
         if not ok:
@@ -323,7 +385,26 @@ def ray_rows(tmp: Path, n_eval: int, cluster: bool, repeat: int = 1) -> list[dic
                      "evaluation_phase_s": statistics.median(phase), "wall_s_all": [r["wall_s"] for r in ok],
                      "evaluations_per_s": n_eval / med["wall_s"],
                      "evaluation_phase_evaluations_per_s": n_eval / statistics.median(phase)})
-    return rows
+    return rows + fast
+
+
+def fast_rows(repeat: int) -> list[dict]:
+    """Fast candidates on a local Ray with 2 workers, chunked and one per task in one process (medians)."""
+    runs, err = [], ""
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(REPO)}
+    for _ in range(repeat):
+        res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--fast"], cwd=REPO, env=env,
+                             capture_output=True, text=True)
+        if res.returncode:
+            err = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            continue
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    mode = f"{FAST_CANDIDATES} stand-in candidates of {FAST_SECONDS * 1e3:.0f} ms CPU, local Ray, 2 workers"
+    if not runs:
+        return [{"mode": mode, "workers": 2, "error": err}]
+    med = {k: statistics.median(r[k] for r in runs) for k in ("chunks_s", "one_per_task_s")}
+    return [{"mode": mode, "workers": 2, "runs": len(runs), "fast": True, **med, "serial_s": runs[0]["serial_s"],
+             "chunks_s_all": [r["chunks_s"] for r in runs], "one_per_task_s_all": [r["one_per_task_s"] for r in runs]}]
 
 
 def write(doc: dict) -> None:
@@ -368,7 +449,15 @@ def markdown(doc: dict) -> list[str]:
               "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | failed: {r['error']} | | | | |" if "error" in r else
               f"| {r['mode']} | {r['wall_s']:.1f} | {r['ray_start_s']:.1f} | {r['evaluation_phase_s']:.1f} | "
-              f"{r['evaluations_per_s']:.1f} | {r['evaluation_phase_evaluations_per_s']:.0f} |" for r in doc["ray"]]
+              f"{r['evaluations_per_s']:.1f} | {r['evaluation_phase_evaluations_per_s']:.0f} |"
+              for r in doc["ray"] if "stand-in" not in r["mode"]]
+    for r in doc["ray"]:
+        if "fast" in r:
+            lines += ["", f"Where candidates are fast ({r['mode']}, workers warm, medians of {r['runs']}): chunks "
+                      f"{r['chunks_s']:.2f} s, one candidate per task {r['one_per_task_s']:.2f} s "
+                      f"({r['one_per_task_s'] / r['chunks_s']:.1f}x); {r['serial_s']:.1f} s of evaluations in all."]
+        elif "stand-in" in r["mode"]:
+            lines += ["", f"{r['mode']}: failed: {r['error']}"]
     one = doc["single_candidate"]
     lines += ["", f"One candidate ({one['tasks_in_graph']} tasks, 4 ranks, largest batch): its graph from the job's template "
               f"{one['build_s'] * 1e3:.2f} ms; the graph without kernel parameters and its durations (gathered, "
