@@ -582,14 +582,45 @@ def _build_host_graph(spec: DLRMSpec, assignment: np.ndarray, n_ranks: int, comm
     return gb.build()
 
 
-def _table_kernel(spec: DLRMSpec, ti: int, phase: str) -> tuple:
-    """The embedding-bag kernel of table ``ti`` for the global batch (``phase``: fwd or bwd)."""
+def embedding_bag_kernel(spec: DLRMSpec, ti: int, phase: str, batch: float, rows: float, dim: float,
+                         pooling: float) -> tuple:
+    """The embedding-bag kernel of (a shard of) table ``ti``: ``batch`` samples, ``rows`` x ``dim``
+    elements, ``pooling`` lookups per sample, the table's reuse profile (``phase``: fwd or bwd)."""
     t = spec.tables
-    p = {"batch": float(spec.batch_size), "rows": float(t.rows[ti]), "dim": float(t.dim[ti]),
-         "pooling": float(t.pooling[ti]), "dtype_bytes": float(t.dtype_bytes)}
+    p = {"batch": float(batch), "rows": float(rows), "dim": float(dim), "pooling": float(pooling),
+         "dtype_bytes": float(t.dtype_bytes)}
     if t.reuse is not None:
         p.update({c: float(v) for c, v in zip(RF_COLUMNS, t.reuse[ti], strict=True)})
     return (f"embedding_bag_{phase}[{ti}]", f"embedding_bag_{phase}", Category.MEMORY, p)
+
+
+def _table_kernel(spec: DLRMSpec, ti: int, phase: str) -> tuple:
+    """The embedding-bag kernel of table ``ti`` for the global batch (``phase``: fwd or bwd)."""
+    t = spec.tables
+    return embedding_bag_kernel(spec, ti, phase, spec.batch_size, t.rows[ti], t.dim[ti], t.pooling[ti])
+
+
+class GlooIssuer:
+    """A host rank's collectives as gloo runs them: the main thread issues each one (a T1 overhead)
+    onto the next of gloo's worker threads, round-robin, or runs it itself when the workers have no
+    core of their own (``comm_threads`` False)."""
+
+    def __init__(self, gb: GraphBuilder, rank: int, cpu: int, comm_threads: bool) -> None:
+        self.gb, self.cpu, self.comm_threads = gb, cpu, comm_threads
+        self.workers = [gb.processor(rank, ProcKind.CPU_THREAD, f"gloo worker {w}") for w in range(GLOO_WORKER_THREADS)]
+        self.issued = 0
+
+    def issue(self, name: str, kind: str, params: dict, group: int, after: Sequence[int]) -> int:
+        """One collective task (after ``after`` and its issue overhead); returns its task id."""
+        gb = self.gb
+        issue = gb.task(self.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
+        w = self.workers[self.issued % len(self.workers)] if self.comm_threads else self.cpu
+        self.issued += 1
+        k = gb.task(w, name, kind, Category.COMMUNICATION, group=group, params=params)
+        gb.edge(issue, k, DepKind.CPU_CPU)
+        for a in after:
+            gb.edge(a, k, DepKind.CPU_CPU)
+        return k
 
 
 class _HostRank:
@@ -598,11 +629,9 @@ class _HostRank:
     def __init__(self, gb: GraphBuilder, rank: int, n_ranks: int, spec: DLRMSpec, buckets: list[list[str]],
                  groups: list[int], comm_threads: bool = True) -> None:
         self.gb, self.spec, self.buckets, self.groups = gb, spec, buckets, groups
-        self.comm_threads = comm_threads
         self.world = n_ranks
         self.e = OpEmitter(gb, rank, "host")
-        self.workers = [gb.processor(rank, ProcKind.CPU_THREAD, f"gloo worker {w}") for w in range(GLOO_WORKER_THREADS)]
-        self.issued = 0
+        self.gloo = GlooIssuer(gb, rank, self.e.cpu, comm_threads)
         self.layers = spec.mlp_layers()
         self.layer_params = {name: i * o + o for name, i, o in self.layers}
         self.bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
@@ -616,15 +645,7 @@ class _HostRank:
     def collective(self, name: str, kind: str, params: dict, group: int, after: Sequence[int]) -> int:
         """Issue a collective from the main thread onto the next gloo worker (round-robin), or run
         it on the main thread when the workers have no core of their own."""
-        gb = self.gb
-        issue = gb.task(self.e.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
-        w = self.workers[self.issued % len(self.workers)] if self.comm_threads else self.e.cpu
-        self.issued += 1
-        k = gb.task(w, name, kind, Category.COMMUNICATION, group=group, params=params)
-        gb.edge(issue, k, DepKind.CPU_CPU)
-        for a in after:
-            gb.edge(a, k, DepKind.CPU_CPU)
-        return k
+        return self.gloo.issue(name, kind, params, group, after)
 
     def layer_backward(self, li: int) -> None:
         """Activation backward, ``AddmmBackward0``; with DDP the gradient goes into its bucket and a

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
-from predictor.sources.synth.dlrm import GLOO_WORKER_THREADS, DLRMSpec, ddp_buckets
+from predictor.graph import Category, ExecutionGraph, GraphBuilder
+from predictor.sources.synth.dlrm import DLRMSpec, GlooIssuer, ddp_buckets, embedding_bag_kernel
 from predictor.sources.synth.dlrm_sharding import LookupShard, ShardedPlacement, lookup_shards, sharded_comm
 from predictor.sources.synth.emit import ExecMode, OpEmitter, column_sum, concat, eltwise, foreach, gemm
 from predictor.sources.synth.mlp import (
@@ -40,7 +40,6 @@ from predictor.sources.synth.mlp import (
     linear_grad_nodes,
     sgd_step,
 )
-from predictor.timing.kernels.embedding import RF_COLUMNS
 
 __all__ = ["build_sharded_dlrm_graph"]
 
@@ -49,12 +48,7 @@ OUT_ORDER = {"a2a": 0, "reduce_scatter": 1, "local": 2}
 
 def _lookup_kernel(spec: DLRMSpec, s: LookupShard, phase: str) -> tuple:
     """The embedding-bag kernel of one shard (``phase``: fwd or bwd)."""
-    t = spec.tables
-    p = {"batch": float(s.batch), "rows": float(s.rows), "dim": float(s.cols), "pooling": float(s.pooling),
-         "dtype_bytes": float(t.dtype_bytes)}
-    if t.reuse is not None:
-        p.update({c: float(v) for c, v in zip(RF_COLUMNS, t.reuse[s.table], strict=True)})
-    return (f"embedding_bag_{phase}[{s.table}]", f"embedding_bag_{phase}", Category.MEMORY, p)
+    return embedding_bag_kernel(spec, s.table, phase, s.batch, s.rows, s.cols, s.pooling)
 
 
 class _Rank:
@@ -65,10 +59,7 @@ class _Rank:
                  buckets: list[list[str]], groups: list[int]) -> None:
         self.gb, self.spec, self.n, self.mode = gb, spec, n, mode
         self.e = OpEmitter(gb, rank, mode)
-        self.comm_threads = comm_threads
-        self.workers = ([gb.processor(rank, ProcKind.CPU_THREAD, f"gloo worker {w}") for w in range(GLOO_WORKER_THREADS)]
-                        if mode == "host" else [])
-        self.issued = 0
+        self.gloo = GlooIssuer(gb, rank, self.e.cpu, comm_threads) if mode == "host" else None
         self.buckets, self.groups = buckets, groups
         self.bucket_of = {name: i for i, names in enumerate(buckets) for name in names}
         self.layers = spec.mlp_layers()
@@ -81,15 +72,7 @@ class _Rank:
         params = {"msg_bytes": float(msg), "world": world, "dtype_bytes": self.spec.dtype_bytes}
         if self.mode == "device":
             return self.e.op(name, [(name, kind, Category.COMMUNICATION, params)], comm=True, after=after, group=group)
-        gb = self.gb
-        issue = gb.task(self.e.cpu, "T1", "overhead", Category.CPU, overhead=Overhead.T1)
-        w = self.workers[self.issued % len(self.workers)] if self.comm_threads else self.e.cpu
-        self.issued += 1
-        k = gb.task(w, name, kind, Category.COMMUNICATION, group=group, params=params)
-        gb.edge(issue, k, DepKind.CPU_CPU)
-        for a in after:
-            gb.edge(a, k, DepKind.CPU_CPU)
-        return [k]
+        return [self.gloo.issue(name, kind, params, group, after)]
 
     def activation(self, li: int) -> str:
         return "sigmoid" if self.mode == "host" and li == len(self.layers) - 1 else "relu"
