@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from predictor.timing.platforms.schema import Platform
-from tuner.report import atomic_write_text, json_default
+from tuner.report import atomic_write_text, finite, json_default
 from tuner.search.accelerators import AcceleratorSpace
 
 __all__ = ["build_payload", "print_table", "write_outputs", "render_html"]
@@ -271,17 +271,7 @@ def write_outputs(payload: dict, out: Path) -> None:
     """``report.html`` first, ``results.json`` last (atomic)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.html", render_html(payload))
-    atomic_write_text(out / "results.json", json.dumps(_finite(payload), indent=1, default=json_default))
+    atomic_write_text(out / "results.json", json.dumps(finite(payload), indent=1, default=json_default))
 
-
-def _finite(x: object) -> object:
-    """Non-finite floats (an objective without a price) become null: results.json stays strict JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
 
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from predictor.sources.synth.transformer import ParallelPlan
 from tuner.launch import write_launch_files
-from tuner.report import atomic_write_text, json_default
+from tuner.report import atomic_write_text, finite, json_default
 from tuner.search.core import SearchResult
 from tuner.search.rent_answer import (
     best_per_accelerator,
@@ -414,16 +414,6 @@ def write_rent_outputs(result: SearchResult, out: Path) -> dict:
 
     plt.close(fig)
     atomic_write_text(out / "report.html", render_rent_html(payload))
-    atomic_write_text(out / "results.json", json.dumps(_finite(payload), indent=1, default=json_default))
+    atomic_write_text(out / "results.json", json.dumps(finite(payload), indent=1, default=json_default))
     return payload
 
-
-def _finite(x: object) -> object:
-    """Non-finite floats become null: results.json stays strict JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
