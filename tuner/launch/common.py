@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
-__all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str"]
+__all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
+           "read_launch_text"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -82,3 +84,17 @@ def header_str(meta: dict, key: str, source: str) -> str | None:
     if val is not None and not isinstance(val, str):
         raise LaunchError(f"{source}: '{HEADER_PREFIX}' {key} must be text (got {val!r})")
     return val
+
+
+def read_launch_text(path: Path, expected: str) -> str:
+    """The text of a launch file; raises :class:`LaunchError` for a missing file, a folder (naming
+    ``expected``, what the file should have been) or a binary file."""
+    src = str(path)
+    if not path.exists():
+        raise LaunchError(f"{src}: no such file")
+    if path.is_dir():
+        raise LaunchError(f"{src}: is a directory, expected {expected}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LaunchError(f"{src}: not a text file") from None

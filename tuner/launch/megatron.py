@@ -26,7 +26,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
+from tuner.launch.common import (
+    LaunchError,
+    LaunchPlan,
+    header_int,
+    header_line,
+    header_str,
+    read_header,
+    read_launch_text,
+)
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
            "GPT2_VOCAB"]
@@ -313,14 +321,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
 def read_megatron_file(path: Path, *, devices: int | None = None) -> LaunchPlan:
     """:func:`read_megatron_args` of a file; raises :class:`LaunchError` for a missing or binary file."""
     src = str(path)
-    if not path.exists():
-        raise LaunchError(f"{src}: no such file")
-    if path.is_dir():
-        raise LaunchError(f"{src}: is a directory, expected a launch script or argument list")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LaunchError(f"{src}: not a text file") from None
+    text = read_launch_text(path, "a launch script or argument list")
     if not re.search(r"--[a-z]", text):
         raise LaunchError(f"{src}: no Megatron-LM arguments (--flag value ...) in the file")
     return read_megatron_args(text, src, devices=devices)

@@ -26,7 +26,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
+from tuner.launch.common import (
+    LaunchError,
+    LaunchPlan,
+    header_int,
+    header_line,
+    header_str,
+    read_header,
+    read_launch_text,
+)
 
 __all__ = ["torchtitan_plan", "torchtitan_toml", "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -243,13 +251,5 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
 
 def read_torchtitan_file(path: Path, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:
     """:func:`read_torchtitan_toml` of a file; raises :class:`LaunchError` for a missing or binary file."""
-    src = str(path)
-    if not path.exists():
-        raise LaunchError(f"{src}: no such file")
-    if path.is_dir():
-        raise LaunchError(f"{src}: is a directory, expected a TOML file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise LaunchError(f"{src}: not a text file") from None
-    return read_torchtitan_toml(text, src, devices=devices, spec=spec)
+    text = read_launch_text(path, "a TOML file")
+    return read_torchtitan_toml(text, str(path), devices=devices, spec=spec)
