@@ -1,10 +1,12 @@
 """What the experiment scripts share: the one way to stop on bad input (one line, exit code 2), paths in
-result files, writing a result pair, and the host's CPU against a pack's."""
+result files, writing a result pair, the host's CPU against a pack's, and a one-constant golden-section fit."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -67,3 +69,23 @@ def host_line(check: dict) -> str:
     if check.get("pack_cpu_mismatch"):
         line += f" **Host check: {check['pack_cpu_mismatch']}.**"
     return line
+
+
+def golden_section(f: Callable[[float], float], lo: float, hi: float, tol: float) -> tuple[float, int]:
+    """Golden-section search of a unimodal ``f`` on [lo, hi] down to an interval of ``tol``;
+    returns (the interval's midpoint, evaluations of ``f``)."""
+    g, n = (math.sqrt(5) - 1) / 2, 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol:
+        n += 1
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2, n

@@ -42,7 +42,6 @@ Run: ``python experiments/megatron_validation.py`` (writes
 from __future__ import annotations
 
 import json
-import math
 import platform as _pyplatform
 import sys
 import time
@@ -56,6 +55,7 @@ from scipy.stats import kendalltau, spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import golden_section  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error  # noqa: E402
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
@@ -171,27 +171,10 @@ def errors(rows: list[Row], preds: list[dict]) -> np.ndarray:
 
 def fit_gemm_efficiency(rows: list[Row], lo: float = 0.5, hi: float = 0.99, tol: float = 0.004) -> tuple[float, int]:
     """Golden-section search of the mean |error| over ``rows``; returns (efficiency, evaluations)."""
-    g = (math.sqrt(5) - 1) / 2
-    n = 0
-
     def f(x: float) -> float:
-        nonlocal n
-        n += 1
         return float(np.nanmean(np.abs(errors(rows, predict_rows(rows, x)))))
 
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    return (a + b) / 2, n
+    return golden_section(f, lo, hi, tol)
 
 
 def _summary(rows: list[Row], err: np.ndarray, mask: np.ndarray) -> dict:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform as _pyplatform
 import sys
 import time
@@ -40,6 +39,7 @@ from scipy.stats import spearmanr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import golden_section  # noqa: E402
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
@@ -147,26 +147,10 @@ def fit_chip(rows: list[Row], comm: str, chip: str, tol: float = 0.004) -> tuple
     source, keys = FITS[chip]
     fit = [r for r in rows if r.key == source]
     meas = np.asarray([r.measured_s for r in fit])
-    g, n = (math.sqrt(5) - 1) / 2, 0
-
     def f(x: float) -> float:
-        nonlocal n
-        n += 1
         return float(np.nanmean(np.abs(predict(fit, comm, dict.fromkeys(keys, x)) / meas - 1)))
 
-    a, b = 0.5, 0.99
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = f(c), f(d)
-    while b - a > tol:
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = f(d)
-    return (a + b) / 2, n
+    return golden_section(f, 0.5, 0.99, tol)
 
 
 def summary(err: np.ndarray, mask: np.ndarray) -> dict:
