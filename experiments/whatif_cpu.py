@@ -194,13 +194,18 @@ def measure_round(workload: str, b0: int, l0: int, configs: list[tuple[str, dict
             times[label] += train_steps(model, loss_fn, warm + iters)[warm:]
 
 
-def capture(workload: str, batch: int, layers: int, folder: Path, after: int) -> None:
+def capture_training(model, loss_fn, folder: Path, after: int) -> None:
+    """Capture ``ACTIVE`` SGD iterations of ``model`` into ``folder`` (``after`` more run past the capture)."""
     import tuner
 
-    model, loss_fn = make(workload, batch, layers)
     train_steps(model, loss_fn, 3)  # warm the allocator and caches before the profiler starts
     with tuner.capture(folder, warmup=2, active=ACTIVE) as cap:
         train_steps(model, loss_fn, 2 + ACTIVE + after, on_step=cap.step)
+
+
+def capture(workload: str, batch: int, layers: int, folder: Path, after: int) -> None:
+    model, loss_fn = make(workload, batch, layers)
+    capture_training(model, loss_fn, folder, after)
 
 
 # ---------------------------------------------------------------------------- DDP (2 processes)

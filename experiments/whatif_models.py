@@ -55,12 +55,12 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experiments.whatif_cpu import ACTIVE, capture_training  # noqa: E402
 from predictor.metrics import geomean_abs_pct_error, max_abs_pct_error, mean_abs_pct_error  # noqa: E402
 from predictor.whatif.apply import parse_sets, predict_trace  # noqa: E402
 
 THREADS = 1
 BATCH = 32
-ACTIVE = 5
 #: timed iterations of a configuration per turn (after one untimed) when the configurations take turns
 TURN = 2
 
@@ -264,22 +264,6 @@ def cases(family: str) -> list[tuple[str, list[str], dict]]:
 
 
 # ============================================================================ measuring
-def train_steps(model, loss_fn, n: int, on_step=None) -> list[float]:
-    """``n`` SGD iterations; the wall time of each (seconds)."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        loss = loss_fn(model)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(time.perf_counter() - t)
-        if on_step is not None:
-            on_step()
-    return out
-
-
 def one_step(model, loss_fn, opt) -> tuple[float, float]:
     """One SGD iteration; its wall time and this thread's CPU time (seconds)."""
     t, c = time.perf_counter(), time.thread_time()
@@ -291,12 +275,8 @@ def one_step(model, loss_fn, opt) -> tuple[float, float]:
 
 
 def capture(family: str, folder: Path, after: int) -> None:
-    import tuner
-
     model, loss_fn = make(family, BATCH, FAMILIES[family][0])
-    train_steps(model, loss_fn, 3)  # allocator and caches warm before the profiler starts
-    with tuner.capture(folder, warmup=2, active=ACTIVE) as cap:
-        train_steps(model, loss_fn, 2 + ACTIVE + after, on_step=cap.step)
+    capture_training(model, loss_fn, folder, after)
 
 
 def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
