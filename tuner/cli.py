@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from tuner.commands.calibrate import calibrate
 from tuner.commands.catalog import catalog
@@ -42,7 +42,26 @@ def _usage_problem(exc: Exception) -> str:
     return f"{path}: {text}" if path and path != "tuner" else text
 
 
-class OneLineErrors(TyperGroup):
+class PlainSwitches:
+    """Help that lists an on/off switch bare (``--quiet``, ``--resume/--no-resume``).
+
+    Typer's rich help puts a value type beside every option, ``<bool>`` beside switches that take
+    no value; a switch given an empty metavar shows none.
+    """
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class SwitchCommand(PlainSwitches, TyperCommand):
+    """A ``tuner`` command whose help lists switches bare."""
+
+
+class OneLineErrors(PlainSwitches, TyperGroup):
     """The command group whose every usage error, user error and interrupt is one ``error:`` line."""
 
     def invoke(self, ctx: Any) -> Any:
@@ -101,11 +120,11 @@ def tuner(
 
 
 # one line per command; keep the list sorted
-app.command()(calibrate)
-app.command()(catalog)
-app.command()(predict)
-app.command()(replay)
-app.command()(search)
+app.command(cls=SwitchCommand)(calibrate)
+app.command(cls=SwitchCommand)(catalog)
+app.command(cls=SwitchCommand)(predict)
+app.command(cls=SwitchCommand)(replay)
+app.command(cls=SwitchCommand)(search)
 
 
 def main() -> None:

@@ -52,8 +52,8 @@ def search(
         str | None, typer.Option("--storage", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
     ] = None,
     resume: Annotated[bool | None, typer.Option("--resume/--no-resume", help="continue the study, skipping finished evaluations (default: continue when OUT holds this space)")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite/--no-overwrite", help="replace the outputs of an earlier search in OUT")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet/--no-quiet", help="no table, no progress bar")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace the outputs of an earlier search in OUT")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no table, no progress bar")] = False,
     all_traces: Annotated[bool, typer.Option("--all-traces", help="charts and Perfetto traces of every task and batch size's best option (default: each task's best plan only)")] = False,
 ) -> None:
     """Evaluate a search space and rank its candidates."""
