@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from spaces import SMALL_SHARDING
 from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.search.executor import RAY_CLIENT_EXTRA, ClusterError, connect_ray
 
 REPO = Path(__file__).resolve().parents[1]
-SPACE = {"space": "sharding", "platform": "a100-80gb", "n_gpus": 2, "batch_sizes": [512, 1024],
-         "tasks": {"generate": {"count": 2, "seed": 1}}, "model": {"bottom_mlp": [64, 32], "top_mlp": [64, 1]},
-         "sharders": ["naive", "size_greedy"]}
+SPACE = SMALL_SHARDING
 
 
 @pytest.fixture

@@ -5,19 +5,12 @@ from __future__ import annotations
 import json
 
 import yaml
+from spaces import SMALL_SHARDING
 from typer.testing import CliRunner
 
 from tuner.cli import app
 
-SPACE = {
-    "space": "sharding",
-    "platform": "a100-80gb",
-    "n_gpus": 2,
-    "batch_sizes": [512, 1024],
-    "tasks": {"generate": {"count": 2, "seed": 1}},
-    "model": {"bottom_mlp": [64, 32], "top_mlp": [64, 1]},
-    "sharders": ["naive", "size_greedy"],
-}
+SPACE = SMALL_SHARDING
 
 
 def _search(tmp_path, *extra):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from spaces import SMALL_SHARDING
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -30,15 +31,7 @@ from tuner.search.sharding import ShardingSpace, run_sharding_search
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "pg-s3cret-Xq7"
-SPACE = {
-    "space": "sharding",
-    "platform": "a100-80gb",
-    "n_gpus": 2,
-    "batch_sizes": [512, 1024],
-    "tasks": {"generate": {"count": 2, "seed": 1}},
-    "model": {"bottom_mlp": [64, 32], "top_mlp": [64, 1]},
-    "sharders": ["naive", "size_greedy"],
-}
+SPACE = SMALL_SHARDING
 PARALLEL = {"space": "parallel", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000},
             "cluster": {"platform": "a100-80gb", "nodes": 1, "devices_per_node": 2}, "global_batch": 8,
             "ranges": {"tp": [1, 2], "pp": [1], "micro_batch": [1], "schedule": ["1f1b"], "recompute": ["none"]}}
