@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from spaces import SMALL_SHARDING
+from spaces import SMALL_PARALLEL, SMALL_SHARDING
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -296,11 +296,7 @@ def test_numba_cache_falls_back_to_a_writable_folder(tmp_path, monkeypatch):
 def test_parallel_csv_is_in_seconds_and_bytes(tmp_path):
     import pandas as pd
 
-    space = _space(tmp_path, {"space": "parallel", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 128,
-                                                             "vocab": 1000},
-                              "cluster": {"platform": "a100-80gb", "nodes": 1, "devices_per_node": 2},
-                              "global_batch": 8, "ranges": {"tp": [1, 2], "pp": [1], "micro_batch": [1],
-                                                            "schedule": ["1f1b"], "recompute": ["none"]}})
+    space = _space(tmp_path, SMALL_PARALLEL)
     out = tmp_path / "o"
     assert _search(str(space), "--out", str(out)).exit_code == 0
     df = pd.read_csv(out / "results.csv")

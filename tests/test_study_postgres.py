@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from spaces import SMALL_SHARDING
+from spaces import SMALL_PARALLEL, SMALL_SHARDING
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -32,9 +32,7 @@ from tuner.search.sharding import ShardingSpace, run_sharding_search
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "pg-s3cret-Xq7"
 SPACE = SMALL_SHARDING
-PARALLEL = {"space": "parallel", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000},
-            "cluster": {"platform": "a100-80gb", "nodes": 1, "devices_per_node": 2}, "global_batch": 8,
-            "ranges": {"tp": [1, 2], "pp": [1], "micro_batch": [1], "schedule": ["1f1b"], "recompute": ["none"]}}
+PARALLEL = SMALL_PARALLEL
 ACCELERATORS = {"space": "accelerators", "models": [{"name": "resnet50"}], "accelerators": ["a100-80gb"],
                 "devices": [1], "batch_sizes": [1, 2]}
 
