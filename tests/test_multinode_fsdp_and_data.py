@@ -36,7 +36,14 @@ def test_fsdp_gathers_each_layer_twice_and_reduce_scatters_every_micro_batch():
     reduces = df[df.name.str.match(r"fsdp\.layer\[\d+\]\.reduce_scatter") & (df.kind == "reduce_scatter")]
     assert len(reduces) == SPEC.layers * m
     assert not df.name.str.startswith("dp_grad").any()  # no DDP bucket all-reduce
-    assert "stream fsdp reduce" in set(df.processor)
+    # one process group: the gathers and the reduce-scatters share its NCCL stream, in issue order
+    comm = set(pd_kinds(df).processor)
+    assert comm == {"stream comm"}
+
+
+def pd_kinds(df):
+    """The FSDP collectives (not their CPU ops) of a task frame."""
+    return df[df.name.str.startswith("fsdp.") & df.kind.isin(["all_gather", "reduce_scatter"])]
 
 
 def test_fsdp_is_data_parallel_only():

@@ -23,7 +23,10 @@ Each stage runs its steps in 1F1B or interleaved order
 The send waits for the step that produced the tensor, the receive is posted once the
 receiver's previous step is done (NCCL's stream waits for the compute stream), and the pair
 ends together; Megatron's blocking p2p (``torch.cuda.synchronize`` after the batched
-send/recv) is a CPU sync before the receiving step. The sender does not wait for its receiver
+send/recv) is a CPU sync before the receiving step. A transfer that crosses nodes after its
+sender launched its data-parallel buckets over the network (``overlap_grad_reduce``) shares
+the sender's NICs with them (``nic_share`` 2); the blocking exchange never overlaps the stage's
+own TP collectives, so it shares nothing else. The sender does not wait for its receiver
 (a simplification: in the 1F1B steady state it waits for the next gradient anyway). With
 ``pp_scatter_gather`` (SC21 §4.1) each rank sends ``1/t`` of the tensor and the receiver
 all-gathers it over NVLink.
@@ -106,8 +109,10 @@ class _PipelineAssembly:
         self.edge_sync = DepKind.GPU_CPU if device else DepKind.CPU_CPU
         self.stream_kind = ProcKind.GPU_STREAM if device else ProcKind.CPU_THREAD
         self.recv_at: dict[tuple[str, int, int], _Recv] = {}
-        # per sender: (phase, micro-batch, virtual stage, last task of the step)
-        self.sends: list[list[tuple[str, int, int, int]]] = [[] for _ in range(templates.p)]
+        # per sender: (phase, micro-batch, virtual stage, last task of the step, buckets in flight)
+        self.sends: list[list[tuple[str, int, int, int, bool]]] = [[] for _ in range(templates.p)]
+        #: stages whose data-parallel buckets have been launched (a final backward step stamped)
+        self.buckets_out: set[int] = set()
         self.group_tied = self.gb.new_group() if templates.p > 1 else -1
         self.group_norm = self.gb.new_group()
 
@@ -152,8 +157,10 @@ class _PipelineAssembly:
             src_vs = vs - 1 if st.phase == "F" else vs + 1
             target = gather if gather is not None else first_k
             self.recv_at[(st.phase, st.micro_batch, src_vs)] = _Recv(sync, target, posted_after)
+        if final:
+            self.buckets_out.add(stage)
         if send:
-            self.sends[stage].append((st.phase, st.micro_batch, vs, last_k))
+            self.sends[stage].append((st.phase, st.micro_batch, vs, last_k, stage in self.buckets_out))
         return last_k
 
     def _end_of_iteration(self, stage: int, last_compute: int, dp_tasks: list[int]) -> None:
@@ -176,13 +183,16 @@ class _PipelineAssembly:
         tpl, gb, p = self.tpl, self.gb, self.tpl.p
         if p == 1:
             return
+        dp_net = tpl.lay.dp[1] > 1 and tpl.plan.overlap_grad_reduce
         for s in range(p):
-            for phase, mb, vs, last_k in self.sends[s]:
+            for phase, mb, vs, last_k, buckets in self.sends[s]:
                 forward = phase == "F"
                 dst = (s + 1) % p if forward else (s - 1) % p
                 link = tpl.lay.pp_next[s] if forward else tpl.lay.pp_next[dst]
                 g = gb.new_group()
                 params = {"msg_bytes": tpl.msg_act, "world": 2, "nodes": link[1], "dtype_bytes": tpl.spec.dtype_bytes}
+                if buckets and dp_net and link[1] > 1:  # the sender's gradient buckets hold half its NICs
+                    params["nic_share"] = 2.0
                 tag = "activation" if forward else "gradient"
                 snd_proc = gb.processor(s, self.stream_kind, f"stream p2p send {'next' if forward else 'prev'}")
                 rcv_proc = gb.processor(dst, self.stream_kind, f"stream p2p recv {'prev' if forward else 'next'}")

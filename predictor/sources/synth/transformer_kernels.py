@@ -113,7 +113,6 @@ class StepEmitter(OpEmitter):
         self.last: int | None = None
         self.after_next: list[int] = []  # tasks the next compute op must wait for
         self._tp_stream: int | None = None
-        self._reduce_stream: int | None = None
 
     @property
     def tp_stream(self) -> int:
@@ -123,15 +122,6 @@ class StepEmitter(OpEmitter):
         if self._tp_stream is None:
             self._tp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream tp")
         return self._tp_stream
-
-    @property
-    def reduce_stream(self) -> int:
-        """Second communication stream (FSDP's reduce-scatters, beside the gathers' stream)."""
-        if self.mode != "device":
-            return self.comm
-        if self._reduce_stream is None:
-            self._reduce_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream fsdp reduce")
-        return self._reduce_stream
 
     def op(self, name: str, kernels, *, comm: bool = False, async_op: bool = False, after=(), group: int = -1) -> list[int]:
         if not comm and self.after_next:

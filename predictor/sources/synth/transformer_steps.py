@@ -210,9 +210,11 @@ class StepTemplates:
         return e.op(name, [collective(name, "all_gather", params * dt, self.lay.dp, dt)], comm=True, async_op=True)
 
     def _fsdp_reduce(self, e: StepEmitter, name: str, params: float) -> list[int]:
-        """FSDP: reduce-scatter ``params`` gradients once the backward that produced them is done."""
+        """FSDP: reduce-scatter ``params`` gradients once the backward that produced them is done, on the
+        gathers' stream: FSDP issues both on one process group, whose NCCL stream runs them in issue order
+        (ProcessGroupNCCL keeps one stream per device and group; NCCL serialises a communicator's calls)."""
         k = collective(name, "reduce_scatter", params * self.grad_bytes, self.lay.dp, self.grad_bytes)
-        return e.op_on(e.reduce_stream, name, [k], after=[e.last] if e.last is not None else [])
+        return e.op_on(e.comm, name, [k], after=[e.last] if e.last is not None else [])
 
     def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool) -> list[int]:
         """FSDP backward: layers in reverse, each re-gathered (the previous layer's gather prefetched,

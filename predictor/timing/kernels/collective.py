@@ -23,7 +23,10 @@ algorithm (ring; tree for all-reduce across nodes) and protocol (LL, LL128, Simp
 ``base + steps x per-hop latency`` (NVLink hops and network hops priced apart) and a bus
 bandwidth (the NVLink bus rate NCCL reaches inside a node; across nodes the group's share of the
 node's NICs), and the fastest pair wins — so small messages ride LL's low latency, large ones
-Simple's bandwidth, and deep node counts the tree's ``log2(nodes)`` latency. A group spanning
+Simple's bandwidth, and deep node counts the tree's ``log2(nodes)`` latency. LL128 is priced inside
+a node only: NCCL turns it on across nodes only when every GPU reaches its NIC through its own
+PCIe switch (``typeInter <= PATH_PXB``), not on the many clusters whose NICs hang off the CPU's
+root complex, so a TP group spanning nodes pays Simple's plateau latency. A group spanning
 nodes sends through ``ranks per node x NICs per device`` adapters; ``nic_share`` (a task
 parameter, default 1) divides them among traffic classes that cross the network at the same time.
 """
@@ -184,8 +187,11 @@ def nccl_candidates(kind: str, world: int, nodes: int, m: float, platform: Platf
     ppn = world / max(nodes, 1)
     steps, inter = _ring_steps(kind, world, nodes)
     out: dict[tuple[str, str], tuple[float, float]] = {}
+    # LL128 inside a node only: NCCL enables it across nodes only where each GPU's NIC sits under its own
+    # PCIe switch (tuning.cc: typeInter <= PATH_PXB, PATH_PXN on Hopper), which the catalog does not record
+    ll128 = ln.ll128 and nodes <= 1
     for i, proto in enumerate(PROTOCOLS):
-        if proto == "LL128" and not ln.ll128:
+        if proto == "LL128" and not ll128:
             continue
         if proto == "LL":
             bw = bus / (4.0 if nodes > 1 or kind == "all_reduce" else 3.0)
@@ -202,7 +208,7 @@ def nccl_candidates(kind: str, world: int, nodes: int, m: float, platform: Platf
         tree = min(bus * 0.92, ln.tree_bus)
         depth = math.log2(nodes)
         for i, proto in enumerate(PROTOCOLS):
-            if proto == "LL128" and not ln.ll128:
+            if proto == "LL128" and not ll128:
                 continue
             bw = tree / 3.8 if proto == "LL" else tree * (120.0 / 128.0) if proto == "LL128" else tree
             lat = NCCL_BASE_US["tree"][i] + 2.0 * ((ppn - 1.0) * NCCL_HOP_US["tree", "nvlink"][i]
