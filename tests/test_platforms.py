@@ -29,7 +29,7 @@ REQUIRED = {
     "v100-sxm2-32gb",
     "rtx-2080ti",
 }
-POLICY = {"cs-2": "weights_on_chip", "sn30": "onchip_first", "bow-ipu": "onchip_first"}
+POLICY = {"cs-2": "weights_on_chip", "sn30": "onchip_first", "bow-ipu": "onchip_first", "bow-pod16": "onchip_first"}
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ the reason) or failed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -30,8 +30,12 @@ from pydantic import Field, field_validator, model_validator
 from predictor.memory import BatchChoice, LevelUsage, MemoryExtras, memory_timeline, place, select_batch_size
 from predictor.simulate import Timeline
 from predictor.sources.synth.decoupled import (
+    DATAFLOW_KINDS,
     IterationPrediction,
     TimeOptions,
+    pipeline_iteration,
+    pipeline_platform,
+    pipeline_stages_for,
     prepare_iteration,
     summarize_iteration,
 )
@@ -50,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AcceleratorSpace", "ModelEntry", "DataLoading", "Communication", "DEFAULT_BATCH_SIZES",
            "AcceleratorContext", "ModelInfo", "build_context", "trace_model", "evaluate_unit", "unit_key",
-           "unit_timeline", "AcceleratorSearch"]
+           "unit_timeline", "unit_targets", "AcceleratorSearch"]
 
 DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 MIB = 2.0**20
@@ -105,6 +109,9 @@ class AcceleratorSpace(StrictModel):
         default=32.0, description="math-library workspace per device, MiB, 0 .. 10^6")
     gradient_accumulation: bounded_int(1, 65536, "micro-steps per iteration") = 1  # type: ignore[valid-type]
     objective: Literal["throughput", "throughput_per_dollar"] = "throughput"
+    dataflow_pipeline: bool = Field(
+        default=True, description="on dataflow chips (SN30, IPU, CS-2) split a model whose weights and gradients "
+                                  "do not fit one chip's SRAM over up to a system's chips as a pipeline")
     baseline: str | None = Field(default=None, description="accelerator the charts are normalised to (default: the first)")
     data_loading: DataLoading = DataLoading()
     communication: Communication = Communication()
@@ -211,31 +218,60 @@ def _options(space: AcceleratorSpace, devices: int) -> TimeOptions:
     )
 
 
-def _objective(space: AcceleratorSpace, samples_per_s: float, usd_per_hour: float | None) -> float:
-    """Value the study minimises: seconds per sample, or USD per million samples."""
+def _objective(space: AcceleratorSpace, samples_per_s: float, usd_per_hour: float | None, stages: int = 1) -> float:
+    """Value the study minimises: seconds per sample (x the chips of one pipeline, so that a unit is
+    compared per chip), or USD per million samples."""
     if samples_per_s <= 0:
         return float("inf")
     if space.objective == "throughput_per_dollar":
         if usd_per_hour is None:
             return float("inf")
         return usd_per_hour / (samples_per_s * 3600.0) * 1e6
-    return 1.0 / samples_per_s
+    return stages / samples_per_s
 
 
 def _predict(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph, batch: int, usage: LevelUsage,
-             devices: int) -> tuple[IterationPrediction, CostResult]:
-    """The decoupled time model at one per-device batch, costed by the one cost function."""
+             devices: int, stages: int = 1) -> tuple[IterationPrediction, CostResult]:
+    """The decoupled time model at one per-device batch, costed by the one cost function.
+
+    ``platform`` is the placement target (:func:`pipeline_platform` for ``stages`` > 1 chips in a
+    pipeline: one micro-batch is simulated, then composed into the pipeline's iteration)."""
     g = trace.at(batch)
     opts = _options(space, devices)
-    graph, timing, calibrated = prepare_iteration(g, platform, usage, opts)
-    cost, tl = evaluate_graph(graph, timing, [usage.off_chip_bytes], platform, n_devices=devices)
-    pred = summarize_iteration(g, platform, graph, tl, opts, calibrated=calibrated, source=timing.source)
+    one = replace(opts, gradient_accumulation=1) if stages > 1 else opts
+    graph, timing, calibrated = prepare_iteration(g, platform, usage, one)
+    cost, tl = evaluate_graph(graph, timing, [usage.off_chip_bytes], platform, n_devices=devices * stages)
+    pred = summarize_iteration(g, platform, graph, tl, one, calibrated=calibrated, source=timing.source)
+    if stages > 1:
+        pred = pipeline_iteration(g, platform, graph, tl, pred, opts, stages)
     return pred, cost
+
+
+def unit_targets(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph,
+                 devices: int) -> list[tuple[Platform, int]]:
+    """Placement targets and chips of one pipeline to try for this unit: on dataflow chips, from the
+    fewest chips whose SRAM holds weights + gradients (:func:`pipeline_stages_for`) up to the whole
+    system, each as :func:`pipeline_platform`; ``[(platform, 1)]`` elsewhere or with ``dataflow_pipeline: false``."""
+    if not space.dataflow_pipeline:
+        return [(platform, 1)]
+    cats = place(memory_timeline(trace.lo, _extras(space, trace, devices)), platform,
+                 usable_fraction=space.memory_fraction).by_category
+    resident = cats.get("weights", 0.0) + cats.get("gradients", 0.0)
+    stages = pipeline_stages_for(platform, resident, space.memory_fraction)
+    out = []
+    while True:
+        fits = resident <= platform.on_chip_bytes * space.memory_fraction * stages
+        out.append((pipeline_platform(platform, stages, pin_weights=fits), stages))
+        if platform.kind not in DATAFLOW_KINDS or stages * 2 > platform.devices_per_node:
+            return out
+        stages *= 2
 
 
 def unit_timeline(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph, batch: int,
                   devices: int) -> Timeline:
-    """The simulated iteration of ``trace`` at per-device ``batch`` on ``devices`` devices (as evaluated)."""
+    """The simulated iteration of ``trace`` at per-device ``batch`` on ``devices`` devices (as evaluated; in a
+    pipeline of dataflow chips, one micro-batch through the whole model)."""
+    platform = unit_targets(space, platform, trace, devices)[0][0]
     usage = place(memory_timeline(trace.at(batch), _extras(space, trace, devices)), platform,
                   usable_fraction=space.memory_fraction)
     graph, timing, _ = prepare_iteration(trace.at(batch), platform, usage, _options(space, devices))
@@ -244,16 +280,16 @@ def unit_timeline(space: AcceleratorSpace, platform: Platform, trace: ScalableOp
 
 def _best_throughput_batch(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph, devices: int,
                            choice: BatchChoice, estimate: Callable[[int], LevelUsage],
-                           usd_h: float | None) -> tuple[int, LevelUsage]:
+                           usd_h: float | None, stages: int = 1) -> tuple[int, LevelUsage]:
     """The feasible candidate batch with the best objective (each one through the time model)."""
     best = None
     for cand in choice.candidates:
         if not cand["feasible"]:
             continue
         u = estimate(cand["batch"])
-        pred, _ = _predict(space, platform, trace, cand["batch"], u, devices)
+        pred, _ = _predict(space, platform, trace, cand["batch"], u, devices, stages)
         cand["samples_per_s"] = pred.samples_per_s
-        obj = _objective(space, pred.samples_per_s, usd_h)
+        obj = _objective(space, pred.samples_per_s, usd_h, stages)
         if best is None or obj < best[0]:
             best = (obj, cand["batch"], u)
     assert best is not None
@@ -266,12 +302,16 @@ def _predicted_fields(space: AcceleratorSpace, platform: Platform, info: ModelIn
     ga = space.gradient_accumulation
     thr = pred.samples_per_s
     price = platform.price_per_device_hour_usd
+    chips = devices * pred.pipeline_stages
     return {
         "status": "ok" if cost.feasible else "infeasible",
         "reason": cost.reason,
         "batch_size": chosen,
         "global_batch": chosen * devices * ga,
         "gradient_accumulation": ga,
+        "pipeline_stages": pred.pipeline_stages,
+        "chips": chips,
+        "samples_per_s_per_chip": thr / chips,
         "memory": usage.as_dict(),
         "iteration_s": pred.iteration_s,
         "samples_per_s": thr,
@@ -279,8 +319,8 @@ def _predicted_fields(space: AcceleratorSpace, platform: Platform, info: ModelIn
         "usd_per_hour": usd_h,
         "price_performance": None if usd_h is None else thr / usd_h,
         "samples_per_usd": None if usd_h is None else thr * 3600.0 / usd_h,
-        "usd_per_iteration": cost.usd_per_iteration,
-        "objective": _objective(space, thr, usd_h),
+        "usd_per_iteration": None if usd_h is None else pred.iteration_s * usd_h / 3600.0,
+        "objective": _objective(space, thr, usd_h, pred.pipeline_stages),
         "prediction": pred.as_dict(),
         "timing_source": cost.timing_source,
         "methods": {
@@ -300,11 +340,23 @@ def evaluate_unit(
     trace: ScalableOpGraph,
     devices: int,
 ) -> dict:
-    """Evaluate one (model, accelerator, device count); never raises for a model that does not fit."""
+    """Evaluate one (model, accelerator, device count); never raises for a model that does not fit.
+
+    On a dataflow chip every pipeline depth of :func:`unit_targets` is evaluated and the one with the
+    best objective per chip is kept (the vendor's compiler picks the split that runs fastest)."""
+    rows = [_evaluate_target(space, platform, target, stages, info, trace, devices)
+            for target, stages in unit_targets(space, platform, trace, devices)]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    return min(ok, key=lambda r: r["objective"]) if ok else rows[0]
+
+
+def _evaluate_target(space: AcceleratorSpace, platform: Platform, target: Platform, stages: int, info: ModelInfo,
+                     trace: ScalableOpGraph, devices: int) -> dict:
+    """One unit on ``devices`` replicas of a ``stages``-chip pipeline placed on ``target``."""
     extras = _extras(space, trace, devices)
 
     def estimate(b: int) -> LevelUsage:
-        return place(memory_timeline(trace.at(b), extras), platform, usable_fraction=space.memory_fraction)
+        return place(memory_timeline(trace.at(b), extras), target, usable_fraction=space.memory_fraction)
 
     choice: BatchChoice = select_batch_size(estimate, space.batch_sizes)
     price = platform.price_per_device_hour_usd
@@ -314,21 +366,22 @@ def evaluate_unit(
         "accelerator_name": platform.name,
         "devices": devices,
         "precision": space.precision,
-        "memory_policy": platform.memory_policy,
+        "memory_policy": target.memory_policy,
         "price_per_device_hour_usd": price,
         "price_date": platform.price_date,
         "eq5_batch": choice.batch,
         "candidates": choice.candidates,
+        "pipeline_stages": stages,
     }
     if not choice.feasible:
         row.update({"status": "infeasible", "reason": choice.reason, "batch_size": None})
         return row
     chosen = choice.batch
     usage = choice.usage
-    usd_h = None if price is None else price * devices
+    usd_h = None if price is None else price * devices * stages
     if space.batch_policy == "best_throughput":
-        chosen, usage = _best_throughput_batch(space, platform, trace, devices, choice, estimate, usd_h)
-    pred, cost = _predict(space, platform, trace, chosen, usage, devices)
+        chosen, usage = _best_throughput_batch(space, target, trace, devices, choice, estimate, usd_h, stages)
+    pred, cost = _predict(space, target, trace, chosen, usage, devices, stages)
     row.update(_predicted_fields(space, platform, info, devices, chosen, usage, pred, cost, usd_h))
     return row
 

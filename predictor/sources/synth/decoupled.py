@@ -32,7 +32,7 @@ Units: seconds, bytes, FLOPs, samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -41,12 +41,14 @@ from predictor.memory import LevelUsage
 from predictor.simulate import Timeline, simulate
 from predictor.sources.synth.decoupled_timing import CacheAwareTiming, FixedTiming, asset_timing
 from predictor.sources.synth.opgraph import CATEGORY_NAMES, OP_KINDS, OpGraph, Phase, TensorCategory
+from predictor.sources.synth.pipeline_schedule import pipeline_latency
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective
 from predictor.timing.platforms.schema import Platform
 
 __all__ = ["TimeOptions", "IterationPrediction", "build_iteration_graph", "prepare_iteration", "summarize_iteration",
-           "predict_iteration", "COMMON_KINDS", "DATAFLOW_KINDS"]
+           "predict_iteration", "COMMON_KINDS", "DATAFLOW_KINDS", "pipeline_platform", "pipeline_stages_for",
+           "stage_split", "pipeline_iteration"]
 
 #: op kinds Centimani calls "common" (micro-benchmarked / kernel-modelled)
 COMMON_KINDS = ("gemm", "conv", "attention")
@@ -104,6 +106,9 @@ class IterationPrediction:
     breakdown: dict[str, float]
     time_by_kind: dict[str, float]
     methods: dict[str, str] = field(default_factory=dict)
+    #: chips of one pipeline (1: the whole model on each device); ``samples_per_s`` is for
+    #: ``n_devices x pipeline_stages`` chips
+    pipeline_stages: int = 1
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
@@ -577,3 +582,113 @@ def _formula_allreduce(g: OpGraph, platform: Platform, options: TimeOptions) -> 
     view = TaskView.from_columns(kind, msg_bytes=[total], world=[options.n_devices])
     t = float(PiecewiseCollective().predict(view, platform)[0])
     return t * (2.0 if options.dp_mode == "fsdp" else 1.0)
+
+
+# ----------------------------------------------------------------------------- pipelines of dataflow chips
+def pipeline_platform(platform: Platform, stages: int, pin_weights: bool = True) -> Platform:
+    """The memory of a ``stages``-chip pipeline as one placement target: every capacity x ``stages``.
+
+    A vendor's pipelined recipe (Poplar pipelining on a Bow Pod, model parallelism across an SN30-8's
+    RDUs, the layer-pipelined mode of a CS-2's workers) splits the layers over the chips so that each
+    chip's share of the weights stays in its SRAM, hence ``weights_on_chip`` when ``pin_weights``
+    (else the catalog policy: weights too large for every chip's SRAM stream from DDR). Bandwidths
+    and peaks stay per chip: each operator runs on one chip. ``stages`` <= 1 returns ``platform``.
+    """
+    if stages <= 1:
+        return platform
+    mem = [m.model_copy(update={"capacity_bytes": m.capacity_bytes * stages}) for m in platform.memory]
+    policy = "weights_on_chip" if pin_weights else platform.memory_policy
+    return platform.model_copy(update={"memory": mem, "memory_policy": policy})
+
+
+def pipeline_stages_for(platform: Platform, resident_bytes: float, usable_fraction: float = 0.95) -> int:
+    """Chips a dataflow system splits a model over: the smallest power of two (up to the chips of one
+    system, ``devices_per_node``) whose SRAM holds ``resident_bytes`` (weights + gradient
+    accumulators, bytes); the whole system when none does. 1 on every other kind of device."""
+    if platform.kind not in DATAFLOW_KINDS:
+        return 1
+    per_chip = platform.on_chip_bytes * usable_fraction
+    stages = 1
+    while stages * 2 <= platform.devices_per_node and resident_bytes > per_chip * stages:
+        stages *= 2
+    return stages
+
+
+def stage_split(seconds: np.ndarray, stages: int) -> np.ndarray:
+    """Seconds of each of ``stages`` contiguous groups of ``seconds`` (operators in order), cut where
+    the slowest group is fastest (binary search on its time, greedy packing); trailing empty groups are 0."""
+    t = np.asarray(seconds, dtype=float)
+    if stages <= 1 or t.size == 0:
+        return np.asarray([t.sum()])
+
+    def pack(limit: float) -> list[float]:
+        groups, acc = [], 0.0
+        for x in t:
+            if acc > 0 and acc + x > limit:
+                groups.append(acc)
+                acc = 0.0
+            acc += x
+        return [*groups, acc]
+
+    lo, hi = float(t.max()), float(t.sum())
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if len(pack(mid)) <= stages:
+            hi = mid
+        else:
+            lo = mid
+    groups = pack(hi)
+    return np.asarray(groups + [0.0] * (stages - len(groups)))
+
+
+def pipeline_iteration(
+    g: OpGraph,
+    platform: Platform,
+    graph: ExecutionGraph,
+    tl: Timeline,
+    pred: IterationPrediction,
+    options: TimeOptions,
+    stages: int,
+) -> IterationPrediction:
+    """One iteration of a ``stages``-chip pipeline from the simulated one-micro-batch graph (seconds).
+
+    The forward operators are cut into ``stages`` contiguous groups (:func:`stage_split`); a stage
+    runs its forward group and the matching share of the backward (backward time in proportion to
+    forward time), plus sending the activation at its cut over the chip-to-chip link and receiving
+    its gradient. ``options.gradient_accumulation`` micro-batches flow through the stages
+    (:func:`~predictor.sources.synth.pipeline_schedule.pipeline_latency`: ``sum(t) + (m - 1) max(t)``);
+    then each chip runs the optimizer on its ``1/stages`` of the parameters, and replicas
+    (``options.n_devices``) all-reduce their gradient shares. ``graph`` must be built with one micro-batch.
+    """
+    if stages <= 1:
+        return pred
+    dur = tl.duration
+    phase = graph.meta["task_phase"]
+    dev = graph.proc == 1
+    fwd = np.flatnonzero(dev & (phase == Phase.FORWARD))
+    f = dur[fwd]
+    total_f = float(f.sum())
+    total_b = float(dur[dev & (phase == Phase.BACKWARD)].sum())
+    opt = float(dur[dev & (phase == Phase.OPTIMIZER)].sum())
+    groups = stage_split(f, stages)
+    # the tensor each cut sends: the output of the last forward operator of the group before it
+    ops = graph.meta["op_index_of_kernel"][fwd - int(np.flatnonzero(dev)[0])]
+    ends = np.minimum(np.searchsorted(np.cumsum(f), np.cumsum(groups[:-1]) * (1 - 1e-12)), f.size - 1)
+    link = platform.interconnect.intra_node_bandwidth_bytes_per_s
+    p2p = np.zeros(stages)
+    p2p[:-1] = 2.0 * g.bytes_written[ops[ends]] / link
+    scale = (total_f + total_b) / total_f if total_f > 0 else 0.0
+    stage_s = groups * scale + p2p
+    m = max(int(options.gradient_accumulation), 1)
+    pipe = pipeline_latency(stage_s, m)
+    comm = _formula_allreduce(g, platform, options) / stages
+    data = m * pred.data_loading_s
+    body = pipe + opt / stages + comm
+    it = max(data, body) if options.overlap_data_loading else data + body
+    methods = {**pred.methods, "pipeline": (
+        f"{stages} chips in a pipeline, the forward operators cut where the slowest stage is fastest; "
+        f"{m} micro-batches, PredTOP eq. 4 (sum of stages + (m - 1) x slowest); optimizer sharded over the chips")}
+    return replace(pred, iteration_s=it, samples_per_s=m * g.batch * max(options.n_devices, 1) / it,
+                   compute_s=m * (total_f + total_b) / stages + opt / stages,
+                   communication_s=comm + m * float(p2p.sum()), exposed_communication_s=comm,
+                   data_loading_s=data, formula_iteration_s=body, methods=methods, pipeline_stages=stages)
