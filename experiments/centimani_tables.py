@@ -735,8 +735,13 @@ def render(res: dict) -> str:
           "operators on chip and a category the memory model placed wholly in SRAM stays there "
           "(`predictor/sources/synth/decoupled.py`); what still runs at the (estimated) DDR bandwidths is the "
           "saved activations of large eq. 5 batches, the optimizer state that does not fit beside the weights "
-          "(BERT-large, GPT-2 1.5B: once per step, amortised over only 16 micro-batches here) and small-batch "
+          "(once per step, amortised over the 1, 16 or 256 micro-batches of the configuration) and small-batch "
           "GEMM/convolution efficiency of the analytic model's saturating curve (a half-efficiency time set for GPUs).",
+          "- Where the order still departs from Centimani's: the CS-2 worker runs ResNet-50 with every activation in "
+          "its 5 GB SRAM at the 1k-GEMM ceiling of Centimani Table 3 (0.96); Gaudi 2's GEMM ceiling is fitted to an "
+          "LLM run (section 3e) on which our A100 is too fast, so its lead over the A100 shrinks; the SN30 follows "
+          "Centimani Table 1's single-die figures (~300 TFLOPS, 320 MB) and an estimated DDR bandwidth. No constant "
+          "was fitted to Centimani's speedups.",
           "- The MosaicML runs use FSDP; we model its traffic (all-gather + reduce-scatter per bucket, overlapped) "
           "but not its memory sharding, and trace our own MPT-layout GPT (no ALiBi, SDPA attention).",
           "- CPU memory is the allocator's view; a GPU's caching allocator adds block rounding and fragmentation "
