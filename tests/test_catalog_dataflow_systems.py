@@ -38,3 +38,9 @@ def test_gaudi2_mpt7b_mfu_near_the_published_run():
     flops_per_token = 3.0 * (2.0 * g.n_params + 4.0 * n_layer * 2048 * d)
     mfu = pred.samples_per_s * spec.tokens_per_sample / 8 * flops_per_token / plat.flops_for("bf16")
     assert 0.55 < mfu < 0.66
+
+
+def test_mi300x_ceiling_is_fitted_to_a_published_training_ratio():
+    p = get_platform("mi300x")
+    assert 0.2 < p.gemm_efficiency_max < 0.5  # below the hipBLASLt microbenchmark's ~0.5, which tied it with the H200
+    assert "fitted" in p.sources["gemm_efficiency_max"] and "1.32-1.40" in p.sources["gemm_efficiency_max"]
