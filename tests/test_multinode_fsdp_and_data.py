@@ -80,3 +80,20 @@ def test_published_rows_name_their_sources_and_fit_one_source_per_chip():
             fits.setdefault(src["platform"].split("-")[0], []).append(key)
     assert all(len(v) == 1 for v in fits.values()), fits
     assert sum(src["split"] == "held-out" for src in doc.values()) >= 3
+
+
+def test_mosaicml_rows_have_llm_foundrys_head_size():
+    # llm-foundry's MPT yamls set n_heads so that d_model / n_heads == 128 (FlashAttention's head size)
+    doc = yaml.safe_load(DATA.read_text())["sources"]
+    for key, src in doc.items():
+        if key.startswith("mosaic"):
+            for name, hidden, _layers, heads, *_ in src["rows"]:
+                assert hidden / heads == 128, (key, name, hidden, heads)
+
+
+def test_a100_entries_share_the_fitted_gemm_ceiling():
+    # one constant per die, written back from experiments/multinode_validation.py's fit
+    a40, a80 = get_platform("a100-40gb"), get_platform("a100-80gb")
+    assert a40.gemm_efficiency_max == a80.gemm_efficiency_max < 0.93
+    for p in (a40, a80, get_platform("h100-sxm")):
+        assert "multinode_validation.py" in p.sources["gemm_efficiency_max"]
