@@ -76,6 +76,22 @@ def test_fast_reader_matches_parsed_document(doc):
     _same(read_et(gzip.compress(text)), fast)
 
 
+def _unknown_attr_doc() -> dict:
+    doc = _nested_doc()
+    doc["nodes"][0]["attrs"].append({"name": "pg_name", "type": "string", "value": "0"})
+    return doc
+
+
+def test_fast_reader_attribute_names():
+    """Attributes named as PyTorch's observer names them decode by name; another name falls back to the
+    general attribute decoding, with the same columns."""
+    known = et_from_bytes(json.dumps(_nested_doc()).encode(), "x")
+    other = et_from_bytes(json.dumps(_unknown_attr_doc()).encode(), "x")
+    assert known is not None and other is not None
+    _same(other, et_from_json(_unknown_attr_doc(), "x"))
+    _same(other, known)
+
+
 def test_fast_reader_columns():
     et = et_from_bytes(json.dumps(_nested_doc()).encode(), "x")
     assert et is not None

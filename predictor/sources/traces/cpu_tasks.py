@@ -82,15 +82,16 @@ def _thread_items(info: RankEvents, calls: RuntimeCalls, evs: list[int],
     """(time µs, order at that instant, item type, payload) of a thread's op starts and ends, runtime
     calls that become tasks and step markers, sorted."""
     kt = info.trace.kineto
-    cat, tsa, dura = kt.cat, kt.ts, kt.dur
+    idx = np.asarray(evs, dtype=np.int64)
     items: list[tuple[float, int, int, int]] = []
-    for e in evs:
-        c = cat[e]
-        if c == _CPU_OP and info.top_of.get(e) == e:
-            items.append((float(tsa[e]), 3, _OP_START, e))
-            items.append((float(tsa[e] + dura[e]), 0, _OP_END, e))
-        elif c == _RUNTIME and e in calls.kind:
-            items.append((float(tsa[e]), 4, _CALL, e))
+    top_of, kind = info.top_of, calls.kind
+    # Python lists: per-element numpy access took half of this loop on 23k events
+    for e, c, t, d in zip(evs, kt.cat[idx].tolist(), kt.ts[idx].tolist(), kt.dur[idx].tolist(), strict=True):
+        if c == _CPU_OP and top_of.get(e) == e:
+            items.append((t, 3, _OP_START, e))
+            items.append((t + d, 0, _OP_END, e))
+        elif c == _RUNTIME and e in kind:
+            items.append((t, 4, _CALL, e))
     for when, which, k in markers:
         items.append((when, 1 if which == "end" else 2, _MARKER, k * 2 + (1 if which == "end" else 0)))
     items.sort()
@@ -105,6 +106,9 @@ class _Cutter:
         self.b, self.info, self.calls, self.out = b, info, calls, out
         self.step_list, self.median_launch = step_list, median_launch
         self.kt = info.trace.kineto
+        # the event columns as Python lists: per-element numpy access cost more than the cutting itself
+        self.ev_ts, self.ev_dur = self.kt.ts.tolist(), self.kt.dur.tolist()
+        self.ev_name = [self.kt.names[i] for i in self.kt.name.tolist()]
         self.gpu_end = [g.end for g in info.gpu]
         self.queue = _LaunchQueue(info)
         self.op_launches: dict[int, int] = {}  # top-level op -> GPU work it launches
@@ -155,8 +159,7 @@ class _Cutter:
             ov = _T3
         else:
             ov = _T5
-        kt = self.kt
-        i = b.timed_task(self.proc, kt.names[kt.name[self.in_op]], "cpu_op", _CAT_CPU, when - cur, cur, when,
+        i = b.timed_task(self.proc, self.ev_name[self.in_op], "cpu_op", _CAT_CPU, when - cur, cur, when,
                          overhead=ov, ev=self.in_op)
         out.op_first.setdefault(self.in_op, i)
         out.op_last[self.in_op] = i
@@ -166,11 +169,12 @@ class _Cutter:
 
     def _runtime_call(self, e: int) -> None:
         """The task(s) of runtime call ``e``, starting no earlier than the thread's current time."""
-        kt, b, out = self.kt, self.b, self.out
+        b, out = self.b, self.out
         kind = self.calls.kind[e]
-        s = max(float(kt.ts[e]), self.cur)
-        dur = float(kt.ts[e] + kt.dur[e]) - s
-        nm = kt.names[kt.name[e]]
+        t = self.ev_ts[e]
+        s = max(t, self.cur)
+        dur = (t + self.ev_dur[e]) - s
+        nm = self.ev_name[e]
         if kind == SYNC:  # synchronisation: only the time after the awaited task ends
             g_end = max((self.gpu_end[g] for g in self.calls.awaited.get(e, [])), default=-np.inf)
             begin = max(s, g_end)

@@ -180,17 +180,18 @@ class _Classifier:
 def classify_runtime_calls(info: RankEvents, order: StreamOrder, bump: Callable[[str], None]) -> RuntimeCalls:
     """The :class:`RuntimeCalls` of one rank; ``bump(name)`` counts how each dependency was found."""
     kt = info.trace.kineto
-    names, cat, tsa = kt.names, kt.cat, kt.ts
+    names, cat = kt.names, kt.cat
     cl = _Classifier(info, order, bump)
     out = RuntimeCalls({}, {}, [])
     for t_idx, evs in enumerate(info.thread_events):
-        for e in evs:
-            if cat[e] != _RUNTIME:
-                continue
-            nm = names[kt.name[e]]
-            s = float(tsa[e])
+        idx = np.asarray(evs, dtype=np.int64)
+        rts = idx[cat[idx] == _RUNTIME]
+        # Python lists: per-element numpy access took half of this loop on 23k events
+        for e, name_id, s, corr in zip(rts.tolist(), kt.name[rts].tolist(), kt.ts[rts].tolist(),
+                                       kt.corr[rts].tolist(), strict=True):
+            nm = names[name_id]
             launched = info.gpu_of_launch.get(e)
-            rec = cl.sync_rec.get(int(kt.corr[e])) if kt.corr[e] >= 0 else None
+            rec = cl.sync_rec.get(corr) if corr >= 0 else None
             if nm in SYNC_CALLS or (nm in IMPLICIT_SYNC_CALLS and not launched):
                 out.kind[e] = SYNC
                 out.awaited[e] = cl.sync_targets(nm, rec, s, t_idx)

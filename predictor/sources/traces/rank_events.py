@@ -98,25 +98,23 @@ def _thread_nesting(kt: KinetoTrace, cpu: np.ndarray):
     top_of: dict[int, int] = {}
     inner_of: dict[int, int] = {}
     thread_of_event: dict[int, int] = {}
-    cat = kt.cat
-    ts = kt.ts
     end = kt.ts + kt.dur
     CPU_OP = int(EventCat.CPU_OP)
     RUNTIME = int(EventCat.RUNTIME)
     for t in range(thread_keys.size):
         idx = cpu[inv == t]
         idx = idx[_sort_key_cpu(kt, idx)]
-        thread_events.append(idx.tolist())
+        evs = idx.tolist()
+        thread_events.append(evs)
+        thread_of_event.update(dict.fromkeys(evs, t))
         stack: list[tuple[float, int]] = []
-        for e in idx.tolist():
-            c = cat[e]
-            thread_of_event[e] = t
-            s = ts[e]
+        # Python lists: per-element numpy access took half of this loop on 23k events
+        for e, c, s, en in zip(evs, kt.cat[idx].tolist(), kt.ts[idx].tolist(), end[idx].tolist(), strict=True):
             while stack and s >= stack[-1][0] - EPS_US:
                 stack.pop()
             if c == CPU_OP:
                 top_of[e] = stack[0][1] if stack else e
-                stack.append((end[e], e))
+                stack.append((en, e))
             elif c == RUNTIME and stack:
                 top_of[e] = stack[0][1]
                 inner_of[e] = stack[-1][1]
@@ -125,12 +123,10 @@ def _thread_nesting(kt: KinetoTrace, cpu: np.ndarray):
 
 def _gpu_tasks(kt: KinetoTrace, gpu_idx: np.ndarray, inner_of: dict[int, int]):
     """Streams, GPU tasks in stream order, the tasks of each launch call and the NCCL kernels."""
-    cat, ts, end = kt.cat, kt.ts, kt.ts + kt.dur
-    corr_to_rt: dict[int, int] = {}
-    for e in np.flatnonzero(cat == EventCat.RUNTIME).tolist():
-        c = int(kt.corr[e])
-        if c >= 0:
-            corr_to_rt[c] = e
+    rts = np.flatnonzero(kt.cat == EventCat.RUNTIME)
+    rt_corr = kt.corr[rts]
+    has = rt_corr >= 0
+    corr_to_rt: dict[int, int] = dict(zip(rt_corr[has].tolist(), rts[has].tolist(), strict=True))
     skeys = kt.device[gpu_idx] * (1 << 32) + (kt.stream[gpu_idx] & 0xFFFFFFFF)
     stream_keys, sinv = np.unique(skeys, return_inverse=True) if gpu_idx.size else (np.zeros(0), np.zeros(0, int))
     streams = []
@@ -142,15 +138,19 @@ def _gpu_tasks(kt: KinetoTrace, gpu_idx: np.ndarray, inner_of: dict[int, int]):
     gpu_of_launch: dict[int, list[int]] = {}
     nccl: list[int] = []
     names = kt.names
-    for o in order.tolist():
-        e = int(gpu_idx[o])
-        launch = corr_to_rt.get(int(kt.corr[e]), -1) if kt.corr[e] >= 0 else -1
-        g = GpuTask(ev=e, stream=int(sinv[o]), start=float(ts[e]), end=float(end[e]), launch=launch,
-                    inner_op=inner_of.get(launch, -1) if launch >= 0 else -1, dur=float(kt.dur[e]))
+    ev = gpu_idx[order]
+    kernel = int(EventCat.KERNEL)
+    # Python lists: per-element numpy access took most of this loop
+    for e, s_idx, c, corr, nm, t, d in zip(ev.tolist(), np.asarray(sinv)[order].tolist(), kt.cat[ev].tolist(),
+                                           kt.corr[ev].tolist(), kt.name[ev].tolist(), kt.ts[ev].tolist(),
+                                           kt.dur[ev].tolist(), strict=True):
+        launch = corr_to_rt.get(corr, -1) if corr >= 0 else -1
+        g = GpuTask(ev=e, stream=s_idx, start=t, end=t + d, launch=launch,
+                    inner_op=inner_of.get(launch, -1) if launch >= 0 else -1, dur=d)
         gpu.append(g)
         if launch >= 0:
             gpu_of_launch.setdefault(launch, []).append(len(gpu) - 1)
-        if cat[e] == EventCat.KERNEL and is_nccl_kernel(names[kt.name[e]]):
+        if c == kernel and is_nccl_kernel(names[nm]):
             nccl.append(len(gpu) - 1)
     nccl.sort(key=lambda i: gpu[i].start)
     # a stream runs one task at a time: a task ended no later than the next one on its stream started (an
