@@ -15,14 +15,17 @@
   sampler's choice (:class:`tuner.search.tpe.TPEProposer`).
 
 :func:`run_search` ties them together with the study (:mod:`tuner.search.study`): it skips what
-the study already holds when resuming, records the outcomes of finished evaluations in batches
-(one transaction each, at most a second apart: a killed search loses only what was in flight
-and that last second), and returns a :class:`SearchResult`.
+the study already holds when resuming, claims what it evaluates a share at a time (so other
+searches of the same study take the rest, and read back what it records), records the outcomes
+of finished evaluations in batches (one transaction each, at most a second apart: a killed
+search loses only what was in flight and that last second), and returns a :class:`SearchResult`.
 """
 
 from __future__ import annotations
 
 import abc
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,8 @@ from optuna.trial import FrozenTrial, TrialState
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tuner.search.study import SearchStudy
+
 __all__ = ["Candidate", "Outcome", "Evaluator", "SearchSpace", "Proposer", "Exhaustive", "SearchResult", "run_search",
            "STATUSES", "Progress"]
 
@@ -44,6 +49,12 @@ STATUSES: dict[str, TrialState] = {
     "invalid": TrialState.FAIL,
     "failed": TrialState.FAIL,
 }
+
+#: a search claims at most this share of the candidates it has left at a time: a search of the same study
+#: started meanwhile finds the rest to share
+CLAIM_SHARE = 4
+#: seconds between reads of the study while only another search's candidates are left
+POLL_SECONDS = 1.0
 
 #: ``progress(done, total)``: steps done (candidates evaluated or reused, preparation steps) of ``total``
 Progress = Callable[[int, int], None]
@@ -226,7 +237,7 @@ def run_search(
     ``workers`` CPUs, or on the cluster at ``address`` (or ``RAY_ADDRESS``). ``resume`` reuses
     the outcomes the study already holds; without it an older study of that name is replaced.
     """
-    from tuner.search.executor import Executor
+    from tuner.search.executor import Executor, connect_ray
     from tuner.search.study import SearchStudy
 
     study = SearchStudy.open(space.study_name(), storage, resume, space.distributions())
@@ -261,10 +272,58 @@ def run_search(
         proposer.observe(candidate, outcomes)
         tick()
 
+    def on_other(candidate: Candidate, outcomes: list[Outcome]) -> None:  # another search of the study evaluated it
+        nonlocal reused
+        done[candidate.key] = outcomes
+        reused += len(outcomes)
+        proposer.observe(candidate, outcomes)
+        tick()
+
     executor = Executor(workers, address)
     try:
         while batch := proposer.propose(done):
-            executor.run(space, batch, on_result)
+            if workers > 0:  # Ray joined before anything is claimed: a cluster that cannot be joined leaves no claims
+                connect_ray(workers, address)
+            _evaluate_claimed(batch, study, lambda c: executor.run(space, c, on_result), on_other, workers)
     finally:  # outcomes of finished evaluations are written even when the search is interrupted
-        study.flush()
+        try:
+            study.flush()
+        finally:
+            study.release()
     return SearchResult(space, done, study.name, storage, evaluated=evaluated, reused=reused)
+
+
+def _evaluate_claimed(batch: list[Candidate], study: SearchStudy,
+                      evaluate: Callable[[list[Candidate]], None], on_other: Callable[[Candidate, list[Outcome]], None],
+                      workers: int) -> None:
+    """Evaluate ``batch`` alongside any other search of the same study, never a candidate twice.
+
+    Claims a share of what is left (at most 1/:data:`CLAIM_SHARE`, at least two per worker),
+    evaluates it, and repeats, so a search started meanwhile finds the rest to share; then reads
+    the outcomes of the candidates another search claimed as that search records them, taking
+    over any it abandons (killed: its heartbeat stops) and any whose evaluation failed there
+    (evaluated again, as a resumed search does).
+    """
+    queue, waiting = list(batch), []
+    least = 2 * max(workers, 1)
+    while queue:
+        size = max(least, math.ceil(len(queue) / CLAIM_SHARE))
+        window, queue = queue[:size], queue[size:]
+        mine, theirs = study.claim(window)
+        waiting += theirs
+        evaluate(mine)
+    while waiting:
+        study.flush()  # what this search holds back, another one may be waiting for
+        found = study.finished()
+        left = []
+        for c in waiting:
+            if all(k in found for k in c.keys):
+                on_other(c, [found[k] for k in c.keys])
+            else:
+                left.append(c)
+        if not left:
+            return
+        mine, waiting = study.claim(left)
+        evaluate(mine)
+        if not mine:
+            time.sleep(POLL_SECONDS)
