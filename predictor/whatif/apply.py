@@ -380,7 +380,7 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
     if steady:
         notes.append("a GPU stream's work per step exceeds the step's host span: the iteration is the stream's "
                      "busy time (an unsynchronised loop runs the host ahead; the GPU sets the pace)")
-    stat = "min" if at.combine == "min" else "median"
+    stat = at.unprofiled_stat
     base_kind = f"unprofiled iterations of the capture ({stat})" if at.unprofiled_s is not None else \
         "profiled ProfilerStep (median; no unprofiled iterations recorded)"
     baseline = at.unprofiled_s if at.unprofiled_s is not None else float(np.median(at.measured_step_s))

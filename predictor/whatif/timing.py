@@ -8,6 +8,7 @@ import numpy as np
 
 from predictor.graph import Category, ExecutionGraph, Overhead
 from predictor.graph.edit import aux_of
+from predictor.timing.kernels.composite import host_op_models
 from predictor.whatif.common import EXP_COLS
 
 __all__ = ["WhatIfTiming", "RATIO_ALIAS", "anchored_time", "share_per_op"]
@@ -37,6 +38,13 @@ class WhatIfTiming:
         kinds: set[str] = set()
         for model in getattr(timing, "models", []):
             kinds.update(getattr(model, "kinds", ()))
+        #: host ops no calibration benchmarks (dense embeddings, fills, reductions), composed of the timing's
+        #: data-movement and element-wise models, for the kinds none of its models claims
+        self.host_models: dict[str, object] = {}
+        if hasattr(timing, "model_for"):
+            for model in host_op_models(timing.model_for):
+                self.host_models.update((k, model) for k in model.kinds if k not in kinds)
+        kinds.update(self.host_models)
         self.model_kinds = kinds
 
     def _model(self, g: ExecutionGraph, idx: np.ndarray, kind: str, params: Mapping[str, np.ndarray] | None = None,
@@ -47,7 +55,8 @@ class WhatIfTiming:
         cols["flops"] = (flops if flops is not None else g.flops)[idx]
         cols["bytes"] = (nbytes if nbytes is not None else g.bytes)[idx]
         view = TaskView(cols, int(idx.size), kind)
-        return np.asarray(self.timing.model_for(kind).predict(view, self.timing.platform), dtype=np.float64)
+        model = self.host_models.get(kind) or self.timing.model_for(kind)
+        return np.asarray(model.predict(view, self.timing.platform), dtype=np.float64)
 
     def has_model(self, kind: str) -> bool:
         """Does a kernel model of the timing claim ``kind`` (not just the roofline fallback)? A backward kind
@@ -93,7 +102,7 @@ class WhatIfTiming:
                 alias = RATIO_ALIAS[kind]
                 t_new = self._model(g, idx, alias)
                 t_old = self._model(g, idx, alias, base["params"], base["flops"], base["bytes"])
-                val = np.where(is_new | (t_old <= 0), d[idx] * ratio[idx], d[idx] * t_new / np.maximum(t_old, 1e-15))
+                val = np.where(is_new | (t_old <= 0), d[idx] * ratio[idx], anchored_time(d[idx], raw[idx], t_old, t_new))
                 counts["anchored_model"] += int((~is_new).sum())
                 self.fallback[kind] = {"tasks": int(idx.size), "how": f"measured x the {alias} model's ratio new/old"}
             else:

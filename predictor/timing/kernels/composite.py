@@ -31,8 +31,8 @@ import numpy as np
 from predictor.timing.kernels.base import KernelModel, TaskView
 from predictor.timing.platforms.schema import Platform
 
-__all__ = ["RNN_KINDS", "BATCH_NORM_KINDS", "ATTENTION_KINDS", "RecurrentModel", "BatchNormModel",
-           "AttentionModel"]
+__all__ = ["RNN_KINDS", "BATCH_NORM_KINDS", "ATTENTION_KINDS", "MEMORY_PASS_KINDS", "RecurrentModel",
+           "BatchNormModel", "AttentionModel", "MemoryPassModel", "host_op_models"]
 
 #: recurrent-layer kinds timed by :class:`RecurrentModel`
 RNN_KINDS = ("rnn", "rnn_bwd")
@@ -40,6 +40,9 @@ RNN_KINDS = ("rnn", "rnn_bwd")
 BATCH_NORM_KINDS = ("batch_norm", "batch_norm_bwd")
 #: fused attention kinds timed by :class:`AttentionModel`
 ATTENTION_KINDS = ("attention", "attention_bwd")
+#: one-pass memory kinds timed by :class:`MemoryPassModel`: ``fill`` (``zero_``, ``fill_``, random
+#: initialisation) writes its tensor, ``reduce`` (``sum``/``mean``/``amax`` over any dims) reads its input
+MEMORY_PASS_KINDS = ("fill", "reduce")
 
 
 def _gemm_view(m: np.ndarray, n: np.ndarray, k: np.ndarray, dt: np.ndarray) -> TaskView:
@@ -136,3 +139,34 @@ class AttentionModel(KernelModel):
         else:
             time = time + self.model_for("softmax").predict(TaskView(sm, n_tasks, "softmax"), platform)
         return np.where(ok, time, 0.0)
+
+
+class MemoryPassModel(KernelModel):
+    """One pass over memory priced with the element-wise model (``model_for("elementwise")``): a ``fill``
+    writes ``elements x dtype_bytes`` bytes, a ``reduce`` reads them (its output, one value per reduced
+    row or fewer, is not counted). Where the trace gave ``bytes`` and not ``elements``, ``bytes`` is the
+    traffic. Linear in the elements above the model's floor."""
+
+    kinds = MEMORY_PASS_KINDS
+    name = "memory-pass-composite"
+
+    def __init__(self, model_for: Callable[[str], KernelModel]) -> None:
+        self.model_for = model_for
+
+    def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        n = len(tasks)
+        dt = tasks.get("dtype_bytes", 4.0)
+        el = tasks.get("elements")
+        moved = np.where(np.isfinite(el), el * dt, tasks.get("bytes"))
+        moved = np.nan_to_num(moved, nan=0.0)
+        view = TaskView({"bytes": moved, "elements": moved / dt, "dtype_bytes": dt}, n, "elementwise")
+        return self.model_for("elementwise").predict(view, platform)
+
+
+def host_op_models(model_for: Callable[[str], KernelModel]) -> list[KernelModel]:
+    """The composed models of host ops no calibration benchmarks: dense embedding lookups and gradients
+    (:class:`~predictor.timing.kernels.embedding.DenseEmbeddingModel`) and one-pass fills and reductions
+    (:class:`MemoryPassModel`), each over ``model_for``'s data-movement / element-wise model."""
+    from predictor.timing.kernels.embedding import DenseEmbeddingModel
+
+    return [DenseEmbeddingModel(model_for), MemoryPassModel(model_for)]

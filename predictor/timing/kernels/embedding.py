@@ -96,3 +96,63 @@ class AnalyticEmbedding(KernelModel):
         traffic = bwd if tasks.kind.endswith("_bwd") else fwd
         bw = platform.memory_bandwidth * platform.memory_efficiency
         return traffic / bw + platform.kernel_floor_s + allocation_fault_seconds(tasks, platform)
+
+
+#: dense lookups timed by :class:`DenseEmbeddingModel`
+DENSE_EMBEDDING_KINDS = ("embedding", "embedding_bwd", "embedding_bag_bwd_dense")
+
+
+class DenseEmbeddingModel(KernelModel):
+    """``nn.Embedding`` lookups and the dense gradients of ``nn.Embedding`` / ``nn.EmbeddingBag`` on a host:
+    their bytes priced with the platform's data-movement model (``model_for("memcpy")``, calibrated where a
+    pack has it).
+
+    * ``embedding`` (a row gather): reads ``elements`` looked-up values (``lookups x dim``), writes as
+      many, and reads one int64 index per lookup (``lookups = elements / dim``);
+    * ``embedding_bwd`` (``embedding_dense_backward``: ``index_add_`` of the output gradient into the
+      table's gradient): reads the gradient's ``elements``, reads and writes a table row per lookup
+      (3 x ``elements`` x ``dtype_bytes``), plus zeroing the ``rows x dim`` table gradient where ``rows``
+      is known;
+    * ``embedding_bag_bwd_dense`` (``_embedding_bag_dense_backward``, mode sum): reads the pooled gradient
+      (``batch x dim``), adds it into one table row per lookup (``batch x pooling`` lookups, read and
+      write) and reads their indices; the table gradient's zeroing is not counted (the traced ``rows`` of
+      this op is the gradient's first dimension, not the table's).
+
+    Every term but the table zeroing grows with the lookups, so the time grows linearly with the batch
+    above the data-movement model's floor.
+    """
+
+    kinds = DENSE_EMBEDDING_KINDS
+    name = "dense-embedding-composite"
+
+    def __init__(self, model_for) -> None:
+        #: the timing's kind -> model lookup (:meth:`~predictor.timing.kernels.timing.ModelTiming.model_for`)
+        self.model_for = model_for
+
+    def traffic_bytes(self, tasks: TaskView) -> np.ndarray:
+        """Bytes each task moves (see the class docstring); NaN where a needed parameter is missing."""
+        dt = tasks.get("dtype_bytes", 4.0)
+        index_bytes = EmbeddingParams().index_bytes
+        if tasks.kind == "embedding_bag_bwd_dense":
+            b, d, pool = tasks.get("batch"), tasks.get("dim"), tasks.get("pooling", 1.0)
+            lookups = b * pool
+            return b * d * dt + 2.0 * lookups * d * dt + lookups * index_bytes
+        el = tasks.get("elements")
+        dim = tasks.get("dim")
+        lookups = np.where(np.isfinite(dim) & (dim > 0), el / np.where(dim > 0, dim, 1.0), 0.0)
+        if tasks.kind == "embedding":
+            return 2.0 * el * dt + lookups * index_bytes
+        zero = np.nan_to_num(tasks.get("rows") * dim * dt, nan=0.0)
+        return 3.0 * el * dt + lookups * index_bytes + zero
+
+    def predict(self, tasks: TaskView, platform: Platform) -> np.ndarray:
+        n = len(tasks)
+        moved = self.traffic_bytes(tasks)
+        ok = np.isfinite(moved)
+        if not ok.any():
+            return np.full(n, platform.kernel_floor_s)
+        dt = tasks.get("dtype_bytes", 4.0)
+        moved = np.where(ok, moved, 0.0)
+        view = TaskView({"bytes": moved, "elements": moved / dt, "dtype_bytes": dt}, n, "memcpy")
+        t = np.asarray(self.model_for("memcpy").predict(view, platform), dtype=np.float64)
+        return np.where(ok, t, platform.kernel_floor_s)
