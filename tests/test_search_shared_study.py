@@ -159,6 +159,8 @@ def test_worker_alive():
     assert study_mod.worker_alive(f"{host}:{parent}:{study_mod._process_start(parent)}:ab", 1.0)
     assert not study_mod.worker_alive(f"{host}:{parent}:1:ab", 1.0)  # the pid was reused by another process
     assert study_mod.worker_alive("elsewhere:1:1:ab", 1.0)  # another host: the heartbeat decides
+    assert study_mod.worker_alive(f"{host.split('/')[0]}/1:1:1:ab", 1.0)  # another container of this host name
+    assert study_mod.describe_worker(me) == f"{host.split('/')[0]}, process {os.getpid()}"
 
 
 @pytest.mark.slow

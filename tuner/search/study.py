@@ -59,7 +59,7 @@ class StudyInUse(ValueError):
 def describe_worker(worker: str) -> str:
     """``host, process PID`` of a worker id."""
     host, pid = (worker.split(":") + ["", ""])[:2]
-    return f"{host}, process {pid}"
+    return f"{host.split('/')[0]}, process {pid}"
 
 
 def _parsed(storage: str) -> Any:
@@ -341,10 +341,20 @@ def _process_start(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""  # field 22 of the line; the name in parentheses may hold spaces
 
 
+def _process_space() -> str:
+    """This host's name and process-id namespace: where a worker's pid means the same process."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        namespace = ""
+    return f"{socket.gethostname()}/{namespace}" if namespace else socket.gethostname()
+
+
 def new_worker_id() -> str:
-    """``host:pid:start:token``: who claims trials; unique per search, the process found again by pid and start."""
+    """``host[/pidns]:pid:start:token``: who claims trials; unique per search, its process found again by pid
+    and start time where the pid namespace is the same (containers sharing a host name are told apart)."""
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}:{secrets.token_hex(3)}"
+    return f"{_process_space()}:{pid}:{_process_start(pid)}:{secrets.token_hex(3)}"
 
 
 def worker_alive(worker: str, heartbeat_age: float | None) -> bool:
@@ -352,8 +362,8 @@ def worker_alive(worker: str, heartbeat_age: float | None) -> bool:
     if heartbeat_age is None or heartbeat_age > CLAIM_GRACE_SECONDS:
         return False
     host, pid_text, start = (worker.split(":") + ["", "", ""])[:3]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return True  # another machine: its heartbeat says
+    if host != _process_space() or not pid_text.isdigit():
+        return True  # another machine or container: its heartbeat says
     pid = int(pid_text)
     if pid == os.getpid():
         return worker in _ACTIVE
