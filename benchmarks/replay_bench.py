@@ -384,8 +384,10 @@ def _markdown(doc: dict) -> str:
              "thread starts at the offset of its first event from the start of the trace — for the 8 DLRM ranks "
              "that is their measured skew entering step 10 (it comes from step 9, outside the trace); every start "
              "time after that is decided by dependencies and processor order. Single-rank traces of multi-rank "
-             "jobs (ResNet-50 rank 0 of 2, recsys rank 3 of 8) have no partner ranks: their collectives keep "
-             "their measured durations, waiting included.\n")
+             "jobs (ResNet-50 rank 0 of 2, recsys rank 3 of 8) have no partner ranks: their collectives last the "
+             "collective model's transfer for their message size (`--collectives modelled`, the default), the "
+             "rest of the measured kernel time being the peer wait (`experiments/results/replay_error.md`); "
+             "recsys records no message sizes, so its collectives keep their measured durations.\n")
     L.append("## Breakdown (Lumos Fig. 5), slowest rank, over the replayed steps, ms\n")
     L.append("| trace | run | exposed compute | exposed comm | overlap | idle | total |")
     L.append("|---|---|---:|---:|---:|---:|---:|")

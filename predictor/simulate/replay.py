@@ -4,8 +4,9 @@
 graph (:func:`~predictor.sources.traces.build.build_graph`), simulates it with the measured task
 durations (:class:`~predictor.simulate.MeasuredTiming`: kernels and host compute segments; every wait —
 syncs, blocking copies, launches held by a full queue, collectives, cross-thread and cross-stream
-dependencies — is recomputed by the simulator) and returns a :class:`ReplayResult`: per rank and
-ProfilerStep the measured and simulated time with Lin et al.'s kernel-sum baseline, the Lumos Fig. 5
+dependencies — is recomputed by the simulator; a collective without its peers' traces lasts its modelled
+transfer, :mod:`~predictor.sources.traces.collectives`) and returns a :class:`ReplayResult`: per rank and
+ProfilerStep the measured and simulated time with Lin et al.'s kernel-sum baseline, the peer wait, the Lumos Fig. 5
 breakdown of both (a CPU capture's compute: its host ops), the critical path, and the GPU utilisation
 over time (Lumos Fig. 6) of both. :func:`scaled_durations` perturbs the measured durations (the
 replay must follow); :mod:`~predictor.simulate.kineto_export` writes the simulated run as Kineto traces.
@@ -21,6 +22,7 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,10 +31,14 @@ from predictor.graph import Category, GraphBuilder, ProcKind
 from predictor.simulate import Breakdown, MeasuredTiming, Timeline, simulate, union_length
 from predictor.sources.traces._io import no_gc
 from predictor.sources.traces.build import ReplayGraph, build_graph
+from predictor.sources.traces.collectives import CollectivePricing, price_collectives
 from predictor.sources.traces.load import TraceSet, load_traces
 
-__all__ = ["ReplayResult", "replay", "replay_graph", "scaled_durations", "measured_timeline", "window_breakdown",
-           "busy_fraction", "kernel_sum_s", "work_masks", "HOST_COMM_PREFIXES"]
+if TYPE_CHECKING:
+    from predictor.timing.platforms.schema import Platform
+
+__all__ = ["ReplayResult", "replay", "replay_graph", "replay_durations", "scaled_durations", "measured_timeline",
+           "window_breakdown", "busy_fraction", "kernel_sum_s", "work_masks", "HOST_COMM_PREFIXES"]
 
 
 def _clip(start: np.ndarray, end: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
@@ -130,6 +136,8 @@ class ReplayResult:
     graph: ReplayGraph
     timeline: Timeline
     measured: Timeline
+    #: the collectives without their peers' traces, priced by the collective model (None: not priced)
+    collectives: CollectivePricing | None = None
 
     # ------------------------------------------------------------------ steps
     def steps(self) -> pd.DataFrame:
@@ -163,6 +171,22 @@ class ReplayResult:
         out["kernel_sum_s"] = [kernel_sum_s(tl, self.measured, int(r.graph_rank), float(r.measured_start_s),
                                             float(r.measured_start_s + r.measured_s)) for r in out.itertuples()]
         out["kernel_sum_error_pct"] = (out["kernel_sum_s"] - out["measured_s"]) / out["measured_s"] * 100.0
+        out["peer_wait_s"] = self._peer_wait(out)
+        return out
+
+    def _peer_wait(self, df: pd.DataFrame) -> np.ndarray:
+        """Per step row, the measured NCCL time minus the modelled transfer of the collectives without their
+        peers that started in the measured step (seconds; 0 where there are none)."""
+        cp = self.collectives
+        out = np.zeros(len(df))
+        if cp is None or not cp.tasks.size:
+            return out
+        start = self.measured.start[cp.tasks]
+        rank = self.graph.graph.rank[cp.tasks]
+        wait = cp.wait_s
+        for i, r in enumerate(df.itertuples()):
+            sel = (rank == r.graph_rank) & (start >= r.measured_start_s) & (start < r.measured_start_s + r.measured_s)
+            out[i] = float(wait[sel].sum())
         return out
 
     def iteration_s(self) -> tuple[float, float]:
@@ -280,7 +304,8 @@ class ReplayResult:
             "steps": [
                 {"name": str(r.name), "rank": int(r.rank), "measured_s": float(r.measured_s),
                  "predicted_s": float(r.predicted_s), "error_pct": float(r.error_pct),
-                 "kernel_sum_s": float(r.kernel_sum_s), "kernel_sum_error_pct": float(r.kernel_sum_error_pct)}
+                 "kernel_sum_s": float(r.kernel_sum_s), "kernel_sum_error_pct": float(r.kernel_sum_error_pct),
+                 "peer_wait_s": float(r.peer_wait_s)}
                 for r in df.itertuples()
             ],
             "measured_iteration_s": meas,
@@ -296,8 +321,9 @@ class ReplayResult:
             ],
             "gpu_start_deviation_s": self.gpu_start_deviation_s(),
             "launch_fraction": rg.launch_fraction,
+            "collectives": self.collectives.as_dict() if self.collectives is not None else None,
             "graph": {**rg.graph.summary(), "dependencies": {k: v for k, v in rg.stats.items()}},
-            "notes": list(rg.notes),
+            "notes": list(rg.notes) + (list(self.collectives.notes) if self.collectives is not None else []),
         }
 
 
@@ -309,20 +335,34 @@ def measured_timeline(rg: ReplayGraph) -> Timeline:
                     np.full(max(g.n_groups, 0), -1, dtype=np.int64))
 
 
-def replay_graph(rg: ReplayGraph, durations: np.ndarray | None = None) -> ReplayResult:
-    """Simulate a built replay graph with its measured durations (or ``durations``, seconds per task)."""
-    timing = MeasuredTiming() if durations is None else np.asarray(durations, dtype=np.float64)
-    tl = simulate(rg.graph, timing, launch_fraction=rg.launch_fraction)
-    return ReplayResult(graph=rg, timeline=tl, measured=measured_timeline(rg))
+def _pricing(rg: ReplayGraph, collectives: str, platform: Platform | None) -> CollectivePricing:
+    return price_collectives(rg.graph, rg.world_size, rg.devices, mode=collectives, platform=platform)
 
 
-def scaled_durations(rg: ReplayGraph, *, gpu: float = 1.0, host: float = 1.0,
-                     ranks: list[int] | None = None) -> np.ndarray:
-    """The measured durations (seconds) with every GPU task (kernel, copy, set; collectives excluded)
+def replay_durations(rg: ReplayGraph, collectives: str = "modelled", platform: Platform | None = None) -> np.ndarray:
+    """Seconds per task the replay simulates: the measured ones, except that in ``"modelled"`` mode a
+    collective without its peers' traces lasts its modelled transfer (:mod:`~predictor.sources.traces.collectives`;
+    ``platform``: the GPU to price it on, default the catalog's match of the traced GPU)."""
+    return _pricing(rg, collectives, platform).durations(MeasuredTiming().durations(rg.graph))
+
+
+def replay_graph(rg: ReplayGraph, durations: np.ndarray | None = None, *, collectives: str = "modelled",
+                 platform: Platform | None = None) -> ReplayResult:
+    """Simulate a built replay graph with :func:`replay_durations` (or ``durations``, seconds per task);
+    ``collectives``: ``"modelled"`` or ``"measured"`` durations of the collectives without their peers."""
+    pricing = _pricing(rg, collectives, platform)
+    d = pricing.durations(MeasuredTiming().durations(rg.graph)) if durations is None else durations
+    tl = simulate(rg.graph, np.asarray(d, dtype=np.float64), launch_fraction=rg.launch_fraction)
+    return ReplayResult(graph=rg, timeline=tl, measured=measured_timeline(rg), collectives=pricing)
+
+
+def scaled_durations(rg: ReplayGraph, *, gpu: float = 1.0, host: float = 1.0, ranks: list[int] | None = None,
+                     collectives: str = "modelled") -> np.ndarray:
+    """:func:`replay_durations` (seconds) with every GPU task (kernel, copy, set; collectives excluded)
     multiplied by ``gpu`` and every host compute task (op segments, overhead gaps, runtime calls; not the
     waits) by ``host``, on graph ranks ``ranks`` (default: all) — a perturbation the replay must follow."""
     g = rg.graph
-    d = MeasuredTiming().durations(g)
+    d = replay_durations(rg, collectives)
     on = np.ones(g.n_tasks, dtype=bool) if ranks is None else np.isin(g.rank, ranks)
     gpu_work = on & g.is_gpu() & (g.category != Category.SYNC) & (g.category != Category.COMMUNICATION)
     host_work = on & ~g.is_gpu() & (g.category == Category.CPU)
@@ -344,8 +384,10 @@ def _warm_simulator() -> threading.Thread:
     return th
 
 
-def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_et: bool = True) -> ReplayResult:
-    """Read, build and simulate the traces at ``source`` (file, folder, archive or a TraceSet)."""
+def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_et: bool = True,
+           collectives: str = "modelled", platform: Platform | None = None) -> ReplayResult:
+    """Read, build and simulate the traces at ``source`` (file, folder, archive or a TraceSet);
+    ``collectives``/``platform``: see :func:`replay_graph`."""
     warm = _warm_simulator()
     # the garbage collector paused until the traces are freed: on resuming after each reader it walked the
     # 10^5 containers just read (11 ms of a 24k-task replay), which are garbage by the end
@@ -354,4 +396,4 @@ def replay(source: str | Path | TraceSet, et: str | Path | None = None, *, use_e
         rg = build_graph(ts)
         del ts
         warm.join()
-        return replay_graph(rg)
+        return replay_graph(rg, collectives=collectives, platform=platform)

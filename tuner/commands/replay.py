@@ -8,6 +8,8 @@ writes into ``--out`` the simulated timeline (beside the measured one) as a Chro
 simulated timeline in the Kineto schema (``simulated.kineto.json.gz``, one file per rank under
 ``simulated_kineto/`` for several ranks), a GPU-utilisation PNG (measured vs simulated, Lumos Fig. 6; none
 without a GPU) and ``replay.json`` (last, atomically). ``--json`` prints that summary on stdout and nothing else.
+In a trace of some ranks of a job, ``--collectives modelled`` (default) gives each collective its modelled
+transfer and reports the rest of its measured time per step as the peer wait; ``measured`` keeps it.
 """
 
 from __future__ import annotations
@@ -56,12 +58,21 @@ def _print_report(summary: dict, out: Path | None) -> None:
     from tuner.commands.common import console
 
     t = Table(title=f"Replay of {summary['source']} ({summary['ranks']} rank(s) of {summary['world_size']})")
-    for col in ("rank", "step", "measured ms", "simulated ms", "error %", "kernel sum ms", "error %"):
+    coll = summary.get("collectives") or {}
+    waits = bool(coll.get("priced"))
+    cols = ["rank", "step", "measured ms", "simulated ms", "error %", "kernel sum ms", "error %"]
+    for col in cols + (["peer wait ms"] if waits else []):
         t.add_column(col, justify="right" if col != "step" else "left")
     for s in summary["steps"]:
         t.add_row(str(s["rank"]), s["name"], f"{s['measured_s'] * 1e3:.3f}", f"{s['predicted_s'] * 1e3:.3f}",
-                  f"{s['error_pct']:+.2f}", f"{s['kernel_sum_s'] * 1e3:.3f}", f"{s['kernel_sum_error_pct']:+.1f}")
+                  f"{s['error_pct']:+.2f}", f"{s['kernel_sum_s'] * 1e3:.3f}", f"{s['kernel_sum_error_pct']:+.1f}",
+                  *([f"{s['peer_wait_s'] * 1e3:.3f}"] if waits else []))
     console.print(t)
+    if waits:
+        console.print(
+            f"collectives without their peers' traces ({coll['priced']}): {coll['mode']} durations; measured "
+            f"{coll['measured_s'] * 1e3:.3f} ms, modelled transfer on {coll['platform']} {coll['priced_s'] * 1e3:.3f} ms, "
+            f"peer wait {coll['peer_wait_s'] * 1e3:.3f} ms", highlight=False)
     console.print(
         f"iteration: measured {summary['measured_iteration_s'] * 1e3:.3f} ms, simulated "
         f"{summary['predicted_iteration_s'] * 1e3:.3f} ms; mean |error| {summary['mean_abs_error_pct']:.2f} %, "
@@ -96,19 +107,25 @@ def replay(
     et: Annotated[Path | None, typer.Option("--et", help="execution trace(s): file, folder or .tar.gz")] = None,
     no_et: Annotated[bool, typer.Option("--no-et", help="ignore execution traces")] = False,
     top: Annotated[int, typer.Option("--top", help="critical-path contributors to list")] = 10,
+    collectives: Annotated[str, typer.Option(
+        "--collectives", help="in a trace of some ranks only, collectives last their modelled transfer (modelled) "
+        "or their measured time, waiting for the absent peers included (measured)")] = "modelled",
 ) -> None:
     """Replay a captured run: measured vs simulated time per ProfilerStep, breakdown, critical path."""
     from predictor.graph import GraphError
     from predictor.simulate.kineto_export import write_kineto
     from predictor.simulate.replay import replay as run_replay
+    from predictor.sources.traces.collectives import COLLECTIVE_MODES
     from predictor.sources.traces.errors import TraceError
 
     if out.exists() and not out.is_dir():
         fail(f"--out {out}: exists and is not a folder")
     if top < 0:
         fail("--top must be >= 0")
+    if collectives not in COLLECTIVE_MODES:
+        fail(f"--collectives {collectives!r}: expected one of {', '.join(COLLECTIVE_MODES)}")
     try:
-        result = run_replay(path, et, use_et=not no_et)
+        result = run_replay(path, et, use_et=not no_et, collectives=collectives)
         summary = result.summary(top=top)
     except TraceError as exc:
         fail(str(exc))

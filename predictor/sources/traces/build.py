@@ -43,7 +43,8 @@ Dependencies (Lumos §3.3.2)
   into collective groups, which the simulator ends together; every member gets the group's
   *minimum* measured duration (the last rank to arrive waits least, so its kernel time is the
   closest to the transfer itself). A single-rank trace of a multi-rank job has no partners:
-  its collectives keep their measured durations, waiting included.
+  its collectives keep their measured durations here, waiting included, and the replay prices them
+  from their message size instead (:mod:`~predictor.sources.traces.collectives`).
 
 Every edge respects the measured order of the real run (source placed no later than target),
 so the graph is acyclic; durations are the measured ones except for waits, which the
@@ -122,6 +123,8 @@ class ReplayGraph:
     task_op: np.ndarray | None = None
     #: per processor, (pid, tid) of a CPU thread or (device, stream) of a GPU stream, as in the trace
     proc_ids: list[tuple[int, int]] = field(default_factory=list)
+    #: the GPU names the traces record (Kineto's ``deviceProperties``), every rank's in rank order
+    devices: list[str] = field(default_factory=list)
 
 
 class TraceGraphBuilder(GraphBuilder):
@@ -211,7 +214,8 @@ class TraceGraphBuilder(GraphBuilder):
                            trace_ranks=[i.trace.rank for i in infos], world_size=self.trace_set.world_size,
                            launch_fraction=launch_fraction, t0_us=t0, notes=self.notes, stats=self.stats,
                            task_event=task_ev, task_call=task_call, task_op=task_op,
-                           proc_ids=[self.proc_ids.get(p, (-1, p)) for p in range(g.n_procs)])
+                           proc_ids=[self.proc_ids.get(p, (-1, p)) for p in range(g.n_procs)],
+                           devices=[str(d) for i in infos for d in i.trace.kineto.meta.get("devices", [])])
 
 
 def build_graph(trace_set: TraceSet) -> ReplayGraph:

@@ -324,7 +324,8 @@ def load_traces(path: str | Path, et: str | Path | None = None, *, use_et: bool 
     ranks.sort(key=lambda r: r.rank)
     if len(ranks) == 1 and world > 1:
         notes.append(
-            f"single-rank trace of a {world}-rank job: collectives keep their measured durations "
-            "(transfer plus waiting for the absent peers)"
+            f"single-rank trace of a {world}-rank job: its collectives' measured durations include waiting for "
+            "the absent peers; the replay prices them from their message size (--collectives modelled) or keeps "
+            "them (--collectives measured)"
         )
     return TraceSet(source=str(path), ranks=ranks, world_size=world, notes=notes)
