@@ -189,3 +189,20 @@ def test_two_searches_on_one_postgres_study_share_the_work(tmp_path, space_file,
         engine.dispose()
     finished = [key for state, key in rows if state in ("COMPLETE", "PRUNED")]
     assert len(finished) == OUTCOMES == len(set(finished)) and all(state != "RUNNING" for state, _ in rows)
+
+
+def test_an_interrupted_search_gives_its_claims_back(tmp_path, space_file):
+    db = tmp_path / "shared.db"
+    storage = f"sqlite:///{db}"
+    proc = _start(tmp_path, "a", storage, 30.0, [])
+    _wait_for_claim(db, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "--resume" in err, err
+    rows = _trials(db)
+    assert rows and not [r for r in rows if r[0] == "RUNNING"]
+    assert all("interrupted" in e for s, _, e in rows if s == "FAIL")
+    res = CliRunner().invoke(app, ["search", str(space_file), "--out", str(tmp_path / "a"), "--storage", storage,
+                                   "--workers", "0", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert len([r for r in _trials(db) if r[0] in ("COMPLETE", "PRUNED")]) == OUTCOMES
