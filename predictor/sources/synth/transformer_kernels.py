@@ -12,7 +12,8 @@ Korthikanti et al. 2022), emitted onto a template graph for one representative r
   with SP the re-gather of the GEMM input for wgrad (Korthikanti §4.2.2).
 * **Attention**: ``attention="flash"`` (default) is one fused kernel per pass (FLOPs of the
   causal half, ``4 b s^2 h / t x 1/2``; backward 2.5x forward, since it recomputes the scores)
-  and stores no ``s x s`` matrix; ``"unfused"`` is the pre-FlashAttention Megatron path the
+  and stores no ``s x s`` matrix; ``"flash2"`` and ``"flash_triton"`` are the same kernels of op
+  kind ``attn_<impl>`` (``_bwd``), timed at the implementation's published speed; ``"unfused"`` is the pre-FlashAttention Megatron path the
   2021-2022 papers measured: batched QK^T GEMM, fused scale-mask-softmax, dropout, GEMM with V
   (full ``s x s``, no causal skipping).
 * **MoE** (``moe``): router GEMM + top-k, all-to-all dispatch over the expert-parallel group
@@ -43,6 +44,7 @@ from predictor.graph import Category, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.sources.synth.emit import ExecMode, Kernel, OpEmitter, column_sum, concat, eltwise, gemm
 from predictor.sources.synth.transformer_memory import layer_param_count
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
+from predictor.timing.kernels.attention import attention_kind
 
 __all__ = ["GroupLayout", "StepEmitter", "StepKernels", "collective", "group_span"]
 
@@ -223,12 +225,16 @@ class StepKernels:
             e.op(f"{name}.wgrad", wgrad)
 
     # -------------------------------------------------------------- attention core
+    def _fused_kind(self, backward: bool) -> str:
+        """Op kind of the fused attention kernel: ``bmm`` for ``"flash"``, else the implementation's own."""
+        return "bmm" if self.spec.attention == "flash" else attention_kind(self.spec.attention, backward)
+
     def _attn_fwd(self, e: StepEmitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
-        if self.spec.attention == "flash":
+        if self.spec.fused_attention:
             causal = 0.5 if self.spec.causal else 1.0
             flops = 4.0 * b * s * s * hl * d * causal
-            k = (f"{p}flash_attn_fwd", "bmm", Category.COMPUTE,
+            k = (f"{p}flash_attn_fwd", self._fused_kind(False), Category.COMPUTE,
                  {"m": s, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
                   "bytes": 4.0 * self.T * hl * d * dt})
             e.op(f"{p}core_attention", [k])
@@ -253,10 +259,10 @@ class StepKernels:
 
     def _attn_bwd(self, e: StepEmitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
-        if self.spec.attention == "flash":
+        if self.spec.fused_attention:
             causal = 0.5 if self.spec.causal else 1.0
             flops = 2.5 * 4.0 * b * s * s * hl * d * causal
-            k = (f"{p}flash_attn_bwd", "bmm", Category.COMPUTE,
+            k = (f"{p}flash_attn_bwd", self._fused_kind(True), Category.COMPUTE,
                  {"m": s, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
                   "bytes": 8.0 * self.T * hl * d * dt})
             e.op(f"{p}core_attention.backward", [k])

@@ -116,7 +116,7 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         routed = s * b * spec.moe.top_k * spec.moe.capacity_factor  # token copies through the experts
         split_mlp = routed * (4.0 * f + 2.0 * h) + 4.0 * s * b * spec.moe.experts  # + router probs
     out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
-    if spec.attention == "flash":
+    if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token
     elif plan.recompute != "selective":
         out += 5.0 * a * s * s * b / t  # scores, softmax output, dropout mask and output

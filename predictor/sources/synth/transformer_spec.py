@@ -15,10 +15,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-__all__ = ["DTYPE_BYTES", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError", "check_plan"]
+__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError", "check_plan"]
 
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: attention cores the synthesiser emits (:attr:`TransformerSpec.attention`)
+ATTENTION_VALUES = ("flash", "flash2", "flash_triton", "unfused")
 
 
 class PlanError(ValueError):
@@ -47,7 +49,11 @@ class TransformerSpec:
     ffn_mult: float = 4.0
     moe: MoESpec | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    attention: Literal["flash", "unfused"] = "flash"
+    #: attention core: ``"flash"`` (one fused kernel per pass, priced as a GEMM of its FLOPs), ``"flash2"``
+    #: (FlashAttention-2's CUDA kernels) or ``"flash_triton"`` (FlashAttention in Triton, llm-foundry's
+    #: ``attn_impl: triton``), both at their published speeds (:mod:`predictor.timing.kernels.attention`),
+    #: or ``"unfused"`` (Megatron's batched GEMMs, softmax and dropout over the full ``s x s`` scores)
+    attention: Literal["flash", "flash2", "flash_triton", "unfused"] = "flash"
     causal: bool = True
     tie_embeddings: bool = True
     name: str = "transformer"
@@ -71,6 +77,11 @@ class TransformerSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def fused_attention(self) -> bool:
+        """One fused attention kernel per pass, no ``s x s`` matrix stored (every value but ``"unfused"``)."""
+        return self.attention != "unfused"
 
     @property
     def head_dim(self) -> float:
@@ -112,6 +123,8 @@ class TransformerSpec:
                 raise PlanError(f"model {field_name} must be >= 1 (got {getattr(self, field_name)})")
         if self.hidden % self.heads:
             raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
+        if self.attention not in ATTENTION_VALUES:
+            raise PlanError(f"attention must be one of {', '.join(ATTENTION_VALUES)} (got {self.attention!r})")
         if self.moe is not None and (self.moe.experts < 1 or not 1 <= self.moe.top_k <= self.moe.experts):
             raise PlanError(f"MoE needs 1 <= top_k <= experts (got top_k={self.moe.top_k}, experts={self.moe.experts})")
 

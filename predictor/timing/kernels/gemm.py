@@ -6,6 +6,10 @@ achieved FLOP rate as ``peak * eff_max * f / (f + f_half)`` where ``f`` is the G
 count and ``f_half`` the FLOP count that reaches half the ceiling (``peak * t_half_s``). Time
 is the larger of that compute time and the memory time of reading A, B and writing C, plus
 the device's kernel floor. Calibration replaces this with the MLP of Lin et al. 2022.
+
+Fused attention kernels of a named implementation (``attn_flash2``, ``attn_flash_triton`` and their
+``_bwd``) are timed at that implementation's published speed (:mod:`.attention`) where the platform
+has figures and the kernel runs in 16-bit, else as a GEMM of their FLOPs.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from predictor.timing.kernels.attention import ATTENTION_KINDS, attention_seconds
 from predictor.timing.kernels.base import KernelModel, TaskView
 from predictor.timing.platforms.schema import Platform
 
@@ -33,7 +38,7 @@ class GemmParams:
 class AnalyticGemm(KernelModel):
     """Roofline GEMM with a saturating efficiency curve (analytic default)."""
 
-    kinds = ("gemm", "mm", "addmm", "bmm", "linear", "matmul", "conv2d", "conv")
+    kinds = ("gemm", "mm", "addmm", "bmm", "linear", "matmul", "conv2d", "conv", *ATTENTION_KINDS)
     name = "analytic-gemm"
 
     def __init__(self, params: GemmParams | None = None) -> None:
@@ -57,7 +62,13 @@ class AnalyticGemm(KernelModel):
         rate = peak * platform.gemm_efficiency_max * flops / (flops + f_half + 1e-30)
         t_compute = np.where(flops > 0, flops / np.maximum(rate, 1e-30), 0.0)
         t_memory = moved / (platform.memory_bandwidth * platform.memory_efficiency)
-        return np.maximum(t_compute, t_memory) + platform.kernel_floor_s
+        out = np.maximum(t_compute, t_memory) + platform.kernel_floor_s
+        if tasks.kind in ATTENTION_KINDS and len(tasks) and np.all(dt == 2):
+            # m = n = sequence, k = head dim, batch = samples x heads (transformer_kernels' flash kernels)
+            published = attention_seconds(tasks.kind, m, k, b * np.ones_like(m), flops, platform)
+            if published is not None:
+                return published
+        return out
 
     def _peak(self, platform: Platform, dtype_bytes: float) -> float:
         dtype = DTYPE_BY_BYTES.get(int(dtype_bytes) if np.isfinite(dtype_bytes) else 4, "fp32")

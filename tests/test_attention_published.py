@@ -1,0 +1,113 @@
+"""Fused attention implementations timed at their published speeds (predictor/timing/kernels/attention.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from predictor.simulate import simulate
+from predictor.sources.synth.transformer import (
+    ParallelPlan,
+    PlanError,
+    TransformerSpec,
+    build_transformer_graph,
+    transformer_timing,
+)
+from predictor.sources.synth.transformer_memory import memory_per_stage
+from predictor.timing.kernels import AnalyticGemm, TaskView
+from predictor.timing.kernels.attention import FWD_BWD, SEQS, attention_kind, published_tflops
+from predictor.timing.platforms import get_platform
+
+DATA = Path(__file__).resolve().parents[1] / "experiments" / "multinode_published.yaml"
+SPEC = TransformerSpec(layers=2, hidden=1024, heads=8, seq=2048, vocab=4096)  # head dim 128
+PLAN = ParallelPlan(micro_batch=2, global_batch=2)
+
+
+def test_figure_bars_are_returned_at_their_settings():
+    # FlashAttention-2 paper, A100, causal, head dim 128, seqlen 2k: Triton 68, FlashAttention-2 155 TFLOP/s
+    assert published_tflops("a100", "flash_triton", True, 128, 2048, backward=False) == 68
+    assert published_tflops("a100", "flash2", True, 128, 2048, backward=True) == 155
+    # H100 FlashAttention-2: the forward alone is published (FlashAttention-3 paper, 298 at 2k, causal, d 128)
+    assert published_tflops("h100", "flash2", True, 128, 2048, backward=False) == 298
+
+
+def test_h100_backward_rate_reproduces_the_published_forward_plus_backward():
+    for seq in SEQS:
+        fwd = published_tflops("h100", "flash2", True, 128, seq, backward=False)
+        bwd = published_tflops("h100", "flash2", True, 128, seq, backward=True)
+        both = FWD_BWD[("h100", "flash2", True, 128)][SEQS.index(seq)]
+        assert 3.5 / (1 / fwd + 2.5 / bwd) == pytest.approx(both)
+
+
+def test_rates_interpolate_in_log_seqlen_and_head_dim_and_hold_at_the_ends():
+    mid = published_tflops("a100", "flash2", True, 128, 2 ** 10.5, backward=False)
+    assert mid == pytest.approx((133 + 155) / 2)
+    d96 = published_tflops("a100", "flash_triton", True, 96, 2048, backward=False)
+    assert d96 == pytest.approx((79 + 68) / 2)
+    assert published_tflops("a100", "flash2", True, 128, 128, backward=False) == 99
+    assert published_tflops("a100", "flash2", True, 256, 65536, backward=False) == 189
+    # bars hidden under the figure's legend are skipped, not read as zero
+    assert published_tflops("a100", "flash2", False, 128, 512, backward=False) == 187
+
+
+def _attn_task(platform_key: str, kind: str, dtype_bytes: float = 2.0) -> float:
+    b, s, h, d = 2, 2048, 8, 128
+    flops = 4.0 * b * s * s * h * d * 0.5 * (2.5 if kind.endswith("_bwd") else 1.0)
+    view = TaskView.single(kind, m=s, n=s, k=d, batch=b * h, dtype_bytes=dtype_bytes, flops=flops,
+                           bytes=4.0 * b * s * h * d * 2)
+    return float(AnalyticGemm().predict(view, get_platform(platform_key))[0]), flops
+
+
+def test_kernel_time_is_flops_over_the_published_rate():
+    plat = get_platform("a100-80gb")
+    t, flops = _attn_task("a100-80gb", attention_kind("flash_triton", False))
+    assert t == pytest.approx(flops / 68e12 + plat.kernel_floor_s)
+    t_bwd, flops_bwd = _attn_task("h100-sxm", attention_kind("flash2", True))
+    rate = published_tflops("h100", "flash2", True, 128, 2048, backward=True)
+    assert t_bwd == pytest.approx(flops_bwd / (rate * 1e12) + get_platform("h100-sxm").kernel_floor_s)
+    # the H200 is timed with the H100's figures (same die)
+    assert _attn_task("h200", attention_kind("flash2", True))[0] == pytest.approx(t_bwd, rel=0.05)
+
+
+def test_platforms_without_figures_and_fp32_fall_back_to_the_gemm_path():
+    gemm_priced = _attn_task("mi300x", "bmm")[0]
+    assert _attn_task("mi300x", attention_kind("flash_triton", False))[0] == pytest.approx(gemm_priced)
+    fp32_gemm = _attn_task("a100-80gb", "bmm", dtype_bytes=4.0)[0]
+    assert _attn_task("a100-80gb", attention_kind("flash2", False), dtype_bytes=4.0)[0] == pytest.approx(fp32_gemm)
+
+
+def _iteration(attention: str, key: str = "a100-80gb") -> float:
+    spec = TransformerSpec(**{**SPEC.to_dict(), "attention": attention, "moe": None})
+    timing = transformer_timing(get_platform(key))
+    return simulate(build_transformer_graph(spec, PLAN, detail="kernel", timing=timing), timing).iteration_s
+
+
+def test_implementations_order_an_iteration_as_their_published_speeds():
+    # A100 ceiling x peak > FlashAttention-2's 155 > Triton's 68 TFLOP/s at this shape
+    flash, flash2, triton = (_iteration(a) for a in ("flash", "flash2", "flash_triton"))
+    assert flash < flash2 < triton
+
+
+def test_fused_implementations_share_flash_attentions_memory_and_kernels():
+    mem = {a: memory_per_stage(TransformerSpec(**{**SPEC.to_dict(), "attention": a, "moe": None}), PLAN)[0].total_bytes
+           for a in ("flash", "flash2", "flash_triton", "unfused")}
+    assert mem["flash"] == mem["flash2"] == mem["flash_triton"] < mem["unfused"]
+    g = build_transformer_graph(TransformerSpec(**{**SPEC.to_dict(), "attention": "flash2", "moe": None}), PLAN,
+                                detail="kernel")
+    kinds = np.asarray(g.kinds, dtype=object)[g.kind]
+    assert (kinds == "attn_flash2").sum() == (kinds == "attn_flash2_bwd").sum() == SPEC.layers
+
+
+def test_unknown_attention_is_one_plan_error():
+    with pytest.raises(PlanError, match="attention must be one of"):
+        TransformerSpec(**{**SPEC.to_dict(), "attention": "flash3", "moe": None}).validate()
+
+
+def test_mosaicml_sources_ran_llm_foundrys_triton_attention():
+    doc = yaml.safe_load(DATA.read_text())["sources"]
+    for key, src in doc.items():
+        if key.startswith("mosaic"):
+            assert src["defaults"]["attention"] == "flash_triton", key
