@@ -244,6 +244,47 @@ def gemm_shape_terms(min_flops: float = 2e10, peak: float = 989e12, sms: int = 1
     return out
 
 
+def attention_shares(rows: list[Row], comm: str, eff: dict[str, float]) -> dict:
+    """Is the MosaicML miss attention? Per MosaicML row: the predicted share of the iteration in the fused
+    attention kernels (forward, backward; the data file's implementation), the error with attention priced as a
+    GEMM of its FLOPs at the chip's ceiling (``attention: flash``) and with the data file's implementation;
+    Pearson r of the GEMM-priced error with the attention share, over all rows and within rows with and
+    without activation checkpointing."""
+    out = []
+    for r in rows:
+        if not r.key.startswith("mosaic"):
+            continue
+        plat = platform_for(r.platform, comm, eff.get(r.platform))
+        plan = ParallelPlan(**r.plan)
+        res, tl = predict_plan(TransformerSpec(**r.spec), plan, plat, devices=r.gpus, detail="kernel", keep_timeline=True)
+        flash, _ = predict_plan(TransformerSpec(**dict(r.spec, attention="flash")), plan, plat, devices=r.gpus)
+        if tl is None or flash["predicted_iteration_s"] is None:
+            continue
+        names = np.asarray(tl.graph.names, dtype=object)[tl.graph.name]
+        it = tl.iteration_s
+        fwd = float(tl.duration[np.char.endswith(names.astype(str), "flash_attn_fwd")].sum())
+        bwd = float(tl.duration[np.char.endswith(names.astype(str), "flash_attn_bwd")].sum())
+        out.append({"platform": r.platform, "model": r.model, "gpus": r.gpus, "split": r.split,
+                    "attention": r.spec.get("attention", "flash"), "checkpointing": r.plan.get("recompute") == "full",
+                    "attn_fwd_share_pct": fwd / it * 100, "attn_bwd_share_pct": bwd / it * 100,
+                    "error_pct_gemm_priced": (flash["predicted_iteration_s"] / r.measured_s - 1) * 100,
+                    "error_pct": (it / r.measured_s - 1) * 100})
+
+    def pearson(sel: list[dict]) -> float | None:
+        if len(sel) < 3:
+            return None
+        share = [x["attn_fwd_share_pct"] + x["attn_bwd_share_pct"] for x in sel]
+        return float(np.corrcoef(share, [x["error_pct_gemm_priced"] for x in sel])[0, 1])
+
+    groups = {"all": out, "checkpointing": [x for x in out if x["checkpointing"]],
+              "no checkpointing": [x for x in out if not x["checkpointing"]]}
+    return {"rows": out, "groups": {k: {"rows": len(v), "pearson_share_vs_error": pearson(v),
+                                        "mean_share_pct": float(np.mean([x["attn_fwd_share_pct"] + x["attn_bwd_share_pct"] for x in v])),
+                                        "mean_error_pct_gemm_priced": float(np.mean([x["error_pct_gemm_priced"] for x in v])),
+                                        "mean_error_pct": float(np.mean([x["error_pct"] for x in v]))}
+                                    for k, v in groups.items() if v}}
+
+
 def sweep_checks(comm: str, eff: float) -> list[dict]:
     """SC21 §5.4's orderings (64 A100s, micro-batch 1, batch 128 / 512): predicted TFLOP/s per GPU."""
     plat = platform_for("a100-80gb", comm, eff)
@@ -294,6 +335,7 @@ def run(rows: list[Row], comm: str) -> dict:
         "within_model_spearman": ranks,
         "spearman_held_out": spearman_summary(ranks),
         "sc21_sweeps": sweep_checks(comm, eff["a100-80gb"]),
+        "attention": attention_shares(rows, comm, eff) if comm == "nccl" else None,
         "predicted_s": cal.tolist(), "error_pct": err_c.tolist(), "seconds": time.perf_counter() - t0,
     }
 
@@ -375,6 +417,24 @@ def render(p: dict) -> str:
     for g in p.get("gemm_shape_terms", []):
         L.append(f"| {g['variant']} | {', '.join(f'{v:.3g}' for v in g['params'])} | {g['fit_rows']} | "
                  f"{g['fit_mean_abs_pct']:.1f} | {g['held_out_rows']} | {g['held_out_mean_abs_pct']:.1f} |")
+    att = next((p["models"][c]["attention"] for c in ms if p["models"][c].get("attention")), None)
+    if att:
+        L += ["", "## Attention share of the MosaicML rows (NCCL model, fitted ceilings)", "",
+              "Every MosaicML table ran llm-foundry's `attn_impl: triton`. Attention share: the predicted fused attention "
+              "kernels (forward incl. the recomputed one, backward) over the iteration, priced at the data file's "
+              "implementation's published speed. Error GEMM-priced: the same row with attention timed as a GEMM of its "
+              "FLOPs at the chip's ceiling (`attention: flash`). Pearson r: attention share against the GEMM-priced error.", "",
+              "| rows | n | mean attention share % | Pearson r (share, GEMM-priced error) | mean error % GEMM-priced | mean error % |",
+              "|---|--:|--:|--:|--:|--:|"]
+        for k, g in att["groups"].items():
+            L.append(f"| {k} | {g['rows']} | {g['mean_share_pct']:.1f} | {_f(g['pearson_share_vs_error'], '{:+.2f}')} | "
+                     f"{g['mean_error_pct_gemm_priced']:+.1f} | {g['mean_error_pct']:+.1f} |")
+        L += ["", "| platform | model | GPUs | split | checkpointing | attention | fwd share % | bwd share % | error % GEMM-priced | error % |",
+              "|---|---|--:|---|---|---|--:|--:|--:|--:|"]
+        for x in att["rows"]:
+            L.append(f"| {x['platform']} | {x['model']} | {x['gpus']} | {x['split']} | {'yes' if x['checkpointing'] else 'no'} | "
+                     f"{x['attention']} | {x['attn_fwd_share_pct']:.1f} | {x['attn_bwd_share_pct']:.1f} | "
+                     f"{x['error_pct_gemm_priced']:+.1f} | {x['error_pct']:+.1f} |")
     L += ["", "## SC21 §5.4 orderings (64 A100s; text claims, no published numbers)", "",
           "| figure | claim | (t, p, d) | " + " | ".join(f"{c}: TFLOP/s/GPU" for c in ms) + " | " +
           " | ".join(f"{c} holds" for c in ms) + " |", "|---|---|---|" + "---|" * (2 * len(ms))]
