@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 import tarfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,35 +173,6 @@ def _read_documents(path: Path) -> list[tuple[str, object]]:
     return [(str(path), _parse(data, str(path)))]
 
 
-class _Prefetch:
-    """The documents of the execution trace next to ``path`` (:func:`sibling_et_path`), read on a thread
-    while the Kineto trace is read: decompressing runs without the GIL (12 ms of the ResNet-50 ET beside
-    the Kineto file's own parse). An error is raised by :meth:`documents`, where the serial read would
-    have raised it."""
-
-    def __init__(self, path: Path) -> None:
-        self.docs: list[tuple[str, object]] | None = None
-        self.error: BaseException | None = None
-        sib = sibling_et_path(path)
-        self.thread = threading.Thread(target=self._run, args=(sib,), name="tuner-et-read", daemon=True)
-        if sib is not None:
-            self.thread.start()
-
-    def _run(self, sib: Path) -> None:
-        try:
-            self.docs = _read_documents(sib)
-        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread
-            self.error = exc
-
-    def documents(self) -> list[tuple[str, object]]:
-        """The sibling's documents (what :func:`_read_documents` returns for it)."""
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self.docs is not None
-        return self.docs
-
-
 def _split(docs: list[tuple[str, object]], what: str) -> tuple[list[KinetoTrace], list[ExecutionTrace]]:
     kin: list[KinetoTrace] = []
     ets: list[ExecutionTrace] = []
@@ -297,7 +267,6 @@ def load_traces(path: str | Path, et: str | Path | None = None, *, use_et: bool 
     Raises :class:`TraceError` with a one-line message on any unreadable or inconsistent input.
     """
     path = Path(path)
-    sibling = _Prefetch(path) if use_et and et is None and path.is_file() else None
     docs = _read_documents(path)
     with no_gc():
         kin, ets = _split(docs, str(path))
@@ -314,7 +283,7 @@ def load_traces(path: str | Path, et: str | Path | None = None, *, use_et: bool 
         sib = sibling_et_path(path)
         if sib is not None:
             with no_gc():
-                _, ets = _split(sibling.documents() if sibling is not None else _read_documents(sib), str(sib))
+                _, ets = _split(_read_documents(sib), str(sib))
             notes.append(f"execution traces from {sib}")
     if not use_et:
         ets = []
