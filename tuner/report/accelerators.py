@@ -23,13 +23,21 @@ from predictor.timing.platforms.schema import Platform
 from tuner.report import atomic_write_text, finite, json_default
 from tuner.search.accelerators import AcceleratorSpace
 
-__all__ = ["build_payload", "print_table", "write_outputs", "render_html"]
+__all__ = ["build_payload", "per_chip", "print_table", "write_outputs", "render_html"]
 
 GIB = 2.0**30
 
 
+def per_chip(row: dict) -> float:
+    """Samples/s of one chip of a row: a pipelined dataflow row runs ``devices x pipeline_stages`` chips, so its
+    whole-system throughput over one baseline device would overstate it by the pipeline's depth."""
+    if row.get("samples_per_s_per_chip") is not None:
+        return float(row["samples_per_s_per_chip"])
+    return float(row["samples_per_s"]) / max(int(row.get("chips") or row.get("devices") or 1), 1)
+
+
 def build_payload(space: AcceleratorSpace, platforms: dict[str, Platform], infos: dict, rows: list[dict], study: dict) -> dict:
-    """The ``results.json`` document: rows with normalisation to the baseline and ranks."""
+    """The ``results.json`` document: rows with per-chip throughput normalised to the baseline, and ranks."""
     base = space.baseline_key
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
@@ -44,7 +52,7 @@ def build_payload(space: AcceleratorSpace, platforms: dict[str, Platform], infos
         for r in grp:
             r.setdefault("rank", None)
             ok_r = r.get("status") == "ok"
-            r["normalised_throughput"] = (r["samples_per_s"] / ref["samples_per_s"]) if (ok_r and ref) else None
+            r["normalised_throughput"] = (per_chip(r) / per_chip(ref)) if (ok_r and ref) else None
             pp, ref_pp = r.get("price_performance"), (ref or {}).get("price_performance")
             r["normalised_price_performance"] = (pp / ref_pp) if (ok_r and pp is not None and ref_pp) else None
         best.setdefault(model, {})[str(devices)] = ok[0]["accelerator"] if ok else None
@@ -97,7 +105,7 @@ def print_table(payload: dict, console: Console | None = None) -> None:
                         f"objective {payload['objective']}, baseline {payload['baseline']}", header_style="bold")
         for col, just in (("rank", "right"), ("accelerator", "left"), ("batch", "right"), ("on-chip", "right"),
                           ("off-chip", "right"), ("iter ms", "right"), (f"{units.get(model, 'samples')}/s", "right"),
-                          ("x base", "right"), ("USD/h", "right"), ("perf/USD/h", "right"), ("x base", "right"),
+                          ("chips", "right"), ("x base/chip", "right"), ("USD/h", "right"), ("perf/USD/h", "right"), ("x base", "right"),
                           ("status", "left")):
             t.add_column(col, justify=just, no_wrap=True)
         for r in sorted(grp, key=lambda r: (r.get("rank") is None, r.get("rank") or 0)):
@@ -112,6 +120,7 @@ def print_table(payload: dict, console: Console | None = None) -> None:
                 _mem(mem.get("off_chip_bytes")) if ok else "—",
                 _fmt(r["iteration_s"] * 1e3 if ok else None, ".1f"),
                 _fmt(r.get("samples_per_s") if ok else None, ".1f"),
+                _fmt(r.get("chips") if ok else None, "d"),
                 _fmt(r.get("normalised_throughput"), ".2f"),
                 _fmt(r.get("usd_per_hour"), ".2f"),
                 _fmt(r.get("price_performance") if ok else None, ".2f"),
@@ -138,7 +147,7 @@ def _svg_chart(payload: dict, devices: int) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), dpi=100)
     width = 0.8 / max(len(accels), 1)
     colors = plt.get_cmap("tab10").colors
-    for ax, key, title in ((axes[0], "normalised_throughput", "(a) throughput"),
+    for ax, key, title in ((axes[0], "normalised_throughput", "(a) throughput per chip"),
                            (axes[1], "normalised_price_performance", "(b) price-performance")):
         for j, a in enumerate(accels):
             xs, ys, labels = [], [], []
@@ -209,7 +218,7 @@ def render_html(payload: dict) -> str:
             unit = units[name]["sample_unit"]
             parts.append(f"<h3>{d} device{'s' if d > 1 else ''}</h3><table><tr><th>rank</th><th class='l'>accelerator"
                          "</th><th>batch/device</th><th>on-chip</th><th>off-chip</th><th>iteration ms</th>"
-                         f"<th>{e(unit)}/s</th><th>× base</th><th>USD/h</th><th>{e(unit)}/s per USD/h</th><th>× base</th>"
+                         f"<th>{e(unit)}/s</th><th>chips</th><th>× base per chip</th><th>USD/h</th><th>{e(unit)}/s per USD/h</th><th>× base</th>"
                          "<th class='l'>computation method</th><th class='l'>status</th></tr>")
             for r in grp:
                 ok = r.get("status") == "ok"
@@ -222,6 +231,7 @@ def render_html(payload: dict) -> str:
                     f"<td>{_mem(mem.get('off_chip_bytes')) if ok else '—'}</td>"
                     f"<td>{_fmt(r['iteration_s'] * 1e3 if ok else None, '.1f')}</td>"
                     f"<td>{_fmt(r.get('samples_per_s') if ok else None, '.1f')}</td>"
+                    f"<td>{_fmt(r.get('chips') if ok else None, 'd')}</td>"
                     f"<td>{_fmt(r.get('normalised_throughput'), '.2f')}</td><td>{_fmt(r.get('usd_per_hour'), '.2f')}</td>"
                     f"<td>{_fmt(r.get('price_performance') if ok else None, '.2f')}</td>"
                     f"<td>{_fmt(r.get('normalised_price_performance'), '.2f')}</td><td class='l'>{e(method)}</td>"
@@ -263,7 +273,8 @@ def _methods_section(payload: dict) -> str:
                     for k, v in methods.items())
     return ("<h2>How each number was produced</h2><ul class='methods'>" + items +
             "<li><b>throughput</b>: samples per iteration (batch x devices x gradient accumulation) / predicted "
-            "iteration time</li><li><b>price-performance</b>: throughput / (devices x catalog price per "
+            "iteration time; <b>× base</b> divides one chip's share (throughput / (devices × pipeline stages)) by one "
+            "baseline device's</li><li><b>price-performance</b>: throughput / (chips x catalog price per "
             "device-hour), as Centimani §6.2.1 defines it</li></ul>")
 
 

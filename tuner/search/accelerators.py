@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["AcceleratorSpace", "ModelEntry", "DataLoading", "Communication", "DEFAULT_BATCH_SIZES",
-           "AcceleratorContext", "ModelInfo", "build_context", "trace_model", "evaluate_unit", "unit_key",
+           "AcceleratorContext", "ModelInfo", "build_context", "trace_model", "evaluate_unit", "evaluate_chips", "unit_key",
            "unit_timeline", "unit_targets", "AcceleratorSearch"]
 
 DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -268,10 +268,12 @@ def unit_targets(space: AcceleratorSpace, platform: Platform, trace: ScalableOpG
 
 
 def unit_timeline(space: AcceleratorSpace, platform: Platform, trace: ScalableOpGraph, batch: int,
-                  devices: int) -> Timeline:
+                  devices: int, stages: int | None = None) -> Timeline:
     """The simulated iteration of ``trace`` at per-device ``batch`` on ``devices`` devices (as evaluated; in a
-    pipeline of dataflow chips, one micro-batch through the whole model)."""
-    platform = unit_targets(space, platform, trace, devices)[0][0]
+    pipeline of dataflow chips, one micro-batch through the whole model; ``stages``: that pipeline's depth,
+    default the shallowest)."""
+    targets = unit_targets(space, platform, trace, devices)
+    platform = next((t for t, s in targets if s == stages), targets[0][0])
     usage = place(memory_timeline(trace.at(batch), _extras(space, trace, devices)), platform,
                   usable_fraction=space.memory_fraction)
     graph, timing, _ = prepare_iteration(trace.at(batch), platform, usage, _options(space, devices))
@@ -348,6 +350,27 @@ def evaluate_unit(
             for target, stages in unit_targets(space, platform, trace, devices)]
     ok = [r for r in rows if r.get("status") == "ok"]
     return min(ok, key=lambda r: r["objective"]) if ok else rows[0]
+
+
+def evaluate_chips(space: AcceleratorSpace, platform: Platform, info: ModelInfo, trace: ScalableOpGraph,
+                   chips: int) -> dict:
+    """Evaluate a model on ``chips`` rented chips in all (the rent search's count); never raises.
+
+    A pipeline of ``s`` chips (:func:`unit_targets`) runs as ``chips / s`` data-parallel replicas, for
+    every depth ``s`` that divides ``chips``; the row with the most samples/s is kept (the chips and so
+    the price are the same for every depth). The row's ``devices`` are the replicas, ``chips`` the chips."""
+    targets = unit_targets(space, platform, trace, chips)
+    rows = [_evaluate_target(space, platform, target, stages, info, trace, chips // stages)
+            for target, stages in targets if chips % stages == 0]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if ok:
+        return max(ok, key=lambda r: r["samples_per_s"])
+    if rows:
+        return rows[0]
+    need = min(stages for _, stages in targets)
+    return {"model": info.name, "accelerator": platform.key, "accelerator_name": platform.name, "devices": chips,
+            "status": "infeasible", "batch_size": None, "pipeline_stages": need,
+            "reason": f"the weights need a pipeline of {need} chips; {chips} chips are not a multiple of it"}
 
 
 def _evaluate_target(space: AcceleratorSpace, platform: Platform, target: Platform, stages: int, info: ModelInfo,

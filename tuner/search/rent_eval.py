@@ -25,7 +25,7 @@ from tuner.search.accelerators import (
     AcceleratorContext,
     AcceleratorSpace,
     ModelInfo,
-    evaluate_unit,
+    evaluate_chips,
     trace_model,
     unit_timeline,
 )
@@ -320,14 +320,22 @@ def _dlrm(ctx: RentContext, offer: Offer, devices: int, batch: int) -> dict:
 
 
 def _module(ctx: RentContext, offer: Offer, devices: int, trace: Any) -> dict:
+    """A module on ``devices`` rented chips; on a dataflow system they may run as pipelines of several chips
+    (replicas = devices / stages), priced as the ``devices`` chips and with memory per chip."""
     assert ctx.module is not None and ctx.module_info is not None
-    row = evaluate_unit(ctx.module, offer.platform, ctx.module_info, trace, devices)
+    row = evaluate_chips(ctx.module, offer.platform, ctx.module_info, trace, devices)
+    stages = int(row.get("pipeline_stages") or 1)
+    replicas = int(row.get("devices") or devices)
+    plan = f"dp{replicas}" + (f"-pp{stages}" if stages > 1 else "") + f"-b{row.get('batch_size')}"
     rec: dict = {"status": row.get("status", "failed"), "reason": row.get("reason") or "",
                  "iteration_s": row.get("iteration_s"), "global_batch": row.get("global_batch"),
-                 "timing_source": row.get("timing_source"), "plan": f"dp{devices}-b{row.get('batch_size')}",
-                 "fields": {"batch_size": row.get("batch_size"), "global_batch": row.get("global_batch")}}
+                 "timing_source": row.get("timing_source"), "plan": plan, "pipeline_stages": stages,
+                 "fields": {"batch_size": row.get("batch_size"), "global_batch": row.get("global_batch"),
+                            "pipeline_stages": stages, "replicas": replicas}}
     mem = row.get("memory") or {}
-    rec["memory_bytes_per_device"] = mem.get("off_chip_bytes")
+    # the placement target of a pipeline holds all its chips' memory (pipeline_platform): one chip holds 1/stages
+    off = mem.get("off_chip_bytes")
+    rec["memory_bytes_per_device"] = None if off is None else off / stages
     if rec["status"] == "infeasible":
         rec["reason"] = f"memory: {rec['reason']}"
     return rec
@@ -382,5 +390,6 @@ def timeline_of(ctx: RentContext, record: dict, trace: Any = None) -> Any:
         job = _sharding(ctx, offer, record["devices"], f["global_batch"]).job(0, f["global_batch"])
         return job.evaluate(np.asarray(f["assignment"]))[1]
     if ctx.kind == "module" and trace is not None and f.get("batch_size") and ctx.module is not None:
-        return unit_timeline(ctx.module, offer.platform, trace, f["batch_size"], record["devices"])
+        return unit_timeline(ctx.module, offer.platform, trace, f["batch_size"], f.get("replicas", record["devices"]),
+                             f.get("pipeline_stages"))
     return None
