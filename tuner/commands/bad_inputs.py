@@ -256,6 +256,8 @@ def _replay_cases() -> Iterator[BadInput]:
                    {"t.json": '{"traceEvents": []}'})
     yield BadInput("replay: --et missing", ("replay", "{dir}/t.json", "--et", "{dir}/nope", "--out", "{out}"),
                    {"t.json": '{"traceEvents": []}'})
+    yield BadInput("replay: --collectives unknown", ("replay", "{dir}/t.json", "--collectives", "guess", "--out",
+                                                     "{out}"), {"t.json": '{"traceEvents": []}'})
     yield BadInput("replay: no argument", ("replay",))
     yield BadInput("replay: --bogus", ("replay", "{dir}/t.json", "--bogus"), {"t.json": "{}"})
 
