@@ -228,3 +228,9 @@ def test_parallel_example_best_plan_round_trips_to_the_same_prediction(tmp_path)
     code, tt = _cli("predict", "--torchtitan", str(out / "torchtitan.toml"), "--json")
     assert code == 0, tt
     assert json.loads(tt)["predicted_iteration_s"] == launch["torchtitan_predicted_iteration_s"]
+
+
+@pytest.mark.parametrize("attention", ["flash2", "flash_triton"])
+def test_megatron_arguments_name_a_backend_megatron_accepts(attention):
+    args = megatron_args(replace(SPEC, attention=attention), PLANS[0])
+    assert args[args.index("--attention-backend") + 1] == "flash"

@@ -81,7 +81,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     """Megatron-LM's arguments for training ``spec`` with ``plan`` (model shape, parallelism, batch, memory)."""
     a = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden), "--ffn-hidden-size", str(spec.ffn_size),
          "--num-attention-heads", str(spec.heads), "--seq-length", str(spec.seq), "--max-position-embeddings",
-         str(spec.seq), "--vocab-size", str(spec.vocab), "--attention-backend", spec.attention]
+         str(spec.seq), "--vocab-size", str(spec.vocab), "--attention-backend",
+         "unfused" if spec.attention == "unfused" else "flash"]
     if not spec.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if spec.dtype != "fp32":

@@ -95,7 +95,9 @@ class ModelSection(StrictModel):
     ffn_mult: Annotated[float, Field(gt=0), at_most(64.0, "FFN width as a multiple of hidden")] = 4.0
     moe: MoESection | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    attention: Literal["flash", "unfused"] = "flash"
+    #: flash: fused attention priced as a GEMM; flash2 / flash_triton: FlashAttention-2 / llm-foundry's Triton
+    #: kernel at their published speeds (A100, H100, H200); unfused: separate matmul, softmax and dropout kernels
+    attention: Literal["flash", "flash2", "flash_triton", "unfused"] = "flash"
     causal: bool = True
     tie_embeddings: bool = True
 
