@@ -110,7 +110,8 @@ def unprofiled_statistic(combine: str, host_mode: bool) -> str:
     per-task medians over steps drop a task that was preempted in a minority of steps: on a shared 2-core
     VM (load 5) the unprofiled median of a 1 ms MLP step was 1.27 ms against 1.0-1.1 ms of CPU time, and a
     target that high left profiler cost in the host tasks, which do not grow with the batch (batch x4
-    ratio predicted 1.92 against 2.54 measured; 2.47 against the minimum)."""
+    ratio predicted 1.92 against 2.54 measured; 2.47 against the minimum). Over several captures
+    (:func:`combine_captures`) the least disturbed one's, the minimum, for the same reason."""
     return "min" if combine == "min" or host_mode else "median"
 
 
@@ -237,8 +238,8 @@ def combine_captures(traces: list[AnnotatedTrace], how: str = "median") -> Annot
         raise TraceError("the captures differ in their tasks; they cannot be combined")
     unprof = [t.unprofiled_s for t in traces if t.unprofiled_s is not None]
     first = traces[0]
-    if unprof:  # each capture's own statistic (unprofiled_statistic), the median (min) over captures
-        u = float(min(unprof) if how == "min" else np.median(unprof))
+    if unprof:  # each capture's own statistic (unprofiled_statistic), and the same over the captures
+        u = float(min(unprof) if how == "min" or first.unprofiled_stat == "min" else np.median(unprof))
         pc = solve_cost(combined, u, first.launch_fraction, first.inside_estimate_s)
         pc = ProfilerCost(pc.inside_s, pc.before_s, pc.host_scale,
                           f"(P - U) / events over {len(traces)} captures (U = {how} unprofiled iteration, "
