@@ -417,12 +417,18 @@ def build_iteration_graph(
     """
     t = _task_order(g, options)
     data_s = _data_loading_seconds(g, platform, options)
-    cols, params, is_opt = _task_columns(g, t, data_s, max(int(options.n_devices), 1))
+    world = max(int(options.n_devices), 1)
+    cols, params, is_opt = _task_columns(g, t, data_s, world)
     cols["name"], names_list = _task_names(g, t)
     src, dst, ek = _task_edges(g, t, is_opt, options)
     kernels = slice(t.n_host, t.n_host + t.nk)
     cols["on_chip"] = np.zeros(t.n)
     cols["on_chip"][kernels] = _on_chip_bytes(g, usage, platform)[t.k_idx]
+    if options.dp_mode == "fsdp" and world > 1:
+        # FSDP: each rank updates its 1/world shard of the parameters (the trace holds the whole step)
+        opt = np.flatnonzero(is_opt) + t.n_host
+        for col in (cols["flops"], cols["bytes"], cols["on_chip"], params["elements"]):
+            col[opt] /= world
     cols["task_phase"] = np.full(t.n, -1, dtype=np.int8)
     cols["task_phase"][: t.n_host] = g.phase[t.host_op]
     cols["task_phase"][kernels] = g.phase[t.k_idx]
