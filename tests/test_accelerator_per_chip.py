@@ -7,10 +7,12 @@ import math
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from predictor.sources.synth.models import get_model_spec
 from predictor.sources.synth.op_trace import trace_scalable
 from predictor.timing.platforms import get_platform
+from tuner.cli import app
 from tuner.report.accelerators import build_payload
 from tuner.search.accelerators import AcceleratorSpace, ModelInfo
 from tuner.search.rent import RentSpace
@@ -71,3 +73,17 @@ def test_rent_prices_every_chip_of_a_pipeline_and_memory_per_chip(tmp_path, tiny
     # memory per chip: the pipeline's DDR use split over its stages, within one chip's DDR
     assert 0 < eight["memory_bytes_per_device"] <= pod.memory_bytes
     assert math.isfinite(eight["constraints"]["memory"]) and eight["constraints"]["memory"] <= 0
+
+
+def test_rent_refuses_dataflow_systems_for_megatron_plans(tmp_path):
+    space = {"space": "rent", "model": {"transformer": {"name": "t", "layers": 4, "hidden": 512, "heads": 8,
+                                                        "seq": 512, "vocab": 1024}},
+             "training": {"tokens": "1B", "global_batch": 64}, "accelerators": ["a100-80gb", "sn30"],
+             "devices": [8]}
+    p = tmp_path / "rent.yaml"
+    p.write_text(yaml.safe_dump(space))
+    res = CliRunner().invoke(app, ["search", str(p), "--out", str(tmp_path / "out"), "--workers", "0"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "accelerators[1]: sn30" in lines[0]
+    assert "model: module" in lines[0] and "Traceback" not in res.output

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from predictor.sources.synth.decoupled import DATAFLOW_KINDS
 from predictor.sources.synth.dlrm_tables import EmbeddingTables, generate_tasks
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, resolve_platform
@@ -131,10 +132,24 @@ def _tables(space: RentSpace, offers: dict[str, Offer]) -> EmbeddingTables:
                            name=[t.name or f"t{i}" for i, t in enumerate(tabs)], label="dlrm")
 
 
+def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str) -> None:
+    """A transformer or DLRM plan is a GPU-style program (Megatron-LM, TorchRec): refuse a dataflow system
+    (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes."""
+    if kind == "module":
+        return
+    program = "Megatron-LM plans" if kind == "transformer" else "DLRM sharding plans"
+    for i, key in enumerate(space.accelerators):
+        plat = next(o.platform for o in offers.values() if o.key.split("@")[0] == key)
+        if plat.kind in DATAFLOW_KINDS:
+            raise SpaceError(f"accelerators[{i}]: {key} is a dataflow system ({plat.kind}) that runs a compiled graph, "
+                             f"not {program}; rent it with model: module")
+
+
 def build_rent_context(space: RentSpace) -> RentContext:
     """Resolve offers, device counts and the model; raises :class:`SpaceError` with one line on bad input."""
     offers = _offers(space)
     kind = space.model.kind
+    _runs_plans(space, offers, kind)
     t = space.training
     ctx = RentContext(space, kind, offers, device_counts(space.devices), 0.0)
     if kind == "transformer":
