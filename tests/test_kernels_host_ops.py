@@ -76,12 +76,14 @@ def test_missing_parameters_price_the_floor(timing):
 
 
 def test_what_if_timing_prices_the_host_kinds_with_models(timing):
-    """The what-if timing claims the host kinds its timing's models do not (no work-ratio fallback), and a
-    kernel whose traced time was all profiler cost (corrected to 0) still grows by the model's increment."""
-    from predictor.whatif.timing import WhatIfTiming, anchored_time
+    """The what-if timing claims the host kinds its timing's models do not (no work-ratio fallback) but the
+    dense bag backward, which keeps the calibrated sparse backward's ratio; a kernel whose traced time was
+    all profiler cost (corrected to 0) still grows by the model's increment."""
+    from predictor.whatif.timing import RATIO_ALIAS, WhatIfTiming, anchored_time
 
     wt = WhatIfTiming(timing, "anchored")
-    for kind in ("embedding", "embedding_bwd", "embedding_bag_bwd_dense", "fill", "reduce"):
+    for kind in ("embedding", "embedding_bwd", "fill", "reduce"):
         assert wt.has_model(kind)
+    assert not wt.has_model("embedding_bag_bwd_dense") and "embedding_bag_bwd_dense" in RATIO_ALIAS
     out = anchored_time(np.array([0.0]), np.array([5e-4]), np.array([1e-5]), np.array([3e-5]))
     assert out[0] == pytest.approx(2e-5)

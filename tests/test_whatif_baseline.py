@@ -1,16 +1,17 @@
-"""Which unprofiled iterations a what-if baseline is solved against: the minimum on a CPU capture (a step's
-wall time holds the slices other processes took), the median on a GPU capture."""
+"""Which unprofiled iteration several captures of one configuration are solved against: the fastest capture's
+on a CPU (a step's wall time holds the slices other processes took), the median of the captures' on a GPU."""
 
 from __future__ import annotations
 
-from predictor.whatif.annotate import unprofiled_statistic
+import pytest
+
+from predictor.whatif.annotate import captures_unprofiled_s
 
 
-def test_cpu_captures_use_the_fastest_unprofiled_iteration():
-    assert unprofiled_statistic("median", host_mode=True) == "min"
-    assert unprofiled_statistic("none", host_mode=True) == "min"
+def test_cpu_captures_use_the_fastest_capture():
+    assert captures_unprofiled_s([0.012, 0.010, 0.015], "median", host_mode=True) == pytest.approx(0.010)
 
 
-def test_gpu_captures_keep_the_median_unless_min_is_asked():
-    assert unprofiled_statistic("median", host_mode=False) == "median"
-    assert unprofiled_statistic("min", host_mode=False) == "min"
+def test_gpu_captures_use_the_median_unless_min_is_asked():
+    assert captures_unprofiled_s([0.012, 0.010, 0.015], "median", host_mode=False) == pytest.approx(0.012)
+    assert captures_unprofiled_s([0.012, 0.010, 0.015], "min", host_mode=False) == pytest.approx(0.010)

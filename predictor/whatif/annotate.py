@@ -30,7 +30,8 @@ from predictor.sources.traces.profiler_cost import (
 )
 from predictor.sources.traces.step_graphs import StepGraphs, combine_steps, step_graphs
 
-__all__ = ["AnnotatedTrace", "annotate", "combine_captures", "solve_cost", "unprofiled_statistic", "HOST_BOUND_RATIO"]
+__all__ = ["AnnotatedTrace", "annotate", "combine_captures", "solve_cost", "captures_unprofiled_s",
+           "HOST_BOUND_RATIO"]
 
 
 @dataclass
@@ -67,7 +68,7 @@ class AnnotatedTrace:
     combine: str = "none"
     profiler_cost: ProfilerCost | None = None
     inside_estimate_s: float = 0.0
-    #: the statistic of the unprofiled iterations (:func:`unprofiled_statistic`)
+    #: the statistic of the unprofiled iterations (over captures: :func:`captures_unprofiled_s`)
     unprofiled_stat: str = "median"
 
     def graphs(self) -> list[ExecutionGraph]:
@@ -87,7 +88,7 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
         TraceError: the trace has no ProfilerStep, or a step holds no tasks.
     """
     sg = step_graphs(trace_set, rg, base_batch=base_batch, combine=combine)
-    stat = unprofiled_statistic(combine, sg.host_mode)
+    stat = "min" if combine == "min" else "median"
     unprof, threads = unprofiled_iteration_s(trace_set, stat)
     pc = _profiler_cost(sg, trace_set, unprof, stat, profiler_cost_s)
     steps = [remove_profiler(g, pc) for g in sg.steps]
@@ -102,17 +103,17 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
     )
 
 
-def unprofiled_statistic(combine: str, host_mode: bool) -> str:
-    """Which statistic of a capture's unprofiled iterations the profiler cost is solved against: ``min`` for a
-    host-mode (CPU) capture or ``combine="min"``, else ``median``.
+def captures_unprofiled_s(per_capture_s: list[float], how: str, host_mode: bool) -> float:
+    """The unprofiled iteration (seconds) several captures of one configuration are solved against: the
+    ``min`` over the captures' own statistic for ``how="min"`` or CPU captures, else their median.
 
-    A CPU step's wall time holds every slice the scheduler gave other processes during it, while the
-    per-task medians over steps drop a task that was preempted in a minority of steps: on a shared 2-core
-    VM (load 5) the unprofiled median of a 1 ms MLP step was 1.27 ms against 1.0-1.1 ms of CPU time, and a
-    target that high left profiler cost in the host tasks, which do not grow with the batch (batch x4
-    ratio predicted 1.92 against 2.54 measured; 2.47 against the minimum). Over several captures
-    (:func:`combine_captures`) the least disturbed one's, the minimum, for the same reason."""
-    return "min" if combine == "min" or host_mode else "median"
+    A CPU capture's unprofiled iterations are wall times of the whole step, which hold every slice the
+    scheduler gave other processes while it ran; a 12-40 ms step on a shared 2-core VM at load 5 is
+    preempted in most of them, so a capture taken during a burst reads slower throughout, while the
+    per-task medians over all captures' steps drop the preempted tasks. A target that high leaves profiler
+    cost in the host tasks, which do not grow with the batch: the least disturbed capture is the consistent
+    target (GRU batch x4 ratio error -28.0 % -> +2.0 % on one kept run of ``whatif_models.py``)."""
+    return float(min(per_capture_s) if how == "min" or host_mode else np.median(per_capture_s))
 
 
 def _profiler_cost(sg: StepGraphs, trace_set: TraceSet, unprof: float | None, stat: str,
@@ -238,8 +239,8 @@ def combine_captures(traces: list[AnnotatedTrace], how: str = "median") -> Annot
         raise TraceError("the captures differ in their tasks; they cannot be combined")
     unprof = [t.unprofiled_s for t in traces if t.unprofiled_s is not None]
     first = traces[0]
-    if unprof:  # each capture's own statistic (unprofiled_statistic), and the same over the captures
-        u = float(min(unprof) if how == "min" or first.unprofiled_stat == "min" else np.median(unprof))
+    if unprof:
+        u = captures_unprofiled_s(unprof, how, first.host_mode)
         pc = solve_cost(combined, u, first.launch_fraction, first.inside_estimate_s)
         pc = ProfilerCost(pc.inside_s, pc.before_s, pc.host_scale,
                           f"(P - U) / events over {len(traces)} captures (U = {how} unprofiled iteration, "
@@ -255,5 +256,7 @@ def combine_captures(traces: list[AnnotatedTrace], how: str = "median") -> Annot
         host_mode=first.host_mode, world_size=first.world_size, launch_fraction=first.launch_fraction,
         counts=dict(first.counts), notes=list(first.notes) + [f"combined {len(traces)} captures"],
         torch_threads=first.torch_threads, combined=combined, combine=how, profiler_cost=pc,
-        inside_estimate_s=first.inside_estimate_s, unprofiled_stat=first.unprofiled_stat,
+        inside_estimate_s=first.inside_estimate_s,
+        unprofiled_stat=f"{first.unprofiled_stat} of the fastest capture" if first.host_mode and how != "min"
+        else first.unprofiled_stat,
     )
