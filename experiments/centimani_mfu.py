@@ -1,5 +1,5 @@
 """Section 3e of ``experiments/centimani_tables.py``: predicted vs published MFU of LLM training, and the
-GEMM ceilings fitted on published runs (Gaudi 2, MI300X, TPU v5p), one constant on one run each.
+GEMM ceilings fitted on published runs (Gaudi 2, MI300X, TPU v5p, Bow IPU, CS-2), one constant on one run each.
 
 Not run alone: ``python experiments/centimani_tables.py`` calls :func:`mfu_validation` and renders it.
 """
@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import golden_section  # noqa: E402
 from predictor.sources.synth.decoupled import TimeOptions, predict_iteration  # noqa: E402
-from predictor.sources.synth.models import MPT_SIZES, mpt_spec  # noqa: E402
+from predictor.sources.synth.models import MPT_SIZES, Bert, BertConfig, ModelSpec, mpt_spec  # noqa: E402
 from predictor.sources.synth.op_trace import trace_training_step  # noqa: E402
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
+from tuner.search.accelerators import AcceleratorSpace, build_context, evaluate_unit, trace_model  # noqa: E402
 
 #: traced MPT steps by (size, micro-batch), shared with the MosaicML validation of centimani_tables
 MPT_TRACES: dict[tuple[str, int], object] = {}
@@ -61,6 +66,27 @@ MAXTEXT_V5P = (70.31, 323.0, "MaxText README, TPU v5p table: 64B on v5p-128 (64 
 #: published single-GPU bf16 training of an 8B model: the H200 runs 1.32-1.40x the MI300X
 #: (github.com/alpharomercoma/MI300X-vs-H200, REPORT.md summary); the MI300X ceiling is fitted to the midpoint
 H200_OVER_MI300X = (1.32, 1.40)
+#: Graphcore's published training throughput (graphcore.ai/performance-results, "Bow Platform - Training"
+#: table): ResNet-50 v1.5 on a Bow Pod16 (16 Bow IPUs), pre-SDK 2.5, TensorFlow1, ImageNet2012, global batch
+#: 1,920, FP16.16: 42,029 images/s. (images/s, IPUs, global batch, where)
+GRAPHCORE_RESNET50_POD16 = (42029.0, 16, 1920, "Graphcore performance results, Bow Platform - Training: ResNet-50 "
+                            "v1.5 on a Bow Pod16, pre-SDK 2.5, TensorFlow1, global batch 1,920, FP16.16, "
+                            "42,029 images/s")
+#: Graphcore's same table, held out from the fit: BERT-Large phase-1 pretraining (SL128) on a Bow Pod16, pre-SDK
+#: 2.5, PopART, global batch 65,536, FP16.16: 5,179 sequences/s. (sequences/s, IPUs, where)
+GRAPHCORE_BERT_POD16 = (5179.0, 16, "Graphcore performance results, Bow Platform - Training: BERT-Large phase 1 (SL128) "
+                        "on a Bow Pod16, pre-SDK 2.5, PopART, global batch 65,536, FP16.16, 5,179 sequences/s")
+#: BERT-large phase 1 (seq 128, global batch 1,024) on one CS-2, Cerebras R2.0.3 (weight streaming), in the ALCF
+#: AI Testbed's "BERT-Large on Cerebras" example output (Argonne, run of 2024-03-14): "Processed 1024000 sample(s)
+#: in 1025.603128781 seconds" (steady rate 1,100-1,390 samples/s). (samples, seconds, workers per CS-2, where)
+CS2_BERT_LARGE = (1024000.0, 1025.603128781, 8, "ALCF AI Testbed example 'BERT-Large on Cerebras' (Cerebras R2.0.3, "
+                  "1 CS-2, BERT-large MSL 128, batch 1,024, weight streaming): 1,024,000 samples in 1,025.6 s = "
+                  "998 samples/s per CS-2")
+#: micro-batches per step of the dataflow fits: the accelerator search's middle configuration (best-throughput
+#: batch, 16 micro-batches); the published steps (1,920 over 16 IPUs; 1,024 on one CS-2) are of the same order
+SEARCH_FIT_GA = 16
+
+
 def foundry_flops_per_token(size: str, n_params: int, seq: int = 2048) -> float:
     """llm-foundry's MPT model FLOPs per token: 3 x (2 N + 4 L s d) (forward + backward, attention included)."""
     d, n_layer, _ = MPT_SIZES[size]
@@ -121,7 +147,8 @@ def mfu_validation() -> dict:
                                          "catalog": g2.gemm_efficiency_max},
             "mi300x_fit": {"gemm_efficiency_max": fit_mi, "evaluations": n_mi, "target_h200_over_mi300x": ratio,
                            "catalog": mi.gemm_efficiency_max, "attention": RATIO_ATTENTION},
-            "h200_over_mi300x": h200_tps / mi_tps(mi.gemm_efficiency_max), "tpu_v5p_fit": tpu_v5p_fit()}
+            "h200_over_mi300x": h200_tps / mi_tps(mi.gemm_efficiency_max), "tpu_v5p_fit": tpu_v5p_fit(),
+            "dataflow_fits": dataflow_fits()}
 
 
 def maxtext_64b_mfu(plat: Platform) -> tuple[float, float]:
@@ -154,3 +181,64 @@ def tpu_v5p_fit() -> dict:
     mfu, mem = maxtext_64b_mfu(tpu)
     return {"gemm_efficiency_max": fit, "evaluations": n, "target_mfu_pct": target, "source": MAXTEXT_V5P[2],
             "catalog": tpu.gemm_efficiency_max, "catalog_mfu_pct": mfu, "memory_gib_per_chip": mem}
+
+
+
+def bert_large_seq128() -> ModelSpec:
+    """BERT-large (24 layers, d 1024, 16 heads, MLM head) at sequence length 128, the accelerator search's
+    ``bert-large`` at the phase-1 pretraining length of the published runs."""
+    c = BertConfig(24, 1024, 16, 4096, seq=128)
+
+    def batch(b: int) -> tuple[tuple[torch.Tensor], torch.Tensor]:
+        idx = torch.randint(0, c.vocab, (b, c.seq))
+        return (idx,), idx
+
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+
+    return ModelSpec("bert-large", lambda: Bert(c), batch, loss, "sequences", c.seq, "BERT-large, seq 128")
+
+
+def search_unit(accelerator: str, model: str, spec: ModelSpec | None = None) -> Callable[[float], dict]:
+    """A function from a GEMM ceiling to the accelerator search's row of ``model`` on one ``accelerator`` device
+    (best-throughput batch and pipeline depth, ``SEARCH_FIT_GA`` micro-batches); ``spec`` replaces the built-in
+    model of that name (another sequence length)."""
+    space = AcceleratorSpace(space="accelerators", models=[{"name": model}], accelerators=[accelerator],
+                             devices=[1], precision="bf16", optimizer="adamw", batch_policy="best_throughput",
+                             batch_sizes=[2 ** i for i in range(11)], gradient_accumulation=SEARCH_FIT_GA)
+    ctx = build_context(space)
+    if spec is not None:
+        ctx.specs[model] = spec
+    tr = trace_model(ctx, model)
+    info, plat = ctx.info(model, tr.n_params), ctx.platforms[accelerator]
+    return lambda eff: evaluate_unit(space, plat.model_copy(update={"gemm_efficiency_max": eff}), info, tr, 1)
+
+
+def search_fit(accelerator: str, model: str, target_per_chip: float, spec: ModelSpec | None = None) -> dict:
+    """One GEMM ceiling fitted so that ``model`` on ``accelerator`` through the accelerator search runs at
+    ``target_per_chip`` samples/s per chip; the catalog's value and its samples/s per chip beside the fit."""
+    row, catalog = search_unit(accelerator, model, spec), get_platform(accelerator).gemm_efficiency_max
+    fit, n = golden_section(lambda eff: abs(row(eff)["samples_per_s_per_chip"] - target_per_chip), 0.05, 0.99, 0.002)
+    cat, at_fit = row(catalog), row(fit)
+    log(f"{accelerator} ceiling {fit:.3f}: {model} {at_fit['samples_per_s_per_chip']:.1f} samples/s per chip "
+        f"(published {target_per_chip:.1f}; catalog {catalog:.3f}: {cat['samples_per_s_per_chip']:.1f})")
+    return {"gemm_efficiency_max": fit, "evaluations": n, "target_per_chip": target_per_chip, "catalog": catalog,
+            "catalog_per_chip": cat["samples_per_s_per_chip"], "fit_per_chip": at_fit["samples_per_s_per_chip"],
+            "batch_size": at_fit["batch_size"], "pipeline_stages": at_fit.get("pipeline_stages"),
+            "gradient_accumulation": SEARCH_FIT_GA}
+
+
+def dataflow_fits() -> dict:
+    """The Bow IPU's ceiling fitted on Graphcore's ResNet-50 Bow Pod16 run, with Graphcore's BERT-large run held
+    out; the ceiling the CS-2 BERT-large example run would give (reported, not in the catalog)."""
+    images_s, ipus, _, where = GRAPHCORE_RESNET50_POD16
+    bow = search_fit("bow-pod16", "resnet50", images_s / ipus)
+    seq_s, ipus_b, where_b = GRAPHCORE_BERT_POD16
+    held = search_unit("bow-pod16", "bert-large", bert_large_seq128())(get_platform("bow-pod16").gemm_efficiency_max)
+    samples, seconds, workers, where_cs2 = CS2_BERT_LARGE
+    cs2 = search_fit("cs-2", "bert-large", samples / seconds / workers, bert_large_seq128())
+    return {"bow-pod16": {**bow, "model": "resnet50", "source": where},
+            "bow-pod16 held out": {"model": "bert-large (seq 128)", "published_per_chip": seq_s / ipus_b,
+                                   "predicted_per_chip": held["samples_per_s_per_chip"], "source": where_b,
+                                   "batch_size": held["batch_size"], "pipeline_stages": held.get("pipeline_stages")},
+            "cs-2": {**cs2, "model": "bert-large (seq 128)", "source": where_cs2}}
