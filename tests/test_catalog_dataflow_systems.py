@@ -1,4 +1,5 @@
-"""Catalog entries of the systems Centimani measured and the fitted GEMM ceilings of Gaudi 2, MI300X, H200, TPU v5p."""
+"""Catalog entries of the systems Centimani measured and the fitted GEMM ceilings of Gaudi 2, MI300X, H200, TPU v5p,
+Bow IPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from predictor.sources.synth.models import MPT_SIZES
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
 from predictor.timing.platforms import get_platform
 from tuner.plans import predict_plan
+from tuner.search.accelerators import AcceleratorSpace, build_context, evaluate_unit, trace_model
 
 
 def test_bow_pod16_is_sixteen_bow_ipus():
@@ -85,3 +87,20 @@ def test_mi300x_ceiling_is_fitted_to_a_published_training_ratio():
     p = get_platform("mi300x")
     assert 0.2 < p.gemm_efficiency_max < 0.5  # below the hipBLASLt microbenchmark's ~0.5, which tied it with the H200
     assert "fitted" in p.sources["gemm_efficiency_max"] and "1.32-1.40" in p.sources["gemm_efficiency_max"]
+
+
+def test_bow_ipu_ceiling_fitted_on_graphcore_resnet50():
+    """ResNet-50 on a Bow Pod16 through the accelerator search (best-throughput batch and pipeline depth, 16
+    micro-batches) near Graphcore's published 42,029 images/s = 2,627 per IPU, not the ~5,400 of the 1k-GEMM
+    ceiling; the CS-2 and SN30 keep Centimani Table 3's 1k-GEMM ceilings."""
+    pod = get_platform("bow-pod16")
+    assert 0.25 < pod.gemm_efficiency_max < 0.4 and "Graphcore" in pod.sources["gemm_efficiency_max"]
+    space = AcceleratorSpace(space="accelerators", models=[{"name": "resnet50"}], accelerators=["bow-pod16"],
+                             devices=[1], precision="bf16", optimizer="adamw", batch_policy="best_throughput",
+                             batch_sizes=[2 ** i for i in range(11)], gradient_accumulation=16)
+    ctx = build_context(space)
+    tr = trace_model(ctx, "resnet50")
+    row = evaluate_unit(space, ctx.platforms["bow-pod16"], ctx.info("resnet50", tr.n_params), tr, 1)
+    assert row["samples_per_s_per_chip"] == pytest.approx(42029 / 16, rel=0.05)
+    for key in ("cs-2", "sn30"):
+        assert "Centimani Table 3" in get_platform(key).sources["gemm_efficiency_max"]
