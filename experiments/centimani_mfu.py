@@ -1,5 +1,6 @@
 """Section 3e of ``experiments/centimani_tables.py``: predicted vs published MFU of LLM training, and the
-GEMM ceilings fitted on published runs (Gaudi 2, MI300X, TPU v5p, Bow IPU, CS-2), one constant on one run each.
+GEMM ceilings fitted on published runs (Gaudi 2, MI300X, TPU v5p, Bow IPU), one constant on one run each, and
+the ceiling the one published CS-2 run found would give (reported, not in the catalog).
 
 Not run alone: ``python experiments/centimani_tables.py`` calls :func:`mfu_validation` and renders it.
 """
