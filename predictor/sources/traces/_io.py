@@ -65,7 +65,7 @@ def json_bytes(data: bytes, label: str) -> bytes:
             raise TraceError(f"{label}: corrupt gzip file ({exc})") from None
     elif label.endswith(".gz"):
         raise TraceError(f"{label}: not a gzip file (no gzip header)")
-    if not data.strip():
+    if not data or data.isspace():  # stops at the first other byte; strip() copied the whole 10 MB text
         raise TraceError(f"{label}: empty file")
     if b"\x00" in data[:4096]:
         raise TraceError(f"{label}: not a trace (binary data, not JSON)")
