@@ -259,18 +259,24 @@ def _columns(rows) -> tuple[dict[str, tuple[list, type]], list[str], list[dict]]
     durs: list[float] = []
     argss: list[dict] = []
     cat_get = {k: int(v) for k, v in _CATS.items()}.get
+    code_of: dict[str, int] = {}  # category text as written -> code: lower() once per distinct text, not per event
     other = int(EventCat.OTHER)
     gpu_cats = {int(c) for c in (*GPU_CATS, EventCat.CUDA_SYNC, EventCat.GPU_ANNOTATION)}
     empty: dict = {}
     for cat_s, nm, pid, tid, ts, dur, a in rows:
-        c = cat_get(cat_s.lower(), other) if cat_s.__class__ is str else other
+        if cat_s.__class__ is str:
+            c = code_of.get(cat_s)
+            if c is None:
+                c = code_of[cat_s] = cat_get(cat_s.lower(), other)
+        else:
+            c = other
         if c == other:
             continue
-        if not isinstance(ts, (int, float)):
+        if ts.__class__ is not float and not isinstance(ts, (int, float)):
             continue
         if dur.__class__ is not float and not isinstance(dur, (int, float)):
             dur = 0.0
-        if not isinstance(nm, str):
+        if nm.__class__ is not str and not isinstance(nm, str):
             nm = str(nm)
         nid = names.get(nm)
         if nid is None:
