@@ -13,7 +13,8 @@ through ``RAY_ADDRESS`` (the one it names, else one this script starts with ``ra
 loopback and stops after); and one candidate's build / timing / simulation. Writes ``benchmarks/results/search_bench.md`` and ``.json``.
 
 Run: ``python benchmarks/search_bench.py [--repeat 3] [--cluster] [--baseline REV]``; ``--only-ray`` re-measures
-only the Ray rows (local Ray with 1 and 2 workers, 2 workers with one candidate per task) and keeps the rest.
+only the Ray rows (local Ray with 1 and 2 workers, 2 workers with one candidate per task, and beside them the
+default ``--workers auto`` and ``--workers 0``) and keeps the rest.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ FAST_SECONDS = 0.002
 
 
 # ----------------------------------------------------------------------------- one run (child process)
-def drive(out: Path, workers: int, extra: list[str], max_chunk: int | None = None) -> dict:
+def drive(out: Path, workers: int | str, extra: list[str], max_chunk: int | None = None) -> dict:
     """Run ``tuner search SPACE --out OUT --workers N --quiet`` in this process; CPU seconds by part, and the
     wall seconds of Ray's start or join (``ray_start_s``) and of the executor's runs (``executor_s``).
     ``max_chunk`` caps the candidates per Ray task (1: one candidate per task)."""
@@ -169,7 +170,7 @@ def baseline_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
-def ray_run(out: Path, workers: int, env: dict, mode: str, label: int | None, attempts: int = 2,
+def ray_run(out: Path, workers: int | str, env: dict, mode: str, label: int | str | None, attempts: int = 2,
             max_chunk: int | None = None) -> dict:
     """A search on Ray; Ray's start-up can time out on a loaded VM: tried ``attempts`` times, else the error."""
     err = ""
@@ -241,7 +242,7 @@ def stop_head(temp_dir: str) -> None:
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def run_child(tree: Path, out: Path, workers: int, extra: list[str] = (), env: dict | None = None,
+def run_child(tree: Path, out: Path, workers: int | str, extra: list[str] = (), env: dict | None = None,
               max_chunk: int | None = None) -> dict:
     """One ``--driver`` run on the packages of ``tree``."""
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(tree)}
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--driver", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--max-chunk", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--fast", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--workers", default="0", help=argparse.SUPPRESS)
     ap.add_argument("--extra", action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
@@ -360,9 +361,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def ray_rows(tmp: Path, n_eval: int, cluster: bool, repeat: int = 1) -> list[dict]:
     """Searches on Ray: a local Ray with 1 and 2 workers, 2 workers with one candidate per task (the executor
-    before chunks), and with ``cluster`` a Ray cluster; wall seconds, Ray's start, the evaluation phase (medians
-    of ``repeat`` runs, the modes interleaved so the machine's load of the moment falls on each)."""
-    modes = [(f"local Ray, {w} worker(s)", w, None) for w in (1, 2)]
+    before chunks), and with ``cluster`` a Ray cluster; beside them the default ``--workers auto`` and
+    ``--workers 0`` (in this process); wall seconds, Ray's start, the evaluation phase (medians of ``repeat``
+    runs, the modes interleaved so the machine's load of the moment falls on each)."""
+    modes: list[tuple[str, int | str, int | None]] = [("default `--workers auto`", "auto", None),
+                                                      ("in this process, `--workers 0`", 0, None)]
+    modes += [(f"local Ray, {w} worker(s)", w, None) for w in (1, 2)]
     modes.append(("local Ray, 2 worker(s), one candidate per task", 2, 1))
     runs: dict[str, list[dict]] = {}
     for i in range(repeat):
@@ -443,7 +447,8 @@ def markdown(doc: dict) -> list[str]:
             f"task and batch size): {'yes' if m['same_best_plans'] else 'NO'}.",
         ]
     lines += ["", "## Ray", "", f"Wall seconds of one `tuner search` process ({doc['evaluations']} evaluations); Ray's start "
-              "(local) or join (cluster); the evaluation phase is the executor's time once Ray is up; medians of "
+              "(local) or join (cluster); the evaluation phase is the executor's time once Ray is up (`--workers auto` "
+              "and `0`: all of it); medians of "
               f"{max((r.get('runs', 1) for r in doc['ray']), default=1)} runs, the modes interleaved.", "",
               "| where | wall s | Ray start s | evaluation phase s | evaluations/s (wall) | evaluations/s (phase) |",
               "|---|---:|---:|---:|---:|---:|"]

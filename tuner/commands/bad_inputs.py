@@ -210,7 +210,7 @@ def _search_flag_cases() -> Iterator[BadInput]:
     yield BadInput("search: space file missing", ("search", "{dir}/nope.yaml", "--out", "{out}"))
     yield BadInput("search: space is a folder", ("search", "{dir}", "--out", "{out}"))
     yield BadInput("search: no space argument", ("search",))
-    for flags in (("--workers", "-1"), ("--workers", "99999"), ("--workers", "x"), ("--storage", ""),
+    for flags in (("--workers", "-1"), ("--workers", "99999"), ("--workers", "x"), ("--workers", "lots"), ("--storage", ""),
                   ("--storage", "nonsense://x"), ("--storage", "mysql://u:pw@127.0.0.1:1/db"),
                   ("--storage", "postgresql+psycopg2://user:secret@127.0.0.1:1/db"), ("--resume", "true"),
                   ("--bogus",), ("--no-resume", "--resume", "--overwrite", "extra")):

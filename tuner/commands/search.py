@@ -43,10 +43,25 @@ def _resume_command(space: Path, out: Path, storage: str | None, address: str | 
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _parse_workers(text: str) -> int:
+    """``--workers``: ``auto`` (:data:`tuner.search.core.AUTO`) or a CPU count 0 .. :data:`MAX_WORKERS`."""
+    from tuner.search.core import AUTO
+
+    if text.strip().lower() == "auto":
+        return AUTO
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_WORKERS:
+        fail(f"--workers must be auto or 0 .. {MAX_WORKERS} (0 evaluates in this process), got {text}")
+    return n
+
+
 def search(
     space: Annotated[Path, typer.Argument(help="search-space YAML, e.g. search_spaces/sharding.yaml")],
     out: Annotated[Path, typer.Option("--out", help="output folder (locked while the search runs)")] = Path("out/search"),
-    workers: Annotated[int, typer.Option("--workers", help="CPUs of the local Ray, 0 .. 4096 (0: evaluate in this process; an existing cluster is used whole)")] = 2,
+    workers: Annotated[str, typer.Option("--workers", help="CPUs of the local Ray, 0 .. 4096 (0: evaluate in this process; an existing cluster is used whole), or auto: in this process unless the work left pays for a local Ray's start")] = "auto",
     address: Annotated[str | None, typer.Option("--address", help="address of an existing Ray cluster, host:port or ray://host:port (default: RAY_ADDRESS, else a local Ray)")] = None,
     storage: Annotated[
         str | None, typer.Option("--storage", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
@@ -69,8 +84,7 @@ def search(
         fail(str(exc))
     except RecursionError:  # YAML nested deeper than Python's recursion limit
         fail(f"{space}: nested too deeply to be a space file")
-    if not 0 <= workers <= MAX_WORKERS:
-        fail(f"--workers must be 0 .. {MAX_WORKERS} (0 evaluates in this process), got {workers}")
+    n_workers = _parse_workers(workers)
     if out.exists() and not out.is_dir():
         fail(f"--out {out}: exists and is not a folder")
     if storage is not None and not storage.strip():
@@ -85,9 +99,9 @@ def search(
             if overwrite:
                 clear_outputs(out, default_storage=storage is None)
             write_marker(out, space_id, storage_id, str(space))
-            if workers > 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
+            if n_workers != 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
                 divert_native_stderr(out / "ray.log")
-            summary = _run(space, spec, out, storage, workers, address, go_on, quiet, all_traces)
+            summary = _run(space, spec, out, storage, n_workers, address, go_on, quiet, all_traces)
     except OutputError as exc:
         fail(str(exc))
     except (ClusterLost, StorageError) as exc:  # the cluster or the storage went away mid-run

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from tuner.search.study import SearchStudy
 
 __all__ = ["Candidate", "Outcome", "Evaluator", "SearchSpace", "Proposer", "Exhaustive", "SearchResult", "run_search",
-           "STATUSES", "Progress"]
+           "STATUSES", "Progress", "AUTO", "RAY_START_SECONDS", "RAY_START_FACTOR", "PROBE_SECONDS", "AUTO_BATCH_WORKERS"]
 
 #: outcome status -> Optuna trial state
 STATUSES: dict[str, TrialState] = {
@@ -55,6 +56,19 @@ STATUSES: dict[str, TrialState] = {
 CLAIM_SHARE = 4
 #: seconds between reads of the study while only another search's candidates are left
 POLL_SECONDS = 1.0
+
+#: ``workers=AUTO``: evaluate in this process, start a local Ray only when the work left pays for its start
+AUTO = -1
+#: seconds a local Ray takes to start: 9-13 s measured on the 2-core VM (benchmarks/results/search_bench.md)
+RAY_START_SECONDS = 10.0
+#: a local Ray starts when the in-process work left exceeds this many Ray starts: on 2 CPUs Ray breaks even
+#: at 2 (start + work / 2 = work), 3 leaves room for a slow start and for Ray's per-task overhead
+RAY_START_FACTOR = 3.0
+#: seconds of in-process evaluation (at least one candidate) that time the candidates before the choice
+PROBE_SECONDS = 0.5
+#: workers the proposer batches for under ``AUTO`` (the earlier default), so its candidates do not depend on
+#: where they are evaluated
+AUTO_BATCH_WORKERS = 2
 
 #: ``progress(done, total)``: steps done (candidates evaluated or reused, preparation steps) of ``total``
 Progress = Callable[[int, int], None]
@@ -209,6 +223,7 @@ class SearchResult:
     storage: str
     evaluated: int  # outcomes evaluated now
     reused: int  # outcomes read back from the study
+    how: str = ""  # under ``workers=AUTO``: where the search evaluated and why, one clause
 
     def study_info(self) -> dict[str, Any]:
         """The ``study`` entry of a results document."""
@@ -234,10 +249,13 @@ def run_search(
     """Evaluate ``space``, recording every outcome in the study ``space.study_name()`` of ``storage``.
 
     ``workers=0`` evaluates in this process; otherwise in Ray tasks on a local Ray with
-    ``workers`` CPUs, or on the cluster at ``address`` (or ``RAY_ADDRESS``). ``resume`` reuses
-    the outcomes the study already holds; without it an older study of that name is replaced.
+    ``workers`` CPUs, or on the cluster at ``address`` (or ``RAY_ADDRESS``). ``workers=AUTO``
+    uses that cluster when one is named; else it evaluates the first candidates in this process
+    (:data:`PROBE_SECONDS`) and starts a local Ray for the rest only when their estimated
+    in-process seconds exceed :data:`RAY_START_FACTOR` x :data:`RAY_START_SECONDS`. ``resume``
+    reuses the outcomes the study already holds; without it an older study of that name is replaced.
     """
-    from tuner.search.executor import Executor, connect_ray
+    from tuner.search.executor import Executor, cluster_address, connect_ray
     from tuner.search.study import SearchStudy
 
     study = SearchStudy.open(space.study_name(), storage, resume, space.distributions())
@@ -248,7 +266,14 @@ def run_search(
         if all(k in finished for k in c.keys):
             done[c.key] = [finished[k] for k in c.keys]
     reused = sum(len(v) for v in done.values())
-    proposer = space.proposer(candidates, done, study.history(), workers)
+    probing = workers == AUTO and cluster_address(address) is None
+    how = ""
+    if workers == AUTO:
+        how = "" if probing else f"auto: the Ray cluster at {cluster_address(address)}"
+        proposer = space.proposer(candidates, done, study.history(), AUTO_BATCH_WORKERS)
+        workers = 0 if probing else AUTO_BATCH_WORKERS
+    else:
+        proposer = space.proposer(candidates, done, study.history(), workers)
     steps = space.prepare([c for c in candidates if c.key not in done])
     total = proposer.target + len(steps)
     prepared = 0
@@ -280,17 +305,56 @@ def run_search(
         tick()
 
     executor = Executor(workers, address)
+
+    def evaluate(batch: list[Candidate]) -> None:
+        _evaluate_claimed(batch, study, lambda c: executor.run(space, c, on_result), on_other, workers)
+
     try:
         while batch := proposer.propose(done):
+            if probing:  # time the first candidates here, then choose where the rest runs
+                probing = False
+                batch, per = _probe(batch, evaluate)
+                workers, how = choose_workers(per, max(proposer.target - len(done), 0))
+                executor = Executor(workers, address)
             if workers > 0:  # Ray joined before anything is claimed: a cluster that cannot be joined leaves no claims
                 connect_ray(workers, address)
-            _evaluate_claimed(batch, study, lambda c: executor.run(space, c, on_result), on_other, workers)
+            evaluate(batch)
     finally:  # outcomes of finished evaluations are written even when the search is interrupted
         try:
             study.flush()
         finally:
             study.release()
-    return SearchResult(space, done, study.name, storage, evaluated=evaluated, reused=reused)
+    return SearchResult(space, done, study.name, storage, evaluated=evaluated, reused=reused, how=how)
+
+
+def _probe(batch: list[Candidate], evaluate: Callable[[list[Candidate]], None]) -> tuple[list[Candidate], float]:
+    """Evaluate the front of ``batch`` in chunks of 1, 2, 4, ... until :data:`PROBE_SECONDS` have passed;
+    returns what is left of it and the measured wall seconds per candidate."""
+    t0 = time.perf_counter()
+    n, size = 0, 1
+    while batch and (n == 0 or time.perf_counter() - t0 < PROBE_SECONDS):
+        chunk, batch = batch[:size], batch[size:]
+        evaluate(chunk)
+        n, size = n + len(chunk), 2 * size
+    return batch, (time.perf_counter() - t0) / max(n, 1)
+
+
+def choose_workers(seconds_each: float, left: int, cpus: int | None = None) -> tuple[int, str]:
+    """Where ``left`` candidates of ``seconds_each`` wall seconds run under ``AUTO``: (workers, why).
+
+    A local Ray with ``min(cpus, left)`` CPUs when their in-process seconds exceed
+    :data:`RAY_START_FACTOR` x :data:`RAY_START_SECONDS` and this machine has 2 CPUs or more;
+    else 0 (this process).
+    """
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    estimate = seconds_each * left
+    limit = RAY_START_FACTOR * RAY_START_SECONDS
+    if estimate > limit and cpus > 1 and left > 1:
+        workers = min(cpus, left)
+        return workers, (f"auto: a local Ray with {workers} CPUs, ~{estimate:.0f} s of work left > {limit:.0f} s "
+                         f"({RAY_START_FACTOR:g}x Ray's ~{RAY_START_SECONDS:.0f} s start)")
+    why = "one CPU" if cpus <= 1 and estimate > limit else f"~{estimate:.0f} s of work left <= {limit:.0f} s"
+    return 0, f"auto: in this process, {why} ({RAY_START_FACTOR:g}x Ray's ~{RAY_START_SECONDS:.0f} s start)"
 
 
 def _evaluate_claimed(batch: list[Candidate], study: SearchStudy,

@@ -30,7 +30,7 @@ from typing import Any
 
 from tuner.search.core import Candidate, Evaluator, Outcome, SearchSpace
 
-__all__ = ["Executor", "ClusterError", "ClusterLost", "connect_ray", "evaluate_chunk", "ChunkSizer", "TASKS_PER_CPU",
+__all__ = ["Executor", "ClusterError", "ClusterLost", "connect_ray", "cluster_address", "evaluate_chunk", "ChunkSizer", "TASKS_PER_CPU",
            "TASK_SECONDS", "MAX_CHUNK", "RAY_CLIENT_EXTRA"]
 
 #: what installs Ray's client (``ray://`` addresses): Ray's ``client`` extra, grpcio among it
@@ -109,7 +109,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _cluster_address(address: str | None) -> str | None:
+def cluster_address(address: str | None) -> str | None:
     """The existing cluster to join: ``address``, else ``RAY_ADDRESS`` (``None``: start a local Ray)."""
     target = address or os.environ.get("RAY_ADDRESS") or None
     return None if target == "local" else target
@@ -123,7 +123,7 @@ def connect_ray(workers: int, address: str | None = None) -> int:
     existing cluster gets this package's code shipped with its tasks. Raises
     :class:`ClusterError` with one line when Ray cannot start or the cluster cannot be joined.
     """
-    target = _cluster_address(address)
+    target = cluster_address(address)
     if target is not None and "ray" not in sys.modules:
         _prepare_join()  # before Ray reads its configuration at import
     import ray

@@ -85,7 +85,7 @@ class SearchRequest:
     spec: BaseModel  # the validated space file
     out: Path
     storage: str  # Optuna storage URL
-    workers: int  # Ray workers; 0 = evaluate in this process
+    workers: int  # Ray workers; 0 = evaluate in this process, AUTO (-1) = choose from the measured work
     address: str | None  # existing Ray cluster, or None (then RAY_ADDRESS, else a local Ray)
     resume: bool
     quiet: bool
@@ -103,4 +103,5 @@ def run_request(req: SearchRequest) -> str:
     payload = space.write_outputs(result, req.out)
     if not req.quiet:
         space.print_table(payload, req.console)
-    return space.summary(result, payload, req.out)
+    summary = space.summary(result, payload, req.out)
+    return f"{summary}; {result.how}" if result.how else summary
