@@ -34,6 +34,9 @@ def _results(out) -> dict:
 def test_auto_stays_in_this_process_on_a_small_space_and_says_so(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(SMALL_SHARDING))
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # an earlier test in this process left its Ray running
+        ray.shutdown()
     auto = CliRunner().invoke(app, ["search", str(space), "--out", str(tmp_path / "a"), "--quiet"])
     assert auto.exit_code == 0, auto.output
     assert "auto: in this process" in _text(auto) and "start)" in _text(auto)
