@@ -128,3 +128,20 @@ def test_bad_workers_is_one_error_line(tmp_path, value):
     assert res.exit_code == 2
     (line,) = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert line.startswith("error: --workers must be auto or 0 .. 4096") and not (tmp_path / "o").exists()
+
+
+def test_auto_in_this_process_leaves_no_empty_ray_log(tmp_path):
+    """The console script sends native stderr to OUT/ray.log; a run that started no Ray removes it empty."""
+    import subprocess
+
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SMALL_SHARDING))
+    tuner = os.path.join(os.path.dirname(sys.executable), "tuner")
+    if not os.path.exists(tuner):
+        pytest.skip("the tuner console script is not installed next to this interpreter")
+    out = tmp_path / "a"
+    run = subprocess.run([tuner, "search", str(space), "--out", str(out), "--quiet"], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "auto: in this process" in " ".join(run.stdout.split())
+    assert (out / "results.json").is_file() and not (out / "ray.log").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -102,6 +103,7 @@ def search(
             if n_workers != 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
                 divert_native_stderr(out / "ray.log")
             summary = _run(space, spec, out, storage, n_workers, address, go_on, quiet, all_traces)
+            _drop_empty_ray_log(out / "ray.log")
     except OutputError as exc:
         fail(str(exc))
     except (ClusterLost, StorageError) as exc:  # the cluster or the storage went away mid-run
@@ -122,6 +124,19 @@ def search(
     except SystemExit as exc:  # a user's model module called sys.exit while it was imported or run
         fail(f"{space}: a model module called sys.exit({exc.code!r}) during the search")
     console.print(f"{summary} ({time.perf_counter() - t0:.1f} s)", highlight=False)
+
+
+def _drop_empty_ray_log(log: Path) -> None:
+    """Remove ``log`` when it is empty and no Ray started in this process (``--workers auto`` that
+    stayed in this process): nothing native can write to it any more."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    try:
+        if log.is_file() and log.stat().st_size == 0:
+            log.unlink()
+    except OSError:
+        pass
 
 
 def _run(space: Path, spec, out: Path, storage: str | None, workers: int, address: str | None, resume: bool,
