@@ -139,6 +139,13 @@ def test_starting_a_study_again_under_a_running_search_is_refused(tmp_path, spac
         assert len(lines) == 1 and lines[0].startswith("error:"), res.output
         assert "another tuner search" in lines[0] and f"process {proc.pid}" in lines[0] and "--resume" in lines[0]
         assert any(state == "RUNNING" for state, _, _ in _trials(db))  # its claims are untouched
+        kept = tmp_path / "c" / "results.json"  # an earlier search's outputs, which --overwrite would replace
+        kept.parent.mkdir()
+        kept.write_text("{}")
+        res = CliRunner().invoke(app, ["search", str(space_file), "--out", str(kept.parent), "--storage", storage,
+                                       "--workers", "0", "--quiet", "--overwrite"])
+        assert res.exit_code == 2 and "another tuner search" in res.output, res.output
+        assert kept.read_text() == "{}"  # refused before anything in --out was removed
     finally:
         proc.kill()
         proc.wait()

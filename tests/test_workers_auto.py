@@ -107,7 +107,7 @@ def test_choose_workers_threshold():
 def test_explicit_workers_reach_the_search_unchanged(tmp_path, monkeypatch, flag, want):
     seen: list[int] = []
 
-    def stop(space, *, storage, workers, address, resume, progress):
+    def stop(space, *, storage, workers, address, resume, progress, on_open):
         seen.append(workers)
         raise ValueError("stopped here")
 

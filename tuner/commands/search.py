@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -97,12 +98,22 @@ def search(
     try:
         with hold(out):
             go_on = decide_resume(out, space_id, storage_id, resume, overwrite)
-            if overwrite:
-                clear_outputs(out, default_storage=storage is None)
-            write_marker(out, space_id, storage_id, str(space))
-            if n_workers != 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
-                divert_native_stderr(out / "ray.log")
-            summary = _run(space, spec, out, storage, n_workers, address, go_on, quiet, all_traces)
+            # a study in a named storage may be refused (another search is evaluating it), so OUT's files
+            # are replaced only once it is open; the default study lives in OUT, which this run holds
+            deferred = overwrite and storage is not None
+            if not deferred:
+                if overwrite:
+                    clear_outputs(out, default_storage=True)
+                write_marker(out, space_id, storage_id, str(space))
+
+            def on_open() -> None:
+                if deferred:
+                    clear_outputs(out, default_storage=False)
+                    write_marker(out, space_id, storage_id, str(space))
+                if n_workers != 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
+                    divert_native_stderr(out / "ray.log")
+
+            summary = _run(space, spec, out, storage, n_workers, address, go_on, quiet, all_traces, on_open)
             _drop_empty_ray_log(out / "ray.log")
     except OutputError as exc:
         fail(str(exc))
@@ -140,7 +151,7 @@ def _drop_empty_ray_log(log: Path) -> None:
 
 
 def _run(space: Path, spec, out: Path, storage: str | None, workers: int, address: str | None, resume: bool,
-         quiet: bool, all_traces: bool = False) -> str:
+         quiet: bool, all_traces: bool = False, on_open: Callable[[], None] | None = None) -> str:
     """Run the search with a progress bar on stderr; returns the summary line."""
     from tuner.search.registry import SearchRequest, run_request
     from tuner.search.study import default_storage
@@ -171,5 +182,6 @@ def _run(space: Path, spec, out: Path, storage: str | None, workers: int, addres
             console=console,
             progress=progress,
             all_traces=all_traces,
+            on_open=on_open,
         )
         return run_request(request)

@@ -241,10 +241,11 @@ def run_search(
     space: SearchSpace,
     *,
     storage: str,
-    workers: int = 2,
+    workers: int = AUTO,
     address: str | None = None,
     resume: bool = False,
     progress: Progress | None = None,
+    on_open: Callable[[], None] | None = None,
 ) -> SearchResult:
     """Evaluate ``space``, recording every outcome in the study ``space.study_name()`` of ``storage``.
 
@@ -254,11 +255,14 @@ def run_search(
     (:data:`PROBE_SECONDS`) and starts a local Ray for the rest only when their estimated
     in-process seconds exceed :data:`RAY_START_FACTOR` x :data:`RAY_START_SECONDS`. ``resume``
     reuses the outcomes the study already holds; without it an older study of that name is replaced.
+    ``on_open`` runs once the study is open, before anything is evaluated.
     """
     from tuner.search.executor import Executor, cluster_address, connect_ray
     from tuner.search.study import SearchStudy
 
     study = SearchStudy.open(space.study_name(), storage, resume, space.distributions())
+    if on_open is not None:
+        on_open()
     candidates = space.candidates()
     finished = study.finished() if resume else {}
     done: dict[str, list[Outcome]] = {}

@@ -40,6 +40,7 @@ from predictor.timing.platforms import UnknownPlatformError, get_platform
 from predictor.timing.platforms.schema import Platform
 from tuner.plans import predict_plan
 from tuner.search.core import (
+    AUTO,
     Candidate,
     Evaluator,
     Exhaustive,
@@ -367,7 +368,7 @@ def run_parallel_search(
     space: ParallelSpace,
     *,
     storage: str,
-    workers: int = 2,
+    workers: int = AUTO,
     address: str | None = None,
     resume: bool = False,
     progress: Progress | None = None,

@@ -12,6 +12,7 @@ input), runs :func:`tuner.search.core.run_search`, writes the outputs under ``re
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,13 +93,14 @@ class SearchRequest:
     console: Console
     progress: Progress | None = None
     all_traces: bool = False  # charts and traces of every candidate's best option, not only the best plans
+    on_open: Callable[[], None] | None = None  # run once the study is open (after a live-study refusal could come)
 
 
 def run_request(req: SearchRequest) -> str:
     """Search the space of ``req``, write its outputs, print its table; returns the one-line summary."""
     space = space_plugin(req.spec.space)(req.spec)  # type: ignore[attr-defined]
     result = run_search(space, storage=req.storage, workers=req.workers, address=req.address, resume=req.resume,
-                        progress=req.progress)
+                        progress=req.progress, on_open=req.on_open)
     space.all_traces = req.all_traces
     payload = space.write_outputs(result, req.out)
     if not req.quiet:

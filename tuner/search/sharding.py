@@ -26,7 +26,16 @@ from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, re
 from predictor.timing.platforms import CatalogError, UnknownPlatformError
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import DLRMShardingJob
-from tuner.search.core import Candidate, Evaluator, Outcome, Progress, SearchResult, SearchSpace, run_search
+from tuner.search.core import (
+    AUTO,
+    Candidate,
+    Evaluator,
+    Outcome,
+    Progress,
+    SearchResult,
+    SearchSpace,
+    run_search,
+)
 from tuner.search.schema import Seed, SpaceError, StrictModel, at_most, bounded_int
 from tuner.search.study import fingerprint
 from tuner.sharders import InfeasibleShardingError, ModelGuidedSharder, get_sharder
@@ -413,7 +422,7 @@ def run_sharding_search(
     space: ShardingSpace,
     *,
     storage: str,
-    workers: int = 2,
+    workers: int = AUTO,
     address: str | None = None,
     resume: bool = False,
     progress: Progress | None = None,
