@@ -33,7 +33,8 @@ the median wall time is reported beside it. Run (timing-sensitive; about 10 minu
     flock /tmp/tuner-measure.lock nice -n -10 python experiments/whatif_models.py
 
 Writes ``experiments/results/whatif_models.md`` and ``.json``. ``--keep DIR`` keeps the captures and
-the measured times; ``--rescore DIR`` predicts again from them without measuring.
+the measured times; ``--rescore DIR`` predicts again from them without measuring. ``--only FAMILY ...`` and
+``--changes batch|layers`` run a part; a partial run prints its summary and writes only to an explicit ``--out``.
 """
 
 from __future__ import annotations
@@ -256,13 +257,14 @@ FAMILIES = {
 }
 
 
-def cases(family: str) -> list[tuple[str, list[str], dict]]:
-    """(label, --set items, real configuration) of each change predicted for ``family``."""
+def cases(family: str, changes: list[str] | None = None) -> list[tuple[str, list[str], dict]]:
+    """(label, --set items, real configuration) of each change predicted for ``family``; ``changes``: only
+    those whose label starts with one of them (``batch``, ``layers``; default: all)."""
     l0, blocks = FAMILIES[family]
     out = [("batch x2", ["batch_size=x2"], {"batch": 2 * BATCH}), ("batch x4", ["batch_size=x4"], {"batch": 4 * BATCH})]
     if blocks:
         out.append(("layers x2", ["layers=x2"], {"layers": 2 * l0}))
-    return out
+    return [c for c in out if not changes or c[0].startswith(tuple(changes))]
 
 
 # ============================================================================ measuring
@@ -314,7 +316,7 @@ def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
 
     l0 = FAMILIES[family][0]
     ctx = mp.get_context("spawn")
-    configs = [("base", {})] + [(label, cfg) for label, _, cfg in cases(family)]
+    configs = [("base", {})] + [(label, cfg) for label, _, cfg in cases(family, args.changes)]
     times: dict[str, list[float]] = {label: [] for label, _ in configs}
     cpu: dict[str, list[float]] = {label: [] for label, _ in configs}
     faults: dict[str, list[int]] = {label: [] for label, _ in configs}
@@ -359,9 +361,9 @@ def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
 
 
 # ============================================================================ predicting
-def predict(family: str, folder: Path, measured: dict) -> list[dict]:
-    """Predict every change of ``family`` from its captures in ``folder``; rows against ``measured``
-    (``wall_s`` and ``cpu_s`` per configuration; an older file holds the wall times alone)."""
+def predict(family: str, folder: Path, measured: dict, changes: list[str] | None = None) -> list[dict]:
+    """Predict every change of ``family`` (``changes``: those selected) from its captures in ``folder``; rows
+    against ``measured`` (``wall_s`` and ``cpu_s`` per configuration; an older file holds the wall times alone)."""
     from predictor.sources.traces.load import load_traces
     from predictor.whatif.annotate import annotate, combine_captures
 
@@ -372,7 +374,7 @@ def predict(family: str, folder: Path, measured: dict) -> list[dict]:
     cpu = measured.get("cpu_s", times)  # the step's CPU time: what the step costs without the waits for a core
     base = float(np.median(times["base"]))
     cpu_base = float(np.median(cpu["base"]))
-    for label, sets, cfg in cases(family):
+    for label, sets, cfg in cases(family, changes):
         meas = float(np.median(times[label]))
         cpu_meas = float(np.median(cpu[label]))
         row = {"family": family, "change": label, "set": sets, "target": cfg, "measured_s": meas,
@@ -491,7 +493,8 @@ def run(args) -> dict:
     torch.set_num_threads(THREADS)
     started = time.time()
     load0 = os.getloadavg()
-    families = [f for f in FAMILIES if (not args.only or f in args.only) and (f != "hf_gpt2" or hf_available())]
+    families = [f for f in FAMILIES if (not args.only or f in args.only) and (f != "hf_gpt2" or hf_available())
+                and cases(f, args.changes)]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.rescore or args.keep or tmp)
@@ -504,7 +507,7 @@ def run(args) -> dict:
                 t = time.time()
                 measured = measure(fam, args, folder)
                 print(f"[{fam}] measured in {time.time() - t:.1f} s", flush=True)
-            rows += predict(fam, folder, measured)
+            rows += predict(fam, folder, measured, args.changes)
     return {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": f"2-core VM ({_platform.processor() or _platform.machine()}, host {socket.gethostname()}), shared "
@@ -525,15 +528,22 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=2, help="warm-up iterations per configuration and round")
     ap.add_argument("--after", type=int, default=8, help="unprofiled iterations recorded after the capture window")
     ap.add_argument("--only", nargs="*", help="families to run (default: all)")
+    ap.add_argument("--changes", nargs="*", choices=("batch", "layers"),
+                    help="changes to run: batch, layers (default: all)")
     ap.add_argument("--keep", type=Path, help="keep the captures and measured times in this folder")
     ap.add_argument("--rescore", type=Path, help="predict again from a --keep folder, without measuring")
-    ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results", help="the folder of the results")
+    ap.add_argument("--out", type=Path, help="the folder of the results (default: experiments/results; a run of "
+                    "some families or changes only writes where --out says)")
     args = ap.parse_args()
     doc = run(args)
     s = doc["summary"]
-    if args.only:
+    partial = bool(args.only or args.changes)
+    if partial and args.out is None:  # a partial run never replaces the full run's results
         print(json.dumps(s, indent=1))
         return
+    if partial:
+        doc["command"] += "".join(f" --{k} {' '.join(v)}" for k, v in (("only", args.only), ("changes", args.changes)) if v)
+    args.out = args.out or REPO / "experiments" / "results"
     write(doc, args.out)
     for name in ("ratio", "absolute"):
         if name in s:
