@@ -229,9 +229,14 @@ def typical_block_times(g: ExecutionGraph, on: np.ndarray, blocks: list[np.ndarr
     raw = aux_col(g, "measured_raw")
     mean_d = np.full(g.n_tasks, np.nan)
     mean_r = np.full(g.n_tasks, np.nan)
-    in_blocks = on & np.isin(op, np.concatenate(blocks))
-    for p in np.unique(g.proc[in_blocks]).tolist():
-        tasks = [np.flatnonzero(on & (g.proc == p) & np.isin(op, b)) for b in blocks]
+    ids = np.concatenate(blocks)
+    label = np.repeat(np.arange(len(blocks)), [b.size for b in blocks])
+    srt = np.argsort(ids, kind="stable")
+    sel = np.flatnonzero(on & np.isin(op, ids))
+    blk = label[srt[np.searchsorted(ids[srt], op[sel])]]  # each block task's block
+    for p in np.unique(g.proc[sel]).tolist():
+        here = g.proc[sel] == p
+        tasks = [sel[here & (blk == j)] for j in range(len(blocks))]
         n0 = tasks[0].size
         if any(t.size != n0 for t in tasks) or not all(
                 np.array_equal(g.kind[t], g.kind[tasks[0]]) and np.array_equal(g.name[t], g.name[tasks[0]])
