@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -336,30 +337,45 @@ def data_dependencies(info: RankEvents, et: ExecutionTrace, et_map: dict[int, in
     """(producer, consumer) pairs of top-level ops on different threads: the consumer reads a tensor
     (execution-trace id) the producer wrote."""
     n_nodes = et.n_nodes
-    top_of_node = [-1] * n_nodes  # Python lists, not per-element numpy access: 2x faster on 14k nodes
-    top_of = info.top_of
-    for ev, n in et_map.items():
-        top = top_of.get(ev)
-        if top is not None:
-            top_of_node[n] = top
-    node_pos = dict(zip(et.id.tolist(), range(n_nodes), strict=True))
-    parent_pos = [node_pos.get(p, -1) for p in et.parent.tolist()]
-    for i in range(n_nodes):  # unmatched nodes inherit their parent's op
-        if top_of_node[i] < 0 and parent_pos[i] >= 0:
-            top_of_node[i] = top_of_node[parent_pos[i]]
-    in_ids, in_ptr = et.in_ids.tolist(), et.in_ptr.tolist()
-    out_ids, out_ptr = et.out_ids.tolist(), et.out_ptr.tolist()
-    producer: dict[int, int] = {}
-    pairs: set[tuple[int, int]] = set()
-    thread = info.thread_of_event
-    for i in range(n_nodes):
-        top = top_of_node[i]
-        if top < 0:
-            continue
-        for tid in in_ids[in_ptr[i] : in_ptr[i + 1]]:
-            p = producer.get(tid)
-            if p is not None and p != top and thread.get(p) != thread.get(top):
-                pairs.add((p, top))
-        for tid in out_ids[out_ptr[i] : out_ptr[i + 1]]:
-            producer[tid] = top
-    return pairs
+    # each joined node's top-level op (the last event joined to a node wins), by maps over the join, not a loop
+    joined = np.fromiter(et_map.values(), dtype=np.int64, count=len(et_map))
+    tops = np.fromiter(map(info.top_of.get, et_map.keys(), repeat(-1, len(et_map))), dtype=np.int64,
+                       count=len(et_map))
+    joined, tops = joined[tops >= 0][::-1], tops[tops >= 0][::-1]
+    last = np.unique(joined, return_index=True)[1]
+    top = np.full(n_nodes, -1, dtype=np.int64)
+    top[joined[last]] = tops[last]
+    top_of_node = top.tolist()
+    # each node's parent's position (the last node of that id), by a search over the ids in order
+    by_id = np.argsort(et.id, kind="stable")
+    ids = et.id[by_id]
+    at = np.searchsorted(ids, et.parent, side="right") - 1
+    found = (at >= 0) & (ids[np.maximum(at, 0)] == et.parent)
+    parent_pos = np.where(found, by_id[np.maximum(at, 0)], -1)
+    orphans = np.flatnonzero((top < 0) & found)
+    parent_of = parent_pos.tolist()
+    for i in orphans.tolist():  # unmatched nodes inherit their parent's op, in node order
+        top_of_node[i] = top_of_node[parent_of[i]]
+    # one row per tensor read or written by a node under a top-level op, ordered by tensor, node, reads before
+    # writes: a read's producer is the last write before it of the same tensor (a Python loop over the 37k
+    # tensor ids of the ResNet-50 ET took 10 ms)
+    top = np.fromiter(top_of_node, dtype=np.int64, count=n_nodes)
+    nodes = np.arange(n_nodes)
+    in_node = np.repeat(nodes, np.diff(et.in_ptr))
+    out_node = np.repeat(nodes, np.diff(et.out_ptr))
+    in_on, out_on = top[in_node] >= 0, top[out_node] >= 0
+    tensor = np.concatenate([et.in_ids[in_on], et.out_ids[out_on]])
+    node = np.concatenate([in_node[in_on], out_node[out_on]])
+    writes = np.concatenate([np.zeros(int(in_on.sum()), dtype=bool), np.ones(int(out_on.sum()), dtype=bool)])
+    order = np.lexsort((writes, node, tensor))
+    tensor, node, writes = tensor[order], node[order], writes[order]
+    last_write = np.maximum.accumulate(np.where(writes, np.arange(len(order)), -1)) if len(order) else order
+    reads = np.flatnonzero(~writes & (last_write >= 0))
+    reads = reads[tensor[last_write[reads]] == tensor[reads]]
+    src, dst = top[node[last_write[reads]]], top[node[reads]]
+    ops = np.unique(np.concatenate([src, dst]))
+    op_thread = np.full(int(ops[-1]) + 1 if len(ops) else 0, -1, dtype=np.int64)  # by event index
+    op_thread[ops] = np.fromiter(map(info.thread_of_event.get, ops.tolist(), repeat(-1, len(ops))),
+                                 dtype=np.int64, count=len(ops))
+    cross = (src != dst) & (op_thread[src] != op_thread[dst])
+    return set(zip(src[cross].tolist(), dst[cross].tolist(), strict=True))
