@@ -222,9 +222,10 @@ def typical_block_times(g: ExecutionGraph, on: np.ndarray, blocks: list[np.ndarr
     task's duration and traced (``measured_raw``) duration, seconds; NaN outside the blocks and on a
     processor whose blocks do not align task by task (same count, kinds and names in order).
 
-    A layer's time depends on where it runs in the step: in a captured CPU step the later forward blocks
-    allocate from memory the heap has to fault in again (ViT, 8 blocks: an ``aten::add`` 0.17 ms in
-    blocks 0-3, 0.36 ms in blocks 4-7), so a copy of the last block alone carries that cost once per copy."""
+    A layer's time depends on where it runs in the step: under the profiler a CPU step's later forward
+    blocks fault their activations in again (ViT, 8 blocks: 2 048 page faults in each of blocks 3-7, none
+    in an unprofiled step; an ``aten::add`` 0.17 ms in blocks 0-3, 0.36 ms in 4-7), so a copy of the last
+    block alone carries that cost once per copy."""
     op = aux_col(g, "op")
     raw = aux_col(g, "measured_raw")
     mean_d = np.full(g.n_tasks, np.nan)
