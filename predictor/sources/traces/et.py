@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
 from typing import Union
 
@@ -552,19 +551,39 @@ def _int_trace(data: bytes, label: str, schema: str) -> ExecutionTrace | None:
     if str(doc.schema) != schema or not nodes:
         return None
     ids = [n.id for n in nodes]
-    order = sorted(range(len(ids)), key=ids.__getitem__)  # by id, stable
-    nodes = [nodes[i] for i in order]
-    ids = [ids[i] for i in order]
-    n_nodes = len(ids)
-    names: dict[str, int] = {}
-    name_ids = [names.setdefault(n.name, len(names)) for n in nodes]
-    parents = [n.ctrl_deps for n in nodes]
+    nodes = [nodes[i] for i in sorted(range(len(ids)), key=ids.__getitem__)]  # by id, stable
+    n_nodes = len(nodes)
+    ids = []
+    parents: list[int] = []
     rfs: list[int] = []
     tids: list[int] = []
-    for n in nodes:  # the last rf_id / tid attribute wins
+    name_ids: list[int] = []
+    names: dict[str, int] = {}
+    in_shapes: list = []
+    out_shapes: list = []
+    in_types: list[list] = []
+    plans: dict[bytes, tuple[list, tuple[tuple[int, bool], ...]]] = {}
+    last_in: dict[int, tuple] = {}  # op name -> (types text, plan) of its last node: mostly repeated
+    last_out: dict[int, tuple] = {}
+    held: list[int] = []  # nodes whose inputs hold tensors, their values texts, every node's plan
+    in_vals: list = []
+    in_plans: list = [None] * n_nodes
+    held_out: list[int] = []
+    out_vals: list = []
+    out_plans: list = [None] * n_nodes
+    decode = _msgspec.json.decode
+    # one pass over the nodes: a pass per column walked the 14k decoded nodes again each time (slower overall)
+    for k, n in enumerate(nodes):
+        nm = n.name
+        nid = names.get(nm)
+        if nid is None:
+            nid = names[nm] = len(names)
+        name_ids.append(nid)
+        ids.append(n.id)
+        parents.append(n.ctrl_deps)
         rf = -1
         tid = 0
-        for a in n.attrs:
+        for a in n.attrs:  # the last rf_id / tid attribute wins
             c = a.__class__
             if c is _IntRfId:
                 rf = a.value
@@ -572,19 +591,35 @@ def _int_trace(data: bytes, label: str, schema: str) -> ExecutionTrace | None:
                 tid = a.value
         rfs.append(rf)
         tids.append(tid)
-    ins = [n.inputs or _NO_RAW_VALUES for n in nodes]
-    outs = [n.outputs or _NO_RAW_VALUES for n in nodes]
-    # each node's types text -> (types list, tensor positions), decoded once per distinct text (71 in ResNet-50)
-    types_of = attrgetter("types")
-    in_keys = list(map(bytes, map(types_of, ins)))
-    out_keys = list(map(bytes, map(types_of, outs)))
-    plans = {k: _type_plan(_msgspec.json.decode(k)) for k in {*in_keys, *out_keys}}
-    in_plans = list(map(plans.__getitem__, in_keys))
-    out_plans = list(map(plans.__getitem__, out_keys))
-    held = [k for k, p in enumerate(in_plans) if p[1]]  # nodes whose inputs / outputs hold tensors
-    held_out = [k for k, p in enumerate(out_plans) if p[1]]
-    in_vals = [ins[k].values for k in held]
-    out_vals = [outs[k].values for k in held_out]
+        i = n.inputs or _NO_RAW_VALUES
+        o = n.outputs or _NO_RAW_VALUES
+        in_shapes.append(i.shapes)
+        out_shapes.append(o.shapes)
+        raw = i.types
+        prev = last_in.get(nid)
+        if prev is not None and prev[0] == raw:
+            plan = prev[1]
+        else:
+            key = bytes(raw)
+            plan = plans.get(key) or plans.setdefault(key, _type_plan(decode(key)))
+            last_in[nid] = (raw, plan)
+        in_types.append(plan[0])
+        if plan[1]:
+            held.append(k)
+            in_vals.append(i.values)
+            in_plans[k] = plan
+        raw = o.types
+        prev = last_out.get(nid)
+        if prev is not None and prev[0] == raw:
+            plan = prev[1]
+        else:
+            key = bytes(raw)
+            plan = plans.get(key) or plans.setdefault(key, _type_plan(decode(key)))
+            last_out[nid] = (raw, plan)
+        if plan[1]:
+            held_out.append(k)
+            out_vals.append(o.values)
+            out_plans[k] = plan
     try:
         heads = _HEADS_DECODER.decode(b"[" + b",".join(in_vals + out_vals) + b"]")
     except (_msgspec.DecodeError, _msgspec.ValidationError):  # a values field that is no JSON array
@@ -596,8 +631,7 @@ def _int_trace(data: bytes, label: str, schema: str) -> ExecutionTrace | None:
         label=label, schema=schema, pid=_pid_of(doc.pid),
         id=col(ids, np.int64, n_nodes), parent=col(parents, np.int64, n_nodes), rf_id=col(rfs, np.int64, n_nodes),
         tid=col(tids, np.int64, n_nodes), name=col(name_ids, np.int32, n_nodes), names=list(names),
-        input_shapes=JsonLists([v.shapes for v in ins]), input_types=[p[0] for p in in_plans],
-        output_shapes=JsonLists([v.shapes for v in outs]),
+        input_shapes=JsonLists(in_shapes), input_types=in_types, output_shapes=JsonLists(out_shapes),
         in_ptr=in_ptr, in_ids=col(in_ids, np.int64, len(in_ids)),
         out_ptr=out_ptr, out_ids=col(out_ids, np.int64, len(out_ids)),
         meta={"time": doc.time, "start_ts": doc.start_ts, "finish_ts": doc.finish_ts},
