@@ -319,6 +319,8 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
     gpu_task = [-1] * len(info.gpu)
     op_memo: dict[tuple[int, str], dict[str, float]] = {}
     text_memo: dict[tuple, dict[str, float]] = {}
+    split_memo: dict[tuple[int, str], tuple[float, dict[str, float]]] = {}  # (op, kind) -> (FLOPs, parameters)
+    name_of, cat_of = kt.name.tolist(), kt.cat.tolist()  # Python lists: numpy scalars per task were slower
     orphan = 0
     gap = queued_gap_us(info, order.stream_tasks, kt)
     b.stats[f"stream_gap_us_rank{rt.rank}"] = round(gap, 3)
@@ -331,26 +333,34 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
                 # a stream does not start a queued task the instant the previous one ends
                 prev = info.gpu[lst[pos - 1]].end
                 b.timed_task(proc, "stream gap", "gpu_gap", Category.SYNC, gap, prev, prev + gap)
-            kname = names[kt.name[e]]
-            c = kt.cat[e]
+            kname = names[name_of[e]]
+            c = cat_of[e]
             gcat = "memcpy" if c == _MEMCPY else "memset" if c == _MEMSET else "kernel"
             op = g.inner_op
-            op_name = names[kt.name[op]] if op >= 0 else ""
-            kind, category = classify_gpu_task(gcat, kname, op_name, kt.args[e])
-            params: dict[str, float] = {}
-            if op >= 0:  # an op's kernels share its parameters (3774 kernels of 2721 ops in ResNet-50)
-                known = op_memo.get((op, kind))
-                if known is None:
-                    known = op_memo[(op, kind)] = _op_kernel_params(info, et_map, op, op_name, kind, text_memo)
-                params = dict(known)
-            flops = params.pop("flops", math.nan)
-            nbytes = _gpu_task_bytes(kt.args[e], category, params, b.trace_set.world_size)
+            op_name = names[name_of[op]] if op >= 0 else ""
+            a = kt.args[e]
+            kind, category = classify_gpu_task(gcat, kname, op_name, a)
+            split = split_memo.get((op, kind)) if category != Category.COMMUNICATION else None
+            if split is None:
+                params: dict[str, float] = {}
+                if op >= 0:  # an op's kernels share its parameters (3774 kernels of 2721 ops in ResNet-50)
+                    known = op_memo.get((op, kind))
+                    if known is None:
+                        known = op_memo[(op, kind)] = _op_kernel_params(info, et_map, op, op_name, kind, text_memo)
+                    params = dict(known)
+                flops = params.pop("flops", math.nan)
+                nbytes = _gpu_task_bytes(a, category, params, b.trace_set.world_size)
+                params = {k: v for k, v in params.items() if k in PARAM_COLUMNS}
+                if category != Category.COMMUNICATION:  # its parameters are the op's alone: shared, never changed
+                    split_memo[(op, kind)] = (flops, params)
+            else:
+                flops, params = split
+                nbytes = _gpu_task_bytes(a, category, params, b.trace_set.world_size)
             if g.launch < 0:
                 orphan += 1
                 if pos == 0 and g.start > t0 + EPS_US:
                     # issued before the trace began: the stream is busy from its first task on
                     b.timed_task(proc, "issued before trace", "gpu_idle", Category.SYNC, g.start - t0, t0, g.start)
-            params = {k: v for k, v in params.items() if k in PARAM_COLUMNS}
             gpu_task[gi] = b.timed_task(proc, kname, kind, category, g.dur, g.start, g.end, group=g.group,
                                         flops=flops, nbytes=nbytes, params=params or None, ev=op)
             if g.launch >= 0:

@@ -197,10 +197,11 @@ def classify_runtime_calls(info: RankEvents, order: StreamOrder, bump: Callable[
                 out.kind[e] = SYNC
                 out.awaited[e] = cl.sync_targets(nm, rec, s, t_idx)
             elif launched:
-                gpu_cats = {int(cat[info.gpu[g].ev]) for g in launched}
-                # a copy to pageable host memory returns only when the data is there
+                # a copy to pageable host memory returns only when the data is there (the launched tasks'
+                # categories looked up only for a copy call: per launch they were a tenth of this loop)
                 blocking = nm in BLOCKING_COPY_CALLS or (
-                    _MEMCPY in gpu_cats and nm.startswith(("cudaMemcpy", "cuMemcpy"))
+                    nm.startswith(("cudaMemcpy", "cuMemcpy"))
+                    and _MEMCPY in {int(cat[info.gpu[g].ev]) for g in launched}
                     and any(_is_blocking_copy(names[kt.name[info.gpu[g].ev]]) for g in launched))
                 out.kind[e] = BLOCKING_COPY if blocking else LAUNCH
                 if blocking:
