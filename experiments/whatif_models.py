@@ -32,8 +32,7 @@ the median wall time is reported beside it. Run (timing-sensitive; about 10 minu
 
     flock /tmp/tuner-measure.lock nice -n -10 python experiments/whatif_models.py
 
-Writes ``experiments/results/whatif_models.md`` and ``.json``; ``--heap glibc`` measures with glibc's heap
-at its defaults instead of held (see :func:`set_heap`) and writes ``whatif_models_glibc.*``. ``--keep DIR`` keeps the captures and
+Writes ``experiments/results/whatif_models.md`` and ``.json``. ``--keep DIR`` keeps the captures and
 the measured times; ``--rescore DIR`` predicts again from them without measuring. ``--only FAMILY ...`` and
 ``--changes batch|layers`` run a part; a partial run prints its summary and writes only to an explicit ``--out``.
 """
@@ -67,25 +66,6 @@ THREADS = 1
 BATCH = 32
 #: timed iterations of a configuration per turn (after one untimed) when the configurations take turns
 TURN = 2
-#: glibc mallopt(3) parameters and the values ``--heap held`` sets in every measured and captured process
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-HELD_MMAP_THRESHOLD = 32 << 20  # glibc's largest dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
-HELD_TRIM_THRESHOLD = 16 << 30  # never give the heap top back
-
-
-def set_heap(heap: str) -> None:
-    """``held``: fix glibc's mmap threshold at 32 MiB and never trim the heap, as
-    ``MALLOC_MMAP_THRESHOLD_=32MiB MALLOC_TRIM_THRESHOLD_=16GiB`` would. With glibc's defaults the heap top
-    is given back and faulted in again at moments that differ from run to run (cnn_bn at batch 128:
-    a median of 0, 1 024, 4 064 or 9 184 faults per step in five runs of one script); held, a step
-    faults only for the blocks of 32 MiB or more, which the host memory model prices. ``glibc``: defaults."""
-    if heap != "held":
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None)
-    if not (libc.mallopt(M_MMAP_THRESHOLD, HELD_MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, HELD_TRIM_THRESHOLD)):
-        raise RuntimeError("mallopt refused the heap settings (not glibc?)")
 
 
 # ============================================================================ the models
@@ -298,19 +278,17 @@ def one_step(model, loss_fn, opt) -> tuple[float, float]:
     return time.perf_counter() - t, time.thread_time() - c
 
 
-def capture(family: str, folder: Path, after: int, heap: str) -> None:
-    set_heap(heap)
+def capture(family: str, folder: Path, after: int) -> None:
     torch.set_num_threads(THREADS)
     model, loss_fn = make(family, BATCH, FAMILIES[family][0])
     capture_training(model, loss_fn, folder, after)
 
 
-def config_worker(conn, family: str, batch: int, layers: int, heap: str) -> None:
+def config_worker(conn, family: str, batch: int, layers: int) -> None:
     """One configuration in a process of its own: build it, then on each ``(untimed, timed)`` request run
     that many iterations and send back the timed ones' (wall s, CPU s, minor page faults); ``None`` ends it."""
     import resource
 
-    set_heap(heap)
     torch.set_num_threads(THREADS)
     model, loss_fn = make(family, batch, layers)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -347,7 +325,7 @@ def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
         for label, cfg in configs:
             here, there = ctx.Pipe()
             proc = ctx.Process(target=config_worker, args=(there, family, cfg.get("batch", BATCH),
-                                                           cfg.get("layers", l0), args.heap), daemon=True)
+                                                           cfg.get("layers", l0)), daemon=True)
             proc.start()
             workers[label] = (proc, here)
         for _, conn in workers.values():
@@ -355,7 +333,7 @@ def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
                 raise RuntimeError(f"{family}: a configuration's process did not start")
         for rnd in range(args.rounds):
             if rnd < args.captures:  # a fresh process per capture; the configurations' processes wait
-                proc = ctx.Process(target=capture, args=(family, folder / f"capture{rnd}", args.after, args.heap))
+                proc = ctx.Process(target=capture, args=(family, folder / f"capture{rnd}", args.after))
                 proc.start()
                 proc.join()
                 if proc.exitcode != 0:
@@ -466,9 +444,6 @@ def write(doc: dict, out_dir: Path) -> None:
         f"({doc['rounds']} rounds interleaved with the captures; in a round the configurations take turns, "
         f"one untimed and {TURN} timed iterations each; every configuration and every capture runs in a process "
         "of its own). Nothing was fitted on these models. "
-        + ("glibc's heap held in every process (mmap threshold fixed at 32 MiB, no trimming: `--heap held`). "
-           if doc.get("heap", "held") == "held" else "glibc's heap at its defaults (`--heap glibc`). ")
-        +
         f"Load average {doc['load_average_start'][0]:.1f} at the start, {doc['load_average_end'][0]:.1f} at the end.",
         "",
         "*ratio* compares the predicted change (predicted / the capture replayed unchanged, profiler cost removed) with "
@@ -503,22 +478,15 @@ def write(doc: dict, out_dir: Path) -> None:
                 lines.append(f"{key} changes: geomean {x[f'{key}_geomean_abs_error_pct']:.1f} %, "
                              f"max {x[f'{key}_max_abs_error_pct']:.1f} %.  ")
     lines += ["", "*page faults / step*: minor page faults of one iteration (median), base -> changed configuration, "
-              "each in its own process. With glibc's defaults the heap gives its freed top back to the system "
-              "and the next step faults it in again (about 1.5 µs a page here), at moments that differ from run "
-              "to run, which the prediction does not price; with the heap held, a step faults only for blocks "
-              "of 32 MiB or more, which it does.", "",
+              "each in its own process: glibc returns the freed top of its heap to the system when it exceeds "
+              "twice the largest block, and the next step faults it in again (at the platform's measured 1.5 "
+              "µs a page); the prediction does not price them.", "",
               "*no model*: changed kernel tasks whose op kind has no kernel model; they keep their measured "
               "time times the work ratio (FLOPs, else elements, new/old), as the JSON's `fallback` says per case.", "",
               f"Reproduce: `{doc['command']}`", ""]
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = result_stem(doc.get("heap", "held"))
-    atomic_write_text(out_dir / f"{stem}.md", "\n".join(lines))
-    atomic_write_text(out_dir / f"{stem}.json", json.dumps(doc, indent=1, default=float))
-
-
-def result_stem(heap: str) -> str:
-    """The results' file name without suffix: ``whatif_models``, or ``whatif_models_glibc`` at glibc's defaults."""
-    return "whatif_models" if heap == "held" else "whatif_models_glibc"
+    atomic_write_text(out_dir / "whatif_models.md", "\n".join(lines))
+    atomic_write_text(out_dir / "whatif_models.json", json.dumps(doc, indent=1, default=float))
 
 
 def run(args) -> dict:
@@ -547,7 +515,7 @@ def run(args) -> dict:
         "torch": torch.__version__, "torch_threads": THREADS, "base_batch": BATCH,
         "iters": args.iters * args.rounds, "rounds": args.rounds, "captures": args.captures,
         "load_average_start": load0, "load_average_end": os.getloadavg(), "wall_s": time.time() - started,
-        "hf_transformers": hf_available(), "heap": args.heap, "rows": rows, "summary": summarise(rows),
+        "hf_transformers": hf_available(), "rows": rows, "summary": summarise(rows),
         "command": "flock /tmp/tuner-measure.lock nice -n -10 python experiments/whatif_models.py",
     }
 
@@ -559,9 +527,6 @@ def main() -> None:
     ap.add_argument("--captures", type=int, default=3, help="captures per family (in the first rounds), combined")
     ap.add_argument("--warm", type=int, default=2, help="warm-up iterations per configuration and round")
     ap.add_argument("--after", type=int, default=8, help="unprofiled iterations recorded after the capture window")
-    ap.add_argument("--heap", choices=("held", "glibc"), default="held",
-                    help="held: glibc's mmap threshold fixed at 32 MiB and no heap trimming in every measured "
-                         "process (the default); glibc: its defaults (results go to whatif_models_glibc.*)")
     ap.add_argument("--only", nargs="*", help="families to run (default: all)")
     ap.add_argument("--changes", nargs="*", choices=("batch", "layers"),
                     help="changes to run: batch, layers (default: all)")
@@ -576,8 +541,6 @@ def main() -> None:
     if partial and args.out is None:  # a partial run never replaces the full run's results
         print(json.dumps(s, indent=1))
         return
-    if args.heap != "held":
-        doc["command"] += f" --heap {args.heap}"
     if partial:
         doc["command"] += "".join(f" --{k} {' '.join(v)}" for k, v in (("only", args.only), ("changes", args.changes)) if v)
     args.out = args.out or REPO / "experiments" / "results"
@@ -586,7 +549,7 @@ def main() -> None:
         if name in s:
             print(f"{name}: geomean |error| {s[name]['geomean_abs_error_pct']:.1f} %, max "
                   f"{s[name]['max_abs_error_pct']:.1f} %")
-    print(f"-> {args.out / (result_stem(args.heap) + '.md')}")
+    print(f"-> {args.out / 'whatif_models.md'}")
 
 
 if __name__ == "__main__":
