@@ -319,14 +319,13 @@ def inter_thread_waits(t1_gaps: list[tuple[int, float, float, int]], src_end: li
     least :data:`INTER_THREAD_GAP_US` during which another thread's op task ended (the last one to end
     before the gap does) waits for it; candidates are the in-op tasks (end µs, task, thread)."""
     o = np.argsort(src_end, kind="stable")
-    se = np.asarray(src_end)[o]
-    st = np.asarray(src_task)[o]
-    sth = np.asarray(src_thread)[o]
+    ends = np.asarray(src_end)[o]
+    gaps = [g for g in t1_gaps if not g[2] - g[1] < INTER_THREAD_GAP_US]
+    # the last candidate ending by each gap's end, for all gaps in one search; Python lists for the walk back
+    last = (np.searchsorted(ends, [g[2] for g in gaps], side="right") - 1).tolist()
+    se, st, sth = ends.tolist(), np.asarray(src_task)[o].tolist(), np.asarray(src_thread)[o].tolist()
     out: list[tuple[int, int, float, float]] = []
-    for i, a, bnd, t_idx in t1_gaps:
-        if bnd - a < INTER_THREAD_GAP_US:
-            continue
-        k = int(np.searchsorted(se, bnd, side="right")) - 1
+    for (i, a, bnd, t_idx), k in zip(gaps, last, strict=True):
         while k >= 0 and se[k] > a and sth[k] == t_idx:
             k -= 1
         if k >= 0 and se[k] > a + EPS_US:
