@@ -85,8 +85,8 @@ class _Classifier:
             c = int(kt.corr[e])
             if c >= 0:
                 self.sync_rec.setdefault(c, kt.args[e])
-        self.corr_to_rt = {int(kt.corr[e]): e for e in np.flatnonzero(kt.cat == _RUNTIME).tolist()
-                           if kt.corr[e] >= 0}
+        rts = np.flatnonzero((kt.cat == _RUNTIME) & (kt.corr >= 0))  # the last call of a correlation id wins
+        self.corr_to_rt = dict(zip(kt.corr[rts].tolist(), rts.tolist(), strict=True))
         self.has_wait_records = any(a.get("cuda_sync_kind") == "Stream Wait Event" for a in self.sync_rec.values())
         self.device0 = info.streams[0][0] if info.streams else 0
         self.last_record: list[list[tuple[float, int]]] = [[] for _ in info.threads]  # per thread (ts, stream)
@@ -234,6 +234,7 @@ def resource_waits(info: RankEvents, stream_tasks: list[list[int]], wait_src: di
     ends = np.asarray([g.end for g in gpu])
     streams = np.asarray([g.stream for g in gpu])
     out: list[tuple[int, int]] = []
+    call_ts, call_dur = kt.ts.tolist(), kt.dur.tolist()  # Python floats: numpy scalars per GPU task were slower
     by_class: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for key in {(int(d), int(e)) for d, e in zip(device.tolist(), engine.tolist(), strict=True)}:
         idx = np.flatnonzero((device == key[0]) & (engine == key[1]))
@@ -245,7 +246,7 @@ def resource_waits(info: RankEvents, stream_tasks: list[list[int]], wait_src: di
             g = gpu[gi]
             ready = prev_end
             if g.launch >= 0:
-                ready = max(ready, float(kt.ts[g.launch] + kt.dur[g.launch]))
+                ready = max(ready, call_ts[g.launch] + call_dur[g.launch])
             else:
                 ready = max(ready, g.start)
             for s in wait_src.get(gi, ()):
