@@ -142,6 +142,8 @@ class TraceGraphBuilder(GraphBuilder):
         self.key: list[float] = []
         self.mend: list[float] = []
         self.task_ev: list[int] = []
+        # the three lists' appends bound once: an attribute and a method lookup each per task (24k in ResNet-50)
+        self._add_key, self._add_mend, self._add_ev = self.key.append, self.mend.append, self.task_ev.append
         self.notes: list[str] = list(trace_set.notes)
         self.stats: dict[str, int] = {}
         self.steps: list[dict] = []
@@ -164,9 +166,9 @@ class TraceGraphBuilder(GraphBuilder):
         """Append a task of ``dur`` µs that lay at [``key``, ``mend``] µs in the measured run."""
         i = self.append_task(proc, name, kind, cat, (0.0 if dur < 0.0 else dur) * 1e-6, flops, nbytes, overhead,
                              group, params)
-        self.key.append(key)
-        self.mend.append(mend)
-        self.task_ev.append(ev)
+        self._add_key(key)
+        self._add_mend(mend)
+        self._add_ev(ev)
         return i
 
     def dependency(self, src: int, dst: int, kind: DepKind) -> None:
@@ -198,8 +200,8 @@ class TraceGraphBuilder(GraphBuilder):
         for k in DepKind:
             self.stats[f"edges_{k.name}"] = int((g.edge_kind == k).sum())
         mstart = (key - t0) * 1e-6
-        mend = (np.asarray(self.mend) - t0) * 1e-6
-        task_ev = np.asarray(self.task_ev, dtype=np.int64)
+        mend = (np.fromiter(self.mend, dtype=np.float64, count=len(self.mend)) - t0) * 1e-6
+        task_ev = np.fromiter(self.task_ev, dtype=np.int64, count=len(self.task_ev))
         task_call = np.full(g.n_tasks, -1, dtype=np.int64)
         task_call[list(self.call_of)] = list(self.call_of.values())
         task_op = np.where(g.is_gpu(), -1, task_ev)
