@@ -1,6 +1,6 @@
 """The execution-trace reader's integer path (ids, parents and attributes typed, tensor values decoded as their
 first element) yields the same columns as columnising the parsed document, and declines to the general path
-for what it does not decode; the sibling execution trace inflated on a thread reads as the serial read."""
+for what it does not decode; a Kineto file's sibling execution trace reads the same way, its errors in one line."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def _write_pair(tmp_path, et_text: bytes):
     return k
 
 
-def test_sibling_inflated_on_a_thread_reads_as_serial(tmp_path):
+def test_sibling_execution_trace_reads_as_parsed(tmp_path):
     k = _write_pair(tmp_path, gzip.compress(json.dumps(_doc()).encode()))
     ts = load_traces(k)
     assert ts.ranks[0].et is not None
