@@ -188,10 +188,11 @@ class GraphBuilder(GraphVocabulary):
         self._n = idx + 1
         return idx
 
-    def append_tasks(self, proc: int, names: Sequence[str], kinds: Sequence[str], categories: Sequence[Category],
-                     durations: Sequence[float], overheads: Sequence[Overhead]) -> int:
-        """Many tasks at the end of ``proc``'s execution order at once (durations in seconds; no FLOPs, bytes,
-        group or parameters), as :meth:`append_task` one after another would; returns the first one's index."""
+    def append_tasks(self, proc: int, names: Sequence[str], kinds: Sequence[str], categories: Sequence[int],
+                     durations: Sequence[float], overheads: Sequence[int]) -> int:
+        """Many tasks at the end of ``proc``'s execution order at once (categories and overheads: :class:`Category` and
+        :class:`Overhead` values, durations in seconds; no FLOPs, bytes, group or parameters), as :meth:`append_task`
+        one after another would; returns the first one's index."""
         first = self._n
         k = len(names)
         c = self._cols

@@ -145,9 +145,12 @@ def _gpu_tasks(kt: KinetoTrace, gpu_idx: np.ndarray, inner_of: dict[int, int]):
     nccl: list[int] = []
     names = kt.names
     ev = gpu_idx[order]
+    stream_of = np.asarray(sinv)[order]
     kernel = int(EventCat.KERNEL)
+    # the name ids of NCCL kernels, each name tested once (not once per kernel)
+    nccl_names = {n for n in np.unique(kt.name[ev[kt.cat[ev] == kernel]]).tolist() if is_nccl_kernel(names[n])}
     # Python lists: per-element numpy access took most of this loop
-    for e, s_idx, c, corr, nm, t, d in zip(ev.tolist(), np.asarray(sinv)[order].tolist(), kt.cat[ev].tolist(),
+    for e, s_idx, c, corr, nm, t, d in zip(ev.tolist(), stream_of.tolist(), kt.cat[ev].tolist(),
                                            kt.corr[ev].tolist(), kt.name[ev].tolist(), kt.ts[ev].tolist(),
                                            kt.dur[ev].tolist(), strict=True):
         launch = corr_to_rt.get(corr, -1) if corr >= 0 else -1
@@ -156,16 +159,18 @@ def _gpu_tasks(kt: KinetoTrace, gpu_idx: np.ndarray, inner_of: dict[int, int]):
         gpu.append(g)
         if launch >= 0:
             gpu_of_launch.setdefault(launch, []).append(len(gpu) - 1)
-        if c == kernel and is_nccl_kernel(names[nm]):
+        if c == kernel and nm in nccl_names:
             nccl.append(len(gpu) - 1)
     nccl.sort(key=lambda i: gpu[i].start)
     # a stream runs one task at a time: a task ended no later than the next one on its stream started (an
     # edited trace whose durations grew with the timestamps untouched keeps its order of events)
     overlaps = 0
-    for a, b in zip(gpu[:-1], gpu[1:], strict=True):
-        if a.stream == b.stream and a.end > b.start:
-            overlaps += a.end > b.start + 1.0
-            a.end = max(b.start, a.start)
+    start = kt.ts[ev]
+    end = start + kt.dur[ev]  # each task's end as GpuTask.end holds it; a pair's fix touches only its first task
+    for i in np.flatnonzero((stream_of[:-1] == stream_of[1:]) & (end[:-1] > start[1:])).tolist():
+        a, b = gpu[i], gpu[i + 1]
+        overlaps += a.end > b.start + 1.0
+        a.end = max(b.start, a.start)
     return streams, gpu, gpu_of_launch, nccl, overlaps
 
 
