@@ -285,10 +285,13 @@ class _LaunchQueue:
 
     def __init__(self, info: RankEvents) -> None:
         kt = info.trace.kineto
-        dev = np.asarray([info.streams[g.stream][0] for g in info.gpu], dtype=np.int64)
-        launch = np.asarray([g.launch for g in info.gpu], dtype=np.int64)
-        starts = np.asarray([g.start for g in info.gpu])
-        ends = np.asarray([g.end for g in info.gpu])
+        n = len(info.gpu)
+        # the tasks' fields read by C-level maps into arrays: list comprehensions took 2 ms on 7.5k tasks
+        stream_dev = np.asarray([d for d, _ in info.streams] or [0], dtype=np.int64)
+        dev = stream_dev[np.fromiter(map(attrgetter("stream"), info.gpu), dtype=np.int64, count=n)]
+        launch = np.fromiter(map(attrgetter("launch"), info.gpu), dtype=np.int64, count=n)
+        starts = np.fromiter(map(attrgetter("start"), info.gpu), dtype=np.float64, count=n)
+        ends = np.fromiter(map(attrgetter("end"), info.gpu), dtype=np.float64, count=n)
         self.device = dev
         self.by_dev: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         for d in np.unique(dev).tolist():
