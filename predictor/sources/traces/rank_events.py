@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -238,11 +239,14 @@ def queued_gap_us(info: RankEvents, stream_tasks: list[list[int]], kt: KinetoTra
     """Median gap (µs) between consecutive tasks of a stream when the second was already issued
     before the first ended: the device's own time to start a queued task (0 if unseen)."""
     gaps: list[float] = []
-    ts, dur = kt.ts.tolist(), kt.dur.tolist()  # Python lists: numpy scalars per task pair were slower
+    # each task's launch call's end (µs) as a Python list (numpy scalars per task pair were slower); a task
+    # without a launch reads the last event's, unused
+    launch = np.fromiter(map(attrgetter("launch"), info.gpu), dtype=np.int64, count=len(info.gpu))
+    issued = (kt.ts[launch] + kt.dur[launch]).tolist()
     for lst in stream_tasks:
         for a, b in zip(lst[:-1], lst[1:], strict=True):
             ga, gb = info.gpu[a], info.gpu[b]
-            if gb.launch >= 0 and ts[gb.launch] + dur[gb.launch] < ga.end:
+            if gb.launch >= 0 and issued[b] < ga.end:
                 d = gb.start - ga.end
                 if 0.0 <= d < STREAM_GAP_MAX_US:
                     gaps.append(d)
@@ -337,14 +341,15 @@ def launch_stats(infos: list[RankEvents]) -> tuple[float, float]:
     durs: list[float] = []
     for info in infos:
         kt = info.trace.kineto
-        ts, dur = kt.ts.tolist(), kt.dur.tolist()  # Python lists: numpy scalars per task were slower
+        # each task's launch call's start and duration as Python lists (numpy scalars per task were slower);
+        # a task without a launch reads the last event's, unused
+        launch = np.fromiter(map(attrgetter("launch"), info.gpu), dtype=np.int64, count=len(info.gpu))
         prev_end: dict[int, float] = {}
-        for g in info.gpu:
+        for g, t, d in zip(info.gpu, kt.ts[launch].tolist(), kt.dur[launch].tolist(), strict=True):
             if g.launch >= 0:
-                d = dur[g.launch]
                 durs.append(d)
                 if prev_end.get(g.stream, -np.inf) < g.start - 2.0 and d > 0:
-                    fracs.append((g.start - ts[g.launch]) / d)
+                    fracs.append((g.start - t) / d)
             prev_end[g.stream] = g.end
     med_launch = float(np.median(durs)) if durs else 5.0
     lf = float(np.clip(np.median(fracs), 0.5, 2.0)) if len(fracs) >= 5 else 1.0
