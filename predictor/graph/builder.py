@@ -189,10 +189,13 @@ class GraphBuilder(GraphVocabulary):
         return idx
 
     def append_tasks(self, proc: int, names: Sequence[str], kinds: Sequence[str], categories: Sequence[int],
-                     durations: Sequence[float], overheads: Sequence[int]) -> int:
+                     durations: Sequence[float], overheads: Sequence[int], *, flops: Sequence[float] | None = None,
+                     nbytes: Sequence[float] | None = None, groups: Sequence[int] | None = None,
+                     params: Sequence[Mapping[str, float] | None] | None = None) -> int:
         """Many tasks at the end of ``proc``'s execution order at once (categories and overheads: :class:`Category` and
-        :class:`Overhead` values, durations in seconds; no FLOPs, bytes, group or parameters), as :meth:`append_task`
-        one after another would; returns the first one's index."""
+        :class:`Overhead` values, durations in seconds; ``flops`` / ``nbytes`` / ``groups`` / ``params`` one entry per
+        task, NaN / NaN / -1 / none when not given), as :meth:`append_task` one after another would; returns the
+        first one's index."""
         first = self._n
         k = len(names)
         c = self._cols
@@ -203,9 +206,16 @@ class GraphBuilder(GraphVocabulary):
         c["category"].extend(categories)
         c["overhead"].extend(overheads)
         c["duration"].extend(durations)
-        c["flops"].extend([float("nan")] * k)
-        c["bytes"].extend([float("nan")] * k)
-        c["group"].extend([-1] * k)
+        c["flops"].extend([float("nan")] * k if flops is None else flops)
+        c["bytes"].extend([float("nan")] * k if nbytes is None else nbytes)
+        c["group"].extend([-1] * k if groups is None else groups)
+        if params is not None:
+            table = self._params
+            for idx, p in enumerate(params, first):
+                if p:
+                    _check_params(p)
+                    for key, value in p.items():
+                        table.setdefault(key, {})[idx] = float(value)
         self._n = first + k
         return first
 

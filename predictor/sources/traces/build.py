@@ -178,6 +178,12 @@ class TraceGraphBuilder(GraphBuilder):
             self._pending_dst.append(dst)
             self._pending_kind.append(int(kind))
 
+    def dependencies(self, src: list[int], dst: list[int], kind: DepKind) -> None:
+        """``dst[i]`` waits for ``src[i]``, every pair distinct and non-negative, as :meth:`dependency` for each."""
+        self._pending_src.extend(src)
+        self._pending_dst.extend(dst)
+        self._pending_kind.extend([int(kind)] * len(src))
+
     def finish(self, infos: list[RankEvents], t0: float, launch_fraction: float) -> ReplayGraph:
         """The :class:`ReplayGraph`: dependencies against the measured order dropped, duplicates merged."""
         key = np.fromiter(self.key, dtype=np.float64, count=len(self.key))
@@ -314,64 +320,107 @@ def _op_kernel_params(info: RankEvents, et_map: dict[int, int], e: int, op_name:
 
 def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, gpu_proc: list[int],
                    rt_task: dict[int, int], et_map: dict[int, int], t0: float) -> list[int]:
-    """Kernels, copies and sets in stream order with stream gaps between them; returns each GPU task's index."""
+    """Kernels, copies and sets in stream order with stream gaps between them; returns each GPU task's index.
+    A stream's tasks are gathered as rows and appended in one :meth:`~predictor.graph.GraphBuilder.append_tasks`."""
     rt = info.trace
     kt = rt.kineto
     names = kt.names
-    gpu_task = [-1] * len(info.gpu)
+    gpus = info.gpu
+    world = b.trace_set.world_size
+    gpu_task = [-1] * len(gpus)
     op_memo: dict[tuple[int, str], dict[str, float]] = {}
     text_memo: dict[tuple, dict[str, float]] = {}
     split_memo: dict[tuple[int, str], tuple[float, dict[str, float]]] = {}  # (op, kind) -> (FLOPs, parameters)
+    # (category, kernel name id, op name id) -> (kind, Category) for all but collectives, whose kind reads their args
+    class_memo: dict[tuple[int, int, int], tuple[str, Category]] = {}
     name_of, cat_of = kt.name.tolist(), kt.cat.tolist()  # Python lists: numpy scalars per task were slower
+    args = kt.args
     orphan = 0
     gap = queued_gap_us(info, order.stream_tasks, kt)
     b.stats[f"stream_gap_us_rank{rt.rank}"] = round(gap, 3)
+    sync, none, nan = Category.SYNC, Overhead.NONE, math.nan
+    gap_s = gap * 1e-6
+    call_of = b.call_of
+    dep_src: list[int] = []  # CPU_GPU: the launching runtime call's task -> the GPU task
+    dep_dst: list[int] = []
     for s_idx, lst in enumerate(order.stream_tasks):
         proc = gpu_proc[s_idx]
+        base = b.n_tasks
+        # one row per task: name, kind, category, duration (s), FLOPs, bytes, group, parameters, measured start and
+        # end (µs), event; transposed into columns once per stream
+        rows: list[tuple] = []
+        add = rows.append
+        prev = nan
         for pos, gi in enumerate(lst):
-            g = info.gpu[gi]
+            g = gpus[gi]
             e = g.ev
             if pos > 0 and gap > 0:
                 # a stream does not start a queued task the instant the previous one ends
-                prev = info.gpu[lst[pos - 1]].end
-                b.timed_task(proc, "stream gap", "gpu_gap", Category.SYNC, gap, prev, prev + gap)
-            kname = names[name_of[e]]
+                add(("stream gap", "gpu_gap", sync, gap_s, nan, nan, -1, None, prev, prev + gap, -1))
+            prev = g.end
+            kid = name_of[e]
+            kname = names[kid]
             c = cat_of[e]
-            gcat = "memcpy" if c == _MEMCPY else "memset" if c == _MEMSET else "kernel"
             op = g.inner_op
-            op_name = names[name_of[op]] if op >= 0 else ""
-            a = kt.args[e]
-            kind, category = classify_gpu_task(gcat, kname, op_name, a)
+            oid = name_of[op] if op >= 0 else -1
+            a = args[e]
+            ckey = (c, kid, oid)
+            known_class = class_memo.get(ckey)
+            if known_class is None:
+                gcat = "memcpy" if c == _MEMCPY else "memset" if c == _MEMSET else "kernel"
+                kind, category = classify_gpu_task(gcat, kname, names[oid] if op >= 0 else "", a)
+                if category != Category.COMMUNICATION:
+                    class_memo[ckey] = (kind, category)
+            else:
+                kind, category = known_class
             split = split_memo.get((op, kind)) if category != Category.COMMUNICATION else None
             if split is None:
-                params: dict[str, float] = {}
+                params: dict[str, float] | None = {}
                 if op >= 0:  # an op's kernels share its parameters (3774 kernels of 2721 ops in ResNet-50)
                     known = op_memo.get((op, kind))
                     if known is None:
-                        known = op_memo[(op, kind)] = _op_kernel_params(info, et_map, op, op_name, kind, text_memo)
+                        known = op_memo[(op, kind)] = _op_kernel_params(info, et_map, op, names[oid], kind,
+                                                                         text_memo)
                     params = dict(known)
-                flops = params.pop("flops", math.nan)
-                nbytes = _gpu_task_bytes(a, category, params, b.trace_set.world_size)
-                params = {k: v for k, v in params.items() if k in PARAM_COLUMNS}
+                flops = params.pop("flops", nan)
+                nbytes = _gpu_task_bytes(a, category, params, world)
+                params = {k: v for k, v in params.items() if k in PARAM_COLUMNS} or None
                 if category != Category.COMMUNICATION:  # its parameters are the op's alone: shared, never changed
                     split_memo[(op, kind)] = (flops, params)
-            else:
+            else:  # not a collective: Kineto's bytes alone, as _gpu_task_bytes reads them
                 flops, params = split
-                nbytes = _gpu_task_bytes(a, category, params, b.trace_set.world_size)
-            if g.launch < 0:
+                nb = a.get("bytes")
+                nbytes = float(nb) if isinstance(nb, (int, float)) else nan
+            launch = g.launch
+            if launch < 0:
                 orphan += 1
                 if pos == 0 and g.start > t0 + EPS_US:
                     # issued before the trace began: the stream is busy from its first task on
-                    b.timed_task(proc, "issued before trace", "gpu_idle", Category.SYNC, g.start - t0, t0, g.start)
-            gpu_task[gi] = b.timed_task(proc, kname, kind, category, g.dur, g.start, g.end, group=g.group,
-                                        flops=flops, nbytes=nbytes, params=params or None, ev=op)
-            if g.launch >= 0:
-                b.call_of[gpu_task[gi]] = g.launch
-            if g.launch >= 0 and g.launch in rt_task:
-                b.dependency(rt_task[g.launch], gpu_task[gi], DepKind.CPU_GPU)
+                    add(("issued before trace", "gpu_idle", sync, (g.start - t0) * 1e-6, nan, nan, -1, None, t0,
+                         g.start, -1))
+            i = base + len(rows)
+            gpu_task[gi] = i
+            d = g.dur
+            add((kname, kind, category, (0.0 if d < 0.0 else d) * 1e-6, flops, nbytes, g.group, params, g.start,
+                 g.end, op))
+            if launch >= 0:
+                call_of[i] = launch
+                src = rt_task.get(launch)
+                if src is not None:
+                    dep_src.append(src)
+                    dep_dst.append(i)
+        if not rows:
+            continue
+        t_name, t_kind, t_cat, t_dur, t_flops, t_bytes, t_group, t_params, keys, mends, evs = zip(*rows, strict=True)
+        b.append_tasks(proc, t_name, t_kind, t_cat, t_dur, [none] * len(rows), flops=t_flops, nbytes=t_bytes,
+                       groups=t_group, params=t_params)
+        b.key.extend(keys)
+        b.mend.extend(mends)
+        b.task_ev.extend(evs)
+    b.dependencies(dep_src, dep_dst, DepKind.CPU_GPU)
     if orphan:
         b.notes.append(f"rank {rt.rank}: {orphan} GPU tasks were launched before the trace began")
-    b.bump("gpu_tasks", len(info.gpu))
+    b.bump("gpu_tasks", len(gpus))
     return gpu_task
 
 
