@@ -330,7 +330,10 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
     gpu_task = [-1] * len(gpus)
     op_memo: dict[tuple[int, str], dict[str, float]] = {}
     text_memo: dict[tuple, dict[str, float]] = {}
-    split_memo: dict[tuple[int, str], tuple[float, dict[str, float]]] = {}  # (op, kind) -> (FLOPs, parameters)
+    split_memo: dict[tuple[int, str], tuple[float, dict[str, float] | None]] = {}  # (op, kind) -> (FLOPs, parameters)
+    # id of an op's parameters (equal input shapes share one dict) -> (that dict, kept alive, FLOPs, parameters)
+    split_of: dict[int, tuple[dict[str, float], float, dict[str, float] | None]] = {}
+    no_params: dict[str, float] = {}
     # (category, kernel name id, op name id) -> (kind, Category) for all but collectives, whose kind reads their args
     class_memo: dict[tuple[int, int, int], tuple[str, Category]] = {}
     name_of, cat_of = kt.name.tolist(), kt.cat.tolist()  # Python lists: numpy scalars per task were slower
@@ -338,26 +341,26 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
     orphan = 0
     gap = queued_gap_us(info, order.stream_tasks, kt)
     b.stats[f"stream_gap_us_rank{rt.rank}"] = round(gap, 3)
-    sync, none, nan = Category.SYNC, Overhead.NONE, math.nan
-    gap_s = gap * 1e-6
+    sync, comm, none, nan = Category.SYNC, Category.COMMUNICATION, Overhead.NONE, math.nan
     call_of = b.call_of
     dep_src: list[int] = []  # CPU_GPU: the launching runtime call's task -> the GPU task
     dep_dst: list[int] = []
+    step = 2 if gap > 0 else 1  # a stream does not start a queued task the instant the previous one ends: a gap task
     for s_idx, lst in enumerate(order.stream_tasks):
+        if not lst:
+            continue
         proc = gpu_proc[s_idx]
-        base = b.n_tasks
-        # one row per task: name, kind, category, duration (s), FLOPs, bytes, group, parameters, measured start and
-        # end (µs), event; transposed into columns once per stream
+        g = gpus[lst[0]]
+        # issued before the trace began: the stream is busy from its first task on
+        lead = g.launch < 0 and g.start > t0 + EPS_US
+        base = b.n_tasks + lead
+        # one row per GPU task: name, kind, category, duration (s), FLOPs, bytes, group, parameters, measured start
+        # and end (µs), event; transposed into columns once per stream, the gap tasks interleaved there
         rows: list[tuple] = []
         add = rows.append
-        prev = nan
         for pos, gi in enumerate(lst):
             g = gpus[gi]
             e = g.ev
-            if pos > 0 and gap > 0:
-                # a stream does not start a queued task the instant the previous one ends
-                add(("stream gap", "gpu_gap", sync, gap_s, nan, nan, -1, None, prev, prev + gap, -1))
-            prev = g.end
             kid = name_of[e]
             kname = names[kid]
             c = cat_of[e]
@@ -369,14 +372,13 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
             if known_class is None:
                 gcat = "memcpy" if c == _MEMCPY else "memset" if c == _MEMSET else "kernel"
                 kind, category = classify_gpu_task(gcat, kname, names[oid] if op >= 0 else "", a)
-                if category != Category.COMMUNICATION:
+                if category != comm:
                     class_memo[ckey] = (kind, category)
             else:
                 kind, category = known_class
-            split = split_memo.get((op, kind)) if category != Category.COMMUNICATION else None
-            if split is None:
+            if category == comm:  # a collective's parameters add its message size and world from its own args
                 params: dict[str, float] | None = {}
-                if op >= 0:  # an op's kernels share its parameters (3774 kernels of 2721 ops in ResNet-50)
+                if op >= 0:
                     known = op_memo.get((op, kind))
                     if known is None:
                         known = op_memo[(op, kind)] = _op_kernel_params(info, et_map, op, names[oid], kind,
@@ -385,20 +387,22 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
                 flops = params.pop("flops", nan)
                 nbytes = _gpu_task_bytes(a, category, params, world)
                 params = {k: v for k, v in params.items() if k in PARAM_COLUMNS} or None
-                if category != Category.COMMUNICATION:  # its parameters are the op's alone: shared, never changed
-                    split_memo[(op, kind)] = (flops, params)
-            else:  # not a collective: Kineto's bytes alone, as _gpu_task_bytes reads them
+            else:  # the op's parameters alone: shared, never changed (3774 kernels of 2721 ops in ResNet-50)
+                split = split_memo.get((op, kind))
+                if split is None:
+                    known = _op_kernel_params(info, et_map, op, names[oid], kind, text_memo) if op >= 0 else no_params
+                    both = split_of.get(id(known))
+                    if both is None:
+                        both = split_of[id(known)] = (known, known.get("flops", nan),
+                                                      {k: v for k, v in known.items() if k in PARAM_COLUMNS} or None)
+                    split = split_memo[(op, kind)] = both[1:]
                 flops, params = split
-                nb = a.get("bytes")
+                nb = a.get("bytes")  # Kineto's bytes, as _gpu_task_bytes reads them
                 nbytes = float(nb) if isinstance(nb, (int, float)) else nan
             launch = g.launch
             if launch < 0:
                 orphan += 1
-                if pos == 0 and g.start > t0 + EPS_US:
-                    # issued before the trace began: the stream is busy from its first task on
-                    add(("issued before trace", "gpu_idle", sync, (g.start - t0) * 1e-6, nan, nan, -1, None, t0,
-                         g.start, -1))
-            i = base + len(rows)
+            i = base + pos * step
             gpu_task[gi] = i
             d = g.dur
             add((kname, kind, category, (0.0 if d < 0.0 else d) * 1e-6, flops, nbytes, g.group, params, g.start,
@@ -409,10 +413,15 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
                 if src is not None:
                     dep_src.append(src)
                     dep_dst.append(i)
-        if not rows:
-            continue
-        t_name, t_kind, t_cat, t_dur, t_flops, t_bytes, t_group, t_params, keys, mends, evs = zip(*rows, strict=True)
-        b.append_tasks(proc, t_name, t_kind, t_cat, t_dur, [none] * len(rows), flops=t_flops, nbytes=t_bytes,
+        cols: list = list(zip(*rows, strict=True))
+        if step == 2:
+            cols = _with_stream_gaps(cols, gap)
+        if lead:
+            g = gpus[lst[0]]
+            cols = [[v, *c] for v, c in zip(("issued before trace", "gpu_idle", sync, (g.start - t0) * 1e-6, nan, nan,
+                                              -1, None, t0, g.start, -1), cols, strict=True)]
+        t_name, t_kind, t_cat, t_dur, t_flops, t_bytes, t_group, t_params, keys, mends, evs = cols
+        b.append_tasks(proc, t_name, t_kind, t_cat, t_dur, [none] * len(t_name), flops=t_flops, nbytes=t_bytes,
                        groups=t_group, params=t_params)
         b.key.extend(keys)
         b.mend.extend(mends)
@@ -422,6 +431,22 @@ def _add_gpu_tasks(b: TraceGraphBuilder, info: RankEvents, order: StreamOrder, g
         b.notes.append(f"rank {rt.rank}: {orphan} GPU tasks were launched before the trace began")
     b.bump("gpu_tasks", len(gpus))
     return gpu_task
+
+
+def _with_stream_gaps(cols: list, gap: float) -> list[list]:
+    """Columns of a stream's task rows (as gathered in :func:`_add_gpu_tasks`) with a ``stream gap`` task of ``gap``
+    µs between every two tasks, lying from the previous task's measured end on."""
+    n = len(cols[0]) - 1
+    ends = list(cols[9][:-1])
+    gaps = (["stream gap"] * n, ["gpu_gap"] * n, [Category.SYNC] * n, [gap * 1e-6] * n, [math.nan] * n,
+            [math.nan] * n, [-1] * n, [None] * n, ends, [x + gap for x in ends], [-1] * n)
+    out = []
+    for tasks, between in zip(cols, gaps, strict=True):
+        both = [None] * (2 * n + 1)
+        both[0::2] = tasks
+        both[1::2] = between
+        out.append(both)
+    return out
 
 
 def _gpu_task_bytes(a: dict, category: Category, params: dict[str, float], world_size: int) -> float:
