@@ -153,7 +153,7 @@ class _Cutter:
         if not self.tasks:
             return
         names, kinds, cats, durs, overs, keys, mends, evs = zip(*self.tasks, strict=True)
-        # as TraceGraphBuilder.timed_task does per task: a negative duration is 0, µs -> s
+        # a negative traced duration is 0; µs -> s
         b.append_tasks(proc, names, kinds, cats, [(0.0 if d < 0.0 else d) * 1e-6 for d in durs], overs)
         b.key.extend(keys)
         b.mend.extend(mends)
