@@ -17,7 +17,7 @@ import tuner.search.core as core
 import tuner.search.executor as executor
 from tuner.cli import app
 from tuner.search import default_storage, run_search
-from tuner.search.core import AUTO, RAY_START_FACTOR, RAY_START_SECONDS, choose_workers
+from tuner.search.core import AUTO, RAY_START_FACTOR, RAY_START_SECONDS, Candidate, choose_workers, probe
 
 
 def _text(res) -> str:
@@ -145,3 +145,20 @@ def test_auto_in_this_process_leaves_no_empty_ray_log(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "auto: in this process" in " ".join(run.stdout.split())
     assert (out / "results.json").is_file() and not (out / "ray.log").exists()
+
+
+def test_probe_times_the_first_candidate_apart():
+    """The first evaluation's one-time costs (numba compiling on a fresh install) do not set the rate."""
+    calls: list[int] = []
+
+    def evaluate(chunk: list[Candidate]) -> None:
+        time.sleep(0.3 if not calls else 0.002 * len(chunk))
+        calls.append(len(chunk))
+
+    batch = [Candidate(key=str(i), params={}) for i in range(400)]
+    left, per = probe(batch, evaluate)
+    assert calls[0] == 1 and len(calls) >= 2
+    assert per < 0.05  # 2 ms a candidate, not the first's 300 ms spread over the probe
+    assert len(left) == 400 - sum(calls)
+    left, per = probe(batch[:1], evaluate)  # nothing after the first: its time is the rate
+    assert left == [] and per >= 0.002
