@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from captures import capture_steps
 
 from predictor.sources.traces.batch_dependence import returns_input
 
@@ -32,26 +33,11 @@ def test_returns_input_reads_p_and_train(name, concrete, noop):
 @pytest.fixture(scope="module")
 def dropout_run(tmp_path_factory):
     """Linear -> dropout(p=0) -> ReLU -> Linear, captured at batch 8."""
-    import tuner
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.0), nn.ReLU(), nn.Linear(64, 3))
     x, y = torch.randn(BATCH, 16), torch.randint(0, 3, (BATCH,))
-    folder = tmp_path_factory.mktemp("dropout") / "run"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        with tuner.capture(folder, warmup=1, active=2) as cap:
-            for _ in range(5):
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                cap.step()
-    finally:
-        torch.set_num_threads(threads)
-    return folder
+    return capture_steps(tmp_path_factory.mktemp("dropout") / "run", model,
+                         lambda m: F.cross_entropy(m(x), y), steps=5, active=2)
 
 
 def test_noop_dropout_keeps_its_time_when_the_batch_grows(dropout_run):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from captures import capture_steps
 
 from predictor.graph.edit import AUX_KEY
 from predictor.simulate import simulate
@@ -121,26 +122,11 @@ class _BlocksWithHead(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    import tuner
-
     torch.manual_seed(0)
     model = _BlocksWithHead()
     idx, y = torch.randint(0, 500, (16, 8)), torch.randint(0, 2000, (16,))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    folder = tmp_path_factory.mktemp("blocks_head") / "cap"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with tuner.capture(folder, warmup=1, active=3) as cap:
-            for _ in range(8):
-                loss = torch.nn.functional.cross_entropy(model(idx), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                cap.step()
-    finally:
-        torch.set_num_threads(threads)
-    return folder
+    return capture_steps(tmp_path_factory.mktemp("blocks_head") / "cap", model,
+                         lambda m: torch.nn.functional.cross_entropy(m(idx), y), steps=8, active=3)
 
 
 def test_captured_blocks_double_and_the_rest_stays(captured):

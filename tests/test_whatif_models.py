@@ -6,31 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from captures import capture_steps
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
 BATCH = 8
-
-
-def _capture(folder, model, loss_of, *, modules: bool = True, steps: int = 7, active: int = 2):
-    import tuner
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        with tuner.capture(folder, warmup=1, active=active, modules=modules) as cap:
-            for _ in range(steps):
-                loss = loss_of(model)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                cap.step()
-    finally:
-        torch.set_num_threads(threads)
-    return folder
 
 
 def _blocks_mlp(layers: int = 4, d: int = 32):
@@ -45,8 +27,8 @@ def blocks_mlp(tmp_path_factory):
     x, y = torch.randn(BATCH, 32), torch.randint(0, 3, (BATCH,))
     root = tmp_path_factory.mktemp("blocks")
     loss = lambda m: F.cross_entropy(m(x), y)  # noqa: E731
-    return (_capture(root / "modules", _blocks_mlp(), loss),
-            _capture(root / "plain", _blocks_mlp(), loss, modules=False))
+    return (capture_steps(root / "modules", _blocks_mlp(), loss),
+            capture_steps(root / "plain", _blocks_mlp(), loss, modules=False))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +57,7 @@ def mixed(tmp_path_factory):
     offsets = torch.arange(0, BATCH * 3, 3)
     y = torch.randint(0, 3, (BATCH,), generator=g)
     folder = tmp_path_factory.mktemp("mixed") / "run"
-    return _capture(folder, Mixed(), lambda m: F.cross_entropy(m(idx, img, bag_idx, offsets), y))
+    return capture_steps(folder, Mixed(), lambda m: F.cross_entropy(m(idx, img, bag_idx, offsets), y))
 
 
 # ----------------------------------------------------------------------------- op kinds
@@ -111,7 +93,7 @@ def test_embedding_bag_batch_is_the_offsets_length(tmp_path):
 
     ids, off = torch.randint(0, 200, (BATCH * 5,)), torch.arange(0, BATCH * 5, 5)
     lbl = torch.rand(BATCH, 1)
-    folder = _capture(tmp_path / "bags", Bags(), lambda m: F.binary_cross_entropy_with_logits(m(ids, off), lbl))
+    folder = capture_steps(tmp_path / "bags", Bags(), lambda m: F.binary_cross_entropy_with_logits(m(ids, off), lbl))
     at = annotate(load_traces(folder))
     assert at.base_batch == BATCH and "offsets" in at.batch_source
 
