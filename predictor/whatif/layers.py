@@ -243,11 +243,11 @@ def typical_block_times(g: ExecutionGraph, on: np.ndarray, blocks: list[np.ndarr
                 np.array_equal(g.kind[t], g.kind[tasks[0]]) and np.array_equal(g.name[t], g.name[tasks[0]])
                 for t in tasks):
             continue
-        d = np.stack([g.duration[t] for t in tasks])
-        r = np.stack([raw[t] for t in tasks])
+        md = np.stack([g.duration[t] for t in tasks]).mean(axis=0)
+        mr = np.stack([raw[t] for t in tasks]).mean(axis=0)
         for t in tasks:
-            mean_d[t] = d.mean(axis=0)
-            mean_r[t] = r.mean(axis=0)
+            mean_d[t] = md
+            mean_r[t] = mr
     return mean_d, mean_r
 
 
