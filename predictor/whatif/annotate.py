@@ -25,6 +25,7 @@ from predictor.sources.traces.profiler_cost import (
     ProfilerCost,
     corrected_durations,
     gap_cost,
+    profiled_fault_s,
     remove_profiler,
     unprofiled_iteration_s,
 )
@@ -93,11 +94,17 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
     pc = _profiler_cost(sg, trace_set, unprof, stat, profiler_cost_s)
     steps = [remove_profiler(g, pc) for g in sg.steps]
     combined = remove_profiler(sg.combined, pc) if sg.combined is not None else None
+    notes = list(sg.notes)
+    extra, fault_s = profiled_fault_s(trace_set) if sg.host_mode else (0.0, 0.0)
+    if sg.measured_step_s and fault_s > FAULT_NOTE_SHARE * float(np.median(sg.measured_step_s)):
+        notes.append(f"the profiled steps faulted {extra:.0f} more pages a step than the unprofiled ones (about "
+                     f"{fault_s * 1e3:.1f} ms of a {float(np.median(sg.measured_step_s)) * 1e3:.1f} ms step); that "
+                     "time stays in the kernels that wrote fresh memory, and a batch change scales it with them")
     return AnnotatedTrace(
         source=sg.source, steps=steps, step_names=sg.step_names, measured_step_s=sg.measured_step_s,
         unprofiled_s=unprof, profiler_cost_s=pc.per_event_s, profiler_cost_source=pc.source,
         base_batch=sg.base_batch, batch_source=sg.batch_source, host_mode=sg.host_mode,
-        world_size=sg.world_size, launch_fraction=sg.launch_fraction, counts=sg.counts, notes=sg.notes, torch_threads=threads,
+        world_size=sg.world_size, launch_fraction=sg.launch_fraction, counts=sg.counts, notes=notes, torch_threads=threads,
         combined=combined, combine=combine if combined is not None else "none", profiler_cost=pc,
         inside_estimate_s=sg.inside_estimate_s, unprofiled_stat=stat,
     )
@@ -138,6 +145,9 @@ def _profiler_cost(sg: StepGraphs, trace_set: TraceSet, unprof: float | None, st
                         source="per-CPU-op cost of extract_overheads (sibling gaps; "
                         "Lin et al. 2022 fallback): no unprofiled iterations recorded")
 
+
+#: a CPU capture's extra page-fault time under the profiler is noted when above this share of the profiled step
+FAULT_NOTE_SHARE = 0.05
 
 #: a GPU capture's replay above its unprofiled step is taken for profiler time left on the host (and removed
 #: past the mean per-event cost) only when the host's span exceeds this multiple of the busiest stream's
