@@ -24,7 +24,9 @@ kernel models and the what-if transforms.
 Ground truth: real, unprofiled iterations of each configuration, measured in rounds interleaved with
 the captures, the configurations taking turns within a round, each configuration (and each capture) in a
 process of its own, as a user runs one job per process (glibc's heap is per process: configurations
-sharing one change each other's page faults; the table gives the faults per step). The headline compares the change as a
+sharing one change each other's page faults; the table gives the faults per step), and in two fresh
+processes in turn (``--processes``): whether a process's heap faults every step differs from process to
+process, and the table gives the measured ratio within each. The headline compares the change as a
 ratio to the base configuration: predicted / the capture replayed unchanged against the median CPU
 time of the changed configuration's iterations / the base's (the jobs of others on the shared cores
 inflate a step's wall time by whole scheduler slices, not its CPU time). The absolute error against
@@ -305,33 +307,54 @@ def config_worker(conn, family: str, batch: int, layers: int) -> None:
         conn.send(out)
 
 
+def start_workers(ctx, family: str, configs: list[tuple[str, dict]]) -> dict:
+    """One process per configuration (:func:`config_worker`), started and ready: ``{label: (process, pipe)}``."""
+    l0 = FAMILIES[family][0]
+    workers = {}
+    for label, cfg in configs:
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=config_worker, args=(there, family, cfg.get("batch", BATCH),
+                                                       cfg.get("layers", l0)), daemon=True)
+        proc.start()
+        workers[label] = (proc, here)
+    for _, conn in workers.values():
+        if conn.recv() != "ready":
+            raise RuntimeError(f"{family}: a configuration's process did not start")
+    return workers
+
+
+def stop_workers(workers: dict) -> None:
+    for proc, conn in workers.values():
+        if proc.is_alive():
+            conn.send(None)
+        proc.join(timeout=30)
+
+
 def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
     """Captures and real iterations of ``family``, interleaved in rounds; the times per configuration.
 
     Every configuration runs in a process of its own, and so does every capture, as a user runs one
     training job per process: glibc's heap keeps the mapping its largest blocks left, so configurations
     sharing a process change each other's page faults (LSTM at batch 128 faulted 10 000-14 000 pages per
-    step beside its batch-32 and -64 models, 5 200 alone; its batch-32 model 0 beside them, 2 850 alone)."""
+    step beside its batch-32 and -64 models, 5 200 alone; its batch-32 model 0 beside them, 2 850 alone).
+    Whether a process's heap settles with its top trimmed every step is decided at random, so the rounds
+    are split among ``args.processes`` fresh processes per configuration (LSTM at batch 64: 5 726 faults
+    a step in one process, 0 in others)."""
     import multiprocessing as mp
 
-    l0 = FAMILIES[family][0]
     ctx = mp.get_context("spawn")
     configs = [("base", {})] + [(label, cfg) for label, _, cfg in cases(family, args.changes)]
     times: dict[str, list[float]] = {label: [] for label, _ in configs}
     cpu: dict[str, list[float]] = {label: [] for label, _ in configs}
     faults: dict[str, list[int]] = {label: [] for label, _ in configs}
-    workers = {}
+    process: dict[str, list[int]] = {label: [] for label, _ in configs}
+    per_process = -(-args.rounds // max(1, args.processes))  # rounds per process set, rounded up
+    workers: dict = {}
     try:
-        for label, cfg in configs:
-            here, there = ctx.Pipe()
-            proc = ctx.Process(target=config_worker, args=(there, family, cfg.get("batch", BATCH),
-                                                           cfg.get("layers", l0)), daemon=True)
-            proc.start()
-            workers[label] = (proc, here)
-        for _, conn in workers.values():
-            if conn.recv() != "ready":
-                raise RuntimeError(f"{family}: a configuration's process did not start")
         for rnd in range(args.rounds):
+            if rnd % per_process == 0:
+                stop_workers(workers)
+                workers = start_workers(ctx, family, configs)
             if rnd < args.captures:  # a fresh process per capture; the configurations' processes wait
                 proc = ctx.Process(target=capture, args=(family, folder / f"capture{rnd}", args.after))
                 proc.start()
@@ -350,12 +373,10 @@ def measure(family: str, args, folder: Path) -> dict[str, list[float]]:
                         times[label].append(w)
                         cpu[label].append(c)
                         faults[label].append(f)
+                        process[label].append(rnd // per_process)
     finally:
-        for proc, conn in workers.values():
-            if proc.is_alive():
-                conn.send(None)
-            proc.join(timeout=30)
-    doc = {"wall_s": times, "cpu_s": cpu, "minor_faults": faults}
+        stop_workers(workers)
+    doc = {"wall_s": times, "cpu_s": cpu, "minor_faults": faults, "process": process}
     (folder / "measured.json").write_text(json.dumps(doc))
     return doc
 
@@ -365,10 +386,14 @@ def predict(family: str, folder: Path, measured: dict, changes: list[str] | None
     """Predict every change of ``family`` (``changes``: those selected) from its captures in ``folder``; rows
     against ``measured`` (``wall_s`` and ``cpu_s`` per configuration; an older file holds the wall times alone)."""
     from predictor.sources.traces.load import load_traces
+    from predictor.sources.traces.profiler_cost import profiled_fault_s
     from predictor.whatif.annotate import annotate, combine_captures
 
     caps = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("capture"))
-    at = combine_captures([annotate(load_traces(p)) for p in caps])
+    sets = [load_traces(p) for p in caps]
+    at = combine_captures([annotate(ts) for ts in sets])
+    # extra page faults of a profiled step over an unprofiled one, per capture (they stay in the kernels)
+    capture_faults = [profiled_fault_s(ts)[0] for ts in sets]
     rows = []
     times = measured.get("wall_s", measured)
     cpu = measured.get("cpu_s", times)  # the step's CPU time: what the step costs without the waits for a core
@@ -380,7 +405,8 @@ def predict(family: str, folder: Path, measured: dict, changes: list[str] | None
         cpu_meas = float(np.median(cpu[label]))
         row = {"family": family, "change": label, "set": sets, "target": cfg, "measured_s": meas,
                "measured_min_s": float(np.min(times[label])), "base_measured_s": base,
-               "measured_cpu_s": cpu_meas, "base_measured_cpu_s": cpu_base}
+               "measured_cpu_s": cpu_meas, "base_measured_cpu_s": cpu_base,
+               "capture_extra_faults_per_step": capture_faults}
         if "minor_faults" in measured:  # page faults per step (median), the base's and the change's
             row["faults_per_step"] = [float(np.median(measured["minor_faults"][k])) for k in ("base", label)]
         try:
@@ -398,10 +424,11 @@ def predict(family: str, folder: Path, measured: dict, changes: list[str] | None
         # heap back; over seven runs of this script its ratio varied by a cv <= 5.1 % per case, the medians'
         # ratio by up to 14.8 % (cnn_bn batch x4: 3.47-5.03)
         meas_ratio = float(np.min(cpu[label])) / cpu_base_min
+        per_process = process_ratios(measured, label)
         row.update(predicted_s=res.predicted_iteration_s, base_capture_s=res.baseline_measured_s,
                    base_replayed_s=res.baseline_replayed_s,
                    predicted_ratio=pred_ratio, measured_ratio=meas_ratio, measured_wall_ratio=meas / base,
-                   measured_median_ratio=cpu_meas / cpu_base,
+                   measured_median_ratio=cpu_meas / cpu_base, measured_ratio_per_process=per_process,
                    ratio_error_pct=100.0 * (pred_ratio / meas_ratio - 1.0),
                    median_ratio_error_pct=100.0 * (pred_ratio * cpu_base / cpu_meas - 1.0),
                    error_pct=100.0 * (res.predicted_iteration_s - meas) / meas,
@@ -413,6 +440,21 @@ def predict(family: str, folder: Path, measured: dict, changes: list[str] | None
               f"{res.predicted_iteration_s * 1e3:8.2f} ms ({row['error_pct']:+.1f} %); ratio measured "
               f"{meas_ratio:.3f} (wall {meas / base:.3f}) predicted {pred_ratio:.3f} ({row['ratio_error_pct']:+.1f} %)", flush=True)
     return rows
+
+
+def process_ratios(measured: dict, label: str) -> list[float]:
+    """The measured ratio (fastest CPU iteration of ``label`` / the base's) within each process set."""
+    proc = measured.get("process")
+    if not proc:
+        return []
+    cpu = measured["cpu_s"]
+    out = []
+    for k in sorted(set(proc["base"])):
+        lab = [c for c, i in zip(cpu[label], proc[label], strict=True) if i == k]
+        base = [c for c, i in zip(cpu["base"], proc["base"], strict=True) if i == k]
+        if lab and base:
+            out.append(min(lab) / min(base))
+    return out
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -449,8 +491,9 @@ def write(doc: dict, out_dir: Path) -> None:
         "predicted with `tuner predict TRACE --set ...` (the default re-timing) and run for real in the same "
         f"script: ground truth = the median of {doc['iters']} unprofiled iterations per configuration "
         f"({doc['rounds']} rounds interleaved with the captures; in a round the configurations take turns, "
-        f"one untimed and {TURN} timed iterations each; every configuration and every capture runs in a process "
-        "of its own). Nothing was fitted on these models. "
+        f"one untimed and {TURN} timed iterations each; every capture runs in a process of its own, every "
+        f"configuration in {doc.get('processes', 1)} in turn, the rounds split among them). Nothing was fitted on "
+        "these models. "
         f"Load average {doc['load_average_start'][0]:.1f} at the start, {doc['load_average_end'][0]:.1f} at the end.",
         "",
         "*ratio* compares the predicted change (predicted / the capture replayed unchanged, profiler cost removed) with "
@@ -463,22 +506,25 @@ def write(doc: dict, out_dir: Path) -> None:
         "compares the predicted and the measured (wall, median) milliseconds, which that load moves.",
         "",
         "| family | change | base ms | measured ms | predicted ms | abs error % | measured ratio | predicted ratio "
-        "| ratio error % | median ratio error % | page faults / step | no model (kind: tasks) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| ratio error % | median ratio error % | measured ratio per process | page faults / step "
+        "| capture extra faults | no model (kind: tasks) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in doc["rows"]:
         if r["predicted_s"] is None:
             lines.append(f"| {r['family']} | {r['change']} | {r['base_measured_s'] * 1e3:.2f} | "
-                         f"{r['measured_s'] * 1e3:.2f} | failed | | | | | | | {r['failure']} |")
+                         f"{r['measured_s'] * 1e3:.2f} | failed | | | | | | | | | {r['failure']} |")
             continue
         fb = ", ".join(f"{k}: {v['tasks']}" for k, v in sorted(r.get("fallback", {}).items())) or "-"
         pf = r.get("faults_per_step")
         pf = f"{pf[0]:.0f} -> {pf[1]:.0f}" if pf else ""
         med = r.get("median_ratio_error_pct")
         med = f"{med:+.1f}" if med is not None else ""
+        pp = " / ".join(f"{x:.3f}" for x in r.get("measured_ratio_per_process", []))
+        cf = " / ".join(f"{x:.0f}" for x in r.get("capture_extra_faults_per_step", []))
         lines.append(f"| {r['family']} | {r['change']} | {r['base_measured_s'] * 1e3:.2f} | {r['measured_s'] * 1e3:.2f} "
                      f"| {r['predicted_s'] * 1e3:.2f} | {r['error_pct']:+.1f} | {r['measured_ratio']:.3f} "
-                     f"| {r['predicted_ratio']:.3f} | {r['ratio_error_pct']:+.1f} | {med} | {pf} | {fb} |")
+                     f"| {r['predicted_ratio']:.3f} | {r['ratio_error_pct']:+.1f} | {med} | {pp} | {pf} | {cf} | {fb} |")
     for name in ("ratio", "median ratio", "absolute"):
         if name not in s:
             continue
@@ -489,10 +535,14 @@ def write(doc: dict, out_dir: Path) -> None:
             if f"{key}_geomean_abs_error_pct" in x:
                 lines.append(f"{key} changes: geomean {x[f'{key}_geomean_abs_error_pct']:.1f} %, "
                              f"max {x[f'{key}_max_abs_error_pct']:.1f} %.  ")
-    lines += ["", "*page faults / step*: minor page faults of one iteration (median), base -> changed configuration, "
+    lines += ["", "*measured ratio per process*: the measured ratio within each set of processes, the spread of "
+              "the ground truth itself.", "",
+              "*page faults / step*: minor page faults of one iteration (median), base -> changed configuration, "
               "each in its own process: glibc returns the freed top of its heap to the system when it exceeds "
               "twice the largest block, and the next step faults it in again (about 1.5 µs a page here), at "
-              "moments that differ from run to run; the prediction does not price them.", "",
+              "moments that differ from process to process; the prediction does not price them. *capture extra "
+              "faults*: per capture, how many more pages a profiled step faulted than an unprofiled one; that "
+              "time stays in the captured kernels (docs/replay-whatif.md says why).", "",
               "*no model*: changed kernel tasks whose op kind has no kernel model; they keep their measured "
               "time times the work ratio (FLOPs, else elements, new/old), as the JSON's `fallback` says per case.", "",
               f"Reproduce: `{doc['command']}`", ""]
@@ -526,6 +576,7 @@ def run(args) -> dict:
                    "with other jobs",
         "torch": torch.__version__, "torch_threads": THREADS, "base_batch": BATCH,
         "iters": args.iters * args.rounds, "rounds": args.rounds, "captures": args.captures,
+        "processes": args.processes,
         "load_average_start": load0, "load_average_end": os.getloadavg(), "wall_s": time.time() - started,
         "hf_transformers": hf_available(), "rows": rows, "summary": summarise(rows),
         "command": "flock /tmp/tuner-measure.lock nice -n -10 python experiments/whatif_models.py",
@@ -538,6 +589,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="measurement rounds, interleaved with the captures")
     ap.add_argument("--captures", type=int, default=3, help="captures per family (in the first rounds), combined")
     ap.add_argument("--warm", type=int, default=2, help="warm-up iterations per configuration and round")
+    ap.add_argument("--processes", type=int, default=2,
+                    help="fresh processes per configuration, in turn (the rounds are split among them)")
     ap.add_argument("--after", type=int, default=8, help="unprofiled iterations recorded after the capture window")
     ap.add_argument("--only", nargs="*", help="families to run (default: all)")
     ap.add_argument("--changes", nargs="*", choices=("batch", "layers"),
