@@ -79,3 +79,15 @@ def test_fault_excess_is_measured_and_noted(mlp_capture, tmp_path):
     assert not any("faulted" in n for n in a.notes)
     assert any("faulted 3000 more pages a step" in n for n in b.notes)
     assert b.profiler_cost_s == pytest.approx(a.profiler_cost_s)
+    assert b.extra_faults_per_step == 3000 and b.extra_fault_s == pytest.approx(3e-3)
+
+    # `tuner predict` shows it beside the profiler cost
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    res = CliRunner().invoke(app, ["predict", str(faulted), "--set", "batch_size=x2"], env={"COLUMNS": "240"})
+    assert res.exit_code == 0, res.output
+    assert "profiled steps' extra page faults" in res.output and "3000 a step" in res.output
+    res = CliRunner().invoke(app, ["predict", str(plain), "--set", "batch_size=x2"], env={"COLUMNS": "240"})
+    assert res.exit_code == 0 and "extra page faults" not in res.output

@@ -32,7 +32,7 @@ from predictor.sources.traces.profiler_cost import (
 from predictor.sources.traces.step_graphs import StepGraphs, combine_steps, step_graphs
 
 __all__ = ["AnnotatedTrace", "annotate", "combine_captures", "solve_cost", "captures_unprofiled_s",
-           "HOST_BOUND_RATIO"]
+           "HOST_BOUND_RATIO", "FAULT_NOTE_SHARE"]
 
 
 @dataclass
@@ -71,6 +71,9 @@ class AnnotatedTrace:
     inside_estimate_s: float = 0.0
     #: the statistic of the unprofiled iterations (over captures: :func:`captures_unprofiled_s`)
     unprofiled_stat: str = "median"
+    #: a CPU capture's page faults per profiled step beyond an unprofiled one, and their time (seconds)
+    extra_faults_per_step: float = 0.0
+    extra_fault_s: float = 0.0
 
     def graphs(self) -> list[ExecutionGraph]:
         """The graphs a prediction runs on: the combined step if the steps agree, else every step."""
@@ -106,7 +109,8 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
         base_batch=sg.base_batch, batch_source=sg.batch_source, host_mode=sg.host_mode,
         world_size=sg.world_size, launch_fraction=sg.launch_fraction, counts=sg.counts, notes=notes, torch_threads=threads,
         combined=combined, combine=combine if combined is not None else "none", profiler_cost=pc,
-        inside_estimate_s=sg.inside_estimate_s, unprofiled_stat=stat,
+        inside_estimate_s=sg.inside_estimate_s, unprofiled_stat=stat, extra_faults_per_step=extra,
+        extra_fault_s=fault_s,
     )
 
 
@@ -269,4 +273,6 @@ def combine_captures(traces: list[AnnotatedTrace], how: str = "median") -> Annot
         inside_estimate_s=first.inside_estimate_s,
         unprofiled_stat=f"{first.unprofiled_stat} of the fastest capture" if first.host_mode and how != "min"
         else first.unprofiled_stat,
+        extra_faults_per_step=float(np.median([t.extra_faults_per_step for t in traces])),
+        extra_fault_s=float(np.median([t.extra_fault_s for t in traces])),
     )

@@ -387,7 +387,9 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
     ann = {"base_batch": at.base_batch, "batch_source": at.batch_source, "steps": len(at.steps),
            "steps_combined": at.combine,
            "host_mode": at.host_mode, "profiler_cost_per_event_s": at.profiler_cost_s,
-           "profiler_cost_source": at.profiler_cost_source, "torch_threads": at.torch_threads, **at.counts}
+           "profiler_cost_source": at.profiler_cost_source, "torch_threads": at.torch_threads,
+           "profiled_extra_faults_per_step": at.extra_faults_per_step, "profiled_extra_fault_s": at.extra_fault_s,
+           **at.counts}
     return WhatIfResult(
         source=str(path), predicted_iteration_s=float(np.median(preds)), baseline_measured_s=float(baseline),
         baseline_kind=base_kind, baseline_replayed_s=float(np.median(replayed)),
