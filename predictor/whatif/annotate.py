@@ -25,7 +25,7 @@ from predictor.sources.traces.profiler_cost import (
     ProfilerCost,
     corrected_durations,
     gap_cost,
-    profiled_fault_s,
+    profiled_extra_faults,
     remove_profiler,
     unprofiled_iteration_s,
 )
@@ -98,7 +98,7 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
     steps = [remove_profiler(g, pc) for g in sg.steps]
     combined = remove_profiler(sg.combined, pc) if sg.combined is not None else None
     notes = list(sg.notes)
-    extra, fault_s = profiled_fault_s(trace_set) if sg.host_mode else (0.0, 0.0)
+    extra, fault_s = profiled_extra_faults(trace_set) if sg.host_mode else (0.0, 0.0)
     if sg.measured_step_s and fault_s > FAULT_NOTE_SHARE * float(np.median(sg.measured_step_s)):
         notes.append(f"the profiled steps faulted {extra:.0f} more pages a step than the unprofiled ones (about "
                      f"{fault_s * 1e3:.1f} ms of a {float(np.median(sg.measured_step_s)) * 1e3:.1f} ms step); that "

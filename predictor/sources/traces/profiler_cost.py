@@ -14,7 +14,7 @@ those iterations the sibling-gap cost of
 Page faults are not a per-event cost. With the profiler on, a CPU run's heap can be returned to the
 system and faulted in again every step where the unprofiled run reuses it (a small Hugging Face GPT-2
 at batch 32: about 15 000 faults a profiled step more, some 20 ms of a 57 ms step). That time stays in
-the ops writing fresh memory; :func:`profiled_fault_s` measures it so predictions can say so. Taken off
+the ops writing fresh memory; :func:`profiled_extra_faults` measures it so predictions can say so. Taken off
 the kernels by the bytes they move, it made held-out batch what-ifs of ResNet, ViT, an encoder and a
 GRU worse (ResNet batch x4 -6.6 % -> -13.7 %): their larger configurations fault as much unprofiled.
 """
@@ -32,7 +32,7 @@ from predictor.sources.traces.kineto import EventCat
 from predictor.sources.traces.load import TraceSet
 from predictor.sources.traces.op_tree import OpTree
 
-__all__ = ["ProfilerCost", "HOST_TIME_KINDS", "unprofiled_iteration_s", "profiled_fault_s", "corrected_durations",
+__all__ = ["ProfilerCost", "HOST_TIME_KINDS", "unprofiled_iteration_s", "profiled_extra_faults", "corrected_durations",
            "gap_cost", "inside_cost", "remove_profiler"]
 
 #: leaf ops whose own work is negligible: their duration is the profiler's cost inside one event
@@ -77,7 +77,7 @@ def unprofiled_iteration_s(ts: TraceSet, stat: str = "median") -> tuple[float | 
     return (max(meds) if meds else None), threads
 
 
-def profiled_fault_s(ts: TraceSet) -> tuple[float, float]:
+def profiled_extra_faults(ts: TraceSet) -> tuple[float, float]:
     """(extra page faults, seconds) per step the profiled iterations spent faulting pages beyond the
     unprofiled ones: median faults of an active iteration - median after the window, times the
     host's cost of one fault; the rank with the most seconds; (0, 0) where faults were not counted."""
