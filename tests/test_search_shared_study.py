@@ -26,10 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 SPACE = {**SMALL_SHARDING, "tasks": {"generate": {"count": 6, "seed": 1}}}
 EVALUATIONS, OUTCOMES = 12, 24
 
-#: a search whose every evaluation also sleeps DELAY seconds, started once every BARRIER file exists
+#: a search whose every evaluation also sleeps DELAY seconds, started once every BARRIER file exists; Ctrl-C
+#: raises KeyboardInterrupt even when the tests run as a background job, whose shell hands SIGINT down ignored
 RUNNER = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import tuner.search.sharding as sharding
 real = sharding.evaluate_sharding
 def slow(*args):
