@@ -302,21 +302,13 @@ if _msgspec is not None:
         output_shapes: _msgspec.Raw = _msgspec.Raw(b"[]")
         output_types: _msgspec.Raw = _msgspec.Raw(b"[]")
 
-    class _Doc(_msgspec.Struct, gc=False):
-        nodes: list[_Node]
-        schema: object = None
-        pid: object = None
-        time: object = None
-        start_ts: object = None
-        finish_ts: object = None
+    def _document(name: str, node: type) -> type:
+        """An execution-trace document with nodes of type ``node`` and the top-level fields the reader keeps."""
+        return _msgspec.defstruct(name, [("nodes", list[node]), ("schema", object, None), ("pid", object, None),
+                                         ("time", object, None), ("start_ts", object, None),
+                                         ("finish_ts", object, None)], gc=False)
 
-    class _FlatDoc(_msgspec.Struct, gc=False):
-        nodes: list[_FlatNode]
-        schema: object = None
-        pid: object = None
-        time: object = None
-        start_ts: object = None
-        finish_ts: object = None
+    _Doc, _FlatDoc = _document("_Doc", _Node), _document("_FlatDoc", _FlatNode)
 
     class _RfIdAttr(_msgspec.Struct, tag_field="name", tag="rf_id", gc=False):
         """The ``rf_id`` attribute."""
@@ -345,13 +337,7 @@ if _msgspec is not None:
         outputs: _Values | None = None
         attrs: list[_TaggedAttr] = []  # type: ignore[valid-type]
 
-    class _TaggedDoc(_msgspec.Struct, gc=False):
-        nodes: list[_TaggedNode]
-        schema: object = None
-        pid: object = None
-        time: object = None
-        start_ts: object = None
-        finish_ts: object = None
+    _TaggedDoc = _document("_TaggedDoc", _TaggedNode)
 
     _DECODERS = {False: _msgspec.json.Decoder(_Doc), True: _msgspec.json.Decoder(_FlatDoc)}
     _TAGGED_DECODER = _msgspec.json.Decoder(_TaggedDoc)
@@ -396,13 +382,7 @@ if _msgspec is not None:
         outputs: _RawValues | None = None
         attrs: list[_IntAttr] = []  # type: ignore[valid-type]
 
-    class _IntDoc(_msgspec.Struct, gc=False):
-        nodes: list[_IntNode]
-        schema: object = None
-        pid: object = None
-        time: object = None
-        start_ts: object = None
-        finish_ts: object = None
+    _IntDoc = _document("_IntDoc", _IntNode)
 
     _INT_DECODER = _msgspec.json.Decoder(_IntDoc)
     _NO_RAW_VALUES = _RawValues()
