@@ -22,15 +22,15 @@ needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not
 
 
 def capture_training(folder: Path, model, loss_of, *, steps: int, lr: float = 0.1, warmup: int = 1,
-                     active: int = 2) -> Path:
+                     active: int = 2, modules: bool = True) -> Path:
     """``steps`` SGD steps (learning rate ``lr``) of ``model`` under ``tuner.capture(folder)``, one profiler step
-    each; ``loss_of(model)`` gives a step's loss. Returns ``folder``."""
+    each; ``loss_of(model)`` gives a step's loss; ``modules``: record the module ranges. Returns ``folder``."""
     import torch
 
     import tuner
 
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    with tuner.capture(folder, warmup=warmup, active=active) as cap:
+    with tuner.capture(folder, warmup=warmup, active=active, modules=modules) as cap:
         for _ in range(steps):
             loss = loss_of(model)
             opt.zero_grad()
@@ -38,6 +38,19 @@ def capture_training(folder: Path, model, loss_of, *, steps: int, lr: float = 0.
             opt.step()
             cap.step()
     return folder
+
+
+def capture_steps(folder: Path, model, loss_of, *, modules: bool = True, steps: int = 7, active: int = 2) -> Path:
+    """The what-if tests' capture: :func:`capture_training` on one torch thread, learning rate 0.01, one warm-up
+    step, ``active`` profiled ones, the rest of ``steps`` after the window; returns ``folder``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return capture_training(folder, model, loss_of, steps=steps, lr=0.01, warmup=1, active=active, modules=modules)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def op(name: str, tid: int, ts: float, dur: float, pid: int = 100, **args) -> dict:

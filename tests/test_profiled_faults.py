@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from captures import capture_steps
+from _trace_fixtures import capture_steps
 
 from predictor.sources.traces.capture import read_step_times
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from captures import capture_steps
+from _trace_fixtures import capture_steps
 
 from predictor.sources.traces.batch_dependence import returns_input
 

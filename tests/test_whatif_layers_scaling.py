@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from captures import capture_steps
+from _trace_fixtures import capture_steps
 
 from predictor.graph.edit import AUX_KEY
 from predictor.simulate import simulate
