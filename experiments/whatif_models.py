@@ -386,14 +386,13 @@ def predict(family: str, folder: Path, measured: dict, changes: list[str] | None
     """Predict every change of ``family`` (``changes``: those selected) from its captures in ``folder``; rows
     against ``measured`` (``wall_s`` and ``cpu_s`` per configuration; an older file holds the wall times alone)."""
     from predictor.sources.traces.load import load_traces
-    from predictor.sources.traces.profiler_cost import profiled_extra_faults
     from predictor.whatif.annotate import annotate, combine_captures
 
     caps = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("capture"))
-    sets = [load_traces(p) for p in caps]
-    at = combine_captures([annotate(ts) for ts in sets])
+    annotated = [annotate(load_traces(p)) for p in caps]
+    at = combine_captures(annotated)
     # extra page faults of a profiled step over an unprofiled one, per capture (they stay in the kernels)
-    capture_faults = [profiled_extra_faults(ts)[0] for ts in sets]
+    capture_faults = [a.extra_faults_per_step for a in annotated]
     rows = []
     times = measured.get("wall_s", measured)
     cpu = measured.get("cpu_s", times)  # the step's CPU time: what the step costs without the waits for a core

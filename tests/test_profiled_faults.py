@@ -62,7 +62,7 @@ def test_fault_excess_is_measured_and_noted(mlp_capture, tmp_path):
     import shutil
 
     from predictor.sources.traces.load import load_traces
-    from predictor.sources.traces.profiler_cost import profiled_extra_faults
+    from predictor.sources.traces.profiler_cost import profiled_extra_faults, step_records
     from predictor.whatif.annotate import annotate
 
     plain = tmp_path / "plain"
@@ -71,8 +71,8 @@ def test_fault_excess_is_measured_and_noted(mlp_capture, tmp_path):
     shutil.copytree(mlp_capture, faulted)
     _rewrite_faults(plain / "rank0.steps.csv", 500, 500, 1e-6)
     _rewrite_faults(faulted / "rank0.steps.csv", 3500, 500, 1e-6)
-    assert profiled_extra_faults(load_traces(plain)) == (0.0, 0.0)
-    extra, secs = profiled_extra_faults(load_traces(faulted))
+    assert profiled_extra_faults(step_records(load_traces(plain))) == (0.0, 0.0)
+    extra, secs = profiled_extra_faults(step_records(load_traces(faulted)))
     assert extra == 3000 and secs == pytest.approx(3e-3)
 
     a, b = annotate(load_traces(plain)), annotate(load_traces(faulted))

@@ -27,12 +27,13 @@ from predictor.sources.traces.profiler_cost import (
     gap_cost,
     profiled_extra_faults,
     remove_profiler,
+    step_records,
     unprofiled_iteration_s,
 )
 from predictor.sources.traces.step_graphs import StepGraphs, combine_steps, step_graphs
 
 __all__ = ["AnnotatedTrace", "annotate", "combine_captures", "solve_cost", "captures_unprofiled_s",
-           "HOST_BOUND_RATIO", "FAULT_NOTE_SHARE"]
+           "HOST_BOUND_RATIO", "FAULT_NOTE_SHARE", "faults_worth_noting"]
 
 
 @dataclass
@@ -93,13 +94,14 @@ def annotate(trace_set: TraceSet, rg: ReplayGraph | None = None, *, base_batch: 
     """
     sg = step_graphs(trace_set, rg, base_batch=base_batch, combine=combine)
     stat = "min" if combine == "min" else "median"
-    unprof, threads = unprofiled_iteration_s(trace_set, stat)
+    records = step_records(trace_set)
+    unprof, threads = unprofiled_iteration_s(records, stat)
     pc = _profiler_cost(sg, trace_set, unprof, stat, profiler_cost_s)
     steps = [remove_profiler(g, pc) for g in sg.steps]
     combined = remove_profiler(sg.combined, pc) if sg.combined is not None else None
     notes = list(sg.notes)
-    extra, fault_s = profiled_extra_faults(trace_set) if sg.host_mode else (0.0, 0.0)
-    if sg.measured_step_s and fault_s > FAULT_NOTE_SHARE * float(np.median(sg.measured_step_s)):
+    extra, fault_s = profiled_extra_faults(records) if sg.host_mode else (0.0, 0.0)
+    if sg.measured_step_s and faults_worth_noting(fault_s, float(np.median(sg.measured_step_s))):
         notes.append(f"the profiled steps faulted {extra:.0f} more pages a step than the unprofiled ones (about "
                      f"{fault_s * 1e3:.1f} ms of a {float(np.median(sg.measured_step_s)) * 1e3:.1f} ms step); that "
                      "time stays in the kernels that wrote fresh memory, and a batch change scales it with them")
@@ -152,6 +154,12 @@ def _profiler_cost(sg: StepGraphs, trace_set: TraceSet, unprof: float | None, st
 
 #: a CPU capture's extra page-fault time under the profiler is noted when above this share of the profiled step
 FAULT_NOTE_SHARE = 0.05
+
+
+def faults_worth_noting(fault_s: float, profiled_step_s: float) -> bool:
+    """Whether ``fault_s`` seconds of extra page faults a profiled step of ``profiled_step_s`` are worth saying
+    (above :data:`FAULT_NOTE_SHARE` of the step)."""
+    return fault_s > FAULT_NOTE_SHARE * profiled_step_s
 
 #: a GPU capture's replay above its unprofiled step is taken for profiler time left on the host (and removed
 #: past the mean per-event cost) only when the host's span exceeds this multiple of the busiest stream's

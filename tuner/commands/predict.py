@@ -118,7 +118,7 @@ def _emit(result: dict, timeline, trace: Path | None, as_json: bool, print_table
 def _print_trace_result(r: dict) -> None:
     from rich.table import Table
 
-    from predictor.whatif.annotate import FAULT_NOTE_SHARE
+    from predictor.whatif.annotate import faults_worth_noting
 
     table = Table(title=f"What-if on {r['source']} ({r['platform']})", show_header=False)
     table.add_column("what", style="bold")
@@ -151,7 +151,7 @@ def _print_trace_result(r: dict) -> None:
     table.add_row("captured batch size", f"{a.get('base_batch')} ({a.get('batch_source')})")
     table.add_row("profiler cost removed per event", f"{a['profiler_cost_per_event_s'] * 1e6:.2f} µs "
                   f"({a['profiler_cost_source']})")
-    if a.get("profiled_extra_fault_s", 0.0) > FAULT_NOTE_SHARE * r["baseline_profiled_s"]:
+    if faults_worth_noting(a.get("profiled_extra_fault_s", 0.0), r["baseline_profiled_s"]):
         table.add_row("profiled steps' extra page faults",
                       f"{a['profiled_extra_faults_per_step']:.0f} a step, about {a['profiled_extra_fault_s'] * 1e3:.1f} ms: "
                       "left in the kernels that wrote fresh memory (docs/replay-whatif.md)")

@@ -32,15 +32,17 @@ from predictor.sources.traces.kineto import EventCat
 from predictor.sources.traces.load import TraceSet
 from predictor.sources.traces.op_tree import OpTree
 
-__all__ = ["ProfilerCost", "HOST_TIME_KINDS", "unprofiled_iteration_s", "profiled_extra_faults", "corrected_durations",
+__all__ = ["ProfilerCost", "HOST_TIME_KINDS", "step_records", "unprofiled_iteration_s", "profiled_extra_faults",
+           "corrected_durations",
            "gap_cost", "inside_cost", "remove_profiler"]
 
 #: leaf ops whose own work is negligible: their duration is the profiler's cost inside one event
 _TRIVIAL = ("aten::as_strided", "aten::resolve_conj", "detach", "aten::alias", "aten::view", "aten::_reshape_alias")
 
 
-def _step_records(ts: TraceSet) -> list[dict]:
-    """The ``steps.csv`` records of the ranks of ``ts`` that have one (:func:`read_step_times`)."""
+def step_records(ts: TraceSet) -> list[dict]:
+    """The ``steps.csv`` records of the ranks of ``ts`` that have one (:func:`read_step_times`), read once for
+    :func:`unprofiled_iteration_s` and :func:`profiled_extra_faults`."""
     from predictor.sources.traces.capture import read_step_times
     from predictor.sources.traces.load import archive_member_texts
 
@@ -65,11 +67,12 @@ def _after(values: list[float], windows: list[str]) -> list[float]:
     return after[1:] if len(after) > 3 else after
 
 
-def unprofiled_iteration_s(ts: TraceSet, stat: str = "median") -> tuple[float | None, int | None]:
-    """Wall time (``min`` or ``median``) of the iterations each rank ran after the profiler
-    window (slowest rank; the first one after the window is skipped when there are more than 3)."""
+def unprofiled_iteration_s(records: list[dict], stat: str = "median") -> tuple[float | None, int | None]:
+    """Wall time (``min`` or ``median``) of the iterations each rank ran after the profiler window, from the
+    ranks' :func:`step_records` (slowest rank; the first one after the window is skipped when there are more
+    than 3), and the torch threads they ran with."""
     meds, threads = [], None
-    for d in _step_records(ts):
+    for d in records:
         threads = d["torch_threads"] if threads is None else threads
         vals = _after(d["wall_s"], d["window"])
         if len(vals) >= 2:
@@ -77,12 +80,13 @@ def unprofiled_iteration_s(ts: TraceSet, stat: str = "median") -> tuple[float | 
     return (max(meds) if meds else None), threads
 
 
-def profiled_extra_faults(ts: TraceSet) -> tuple[float, float]:
+def profiled_extra_faults(records: list[dict]) -> tuple[float, float]:
     """(extra page faults, seconds) per step the profiled iterations spent faulting pages beyond the
-    unprofiled ones: median faults of an active iteration - median after the window, times the
-    host's cost of one fault; the rank with the most seconds; (0, 0) where faults were not counted."""
+    unprofiled ones, from the ranks' :func:`step_records`: median faults of an active iteration - median
+    after the window, times the host's cost of one fault; the rank with the most seconds; (0, 0) where
+    faults were not counted."""
     worst = (0.0, 0.0)
-    for d in _step_records(ts):
+    for d in records:
         cost = d.get("page_fault_s")
         faults = np.asarray(d.get("minor_faults", []), dtype=float)
         if not cost or faults.size != len(d["window"]) or not np.isfinite(faults).all():
