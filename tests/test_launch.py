@@ -103,9 +103,25 @@ torchrun --nproc_per_node 8 --nnodes 2 --node_rank $NODE_RANK pretrain_gpt.py \\
     assert back.devices == 16 and back.devices_per_node == 8
     assert (back.plan.tp, back.plan.pp, back.plan.dp, back.plan.recompute) == (2, 2, 4, "selective")
     assert back.plan.distributed_optimizer and back.spec.vocab == 50257
-    assert any("50257" in n for n in back.notes) and any("SwiGLU" in n for n in back.notes)
-    assert any("grouped-query" in n for n in back.notes)
+    assert any("50257" in n for n in back.notes)
+    # --swiglu without --ffn-hidden-size: Megatron's 2/3 x 4h, down to a multiple of 64
+    assert back.spec.mlp == "swiglu" and back.spec.ffn_size == 2688
+    assert back.spec.kv_heads is None and any("without --group-query-attention" in n for n in back.notes)
     assert {"--lr", "--train-iters", "--data-path", "--vocab-file"} <= set(back.ignored)
+
+
+def test_megatron_llama_flags_round_trip():
+    """Grouped-query attention and SwiGLU are read from Megatron's flags and written back."""
+    spec = TransformerSpec(layers=80, hidden=8192, heads=64, kv_heads=8, seq=4096, vocab=32000, ffn=28672,
+                           mlp="swiglu", tie_embeddings=False, name="llama2-70b")
+    plan = ParallelPlan(tp=4, pp=4, dp=4, micro_batch=1, global_batch=128, schedule="interleaved", virtual_stages=5)
+    args = megatron_args(spec, plan)
+    assert args[args.index("--num-query-groups") + 1] == "8" and "--group-query-attention" in args and "--swiglu" in args
+    back = read_megatron_args(megatron_launch_text(spec, plan, platform="h100", devices_per_node=8), "f")
+    assert back.spec == spec and back.plan == plan and not back.notes
+    bad = " ".join(args).replace("--num-query-groups 8", "--num-query-groups 7")
+    with pytest.raises(LaunchError, match="not a multiple of --num-query-groups 7"):
+        read_megatron_args(bad, devices=64)
 
 
 def test_megatron_fsdp_flags():
@@ -134,8 +150,8 @@ def test_bad_megatron_arguments_raise_one_line(text, expected):
 def test_bad_torchtitan_files_raise_one_line():
     with pytest.raises(LaunchError, match="TOML syntax error"):
         read_torchtitan_toml("[training\n", "f")
-    with pytest.raises(LaunchError, match="give --workload"):
-        read_torchtitan_toml('[model]\nname = "llama3"\nflavor = "8B"\n', "f")
+    with pytest.raises(LaunchError, match="tuner knows llama3 / 8B.*give its shape: --workload"):
+        read_torchtitan_toml('[model]\nname = "llama4"\nflavor = "17bx16e"\n', "f")
     with pytest.raises(LaunchError, match="shard_degree = -1"):
         read_torchtitan_toml("[training]\nlocal_batch_size = 2\n", "f", spec=SPEC)
     with pytest.raises(LaunchError, match="ZeroBubble"):
@@ -146,6 +162,42 @@ def test_bad_torchtitan_files_raise_one_line():
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
     plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan
     assert (plan.dp, plan.fsdp, plan.micro_batch, plan.recompute) == (4, True, 8, "selective")
+
+
+LLAMA3_8B_TOML = """
+[model]
+name = "llama3"
+flavor = "8B"
+hf_assets_path = "./assets/hf/Llama-3.1-8B"
+
+[training]
+local_batch_size = 1
+seq_len = 8192
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+
+
+def test_torchtitan_llama3_flavors_need_no_workload():
+    """A torchtitan Llama 3 job config (as in its train_configs) reads with the flavor's shape."""
+    read = read_torchtitan_toml(LLAMA3_8B_TOML, "llama3_8b.toml", devices=8)
+    s = read.spec
+    assert (s.layers, s.hidden, s.heads, s.kv_heads, s.ffn_size, s.vocab, s.seq) == (32, 4096, 32, 8, 14336, 128256, 8192)
+    assert s.mlp == "swiglu" and not s.tie_embeddings
+    assert s.param_count() == pytest.approx(8_030_261_248, rel=5e-3)  # Llama 3.1 8B's published count
+    assert (read.plan.dp, read.plan.fsdp, read.plan.micro_batch) == (8, True, 1)
+    assert any("RMSNorm" in n for n in read.notes) and any("selective activation checkpointing (op)" in n
+                                                          for n in read.notes)
+    big = read_torchtitan_toml(LLAMA3_8B_TOML.replace('"8B"', '"405B"'), "f", devices=512).spec
+    assert (big.layers, big.hidden, big.ffn_size) == (126, 16384, 53248)
+    assert big.param_count() == pytest.approx(405.85e9, rel=5e-3)
 
 
 def test_written_files_score_the_same_prediction(tmp_path):
@@ -186,7 +238,7 @@ def test_predict_workload_writes_launch_files(tmp_path):
     (["--torchtitan", "{toml}"], "TOML syntax error"),
     (["--megatron-args", "{txt}"], "no Megatron-LM arguments"),
     (["--megatron-args", "{txt}", "--torchtitan", "{toml}"], "not both"),
-    (["--torchtitan", "{model_only}"], "give --workload"),
+    (["--torchtitan", "{model_only}"], "give its shape: --workload MODEL.yaml"),
     (["--torchtitan", "{bad_header}"], "is not JSON"),
     (["--torchtitan", "{bad_shape}"], "not a transformer spec"),
     (["--megatron-args", "{bad_devices}"], "devices must be a positive integer"),

@@ -161,6 +161,12 @@ def test_alpa_query_maps_to_stage_position():
                 **{**vars(q(True, True)), "spec": SimpleNamespace(**{**vars(t), "moe": object()})}
             )
         )
+    with pytest.raises(ValueError, match="GeLU MLP"):
+        spec_from_query(
+            SimpleNamespace(
+                **{**vars(q(True, True)), "spec": SimpleNamespace(**{**vars(t), "mlp": "swiglu"})}
+            )
+        )
 
 
 def test_flops_counted_from_the_fx_inputs():

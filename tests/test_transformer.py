@@ -98,6 +98,61 @@ def test_gemm_flops_match_the_megatron_formula():
         assert total == pytest.approx(expected + head * (pad - 1), rel=1e-6)
 
 
+#: a small Llama-shaped model: grouped-query attention (2 key/value heads of 8) and a SwiGLU MLP
+GQA = TransformerSpec(layers=8, hidden=512, heads=8, kv_heads=2, seq=256, vocab=1000, ffn=1408, mlp="swiglu", attention="unfused",
+                      tie_embeddings=False, name="small-llama")
+
+
+def test_llama_parameter_counts_match_the_published_models():
+    """Llama 2 7B / 70B and Llama 3 8B (grouped-query attention, SwiGLU): within 0.5 % of their published
+    parameter counts (tuner adds learned position embeddings and biases, which Llama lacks)."""
+    llama = dict(mlp="swiglu", tie_embeddings=False)
+    for spec, published in (
+        (TransformerSpec(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000, ffn=11008, **llama), 6_738_415_616),
+        (TransformerSpec(layers=80, hidden=8192, heads=64, kv_heads=8, seq=4096, vocab=32000, ffn=28672, **llama),
+         68_976_648_192),
+        (TransformerSpec(layers=32, hidden=4096, heads=32, kv_heads=8, seq=8192, vocab=128256, ffn=14336, **llama),
+         8_030_261_248),
+    ):
+        assert spec.param_count() == pytest.approx(published, rel=5e-3)
+    gelu = TransformerSpec(layers=32, hidden=4096, heads=32, seq=4096, vocab=32000, ffn=11008, tie_embeddings=False)
+    assert gelu.param_count() < 0.8 * published  # a GeLU MLP of the same width has 2/3 of the MLP weights
+
+
+def test_gqa_swiglu_gemm_flops_and_gradient_buckets():
+    """The Llama shape's GEMMs carry the spec's FLOPs (QKV of hidden + 2 kv_heads x head_dim, fc1 of 2 ffn)
+    and the data-parallel buckets every gradient once."""
+    for rec in ("none", "full"):
+        plan = _plan(recompute=rec, overlap_grad_reduce=True)
+        g = build_transformer_graph(GQA, plan, detail="kernel")
+        total = np.nansum(g.flops[g.kind_mask("gemm")]) * plan.tp * plan.dp
+        pad = GQA.padded_vocab(plan.tp) / GQA.vocab
+        head = 3 * plan.global_batch * 2 * GQA.seq * GQA.hidden * GQA.vocab
+        assert total == pytest.approx(GQA.iteration_flops(plan.global_batch, rec) + head * (pad - 1), rel=1e-6)
+    df = g.tasks_frame()
+    dp = df[df.name == "dp_grad.all_reduce"]
+    for r, m in enumerate(memory_per_stage(GQA, plan)):
+        assert dp[dp["rank"] == r].msg_bytes.sum() == pytest.approx(m.params * 2, rel=1e-9)
+    qkv = df[df.name == "layer[0].qkv.addmm"].flops.iloc[0]
+    T = plan.micro_batch * GQA.seq
+    assert qkv == pytest.approx(2 * T * GQA.hidden * (512 + 2 * 2 * 64) / plan.tp)
+    # slower than the same widths as multi-head attention and a GeLU MLP, which have fewer FLOPs
+    base = TransformerSpec(layers=8, hidden=512, heads=8, seq=256, vocab=1000, ffn=1408, tie_embeddings=False,
+                           attention="unfused")
+    assert GQA.iteration_flops(16) > base.iteration_flops(16)
+    assert simulate(build_transformer_graph(GQA, _plan(), detail="kernel"), TIMING).iteration_s > \
+        simulate(build_transformer_graph(base, _plan(), detail="kernel"), TIMING).iteration_s
+
+
+def test_gqa_swiglu_activation_memory():
+    """K and V shrink with the key/value heads; SwiGLU's activation keeps gate and up (6 f bytes a token)."""
+    s, b, h, t = GQA.seq, 2, GQA.hidden, 2
+    sbh, f = s * b * h, GQA.ffn_size
+    expect = 10 * sbh + ((4 + 4 * 2 / 8) * sbh + 6 * s * b * f) / t + 4 * GQA.heads * s * b / t
+    flash = TransformerSpec(**{**GQA.to_dict(), "attention": "flash"})
+    assert activation_bytes_per_layer(flash, _plan(tp=t)) == pytest.approx(expect)
+
+
 def test_tensor_and_sequence_parallel_collectives():
     g = build_transformer_graph(SMALL, _plan(tp=1, dp=4), detail="kernel")
     names = g.tasks_frame().name
@@ -223,6 +278,7 @@ def test_stage_memory_in_flight_and_model_states():
     ("plan", "devices", "message"),
     [
         (dict(tp=3), None, "8 attention heads are not divisible by tp=3"),
+        (dict(tp=4, dp=1), None, "2 key/value heads are not divisible by tp=4"),
         (dict(pp=16, tp=1, dp=1), None, "pp=16 pipeline stages but the model has only 8 layers"),
         (dict(tp=2, pp=2, dp=2), 16, "tp x pp x dp = 2 x 2 x 2 = 8, but the cluster has 16 devices"),
         (dict(pp=3, tp=1, dp=1, global_batch=6), None, "8 layers cannot be split evenly over pp=3"),
@@ -234,7 +290,7 @@ def test_stage_memory_in_flight_and_model_states():
 )
 def test_bad_plans_say_what_is_wrong(plan, devices, message):
     with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_plan(SMALL, _plan(**plan), devices)
+        check_plan(GQA if "key/value" in message else SMALL, _plan(**plan), devices)
 
 
 def test_stage_graph_for_alpa():

@@ -31,6 +31,8 @@ def spec_from_query(query: object) -> StageSpec:
     t = query.spec  # type: ignore[attr-defined]
     if getattr(t, "moe", None) is not None:
         raise ValueError("the learned stage model covers dense GPT stages only (this spec is MoE)")
+    if getattr(t, "mlp", "gelu") != "gelu" or getattr(t, "kv_heads_count", t.heads) != t.heads:
+        raise ValueError("the learned stage model covers GPT stages only (multi-head attention, GeLU MLP)")
     ffn = int(t.ffn_size)
     if ffn % int(t.hidden):
         raise ValueError(f"FFN size {ffn} is not a multiple of hidden {t.hidden}")

@@ -65,6 +65,8 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("model.vocab", [0, True, 2**25]),
         ("model.ffn", [0]),
         ("model.ffn_mult", [0, -1, 100, True]),
+        ("model.kv_heads", [0, True, 3]),
+        ("model.mlp", ["relu"]),
         ("model.moe", [{"experts": 0}, {"experts": 2, "top_k": 3}]),
         ("model.dtype", ["fp64"]),
         ("model.causal", ["yes"]),

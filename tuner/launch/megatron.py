@@ -52,7 +52,7 @@ _INT_FLAGS = {
     "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
     "--expert-model-parallel-size": "ep", "--num-experts": "experts", "--moe-router-topk": "top_k",
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
-    "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp",
+    "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
@@ -60,13 +60,10 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
-             "--use-megatron-fsdp", "--use-torch-fsdp2"}
+             "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # model flags tuner's GPT does not model: read as the nearest GPT, with a note
 _APPROXIMATED = {
-    "--swiglu": "SwiGLU MLP read as a GeLU MLP of the same --ffn-hidden-size",
-    "--group-query-attention": "grouped-query attention read as multi-head attention",
-    "--num-query-groups": "grouped-query attention read as multi-head attention",
     "--normalization": "the normalisation read as LayerNorm",
     "--position-embedding-type": "position embeddings read as learned absolute ones",
     "--multi-latent-attention": "multi-latent attention read as multi-head attention",
@@ -83,6 +80,10 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
          "--num-attention-heads", str(spec.heads), "--seq-length", str(spec.seq), "--max-position-embeddings",
          str(spec.seq), "--vocab-size", str(spec.vocab), "--attention-backend",
          "unfused" if spec.attention == "unfused" else "flash"]
+    if spec.kv_heads_count != spec.heads:
+        a += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads_count)]
+    if spec.mlp == "swiglu":
+        a.append("--swiglu")
     if not spec.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if spec.dtype != "fp32":
@@ -217,6 +218,16 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         notes.append(f"no --vocab-size: GPT-2 BPE's {GPT2_VOCAB} tokens assumed")
     vocab = _positive(values, "vocab", "--vocab-size", source, GPT2_VOCAB)
     ffn = values.get("ffn")
+    mlp = "swiglu" if values.get("--swiglu") else "gelu"
+    if ffn is None and mlp == "swiglu":  # Megatron's SwiGLU default: 2/3 of 4 h, down to a multiple of 64
+        ffn = int(4 * hidden * 2 / 3 / 64) * 64
+    kv_heads = None
+    if values.get("--group-query-attention"):
+        kv_heads = _positive(values, "kv_heads", "--num-query-groups", source, 1)
+        if heads % kv_heads:
+            raise LaunchError(f"{source}: --num-attention-heads {heads} is not a multiple of --num-query-groups {kv_heads}")
+    elif "kv_heads" in values:
+        notes.append("--num-query-groups without --group-query-attention: Megatron runs multi-head attention")
     dtype = "bf16" if values.get("--bf16") else "fp16" if values.get("--fp16") else "fp32"
     backend = values.get("attention_backend")
     attention = "unfused" if backend in ("unfused", "local") else "flash"
@@ -228,6 +239,7 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
                       capacity_factor=float(values.get("capacity_factor", 1.0)))
     return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
+                           kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
                            name=name)
 

@@ -4,7 +4,8 @@ The sections and keys are those of torchtitan's ``torchtitan/config/job_config.p
 the last releases configured by TOML files (its main branch replaced them by Python
 configurations in Feb 2026, pytorch/torchtitan#2386, and later counted batches in tokens). torchtitan
 builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's shape into its
-``# tuner:`` comment line; a TOML without it reads back with the model given by the caller.
+``# tuner:`` comment line; a TOML without it reads back with the model given by the caller, or
+torchtitan's Llama 3 flavors (:data:`TORCHTITAN_MODELS`).
 
 torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the plan as torchtitan
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
@@ -36,10 +37,38 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["torchtitan_plan", "torchtitan_toml", "read_torchtitan_toml", "read_torchtitan_file"]
+__all__ = ["TORCHTITAN_MODELS", "llama_ffn", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
+           "read_torchtitan_toml", "read_torchtitan_file"]
 
 _DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
 _SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+
+
+def llama_ffn(dim: int, multiple_of: int, multiplier: float | None = None) -> int:
+    """Llama's FFN width: 2/3 of 4 ``dim``, times ``multiplier``, rounded up to ``multiple_of``."""
+    width = int(2 * 4 * dim / 3)
+    if multiplier is not None:
+        width = int(multiplier * width)
+    return multiple_of * math.ceil(width / multiple_of)
+
+
+#: torchtitan's Llama 3 flavors (``torchtitan/models/llama3``: dim, layers, heads, key/value heads, FFN
+#: rule) with the Llama 3 tokenizer's 128 256 tokens; SwiGLU, untied output layer, PyTorch SDPA attention
+#: (FlashAttention-2 kernels). RMSNorm and rotary embeddings are priced as LayerNorm and learned positions.
+TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
+    ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
+    ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
+    ("llama3", "405B"): dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=llama_ffn(16384, 4096, 1.2)),
+}
+
+
+def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None:
+    """The :class:`TransformerSpec` of torchtitan's ``[model] name`` / ``flavor`` (None if tuner does not know it)."""
+    shape = TORCHTITAN_MODELS.get((str(name).lower(), str(flavor)))
+    if shape is None:
+        return None
+    return TransformerSpec(**shape, seq=seq, vocab=128256, mlp="swiglu", tie_embeddings=False, attention="flash2",
+                           name=f"{name}-{flavor}")
 
 
 def _sharded(plan: ParallelPlan) -> bool:
@@ -170,12 +199,18 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
             raise LaunchError(f"{source}: [{sec}] must be a table")
     tr, par, ac = doc.get("training", {}), doc.get("parallelism", {}), doc.get("activation_checkpoint", {})
     spec = spec or _spec_from_meta(meta, source)
+    notes: list[str] = []
     if spec is None:
         model = doc.get("model", {})
-        named = f" ({model.get('name', '?')} / {model.get('flavor', '?')})" if model else ""
-        raise LaunchError(f"{source}: torchtitan names its model{named}, tuner needs its shape: "
-                          "give --workload MODEL.yaml")
-    notes: list[str] = []
+        seq = _int(tr, "seq_len", "training", source, 2048)
+        spec = torchtitan_model(model.get("name", ""), model.get("flavor", ""), seq) if model else None
+        if spec is None:
+            named = f" ({model.get('name', '?')} / {model.get('flavor', '?')})" if model else ""
+            known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
+            raise LaunchError(f"{source}: torchtitan names its model{named}, tuner knows {known}; for another model "
+                              "give its shape: --workload MODEL.yaml")
+        notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
+                     "and learned positions")
     seq = _int(tr, "seq_len", "training", source, spec.seq)
     if seq != spec.seq:
         spec = replace(spec, seq=seq)
@@ -239,6 +274,9 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     mode = str(ac.get("mode", "selective"))
     if mode not in ("none", "selective", "full"):
         raise LaunchError(f"{source}: [activation_checkpoint] mode {mode!r}: tuner models none, selective and full")
+    if mode == "selective":
+        notes.append(f"selective activation checkpointing ({ac.get('selective_ac_option', '2')}) read as tuner's "
+                     "selective recomputation (the attention core only)")
     if shard > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
         notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]

@@ -94,6 +94,10 @@ class ModelSection(StrictModel):
     vocab: bounded_int(1, 2**24, "vocabulary of 16 M tokens") = Field(description="1 .. 2^24")  # type: ignore[valid-type]
     ffn: Width | None = Field(default=None, description="FFN width, 1 .. 2^20 (default ffn_mult x hidden)")
     ffn_mult: Annotated[float, Field(gt=0), at_most(64.0, "FFN width as a multiple of hidden")] = 4.0
+    kv_heads: bounded_int(1, 2**14, "key/value heads") | None = Field(  # type: ignore[valid-type]
+        default=None, description="key/value heads of grouped-query attention (default: heads)")
+    #: gelu: fc1, GeLU, fc2; swiglu: Llama's gated MLP (fc1 to gate and up, 2 x ffn wide)
+    mlp: Literal["gelu", "swiglu"] = "gelu"
     moe: MoESection | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: flash: fused attention priced as a GEMM; flash2 / flash_triton: FlashAttention-2 / llm-foundry's Triton
@@ -106,6 +110,8 @@ class ModelSection(StrictModel):
     def _shape(self) -> ModelSection:
         if self.hidden % self.heads:
             raise ValueError(f"hidden size {self.hidden} is not divisible by {self.heads} heads")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} heads are not a multiple of kv_heads={self.kv_heads}")
         if self.moe is not None and self.moe.top_k > self.moe.experts:
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
         return self

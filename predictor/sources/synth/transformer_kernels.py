@@ -167,6 +167,8 @@ class StepKernels:
         self.s = spec.seq
         self.h = spec.hidden
         self.f = spec.ffn_size
+        self.f1 = spec.fc1_size  # fc1's output: f, or gate and up (2 f) for SwiGLU
+        self.q = spec.qkv_size  # the QKV projection's output
         self.T = float(self.b * self.s)  # tokens of a micro-batch
         self.Tn = self.T / self.t if self.sp else self.T  # tokens seen by norms/dropouts
         self.heads_local = spec.heads // self.t
@@ -175,7 +177,8 @@ class StepKernels:
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
         self.eager = spec.program == "eager"
         moe = spec.moe
-        self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * (2 * self.h * self.f + self.f + self.h)
+        self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * (
+            self.h * self.f1 + self.f1 + self.f * self.h + self.h)
         #: traffic classes on the NICs while the TP collectives now emitted run: ``layout.tp_share`` inside
         #: the backward that overlaps the data-parallel buckets (:meth:`sharing_nics`), else 1
         self.tp_share = 1.0
@@ -242,7 +245,7 @@ class StepKernels:
         bh = float(b * hl)
         if self.eager:  # q, k, v split out of the fused projection: view, permute + reshape copies, unbind
             self._views(e, p, "qkv.view", "qkv.permute")
-            e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", 3.0 * self.T * hl * d, dt)])
+            e.op(f"{p}qkv_split.reshape", [eltwise(f"{p}qkv_split.copy", "memcpy", self.T * self.q / self.t, dt)])
             self._views(e, p, "qkv.unbind", "k.transpose")
         if self.eager and self.spec.causal:
             # baddbmm(mask, q, k^T, alpha): ATen first copies the broadcast [s, s] mask into the [b h, s, s] output
@@ -285,8 +288,8 @@ class StepKernels:
                                               eltwise(f"{p}attn_scores.scale_k", "mul", bh * s * d, dt)])
             # unbind's backward stacks q, k, v; the permute's backward copies them back to tokens
             self._views(e, p, "k.transpose_backward")
-            e.op(f"{p}qkv_split.backward", [concat(f"{p}qkv_split.stack", 1, 3.0 * self.T * hl * d, 3, dt),
-                                            eltwise(f"{p}qkv_split.copy_bwd", "memcpy", 3.0 * self.T * hl * d, dt)])
+            e.op(f"{p}qkv_split.backward", [concat(f"{p}qkv_split.stack", 1, self.T * self.q / self.t, 3, dt),
+                                            eltwise(f"{p}qkv_split.copy_bwd", "memcpy", self.T * self.q / self.t, dt)])
             self._views(e, p, "qkv.unsafe_view_backward", "qkv.clone_backward", "qkv.permute_backward")
             return
         e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
@@ -298,8 +301,8 @@ class StepKernels:
         if self.spec.moe is None:
             self._tp_gather_in(e, f"{p}mlp_input_all_gather")
             self._fp8_cast(e, f"{p}fc1.fp8_cast", T * h)
-            e.op(f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, f / t, h)])
-            e.op(f"{p}bias_gelu", [eltwise(f"{p}bias_gelu", "gelu", T * f / t, dt, rw=2.0)])
+            e.op(f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, self.f1 / t, h)])
+            self._activation(e, p, "bias_gelu", T * f / t)
             self._fp8_cast(e, f"{p}fc2.fp8_cast", T * f / t)
             e.op(f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)])
             self._tp_reduce_out(e, f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
@@ -312,13 +315,28 @@ class StepKernels:
         e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
                             eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
         self._a2a(e, f"{p}moe_dispatch", routed * h)
-        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f, h, batch=local)])
-        e.op(f"{p}experts.gelu", [eltwise(f"{p}experts.gelu", "gelu", routed * f, dt, rw=2.0)])
+        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, self.f1, h, batch=local)])
+        self._activation(e, f"{p}experts.", "gelu", routed * f)
         e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f, batch=local)])
         self._a2a(e, f"{p}moe_combine", routed * h)
         e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
         if not self.sp:
             self.tp_collective(e, f"{p}moe_output_all_gather", "all_gather", T * h)
+
+    def _activation(self, e: StepEmitter, p: str, gelu: str, elems: float) -> None:
+        """The MLP's activation over ``elems`` outputs: op ``p + gelu`` (bias + GeLU: reads 1, writes 1
+        element each) or, for SwiGLU, ``p + "swiglu"``: ``silu(gate) * up`` (reads 2, writes 1)."""
+        if self.spec.mlp == "swiglu":
+            e.op(f"{p}swiglu", [eltwise(f"{p}swiglu", "gelu", elems, self.dt, rw=3.0)])
+        else:
+            e.op(f"{p}{gelu}", [eltwise(f"{p}{gelu}", "gelu", elems, self.dt, rw=2.0)])
+
+    def _activation_bwd(self, e: StepEmitter, p: str, gelu: str, elems: float) -> None:
+        """The activation's backward: GeLU's reads input and gradient, writes one; SwiGLU's reads gate,
+        up and the output gradient and writes the gradients of gate and up."""
+        name = f"{p}swiglu" if self.spec.mlp == "swiglu" else f"{p}{gelu}"
+        rw = 5.0 if self.spec.mlp == "swiglu" else 3.0
+        e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "gelu_bwd", elems, self.dt, rw=rw)])
 
     def _a2a(self, e: StepEmitter, name: str, elems: float) -> None:
         if self.plan.ep > 1:
@@ -327,7 +345,7 @@ class StepKernels:
             e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])  # local permutation
 
     def _mlp_bwd(self, e: StepEmitter, p: str) -> None:
-        T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
+        T, h, f, t = self.T, self.h, self.f, self.t
         if self.spec.moe is None:
             if self.sp:
                 self.tp_collective(e, f"{p}mlp_output_grad_all_gather", "all_gather", T * h)
@@ -335,11 +353,11 @@ class StepKernels:
             e.op(f"{p}fc2.backward", [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
                                       *self._bias_grad(f"{p}fc2", T, h)])
             self._accumulate_grad(e, f"{p}fc2", 2)
-            e.op(f"{p}bias_gelu.backward", [eltwise(f"{p}bias_gelu_bwd", "gelu_bwd", T * f / t, dt, rw=3.0)])
-            self._fp8_cast(e, f"{p}fc1.grad_fp8_cast", T * f / t)
-            e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, f / t)])
-            self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", f / t, h, T),
-                                                   *self._bias_grad(f"{p}fc1", T, f / t)])
+            self._activation_bwd(e, p, "bias_gelu", T * f / t)
+            self._fp8_cast(e, f"{p}fc1.grad_fp8_cast", T * self.f1 / t)
+            e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, self.f1 / t)])
+            self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", self.f1 / t, h, T),
+                                                   *self._bias_grad(f"{p}fc1", T, self.f1 / t)])
             self._accumulate_grad(e, f"{p}fc1", 2)
             return
         moe, ep = self.spec.moe, self.plan.ep
@@ -350,9 +368,9 @@ class StepKernels:
         self._a2a(e, f"{p}moe_combine.backward", routed * h)
         e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f, h, batch=local),
                                           self._wgrad(f"{p}experts.fc2.wgrad", h, f, per_expert, batch=local)])
-        e.op(f"{p}experts.gelu.backward", [eltwise(f"{p}experts.gelu_bwd", "gelu_bwd", routed * f, dt, rw=3.0)])
-        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f, batch=local),
-                                          self._wgrad(f"{p}experts.fc1.wgrad", f, h, per_expert, batch=local)])
+        self._activation_bwd(e, f"{p}experts.", "gelu", routed * f)
+        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, self.f1, batch=local),
+                                          self._wgrad(f"{p}experts.fc1.wgrad", self.f1, h, per_expert, batch=local)])
         self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
         e.op(f"{p}router.backward", [self._dgrad(f"{p}router.dgrad", Tr, h, moe.experts),
                                      self._wgrad(f"{p}router.wgrad", moe.experts, h, Tr)])
@@ -446,7 +464,7 @@ class StepKernels:
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._tp_gather_in(e, f"{p}qkv_input_all_gather")
         self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
-        e.op(f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, 3 * h / t, h)])
+        e.op(f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, self.q / t, h)])
         self._attn_fwd(e, p)
         self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * h / t)
         e.op(f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)])
@@ -474,10 +492,10 @@ class StepKernels:
                                         self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T), *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
-        self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * 3 * h / t)
-        e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, 3 * h / t)])
-        self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", 3 * h / t, h, T),
-                                               *self._bias_grad(f"{p}qkv", T, 3 * h / t)])
+        self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * self.q / t)
+        e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, self.q / t)])
+        self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", self.q / t, h, T),
+                                               *self._bias_grad(f"{p}qkv", T, self.q / t)])
         self._accumulate_grad(e, f"{p}qkv", 2)
         self._layernorm_bwd(e, f"{p}input_layernorm")
         if self.eager:

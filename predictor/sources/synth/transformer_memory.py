@@ -14,7 +14,9 @@ and 1-byte dropout masks,
 * selective recomputation drops the ``5 a s / h`` term (eq. 6: ``34 s b h / t`` with SP);
 * full recomputation keeps only the layer input, ``2 s b h`` (``/ t`` with SP).
 
-We generalise the MLP term to any FFN width ``f`` (``24`` becomes ``8 + 4 f / h``), count a
+We generalise the MLP term to any FFN width ``f`` (``24`` becomes ``8 + 4 f / h``; ``8 + 6 f / h``
+for SwiGLU, whose activation reads gate and up), shrink K and V by ``kv_heads / heads`` under
+grouped-query attention, count a
 fused (flash) attention like selective recomputation (it never stores the ``s x s`` scores;
 it keeps a 4-byte log-sum-exp per head and token), and for MoE layers count the routed
 tokens (``top_k x capacity_factor`` of them) through the expert MLPs.
@@ -84,20 +86,21 @@ class StageMemory:
 
 def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1) -> float:
     """Parameters of one transformer layer held by one device (TP-split and replicated parts)."""
-    h, f, t = spec.hidden, spec.ffn_size, tp
-    attn = (3 * h * h + 3 * h) / t + (h * h) / t + h  # QKV (column) + proj (row; bias replicated)
+    h, f, f1, q, t = spec.hidden, spec.ffn_size, spec.fc1_size, spec.qkv_size, tp
+    attn = (h * q + q) / t + (h * h) / t + h  # QKV (column) + proj (row; bias replicated)
     norms = 4 * h
     if spec.moe is None:
-        mlp = (h * f + f) / t + (f * h) / t + h
+        mlp = (h * f1 + f1) / t + (f * h) / t + h
     else:
-        mlp = h * spec.moe.experts + (spec.moe.experts / ep) * (2 * h * f + f + h)
+        mlp = h * spec.moe.experts + _expert_param_count(spec, ep)
     return attn + norms + mlp
 
 
 def _expert_param_count(spec: TransformerSpec, ep: int) -> float:
     if spec.moe is None:
         return 0.0
-    return (spec.moe.experts / ep) * (2 * spec.hidden * spec.ffn_size + spec.ffn_size + spec.hidden)
+    h, f, f1 = spec.hidden, spec.ffn_size, spec.fc1_size
+    return (spec.moe.experts / ep) * (h * f1 + f1 + f * h + h)
 
 
 def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> float:
@@ -109,12 +112,15 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
     if plan.recompute == "full":
         return 2.0 * sbh / (t if sp else 1)
     replicated = 10.0 * sbh
-    split_attn = 8.0 * sbh
+    # Q and the projection input 2 sbh each, K and V 2 sbh x kv_heads / heads each
+    split_attn = (4.0 + 4.0 * spec.kv_heads_count / spec.heads) * sbh
+    # the activation's input (fc1's output: 2 f bytes a token, 4 f for SwiGLU's gate and up) and fc2's input
+    mlp_per_token = 2.0 * (spec.fc1_size + f)
     if spec.moe is None:
-        split_mlp = 4.0 * s * b * f
+        split_mlp = mlp_per_token * s * b
     else:
         routed = s * b * spec.moe.top_k * spec.moe.capacity_factor  # token copies through the experts
-        split_mlp = routed * (4.0 * f + 2.0 * h) + 4.0 * s * b * spec.moe.experts  # + router probs
+        split_mlp = routed * (mlp_per_token + 2.0 * h) + 4.0 * s * b * spec.moe.experts  # + router probs
     out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
     if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token

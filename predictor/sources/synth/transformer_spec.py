@@ -1,7 +1,8 @@
 """A GPT-style transformer and how Megatron-LM trains it: the inputs of the transformer synthesiser.
 
-:class:`TransformerSpec` is the model (layers, hidden, heads, sequence, vocabulary, FFN width,
-dense or mixture-of-experts, dtype, attention kernel); :class:`ParallelPlan` is how it is
+:class:`TransformerSpec` is the model (layers, hidden, heads and key/value heads, sequence,
+vocabulary, FFN width and kind — GeLU or gated SwiGLU —, dense or mixture-of-experts, dtype,
+attention kernel); :class:`ParallelPlan` is how it is
 trained (tensor ``tp`` x pipeline ``pp`` x data ``dp`` parallel, micro-batch, global batch,
 1F1B or interleaved schedule, sequence parallelism, activation recomputation, expert
 parallelism, distributed optimizer, gradient-reduce overlap); :func:`check_plan` rejects a plan
@@ -38,7 +39,10 @@ class MoESpec:
 
 @dataclass(frozen=True)
 class TransformerSpec:
-    """A GPT-style decoder. Sizes are element counts; ``ffn`` defaults to ``ffn_mult * hidden``."""
+    """A GPT-style decoder. Sizes are element counts; ``ffn`` defaults to ``ffn_mult * hidden``.
+
+    Llama-style models set ``kv_heads`` (grouped-query attention) and ``mlp="swiglu"`` with their
+    ``ffn`` (Llama 2 7B: ``kv_heads=32, ffn=11008``; Llama 3 8B: ``kv_heads=8, ffn=14336``)."""
 
     layers: int
     hidden: int
@@ -47,6 +51,13 @@ class TransformerSpec:
     vocab: int
     ffn: int | None = None
     ffn_mult: float = 4.0
+    #: key/value heads (grouped-query attention; ``None``: as many as ``heads``, multi-head attention).
+    #: The QKV projection is ``hidden x (heads + 2 kv_heads) head_dim``; attention FLOPs do not change
+    kv_heads: int | None = None
+    #: ``"gelu"``: ``fc1`` (hidden -> ffn), GeLU, ``fc2``; ``"swiglu"``: the gated MLP of Llama and
+    #: Megatron's ``--swiglu``: ``fc1`` projects to gate and up (hidden -> 2 ffn, one GEMM as Megatron
+    #: fuses them), ``silu(gate) * up``, ``fc2`` (ffn -> hidden): 1.5x the MLP weights and FLOPs
+    mlp: Literal["gelu", "swiglu"] = "gelu"
     moe: MoESpec | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: attention core: ``"flash"`` (one fused kernel per pass, priced as a GEMM of its FLOPs), ``"flash2"``
@@ -75,6 +86,21 @@ class TransformerSpec:
         return int(self.ffn) if self.ffn else int(round(self.ffn_mult * self.hidden))
 
     @property
+    def kv_heads_count(self) -> int:
+        """Key/value heads (``heads`` unless grouped-query attention)."""
+        return int(self.kv_heads) if self.kv_heads else self.heads
+
+    @property
+    def qkv_size(self) -> float:
+        """Output width of the QKV projection: ``hidden + 2 kv_heads head_dim``."""
+        return self.hidden + 2.0 * self.kv_heads_count * self.head_dim
+
+    @property
+    def fc1_size(self) -> int:
+        """Output width of the MLP's first GEMM: ``ffn``, or ``2 ffn`` (gate and up) for SwiGLU."""
+        return 2 * self.ffn_size if self.mlp == "swiglu" else self.ffn_size
+
+    @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
@@ -94,18 +120,19 @@ class TransformerSpec:
 
     def param_count(self) -> float:
         """Parameters of the whole model (embeddings counted once when tied)."""
-        h, f = self.hidden, self.ffn_size
-        attn = 4 * h * h + 4 * h
-        mlp = 2 * h * f + f + h if self.moe is None else h * self.moe.experts + self.moe.experts * (2 * h * f + f + h)
+        h, f1, f, q = self.hidden, self.fc1_size, self.ffn_size, self.qkv_size
+        attn = h * q + q + h * h + h
+        expert = h * f1 + f1 + f * h + h
+        mlp = expert if self.moe is None else h * self.moe.experts + self.moe.experts * expert
         per_layer = attn + mlp + 4 * h
         emb = self.vocab * h + self.seq * h
         return self.layers * per_layer + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
 
     def forward_flops_per_sequence(self) -> float:
         """Matmul FLOPs of one forward pass over one sequence (Narayanan et al. SC21 §5.1 accounting)."""
-        s, h, f = self.seq, self.hidden, self.ffn_size
-        mlp = 4.0 * s * h * f * (self.moe.top_k if self.moe else 1)
-        layer = 8.0 * s * h * h + mlp + 4.0 * s * s * h
+        s, h = self.seq, self.hidden
+        mlp = 2.0 * s * h * (self.fc1_size + self.ffn_size) * (self.moe.top_k if self.moe else 1)
+        layer = 2.0 * s * h * (self.qkv_size + h) + mlp + 4.0 * s * s * h
         return self.layers * layer + 2.0 * s * h * self.vocab
 
     def iteration_flops(self, global_batch: int, recompute: str = "none") -> float:
@@ -123,6 +150,10 @@ class TransformerSpec:
                 raise PlanError(f"model {field_name} must be >= 1 (got {getattr(self, field_name)})")
         if self.hidden % self.heads:
             raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
+        if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
+            raise PlanError(f"{self.heads} attention heads are not a multiple of kv_heads={self.kv_heads}")
+        if self.mlp not in ("gelu", "swiglu"):
+            raise PlanError(f"mlp must be gelu or swiglu (got {self.mlp!r})")
         if self.attention not in ATTENTION_VALUES:
             raise PlanError(f"attention must be one of {', '.join(ATTENTION_VALUES)} (got {self.attention!r})")
         if self.moe is not None and (self.moe.experts < 1 or not 1 <= self.moe.top_k <= self.moe.experts):
@@ -191,6 +222,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
             raise PlanError(f"{name} must be >= 1 (got {getattr(plan, name)})")
     if spec.heads % plan.tp:
         raise PlanError(f"{spec.heads} attention heads are not divisible by tp={plan.tp}")
+    if spec.kv_heads_count % plan.tp:
+        raise PlanError(f"{spec.kv_heads_count} key/value heads are not divisible by tp={plan.tp}")
     if spec.ffn_size % plan.tp:
         raise PlanError(f"FFN size {spec.ffn_size} is not divisible by tp={plan.tp}")
     if plan.pp > spec.layers:
