@@ -1,7 +1,7 @@
 """Multi-node GPT training: predicted vs published iteration times under the line and the NCCL collective models.
 
-The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo and MosaicML's
-FSDP runs) and their sources are in ``experiments/multinode_published.yaml``. For each
+The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo, MosaicML's and
+torchtitan's FSDP runs; GPT, MPT and Llama models) and their sources are in ``experiments/multinode_published.yaml``. For each
 communication model — ``line`` (every collective on the latency-bandwidth line of the raw link
 rates) and ``nccl`` (NCCL's ring / tree / protocol cost model on the
 catalog's network fields) — the script
@@ -19,10 +19,12 @@ catalog's network fields) — the script
 4. checks the orderings SC21 §5.4 states in its text for 64-GPU sweeps of tensor vs pipeline and
    tensor vs data parallelism (Takeaways #1-#2): the predicted throughput must peak at t = 8 for
    the 162.2B model (Fig. 13) and fall as t grows past one node for the 5.9B model (Fig. 15),
-   and fall as p grows (Fig. 14).
+   and fall as p grows (Fig. 14);
+5. predicts the Llama rows (SwiGLU, grouped-query attention) again as a GPT of the same widths, the
+   reading tuner had before it modelled either.
 
 Run: ``python experiments/multinode_validation.py`` (writes
-``experiments/results/multinode_validation.md`` and ``.json``; about 10 minutes on 2 cores).
+``experiments/results/multinode_validation.md`` and ``.json``; about 2 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -84,10 +86,13 @@ def load_rows(path: Path = DATA) -> list[Row]:
     rows: list[Row] = []
     for key, src in doc.items():
         d = dict(src["defaults"])
-        seq, vocab = d.pop("seq"), d.pop("vocab")
-        spec_keys = {"dtype", "attention", "fp8_linear"}
+        seq, vocab = d.pop("seq", None), d.pop("vocab", None)
+        spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
         for r in src["rows"]:
+            row_spec: dict = {}
+            if isinstance(r[-1], dict):  # model fields of this row (ffn, kv_heads)
+                row_spec, r = r[-1], r[:-1]
             if key.startswith("sc21"):
                 params, heads, hidden, layers, tp, pp, gpus, batch, tf = r
                 t = sc21_flops(batch, layers, hidden, seq, vocab) / (gpus * tf * 1e12)
@@ -104,6 +109,12 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 t = gbs * seq / (tps * gpus)
                 plans = [(name, dict(tp=1, pp=1, global_batch=gbs, micro_batch=mb,
                                      recompute="full" if ckpt else "none", **d), t, {"tokens_per_s_per_gpu": tps})]
+            elif key.startswith("torchtitan"):
+                name, seq, vocab, hidden, layers, heads, kv_heads, ffn, gpus, mb, ac, tps = r
+                row_spec = {"ffn": ffn, "kv_heads": None if kv_heads == heads else kv_heads}
+                t = mb * seq / tps  # WPS is each rank's tokens per second
+                plans = [(name, dict(tp=1, pp=1, global_batch=gpus * mb, micro_batch=mb, recompute=ac, **d), t,
+                          {"tokens_per_s_per_gpu": tps})]
             else:
                 name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, tps = r
                 sched = dict(schedule="interleaved", virtual_stages=vp) if vp > 1 else dict(schedule="1f1b")
@@ -115,7 +126,8 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 plan["dp"] = gpus // (plan["tp"] * plan["pp"])
                 if plan.get("tp", 1) == 1:
                     plan.pop("sequence_parallel", None)
-                spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d)
+                spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d,
+                            **row_spec)
                 rows.append(Row(key, src["cite"], src["platform"], src["split"], model, spec, plan, gpus, float(t),
                                 float(plan["global_batch"] * seq), extra))
     return rows
@@ -285,6 +297,23 @@ def attention_shares(rows: list[Row], comm: str, eff: dict[str, float]) -> dict:
                                     for k, v in groups.items() if v}}
 
 
+#: the model fields a GPT reading of a Llama row drops (tuner read Megatron's --swiglu and --num-query-groups so)
+LLAMA_FIELDS = ("mlp", "kv_heads")
+
+
+def gpt_reading(rows: list[Row], meas: np.ndarray, comm: str, eff: dict[str, float]) -> list[dict]:
+    """The rows of gated-MLP / grouped-query models predicted as the model is and as a GPT of the same
+    widths (GeLU MLP of the same ``ffn``, multi-head attention): error % of each."""
+    idx = [i for i, r in enumerate(rows) if any(r.spec.get(k) not in (None, "gelu") for k in LLAMA_FIELDS)]
+    gpt = [Row(**{**rows[i].__dict__, "spec": {k: v for k, v in rows[i].spec.items() if k not in LLAMA_FIELDS}})
+           for i in idx]
+    as_is = predict([rows[i] for i in idx], comm, eff)
+    as_gpt = predict(gpt, comm, eff)
+    return [{"source": rows[i].source, "model": rows[i].model, "gpus": rows[i].gpus, "split": rows[i].split,
+             "error_pct": float((a / meas[i] - 1) * 100), "error_pct_as_gpt": float((g / meas[i] - 1) * 100)}
+            for i, a, g in zip(idx, as_is, as_gpt, strict=True)]
+
+
 def sweep_checks(comm: str, eff: float) -> list[dict]:
     """SC21 §5.4's orderings (64 A100s, micro-batch 1, batch 128 / 512): predicted TFLOP/s per GPU."""
     plat = platform_for("a100-80gb", comm, eff)
@@ -336,6 +365,7 @@ def run(rows: list[Row], comm: str) -> dict:
         "spearman_held_out": spearman_summary(ranks),
         "sc21_sweeps": sweep_checks(comm, eff["a100-80gb"]),
         "attention": attention_shares(rows, comm, eff) if comm == "nccl" else None,
+        "gpt_reading": gpt_reading(rows, meas, comm, eff),
         "predicted_s": cal.tolist(), "error_pct": err_c.tolist(), "seconds": time.perf_counter() - t0,
     }
 
@@ -370,7 +400,7 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 
 def render(p: dict) -> str:
     ms = list(p["models"])
-    L = ["# Multi-node GPT training: predicted vs published", "",
+    L = ["# Multi-node GPT and Llama training: predicted vs published", "",
          f"`python experiments/multinode_validation.py` — {p['date']}, {p['machine']}. Published rows and their "
          f"sources: `{p['data']}`. One constant fitted per chip, the GEMM ceiling: the A100's (both catalog entries) "
          "on SC21 Table 1, the H100's on MosaicML's H100 table; every other source held out. Uncalibrated: the "
@@ -435,6 +465,22 @@ def render(p: dict) -> str:
             L.append(f"| {x['platform']} | {x['model']} | {x['gpus']} | {x['split']} | {'yes' if x['checkpointing'] else 'no'} | "
                      f"{x['attention']} | {x['attn_fwd_share_pct']:.1f} | {x['attn_bwd_share_pct']:.1f} | "
                      f"{x['error_pct_gemm_priced']:+.1f} | {x['error_pct']:+.1f} |")
+    llama = {c: p["models"][c].get("gpt_reading") or [] for c in ms}
+    if any(llama.values()):
+        L += ["", "## Llama rows: the model as it is, and read as a GPT (calibrated)", "",
+              "SwiGLU MLP and grouped-query attention modelled, against the same rows read as a GPT of the same "
+              "widths (GeLU MLP of the same FFN width, multi-head attention).", "",
+              "| source | model | GPUs | " + " | ".join(f"{c} err % | {c} err % as GPT" for c in ms) + " |",
+              "|---|---|--:|" + "--:|--:|" * len(ms)]
+        for i, x in enumerate(llama[ms[0]]):
+            L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['gpus']} | "
+                     + " | ".join(f"{llama[c][i]['error_pct']:+.1f} | {llama[c][i]['error_pct_as_gpt']:+.1f}" for c in ms)
+                     + " |")
+        for c in ms:
+            e = np.abs([x["error_pct"] for x in llama[c]])
+            g = np.abs([x["error_pct_as_gpt"] for x in llama[c]])
+            L.append(f"\n{c}: mean / max abs % {e.mean():.1f} / {e.max():.1f} as modelled, {g.mean():.1f} / {g.max():.1f} "
+                     "read as a GPT.")
     L += ["", "## SC21 §5.4 orderings (64 A100s; text claims, no published numbers)", "",
           "| figure | claim | (t, p, d) | " + " | ".join(f"{c}: TFLOP/s/GPU" for c in ms) + " | " +
           " | ".join(f"{c} holds" for c in ms) + " |", "|---|---|---|" + "---|" * (2 * len(ms))]
