@@ -168,6 +168,31 @@ def test_tensor_and_sequence_parallel_collectives():
     assert (df[df.kind.isin(["reduce_scatter", "all_gather"])].world == 2).all()
 
 
+def test_tp_comm_overlap_runs_sequence_parallel_collectives_beside_their_gemms():
+    """With sequence parallelism, --tp-comm-overlap puts every layer all-gather / reduce-scatter on the TP
+    stream beside the GEMM that reads or writes it: same kernels, a shorter iteration, and slower links
+    move it less than they move the plan without overlap."""
+    mid = TransformerSpec(layers=4, hidden=2048, heads=16, seq=1024, vocab=8000, name="mid")
+    plan = ParallelPlan(tp=4, pp=1, dp=1, micro_batch=2, global_batch=4, sequence_parallel=True)
+    over = ParallelPlan(**{**plan.to_dict(), "tp_comm_overlap": True})
+    graphs = {p.tp_comm_overlap: build_transformer_graph(mid, p, detail="kernel") for p in (plan, over)}
+    frames = {k: g.tasks_frame() for k, g in graphs.items()}
+    for k in ("all_gather", "reduce_scatter"):
+        assert (frames[False].kind == k).sum() == (frames[True].kind == k).sum() > 0
+    layer_ag = frames[True][frames[True].name == "layer[0].qkv_input_all_gather"]
+    gemm = frames[True][frames[True].name == "layer[0].qkv.addmm"]
+    assert layer_ag.processor.iloc[0] != gemm.processor.iloc[0]  # the TP stream, not the compute stream
+    net = A100.interconnect
+    slow = A100.model_copy(update={"interconnect": net.model_copy(update={
+        "intra_node_bandwidth_bytes_per_s": net.intra_node_bandwidth_bytes_per_s / 4,
+        "intra_node_bus_bandwidth_bytes_per_s": (net.intra_node_bus_bandwidth_bytes_per_s
+                                                 or net.intra_node_bandwidth_bytes_per_s) / 4})})
+    t = {(k, name): simulate(g, transformer_timing(pl)).iteration_s
+         for k, g in graphs.items() for name, pl in (("fast", A100), ("slow", slow))}
+    assert t[(True, "fast")] < t[(False, "fast")]
+    assert t[(True, "slow")] - t[(True, "fast")] < t[(False, "slow")] - t[(False, "fast")]
+
+
 def test_data_parallel_buckets_carry_every_gradient():
     plan = _plan(overlap_grad_reduce=True)
     g = build_transformer_graph(SMALL, plan, detail="kernel")

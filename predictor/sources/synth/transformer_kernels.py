@@ -207,6 +207,37 @@ class StepKernels:
         if self.sp:
             self.tp_collective(e, name, "all_gather", self.T * self.h)
 
+    def _overlapped(self, e: StepEmitter) -> bool:
+        """``tp_comm_overlap`` with sequence parallelism on a device (Transformer Engine's userbuffers, as
+        Megatron's ``--tp-comm-overlap`` runs them): a layer's sequence-parallel all-gather runs in chunks
+        alongside the GEMM that reads it, its reduce-scatter alongside the GEMM that writes it."""
+        return self.sp and self.plan.tp_comm_overlap and e.mode == "device"
+
+    def _gathered_gemm(self, e: StepEmitter, gather: str, name: str, kernels: list[Kernel]) -> None:
+        """The sequence-parallel all-gather ``gather`` of a GEMM's input, then the GEMM op ``name``; overlapped,
+        the two start together and the next op waits for both."""
+        if not self._overlapped(e):
+            self._tp_gather_in(e, gather)
+            e.op(name, kernels)
+            return
+        before = [e.last] if e.last is not None else []
+        coll = collective(gather, "all_gather", self.T * self.h * self.dt, self.lay.tp, self.dt, self.tp_share)
+        ag = e.op_on(e.tp_stream, gather, [coll], after=before)
+        e.op(name, kernels)
+        e.after_next += ag
+
+    def _reduced_gemm(self, e: StepEmitter, name: str, kernels: list[Kernel], reduce: str) -> None:
+        """A row-parallel GEMM op ``name``, then its output's reduction ``reduce`` (reduce-scatter with sequence
+        parallelism, else all-reduce); overlapped, the two start together and the next op waits for both."""
+        if not self._overlapped(e):
+            e.op(name, kernels)
+            self._tp_reduce_out(e, reduce)
+            return
+        before = [e.last] if e.last is not None else []
+        e.op(name, kernels)
+        coll = collective(reduce, "reduce_scatter", self.T * self.h * self.dt, self.lay.tp, self.dt, self.tp_share)
+        e.after_next += e.op_on(e.tp_stream, reduce, [coll], after=before)
+
     def _input_grad_reduce(self, e: StepEmitter, name: str, wgrad: list[Kernel]) -> None:
         """Column-parallel backward: dgrad's input-gradient reduce, then wgrad (overlapped if asked)."""
         if self.t <= 1:
@@ -299,13 +330,13 @@ class StepKernels:
     def _mlp_fwd(self, e: StepEmitter, p: str) -> None:
         T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
         if self.spec.moe is None:
-            self._tp_gather_in(e, f"{p}mlp_input_all_gather")
             self._fp8_cast(e, f"{p}fc1.fp8_cast", T * h)
-            e.op(f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, self.f1 / t, h)])
+            self._gathered_gemm(e, f"{p}mlp_input_all_gather", f"{p}fc1",
+                                [self._linear(f"{p}fc1.addmm", T, self.f1 / t, h)])
             self._activation(e, p, "bias_gelu", T * f / t)
             self._fp8_cast(e, f"{p}fc2.fp8_cast", T * f / t)
-            e.op(f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)])
-            self._tp_reduce_out(e, f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
+            self._reduced_gemm(e, f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)],
+                               f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
             return
         moe, ep = self.spec.moe, self.plan.ep
         Tr = T / t  # tokens this rank routes (TP ranks split the tokens)
@@ -347,11 +378,10 @@ class StepKernels:
     def _mlp_bwd(self, e: StepEmitter, p: str) -> None:
         T, h, f, t = self.T, self.h, self.f, self.t
         if self.spec.moe is None:
-            if self.sp:
-                self.tp_collective(e, f"{p}mlp_output_grad_all_gather", "all_gather", T * h)
             self._fp8_cast(e, f"{p}fc2.grad_fp8_cast", T * h)
-            e.op(f"{p}fc2.backward", [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
-                                      *self._bias_grad(f"{p}fc2", T, h)])
+            self._gathered_gemm(e, f"{p}mlp_output_grad_all_gather", f"{p}fc2.backward",
+                                [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
+                                 *self._bias_grad(f"{p}fc2", T, h)])
             self._accumulate_grad(e, f"{p}fc2", 2)
             self._activation_bwd(e, p, "bias_gelu", T * f / t)
             self._fp8_cast(e, f"{p}fc1.grad_fp8_cast", T * self.f1 / t)
@@ -462,13 +492,12 @@ class StepKernels:
     def layer_fwd(self, e: StepEmitter, p: str) -> None:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
-        self._tp_gather_in(e, f"{p}qkv_input_all_gather")
         self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
-        e.op(f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, self.q / t, h)])
+        self._gathered_gemm(e, f"{p}qkv_input_all_gather", f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, self.q / t, h)])
         self._attn_fwd(e, p)
         self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * h / t)
-        e.op(f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)])
-        self._tp_reduce_out(e, f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
+        self._reduced_gemm(e, f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)],
+                           f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
         self._dropout_add(e, f"{p}bias_dropout_add")
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._mlp_fwd(e, p)
@@ -485,11 +514,10 @@ class StepKernels:
             e.op(f"{p}residual_2.grad_add", [eltwise(f"{p}residual_2.grad_add", "add", Tn * h, dt, rw=3.0)])
         self._views(e, p, "residual_2.add_backward")
         e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
-        if self.sp:
-            self.tp_collective(e, f"{p}attn_output_grad_all_gather", "all_gather", T * h)
         self._fp8_cast(e, f"{p}attn_proj.grad_fp8_cast", T * h)
-        e.op(f"{p}attn_proj.backward", [self._dgrad(f"{p}attn_proj.dgrad", T, h / t, h),
-                                        self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T), *self._bias_grad(f"{p}attn_proj", T, h)])
+        self._gathered_gemm(e, f"{p}attn_output_grad_all_gather", f"{p}attn_proj.backward",
+                            [self._dgrad(f"{p}attn_proj.dgrad", T, h / t, h), self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T),
+                             *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
         self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * self.q / t)

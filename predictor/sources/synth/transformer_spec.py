@@ -179,7 +179,9 @@ class ParallelPlan:
     ep: int = 1  #: expert-parallel degree (divides dp), MoE only
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = True
-    tp_comm_overlap: bool = False  #: overlap the input-gradient all-reduce with the wgrad GEMM
+    #: overlap the input-gradient all-reduce with the wgrad GEMM; with sequence parallelism also each
+    #: layer's all-gathers and reduce-scatters with the GEMMs that read or write them (userbuffers)
+    tp_comm_overlap: bool = False
     pp_scatter_gather: bool = True
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: PyTorch FSDP FULL_SHARD over the data-parallel group (tp = pp = 1): each layer's parameters are
