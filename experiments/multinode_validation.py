@@ -86,13 +86,16 @@ def load_rows(path: Path = DATA) -> list[Row]:
     rows: list[Row] = []
     for key, src in doc.items():
         d = dict(src["defaults"])
-        seq, vocab = d.pop("seq", None), d.pop("vocab", None)
+        src_seq, src_vocab = d.pop("seq", None), d.pop("vocab", None)
         spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
         for r in src["rows"]:
             row_spec: dict = {}
-            if isinstance(r[-1], dict):  # model fields of this row (ffn, kv_heads)
-                row_spec, r = r[-1], r[:-1]
+            row_plan: dict = {}
+            if isinstance(r[-1], dict):  # fields of this row: the model's (ffn, kv_heads) and the plan's (cp)
+                row_spec, r = dict(r[-1]), r[:-1]
+                row_plan = {k: row_spec.pop(k) for k in list(row_spec) if k in ("cp",)}
+            seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
             if key.startswith("sc21"):
                 params, heads, hidden, layers, tp, pp, gpus, batch, tf = r
                 t = sc21_flops(batch, layers, hidden, seq, vocab) / (gpus * tf * 1e12)
@@ -122,8 +125,8 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 plans = [(name, dict(tp=tp, pp=pp, global_batch=gbs, micro_batch=mbs, **sched, **d), t,
                           {"tokens_per_s_per_gpu": tps})]
             for model, plan, t, extra in plans:
-                plan = dict(plan)
-                plan["dp"] = gpus // (plan["tp"] * plan["pp"])
+                plan = dict(plan, **row_plan)
+                plan["dp"] = gpus // (plan["tp"] * plan["pp"] * plan.get("cp", 1))
                 if plan.get("tp", 1) == 1:
                     plan.pop("sequence_parallel", None)
                 spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d,
@@ -488,11 +491,12 @@ def render(p: dict) -> str:
         sw = [p["models"][c]["sc21_sweeps"][i] for c in ms]
         L.append(f"| {x['figure']} | {x['claim']} | {x['grid_t_p_d']} | " + " | ".join(str(s["predicted_tflops_per_gpu"]) for s in sw)
                  + " | " + " | ".join("yes" if s["holds"] else "no" for s in sw) + " |")
-    L += ["", "## Rows", "", "| source | model | GPUs | t | p | d | split | measured s | "
-          + " | ".join(f"{c} s | {c} err %" for c in ms) + " |", "|---|---|--:|--:|--:|--:|---|--:|" + "--:|--:|" * len(ms)]
+    L += ["", "## Rows", "", "| source | model | GPUs | t | p | c | d | split | measured s | "
+          + " | ".join(f"{c} s | {c} err %" for c in ms) + " |", "|---|---|--:|--:|--:|--:|--:|---|--:|" + "--:|--:|" * len(ms)]
     for r in p["rows"]:
         pl = r["plan"]
-        L.append(f"| {r['source'].split(',')[0]} | {r['model']} | {r['gpus']} | {pl['tp']} | {pl['pp']} | {pl['dp']} | "
+        L.append(f"| {r['source'].split(',')[0]} | {r['model']} | {r['gpus']} | {pl['tp']} | {pl['pp']} | "
+                 f"{pl.get('cp', 1)} | {pl['dp']} | "
                  f"{r['split']} | {r['measured_s']:.2f} | "
                  + " | ".join(f"{_f(r[f'predicted_s_{c}'], '{:.2f}')} | {_f(r[f'error_pct_{c}'], '{:+.1f}')}" for c in ms) + " |")
     return "\n".join(L) + "\n"

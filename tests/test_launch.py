@@ -119,6 +119,12 @@ def test_megatron_llama_flags_round_trip():
     assert args[args.index("--num-query-groups") + 1] == "8" and "--group-query-attention" in args and "--swiglu" in args
     back = read_megatron_args(megatron_launch_text(spec, plan, platform="h100", devices_per_node=8), "f")
     assert back.spec == spec and back.plan == plan and not back.notes
+    cp = ParallelPlan(tp=4, pp=1, dp=2, cp=2, micro_batch=1, global_batch=16, sequence_parallel=True)
+    cp_args = megatron_args(spec, cp)
+    assert cp_args[cp_args.index("--context-parallel-size") + 1] == "2"
+    assert read_megatron_args(cp_args, devices=16).plan == cp
+    titan = read_torchtitan_toml(torchtitan_toml(spec, replace(cp, fsdp=True, tp=1, dp=4)), "t", devices=8)
+    assert (titan.plan.cp, titan.plan.dp, titan.plan.fsdp) == (2, 4, True)
     bad = " ".join(args).replace("--num-query-groups 8", "--num-query-groups 7")
     with pytest.raises(LaunchError, match="not a multiple of --num-query-groups 7"):
         read_megatron_args(bad, devices=64)
@@ -138,7 +144,7 @@ def test_megatron_fsdp_flags():
     ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 64 --micro-batch-size 1",
      "world size is unknown"),
     ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 64 --micro-batch-size 1 "
-     "--context-parallel-size 2", "context parallelism"),
+     "--context-parallel-size 0", "--context-parallel-size must be >= 1"),
     ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 64 --micro-batch-size 1 "
      "--recompute-granularity some", "must be selective or full"),
 ])

@@ -298,4 +298,4 @@ def _raw_of(rec: dict) -> dict:
     f = rec["fields"]
     return {"tp": f["tp"], "pp": f["pp"], "micro_batch": f["micro_batch"], "schedule": f["schedule"],
             "virtual_stages": 2, "recompute": f["recompute"], "sequence_parallel": f["sequence_parallel"],
-            "ep": f["ep"], "distributed_optimizer": f["distributed_optimizer"]}
+            "ep": f["ep"], "distributed_optimizer": f["distributed_optimizer"], "cp": f.get("cp", 1)}

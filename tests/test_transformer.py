@@ -193,6 +193,30 @@ def test_tp_comm_overlap_runs_sequence_parallel_collectives_beside_their_gemms()
     assert t[(True, "slow")] - t[(True, "fast")] < t[(False, "slow")] - t[(False, "fast")]
 
 
+def test_context_parallelism_splits_tokens_and_passes_keys_and_values_round():
+    """cp = 2 on the same devices: each rank computes the same FLOPs (half the tokens of twice the
+    micro-batches), its attention exchanges K and V round the cp ranks, gradients reduce over dp x cp,
+    and a micro-batch's activations halve."""
+    spec = TransformerSpec(layers=4, hidden=1024, heads=16, kv_heads=4, seq=2048, vocab=8000, ffn=2816, mlp="swiglu",
+                           name="cp")
+    base = ParallelPlan(tp=2, pp=1, dp=4, micro_batch=1, global_batch=8)
+    ctx = ParallelPlan(tp=2, pp=1, dp=2, cp=2, micro_batch=1, global_batch=8)
+    check_plan(spec, ctx, 8)
+    frames = {p.cp: build_transformer_graph(spec, p, detail="kernel").tasks_frame() for p in (base, ctx)}
+    for kinds in (["gemm"], ["bmm"]):  # the linear layers, the fused attention
+        per_rank = {k: float(np.nansum(f.flops[f.kind.isin(kinds)])) for k, f in frames.items()}
+        assert per_rank[2] == pytest.approx(per_rank[1], rel=1e-9)
+    f = frames[2]
+    ring = f[f.name.str.endswith("cp_kv_all_gather")]
+    kv = 2 * 1 * 2048 * (4 / 2) * 64 * 2  # K and V of the sequence: b x s x kv_heads / tp x head_dim x bf16
+    assert len(ring) == 2 * 4 * 4 and (ring.world == 2).all() and (ring.msg_bytes == kv).all()  # fwd + bwd, 4 layers, 4 mbs
+    assert (f[f.name.str.endswith("cp_dkv_reduce_scatter")].world == 2).all()
+    assert not frames[1].name.str.contains("cp_kv").any()
+    assert (f[f.name == "dp_grad.all_reduce"].world == 4).all()
+    assert activation_bytes_per_layer(spec, ctx) == pytest.approx(activation_bytes_per_layer(spec, base) / 2)
+    assert simulate(build_transformer_graph(spec, ctx, detail="kernel"), TIMING).iteration_s > 0
+
+
 def test_data_parallel_buckets_carry_every_gradient():
     plan = _plan(overlap_grad_reduce=True)
     g = build_transformer_graph(SMALL, plan, detail="kernel")
@@ -304,6 +328,8 @@ def test_stage_memory_in_flight_and_model_states():
     [
         (dict(tp=3), None, "8 attention heads are not divisible by tp=3"),
         (dict(tp=4, dp=1), None, "2 key/value heads are not divisible by tp=4"),
+        (dict(cp=3, tp=1, dp=1, global_batch=4), None, "seq 256 is not divisible"),
+        (dict(cp=2, tp=1), None, "context parallelism needs a fused attention"),
         (dict(pp=16, tp=1, dp=1), None, "pp=16 pipeline stages but the model has only 8 layers"),
         (dict(tp=2, pp=2, dp=2), 16, "tp x pp x dp = 2 x 2 x 2 = 8, but the cluster has 16 devices"),
         (dict(pp=3, tp=1, dp=1, global_batch=6), None, "8 layers cannot be split evenly over pp=3"),

@@ -80,6 +80,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("ranges.schedule", [["zigzag"]]),
         ("ranges.virtual_stages", [[1]]),
         ("ranges.recompute", [["some"]]),
+        ("ranges.cp", [[0], [True]]),
         ("search.strategy", ["random"]),
         ("search.trials", [0]),
         ("search.seed", [-1]),

@@ -93,6 +93,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
               "--moe-expert-capacity-factor", f"{spec.moe.capacity_factor:g}",
               "--expert-model-parallel-size", str(plan.ep)]
     a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    if plan.cp > 1:
+        a += ["--context-parallel-size", str(plan.cp)]
     v = plan.virtual_stages_effective
     if v > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", str(spec.layers // (plan.pp * v))]
@@ -284,25 +286,25 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
         tokens = list(text)
     values, launcher, skipped = _parse(tokens, source)
     notes: list[str] = list(dict.fromkeys(_APPROXIMATED[f] for f in skipped if f in _APPROXIMATED))
-    if values.get("cp", 1) > 1:
-        raise LaunchError(f"{source}: --context-parallel-size {values['cp']}: tuner does not model context parallelism")
     spec = _spec(values, source, header_str(meta, "model_name", source) or "megatron-model", notes)
     recompute = _recompute(values, source)
     tp = _positive(values, "tp", "--tensor-model-parallel-size", source, 1)
     pp = _positive(values, "pp", "--pipeline-model-parallel-size", source, 1)
+    cp = _positive(values, "cp", "--context-parallel-size", source, 1)
     mb = _positive(values, "micro_batch", "--micro-batch-size", source)
     world = devices
     if world is None and "nnodes" in launcher and "nproc" in launcher:
         world = launcher["nnodes"] * launcher["nproc"]
     if world is None and "dp" in values:
-        world = values["dp"] * tp * pp
+        world = values["dp"] * tp * pp * cp
     if world is None:
         world = header_int(meta, "devices", source)
     if world is None:
         raise LaunchError(f"{source}: the world size is unknown (no torchrun --nnodes/--nproc-per-node): give --devices N")
-    if world % (tp * pp):
-        raise LaunchError(f"{source}: tp x pp = {tp * pp} does not divide the world size {world}")
-    dp = world // (tp * pp)
+    if world % (tp * pp * cp):
+        what = "tp x pp x cp" if cp > 1 else "tp x pp"
+        raise LaunchError(f"{source}: {what} = {tp * pp * cp} does not divide the world size {world}")
+    dp = world // (tp * pp * cp)
     gb = _positive(values, "global_batch", "--global-batch-size", source, mb * dp)
     v = 1
     if pp > 1 and "layers_per_virtual_stage" in values:
@@ -325,7 +327,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
-                        grad_reduce_dtype=reduce)  # type: ignore[arg-type]
+                        grad_reduce_dtype=reduce, cp=cp)  # type: ignore[arg-type]
     dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))

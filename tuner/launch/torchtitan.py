@@ -72,7 +72,8 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
 
 
 def _sharded(plan: ParallelPlan) -> bool:
-    return (plan.fsdp or plan.distributed_optimizer) and plan.dp > 1
+    """FSDP (torchtitan shards over the data and context parallel ranks)."""
+    return (plan.fsdp or plan.distributed_optimizer) and plan.replicas > 1
 
 
 def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> ParallelPlan:
@@ -126,7 +127,7 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
     par: dict = {"data_parallel_replicate_degree": 1 if _sharded(plan) else plan.dp,
                  "data_parallel_shard_degree": plan.dp if _sharded(plan) else 1,
                  "tensor_parallel_degree": plan.tp, "enable_async_tensor_parallel": plan.tp_comm_overlap,
-                 "pipeline_parallel_degree": plan.pp, "context_parallel_degree": 1, "expert_parallel_degree": plan.ep}
+                 "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp, "expert_parallel_degree": plan.ep}
     if plan.pp > 1:
         v = plan.virtual_stages_effective
         par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
@@ -225,24 +226,24 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     ep = _int(par, "expert_parallel_degree", "parallelism", source, 1)
     rep = _int(par, "data_parallel_replicate_degree", "parallelism", source, 1)
     shard = _int(par, "data_parallel_shard_degree", "parallelism", source, -1)
-    if cp > 1:
-        raise LaunchError(f"{source}: context_parallel_degree = {cp}: tuner does not model context parallelism")
     for key, val in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
-                     ("data_parallel_replicate_degree", rep), ("expert_parallel_degree", ep)):
+                     ("data_parallel_replicate_degree", rep), ("expert_parallel_degree", ep),
+                     ("context_parallel_degree", cp)):
         if val < 1:
             raise LaunchError(f"{source}: [parallelism] {key} must be >= 1 (got {val})")
-    world = devices if devices is not None else (tp * pp * rep * shard if shard > 0 else
+    world = devices if devices is not None else (tp * pp * cp * rep * shard if shard > 0 else
                                                  header_int(meta, "devices", source))
     if world is None:
         raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
     world = int(world)
-    if world % (tp * pp * rep):
-        raise LaunchError(f"{source}: tp x pp x replicate = {tp * pp * rep} does not divide the world size {world}")
+    if world % (tp * pp * cp * rep):
+        raise LaunchError(f"{source}: tp x pp x cp x replicate = {tp * pp * cp * rep} does not divide the world size "
+                          f"{world}")
     if shard < 1:
-        shard = world // (tp * pp * rep)
+        shard = world // (tp * pp * cp * rep)
     dp = rep * shard
-    if tp * pp * dp != world:
-        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * dp} devices, not {world}")
+    if tp * pp * cp * dp != world:
+        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * cp * dp} devices, not {world}")
     local = _int(tr, "local_batch_size", "training", source, 8)
     gb = _int(tr, "global_batch_size", "training", source, -1)
     if gb < 1:
@@ -277,11 +278,11 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     if mode == "selective":
         notes.append(f"selective activation checkpointing ({ac.get('selective_ac_option', '2')}) read as tuner's "
                      "selective recomputation (the attention core only)")
-    if shard > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
+    if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
         notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
-                        distributed_optimizer=shard > 1,
+                        distributed_optimizer=shard * cp > 1, cp=cp,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
     return LaunchPlan(spec, torchtitan_plan(plan, spec), world, header_str(meta, "platform", source),
                       header_int(meta, "devices_per_node", source), (), tuple(notes))

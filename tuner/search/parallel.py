@@ -10,7 +10,7 @@ Example (``search_spaces/parallel.yaml``)::
              schedule: [1f1b, interleaved], recompute: [none, selective, full]}
     search: {strategy: auto, trials: 60}
 
-``dp`` is derived (every device is used: ``dp = devices / (tp * pp)``) unless ``ranges.dp``
+``dp`` is derived (every device is used: ``dp = devices / (tp * pp * cp)``) unless ``ranges.dp``
 restricts it. Combinations that cannot run (heads not divisible by ``tp``, layers not
 divisible by the pipeline chunks, batch not divisible...) are not candidates; plans that run
 out of memory are evaluated as infeasible. The same file works as ``tuner predict --workload``.
@@ -156,6 +156,8 @@ class RangesSection(StrictModel):
     sequence_parallel: list[bool] = Field(default=[False], min_length=1)
     ep: list[Degree] = Field(max_length=64, default=[1], min_length=1)
     distributed_optimizer: list[bool] = Field(default=[False], min_length=1)
+    #: context-parallel degrees (Megatron's --context-parallel-size): each rank holds seq / cp tokens
+    cp: list[Degree] = Field(max_length=64, default=[1], min_length=1)
 
 
 class SearchSection(StrictModel):
@@ -191,15 +193,16 @@ class ParallelSpace(StrictModel):
 
 #: plan dimensions a search varies (each a list in ``ranges``)
 SEARCHED = ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "sequence_parallel", "ep",
-            "distributed_optimizer")
+            "distributed_optimizer", "cp")
 
 
 def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict] | tuple[None, str]:
     """(key, plan fields) of the range values ``raw``, or (None, reason) when they cannot make a plan."""
-    tp, pp = raw["tp"], raw["pp"]
-    if devices % (tp * pp):
-        return None, f"tp x pp = {tp * pp} does not divide {devices} devices"
-    dp = devices // (tp * pp)
+    tp, pp, cp = raw["tp"], raw["pp"], raw.get("cp", 1)
+    if devices % (tp * pp * cp):
+        what = "tp x pp x cp" if cp > 1 else "tp x pp"
+        return None, f"{what} = {tp * pp * cp} does not divide {devices} devices"
+    dp = devices // (tp * pp * cp)
     micro_batches = space.global_batch // max(dp * raw["micro_batch"], 1)
     if micro_batches > MAX_MICRO_BATCHES:
         return None, (f"{micro_batches} micro-batches per iteration: at most {MAX_MICRO_BATCHES} (the schedule is "
@@ -210,7 +213,7 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
-                  ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp > 1),
+                  ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1), cp=cp,
                   **space.options.model_dump())
     return ParallelPlan(**fields).label(), fields
 

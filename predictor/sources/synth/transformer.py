@@ -221,7 +221,7 @@ class _PipelineAssembly:
                 "model": tpl.spec.name,
                 "plan": plan.label(),
                 "n_ranks": tpl.p,
-                "representatives": [s * plan.dp * plan.tp for s in range(tpl.p)],
+                "representatives": [s * plan.dp * plan.cp * plan.tp for s in range(tpl.p)],
                 "devices": plan.devices,
                 "detail": self.detail,
             }

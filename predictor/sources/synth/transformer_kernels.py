@@ -57,7 +57,8 @@ def group_span(ranks: np.ndarray, devices_per_node: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """Group sizes and node spans of the plan's process groups (Megatron rank order pp > dp > tp)."""
+    """Group sizes and node spans of the plan's process groups (Megatron rank order pp > dp > cp > tp;
+    ``dp`` is the gradient group, data x context parallel)."""
 
     tp: tuple[int, int]
     dp: tuple[int, int]
@@ -71,20 +72,22 @@ class GroupLayout:
     #: over the network meet there during the backward that launches the buckets (the last micro-batch's)
     tp_share: float = 1.0
     dp_share: float = 1.0
+    cp: tuple[int, int] = (1, 1)  #: the context-parallel ring
 
     @classmethod
     def of(cls, plan: ParallelPlan, dpn: int) -> GroupLayout:
         """The groups of ``plan`` on nodes of ``dpn`` devices."""
-        tp, dp, pp, ep = plan.tp, plan.dp, plan.pp, plan.ep
-        stride = tp * dp
+        tp, dp, pp, ep, cp = plan.tp, plan.dp, plan.pp, plan.ep, plan.cp
+        stride = tp * cp * dp
 
         def rank(s: int, d: int, t: int) -> int:
-            return s * stride + d * tp + t
+            return s * stride + d * tp * cp + t
 
         tp_g = group_span(np.arange(tp), dpn)
-        dp_g = group_span(np.arange(dp) * tp, dpn)
-        ep_g = group_span(np.arange(ep) * tp, dpn)
-        edp_g = group_span(np.arange(0, dp, ep) * tp, dpn)
+        dp_g = group_span(np.arange(dp * cp) * tp, dpn)
+        cp_g = group_span(np.arange(cp) * tp, dpn)
+        ep_g = group_span(np.arange(ep) * tp * cp, dpn)
+        edp_g = group_span(np.arange(0, dp, ep) * tp * cp, dpn)
         sharded = plan.distributed_optimizer or plan.fsdp
         mp_ranks = [rank(s, d, t) for s in range(pp) for t in range(tp) for d in range(dp if sharded else 1)]
         mp_g = group_span(np.asarray(mp_ranks), dpn)
@@ -93,7 +96,7 @@ class GroupLayout:
         tp_net = tp_g[1] > 1
         dp_net = dp_g[1] > 1 and plan.overlap_grad_reduce
         share = 2.0 if tp_net and dp_net else 1.0
-        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied, tp_share=share, dp_share=share)
+        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied, tp_share=share, dp_share=share, cp=cp_g)
 
 
 def collective(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt: int, share: float = 1.0) -> Kernel:
@@ -115,6 +118,7 @@ class StepEmitter(OpEmitter):
         self.last: int | None = None
         self.after_next: list[int] = []  # tasks the next compute op must wait for
         self._tp_stream: int | None = None
+        self._cp_stream: int | None = None
 
     @property
     def tp_stream(self) -> int:
@@ -124,6 +128,15 @@ class StepEmitter(OpEmitter):
         if self._tp_stream is None:
             self._tp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream tp")
         return self._tp_stream
+
+    @property
+    def cp_stream(self) -> int:
+        """Stream for the context-parallel key/value exchange that overlaps attention."""
+        if self.mode != "device":
+            return self.comm
+        if self._cp_stream is None:
+            self._cp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream cp")
+        return self._cp_stream
 
     def op(self, name: str, kernels, *, comm: bool = False, async_op: bool = False, after=(), group: int = -1) -> list[int]:
         if not comm and self.after_next:
@@ -164,12 +177,13 @@ class StepKernels:
         self.t = plan.tp
         self.sp = plan.sequence_parallel and plan.tp > 1
         self.b = plan.micro_batch
-        self.s = spec.seq
+        self.s = spec.seq  # tokens of a sequence (attention reads them all)
+        self.cp = plan.cp
         self.h = spec.hidden
         self.f = spec.ffn_size
         self.f1 = spec.fc1_size  # fc1's output: f, or gate and up (2 f) for SwiGLU
         self.q = spec.qkv_size  # the QKV projection's output
-        self.T = float(self.b * self.s)  # tokens of a micro-batch
+        self.T = float(self.b * self.s / self.cp)  # tokens of a micro-batch on this rank
         self.Tn = self.T / self.t if self.sp else self.T  # tokens seen by norms/dropouts
         self.heads_local = spec.heads // self.t
         self.d = spec.head_dim
@@ -267,11 +281,12 @@ class StepKernels:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
         if self.spec.fused_attention:
             causal = 0.5 if self.spec.causal else 1.0
-            flops = 4.0 * b * s * s * hl * d * causal
+            q = s / self.cp  # this rank's queries, against every key of the sequence
+            flops = 4.0 * b * q * s * hl * d * causal
             k = (f"{p}flash_attn_fwd", self._fused_kind(False), Category.COMPUTE,
-                 {"m": s, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
+                 {"m": q, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
                   "bytes": 4.0 * self.T * hl * d * dt})
-            e.op(f"{p}core_attention", [k])
+            self._with_kv_exchange(e, p, f"{p}core_attention", [k], backward=False)
             return
         bh = float(b * hl)
         if self.eager:  # q, k, v split out of the fused projection: view, permute + reshape copies, unbind
@@ -291,15 +306,33 @@ class StepKernels:
             self._views(e, p, "context.view", "context.transpose")
             e.op(f"{p}context.reshape", [eltwise(f"{p}context.copy", "memcpy", self.T * hl * d, dt)])
 
+    def _with_kv_exchange(self, e: StepEmitter, p: str, name: str, kernels: list[Kernel], *, backward: bool) -> None:
+        """The fused attention op ``name``; with context parallelism its keys and values pass round the ``cp``
+        ranks (Transformer Engine's p2p ring: cp - 1 steps, each overlapping the previous block's attention),
+        priced as an all-gather of K and V beside the attention, and in the backward a reduce-scatter of
+        their gradients as well; the next op waits for both."""
+        if self.cp <= 1:
+            e.op(name, kernels)
+            return
+        kv = 2.0 * self.b * self.s * (self.spec.kv_heads_count / self.t) * self.d * self.dt  # K and V, whole sequence
+        before = [e.last] if e.last is not None else []
+        colls = [collective(f"{p}cp_kv_all_gather", "all_gather", kv, self.lay.cp, self.dt)]
+        if backward:
+            colls.append(collective(f"{p}cp_dkv_reduce_scatter", "reduce_scatter", kv, self.lay.cp, self.dt))
+        ring = e.op_on(e.cp_stream, f"{p}cp_kv_exchange", colls, after=before)
+        e.op(name, kernels)
+        e.after_next += ring
+
     def _attn_bwd(self, e: StepEmitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
         if self.spec.fused_attention:
             causal = 0.5 if self.spec.causal else 1.0
-            flops = 2.5 * 4.0 * b * s * s * hl * d * causal
+            q = s / self.cp
+            flops = 2.5 * 4.0 * b * q * s * hl * d * causal
             k = (f"{p}flash_attn_bwd", self._fused_kind(True), Category.COMPUTE,
-                 {"m": s, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
+                 {"m": q, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
                   "bytes": 8.0 * self.T * hl * d * dt})
-            e.op(f"{p}core_attention.backward", [k])
+            self._with_kv_exchange(e, p, f"{p}core_attention.backward", [k], backward=True)
             return
         if self.plan.recompute == "selective":
             self._attn_fwd(e, f"{p}recompute.")

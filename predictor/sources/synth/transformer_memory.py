@@ -30,7 +30,8 @@ layers' worth). The last stage adds the output layer and loss, ``4 s b h / t (1 
 Model states (Megatron-LM's accounting for mixed precision with Adam, as in its
 distributed-optimizer documentation): 16-bit weights (2 bytes/param), fp32 main gradients
 (4), fp32 master weights + Adam moments (12) — 18 bytes per parameter, or ``6 + 12 / d``
-with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks). fp32 training
+with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks; ``dp x cp`` with
+context parallelism, whose ranks hold ``seq / cp`` tokens each). fp32 training
 keeps no master copy (4 + 4 + 8).
 
 FSDP FULL_SHARD (``plan.fsdp``, tp = pp = 1, as PyTorch FSDP and Megatron's
@@ -105,7 +106,7 @@ def _expert_param_count(spec: TransformerSpec, ep: int) -> float:
 
 def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> float:
     """Activation bytes one layer keeps for one micro-batch until its backward (Korthikanti §4)."""
-    s, b, h, a, t = spec.seq, plan.micro_batch, spec.hidden, spec.heads, plan.tp
+    s, b, h, a, t = spec.seq / plan.cp, plan.micro_batch, spec.hidden, spec.heads, plan.tp  # s: this rank's tokens
     f = spec.ffn_size
     sp = plan.sequence_parallel and t > 1
     sbh = s * b * h
@@ -138,7 +139,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     p, v, t = plan.pp, plan.virtual_stages_effective, plan.tp
     m = plan.micro_batches
     dt = spec.dtype_bytes
-    s, b, h = spec.seq, plan.micro_batch, spec.hidden
+    s, b, h = spec.seq / plan.cp, plan.micro_batch, spec.hidden  # s: tokens of a sequence on this rank
     sp = plan.sequence_parallel and t > 1
     vpad = spec.padded_vocab(t)
     per_chunk_layers = _stage_layers(spec, plan)
@@ -152,19 +153,19 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         params = layers * layer_param_count(spec, t, plan.ep)
         first, last = stage == 0, stage == p - 1
         if first:
-            params += vpad * h / t + s * h  # word + position embeddings
+            params += vpad * h / t + spec.seq * h  # word + position embeddings
         if last:
             params += 2 * h  # final layer norm
             if p > 1 or not spec.tie_embeddings:
                 params += vpad * h / t  # the output embedding (a tied copy when p > 1)
         buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
-        if plan.fsdp and plan.dp > 1:
+        if plan.fsdp and plan.replicas > 1:
             weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)
             buffers += gathered
         else:
             weights = params * dt
             grads = params * grad_b
-            optim = params * master_b / (plan.dp if plan.distributed_optimizer else 1)
+            optim = params * master_b / (plan.replicas if plan.distributed_optimizer else 1)
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
         acts = in_flight * per_chunk_layers * act_layer
         if plan.recompute == "full":
@@ -185,7 +186,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     computing and the prefetched one) and two layers' full gradients (the one produced and the one
     being reduce-scattered).
     """
-    d = plan.dp
+    d = plan.replicas
     head = 0.0 if spec.tie_embeddings else spec.padded_vocab(1) * spec.hidden
     root = spec.padded_vocab(1) * spec.hidden + spec.seq * spec.hidden + 2 * spec.hidden + head
     layer = layer_param_count(spec, 1)

@@ -2,8 +2,8 @@
 
 :class:`TransformerSpec` is the model (layers, hidden, heads and key/value heads, sequence,
 vocabulary, FFN width and kind — GeLU or gated SwiGLU —, dense or mixture-of-experts, dtype,
-attention kernel); :class:`ParallelPlan` is how it is
-trained (tensor ``tp`` x pipeline ``pp`` x data ``dp`` parallel, micro-batch, global batch,
+attention kernel); :class:`ParallelPlan` is how it is trained (tensor ``tp`` x pipeline ``pp``
+x data ``dp`` x context ``cp`` parallel, micro-batch, global batch,
 1F1B or interleaved schedule, sequence parallelism, activation recomputation, expert
 parallelism, distributed optimizer, gradient-reduce overlap); :func:`check_plan` rejects a plan
 Megatron cannot run with a one-line :class:`PlanError`. Sizes are element counts, batches are
@@ -177,6 +177,11 @@ class ParallelPlan:
     sequence_parallel: bool = False
     recompute: Literal["none", "selective", "full"] = "none"
     ep: int = 1  #: expert-parallel degree (divides dp), MoE only
+    #: context-parallel degree (Megatron's ``--context-parallel-size``, torchtitan's
+    #: ``context_parallel_degree``): each rank holds ``seq / cp`` tokens of every sequence, its
+    #: attention reads the others' keys and values passed round the ``cp`` ranks; the ``dp x cp``
+    #: ranks of a stage hold the same weights and reduce (or shard) gradients together
+    cp: int = 1
     distributed_optimizer: bool = False
     overlap_grad_reduce: bool = True
     #: overlap the input-gradient all-reduce with the wgrad GEMM; with sequence parallelism also each
@@ -192,7 +197,13 @@ class ParallelPlan:
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same weights (data x context parallel): gradients are reduced, and the
+        distributed optimizer or FSDP shards, over them."""
+        return self.dp * self.cp
 
     @property
     def micro_batches(self) -> int:
@@ -210,6 +221,7 @@ class ParallelPlan:
         extra += f"-ep{self.ep}" if self.ep > 1 else ""
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-fsdp" if self.fsdp else ""
+        extra += f"-cp{self.cp}" if self.cp > 1 else ""
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{self.recompute}{extra}"
 
     def to_dict(self) -> dict:
@@ -219,7 +231,7 @@ class ParallelPlan:
 def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = None) -> None:
     """Raise :class:`PlanError` (one line) if ``plan`` cannot train ``spec`` on ``devices`` devices."""
     spec.validate()
-    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "ep"):
+    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "ep", "cp"):
         if getattr(plan, name) < 1:
             raise PlanError(f"{name} must be >= 1 (got {getattr(plan, name)})")
     if spec.heads % plan.tp:
@@ -253,7 +265,17 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
             raise PlanError(f"expert parallelism ep={plan.ep} must divide dp={plan.dp}")
         if spec.moe.experts % plan.ep:
             raise PlanError(f"{spec.moe.experts} experts are not divisible by ep={plan.ep}")
+    if plan.cp > 1:
+        if spec.seq % (2 * plan.cp):
+            raise PlanError(f"context parallelism splits each sequence into 2 x cp = {2 * plan.cp} chunks: "
+                            f"seq {spec.seq} is not divisible")
+        if not spec.fused_attention:
+            raise PlanError("context parallelism needs a fused attention (attention: flash, flash2 or flash_triton)")
+        if spec.moe is not None:
+            raise PlanError("tuner models context parallelism for dense models only")
     if plan.sequence_parallel and (plan.micro_batch * spec.seq) % plan.tp:
         raise PlanError(f"sequence parallelism needs micro_batch x seq divisible by tp={plan.tp}")
     if devices is not None and plan.devices != devices:
-        raise PlanError(f"tp x pp x dp = {plan.tp} x {plan.pp} x {plan.dp} = {plan.devices}, but the cluster has {devices} devices")
+        cp = f" x cp {plan.cp}" if plan.cp > 1 else ""
+        raise PlanError(f"tp x pp x dp = {plan.tp} x {plan.pp} x {plan.dp}{cp} = {plan.devices}, but the cluster has "
+                        f"{devices} devices")

@@ -126,7 +126,7 @@ class StepTemplates:
         self._macro: dict[tuple, ExecutionGraph] = {}
         dt = DTYPE_BYTES[plan.grad_reduce_dtype]
         self.grad_bytes = dt
-        self.bucket_params = max(4e7, 1e6 * plan.dp)
+        self.bucket_params = max(4e7, 1e6 * plan.replicas)
         #: bytes of one p2p activation message; ``sg``: scatter/gather transfers (SC21 §4.1)
         self.msg_act = self.ops.T * spec.hidden * spec.dtype_bytes
         self.sg = plan.pp_scatter_gather and plan.tp > 1 and not self.ops.sp
@@ -146,7 +146,7 @@ class StepTemplates:
         _, e = self._new()
         ops = self.ops
         markers: dict = {}
-        fsdp = self.plan.fsdp and self.plan.dp > 1
+        fsdp = self.plan.fsdp and self.plan.replicas > 1
         if phase == "F":
             if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
                 e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params())
@@ -280,8 +280,8 @@ class StepTemplates:
             markers["tied"] = k[0]
             markers["wait_compute"].append(k[0])
             after_comm.append(k[0])
-        local = params / (plan.dp if plan.distributed_optimizer or plan.fsdp else 1)
-        if spec.program == "eager" and plan.tp * plan.pp * plan.dp == 1:
+        local = params / (plan.replicas if plan.distributed_optimizer or plan.fsdp else 1)
+        if spec.program == "eager" and plan.devices == 1:
             self._eager_optimizer(e, local, after_comm, markers)
         else:
             groups["norm"] = gb.new_group()
@@ -321,7 +321,7 @@ class StepTemplates:
              group=group)
         e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
                                  {"elements": local, "dtype_bytes": 4, "bytes": ADAM_BYTES_PER_PARAM * local})])
-        if plan.distributed_optimizer and not plan.fsdp and plan.dp > 1:
+        if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1:
             e.op("param.all_gather", [collective("param.all_gather", "all_gather", params * spec.dtype_bytes,
                                                  self.lay.dp, spec.dtype_bytes)])
 
