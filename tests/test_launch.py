@@ -166,8 +166,10 @@ def test_bad_torchtitan_files_raise_one_line():
     with pytest.raises(LaunchError, match="must be an integer"):
         read_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "2"\n', "f", spec=SPEC, devices=4)
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
-    plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan
-    assert (plan.dp, plan.fsdp, plan.micro_batch, plan.recompute) == (4, True, 8, "selective")
+    # of every second layer, read as tuner's selective with a note
+    read = read_torchtitan_toml("", "f", spec=SPEC, devices=4)
+    assert (read.plan.dp, read.plan.fsdp, read.plan.micro_batch, read.plan.recompute) == (4, True, 8, "selective")
+    assert any("selective_ac_option = 2" in n for n in read.notes)
 
 
 LLAMA3_8B_TOML = """
@@ -199,8 +201,7 @@ def test_torchtitan_llama3_flavors_need_no_workload():
     assert s.mlp == "swiglu" and not s.tie_embeddings
     assert s.param_count() == pytest.approx(8_030_261_248, rel=5e-3)  # Llama 3.1 8B's published count
     assert (read.plan.dp, read.plan.fsdp, read.plan.micro_batch) == (8, True, 1)
-    assert any("RMSNorm" in n for n in read.notes) and any("selective activation checkpointing (op)" in n
-                                                          for n in read.notes)
+    assert any("RMSNorm" in n for n in read.notes) and read.plan.recompute == "op"  # op-level checkpointing
     big = read_torchtitan_toml(LLAMA3_8B_TOML.replace('"8B"', '"405B"'), "f", devices=512).spec
     assert (big.layers, big.hidden, big.ffn_size) == (126, 16384, 53248)
     assert big.param_count() == pytest.approx(405.85e9, rel=5e-3)
@@ -212,7 +213,7 @@ def test_written_files_score_the_same_prediction(tmp_path):
     tt_want, _ = predict_plan(SPEC, torchtitan_plan(plan), A100, devices=plan.devices)
     payload = write_launch_files(tmp_path, SPEC, plan, platform="a100-80gb", devices_per_node=8,
                                  predicted_s=want["predicted_iteration_s"])
-    assert payload["torchtitan_changes"] == {"grad_reduce_dtype": ["bf16", "fp32"]}
+    assert payload["torchtitan_changes"] == {"grad_reduce_dtype": ["bf16", "fp32"], "recompute": ["selective", "op"]}
     code, out = _cli("predict", "--megatron-args", str(tmp_path / "megatron_args.txt"), "--json")
     assert code == 0, out
     assert json.loads(out)["predicted_iteration_s"] == want["predicted_iteration_s"]

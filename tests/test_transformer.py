@@ -217,6 +217,28 @@ def test_context_parallelism_splits_tokens_and_passes_keys_and_values_round():
     assert simulate(build_transformer_graph(spec, ctx, detail="kernel"), TIMING).iteration_s > 0
 
 
+def test_op_level_checkpointing_recomputes_every_second_matmul():
+    """torchtitan's op-level checkpointing: in the backward, wk, wo and w3 (SwiGLU's up projection) run again
+    — more GEMM FLOPs than none, fewer than full — and a layer keeps its input, wq, wv, attention, w1 and w2."""
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=2)
+    spec = TransformerSpec(**{**GQA.to_dict(), "attention": "flash"})
+    flops = {}
+    for rec in ("none", "op", "full"):
+        g = build_transformer_graph(spec, ParallelPlan(**{**plan.to_dict(), "recompute": rec}), detail="kernel")
+        flops[rec] = float(np.nansum(g.flops[g.kind_mask("gemm")]))
+        if rec == "op":
+            names = set(g.tasks_frame().name)
+    T, h, kv, f = 256.0, 512.0, 2 * 64.0, 1408.0
+    again = 2 * T * h * (kv + h + f) * 8 * 2  # wk, wo, w3 forward: 8 layers, 2 micro-batches
+    assert flops["op"] - flops["none"] == pytest.approx(again)
+    assert flops["none"] < flops["op"] < flops["full"]
+    assert {"layer[0].recompute.wk.mm", "layer[0].recompute.attn_proj.mm", "layer[0].recompute.w3.mm",
+            "layer[0].recompute.swiglu"} <= names
+    op = activation_bytes_per_layer(spec, ParallelPlan(**{**plan.to_dict(), "recompute": "op"}))
+    assert op == pytest.approx(T * 2 * (h + h + kv + h + f + h) + 4 * 8 * T)
+    assert op < activation_bytes_per_layer(spec, plan)
+
+
 def test_data_parallel_buckets_carry_every_gradient():
     plan = _plan(overlap_grad_reduce=True)
     g = build_transformer_graph(SMALL, plan, detail="kernel")

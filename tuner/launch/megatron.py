@@ -101,7 +101,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     if plan.sequence_parallel and plan.tp > 1:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
-    if plan.recompute == "selective":
+    if plan.recompute in ("selective", "op"):  # Megatron has no op-level checkpointing: its selective
         a += ["--recompute-granularity", "selective"]
     elif plan.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
@@ -138,6 +138,9 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
     lines = [f"# Megatron-LM launch of {spec.name} plan {plan.label()} on {plan.devices} x {platform}{said}",
              header_line({"model_name": spec.name, "platform": platform, "devices_per_node": devices_per_node,
                           "devices": plan.devices})]
+    if plan.recompute == "op":
+        lines.insert(1, "# torchtitan's op-level checkpointing has no Megatron-LM flag: written as selective "
+                        "recomputation, which reads back as tuner's selective")
     head = shlex.join(cmd[:6])
     rest = cmd[6:]
     parts = [head]

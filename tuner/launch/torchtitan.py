@@ -16,7 +16,9 @@ its distributed optimizer otherwise; ``micro_batch`` ``local_batch_size`` withou
 ``pipeline_parallel_microbatch_size`` with ``local_batch_size = global_batch / dp``; interleaved
 ``virtual_stages`` ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage = layers / (pp x v)``
 and no embedding / output weighting; ``recompute`` ``[activation_checkpoint] mode`` (selective as
-``selective_ac_option = "op"``); ``tp_comm_overlap`` ``enable_async_tensor_parallel``.
+``selective_ac_option = "op"``, torchtitan's op-level checkpointing, tuner's ``"op"``: a ``"selective"``
+plan runs as ``"op"``); ``tp_comm_overlap`` ``enable_async_tensor_parallel``; ``cp``
+``context_parallel_degree``.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
     data parallelism is FSDP, which tuner models for dense models without TP or PP and otherwise as the
     distributed optimizer."""
     fsdp = _sharded(plan) and plan.tp == 1 and plan.pp == 1 and (spec is None or spec.moe is None)
+    recompute = "op" if plan.recompute == "selective" else plan.recompute
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
-                   pp_scatter_gather=True, fsdp=fsdp, distributed_optimizer=_sharded(plan) and not fsdp)
+                   pp_scatter_gather=True, fsdp=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
+                   recompute=recompute)
 
 
 def _value(v: object) -> str:
@@ -135,8 +139,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
                    pipeline_parallel_layers_per_stage=spec.layers // (plan.pp * v),
                    pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
     lines += _section("parallelism", par)
-    ac: dict = {"mode": plan.recompute}
-    if plan.recompute == "selective":
+    ac: dict = {"mode": "selective" if t.recompute == "op" else t.recompute}
+    if t.recompute == "op":
         ac["selective_ac_option"] = "op"
     lines += _section("activation_checkpoint", ac)
     return "\n".join(lines)
@@ -275,8 +279,11 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     mode = str(ac.get("mode", "selective"))
     if mode not in ("none", "selective", "full"):
         raise LaunchError(f"{source}: [activation_checkpoint] mode {mode!r}: tuner models none, selective and full")
-    if mode == "selective":
-        notes.append(f"selective activation checkpointing ({ac.get('selective_ac_option', '2')}) read as tuner's "
+    option = str(ac.get("selective_ac_option", "2"))  # torchtitan's default: every second layer
+    if mode == "selective" and option == "op":
+        mode = "op"
+    elif mode == "selective":
+        notes.append(f"selective_ac_option = {option} (every {option}th layer checkpointed) read as tuner's "
                      "selective recomputation (the attention core only)")
     if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
         notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
@@ -284,7 +291,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard * cp > 1, cp=cp,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
-    return LaunchPlan(spec, torchtitan_plan(plan, spec), world, header_str(meta, "platform", source),
+    # as torchtitan runs it, with the checkpointing the file names (torchtitan_plan turns selective into op)
+    return LaunchPlan(spec, replace(torchtitan_plan(plan, spec), recompute=plan.recompute), world, header_str(meta, "platform", source),
                       header_int(meta, "devices_per_node", source), (), tuple(notes))
 
 

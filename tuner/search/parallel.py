@@ -152,7 +152,9 @@ class RangesSection(StrictModel):
     schedule: list[Literal["1f1b", "interleaved"]] = Field(default=["1f1b"], min_length=1)
     virtual_stages: list[bounded_int(2, 1024, "model chunks per stage")] = Field(  # type: ignore[valid-type]
         default=[2], min_length=1, max_length=64)
-    recompute: list[Literal["none", "selective", "full"]] = Field(default=["none", "selective", "full"], min_length=1)
+    #: op: torchtitan's op-level selective checkpointing (every second matmul of a layer recomputed)
+    recompute: list[Literal["none", "selective", "full", "op"]] = Field(default=["none", "selective", "full"],
+                                                                       min_length=1)
     sequence_parallel: list[bool] = Field(default=[False], min_length=1)
     ep: list[Degree] = Field(max_length=64, default=[1], min_length=1)
     distributed_optimizer: list[bool] = Field(default=[False], min_length=1)

@@ -536,10 +536,31 @@ class StepKernels:
         self._mlp_fwd(e, p)
         self._dropout_add(e, f"{p}bias_dropout_add_2")
 
+    def _op_recompute(self, e: StepEmitter, p: str) -> None:
+        """torchtitan's op-level checkpointing replays the layer's forward before its backward, running what it
+        did not save: the norms, the sequence-parallel all-gathers, every second matmul in torchtitan's order
+        (wq, wk, wv, wo, w1, w3, w2: wk, wo and SwiGLU's w3; for a GeLU MLP wk, wo and w2) and the activation."""
+        T, Tn, h, f, t, dt = self.T, self.Tn, self.h, self.f, self.t, self.dt
+        r = f"{p}recompute."
+        kv = self.spec.kv_heads_count * self.d
+        e.op(f"{r}input_layernorm", [eltwise(f"{r}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
+        self._gathered_gemm(e, f"{r}qkv_input_all_gather", f"{r}wk", [self._linear(f"{r}wk.mm", T, kv / t, h)])
+        e.op(f"{r}attn_proj", [self._linear(f"{r}attn_proj.mm", T, h, h / t)])
+        e.op(f"{r}post_attention_layernorm", [eltwise(f"{r}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
+        if self.spec.mlp == "swiglu":
+            self._gathered_gemm(e, f"{r}mlp_input_all_gather", f"{r}w3", [self._linear(f"{r}w3.mm", T, f / t, h)])
+            self._activation(e, r, "bias_gelu", T * f / t)
+        else:
+            self._tp_gather_in(e, f"{r}mlp_input_all_gather")
+            self._activation(e, r, "bias_gelu", T * f / t)
+            e.op(f"{r}fc2", [self._linear(f"{r}fc2.mm", T, h, f / t)])
+
     def layer_bwd(self, e: StepEmitter, p: str) -> None:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         if self.plan.recompute == "full":
             self.layer_fwd(e, f"{p}recompute.")
+        elif self.plan.recompute == "op":
+            self._op_recompute(e, p)
         e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._mlp_bwd(e, p)
         self._layernorm_bwd(e, f"{p}post_attention_layernorm")

@@ -56,7 +56,8 @@ from dataclasses import asdict, dataclass
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
-__all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count"]
+__all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
+           "op_checkpoint_bytes"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -112,6 +113,8 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
     sbh = s * b * h
     if plan.recompute == "full":
         return 2.0 * sbh / (t if sp else 1)
+    if plan.recompute == "op":
+        return op_checkpoint_bytes(spec, plan)
     replicated = 10.0 * sbh
     # Q and the projection input 2 sbh each, K and V 2 sbh x kv_heads / heads each
     split_attn = (4.0 + 4.0 * spec.kv_heads_count / spec.heads) * sbh
@@ -128,6 +131,18 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
     elif plan.recompute != "selective":
         out += 5.0 * a * s * s * b / t  # scores, softmax output, dropout mask and output
     return out
+
+
+def op_checkpoint_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
+    """Bytes one layer keeps for one micro-batch under torchtitan's op-level selective checkpointing: the
+    layer's input and the outputs it saves — the odd-numbered matmuls (wq, wv, w1, and w2 after SwiGLU's
+    w3), the fused attention's output and its fp32 log-sum-exp per head and token."""
+    s, b, h, a, t = spec.seq / plan.cp, plan.micro_batch, spec.hidden, spec.heads, plan.tp
+    sp = plan.sequence_parallel and t > 1
+    dt = spec.dtype_bytes
+    kv = spec.kv_heads_count * spec.head_dim
+    saved = h + kv + h + spec.ffn_size + (h if spec.mlp == "swiglu" else 0.0)  # wq, wv, attention, w1, (w2)
+    return s * b * dt * (h / (t if sp else 1) + saved / t) + 4.0 * a * s * b / t
 
 
 def _stage_layers(spec: TransformerSpec, plan: ParallelPlan) -> int:

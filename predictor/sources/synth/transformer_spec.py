@@ -175,7 +175,12 @@ class ParallelPlan:
     schedule: Literal["1f1b", "interleaved"] = "1f1b"
     virtual_stages: int = 2  #: model chunks per rank with the interleaved schedule
     sequence_parallel: bool = False
-    recompute: Literal["none", "selective", "full"] = "none"
+    #: activation recomputation: ``"selective"`` Megatron's (the attention core; nothing with a fused
+    #: attention), ``"full"`` every layer from its input, ``"op"`` torchtitan's op-level selective
+    #: checkpointing (``selective_ac_option = "op"``): the outputs of every second matmul of a layer
+    #: (in torchtitan's order wq, wk, wv, wo, w1, w3, w2: wk, wo, w3) and of its elementwise ops are
+    #: dropped and recomputed in the backward
+    recompute: Literal["none", "selective", "full", "op"] = "none"
     ep: int = 1  #: expert-parallel degree (divides dp), MoE only
     #: context-parallel degree (Megatron's ``--context-parallel-size``, torchtitan's
     #: ``context_parallel_degree``): each rank holds ``seq / cp`` tokens of every sequence, its
