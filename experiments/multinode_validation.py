@@ -21,7 +21,8 @@ catalog's network fields) — the script
    the 162.2B model (Fig. 13) and fall as t grows past one node for the 5.9B model (Fig. 15),
    and fall as p grows (Fig. 14);
 5. predicts the Llama rows (SwiGLU, grouped-query attention) again as a GPT of the same widths, the
-   reading tuner had before it modelled either.
+   reading tuner had before it modelled either;
+6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``).
 
 Run: ``python experiments/multinode_validation.py`` (writes
 ``experiments/results/multinode_validation.md`` and ``.json``; about 2 minutes on 2 cores).
@@ -87,7 +88,7 @@ def load_rows(path: Path = DATA) -> list[Row]:
     for key, src in doc.items():
         d = dict(src["defaults"])
         src_seq, src_vocab = d.pop("seq", None), d.pop("vocab", None)
-        spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings"}
+        spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings", "program"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
         for r in src["rows"]:
             row_spec: dict = {}
@@ -317,6 +318,32 @@ def gpt_reading(rows: list[Row], meas: np.ndarray, comm: str, eff: dict[str, flo
             for i, a, g in zip(idx, as_is, as_gpt, strict=True)]
 
 
+def _toml(sections: dict) -> str:
+    """A TOML document of ``{section: {key: value}}`` (strings, numbers)."""
+    lines = []
+    for sec, items in sections.items():
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {json.dumps(v) if isinstance(v, str) else v}" for k, v in items.items()]
+    return "\n".join(lines) + "\n"
+
+
+def memory_check(path: Path = DATA) -> list[dict]:
+    """Published peak memory per GPU against tuner's, each run read as its torchtitan job config."""
+    from predictor.sources.synth.transformer_memory import memory_per_stage
+    from tuner.launch.torchtitan import read_torchtitan_toml
+
+    out = []
+    for key, src in (yaml.safe_load(path.read_text()).get("memory") or {}).items():
+        name, flavor = src["model"]
+        text = _toml({"model": {"name": name, "flavor": flavor}, **src["toml"]})
+        for gpus, gib in src["rows"]:
+            read = read_torchtitan_toml(text, key, devices=gpus)
+            pred = max(m.total_bytes for m in memory_per_stage(read.spec, read.plan)) / 2**30
+            out.append({"source": src["cite"], "model": read.spec.name, "plan": read.plan.label(), "gpus": gpus,
+                        "published_gib": gib, "predicted_gib": pred, "error_pct": (pred / gib - 1) * 100})
+    return out
+
+
 def sweep_checks(comm: str, eff: float) -> list[dict]:
     """SC21 §5.4's orderings (64 A100s, micro-batch 1, batch 128 / 512): predicted TFLOP/s per GPU."""
     plat = platform_for("a100-80gb", comm, eff)
@@ -386,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         "data": str(DATA.relative_to(ROOT)),
         "models": res,
         "gemm_shape_terms": gemm_shape_terms(),
+        "memory": memory_check(),
         "rows": [{"source": r.source, "platform": r.platform, "split": r.split, "model": r.model, "gpus": r.gpus,
                   "plan": r.plan, "measured_s": r.measured_s, **r.extra,
                   **{f"predicted_s_{c}": res[c]["predicted_s"][i] for c in res},
@@ -484,6 +512,14 @@ def render(p: dict) -> str:
             g = np.abs([x["error_pct_as_gpt"] for x in llama[c]])
             L.append(f"\n{c}: mean / max abs % {e.mean():.1f} / {e.max():.1f} as modelled, {g.mean():.1f} / {g.max():.1f} "
                      "read as a GPT.")
+    if p.get("memory"):
+        L += ["", "## Peak memory per GPU: published vs predicted", "",
+              "Each run read as its torchtitan job config (the flavor's shape, the plan); published: torchtitan's "
+              "max reserved memory.", "",
+              "| source | model | plan | GPUs | published GiB | predicted GiB | error % |", "|---|---|---|--:|--:|--:|--:|"]
+        for x in p["memory"]:
+            L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['plan']} | {x['gpus']} | {x['published_gib']:.1f} | "
+                     f"{x['predicted_gib']:.1f} | {x['error_pct']:+.1f} |")
     L += ["", "## SC21 §5.4 orderings (64 A100s; text claims, no published numbers)", "",
           "| figure | claim | (t, p, d) | " + " | ".join(f"{c}: TFLOP/s/GPU" for c in ms) + " | " +
           " | ".join(f"{c} holds" for c in ms) + " |", "|---|---|---|" + "---|" * (2 * len(ms))]

@@ -18,7 +18,11 @@ from predictor.sources.synth.transformer import (
     group_span,
     transformer_timing,
 )
-from predictor.sources.synth.transformer_memory import activation_bytes_per_layer, memory_per_stage
+from predictor.sources.synth.transformer_memory import (
+    activation_bytes_per_layer,
+    head_loss_bytes,
+    memory_per_stage,
+)
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective, alpha_beta
 from predictor.timing.platforms import get_platform
@@ -237,6 +241,18 @@ def test_op_level_checkpointing_recomputes_every_second_matmul():
     op = activation_bytes_per_layer(spec, ParallelPlan(**{**plan.to_dict(), "recompute": "op"}))
     assert op == pytest.approx(T * 2 * (h + h + kv + h + f + h) + 4 * 8 * T)
     assert op < activation_bytes_per_layer(spec, plan)
+
+
+def test_eager_loss_holds_three_fp32_logit_tensors_at_its_peak():
+    """Megatron's vocab-parallel loss keeps fp32 logits once; plain PyTorch's cross_entropy(logits.float())
+    holds the saved log-softmax and two gradients of it: 12 bytes a logit, the last stage's peak."""
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=2, global_batch=2)
+    T, h, V = 2 * SMALL.seq, SMALL.hidden, SMALL.padded_vocab(1)
+    assert head_loss_bytes(SMALL, plan) == pytest.approx(4 * T * h * (1 + V / h))
+    eager = TransformerSpec(**{**SMALL.to_dict(), "program": "eager"})
+    assert head_loss_bytes(eager, plan) == pytest.approx(12 * T * V + 4 * T * h)
+    gap = memory_per_stage(eager, plan)[0].total_bytes - memory_per_stage(SMALL, plan)[0].total_bytes
+    assert gap == pytest.approx(8 * T * V)
 
 
 def test_data_parallel_buckets_carry_every_gradient():

@@ -56,7 +56,8 @@ def llama_ffn(dim: int, multiple_of: int, multiplier: float | None = None) -> in
 
 #: torchtitan's Llama 3 flavors (``torchtitan/models/llama3``: dim, layers, heads, key/value heads, FFN
 #: rule) with the Llama 3 tokenizer's 128 256 tokens; SwiGLU, untied output layer, PyTorch SDPA attention
-#: (FlashAttention-2 kernels). RMSNorm and rotary embeddings are priced as LayerNorm and learned positions.
+#: (FlashAttention-2 kernels), plain PyTorch modules (tuner's eager program, its fp32 cross-entropy).
+#: RMSNorm and rotary embeddings are priced as LayerNorm and learned positions.
 TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
     ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
@@ -70,7 +71,7 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
     if shape is None:
         return None
     return TransformerSpec(**shape, seq=seq, vocab=128256, mlp="swiglu", tie_embeddings=False, attention="flash2",
-                           name=f"{name}-{flavor}")
+                           program="eager", name=f"{name}-{flavor}")
 
 
 def _sharded(plan: ParallelPlan) -> bool:

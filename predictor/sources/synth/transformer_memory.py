@@ -57,7 +57,7 @@ from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
-           "op_checkpoint_bytes"]
+           "op_checkpoint_bytes", "head_loss_bytes"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -145,6 +145,21 @@ def op_checkpoint_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
     return s * b * dt * (h / (t if sp else 1) + saved / t) + 4.0 * a * s * b / t
 
 
+def head_loss_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
+    """Bytes the output layer and the loss add at the last stage's peak, one micro-batch.
+
+    Megatron's vocab-parallel cross-entropy keeps fp32 logits once: ``4 s b h / t (1 + V / h)``
+    (Korthikanti §4.3). The eager program without TP computes the loss as plain PyTorch loops do,
+    ``cross_entropy(logits.float())`` (torchtitan, Hugging Face Transformers): log-softmax's backward
+    holds the fp32 output it saved, the gradient flowing into it and the one it produces at once,
+    ``12 s b V``, plus the final norm's output."""
+    s, b, h, t = spec.seq / plan.cp, plan.micro_batch, spec.hidden, plan.tp
+    vpad = spec.padded_vocab(t)
+    if spec.program == "eager" and t == 1:
+        return 12.0 * s * b * vpad + 4.0 * s * b * h
+    return 4.0 * s * b * h / t * (1.0 + vpad / h)
+
+
 def _stage_layers(spec: TransformerSpec, plan: ParallelPlan) -> int:
     return spec.layers // (plan.pp * plan.virtual_stages_effective)
 
@@ -188,7 +203,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         if first:
             acts += in_flight * s * b * h / (t if sp else 1)  # embedding dropout mask
         if last:
-            acts += 4.0 * s * b * h / t * (1.0 + vpad / h)  # output layer + loss (fp32 logits)
+            acts += head_loss_bytes(spec, plan)
         out.append(StageMemory(stage, weights, grads, optim, acts, buffers, params, in_flight))
     return out
 
