@@ -117,7 +117,10 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 name, seq, vocab, hidden, layers, heads, kv_heads, ffn, gpus, mb, ac, tps = r
                 row_spec = {"ffn": ffn, "kv_heads": None if kv_heads == heads else kv_heads}
                 t = mb * seq / tps  # WPS is each rank's tokens per second
-                plans = [(name, dict(tp=1, pp=1, global_batch=gpus * mb, micro_batch=mb, recompute=ac, **d), t,
+                # "layerN": torchtitan checkpoints every N-th layer, tuner's full recomputation of layers / N
+                rec = dict(recompute="full", recompute_layers=layers // int(ac[5:])) if ac.startswith("layer") \
+                    else dict(recompute=ac)
+                plans = [(name, dict(tp=1, pp=1, global_batch=gpus * mb, micro_batch=mb, **rec, **d), t,
                           {"tokens_per_s_per_gpu": tps})]
             else:
                 name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, tps = r

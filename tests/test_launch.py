@@ -130,6 +130,23 @@ def test_megatron_llama_flags_round_trip():
         read_megatron_args(bad, devices=64)
 
 
+def test_partial_full_recomputation_round_trips():
+    """Megatron's --recompute-method block --recompute-num-layers N is N layers of each chunk recomputed;
+    torchtitan writes it as every n-th layer (n = chunk / N) and reads it back."""
+    plan = ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32, recompute="full", recompute_layers=2)
+    args = megatron_args(SPEC, plan)
+    assert args[args.index("--recompute-method") + 1] == "block" and args[args.index("--recompute-num-layers") + 1] == "2"
+    assert read_megatron_args(args, devices=8).plan == plan
+    doc = tomllib.loads(torchtitan_toml(SPEC, plan))
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
+    back = read_torchtitan_toml(torchtitan_toml(SPEC, plan), "f")
+    assert back.plan == torchtitan_plan(plan, SPEC) and back.plan.recompute_layers == 2
+    uniform = read_megatron_args(args[:args.index("--recompute-method")] + ["--recompute-method", "uniform",
+                                 "--recompute-num-layers", "2"] + args[args.index("--recompute-num-layers") + 2:],
+                                 devices=8)
+    assert uniform.plan.recompute_layers is None and any("uniform" in n for n in uniform.notes)
+
+
 def test_megatron_fsdp_flags():
     shape = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
     assert read_megatron_args(shape + "--use-torch-fsdp2", devices=8).plan.fsdp
@@ -166,10 +183,13 @@ def test_bad_torchtitan_files_raise_one_line():
     with pytest.raises(LaunchError, match="must be an integer"):
         read_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "2"\n', "f", spec=SPEC, devices=4)
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
-    # of every second layer, read as tuner's selective with a note
-    read = read_torchtitan_toml("", "f", spec=SPEC, devices=4)
-    assert (read.plan.dp, read.plan.fsdp, read.plan.micro_batch, read.plan.recompute) == (4, True, 8, "selective")
-    assert any("selective_ac_option = 2" in n for n in read.notes)
+    # of every second layer: 4 of the 8 layers recomputed in full
+    plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan
+    assert (plan.dp, plan.fsdp, plan.micro_batch, plan.recompute, plan.recompute_layers) == (4, True, 8, "full", 4)
+    every_8th = read_torchtitan_toml('[activation_checkpoint]\nselective_ac_option = "8"\n', "f", spec=SPEC, devices=4)
+    assert (every_8th.plan.recompute, every_8th.plan.recompute_layers) == ("full", 1)
+    with pytest.raises(LaunchError, match="selective_ac_option must be"):
+        read_torchtitan_toml('[activation_checkpoint]\nselective_ac_option = "half"\n', "f", spec=SPEC, devices=4)
 
 
 LLAMA3_8B_TOML = """

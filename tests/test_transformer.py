@@ -243,6 +243,26 @@ def test_op_level_checkpointing_recomputes_every_second_matmul():
     assert op < activation_bytes_per_layer(spec, plan)
 
 
+def test_partial_full_recomputation_recomputes_the_first_layers_of_each_chunk():
+    """recompute_layers = 3 of 8: three layers replayed (GEMM FLOPs 3/8 of full's extra) and kept as inputs,
+    the other five keep everything."""
+    base = dict(tp=1, pp=1, dp=1, micro_batch=2, global_batch=2)
+    flops, acts = {}, {}
+    for name, kw in (("none", {}), ("part", dict(recompute="full", recompute_layers=3)), ("full", dict(recompute="full"))):
+        plan = ParallelPlan(**base, **kw)
+        g = build_transformer_graph(SMALL, plan, detail="kernel")
+        flops[name] = float(np.nansum(g.flops[g.kind_mask("gemm")]))
+        acts[name] = memory_per_stage(SMALL, plan)[0].activations_bytes
+        if name == "part":
+            names = set(g.tasks_frame().name)
+    assert flops["part"] - flops["none"] == pytest.approx(3 / 8 * (flops["full"] - flops["none"]))
+    assert "layer[2].recompute.qkv.addmm" in names and "layer[3].recompute.qkv.addmm" not in names
+    layer = activation_bytes_per_layer(SMALL, ParallelPlan(**base))
+    ckpt = activation_bytes_per_layer(SMALL, ParallelPlan(**base, recompute="full"))
+    assert acts["part"] - acts["full"] == pytest.approx(5 * (layer - ckpt))
+    assert ParallelPlan(**base, recompute="full", recompute_layers=3).label().endswith("-full3")
+
+
 def test_eager_loss_holds_three_fp32_logit_tensors_at_its_peak():
     """Megatron's vocab-parallel loss keeps fp32 logits once; plain PyTorch's cross_entropy(logits.float())
     holds the saved log-softmax and two gradients of it: 12 bytes a logit, the last stage's peak."""
@@ -368,6 +388,8 @@ def test_stage_memory_in_flight_and_model_states():
         (dict(tp=4, dp=1), None, "2 key/value heads are not divisible by tp=4"),
         (dict(cp=3, tp=1, dp=1, global_batch=4), None, "seq 256 is not divisible"),
         (dict(cp=2, tp=1), None, "context parallelism needs a fused attention"),
+        (dict(recompute_layers=2), None, "recompute_layers needs recompute: full"),
+        (dict(recompute="full", recompute_layers=5, pp=2), None, "recompute_layers must be 1 .. 4"),
         (dict(pp=16, tp=1, dp=1), None, "pp=16 pipeline stages but the model has only 8 layers"),
         (dict(tp=2, pp=2, dp=2), 16, "tp x pp x dp = 2 x 2 x 2 = 8, but the cluster has 16 devices"),
         (dict(pp=3, tp=1, dp=1, global_batch=6), None, "8 layers cannot be split evenly over pp=3"),

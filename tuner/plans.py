@@ -112,12 +112,16 @@ def predict_plan(
     return base, (tl if keep_timeline else None)
 
 
-def coerce(name: str, raw: str) -> int | bool | str:
+def coerce(name: str, raw: str) -> int | bool | str | None:
     """Parse the text of ``--set name=raw`` into the plan field's type; raises :class:`PlanError`."""
     if name not in PLAN_FIELDS:
         raise PlanError(f"unknown plan field {name!r}; known: {', '.join(PLAN_FIELDS)}")
     typ = str(PLAN_FIELDS[name])
     text = raw.strip()
+    if typ == "int | None":  # e.g. recompute_layers: a count, or none for every layer
+        if text.lower() == "none":
+            return None  # type: ignore[return-value]
+        typ = "int"
     if typ == "int":
         try:
             return int(text)

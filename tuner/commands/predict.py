@@ -226,8 +226,9 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
             fail("global batch unknown: give --set global_batch=N (or global_batch: in the workload file)")
         values["global_batch"] = global_batch
     if "dp" not in values:
-        tp, pp = values.get("tp", 1), values.get("pp", 1)
-        values["dp"] = devices // (tp * pp) if devices and tp * pp and devices % (tp * pp) == 0 else 1
+        model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
+        values["dp"] = (devices // model_parallel if devices and model_parallel > 0 and devices % model_parallel == 0
+                        else 1)
     base = ParallelPlan(**options.model_dump()) if options else ParallelPlan()
     try:
         plan = plan_from_fields(values, base)

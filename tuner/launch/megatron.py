@@ -103,6 +103,9 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.recompute in ("selective", "op"):  # Megatron has no op-level checkpointing: its selective
         a += ["--recompute-granularity", "selective"]
+    elif plan.recompute == "full" and plan.recompute_layers is not None:
+        a += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+              str(plan.recompute_layers)]
     elif plan.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.distributed_optimizer:
@@ -319,8 +322,15 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     elif pp > 1 and "virtual_stages" in values:
         v = _positive(values, "virtual_stages", "--num-virtual-stages-per-pipeline-rank", source)
     sched = "interleaved" if v > 1 else "1f1b"
-    if values.get("recompute") == "full" and values.get("recompute_num_layers", 1) != 1:
-        notes.append("--recompute-num-layers > 1 read as full recomputation of every layer")
+    recompute_layers = None
+    if recompute == "full" and values.get("recompute_method") == "block":
+        recompute_layers = _positive(values, "recompute_num_layers", "--recompute-num-layers", source)
+        per_chunk = spec.layers // (pp * v)
+        if recompute_layers >= per_chunk:
+            recompute_layers = None  # every layer of a chunk
+    elif recompute == "full" and values.get("recompute_num_layers", 1) != 1:
+        notes.append("--recompute-method uniform with --recompute-num-layers > 1 read as every layer recomputed, "
+                     "each from its own input")
     fsdp, zero = _fsdp(values, notes)
     reduce = ("bf16" if values.get("--grad-reduce-in-bf16") else "fp32"
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
@@ -330,7 +340,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
-                        grad_reduce_dtype=reduce, cp=cp)  # type: ignore[arg-type]
+                        grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers)  # type: ignore[arg-type]
     dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))

@@ -85,9 +85,19 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
     distributed optimizer."""
     fsdp = _sharded(plan) and plan.tp == 1 and plan.pp == 1 and (spec is None or spec.moe is None)
     recompute = "op" if plan.recompute == "selective" else plan.recompute
+    layers = plan.recompute_layers
+    if layers is not None and spec is not None:  # every n-th layer: as many as n = chunk / layers allows
+        per_chunk = spec.layers // (plan.pp * plan.virtual_stages_effective)
+        every = _layer_every(per_chunk, layers)
+        layers = None if every == 1 else per_chunk // every
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
                    pp_scatter_gather=True, fsdp=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
-                   recompute=recompute)
+                   recompute=recompute, recompute_layers=layers)
+
+
+def _layer_every(per_chunk: int, layers: int) -> int:
+    """torchtitan's ``selective_ac_option`` n (every n-th layer checkpointed) nearest ``layers`` of ``per_chunk``."""
+    return max(1, round(per_chunk / layers))
 
 
 def _value(v: object) -> str:
@@ -140,9 +150,11 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
                    pipeline_parallel_layers_per_stage=spec.layers // (plan.pp * v),
                    pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
     lines += _section("parallelism", par)
-    ac: dict = {"mode": "selective" if t.recompute == "op" else t.recompute}
+    ac: dict = {"mode": "selective" if t.recompute == "op" or t.recompute_layers is not None else t.recompute}
     if t.recompute == "op":
         ac["selective_ac_option"] = "op"
+    elif t.recompute_layers is not None:
+        ac["selective_ac_option"] = str(spec.layers // (plan.pp * plan.virtual_stages_effective) // t.recompute_layers)
     lines += _section("activation_checkpoint", ac)
     return "\n".join(lines)
 
@@ -281,19 +293,26 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     if mode not in ("none", "selective", "full"):
         raise LaunchError(f"{source}: [activation_checkpoint] mode {mode!r}: tuner models none, selective and full")
     option = str(ac.get("selective_ac_option", "2"))  # torchtitan's default: every second layer
+    recompute_layers = None
     if mode == "selective" and option == "op":
         mode = "op"
     elif mode == "selective":
-        notes.append(f"selective_ac_option = {option} (every {option}th layer checkpointed) read as tuner's "
-                     "selective recomputation (the attention core only)")
+        if not option.isdigit() or int(option) < 1:
+            raise LaunchError(f"{source}: [activation_checkpoint] selective_ac_option must be \"op\" or a positive "
+                              f"integer (got {option!r})")
+        per_chunk = spec.layers // (pp * max(v, 1))
+        mode = "full" if per_chunk // int(option) else "none"  # every n-th layer recomputed in full
+        recompute_layers = per_chunk // int(option) if int(option) > 1 and mode == "full" else None
     if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
         notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
+                        recompute_layers=recompute_layers,
                         distributed_optimizer=shard * cp > 1, cp=cp,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
     # as torchtitan runs it, with the checkpointing the file names (torchtitan_plan turns selective into op)
-    return LaunchPlan(spec, replace(torchtitan_plan(plan, spec), recompute=plan.recompute), world, header_str(meta, "platform", source),
+    return LaunchPlan(spec, replace(torchtitan_plan(plan, spec), recompute=plan.recompute,
+                                    recompute_layers=plan.recompute_layers), world, header_str(meta, "platform", source),
                       header_int(meta, "devices_per_node", source), (), tuple(notes))
 
 

@@ -555,9 +555,10 @@ class StepKernels:
             self._activation(e, r, "bias_gelu", T * f / t)
             e.op(f"{r}fc2", [self._linear(f"{r}fc2.mm", T, h, f / t)])
 
-    def layer_bwd(self, e: StepEmitter, p: str) -> None:
+    def layer_bwd(self, e: StepEmitter, p: str, index: int = 0) -> None:
+        """Backward of layer ``index`` of the chunk (prefix ``p``), after its recomputation if any."""
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
-        if self.plan.recompute == "full":
+        if self.plan.recomputes_layer(index):
             self.layer_fwd(e, f"{p}recompute.")
         elif self.plan.recompute == "op":
             self._op_recompute(e, p)

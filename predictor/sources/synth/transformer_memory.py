@@ -173,8 +173,13 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     sp = plan.sequence_parallel and t > 1
     vpad = spec.padded_vocab(t)
     per_chunk_layers = _stage_layers(spec, plan)
-    act_layer = activation_bytes_per_layer(spec, plan)
-    full_layer = activation_bytes_per_layer(spec, _replace(plan, recompute="none"))
+    full_layer = activation_bytes_per_layer(spec, _replace(plan, recompute="none", recompute_layers=None))
+    recomputed = per_chunk_layers if plan.recompute_layers is None else plan.recompute_layers
+    if plan.recompute == "full":  # the recomputed layers keep their input, the others everything
+        ckpt = activation_bytes_per_layer(spec, _replace(plan, recompute_layers=None))
+        chunk_acts = recomputed * ckpt + (per_chunk_layers - recomputed) * full_layer
+    else:
+        chunk_acts = per_chunk_layers * activation_bytes_per_layer(spec, plan)
     grad_b = 4.0  # fp32 main gradients (Megatron accumulates in fp32)
     master_b = 12.0 if dt < 4 else 8.0
     out = []
@@ -197,7 +202,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             grads = params * grad_b
             optim = params * master_b / (plan.replicas if plan.distributed_optimizer else 1)
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
-        acts = in_flight * per_chunk_layers * act_layer
+        acts = in_flight * chunk_acts
         if plan.recompute == "full":
             acts += full_layer  # one layer's activations live while it is recomputed and back-propagated
         if first:

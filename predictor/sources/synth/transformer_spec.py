@@ -181,6 +181,9 @@ class ParallelPlan:
     #: (in torchtitan's order wq, wk, wv, wo, w1, w3, w2: wk, wo, w3) and of its elementwise ops are
     #: dropped and recomputed in the backward
     recompute: Literal["none", "selective", "full", "op"] = "none"
+    #: with ``recompute="full"``: how many layers of each model chunk are recomputed (Megatron's
+    #: ``--recompute-method block --recompute-num-layers``; torchtitan's every n-th layer); None: all
+    recompute_layers: int | None = None
     ep: int = 1  #: expert-parallel degree (divides dp), MoE only
     #: context-parallel degree (Megatron's ``--context-parallel-size``, torchtitan's
     #: ``context_parallel_degree``): each rank holds ``seq / cp`` tokens of every sequence, its
@@ -215,6 +218,10 @@ class ParallelPlan:
         """Micro-batches per data-parallel replica and iteration."""
         return self.global_batch // (self.dp * self.micro_batch)
 
+    def recomputes_layer(self, index: int) -> bool:
+        """Whether layer ``index`` of a model chunk is recomputed in full."""
+        return self.recompute == "full" and (self.recompute_layers is None or index < self.recompute_layers)
+
     @property
     def virtual_stages_effective(self) -> int:
         return self.virtual_stages if (self.schedule == "interleaved" and self.pp > 1) else 1
@@ -227,7 +234,8 @@ class ParallelPlan:
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-fsdp" if self.fsdp else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
-        return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{self.recompute}{extra}"
+        rec = self.recompute + (str(self.recompute_layers) if self.recompute_layers is not None else "")
+        return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{rec}{extra}"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -253,6 +261,13 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
     if spec.layers % (plan.pp * v):
         what = f"pp x virtual_stages = {plan.pp * v}" if v > 1 else f"pp={plan.pp}"
         raise PlanError(f"{spec.layers} layers cannot be split evenly over {what} pipeline chunks")
+    if plan.recompute_layers is not None:
+        if plan.recompute != "full":
+            raise PlanError("recompute_layers needs recompute: full")
+        per_chunk = spec.layers // (plan.pp * v)
+        if not 1 <= plan.recompute_layers <= per_chunk:
+            raise PlanError(f"recompute_layers must be 1 .. {per_chunk} (the layers of a model chunk; "
+                            f"got {plan.recompute_layers})")
     if plan.global_batch % (plan.dp * plan.micro_batch):
         raise PlanError(
             f"global batch {plan.global_batch} is not divisible by dp x micro_batch = {plan.dp} x {plan.micro_batch}"

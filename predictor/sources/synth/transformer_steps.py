@@ -179,7 +179,7 @@ class StepTemplates:
                             head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
                         dense.add(e, head, e.last)
                 for i in reversed(range(self.layers_per_chunk)):
-                    ops.layer_bwd(e, f"layer[{i}].")
+                    ops.layer_bwd(e, f"layer[{i}].", i)
                     if final:
                         dense.add(e, ops.layer_params - ops.expert_params, e.last)
                         expert.add(e, ops.expert_params, e.last)
@@ -229,7 +229,7 @@ class StepTemplates:
             e.after_next += gathered
             if i > 0:
                 gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", ops.layer_params)
-            ops.layer_bwd(e, f"layer[{i}].")
+            ops.layer_bwd(e, f"layer[{i}].", i)
             reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", ops.layer_params)
         if first:
             ops.embedding_bwd(e)
