@@ -238,7 +238,8 @@ def _predict_cases() -> Iterator[BadInput]:
     yield BadInput("predict: workload YAML error", ("predict", "--workload", "{dir}/w.yaml"), {"w.yaml": "model: [1,\n"})
     yield BadInput("predict: workload bad field", ("predict", "--workload", "{dir}/w.yaml"),
                    {"w.yaml": _dump(_set(SPACES["parallel"], "model.layers", True))})
-    for flags in (("--set", "tp"), ("--set", "colour=blue"), ("--set", "tp=x"), ("--platform", "no-such-gpu"),
+    for flags in (("--set", "tp"), ("--set", "colour=blue"), ("--set", "tp=x"), ("--set", "cp=0"),
+                  ("--set", "recompute_layers=x"), ("--set", "recompute_layers=3"), ("--platform", "no-such-gpu"),
                   ("--catalog", "{dir}/nope.yaml"), ("--devices-per-node", "0"), ("--devices", "0"),
                   ("--devices", "-4"), ("--detail", "fine"), ("--bogus",)):
         yield BadInput(f"predict: {' '.join(flags)}", ("predict", "--workload", "{dir}/w.yaml", *flags), {"w.yaml": wl})
