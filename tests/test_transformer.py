@@ -369,12 +369,15 @@ def test_activation_memory_follows_korthikanti():
 
 
 def test_stage_memory_in_flight_and_model_states():
-    plan = ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=16)
+    plan = ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=16, grad_reduce_dtype="fp32")
     mem = memory_per_stage(SMALL, plan)
     assert [m.in_flight for m in mem] == [4, 3, 2, 1]
     assert mem[0].activations_bytes > mem[-1].activations_bytes - 4 * SMALL.seq * SMALL.hidden * (1 + 1024 / 512)
     m1 = mem[1]
     assert m1.weights_bytes + m1.grads_bytes + m1.optimizer_bytes == pytest.approx(18 * m1.params)
+    # --grad-reduce-in-bf16: Megatron's gradient buffer is bf16, 16 bytes a parameter
+    bf16 = memory_per_stage(SMALL, ParallelPlan(**{**plan.to_dict(), "grad_reduce_dtype": "bf16"}))[1]
+    assert bf16.weights_bytes + bf16.grads_bytes + bf16.optimizer_bytes == pytest.approx(16 * m1.params)
     zero = memory_per_stage(SMALL, ParallelPlan(tp=1, pp=4, dp=4, micro_batch=1, global_batch=16,
                                                 distributed_optimizer=True))[1]
     assert zero.optimizer_bytes == pytest.approx(12 * zero.params / 4)

@@ -28,9 +28,10 @@ layers' worth). The last stage adds the output layer and loss, ``4 s b h / t (1 
 (Korthikanti §4.3); the first stage the embedding dropout mask.
 
 Model states (Megatron-LM's accounting for mixed precision with Adam, as in its
-distributed-optimizer documentation): 16-bit weights (2 bytes/param), fp32 main gradients
-(4), fp32 master weights + Adam moments (12) — 18 bytes per parameter, or ``6 + 12 / d``
-with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks; ``dp x cp`` with
+distributed-optimizer documentation): 16-bit weights (2 bytes/param), main gradients (4 when
+reduced in fp32, Megatron's default for bf16; 2 with ``--grad-reduce-in-bf16``, whose gradient
+buffer is bf16), fp32 master weights + Adam moments (12) — 18 bytes per parameter (16 with bf16
+gradients), or ``6 + 12 / d`` with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks; ``dp x cp`` with
 context parallelism, whose ranks hold ``seq / cp`` tokens each). fp32 training
 keeps no master copy (4 + 4 + 8).
 
@@ -180,7 +181,10 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         chunk_acts = recomputed * ckpt + (per_chunk_layers - recomputed) * full_layer
     else:
         chunk_acts = per_chunk_layers * activation_bytes_per_layer(spec, plan)
-    grad_b = 4.0  # fp32 main gradients (Megatron accumulates in fp32)
+    # Megatron's gradient buffer: fp32 when gradients are reduced in fp32, else the parameters' dtype
+    # (--grad-reduce-in-bf16); FSDP keeps sharded gradients in the fp32 parameters' dtype
+    sharded = plan.fsdp and plan.replicas > 1
+    grad_b = 4.0 if sharded or plan.grad_reduce_dtype == "fp32" else float(dt)
     master_b = 12.0 if dt < 4 else 8.0
     out = []
     for stage in range(p):
@@ -194,7 +198,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             if p > 1 or not spec.tie_embeddings:
                 params += vpad * h / t  # the output embedding (a tied copy when p > 1)
         buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
-        if plan.fsdp and plan.replicas > 1:
+        if sharded:
             weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)
             buffers += gathered
         else:
