@@ -147,6 +147,21 @@ def test_partial_full_recomputation_round_trips():
     assert uniform.plan.recompute_layers is None and any("uniform" in n for n in uniform.notes)
 
 
+def test_megatron_fp8_format_is_transformer_engine_fp8():
+    """--fp8-format hybrid / e4m3: Transformer Engine's FP8 linears (fp8_linear), written back as hybrid."""
+    spec = replace(SPEC, fp8_linear=True)
+    plan = ParallelPlan(tp=2, pp=1, dp=4, micro_batch=2, global_batch=32, sequence_parallel=True)
+    args = megatron_args(spec, plan)
+    assert args[args.index("--fp8-format") + 1] == "hybrid"
+    assert read_megatron_args(args, devices=8).spec == replace(spec, name="megatron-model")
+    titan = read_torchtitan_toml(torchtitan_toml(spec, plan), "f")
+    assert titan.spec.fp8_linear and any("Float8" in n for n in titan.notes)
+    e4m3 = [a if a != "hybrid" else "e4m3" for a in args]
+    assert read_megatron_args(e4m3, devices=8).spec.fp8_linear
+    with pytest.raises(LaunchError, match="--fp8-format must be hybrid or e4m3"):
+        read_megatron_args([a if a != "hybrid" else "mxfp8" for a in args], devices=8)
+
+
 def test_megatron_fsdp_flags():
     shape = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
     assert read_megatron_args(shape + "--use-torch-fsdp2", devices=8).plan.fsdp

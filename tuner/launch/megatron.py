@@ -56,7 +56,8 @@ _INT_FLAGS = {
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
-              "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding"}
+              "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
+              "--fp8-format": "fp8_format"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
@@ -84,6 +85,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads_count)]
     if spec.mlp == "swiglu":
         a.append("--swiglu")
+    if spec.fp8_linear:
+        a += ["--fp8-format", "hybrid"]
     if not spec.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if spec.dtype != "fp32":
@@ -245,7 +248,10 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
             raise LaunchError(f"{source}: --moe-expert-capacity-factor must be > 0")
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)))
-    return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
+    fp8 = values.get("fp8_format")
+    if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
+        raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
+    return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),

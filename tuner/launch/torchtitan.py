@@ -135,6 +135,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
                      "sharded optimizer states only")
     lines.append("")
     lines += _section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
+    if spec.fp8_linear:
+        lines += ["[model]", 'converters = ["float8"]', ""]
     training = {"local_batch_size": plan.micro_batch if plan.pp == 1 else plan.global_batch // plan.dp,
                 "global_batch_size": plan.global_batch, "seq_len": spec.seq,
                 "mixed_precision_param": _DTYPE[spec.dtype], "mixed_precision_reduce": "float32"}
@@ -237,6 +239,10 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         raise LaunchError(f"{source}: [training] mixed_precision_param must be bfloat16 or float32 "
                           f"(got {tr['mixed_precision_param']!r})")
     spec = replace(spec, dtype=dtype)  # type: ignore[arg-type]
+    converters = doc.get("model", {}).get("converters", [])
+    if "float8" in (converters if isinstance(converters, list) else [converters]):
+        spec = replace(spec, fp8_linear=True)
+        notes.append("Float8 linears (torchao) read as tuner's FP8 linears (the layers' GEMMs at the fp8 peak)")
     tp = _int(par, "tensor_parallel_degree", "parallelism", source, 1)
     pp = _int(par, "pipeline_parallel_degree", "parallelism", source, 1)
     cp = _int(par, "context_parallel_degree", "parallelism", source, 1)
