@@ -100,7 +100,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--context-parallel-size", str(plan.cp)]
     v = plan.virtual_stages_effective
     if v > 1:
-        a += ["--num-layers-per-virtual-pipeline-stage", str(spec.layers // (plan.pp * v))]
+        a += ["--num-layers-per-virtual-pipeline-stage", str(plan.chunk_layers(spec.layers))]
     if plan.sequence_parallel and plan.tp > 1:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]

@@ -87,7 +87,7 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
     recompute = "op" if plan.recompute == "selective" else plan.recompute
     layers = plan.recompute_layers
     if layers is not None and spec is not None:  # every n-th layer: as many as n = chunk / layers allows
-        per_chunk = spec.layers // (plan.pp * plan.virtual_stages_effective)
+        per_chunk = plan.chunk_layers(spec.layers)
         every = _layer_every(per_chunk, layers)
         layers = None if every == 1 else per_chunk // every
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
@@ -149,14 +149,14 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         v = plan.virtual_stages_effective
         par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
                    pipeline_parallel_microbatch_size=plan.micro_batch,
-                   pipeline_parallel_layers_per_stage=spec.layers // (plan.pp * v),
+                   pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
                    pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
     lines += _section("parallelism", par)
     ac: dict = {"mode": "selective" if t.recompute == "op" or t.recompute_layers is not None else t.recompute}
     if t.recompute == "op":
         ac["selective_ac_option"] = "op"
     elif t.recompute_layers is not None:
-        ac["selective_ac_option"] = str(spec.layers // (plan.pp * plan.virtual_stages_effective) // t.recompute_layers)
+        ac["selective_ac_option"] = str(plan.chunk_layers(spec.layers) // t.recompute_layers)
     lines += _section("activation_checkpoint", ac)
     return "\n".join(lines)
 

@@ -117,26 +117,26 @@ class StepEmitter(OpEmitter):
         self.first: int | None = None
         self.last: int | None = None
         self.after_next: list[int] = []  # tasks the next compute op must wait for
-        self._tp_stream: int | None = None
-        self._cp_stream: int | None = None
+        self._side_streams: dict[str, int] = {}
+
+    def _side_stream(self, label: str) -> int:
+        """The device stream ``stream <label>`` of communication that overlaps compute (created on first use;
+        the communication thread in host mode)."""
+        if self.mode != "device":
+            return self.comm
+        if label not in self._side_streams:
+            self._side_streams[label] = self.b.processor(self.rank, ProcKind.GPU_STREAM, f"stream {label}")
+        return self._side_streams[label]
 
     @property
     def tp_stream(self) -> int:
         """Stream for TP collectives that overlap compute (``tp_comm_overlap``)."""
-        if self.mode != "device":
-            return self.comm
-        if self._tp_stream is None:
-            self._tp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream tp")
-        return self._tp_stream
+        return self._side_stream("tp")
 
     @property
     def cp_stream(self) -> int:
         """Stream for the context-parallel key/value exchange that overlaps attention."""
-        if self.mode != "device":
-            return self.comm
-        if self._cp_stream is None:
-            self._cp_stream = self.b.processor(self.rank, ProcKind.GPU_STREAM, "stream cp")
-        return self._cp_stream
+        return self._side_stream("cp")
 
     def op(self, name: str, kernels, *, comm: bool = False, async_op: bool = False, after=(), group: int = -1) -> list[int]:
         if not comm and self.after_next:
@@ -154,6 +154,18 @@ class StepEmitter(OpEmitter):
         if self.mode != "device":
             return self.op(name, kernels, comm=True, async_op=True, after=after)
         return self.device_op(name, kernels, stream=stream, after=after)
+
+    def beside(self, stream: int, side: str, side_kernels, name: str, kernels, *, side_first: bool = True) -> None:
+        """Op ``name`` and, on ``stream``, op ``side`` started together (both after the last compute kernel;
+        ``side_first``: ``side`` is launched first); the next compute op waits for both."""
+        before = [self.last] if self.last is not None else []
+        if side_first:
+            ids = self.op_on(stream, side, side_kernels, after=before)
+            self.op(name, kernels)
+        else:
+            self.op(name, kernels)
+            ids = self.op_on(stream, side, side_kernels, after=before)
+        self.after_next += ids
 
     def sync(self, name: str = "cudaStreamSynchronize") -> int:
         """A blocking wait on the CPU thread (its GPU_CPU edges are added by the caller)."""
@@ -234,11 +246,8 @@ class StepKernels:
             self._tp_gather_in(e, gather)
             e.op(name, kernels)
             return
-        before = [e.last] if e.last is not None else []
         coll = collective(gather, "all_gather", self.T * self.h * self.dt, self.lay.tp, self.dt, self.tp_share)
-        ag = e.op_on(e.tp_stream, gather, [coll], after=before)
-        e.op(name, kernels)
-        e.after_next += ag
+        e.beside(e.tp_stream, gather, [coll], name, kernels)
 
     def _reduced_gemm(self, e: StepEmitter, name: str, kernels: list[Kernel], reduce: str) -> None:
         """A row-parallel GEMM op ``name``, then its output's reduction ``reduce`` (reduce-scatter with sequence
@@ -247,10 +256,8 @@ class StepKernels:
             e.op(name, kernels)
             self._tp_reduce_out(e, reduce)
             return
-        before = [e.last] if e.last is not None else []
-        e.op(name, kernels)
         coll = collective(reduce, "reduce_scatter", self.T * self.h * self.dt, self.lay.tp, self.dt, self.tp_share)
-        e.after_next += e.op_on(e.tp_stream, reduce, [coll], after=before)
+        e.beside(e.tp_stream, reduce, [coll], name, kernels, side_first=False)
 
     def _input_grad_reduce(self, e: StepEmitter, name: str, wgrad: list[Kernel]) -> None:
         """Column-parallel backward: dgrad's input-gradient reduce, then wgrad (overlapped if asked)."""
@@ -315,13 +322,10 @@ class StepKernels:
             e.op(name, kernels)
             return
         kv = 2.0 * self.b * self.s * (self.spec.kv_heads_count / self.t) * self.d * self.dt  # K and V, whole sequence
-        before = [e.last] if e.last is not None else []
         colls = [collective(f"{p}cp_kv_all_gather", "all_gather", kv, self.lay.cp, self.dt)]
         if backward:
             colls.append(collective(f"{p}cp_dkv_reduce_scatter", "reduce_scatter", kv, self.lay.cp, self.dt))
-        ring = e.op_on(e.cp_stream, f"{p}cp_kv_exchange", colls, after=before)
-        e.op(name, kernels)
-        e.after_next += ring
+        e.beside(e.cp_stream, f"{p}cp_kv_exchange", colls, name, kernels)
 
     def _attn_bwd(self, e: StepEmitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt

@@ -161,10 +161,6 @@ def head_loss_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
     return 4.0 * s * b * h / t * (1.0 + vpad / h)
 
 
-def _stage_layers(spec: TransformerSpec, plan: ParallelPlan) -> int:
-    return spec.layers // (plan.pp * plan.virtual_stages_effective)
-
-
 def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMemory]:
     """Peak memory of one device in each pipeline stage (``plan.pp`` entries), bytes."""
     p, v, t = plan.pp, plan.virtual_stages_effective, plan.tp
@@ -173,18 +169,17 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     s, b, h = spec.seq / plan.cp, plan.micro_batch, spec.hidden  # s: tokens of a sequence on this rank
     sp = plan.sequence_parallel and t > 1
     vpad = spec.padded_vocab(t)
-    per_chunk_layers = _stage_layers(spec, plan)
-    full_layer = activation_bytes_per_layer(spec, _replace(plan, recompute="none", recompute_layers=None))
+    per_chunk_layers = plan.chunk_layers(spec.layers)
+    full_layer = activation_bytes_per_layer(spec, _replace(plan, recompute="none"))
     recomputed = per_chunk_layers if plan.recompute_layers is None else plan.recompute_layers
     if plan.recompute == "full":  # the recomputed layers keep their input, the others everything
-        ckpt = activation_bytes_per_layer(spec, _replace(plan, recompute_layers=None))
+        ckpt = activation_bytes_per_layer(spec, plan)
         chunk_acts = recomputed * ckpt + (per_chunk_layers - recomputed) * full_layer
     else:
         chunk_acts = per_chunk_layers * activation_bytes_per_layer(spec, plan)
     # Megatron's gradient buffer: fp32 when gradients are reduced in fp32, else the parameters' dtype
     # (--grad-reduce-in-bf16); FSDP keeps sharded gradients in the fp32 parameters' dtype
-    sharded = plan.fsdp and plan.replicas > 1
-    grad_b = 4.0 if sharded or plan.grad_reduce_dtype == "fp32" else float(dt)
+    grad_b = 4.0 if plan.fsdp_sharded or plan.grad_reduce_dtype == "fp32" else float(dt)
     master_b = 12.0 if dt < 4 else 8.0
     out = []
     for stage in range(p):
@@ -198,7 +193,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             if p > 1 or not spec.tie_embeddings:
                 params += vpad * h / t  # the output embedding (a tied copy when p > 1)
         buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
-        if sharded:
+        if plan.fsdp_sharded:
             weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)
             buffers += gathered
         else:
@@ -242,7 +237,7 @@ def _replace(plan: ParallelPlan, **changes) -> ParallelPlan:
 
 def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan) -> float:
     """Expert parameters one device holds (all its layers), for the expert-data-parallel reduce."""
-    return _stage_layers(spec, plan) * plan.virtual_stages_effective * _expert_param_count(spec, plan.ep)
+    return plan.chunk_layers(spec.layers) * plan.virtual_stages_effective * _expert_param_count(spec, plan.ep)
 
 
 def gib(x: float) -> float:

@@ -218,6 +218,15 @@ class ParallelPlan:
         """Micro-batches per data-parallel replica and iteration."""
         return self.global_batch // (self.dp * self.micro_batch)
 
+    @property
+    def fsdp_sharded(self) -> bool:
+        """FSDP over more than one rank (with one, it trains as plain data parallelism)."""
+        return self.fsdp and self.replicas > 1
+
+    def chunk_layers(self, layers: int) -> int:
+        """Layers of one model chunk of a ``layers``-layer model: ``layers / (pp x virtual stages)``."""
+        return layers // (self.pp * self.virtual_stages_effective)
+
     def recomputes_layer(self, index: int) -> bool:
         """Whether layer ``index`` of a model chunk is recomputed in full."""
         return self.recompute == "full" and (self.recompute_layers is None or index < self.recompute_layers)
@@ -264,7 +273,7 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
     if plan.recompute_layers is not None:
         if plan.recompute != "full":
             raise PlanError("recompute_layers needs recompute: full")
-        per_chunk = spec.layers // (plan.pp * v)
+        per_chunk = plan.chunk_layers(spec.layers)
         if not 1 <= plan.recompute_layers <= per_chunk:
             raise PlanError(f"recompute_layers must be 1 .. {per_chunk} (the layers of a model chunk; "
                             f"got {plan.recompute_layers})")

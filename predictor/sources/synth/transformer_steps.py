@@ -120,7 +120,7 @@ class StepTemplates:
         self.lay = GroupLayout.of(plan, devices_per_node)
         self.ops = StepKernels(spec, plan, self.lay)
         self.p, self.v, self.m = plan.pp, plan.virtual_stages_effective, plan.micro_batches
-        self.layers_per_chunk = spec.layers // (self.p * self.v)
+        self.layers_per_chunk = plan.chunk_layers(spec.layers)
         self.timing = timing
         self._blocks: dict[tuple, ExecutionGraph] = {}
         self._macro: dict[tuple, ExecutionGraph] = {}
@@ -146,7 +146,7 @@ class StepTemplates:
         _, e = self._new()
         ops = self.ops
         markers: dict = {}
-        fsdp = self.plan.fsdp and self.plan.replicas > 1
+        fsdp = self.plan.fsdp_sharded
         if phase == "F":
             if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
                 e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params())
