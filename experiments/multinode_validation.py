@@ -308,13 +308,13 @@ def attention_shares(rows: list[Row], comm: str, eff: dict[str, float]) -> dict:
 LLAMA_FIELDS = ("mlp", "kv_heads")
 
 
-def gpt_reading(rows: list[Row], meas: np.ndarray, comm: str, eff: dict[str, float]) -> list[dict]:
-    """The rows of gated-MLP / grouped-query models predicted as the model is and as a GPT of the same
-    widths (GeLU MLP of the same ``ffn``, multi-head attention): error % of each."""
+def gpt_reading(rows: list[Row], meas: np.ndarray, pred: np.ndarray, comm: str, eff: dict[str, float]) -> list[dict]:
+    """The rows of gated-MLP / grouped-query models, their predictions ``pred`` beside those as a GPT of the
+    same widths (GeLU MLP of the same ``ffn``, multi-head attention): error % of each."""
     idx = [i for i, r in enumerate(rows) if any(r.spec.get(k) not in (None, "gelu") for k in LLAMA_FIELDS)]
     gpt = [Row(**{**rows[i].__dict__, "spec": {k: v for k, v in rows[i].spec.items() if k not in LLAMA_FIELDS}})
            for i in idx]
-    as_is = predict([rows[i] for i in idx], comm, eff)
+    as_is = pred[idx]
     as_gpt = predict(gpt, comm, eff)
     return [{"source": rows[i].source, "model": rows[i].model, "gpus": rows[i].gpus, "split": rows[i].split,
              "error_pct": float((a / meas[i] - 1) * 100), "error_pct_as_gpt": float((g / meas[i] - 1) * 100)}
@@ -398,7 +398,7 @@ def run(rows: list[Row], comm: str) -> dict:
         "spearman_held_out": spearman_summary(ranks),
         "sc21_sweeps": sweep_checks(comm, eff["a100-80gb"]),
         "attention": attention_shares(rows, comm, eff) if comm == "nccl" else None,
-        "gpt_reading": gpt_reading(rows, meas, comm, eff),
+        "gpt_reading": gpt_reading(rows, meas, cal, comm, eff),
         "predicted_s": cal.tolist(), "error_pct": err_c.tolist(), "seconds": time.perf_counter() - t0,
     }
 
