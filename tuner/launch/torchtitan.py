@@ -306,9 +306,10 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         if not option.isdigit() or int(option) < 1:
             raise LaunchError(f"{source}: [activation_checkpoint] selective_ac_option must be \"op\" or a positive "
                               f"integer (got {option!r})")
-        per_chunk = spec.layers // (pp * max(v, 1))
-        mode = "full" if per_chunk // int(option) else "none"  # every n-th layer recomputed in full
-        recompute_layers = per_chunk // int(option) if int(option) > 1 and mode == "full" else None
+        every = int(option)
+        count = spec.layers // (pp * v) // every  # every n-th layer of a chunk recomputed in full
+        mode = "full" if count else "none"
+        recompute_layers = count if count and every > 1 else None
     if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
         notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
