@@ -43,6 +43,9 @@ PLANS = [
     ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, recompute="full"),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, distributed_optimizer=True),
+    ParallelPlan(tp=2, pp=1, dp=4, micro_batch=1, global_batch=32, distributed_optimizer=True,
+                 optimizer_state="bf16_moments"),
+    ParallelPlan(tp=1, pp=2, dp=4, micro_batch=1, global_batch=32, distributed_optimizer=True, optimizer_state="bf16"),
 ]
 
 
@@ -160,6 +163,25 @@ def test_megatron_fp8_format_is_transformer_engine_fp8():
     assert read_megatron_args(e4m3, devices=8).spec.fp8_linear
     with pytest.raises(LaunchError, match="--fp8-format must be hybrid or e4m3"):
         read_megatron_args([a if a != "hybrid" else "mxfp8" for a in args], devices=8)
+
+
+def test_megatron_precision_aware_optimizer_flags():
+    """--use-precision-aware-optimizer with 16-bit moments (and master copy) is tuner's 16-bit optimizer state;
+    a partly 16-bit state or dtypes without the switch read as fp32 with a note; a bad dtype is one error."""
+    shape = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+             "--vocab-size 8000 --use-distributed-optimizer ")
+    moments = "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype fp16 "
+    assert read_megatron_args(shape + moments, devices=8).plan.optimizer_state == "bf16_moments"
+    both = read_megatron_args(shape + moments + "--main-params-dtype fp16", devices=8)
+    assert both.plan.optimizer_state == "bf16" and not both.notes
+    half = read_megatron_args(shape + "--use-precision-aware-optimizer --exp-avg-dtype bf16", devices=8)
+    assert half.plan.optimizer_state == "fp32" and half.notes
+    unswitched = read_megatron_args(shape + "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", devices=8)
+    assert unswitched.plan.optimizer_state == "fp32" and unswitched.notes
+    with pytest.raises(LaunchError, match="--main-params-dtype must be one of fp32, fp16"):
+        read_megatron_args(shape + moments + "--main-params-dtype bf16", devices=8)
+    toml = torchtitan_toml(SPEC, both.plan)
+    assert "fp32 state" in toml and read_torchtitan_toml(toml, "f").plan.optimizer_state == "fp32"
 
 
 def test_megatron_fsdp_flags():

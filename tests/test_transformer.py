@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ from predictor.sources.synth.transformer_memory import (
     head_loss_bytes,
     memory_per_stage,
 )
+from predictor.sources.synth.transformer_steps import ADAM_BYTES_PER_PARAM, adam_bytes_per_param
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.collective import PiecewiseCollective, alpha_beta
 from predictor.timing.platforms import get_platform
@@ -381,6 +384,21 @@ def test_stage_memory_in_flight_and_model_states():
     zero = memory_per_stage(SMALL, ParallelPlan(tp=1, pp=4, dp=4, micro_batch=1, global_batch=16,
                                                 distributed_optimizer=True))[1]
     assert zero.optimizer_bytes == pytest.approx(12 * zero.params / 4)
+
+
+@pytest.mark.parametrize(("state", "per_param"), [("fp32", 12), ("bf16_moments", 8), ("bf16", 6)])
+def test_optimizer_state_dtype_sets_bytes_and_adam_traffic(state, per_param):
+    """16-bit Adam moments (and master copy) shrink the sharded optimizer state and the Adam step's bytes."""
+    plan = ParallelPlan(tp=1, pp=1, dp=4, micro_batch=1, global_batch=8, distributed_optimizer=True,
+                        optimizer_state=state)
+    m = memory_per_stage(SMALL, plan)[0]
+    assert m.optimizer_bytes == pytest.approx(per_param * m.params / 4)
+    fp32_training = memory_per_stage(replace(SMALL, dtype="fp32"), plan)[0]
+    assert fp32_training.optimizer_bytes == pytest.approx((8 if state == "fp32" else 4) * m.params / 4)
+    df = build_transformer_graph(SMALL, plan, detail="kernel").tasks_frame()
+    adam = df[df.name == "adam.multi_tensor_apply"]
+    assert len(adam) == 1 and adam.bytes.iloc[0] == pytest.approx(adam_bytes_per_param(plan) * m.params / 4)
+    assert adam_bytes_per_param(plan) == ADAM_BYTES_PER_PARAM - 2 * (12 - per_param)
 
 
 # --------------------------------------------------------------------------- bad plans

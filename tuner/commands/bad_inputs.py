@@ -87,6 +87,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("search.top", [0]),
         ("search.grid_limit", [0]),
         ("options.grad_reduce_dtype", ["int8"]),
+        ("options.optimizer_state", ["fp8"]),
     ],
     "accelerators": [
         ("models", [[], [{"name": ""}], [{"name": "no_such_model"}], [{"name": "resnet50"}, {"name": "resnet50"}]]),

@@ -13,7 +13,8 @@ interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = lay
 ``recompute`` ``--recompute-granularity selective`` or ``full`` with ``--recompute-method uniform
 --recompute-num-layers 1``; ``fsdp`` ``--use-megatron-fsdp --data-parallel-sharding-strategy
 optim_grads_params`` (``--use-torch-fsdp2`` reads as it too); ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
-Megatron's default for bf16 training). ``pp_scatter_gather`` has no flag in current Megatron-LM and
+Megatron's default for bf16 training); ``optimizer_state`` ``--use-precision-aware-optimizer`` with bf16
+moments (``--exp-avg-dtype``, ``--exp-avg-sq-dtype``) and, for ``"bf16"``, ``--main-params-dtype fp16``. ``pp_scatter_gather`` has no flag in current Megatron-LM and
 reads back as tuner's default.
 """
 
@@ -57,11 +58,13 @@ _INT_FLAGS = {
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
-              "--fp8-format": "fp8_format"}
+              "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
+              "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
-             "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention"}
+             "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
+             "--use-precision-aware-optimizer"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # model flags tuner's GPT does not model: read as the nearest GPT, with a note
 _APPROXIMATED = {
@@ -119,6 +122,10 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a.append("--overlap-grad-reduce")
     if plan.tp_comm_overlap:
         a.append("--tp-comm-overlap")
+    if plan.optimizer_state != "fp32":
+        a += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+        if plan.optimizer_state == "bf16":  # Megatron's only 16-bit master copy
+            a += ["--main-params-dtype", "fp16"]
     if plan.grad_reduce_dtype == "bf16":
         a.append("--grad-reduce-in-bf16")
     elif plan.grad_reduce_dtype == "fp32" and spec.dtype == "fp16":
@@ -267,6 +274,29 @@ def _recompute(values: dict, source: str) -> str:
     return gran
 
 
+def _optimizer_state(values: dict, source: str, notes: list[str]) -> str:
+    """tuner's ``optimizer_state`` of Megatron's precision-aware optimizer flags (fp32 without the switch)."""
+    names = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+    allowed = {"main_params_dtype": ("fp32", "fp16"), "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
+               "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8")}
+    for k in names:
+        if k in values and values[k] not in allowed[k]:
+            flag = "--" + k.replace("_", "-")
+            raise LaunchError(f"{source}: {flag} must be one of {', '.join(allowed[k])} (got {values[k]!r})")
+    if not values.get("--use-precision-aware-optimizer"):
+        if any(k in values for k in names):
+            notes.append("optimizer dtypes without --use-precision-aware-optimizer: Megatron keeps an fp32 state")
+        return "fp32"
+    moments = [values.get(k, "fp32") for k in names[1:]]
+    if "fp8" in moments:
+        notes.append("fp8 Adam moments read as 16-bit ones")
+    if any(m == "fp32" for m in moments):
+        if any(m != "fp32" for m in moments) or values.get("main_params_dtype", "fp32") != "fp32":
+            notes.append("a partly 16-bit optimizer state read as tuner's fp32 one (both moments must be 16-bit)")
+        return "fp32"
+    return "bf16" if values.get("main_params_dtype") == "fp16" else "bf16_moments"
+
+
 def _fsdp(values: dict, notes: list[str]) -> tuple[bool, bool]:
     """(FSDP full shard, optimizer sharding) of Megatron-FSDP's or torch FSDP2's flags."""
     if values.get("--use-torch-fsdp2"):
@@ -346,7 +376,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
-                        grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers)  # type: ignore[arg-type]
+                        grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers,  # type: ignore[arg-type]
+                        optimizer_state=_optimizer_state(values, source, notes))  # type: ignore[arg-type]
     dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))

@@ -80,8 +80,8 @@ def _sharded(plan: ParallelPlan) -> bool:
 
 
 def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> ParallelPlan:
-    """``plan`` as torchtitan runs it: sequence parallel with TP, fp32 gradient reduction, overlapped; sharded
-    data parallelism is FSDP, which tuner models for dense models without TP or PP and otherwise as the
+    """``plan`` as torchtitan runs it: sequence parallel with TP, fp32 gradient reduction, overlapped, an fp32
+    optimizer state; sharded data parallelism is FSDP, which tuner models for dense models without TP or PP and otherwise as the
     distributed optimizer."""
     fsdp = _sharded(plan) and plan.tp == 1 and plan.pp == 1 and (spec is None or spec.moe is None)
     recompute = "op" if plan.recompute == "selective" else plan.recompute
@@ -92,7 +92,7 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
         layers = None if every == 1 else per_chunk // every
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
                    pp_scatter_gather=True, fsdp=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
-                   recompute=recompute, recompute_layers=layers)
+                   recompute=recompute, recompute_layers=layers, optimizer_state="fp32")
 
 
 def _layer_every(per_chunk: int, layers: int) -> int:
@@ -130,6 +130,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines.append("# torchtitan trains in bfloat16 or float32: the fp16 model is written as bfloat16")
     if plan.tp > 1 and not plan.sequence_parallel:
         lines.append("# torchtitan's tensor parallelism is sequence parallel: the plan above runs with it")
+    if plan.optimizer_state != "fp32":
+        lines.append("# torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
     if t.distributed_optimizer:
         lines.append("# FSDP shards parameters and gradients too; with TP, PP or experts tuner models its "
                      "sharded optimizer states only")

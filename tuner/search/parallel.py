@@ -140,6 +140,8 @@ class PlanOptions(StrictModel):
     tp_comm_overlap: bool = False
     pp_scatter_gather: bool = True
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    #: Adam's state: fp32 (12 bytes a parameter), bf16_moments (8), bf16 (6)
+    optimizer_state: Literal["fp32", "bf16_moments", "bf16"] = "fp32"
 
 
 class RangesSection(StrictModel):

@@ -33,7 +33,9 @@ reduced in fp32, Megatron's default for bf16; 2 with ``--grad-reduce-in-bf16``, 
 buffer is bf16), fp32 master weights + Adam moments (12) — 18 bytes per parameter (16 with bf16
 gradients), or ``6 + 12 / d`` with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks; ``dp x cp`` with
 context parallelism, whose ranks hold ``seq / cp`` tokens each). fp32 training
-keeps no master copy (4 + 4 + 8).
+keeps no master copy (4 + 4 + 8). A 16-bit optimizer state (``plan.optimizer_state``) halves the
+moments (8 bytes: fp32 master + two bf16 moments) or all three (6), as
+:func:`optimizer_state_bytes` counts.
 
 FSDP FULL_SHARD (``plan.fsdp``, tp = pp = 1, as PyTorch FSDP and Megatron's
 ``optim_grads_params`` run it): weights, fp32 gradients and optimizer state are all sharded,
@@ -58,7 +60,7 @@ from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
-           "op_checkpoint_bytes", "head_loss_bytes"]
+           "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -180,7 +182,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     # Megatron's gradient buffer: fp32 when gradients are reduced in fp32, else the parameters' dtype
     # (--grad-reduce-in-bf16); FSDP keeps sharded gradients in the fp32 parameters' dtype
     grad_b = 4.0 if plan.fsdp_sharded or plan.grad_reduce_dtype == "fp32" else float(dt)
-    master_b = 12.0 if dt < 4 else 8.0
+    master_b = optimizer_state_bytes(plan, dt)
     out = []
     for stage in range(p):
         layers = per_chunk_layers * v
@@ -210,6 +212,16 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             acts += head_loss_bytes(spec, plan)
         out.append(StageMemory(stage, weights, grads, optim, acts, buffers, params, in_flight))
     return out
+
+
+def optimizer_state_bytes(plan: ParallelPlan, dtype_bytes: float) -> float:
+    """Optimizer bytes per parameter before any sharding: Adam's two moments (4 bytes each, 2 with a
+    16-bit state) and, when the weights are 16-bit (``dtype_bytes`` < 4), a master copy (4, or 2 with
+    ``optimizer_state="bf16"``)."""
+    moments = 8.0 if plan.optimizer_state == "fp32" else 4.0
+    if dtype_bytes >= 4:
+        return moments
+    return moments + (2.0 if plan.optimizer_state == "bf16" else 4.0)
 
 
 def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: float, grad_b: float,

@@ -197,6 +197,12 @@ class ParallelPlan:
     tp_comm_overlap: bool = False
     pp_scatter_gather: bool = True
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    #: the optimizer's state: ``"fp32"`` master weights and Adam moments (12 bytes per parameter with
+    #: 16-bit training); ``"bf16_moments"`` fp32 master weights, 16-bit moments (8: Megatron-LM's
+    #: ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``); ``"bf16"`` all
+    #: three 16-bit (6: NeMo's ``optim.dtype: bf16`` with apex's distributed Adam, or Megatron-LM's
+    #: ``--main-params-dtype fp16`` with 16-bit moments)
+    optimizer_state: Literal["fp32", "bf16_moments", "bf16"] = "fp32"
     #: PyTorch FSDP FULL_SHARD over the data-parallel group (tp = pp = 1): each layer's parameters are
     #: all-gathered (in the model dtype) before its forward and again before its backward, the next
     #: layer's gather prefetched on the communication stream; its gradients are reduce-scattered (in
@@ -243,6 +249,7 @@ class ParallelPlan:
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-fsdp" if self.fsdp else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
+        extra += {"fp32": "", "bf16_moments": "-adam16m", "bf16": "-adam16"}[self.optimizer_state]
         rec = self.recompute + (str(self.recompute_layers) if self.recompute_layers is not None else "")
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{rec}{extra}"
 

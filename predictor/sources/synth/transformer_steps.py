@@ -34,14 +34,21 @@ from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Ove
 from predictor.sources.synth.emit import ExecMode, concat, eltwise
 from predictor.sources.synth.pipeline_schedule import Step, schedule
 from predictor.sources.synth.transformer_kernels import GroupLayout, StepEmitter, StepKernels, collective
-from predictor.sources.synth.transformer_memory import memory_per_stage
+from predictor.sources.synth.transformer_memory import memory_per_stage, optimizer_state_bytes
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "GradBuckets", "StepTemplates", "nic_seconds_weight", "weigh_bucket_share"]
+__all__ = ["ADAM_BYTES_PER_PARAM", "adam_bytes_per_param", "GradBuckets", "StepTemplates", "nic_seconds_weight", "weigh_bucket_share"]
 
 #: Adam step bytes per parameter: read fp32 param, grad, m, v; write param, m, v, 16-bit copy;
 #: zero the fp32 gradient (Megatron's fused multi-tensor Adam + zero_grad)
 ADAM_BYTES_PER_PARAM = 34.0
+
+
+def adam_bytes_per_param(plan: ParallelPlan) -> float:
+    """Bytes Megatron's Adam step moves per local parameter: :data:`ADAM_BYTES_PER_PARAM` with the fp32
+    state; a 16-bit state reads and writes its master copy and moments in 16 bits."""
+    state = optimizer_state_bytes(plan, 2)
+    return ADAM_BYTES_PER_PARAM - 2.0 * (12.0 - state)
 
 
 @dataclass
@@ -320,7 +327,7 @@ class StepTemplates:
         e.op("grad_norm.all_reduce", [collective("grad_norm.all_reduce", "all_reduce", 4.0, self.lay.mp, 4)],
              group=group)
         e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
-                                 {"elements": local, "dtype_bytes": 4, "bytes": ADAM_BYTES_PER_PARAM * local})])
+                                 {"elements": local, "dtype_bytes": 4, "bytes": adam_bytes_per_param(plan) * local})])
         if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1:
             e.op("param.all_gather", [collective("param.all_gather", "all_gather", params * spec.dtype_bytes,
                                                  self.lay.dp, spec.dtype_bytes)])
