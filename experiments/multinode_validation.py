@@ -20,8 +20,8 @@ catalog's network fields) — the script
    tensor vs data parallelism (Takeaways #1-#2): the predicted throughput must peak at t = 8 for
    the 162.2B model (Fig. 13) and fall as t grows past one node for the 5.9B model (Fig. 15),
    and fall as p grows (Fig. 14);
-5. predicts the Llama rows (SwiGLU, grouped-query attention) again as a GPT of the same widths, the
-   reading tuner had before it modelled either;
+5. predicts the rows of Llama-shaped models (SwiGLU, grouped-query attention: Llama, Nemotron-340B)
+   again as a GPT of the same widths, the reading tuner had before it modelled either;
 6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``).
 
 Run: ``python experiments/multinode_validation.py`` (writes
@@ -93,9 +93,9 @@ def load_rows(path: Path = DATA) -> list[Row]:
         for r in src["rows"]:
             row_spec: dict = {}
             row_plan: dict = {}
-            if isinstance(r[-1], dict):  # fields of this row: the model's (ffn, kv_heads) and the plan's (cp)
+            if isinstance(r[-1], dict):  # fields of this row: the model's (ffn, kv_heads) and the plan's (cp, optimizer_state)
                 row_spec, r = dict(r[-1]), r[:-1]
-                row_plan = {k: row_spec.pop(k) for k in list(row_spec) if k in ("cp",)}
+                row_plan = {k: row_spec.pop(k) for k in list(row_spec) if k in ("cp", "optimizer_state")}
             seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
             if key.startswith("sc21"):
                 params, heads, hidden, layers, tp, pp, gpus, batch, tf = r
@@ -501,7 +501,7 @@ def render(p: dict) -> str:
                      f"{x['error_pct_gemm_priced']:+.1f} | {x['error_pct']:+.1f} |")
     llama = {c: p["models"][c].get("gpt_reading") or [] for c in ms}
     if any(llama.values()):
-        L += ["", "## Llama rows: the model as it is, and read as a GPT (calibrated)", "",
+        L += ["", "## SwiGLU and grouped-query rows: the model as it is, and read as a GPT (calibrated)", "",
               "SwiGLU MLP and grouped-query attention modelled, against the same rows read as a GPT of the same "
               "widths (GeLU MLP of the same FFN width, multi-head attention).", "",
               "| source | model | GPUs | " + " | ".join(f"{c} err % | {c} err % as GPT" for c in ms) + " |",
