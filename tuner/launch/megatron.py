@@ -71,6 +71,7 @@ _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--position-embedding-type": "position embeddings read as learned absolute ones",
     "--multi-latent-attention": "multi-latent attention read as multi-head attention",
+    "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
 }
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
