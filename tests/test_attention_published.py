@@ -61,6 +61,23 @@ def _attn_task(platform_key: str, kind: str, dtype_bytes: float = 2.0) -> float:
     return float(AnalyticGemm().predict(view, get_platform(platform_key))[0]), flops
 
 
+def test_cudnn_passes_are_published_apart_and_the_causal_backward_scales_as_the_forward():
+    # FlashAttention-3 paper, H100, cuDNN bars, head dim 128, seqlen 4k: forward 609 (no mask) / 518 (causal),
+    # backward 499 (no mask); causal backward = 499 x 518 / 609
+    assert published_tflops("h100", "cudnn", False, 128, 4096, backward=False) == 609
+    assert published_tflops("h100", "cudnn", True, 128, 4096, backward=False) == 518
+    assert published_tflops("h100", "cudnn", False, 128, 4096, backward=True) == 499
+    assert published_tflops("h100", "cudnn", True, 128, 4096, backward=True) == pytest.approx(499 * 518 / 609)
+    # cuDNN runs faster than FlashAttention-2 at every length of the figures, both passes
+    for seq in SEQS:
+        for bwd in (False, True):
+            assert published_tflops("h100", "cudnn", True, 64, seq, bwd) > published_tflops("h100", "flash2", True,
+                                                                                             64, seq, bwd)
+    # no cuDNN figure for the A100: its kernel is GEMM-priced there
+    assert _attn_task("a100-80gb", attention_kind("cudnn", False))[0] == pytest.approx(_attn_task("a100-80gb", "bmm")[0])
+    assert _attn_task("h100-sxm", attention_kind("cudnn", False))[0] != pytest.approx(_attn_task("h100-sxm", "bmm")[0])
+
+
 def test_kernel_time_is_flops_over_the_published_rate():
     plat = get_platform("a100-80gb")
     t, flops = _attn_task("a100-80gb", attention_kind("flash_triton", False))

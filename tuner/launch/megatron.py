@@ -84,7 +84,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     a = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden), "--ffn-hidden-size", str(spec.ffn_size),
          "--num-attention-heads", str(spec.heads), "--seq-length", str(spec.seq), "--max-position-embeddings",
          str(spec.seq), "--vocab-size", str(spec.vocab), "--attention-backend",
-         "unfused" if spec.attention == "unfused" else "flash"]
+         {"unfused": "unfused", "cudnn": "fused"}.get(spec.attention, "flash")]
     if spec.kv_heads_count != spec.heads:
         a += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads_count)]
     if spec.mlp == "swiglu":
@@ -249,7 +249,8 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         notes.append("--num-query-groups without --group-query-attention: Megatron runs multi-head attention")
     dtype = "bf16" if values.get("--bf16") else "fp16" if values.get("--fp16") else "fp32"
     backend = values.get("attention_backend")
-    attention = "unfused" if backend in ("unfused", "local") else "flash"
+    # fused: Transformer Engine's FusedAttention, cuDNN's kernels
+    attention = "unfused" if backend in ("unfused", "local") else "cudnn" if backend == "fused" else "flash"
     moe = None
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:

@@ -101,8 +101,9 @@ class ModelSection(StrictModel):
     moe: MoESection | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: flash: fused attention priced as a GEMM; flash2 / flash_triton: FlashAttention-2 / llm-foundry's Triton
-    #: kernel at their published speeds (A100, H100, H200); unfused: separate matmul, softmax and dropout kernels
-    attention: Literal["flash", "flash2", "flash_triton", "unfused"] = "flash"
+    #: kernel at their published speeds (A100, H100, H200); cudnn: cuDNN's (Transformer Engine on Hopper; H100,
+    #: H200); unfused: separate matmul, softmax and dropout kernels
+    attention: Literal["flash", "flash2", "flash_triton", "cudnn", "unfused"] = "flash"
     causal: bool = True
     tie_embeddings: bool = True
 

@@ -11,6 +11,9 @@ Implementations (``TransformerSpec.attention``):
 * ``flash2`` — FlashAttention-2's CUDA kernels (``flash-attn`` 2.x);
 * ``flash_triton`` — FlashAttention written in Triton, as llm-foundry's ``attn_impl: triton`` ran it
   (a copy of ``flash_attn_triton.py`` on the pre-MLIR Triton compiler).
+* ``cudnn`` — cuDNN's fused flash attention, which Transformer Engine's ``DotProductAttention``
+  (Megatron-LM, NeMo) selects on Hopper: TE v1.7 and later disable FlashAttention there "to give
+  FusedAttention preference on Hopper+ for performance reasons" (``transformer_engine/pytorch/attention.py``).
 
 Sources (the numbers are read off the bar labels of the figures; nothing is fitted here):
 
@@ -28,6 +31,11 @@ Sources (the numbers are read off the bar labels of the figures; nothing is fitt
   an H100; that compiler emits no Hopper (wgmma) instructions, so ``flash_triton`` on an H100 takes
   the pre-Hopper FlashAttention (v1) bars of the H100 figure — on the A100 figure the two are level
   (68 vs 69 TFLOP/s, causal, head dim 128, seqlen 2k).
+* cuDNN on the H100: FlashAttention-3's forward figure (``assets/flash3_fp16_fwd.png``, its cuDNN bars,
+  with and without causal mask) and the same paper's backward figure (its cuDNN bars, BF16, head dim 64
+  and 128, no causal mask; the figure is not among the repository's assets — its bars as transcribed).
+  No causal backward is published: it takes the non-causal backward times the forward's causal /
+  non-causal ratio at that length.
 
 Rates are interpolated linearly in log2(seqlen) and in head dim, and held at the ends of the
 measured range. A platform without figures (other vendors, fp32) is timed by the GEMM model's
@@ -43,7 +51,7 @@ from predictor.timing.platforms.schema import Platform
 __all__ = ["ATTENTION_IMPLS", "ATTENTION_KINDS", "attention_kind", "published_tflops", "chip_of", "attention_seconds"]
 
 #: fused attention implementations priced from published speeds
-ATTENTION_IMPLS = ("flash2", "flash_triton")
+ATTENTION_IMPLS = ("flash2", "flash_triton", "cudnn")
 #: sequence lengths of the published figures
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -68,12 +76,21 @@ FWD_BWD: dict[tuple[str, str, bool, int], tuple[float | None, ...]] = {
     ("h100", "flash_triton", False, 64): (157, 159, 161, 161, 166, 168),
     ("h100", "flash_triton", False, 128): (127, 127, 128, 131, 137, 139),
 }
-#: forward alone, where published (FlashAttention-3 paper, FlashAttention-2 bars on the H100)
+#: forward alone, where published (FlashAttention-3 paper, its FlashAttention-2 and cuDNN bars on the H100)
 FWD: dict[tuple[str, str, bool, int], tuple[float | None, ...]] = {
     ("h100", "flash2", True, 64): (180, 229, 262, 284, 295, 299),
     ("h100", "flash2", True, 128): (191, 260, 298, 319, 333, 335),
     ("h100", "flash2", False, 64): (282, 306, 318, 321, 322, 324),
     ("h100", "flash2", False, 128): (309, 350, 362, 366, 370, 370),
+    ("h100", "cudnn", True, 64): (225, 288, 334, 363, 379, 388),
+    ("h100", "cudnn", True, 128): (315, 410, 484, 518, 529, 539),
+    ("h100", "cudnn", False, 64): (335, 373, 395, 408, 412, 413),
+    ("h100", "cudnn", False, 128): (497, 574, 617, 609, 600, 595),
+}
+#: backward alone, where published (FlashAttention-3 paper, its cuDNN bars on the H100; no causal mask)
+BWD: dict[tuple[str, str, bool, int], tuple[float | None, ...]] = {
+    ("h100", "cudnn", False, 64): (266, 348, 395, 417, 432, 433),
+    ("h100", "cudnn", False, 128): (305, 408, 465, 499, 518, 516),
 }
 #: catalog key prefix -> the chip whose figures time it
 CHIPS = {"a100": "a100", "h100": "h100", "h200": "h100"}
@@ -113,7 +130,19 @@ def _rate(table: dict, chip: str, impl: str, causal: bool, head_dim: float, seq:
 
 def published_tflops(chip: str, impl: str, causal: bool, head_dim: float, seq: float, backward: bool) -> float:
     """Published TFLOP/s of one pass of ``impl`` on ``chip``: the forward + backward rate, or where the
-    forward is published alone, the forward and the backward that the two imply."""
+    forward is published alone, the forward and the backward that the two imply, or where both passes
+    are published alone, each (a causal backward from the non-causal one, scaled as the forward)."""
+    if _rate(BWD, chip, impl, False, head_dim, seq) is not None:
+        fwd = _rate(FWD, chip, impl, causal, head_dim, seq)
+        if fwd is None:
+            raise KeyError(f"no published forward speed for {impl} on {chip}")
+        if not backward:
+            return fwd
+        bwd = _rate(BWD, chip, impl, False, head_dim, seq)
+        assert bwd is not None
+        if causal:
+            bwd *= fwd / _rate(FWD, chip, impl, False, head_dim, seq)  # type: ignore[operator]
+        return bwd
     both = _rate(FWD_BWD, chip, impl, causal, head_dim, seq)
     if both is None:
         raise KeyError(f"no published attention speed for {impl} on {chip}")
@@ -129,11 +158,11 @@ def attention_seconds(kind: str, seq: np.ndarray, head_dim: np.ndarray, heads: n
                       platform: Platform) -> np.ndarray | None:
     """Seconds of fused attention kernels of op kind ``kind`` (:data:`ATTENTION_KINDS`): ``seq`` tokens per
     sequence, ``head_dim``, ``heads`` = batch x heads, ``flops`` per kernel (causal when it is half of the full
-    ``4 s^2 d`` x heads, x 2.5 backward); None when the platform has no published figures."""
+    ``4 s^2 d`` x heads, x 2.5 backward); None when the platform has no published figures of that implementation."""
     chip = chip_of(platform)
-    if chip is None:
-        return None
     impl = next(i for i in ATTENTION_IMPLS if kind in (attention_kind(i, False), attention_kind(i, True)))
+    if chip is None or not any(k[:2] == (chip, impl) for k in (*FWD_BWD, *BWD)):
+        return None
     backward = kind.endswith("_bwd")
     full = 4.0 * seq * seq * head_dim * heads * (BWD_FLOPS_RATIO if backward else 1.0)
     causal = flops < 0.75 * full

@@ -7,7 +7,7 @@ count and ``f_half`` the FLOP count that reaches half the ceiling (``peak * t_ha
 is the larger of that compute time and the memory time of reading A, B and writing C, plus
 the device's kernel floor. Calibration replaces this with the MLP of Lin et al. 2022.
 
-Fused attention kernels of a named implementation (``attn_flash2``, ``attn_flash_triton`` and their
+Fused attention kernels of a named implementation (``attn_flash2``, ``attn_flash_triton``, ``attn_cudnn`` and their
 ``_bwd``) are timed at that implementation's published speed (:mod:`.attention`) where the platform
 has figures and the kernel runs in 16-bit, else as a GEMM of their FLOPs.
 """
