@@ -186,6 +186,34 @@ def test_megatron_precision_aware_optimizer_flags():
     assert "fp32 state" in toml and read_torchtitan_toml(toml, "f").plan.optimizer_state == "fp32"
 
 
+def test_megatron_script_variables_and_bash_arrays_are_expanded():
+    """Megatron-LM's example scripts: sizes in shell variables (with ${X:-default} and $(( )) arithmetic),
+    arguments in bash arrays, the vocabulary from --tokenizer-type."""
+    script = """#!/bin/bash
+GPUS_PER_NODE=8
+NNODES=${SLURM_NNODES:-"2"}
+export TP=2
+WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
+MB=$(cat micro_batch.txt)
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes ${NNODES}
+)
+MODEL_ARGS=(
+    --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
+    --tokenizer-type Llama2Tokenizer
+)
+torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} \\
+    --tensor-model-parallel-size $TP --micro-batch-size 1 --global-batch-size $((4*WORLD_SIZE))
+"""
+    back = read_megatron_args(script, "run.sh")
+    assert (back.devices, back.plan.tp, back.plan.dp, back.spec.vocab) == (16, 2, 8, 32000)
+    assert any("Llama2Tokenizer" in n for n in back.notes)
+    # a command substitution is not run: its variable stays unset and is named in the error
+    with pytest.raises(LaunchError, match="a shell variable the file does not set"):
+        read_megatron_args(script.replace("--micro-batch-size 1", "--micro-batch-size $MB"), "run.sh")
+
+
 def test_megatron_fsdp_flags():
     shape = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
     assert read_megatron_args(shape + "--use-torch-fsdp2", devices=8).plan.fsdp
@@ -308,7 +336,7 @@ def test_predict_workload_writes_launch_files(tmp_path):
     (["--torchtitan", "{bad_header}"], "is not JSON"),
     (["--torchtitan", "{bad_shape}"], "not a transformer spec"),
     (["--megatron-args", "{bad_devices}"], "devices must be a positive integer"),
-    (["--megatron-args", "{var}"], "shell variables are not expanded"),
+    (["--megatron-args", "{var}"], "a shell variable the file does not set"),
     (["--megatron-args", "{heads}", "--devices", "4"], "not divisible by 6 attention heads"),
 ])
 def test_predict_bad_launch_files_exit_2_with_one_line(tmp_path, args, expected):

@@ -20,7 +20,9 @@ reads back as tuner's default.
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
 import re
 import shlex
 from collections.abc import Sequence
@@ -42,6 +44,8 @@ __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_me
 
 #: Megatron-LM's GPT examples tokenise with GPT-2 BPE: the vocabulary when no --vocab-size is given
 GPT2_VOCAB = 50257
+#: the vocabulary of Megatron-LM's --tokenizer-type values whose size is fixed (others read their files)
+TOKENIZER_VOCAB = {"GPT2BPETokenizer": GPT2_VOCAB, "Llama2Tokenizer": 32000}
 
 # flags that take a value (everything else starting with -- is a switch)
 _INT_FLAGS = {
@@ -59,7 +63,8 @@ _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
-              "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype"}
+              "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
+              "--tokenizer-type": "tokenizer"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
@@ -168,12 +173,76 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
 
 
 # ----------------------------------------------------------------------------- arguments -> plan
-def _tokens(text: str, source: str) -> list[str]:
-    """Shell words of a launch script: comments dropped, continuation lines joined, ``$VAR`` kept as text."""
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_ARITHMETIC = re.compile(r"^\$\(\((.*)\)\)$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    """``word`` with ``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced where the script set NAME (or
+    gave a default), and an integer ``$(( ... ))`` of + - * (and set names) evaluated; anything else kept as
+    text."""
+    def ref(m: re.Match) -> str:
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        return m.group(2) if m.group(2) is not None else m.group(0)
+
+    out = _REFERENCE.sub(ref, word)
+    calc = _ARITHMETIC.match(out)
+    if calc:  # bare names inside $(( )) are variables too
+        value = _integer_arithmetic(_NAME.sub(lambda m: env.get(m.group(0), m.group(0)), calc.group(1)))
+        return out if value is None else str(value)
+    return out
+
+
+def _integer_arithmetic(expr: str) -> int | None:
+    """The value of an integer expression of + - * and parentheses, or None for anything else."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        raise ValueError(expr)
+
     try:
-        return shlex.split(text.replace("\\\n", " "), comments=True)
+        return value(ast.parse(expr, mode="eval").body)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _shell_variables(lines: list[str]) -> dict[str, str]:
+    """Plain ``NAME=value`` assignments of a launch script (``export`` too), each expanded by the earlier
+    ones; array assignments (``NAME=( ... )``) and command substitutions are left out."""
+    env: dict[str, str] = {}
+    for line in lines:
+        m = _ASSIGNMENT.match(line)
+        if not m or m.group(2).lstrip().startswith("(") or "$(" in m.group(2).replace("$((", ""):
+            continue
+        try:
+            words = shlex.split(m.group(2), comments=True)
+        except ValueError:
+            continue
+        if len(words) == 1:
+            env[m.group(1)] = _expand(words[0], env)
+    return env
+
+
+def _tokens(text: str, source: str) -> list[str]:
+    """Shell words of a launch script: comments dropped, continuation lines joined, variables the script
+    assigns expanded (:func:`_expand`), other ``$VAR`` kept as text."""
+    joined = text.replace("\\\n", " ")
+    env = _shell_variables(joined.splitlines())
+    try:
+        words = shlex.split(joined, comments=True)
     except ValueError as exc:
         raise LaunchError(f"{source}: cannot split into shell words ({exc})") from None
+    return [_expand(w, env) if "$" in w else w for w in words]
 
 
 def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
@@ -201,7 +270,7 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
                     i += 1 if eq else 2
                     continue
                 what = {int: "an integer", float: "a number", str: "a word"}[_KINDS[name]]
-                hint = " (shell variables are not expanded)" if raw.startswith("$") else ""
+                hint = " (a shell variable the file does not set)" if raw.startswith("$") else ""
                 raise LaunchError(f"{source}: {name} expects {what} (got {raw!r}){hint}") from None
             key = _VALUE_KEYS.get(name)
             if key is not None:
@@ -233,9 +302,14 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     hidden = _positive(values, "hidden", "--hidden-size", source)
     heads = _positive(values, "heads", "--num-attention-heads", source)
     seq = _positive(values, "seq", "--seq-length", source)
-    if "vocab" not in values:
-        notes.append(f"no --vocab-size: GPT-2 BPE's {GPT2_VOCAB} tokens assumed")
-    vocab = _positive(values, "vocab", "--vocab-size", source, GPT2_VOCAB)
+    tokenizer = values.get("tokenizer")
+    default_vocab = TOKENIZER_VOCAB.get(tokenizer, GPT2_VOCAB)
+    if "vocab" not in values and tokenizer in TOKENIZER_VOCAB:
+        notes.append(f"no --vocab-size: {tokenizer}'s {default_vocab} tokens")
+    elif "vocab" not in values:
+        told = f" (--tokenizer-type {tokenizer}: its size is in its files)" if tokenizer else ""
+        notes.append(f"no --vocab-size: GPT-2 BPE's {GPT2_VOCAB} tokens assumed{told}")
+    vocab = _positive(values, "vocab", "--vocab-size", source, default_vocab)
     ffn = values.get("ffn")
     mlp = "swiglu" if values.get("--swiglu") else "gelu"
     if ffn is None and mlp == "swiglu":  # Megatron's SwiGLU default: 2/3 of 4 h, down to a multiple of 64
