@@ -78,6 +78,15 @@ def test_cudnn_passes_are_published_apart_and_the_causal_backward_scales_as_the_
     assert _attn_task("h100-sxm", attention_kind("cudnn", False))[0] != pytest.approx(_attn_task("h100-sxm", "bmm")[0])
 
 
+def test_te_runs_cudnn_on_hopper_and_flashattention2_on_the_a100():
+    for bwd in (False, True):
+        te = attention_kind("te", bwd)
+        assert _attn_task("h100-sxm", te)[0] == _attn_task("h100-sxm", attention_kind("cudnn", bwd))[0]
+        assert _attn_task("h200", te)[0] == _attn_task("h200", attention_kind("cudnn", bwd))[0]
+        assert _attn_task("a100-80gb", te)[0] == _attn_task("a100-80gb", attention_kind("flash2", bwd))[0]
+    assert _attn_task("mi300x", attention_kind("te", False))[0] == pytest.approx(_attn_task("mi300x", "bmm")[0])
+
+
 def test_kernel_time_is_flops_over_the_published_rate():
     plat = get_platform("a100-80gb")
     t, flops = _attn_task("a100-80gb", attention_kind("flash_triton", False))

@@ -376,9 +376,13 @@ def test_parallel_example_best_plan_round_trips_to_the_same_prediction(tmp_path)
     assert json.loads(tt)["predicted_iteration_s"] == launch["torchtitan_predicted_iteration_s"]
 
 
-@pytest.mark.parametrize(("attention", "backend"), [("flash2", "flash"), ("flash_triton", "flash"), ("cudnn", "fused")])
+@pytest.mark.parametrize(("attention", "backend"), [("flash2", "flash"), ("flash_triton", "flash"), ("cudnn", "fused"),
+                                                  ("te", "auto")])
 def test_megatron_arguments_name_a_backend_megatron_accepts(attention, backend):
     args = megatron_args(replace(SPEC, attention=attention), PLANS[0])
     assert args[args.index("--attention-backend") + 1] == backend
-    if attention == "cudnn":  # Transformer Engine's fused backend is cuDNN's attention: it reads back as it
-        assert read_megatron_args(args, devices=PLANS[0].devices).spec.attention == "cudnn"
+    if attention in ("cudnn", "te"):  # Transformer Engine's fused backend is cuDNN's; auto is TE's choice
+        assert read_megatron_args(args, devices=PLANS[0].devices).spec.attention == attention
+    if attention == "te":  # Megatron's default backend is auto: a script without the flag runs TE's choice
+        i = args.index("--attention-backend")
+        assert read_megatron_args(args[:i] + args[i + 2:], devices=PLANS[0].devices).spec.attention == "te"

@@ -89,7 +89,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     a = ["--num-layers", str(spec.layers), "--hidden-size", str(spec.hidden), "--ffn-hidden-size", str(spec.ffn_size),
          "--num-attention-heads", str(spec.heads), "--seq-length", str(spec.seq), "--max-position-embeddings",
          str(spec.seq), "--vocab-size", str(spec.vocab), "--attention-backend",
-         {"unfused": "unfused", "cudnn": "fused"}.get(spec.attention, "flash")]
+         {"unfused": "unfused", "cudnn": "fused", "te": "auto"}.get(spec.attention, "flash")]
     if spec.kv_heads_count != spec.heads:
         a += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads_count)]
     if spec.mlp == "swiglu":
@@ -323,8 +323,9 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         notes.append("--num-query-groups without --group-query-attention: Megatron runs multi-head attention")
     dtype = "bf16" if values.get("--bf16") else "fp16" if values.get("--fp16") else "fp32"
     backend = values.get("attention_backend")
-    # fused: Transformer Engine's FusedAttention, cuDNN's kernels
-    attention = "unfused" if backend in ("unfused", "local") else "cudnn" if backend == "fused" else "flash"
+    # fused: Transformer Engine's FusedAttention, cuDNN's kernels; auto (Megatron's default): TE's choice
+    attention = {"unfused": "unfused", "local": "unfused", "fused": "cudnn", "flash": "flash"}.get(backend or "auto",
+                                                                                                   "te")
     moe = None
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:

@@ -14,6 +14,9 @@ Implementations (``TransformerSpec.attention``):
 * ``cudnn`` — cuDNN's fused flash attention, which Transformer Engine's ``DotProductAttention``
   (Megatron-LM, NeMo) selects on Hopper: TE v1.7 and later disable FlashAttention there "to give
   FusedAttention preference on Hopper+ for performance reasons" (``transformer_engine/pytorch/attention.py``).
+* ``te`` — what Transformer Engine's ``DotProductAttention`` runs on the chip: ``cudnn`` on Hopper,
+  FlashAttention-2 (``flash2``) elsewhere when the ``flash-attn`` package is installed, as in NVIDIA's
+  PyTorch containers (Megatron-LM's ``--attention-backend auto``, its default).
 
 Sources (the numbers are read off the bar labels of the figures; nothing is fitted here):
 
@@ -51,7 +54,7 @@ from predictor.timing.platforms.schema import Platform
 __all__ = ["ATTENTION_IMPLS", "ATTENTION_KINDS", "attention_kind", "published_tflops", "chip_of", "attention_seconds"]
 
 #: fused attention implementations priced from published speeds
-ATTENTION_IMPLS = ("flash2", "flash_triton", "cudnn")
+ATTENTION_IMPLS = ("flash2", "flash_triton", "cudnn", "te")
 #: sequence lengths of the published figures
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -92,6 +95,8 @@ BWD: dict[tuple[str, str, bool, int], tuple[float | None, ...]] = {
     ("h100", "cudnn", False, 64): (266, 348, 395, 417, 432, 433),
     ("h100", "cudnn", False, 128): (305, 408, 465, 499, 518, 516),
 }
+#: chip -> the implementation Transformer Engine runs there (``te``)
+TE_CHOICE = {"h100": "cudnn", "a100": "flash2"}
 #: catalog key prefix -> the chip whose figures time it
 CHIPS = {"a100": "a100", "h100": "h100", "h200": "h100"}
 #: backward FLOPs over forward FLOPs (the papers' accounting: the backward recomputes the scores)
@@ -161,6 +166,8 @@ def attention_seconds(kind: str, seq: np.ndarray, head_dim: np.ndarray, heads: n
     ``4 s^2 d`` x heads, x 2.5 backward); None when the platform has no published figures of that implementation."""
     chip = chip_of(platform)
     impl = next(i for i in ATTENTION_IMPLS if kind in (attention_kind(i, False), attention_kind(i, True)))
+    if impl == "te":
+        impl = TE_CHOICE.get(chip, "")
     if chip is None or not any(k[:2] == (chip, impl) for k in (*FWD_BWD, *BWD)):
         return None
     backward = kind.endswith("_bwd")
