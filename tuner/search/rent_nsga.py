@@ -163,7 +163,9 @@ class PolishProposer(Proposer):
     """After ``inner`` is done, hill-climb each accelerator's cheapest and fastest feasible record.
 
     A round proposes, for each accelerator and each objective (cost, time to train), the
-    neighbours of its best feasible record not evaluated yet: the parameter sets that differ in
+    neighbours not evaluated yet of its best feasible record and of its best record that fits in
+    memory but misses the deadline or the budget (the fastest plan just over the budget is
+    usually one step from the fastest within it): the parameter sets that differ in
     one parameter by one step of its value list (devices, tp, pp, micro-batch...), or one step up
     in one parameter of a ``trades`` pair and one step down in the other. It stops when
     a round has no new neighbour or ``budget`` evaluations are spent. Within one accelerator and
@@ -207,18 +209,22 @@ class PolishProposer(Proposer):
             if batch:
                 return batch
             self.inner_done = True
-        ok = [outs[0] for outs in done.values() if objectives(outs[0].record) and outs[0].status == "ok"]
+        priced = [outs[0] for outs in done.values() if objectives(outs[0].record)]
+        ok = [o for o in priced if o.status == "ok"]
+        # fits in memory, misses the deadline or the budget
+        near = [o for o in priced if o.status != "ok" and (o.record.get("constraints") or {}).get("memory", 0.0) <= 0]
         batch: dict[str, Candidate] = {}
         for g in self.choices.get(self.group, [None]):
-            mine = [o for o in ok if o.params.get(self.group) == g]
-            for i in (1, 0):  # cost, then time to train
-                if not mine or self.spent + len(batch) >= self.budget:
-                    continue
-                best = min(mine, key=lambda o: objectives(o.record)[i])  # type: ignore[index]
-                for params in self._neighbours(best.params):
-                    cand = self.resolve(params)
-                    if cand is not None and cand.key not in done and self.spent + len(batch) < self.budget:
-                        batch.setdefault(cand.key, cand)
+            for pool in (ok, near):
+                mine = [o for o in pool if o.params.get(self.group) == g]
+                for i in (1, 0):  # cost, then time to train
+                    if not mine or self.spent + len(batch) >= self.budget:
+                        continue
+                    best = min(mine, key=lambda o: objectives(o.record)[i])  # type: ignore[index]
+                    for params in self._neighbours(best.params):
+                        cand = self.resolve(params)
+                        if cand is not None and cand.key not in done and self.spent + len(batch) < self.budget:
+                            batch.setdefault(cand.key, cand)
         self.spent += len(batch)
         return list(batch.values())
 
