@@ -299,3 +299,32 @@ def _raw_of(rec: dict) -> dict:
     return {"tp": f["tp"], "pp": f["pp"], "micro_batch": f["micro_batch"], "schedule": f["schedule"],
             "virtual_stages": 2, "recompute": f["recompute"], "sequence_parallel": f["sequence_parallel"],
             "ep": f["ep"], "distributed_optimizer": f["distributed_optimizer"], "cp": f.get("cp", 1)}
+
+
+def test_polish_climbs_from_plans_that_fit_but_miss_the_budget():
+    """The best plan within the budget can be one step from a plan just over it, and further from every
+    feasible record: the polish proposes the neighbours of both."""
+    from optuna.distributions import CategoricalDistribution
+
+    from tuner.search.core import Candidate, Outcome
+    from tuner.search.rent_nsga import PolishProposer
+
+    class Done:  # an inner proposer with nothing left
+        target = 0
+
+        def propose(self, done):
+            return []
+
+    dists = {"accelerator": CategoricalDistribution(["x"]), "devices": CategoricalDistribution([8, 16, 32, 64])}
+    resolve = lambda p: Candidate(key=f"{p['accelerator']}/{p['devices']}", params=dict(p))  # noqa: E731
+
+    def outcome(devices: int, status: str, hours: float, usd: float, budget: float) -> Outcome:
+        rec = {"status": status, "time_to_train_h": hours, "usd": usd,
+               "constraints": {"memory": -0.5, "deadline": -0.5, "budget": budget}}
+        return Outcome(f"x/{devices}", {"accelerator": "x", "devices": devices}, rec)
+
+    done = {"x/8": [outcome(8, "ok", 100.0, 10.0, -0.9)], "x/64": [outcome(64, "infeasible", 10.0, 120.0, 0.2)]}
+    keys = {c.key for c in PolishProposer(Done(), dists, resolve, budget=10).propose(done)}
+    assert keys == {"x/16", "x/32"}  # 16 from the feasible record, 32 from the one over the budget
+    done["x/64"][0].record["constraints"]["memory"] = 0.1  # out of memory too: no longer climbed from
+    assert {c.key for c in PolishProposer(Done(), dists, resolve, budget=10).propose(done)} == {"x/16"}
