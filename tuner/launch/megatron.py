@@ -13,16 +13,15 @@ interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = lay
 ``recompute`` ``--recompute-granularity selective`` or ``full`` with ``--recompute-method uniform
 --recompute-num-layers 1``; ``fsdp`` ``--use-megatron-fsdp --data-parallel-sharding-strategy
 optim_grads_params`` (``--use-torch-fsdp2`` reads as it too); ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
-Megatron's default for bf16 training); ``optimizer_state`` ``--use-precision-aware-optimizer`` with bf16
-moments (``--exp-avg-dtype``, ``--exp-avg-sq-dtype``) and, for ``"bf16"``, ``--main-params-dtype fp16``. ``pp_scatter_gather`` has no flag in current Megatron-LM and
-reads back as tuner's default.
+Megatron's default for bf16 training); ``optimizer_state`` ``--use-precision-aware-optimizer`` with
+bf16 moments (``--exp-avg-dtype``, ``--exp-avg-sq-dtype``) and, for ``"bf16"``,
+``--main-params-dtype fp16``. ``pp_scatter_gather`` has no flag in current Megatron-LM and reads
+back as tuner's default.
 """
 
 from __future__ import annotations
 
-import ast
 import math
-import operator
 import re
 import shlex
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from tuner.launch.common import (
     read_header,
     read_launch_text,
 )
+from tuner.launch.shell import shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
            "GPT2_VOCAB"]
@@ -173,76 +173,12 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
 
 
 # ----------------------------------------------------------------------------- arguments -> plan
-_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-_ARITHMETIC = re.compile(r"^\$\(\((.*)\)\)$")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _expand(word: str, env: dict[str, str]) -> str:
-    """``word`` with ``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced where the script set NAME (or
-    gave a default), and an integer ``$(( ... ))`` of + - * (and set names) evaluated; anything else kept as
-    text."""
-    def ref(m: re.Match) -> str:
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        return m.group(2) if m.group(2) is not None else m.group(0)
-
-    out = _REFERENCE.sub(ref, word)
-    calc = _ARITHMETIC.match(out)
-    if calc:  # bare names inside $(( )) are variables too
-        value = _integer_arithmetic(_NAME.sub(lambda m: env.get(m.group(0), m.group(0)), calc.group(1)))
-        return out if value is None else str(value)
-    return out
-
-
-def _integer_arithmetic(expr: str) -> int | None:
-    """The value of an integer expression of + - * and parentheses, or None for anything else."""
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-
-    def value(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            return ops[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        raise ValueError(expr)
-
-    try:
-        return value(ast.parse(expr, mode="eval").body)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def _shell_variables(lines: list[str]) -> dict[str, str]:
-    """Plain ``NAME=value`` assignments of a launch script (``export`` too), each expanded by the earlier
-    ones; array assignments (``NAME=( ... )``) and command substitutions are left out."""
-    env: dict[str, str] = {}
-    for line in lines:
-        m = _ASSIGNMENT.match(line)
-        if not m or m.group(2).lstrip().startswith("(") or "$(" in m.group(2).replace("$((", ""):
-            continue
-        try:
-            words = shlex.split(m.group(2), comments=True)
-        except ValueError:
-            continue
-        if len(words) == 1:
-            env[m.group(1)] = _expand(words[0], env)
-    return env
-
-
 def _tokens(text: str, source: str) -> list[str]:
-    """Shell words of a launch script: comments dropped, continuation lines joined, variables the script
-    assigns expanded (:func:`_expand`), other ``$VAR`` kept as text."""
-    joined = text.replace("\\\n", " ")
-    env = _shell_variables(joined.splitlines())
+    """Shell words of a launch script (:func:`tuner.launch.shell.shell_words`)."""
     try:
-        words = shlex.split(joined, comments=True)
+        return shell_words(text)
     except ValueError as exc:
         raise LaunchError(f"{source}: cannot split into shell words ({exc})") from None
-    return [_expand(w, env) if "$" in w else w for w in words]
 
 
 def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:

@@ -1,0 +1,85 @@
+"""The words of a shell launch script, with the variables the script itself sets expanded.
+
+Megatron-LM's example scripts keep sizes in variables and arguments in bash arrays
+(``GPUS_PER_NODE=8``, ``NNODES=${SLURM_NNODES:-"1"}``, ``WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))``,
+``torchrun ${DISTRIBUTED_ARGS[@]} ...``). :func:`shell_words` splits such a script as the shell
+would (comments dropped, continuation lines joined; an array's words stand where it is defined)
+and expands plain assignments in order, ``${NAME:-default}`` and integer ``$(( ))`` of + - *. It
+runs nothing: command substitutions stay unset, and a variable the script does not set is kept as
+its ``$NAME`` text.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+import shlex
+
+__all__ = ["shell_words", "expand", "shell_variables"]
+
+_ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_ARITHMETIC = re.compile(r"^\$\(\((.*)\)\)$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def expand(word: str, env: dict[str, str]) -> str:
+    """``word`` with ``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced where ``env`` sets NAME (or
+    a default is given), and an integer ``$(( ... ))`` of + - * (and set names) evaluated; anything else
+    kept as text."""
+    def ref(m: re.Match) -> str:
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        return m.group(2) if m.group(2) is not None else m.group(0)
+
+    out = _REFERENCE.sub(ref, word)
+    calc = _ARITHMETIC.match(out)
+    if calc:  # bare names inside $(( )) are variables too
+        value = _integer_arithmetic(_NAME.sub(lambda m: env.get(m.group(0), m.group(0)), calc.group(1)))
+        return out if value is None else str(value)
+    return out
+
+
+def _integer_arithmetic(expr: str) -> int | None:
+    """The value of an integer expression of + - * and parentheses, or None for anything else."""
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        raise ValueError(expr)
+
+    try:
+        return value(ast.parse(expr, mode="eval").body)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def shell_variables(lines: list[str]) -> dict[str, str]:
+    """Plain ``NAME=value`` assignments of a script (``export`` too), each expanded by the earlier ones;
+    array assignments (``NAME=( ... )``) and command substitutions are left out."""
+    env: dict[str, str] = {}
+    for line in lines:
+        m = _ASSIGNMENT.match(line)
+        if not m or m.group(2).lstrip().startswith("(") or "$(" in m.group(2).replace("$((", ""):
+            continue
+        try:
+            words = shlex.split(m.group(2), comments=True)
+        except ValueError:
+            continue
+        if len(words) == 1:
+            env[m.group(1)] = expand(words[0], env)
+    return env
+
+
+def shell_words(text: str) -> list[str]:
+    """The words of script ``text``, the variables it sets expanded; raises ValueError (shlex's) for
+    unbalanced quotes."""
+    joined = text.replace("\\\n", " ")
+    env = shell_variables(joined.splitlines())
+    return [expand(w, env) if "$" in w else w for w in shlex.split(joined, comments=True)]
