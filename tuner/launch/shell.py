@@ -69,7 +69,7 @@ def shell_variables(lines: list[str]) -> dict[str, str]:
         if not m or m.group(2).lstrip().startswith("(") or "$(" in m.group(2).replace("$((", ""):
             continue
         try:
-            words = shlex.split(m.group(2), comments=True)
+            words = shlex.split(_join_arithmetic(m.group(2)), comments=True)
         except ValueError:
             continue
         if len(words) == 1:
@@ -77,9 +77,14 @@ def shell_variables(lines: list[str]) -> dict[str, str]:
     return env
 
 
+def _join_arithmetic(text: str) -> str:
+    """``text`` with the spaces inside each ``$(( ... ))`` removed, so that it stays one shell word."""
+    return re.sub(r"\$\(\(([^()]*)\)\)", lambda m: "$((" + m.group(1).replace(" ", "") + "))", text)
+
+
 def shell_words(text: str) -> list[str]:
     """The words of script ``text``, the variables it sets expanded; raises ValueError (shlex's) for
     unbalanced quotes."""
-    joined = text.replace("\\\n", " ")
+    joined = _join_arithmetic(text.replace("\\\n", " "))
     env = shell_variables(joined.splitlines())
     return [expand(w, env) if "$" in w else w for w in shlex.split(joined, comments=True)]

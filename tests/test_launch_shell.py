@@ -1,0 +1,31 @@
+"""Launch scripts' words with the variables they set expanded (tuner/launch/shell.py): nothing is run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.launch.shell import expand, shell_variables, shell_words
+
+
+def test_assignments_expand_in_order_with_defaults_and_integer_arithmetic():
+    env = shell_variables(['GPUS=8', 'export NODES=${SLURM_NNODES:-"4"}', "WORLD=$(($GPUS*$NODES))",
+                           "HALF=$((WORLD - 2*NODES))", "ARGS=(", "TP=$(cat tp.txt)", "NAME='a b'"])
+    assert env == {"GPUS": "8", "NODES": "4", "WORLD": "32", "HALF": "24", "NAME": "a b"}
+
+
+@pytest.mark.parametrize(("word", "out"), [
+    ("$GPUS", "8"), ("${GPUS}", "8"), ("${UNSET:-3}", "3"), ("${UNSET-3}", "3"), ("$UNSET", "$UNSET"),
+    ("--x=$GPUS", "--x=8"), ("$((GPUS*3))", "24"), ("$((GPUS/2))", "$((GPUS/2))"), ("$((GPUS**2))", "$((GPUS**2))"),
+    ("$((__import__('os')))", "$((__import__('os')))"),
+])
+def test_expand_replaces_what_is_set_and_keeps_the_rest(word, out):
+    assert expand(word, {"GPUS": "8"}) == out
+
+
+def test_script_words_include_array_contents_and_skip_comments():
+    script = "N=2\nARGS=(\n  --a $N  # two\n  --b ${N}\n)\ncmd ${ARGS[@]} \\\n  --c $(( N * 3 ))\n"
+    words = shell_words(script)
+    assert words[words.index("--a") + 1] == "2" and words[words.index("--c") + 1] == "6"
+    assert "two" not in words
+    with pytest.raises(ValueError):
+        shell_words("cmd 'unbalanced")
