@@ -56,6 +56,7 @@ _INT_FLAGS = {
     "--num-virtual-stages-per-pipeline-rank": "virtual_stages",
     "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
     "--expert-model-parallel-size": "ep", "--num-experts": "experts", "--moe-router-topk": "top_k",
+    "--moe-ffn-hidden-size": "moe_ffn", "--moe-shared-expert-intermediate-size": "shared_ffn",
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
 }
@@ -77,6 +78,7 @@ _APPROXIMATED = {
     "--position-embedding-type": "position embeddings read as learned absolute ones",
     "--multi-latent-attention": "multi-latent attention read as multi-head attention",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
+    "--moe-layer-freq": "--moe-layer-freq read as every layer an MoE layer",
 }
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
@@ -104,6 +106,10 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
               "--moe-expert-capacity-factor", f"{spec.moe.capacity_factor:g}",
               "--expert-model-parallel-size", str(plan.ep)]
+        if spec.moe.ffn:
+            a += ["--moe-ffn-hidden-size", str(spec.moe.ffn)]
+        if spec.moe.shared_ffn:
+            a += ["--moe-shared-expert-intermediate-size", str(spec.moe.shared_ffn)]
     a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     if plan.cp > 1:
         a += ["--context-parallel-size", str(plan.cp)]
@@ -266,8 +272,13 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:
             raise LaunchError(f"{source}: --moe-expert-capacity-factor must be > 0")
+        expert_ffn = _positive(values, "moe_ffn", "--moe-ffn-hidden-size", source) if "moe_ffn" in values else None
+        shared = values.get("shared_ffn", 0)
+        if shared < 0:
+            raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
-                      capacity_factor=float(values.get("capacity_factor", 1.0)))
+                      capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
+                      shared_ffn=int(shared))
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")

@@ -80,6 +80,10 @@ class MoESection(StrictModel):
     experts: bounded_int(1, 4096, "experts of one MoE layer") = Field(description="1 .. 4096")  # type: ignore[valid-type]
     top_k: PositiveInt = 2
     capacity_factor: Annotated[float, Field(gt=0), at_most(64.0, "tokens per expert slot")] = 1.0
+    #: one routed expert's FFN width (default: the model's ffn; Megatron's --moe-ffn-hidden-size)
+    ffn: bounded_int(1, 1_000_000, "an expert's FFN width") | None = None  # type: ignore[valid-type]
+    #: the shared experts' FFN width, every token runs it (0: none; --moe-shared-expert-intermediate-size)
+    shared_ffn: bounded_int(0, 1_000_000, "the shared experts' FFN width") = 0  # type: ignore[valid-type]
 
 
 class ModelSection(StrictModel):

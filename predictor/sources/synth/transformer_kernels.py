@@ -203,8 +203,8 @@ class StepKernels:
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
         self.eager = spec.program == "eager"
         moe = spec.moe
-        self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * (
-            self.h * self.f1 + self.f1 + self.f * self.h + self.h)
+        self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * spec.mlp_param_count(
+            spec.expert_ffn_size)
         #: traffic classes on the NICs while the TP collectives now emitted run: ``layout.tp_share`` inside
         #: the backward that overlaps the data-parallel buckets (:meth:`sharing_nics`), else 1
         self.tp_share = 1.0
@@ -365,17 +365,15 @@ class StepKernels:
 
     # -------------------------------------------------------------- MLP
     def _mlp_fwd(self, e: StepEmitter, p: str) -> None:
-        T, h, f, t, dt = self.T, self.h, self.f, self.t, self.dt
+        T, h, t, dt = self.T, self.h, self.t, self.dt
         if self.spec.moe is None:
-            self._fp8_cast(e, f"{p}fc1.fp8_cast", T * h)
-            self._gathered_gemm(e, f"{p}mlp_input_all_gather", f"{p}fc1",
-                                [self._linear(f"{p}fc1.addmm", T, self.f1 / t, h)])
-            self._activation(e, p, "bias_gelu", T * f / t)
-            self._fp8_cast(e, f"{p}fc2.fp8_cast", T * f / t)
-            self._reduced_gemm(e, f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)],
-                               f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
+            self._dense_mlp_fwd(e, p, self.f, self.f1)
             return
         moe, ep = self.spec.moe, self.plan.ep
+        if moe.shared_ffn:  # the shared expert: a dense, TP-split MLP every token runs
+            self._dense_mlp_fwd(e, f"{p}shared_expert.", moe.shared_ffn, self.spec.fc1_width(moe.shared_ffn))
+        f = self.spec.expert_ffn_size
+        f1 = self.spec.fc1_width(f)
         Tr = T / t  # tokens this rank routes (TP ranks split the tokens)
         routed = Tr * moe.top_k * moe.capacity_factor
         per_expert = routed * ep / moe.experts
@@ -383,13 +381,24 @@ class StepKernels:
         e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
                             eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
         self._a2a(e, f"{p}moe_dispatch", routed * h)
-        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, self.f1, h, batch=local)])
+        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f1, h, batch=local)])
         self._activation(e, f"{p}experts.", "gelu", routed * f)
         e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f, batch=local)])
         self._a2a(e, f"{p}moe_combine", routed * h)
         e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
         if not self.sp:
             self.tp_collective(e, f"{p}moe_output_all_gather", "all_gather", T * h)
+
+    def _dense_mlp_fwd(self, e: StepEmitter, p: str, f: float, f1: float) -> None:
+        """A TP-split MLP of width ``f`` (fc1 output ``f1``): column-parallel fc1, activation, row-parallel
+        fc2 with its all-reduce (reduce-scatter with sequence parallelism)."""
+        T, h, t = self.T, self.h, self.t
+        self._fp8_cast(e, f"{p}fc1.fp8_cast", T * h)
+        self._gathered_gemm(e, f"{p}mlp_input_all_gather", f"{p}fc1", [self._linear(f"{p}fc1.addmm", T, f1 / t, h)])
+        self._activation(e, p, "bias_gelu", T * f / t)
+        self._fp8_cast(e, f"{p}fc2.fp8_cast", T * f / t)
+        self._reduced_gemm(e, f"{p}fc2", [self._linear(f"{p}fc2.mm", T, h, f / t)],
+                           f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
 
     def _activation(self, e: StepEmitter, p: str, gelu: str, elems: float) -> None:
         """The MLP's activation over ``elems`` outputs: op ``p + gelu`` (bias + GeLU: reads 1, writes 1
@@ -413,21 +422,13 @@ class StepKernels:
             e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])  # local permutation
 
     def _mlp_bwd(self, e: StepEmitter, p: str) -> None:
-        T, h, f, t = self.T, self.h, self.f, self.t
+        T, h, t = self.T, self.h, self.t
         if self.spec.moe is None:
-            self._fp8_cast(e, f"{p}fc2.grad_fp8_cast", T * h)
-            self._gathered_gemm(e, f"{p}mlp_output_grad_all_gather", f"{p}fc2.backward",
-                                [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
-                                 *self._bias_grad(f"{p}fc2", T, h)])
-            self._accumulate_grad(e, f"{p}fc2", 2)
-            self._activation_bwd(e, p, "bias_gelu", T * f / t)
-            self._fp8_cast(e, f"{p}fc1.grad_fp8_cast", T * self.f1 / t)
-            e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, self.f1 / t)])
-            self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", self.f1 / t, h, T),
-                                                   *self._bias_grad(f"{p}fc1", T, self.f1 / t)])
-            self._accumulate_grad(e, f"{p}fc1", 2)
+            self._dense_mlp_bwd(e, p, self.f, self.f1)
             return
         moe, ep = self.spec.moe, self.plan.ep
+        f = self.spec.expert_ffn_size
+        f1 = self.spec.fc1_width(f)
         Tr = T / t
         routed = Tr * moe.top_k * moe.capacity_factor
         per_expert = routed * ep / moe.experts
@@ -436,13 +437,31 @@ class StepKernels:
         e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f, h, batch=local),
                                           self._wgrad(f"{p}experts.fc2.wgrad", h, f, per_expert, batch=local)])
         self._activation_bwd(e, f"{p}experts.", "gelu", routed * f)
-        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, self.f1, batch=local),
-                                          self._wgrad(f"{p}experts.fc1.wgrad", self.f1, h, per_expert, batch=local)])
+        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f1, batch=local),
+                                          self._wgrad(f"{p}experts.fc1.wgrad", f1, h, per_expert, batch=local)])
         self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
         e.op(f"{p}router.backward", [self._dgrad(f"{p}router.dgrad", Tr, h, moe.experts),
                                      self._wgrad(f"{p}router.wgrad", moe.experts, h, Tr)])
         if not self.sp:
             self.tp_collective(e, f"{p}moe_input_grad_all_gather", "all_gather", T * h)
+        if moe.shared_ffn:
+            self._dense_mlp_bwd(e, f"{p}shared_expert.", moe.shared_ffn, self.spec.fc1_width(moe.shared_ffn))
+
+    def _dense_mlp_bwd(self, e: StepEmitter, p: str, f: float, f1: float) -> None:
+        """The backward of :meth:`_dense_mlp_fwd`: fc2's gradients, the activation's, fc1's with the
+        input-gradient reduce."""
+        T, h, t = self.T, self.h, self.t
+        self._fp8_cast(e, f"{p}fc2.grad_fp8_cast", T * h)
+        self._gathered_gemm(e, f"{p}mlp_output_grad_all_gather", f"{p}fc2.backward",
+                            [self._dgrad(f"{p}fc2.dgrad", T, f / t, h), self._wgrad(f"{p}fc2.wgrad", h, f / t, T),
+                             *self._bias_grad(f"{p}fc2", T, h)])
+        self._accumulate_grad(e, f"{p}fc2", 2)
+        self._activation_bwd(e, p, "bias_gelu", T * f / t)
+        self._fp8_cast(e, f"{p}fc1.grad_fp8_cast", T * f1 / t)
+        e.op(f"{p}fc1.dgrad", [self._dgrad(f"{p}fc1.dgrad", T, h, f1 / t)])
+        self._input_grad_reduce(e, f"{p}fc1", [self._wgrad(f"{p}fc1.wgrad", f1 / t, h, T),
+                                               *self._bias_grad(f"{p}fc1", T, f1 / t)])
+        self._accumulate_grad(e, f"{p}fc1", 2)
 
     # -------------------------------------------------------------- GEMMs
     # Shapes as PyTorch (and Megatron) run them: a linear layer's forward is x @ W.t(), its input

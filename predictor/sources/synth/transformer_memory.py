@@ -96,16 +96,17 @@ def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1) -> float:
     norms = 4 * h
     if spec.moe is None:
         mlp = (h * f1 + f1) / t + (f * h) / t + h
-    else:
+    else:  # the router and the local experts, whole; a shared expert TP-split as a dense MLP
         mlp = h * spec.moe.experts + _expert_param_count(spec, ep)
+        if spec.moe.shared_ffn:
+            mlp += (spec.mlp_param_count(spec.moe.shared_ffn) - h) / t + h
     return attn + norms + mlp
 
 
 def _expert_param_count(spec: TransformerSpec, ep: int) -> float:
     if spec.moe is None:
         return 0.0
-    h, f, f1 = spec.hidden, spec.ffn_size, spec.fc1_size
-    return (spec.moe.experts / ep) * (h * f1 + f1 + f * h + h)
+    return (spec.moe.experts / ep) * spec.mlp_param_count(spec.expert_ffn_size)
 
 
 def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> float:
@@ -127,7 +128,10 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         split_mlp = mlp_per_token * s * b
     else:
         routed = s * b * spec.moe.top_k * spec.moe.capacity_factor  # token copies through the experts
-        split_mlp = routed * (mlp_per_token + 2.0 * h) + 4.0 * s * b * spec.moe.experts  # + router probs
+        ef, sf = spec.expert_ffn_size, spec.moe.shared_ffn
+        expert_per_token = 2.0 * (spec.fc1_width(ef) + ef)
+        shared = 2.0 * (spec.fc1_width(sf) + sf) * s * b if sf else 0.0
+        split_mlp = routed * (expert_per_token + 2.0 * h) + 4.0 * s * b * spec.moe.experts + shared  # + router probs
     out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
     if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token

@@ -30,11 +30,19 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class MoESpec:
-    """Mixture-of-experts MLP: ``experts`` per layer, each token routed to ``top_k`` of them."""
+    """Mixture-of-experts MLP: ``experts`` per layer, each token routed to ``top_k`` of them.
+
+    Each expert is an MLP of the model's kind (GeLU or SwiGLU) and width ``ffn`` (default: the
+    model's ``ffn``; Megatron-LM's ``--moe-ffn-hidden-size``). ``shared_ffn`` > 0 adds a shared
+    expert, an MLP of that width every token runs beside the routed ones (DeepSeek, Qwen MoE;
+    ``--moe-shared-expert-intermediate-size``, the width of all shared experts together).
+    """
 
     experts: int
     top_k: int = 2
     capacity_factor: float = 1.0
+    ffn: int | None = None
+    shared_ffn: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,20 @@ class TransformerSpec:
         return 2 * self.ffn_size if self.mlp == "swiglu" else self.ffn_size
 
     @property
+    def expert_ffn_size(self) -> int:
+        """FFN width of one routed expert (the model's ``ffn`` unless ``moe.ffn``)."""
+        return int(self.moe.ffn) if self.moe is not None and self.moe.ffn else self.ffn_size
+
+    def fc1_width(self, ffn: int) -> int:
+        """fc1's output width for an MLP of width ``ffn``: ``ffn``, or ``2 ffn`` for SwiGLU."""
+        return 2 * ffn if self.mlp == "swiglu" else ffn
+
+    def mlp_param_count(self, ffn: int) -> float:
+        """Weights and biases of one MLP of width ``ffn`` (fc1 and fc2)."""
+        h, f1 = self.hidden, self.fc1_width(ffn)
+        return h * f1 + f1 + ffn * h + h
+
+    @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
@@ -122,18 +144,25 @@ class TransformerSpec:
 
     def param_count(self) -> float:
         """Parameters of the whole model (embeddings counted once when tied)."""
-        h, f1, f, q = self.hidden, self.fc1_size, self.ffn_size, self.qkv_size
+        h, q, moe = self.hidden, self.qkv_size, self.moe
         attn = h * q + q + h * h + h
-        expert = h * f1 + f1 + f * h + h
-        mlp = expert if self.moe is None else h * self.moe.experts + self.moe.experts * expert
+        if moe is None:
+            mlp = self.mlp_param_count(self.ffn_size)
+        else:
+            shared = self.mlp_param_count(moe.shared_ffn) if moe.shared_ffn else 0.0
+            mlp = h * moe.experts + moe.experts * self.mlp_param_count(self.expert_ffn_size) + shared
         per_layer = attn + mlp + 4 * h
         emb = self.vocab * h + self.seq * h
         return self.layers * per_layer + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
 
     def forward_flops_per_sequence(self) -> float:
         """Matmul FLOPs of one forward pass over one sequence (Narayanan et al. SC21 §5.1 accounting)."""
-        s, h = self.seq, self.hidden
-        mlp = 2.0 * s * h * (self.fc1_size + self.ffn_size) * (self.moe.top_k if self.moe else 1)
+        s, h, moe = self.seq, self.hidden, self.moe
+        if moe is None:
+            mlp = 2.0 * s * h * (self.fc1_size + self.ffn_size)
+        else:
+            ef, sf = self.expert_ffn_size, moe.shared_ffn
+            mlp = 2.0 * s * h * ((self.fc1_width(ef) + ef) * moe.top_k + self.fc1_width(sf) + sf)
         layer = 2.0 * s * h * (self.qkv_size + h) + mlp + 4.0 * s * s * h
         return self.layers * layer + 2.0 * s * h * self.vocab
 
@@ -160,6 +189,8 @@ class TransformerSpec:
             raise PlanError(f"attention must be one of {', '.join(ATTENTION_VALUES)} (got {self.attention!r})")
         if self.moe is not None and (self.moe.experts < 1 or not 1 <= self.moe.top_k <= self.moe.experts):
             raise PlanError(f"MoE needs 1 <= top_k <= experts (got top_k={self.moe.top_k}, experts={self.moe.experts})")
+        if self.moe is not None and (self.moe.ffn is not None and self.moe.ffn < 1 or self.moe.shared_ffn < 0):
+            raise PlanError(f"MoE expert widths must be >= 1 (got ffn={self.moe.ffn}, shared_ffn={self.moe.shared_ffn})")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,77 @@
+"""Fine-grained MoE shapes: each expert's own FFN width and a shared expert (DeepSeek, Qwen MoE)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from predictor.sources.synth.transformer import (
+    MoESpec,
+    ParallelPlan,
+    PlanError,
+    TransformerSpec,
+    build_transformer_graph,
+)
+from predictor.sources.synth.transformer_memory import layer_param_count, memory_per_stage
+from predictor.timing.platforms import get_platform
+from tuner.launch import megatron_args, read_megatron_args
+from tuner.plans import predict_plan
+
+#: Qwen1.5-MoE-A2.7B (its model card and config.json: 24 layers, hidden 2048, 16 heads, vocab 151936, 60 experts
+#: of width 1408, top 4, a shared expert of width 5632, SwiGLU, untied output): 14.3B parameters, 2.7B activated
+QWEN_MOE = TransformerSpec(layers=24, hidden=2048, heads=16, seq=8192, vocab=151936, mlp="swiglu",
+                           tie_embeddings=False, moe=MoESpec(experts=60, top_k=4, ffn=1408, shared_ffn=5632))
+SMALL = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu",
+                        moe=MoESpec(experts=8, top_k=2, ffn=256, shared_ffn=768))
+
+
+def test_published_parameter_counts():
+    assert QWEN_MOE.param_count() == pytest.approx(14.3e9, rel=5e-3)
+    h = QWEN_MOE.hidden
+    per_layer = 4 * h * h + 4 * QWEN_MOE.mlp_param_count(1408) + QWEN_MOE.mlp_param_count(5632) + 60 * h
+    assert 24 * per_layer + 2 * QWEN_MOE.vocab * h == pytest.approx(2.7e9, rel=5e-3)  # activated
+
+
+def test_expert_and_shared_gemms_carry_their_widths_and_tp_splits_only_the_shared_one():
+    plan = ParallelPlan(tp=2, pp=1, dp=4, ep=2, micro_batch=2, global_batch=16, sequence_parallel=True)
+    df = build_transformer_graph(SMALL, plan, detail="kernel").tasks_frame()
+    df = df[(df["rank"] == 0) & (df.processor != "cpu")]  # the kernels (their launches carry the name too)
+    T = plan.micro_batch * SMALL.seq
+    routed = T / plan.tp * SMALL.moe.top_k  # TP ranks split the tokens they route
+    fc1 = df[df.name == "layer[0].experts.fc1"].flops.iloc[0]  # one micro-batch
+    assert fc1 == pytest.approx(2 * routed * SMALL.hidden * 2 * 256)  # gate and up of width 256
+    shared = df[df.name == "layer[0].shared_expert.fc1.addmm"].flops.iloc[0]
+    assert shared == pytest.approx(2 * T * SMALL.hidden * 2 * 768 / plan.tp)
+    assert (df.name == "layer[0].shared_expert.mlp_output_reduce_scatter").any()
+    # parameters a device holds: local experts whole, the shared expert split over TP
+    h = SMALL.hidden
+    mlp = 8 * h + 8 / 2 * SMALL.mlp_param_count(256) + (SMALL.mlp_param_count(768) - h) / 2 + h
+    assert layer_param_count(SMALL, 2, 2) == pytest.approx(SMALL.hidden * SMALL.qkv_size / 2 + SMALL.qkv_size / 2
+                                                           + h * h / 2 + h + 4 * h + mlp)
+
+
+def test_wider_experts_or_a_shared_expert_cost_time_and_memory():
+    plat = get_platform("h100-sxm")
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8)
+    base = replace(SMALL, moe=MoESpec(experts=8, top_k=2, ffn=256))
+    times, mems = [], []
+    for spec in (base, replace(SMALL, moe=MoESpec(experts=8, top_k=2, ffn=512)), SMALL):
+        r, _ = predict_plan(spec, plan, plat, detail="kernel")
+        times.append(r["predicted_iteration_s"])
+        mems.append(max(m.total_bytes for m in memory_per_stage(spec, plan)))
+    assert times[1] > times[0] and times[2] > times[0]
+    assert mems[1] > mems[0] and mems[2] > mems[0]
+
+
+def test_megatron_flags_round_trip_and_bad_widths():
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=4, micro_batch=1, global_batch=8)
+    args = megatron_args(SMALL, plan)
+    assert args[args.index("--moe-ffn-hidden-size") + 1] == "256"
+    assert args[args.index("--moe-shared-expert-intermediate-size") + 1] == "768"
+    back = read_megatron_args(args, devices=8)
+    assert back.spec == replace(SMALL, name="megatron-model") and back.plan == plan
+    freq = read_megatron_args(args + ["--moe-layer-freq", "([0]+[1]*3)"], devices=8)
+    assert any("--moe-layer-freq" in n for n in freq.notes)
+    with pytest.raises(PlanError, match="expert widths"):
+        replace(SMALL, moe=MoESpec(experts=8, ffn=0)).validate()
