@@ -176,6 +176,9 @@ def test_megatron_precision_aware_optimizer_flags():
     assert both.plan.optimizer_state == "bf16" and not both.notes
     half = read_megatron_args(shape + "--use-precision-aware-optimizer --exp-avg-dtype bf16", devices=8)
     assert half.plan.optimizer_state == "fp32" and half.notes
+    plan_flags = read_megatron_args(shape + "--overlap-param-gather --decoder-first-pipeline-num-layers 2 "
+                                    "--account-for-loss-in-pipeline-split", devices=8)
+    assert len(plan_flags.notes) == 2 and any("uneven" in n for n in plan_flags.notes)  # one note per meaning
     relu2 = read_megatron_args(shape + "--squared-relu", devices=8)  # Nemotron's MLP: two GEMMs, as GeLU's
     assert relu2.spec.mlp == "gelu" and any("squared ReLU" in n for n in relu2.notes)
     unswitched = read_megatron_args(shape + "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", devices=8)

@@ -72,13 +72,20 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
-# model flags tuner's GPT does not model: read as the nearest GPT, with a note
+# flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--position-embedding-type": "position embeddings read as learned absolute ones",
     "--multi-latent-attention": "multi-latent attention read as multi-head attention",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
     "--moe-layer-freq": "--moe-layer-freq read as every layer an MoE layer",
+    "--decoder-first-pipeline-num-layers": "an uneven pipeline split read as an even one",
+    "--decoder-last-pipeline-num-layers": "an uneven pipeline split read as an even one",
+    "--account-for-embedding-in-pipeline-split": "an uneven pipeline split read as an even one",
+    "--account-for-loss-in-pipeline-split": "an uneven pipeline split read as an even one",
+    "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core",
+    "--overlap-param-gather": "the distributed optimizer's parameter all-gather priced after the step, not beside "
+                              "the next forward",
 }
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
