@@ -137,17 +137,14 @@ def published_tflops(chip: str, impl: str, causal: bool, head_dim: float, seq: f
     """Published TFLOP/s of one pass of ``impl`` on ``chip``: the forward + backward rate, or where the
     forward is published alone, the forward and the backward that the two imply, or where both passes
     are published alone, each (a causal backward from the non-causal one, scaled as the forward)."""
-    if _rate(BWD, chip, impl, False, head_dim, seq) is not None:
-        fwd = _rate(FWD, chip, impl, causal, head_dim, seq)
-        if fwd is None:
+    bwd_full = _rate(BWD, chip, impl, False, head_dim, seq)
+    if bwd_full is not None:
+        fwd, fwd_full = _rate(FWD, chip, impl, causal, head_dim, seq), _rate(FWD, chip, impl, False, head_dim, seq)
+        if fwd is None or fwd_full is None:
             raise KeyError(f"no published forward speed for {impl} on {chip}")
         if not backward:
             return fwd
-        bwd = _rate(BWD, chip, impl, False, head_dim, seq)
-        assert bwd is not None
-        if causal:
-            bwd *= fwd / _rate(FWD, chip, impl, False, head_dim, seq)  # type: ignore[operator]
-        return bwd
+        return bwd_full * fwd / fwd_full  # a causal backward scales as the causal forward does
     both = _rate(FWD_BWD, chip, impl, causal, head_dim, seq)
     if both is None:
         raise KeyError(f"no published attention speed for {impl} on {chip}")
