@@ -66,6 +66,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("model.ffn", [0]),
         ("model.ffn_mult", [0, -1, 100, True]),
         ("model.kv_heads", [0, True, 3]),
+        ("model.kv_channels", [0, 2**20]),
         ("model.mlp", ["relu"]),
         ("model.moe", [{"experts": 0}, {"experts": 2, "top_k": 3}, {"experts": 2, "ffn": 0}, {"experts": 2, "shared_ffn": -1}]),
         ("model.dtype", ["fp64"]),

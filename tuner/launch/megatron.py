@@ -57,6 +57,7 @@ _INT_FLAGS = {
     "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
     "--expert-model-parallel-size": "ep", "--num-experts": "experts", "--moe-router-topk": "top_k",
     "--moe-ffn-hidden-size": "moe_ffn", "--moe-shared-expert-intermediate-size": "shared_ffn",
+    "--kv-channels": "kv_channels",
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
 }
@@ -101,6 +102,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
          {"unfused": "unfused", "cudnn": "fused", "te": "auto"}.get(spec.attention, "flash")]
     if spec.kv_heads_count != spec.heads:
         a += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads_count)]
+    if spec.kv_channels:
+        a += ["--kv-channels", str(spec.kv_channels)]
     if spec.mlp == "swiglu":
         a.append("--swiglu")
     if spec.fp8_linear:
@@ -289,7 +292,11 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
+    kv_channels = _positive(values, "kv_channels", "--kv-channels", source) if "kv_channels" in values else None
+    if kv_channels is not None and heads * kv_channels == hidden:
+        kv_channels = None  # Megatron's default, hidden / heads
     return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
+                           kv_channels=kv_channels,
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),

@@ -100,6 +100,8 @@ class ModelSection(StrictModel):
     ffn_mult: Annotated[float, Field(gt=0), at_most(64.0, "FFN width as a multiple of hidden")] = 4.0
     kv_heads: bounded_int(1, 2**14, "key/value heads") | None = Field(  # type: ignore[valid-type]
         default=None, description="key/value heads of grouped-query attention (default: heads)")
+    kv_channels: bounded_int(1, 2**14, "a head's width") | None = Field(  # type: ignore[valid-type]
+        default=None, description="each head's width (default: hidden / heads; Megatron's --kv-channels)")
     #: gelu: fc1, GeLU, fc2; swiglu: Llama's gated MLP (fc1 to gate and up, 2 x ffn wide)
     mlp: Literal["gelu", "swiglu"] = "gelu"
     moe: MoESection | None = None
@@ -114,7 +116,7 @@ class ModelSection(StrictModel):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:
-        if self.hidden % self.heads:
+        if self.kv_channels is None and self.hidden % self.heads:
             raise ValueError(f"hidden size {self.hidden} is not divisible by {self.heads} heads")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"{self.heads} heads are not a multiple of kv_heads={self.kv_heads}")

@@ -199,6 +199,7 @@ class StepKernels:
         self.Tn = self.T / self.t if self.sp else self.T  # tokens seen by norms/dropouts
         self.heads_local = spec.heads // self.t
         self.d = spec.head_dim
+        self.a = spec.attn_size  # the heads' width together (the attention projection's input)
         self.V = spec.padded_vocab(self.t)
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
         self.eager = spec.program == "eager"
@@ -551,8 +552,8 @@ class StepKernels:
         self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
         self._gathered_gemm(e, f"{p}qkv_input_all_gather", f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, self.q / t, h)])
         self._attn_fwd(e, p)
-        self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * h / t)
-        self._reduced_gemm(e, f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, h / t)],
+        self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * self.a / t)
+        self._reduced_gemm(e, f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, self.a / t)],
                            f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
         self._dropout_add(e, f"{p}bias_dropout_add")
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
@@ -568,7 +569,7 @@ class StepKernels:
         kv = self.spec.kv_heads_count * self.d
         e.op(f"{r}input_layernorm", [eltwise(f"{r}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._gathered_gemm(e, f"{r}qkv_input_all_gather", f"{r}wk", [self._linear(f"{r}wk.mm", T, kv / t, h)])
-        e.op(f"{r}attn_proj", [self._linear(f"{r}attn_proj.mm", T, h, h / t)])
+        e.op(f"{r}attn_proj", [self._linear(f"{r}attn_proj.mm", T, h, self.a / t)])
         e.op(f"{r}post_attention_layernorm", [eltwise(f"{r}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         if self.spec.mlp == "swiglu":
             self._gathered_gemm(e, f"{r}mlp_input_all_gather", f"{r}w3", [self._linear(f"{r}w3.mm", T, f / t, h)])
@@ -594,7 +595,8 @@ class StepKernels:
         e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._fp8_cast(e, f"{p}attn_proj.grad_fp8_cast", T * h)
         self._gathered_gemm(e, f"{p}attn_output_grad_all_gather", f"{p}attn_proj.backward",
-                            [self._dgrad(f"{p}attn_proj.dgrad", T, h / t, h), self._wgrad(f"{p}attn_proj.wgrad", h, h / t, T),
+                            [self._dgrad(f"{p}attn_proj.dgrad", T, self.a / t, h),
+                             self._wgrad(f"{p}attn_proj.wgrad", h, self.a / t, T),
                              *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)

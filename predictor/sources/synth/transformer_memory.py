@@ -92,7 +92,7 @@ class StageMemory:
 def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1) -> float:
     """Parameters of one transformer layer held by one device (TP-split and replicated parts)."""
     h, f, f1, q, t = spec.hidden, spec.ffn_size, spec.fc1_size, spec.qkv_size, tp
-    attn = (h * q + q) / t + (h * h) / t + h  # QKV (column) + proj (row; bias replicated)
+    attn = (h * q + q) / t + (spec.attn_size * h) / t + h  # QKV (column) + proj (row; bias replicated)
     norms = 4 * h
     if spec.moe is None:
         mlp = (h * f1 + f1) / t + (f * h) / t + h
@@ -120,8 +120,8 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
     if plan.recompute == "op":
         return op_checkpoint_bytes(spec, plan)
     replicated = 10.0 * sbh
-    # Q and the projection input 2 sbh each, K and V 2 sbh x kv_heads / heads each
-    split_attn = (4.0 + 4.0 * spec.kv_heads_count / spec.heads) * sbh
+    # Q and the projection input 2 s b heads head_dim each, K and V 2 s b kv_heads head_dim each
+    split_attn = (4.0 * spec.attn_size + 4.0 * spec.kv_heads_count * spec.head_dim) * s * b
     # the activation's input (fc1's output: 2 f bytes a token, 4 f for SwiGLU's gate and up) and fc2's input
     mlp_per_token = 2.0 * (spec.fc1_size + f)
     if spec.moe is None:
@@ -148,7 +148,8 @@ def op_checkpoint_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
     sp = plan.sequence_parallel and t > 1
     dt = spec.dtype_bytes
     kv = spec.kv_heads_count * spec.head_dim
-    saved = h + kv + h + spec.ffn_size + (h if spec.mlp == "swiglu" else 0.0)  # wq, wv, attention, w1, (w2)
+    heads_width = spec.attn_size
+    saved = heads_width + kv + heads_width + spec.ffn_size + (h if spec.mlp == "swiglu" else 0.0)  # wq, wv, attn, w1, (w2)
     return s * b * dt * (h / (t if sp else 1) + saved / t) + 4.0 * a * s * b / t
 
 

@@ -62,6 +62,10 @@ class TransformerSpec:
     #: key/value heads (grouped-query attention; ``None``: as many as ``heads``, multi-head attention).
     #: The QKV projection is ``hidden x (heads + 2 kv_heads) head_dim``; attention FLOPs do not change
     kv_heads: int | None = None
+    #: each head's width (Megatron-LM's ``--kv-channels``, Hugging Face's ``head_dim``; ``None``:
+    #: ``hidden / heads``): the QKV projection's heads and the attention projection's input are
+    #: ``heads x kv_channels`` wide (Qwen3, Gemma set it apart from ``hidden / heads``)
+    kv_channels: int | None = None
     #: ``"gelu"``: ``fc1`` (hidden -> ffn), GeLU, ``fc2``; ``"swiglu"``: the gated MLP of Llama and
     #: Megatron's ``--swiglu``: ``fc1`` projects to gate and up (hidden -> 2 ffn, one GEMM as Megatron
     #: fuses them), ``silu(gate) * up``, ``fc2`` (ffn -> hidden): 1.5x the MLP weights and FLOPs
@@ -102,8 +106,13 @@ class TransformerSpec:
 
     @property
     def qkv_size(self) -> float:
-        """Output width of the QKV projection: ``hidden + 2 kv_heads head_dim``."""
-        return self.hidden + 2.0 * self.kv_heads_count * self.head_dim
+        """Output width of the QKV projection: ``(heads + 2 kv_heads) head_dim``."""
+        return self.attn_size + 2.0 * self.kv_heads_count * self.head_dim
+
+    @property
+    def attn_size(self) -> float:
+        """Width of the attention heads together, ``heads x head_dim`` (the projection's input)."""
+        return self.heads * self.head_dim
 
     @property
     def fc1_size(self) -> int:
@@ -135,7 +144,8 @@ class TransformerSpec:
 
     @property
     def head_dim(self) -> float:
-        return self.hidden / self.heads
+        """One head's width: ``kv_channels``, else ``hidden / heads``."""
+        return float(self.kv_channels) if self.kv_channels else self.hidden / self.heads
 
     def padded_vocab(self, tp: int) -> int:
         """Megatron pads the vocabulary to a multiple of ``128 * tp``."""
@@ -145,7 +155,7 @@ class TransformerSpec:
     def param_count(self) -> float:
         """Parameters of the whole model (embeddings counted once when tied)."""
         h, q, moe = self.hidden, self.qkv_size, self.moe
-        attn = h * q + q + h * h + h
+        attn = h * q + q + self.attn_size * h + h
         if moe is None:
             mlp = self.mlp_param_count(self.ffn_size)
         else:
@@ -163,7 +173,7 @@ class TransformerSpec:
         else:
             ef, sf = self.expert_ffn_size, moe.shared_ffn
             mlp = 2.0 * s * h * ((self.fc1_width(ef) + ef) * moe.top_k + self.fc1_width(sf) + sf)
-        layer = 2.0 * s * h * (self.qkv_size + h) + mlp + 4.0 * s * s * h
+        layer = 2.0 * s * h * (self.qkv_size + self.attn_size) + mlp + 4.0 * s * s * self.attn_size
         return self.layers * layer + 2.0 * s * h * self.vocab
 
     def iteration_flops(self, global_batch: int, recompute: str = "none") -> float:
@@ -179,8 +189,10 @@ class TransformerSpec:
         for field_name in ("layers", "hidden", "heads", "seq", "vocab"):
             if getattr(self, field_name) < 1:
                 raise PlanError(f"model {field_name} must be >= 1 (got {getattr(self, field_name)})")
-        if self.hidden % self.heads:
+        if self.kv_channels is None and self.hidden % self.heads:
             raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
+        if self.kv_channels is not None and self.kv_channels < 1:
+            raise PlanError(f"kv_channels must be >= 1 (got {self.kv_channels})")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise PlanError(f"{self.heads} attention heads are not a multiple of kv_heads={self.kv_heads}")
         if self.mlp not in ("gelu", "swiglu"):

@@ -1,4 +1,5 @@
-"""Fine-grained MoE shapes: each expert's own FFN width and a shared expert (DeepSeek, Qwen MoE)."""
+"""Shapes of models tuner did not write: fine-grained MoE (each expert's own FFN width, a shared expert:
+DeepSeek, Qwen MoE) and heads wider than hidden / heads (kv_channels: Qwen3, Gemma)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from tuner.plans import predict_plan
 #: of width 1408, top 4, a shared expert of width 5632, SwiGLU, untied output): 14.3B parameters, 2.7B activated
 QWEN_MOE = TransformerSpec(layers=24, hidden=2048, heads=16, seq=8192, vocab=151936, mlp="swiglu",
                            tie_embeddings=False, moe=MoESpec(experts=60, top_k=4, ffn=1408, shared_ffn=5632))
+#: Qwen3-30B-A3B (its config.json: 48 layers, hidden 2048, 32 heads of 128 with 4 key/value heads, 128 experts of
+#: width 768, top 8, vocab 151936, untied output): 30.5B parameters, 3.3B activated
+QWEN3_MOE = TransformerSpec(layers=48, hidden=2048, heads=32, kv_heads=4, kv_channels=128, seq=4096, vocab=151936,
+                            mlp="swiglu", tie_embeddings=False, moe=MoESpec(experts=128, top_k=8, ffn=768))
 SMALL = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu",
                         moe=MoESpec(experts=8, top_k=2, ffn=256, shared_ffn=768))
 
@@ -31,6 +36,29 @@ def test_published_parameter_counts():
     h = QWEN_MOE.hidden
     per_layer = 4 * h * h + 4 * QWEN_MOE.mlp_param_count(1408) + QWEN_MOE.mlp_param_count(5632) + 60 * h
     assert 24 * per_layer + 2 * QWEN_MOE.vocab * h == pytest.approx(2.7e9, rel=5e-3)  # activated
+
+
+def test_heads_wider_than_hidden_over_heads():
+    spec = QWEN3_MOE
+    assert spec.param_count() == pytest.approx(30.5e9, rel=5e-3)
+    h = spec.hidden
+    per_layer = h * spec.qkv_size + spec.attn_size * h + 8 * spec.mlp_param_count(768) + 128 * h
+    assert 48 * per_layer + 2 * spec.vocab * h == pytest.approx(3.3e9, rel=2e-2)  # activated
+    assert (spec.qkv_size, spec.attn_size) == (32 * 128 + 2 * 4 * 128, 32 * 128)
+    small = TransformerSpec(layers=2, hidden=512, heads=8, kv_channels=128, seq=256, vocab=1000)
+    plan = ParallelPlan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=1)
+    df = build_transformer_graph(small, plan, detail="kernel").tasks_frame()
+    df = df[(df["rank"] == 0) & (df.processor != "cpu")]
+    T = small.seq
+    assert df[df.name == "layer[0].qkv.addmm"].flops.iloc[0] == pytest.approx(2 * T * 512 * 3 * 8 * 128 / 2)
+    assert df[df.name == "layer[0].attn_proj.mm"].flops.iloc[0] == pytest.approx(2 * T * 512 * 8 * 128 / 2)
+    base = replace(small, kv_channels=None)  # 64-wide heads
+    assert memory_per_stage(small, plan)[0].activations_bytes > memory_per_stage(base, plan)[0].activations_bytes
+    args = megatron_args(small, plan)
+    assert args[args.index("--kv-channels") + 1] == "128"
+    assert read_megatron_args(args, devices=2).spec.kv_channels == 128
+    assert read_megatron_args(megatron_args(base, plan), devices=2).spec.kv_channels is None
+    assert "--kv-channels" not in megatron_args(base, plan)
 
 
 def test_expert_and_shared_gemms_carry_their_widths_and_tp_splits_only_the_shared_one():
