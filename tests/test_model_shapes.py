@@ -100,6 +100,32 @@ def test_megatron_flags_round_trip_and_bad_widths():
     back = read_megatron_args(args, devices=8)
     assert back.spec == replace(SMALL, name="megatron-model") and back.plan == plan
     freq = read_megatron_args(args + ["--moe-layer-freq", "([0]+[1]*3)"], devices=8)
-    assert any("--moe-layer-freq" in n for n in freq.notes)
+    assert freq.spec.moe.dense_layers == 1 and not any("--moe-layer-freq" in n for n in freq.notes)
     with pytest.raises(PlanError, match="expert widths"):
         replace(SMALL, moe=MoESpec(experts=8, ffn=0)).validate()
+
+
+def test_first_layers_dense():
+    """An MoE model's first layers with a dense MLP (DeepSeek's first_k_dense_replace): their weights, GEMMs,
+    gradient buckets and the first stage's memory; they must fit in the first pipeline chunk."""
+    dense2 = replace(SMALL, moe=replace(SMALL.moe, dense_layers=2))
+    h = SMALL.hidden
+    dense_mlp, moe_mlp = SMALL.mlp_param_count(SMALL.ffn_size), (8 * h + 8 * SMALL.mlp_param_count(256)
+                                                                 + SMALL.mlp_param_count(768))
+    assert dense2.param_count() - SMALL.param_count() == pytest.approx(2 * (dense_mlp - moe_mlp))
+    plan = ParallelPlan(tp=1, pp=2, dp=2, ep=2, micro_batch=1, global_batch=4)
+    df = build_transformer_graph(dense2, plan, detail="kernel").tasks_frame()
+    names = set(df.name)
+    assert {"layer[0].fc1.addmm", "layer[1].fc1.addmm", "layer[0].experts.fc1"} <= names  # stage 1's layer[0]
+    first = df[(df["rank"] == 0) & (df.processor != "cpu")]
+    assert not first.name.str.startswith("layer[0].experts").any() and (first.name == "layer[0].fc1.addmm").any()
+    plain, mixed = memory_per_stage(SMALL, plan), memory_per_stage(dense2, plan)
+    assert mixed[0].params != plain[0].params and mixed[1].params == plain[1].params
+    with pytest.raises(PlanError, match="dense layers must fit in the first pipeline chunk"):
+        build_transformer_graph(replace(SMALL, moe=replace(SMALL.moe, dense_layers=3)), plan)
+    args = megatron_args(dense2, plan)
+    assert args[args.index("--moe-layer-freq") + 1] == "([0]*2+[1]*2)"
+    assert read_megatron_args(args, devices=4).spec == replace(dense2, name="megatron-model")
+    i = args.index("--moe-layer-freq")
+    interleaved = read_megatron_args(args[:i + 1] + ["([1]*1+[0]*1)*2"] + args[i + 2:], devices=4)
+    assert interleaved.spec.moe.dense_layers == 0 and any("--moe-layer-freq" in n for n in interleaved.notes)

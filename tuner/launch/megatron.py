@@ -21,6 +21,7 @@ back as tuner's default.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 import shlex
@@ -66,7 +67,7 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
-              "--tokenizer-type": "tokenizer"}
+              "--tokenizer-type": "tokenizer", "--moe-layer-freq": "moe_layer_freq"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
@@ -79,7 +80,6 @@ _APPROXIMATED = {
     "--position-embedding-type": "position embeddings read as learned absolute ones",
     "--multi-latent-attention": "multi-latent attention read as multi-head attention",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
-    "--moe-layer-freq": "--moe-layer-freq read as every layer an MoE layer",
     "--decoder-first-pipeline-num-layers": "an uneven pipeline split read as an even one",
     "--decoder-last-pipeline-num-layers": "an uneven pipeline split read as an even one",
     "--account-for-embedding-in-pipeline-split": "an uneven pipeline split read as an even one",
@@ -120,6 +120,9 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
             a += ["--moe-ffn-hidden-size", str(spec.moe.ffn)]
         if spec.moe.shared_ffn:
             a += ["--moe-shared-expert-intermediate-size", str(spec.moe.shared_ffn)]
+        if spec.moe.dense_layers:
+            k = spec.moe.dense_layers
+            a += ["--moe-layer-freq", f"([0]*{k}+[1]*{spec.layers - k})"]
     a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     if plan.cp > 1:
         a += ["--context-parallel-size", str(plan.cp)]
@@ -288,7 +291,7 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
             raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
-                      shared_ffn=int(shared))
+                      shared_ffn=int(shared), dense_layers=_dense_layers(values.get("moe_layer_freq"), layers, notes))
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
@@ -301,6 +304,43 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
                            name=name)
+
+
+def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> int:
+    """The first-k dense layers of Megatron's ``--moe-layer-freq``: ``1`` (every layer MoE) or a pattern
+    ``([0]*k+[1]*m)``; any other pattern reads as every layer MoE, with a note."""
+    if freq is None or freq.strip() == "1":
+        return 0
+    pattern = _layer_pattern(freq)
+    if pattern is not None and len(pattern) == layers and set(pattern) <= {0, 1}:
+        k = pattern.index(1) if 1 in pattern else layers
+        if all(pattern[k:]) and k < layers:
+            return k
+    notes.append(f"--moe-layer-freq {freq} read as every layer an MoE layer (tuner models the first k dense only)")
+    return 0
+
+
+def _layer_pattern(expr: str) -> list[int] | None:
+    """The list of a ``--moe-layer-freq`` expression of integer lists joined by + and repeated by *, or None."""
+    def value(node: ast.AST) -> list[int] | int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            return [int(value(x)) for x in node.elts]  # type: ignore[arg-type]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            size = [len(x) if isinstance(x, list) else abs(x) for x in (left, right)]
+            total = size[0] + size[1] if isinstance(node.op, ast.Add) else size[0] * size[1]
+            if total > 100_000:  # no model has so many layers: refuse before building the list
+                raise ValueError(expr)
+            return left + right if isinstance(node.op, ast.Add) else left * right  # type: ignore[operator]
+        raise ValueError(expr)
+
+    try:
+        out = value(ast.parse(expr.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError, MemoryError):
+        return None
+    return out if isinstance(out, list) else None
 
 
 def _recompute(values: dict, source: str) -> str:

@@ -84,6 +84,8 @@ class MoESection(StrictModel):
     ffn: bounded_int(1, 1_000_000, "an expert's FFN width") | None = None  # type: ignore[valid-type]
     #: the shared experts' FFN width, every token runs it (0: none; --moe-shared-expert-intermediate-size)
     shared_ffn: bounded_int(0, 1_000_000, "the shared experts' FFN width") = 0  # type: ignore[valid-type]
+    #: the model's first layers with a dense MLP (DeepSeek's first_k_dense_replace)
+    dense_layers: bounded_int(0, 10_000, "dense layers") = 0  # type: ignore[valid-type]
 
 
 class ModelSection(StrictModel):
@@ -122,6 +124,8 @@ class ModelSection(StrictModel):
             raise ValueError(f"{self.heads} heads are not a multiple of kv_heads={self.kv_heads}")
         if self.moe is not None and self.moe.top_k > self.moe.experts:
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
+        if self.moe is not None and self.moe.dense_layers >= self.layers:
+            raise ValueError(f"moe.dense_layers={self.moe.dense_layers} must be below layers={self.layers}")
         return self
 
     def to_spec(self) -> TransformerSpec:

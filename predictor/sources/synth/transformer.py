@@ -284,6 +284,8 @@ def build_stage_graph(
     if n_layers < 1:
         raise PlanError(f"a stage needs at least one layer (got {n_layers})")
     stage_spec = replace(spec, layers=n_layers)
+    if spec.moe is not None and not with_embedding:  # an MoE model's dense layers are the first stage's
+        stage_spec = replace(stage_spec, moe=replace(spec.moe, dense_layers=0))
     stage_plan = replace(plan, pp=1, dp=1, global_batch=plan.micro_batch, schedule="1f1b")
     check_plan(stage_spec, stage_plan)
     templates = StepTemplates(stage_spec, stage_plan, devices_per_node, mode)

@@ -202,6 +202,7 @@ class StepKernels:
         self.a = spec.attn_size  # the heads' width together (the attention projection's input)
         self.V = spec.padded_vocab(self.t)
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
+        self.dense_layer_params = layer_param_count(spec, self.t, plan.ep, dense=True)  # moe.dense_layers
         self.eager = spec.program == "eager"
         moe = spec.moe
         self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * spec.mlp_param_count(
@@ -365,9 +366,9 @@ class StepKernels:
                                           self._bmm(f"{p}attn_scores.dgrad_k", d, s, s, bh)])
 
     # -------------------------------------------------------------- MLP
-    def _mlp_fwd(self, e: StepEmitter, p: str) -> None:
+    def _mlp_fwd(self, e: StepEmitter, p: str, dense: bool = False) -> None:
         T, h, t, dt = self.T, self.h, self.t, self.dt
-        if self.spec.moe is None:
+        if self.spec.moe is None or dense:
             self._dense_mlp_fwd(e, p, self.f, self.f1)
             return
         moe, ep = self.spec.moe, self.plan.ep
@@ -422,9 +423,9 @@ class StepKernels:
         else:
             e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])  # local permutation
 
-    def _mlp_bwd(self, e: StepEmitter, p: str) -> None:
+    def _mlp_bwd(self, e: StepEmitter, p: str, dense: bool = False) -> None:
         T, h, t = self.T, self.h, self.t
-        if self.spec.moe is None:
+        if self.spec.moe is None or dense:
             self._dense_mlp_bwd(e, p, self.f, self.f1)
             return
         moe, ep = self.spec.moe, self.plan.ep
@@ -546,7 +547,8 @@ class StepKernels:
                 e.node(f"{p}{n}")
 
     # -------------------------------------------------------------- layers
-    def layer_fwd(self, e: StepEmitter, p: str) -> None:
+    def layer_fwd(self, e: StepEmitter, p: str, dense: bool = False) -> None:
+        """Forward of one layer (prefix ``p``); ``dense``: one of an MoE model's dense layers."""
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
@@ -557,7 +559,7 @@ class StepKernels:
                            f"{p}attn_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
         self._dropout_add(e, f"{p}bias_dropout_add")
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
-        self._mlp_fwd(e, p)
+        self._mlp_fwd(e, p, dense)
         self._dropout_add(e, f"{p}bias_dropout_add_2")
 
     def _op_recompute(self, e: StepEmitter, p: str) -> None:
@@ -579,15 +581,16 @@ class StepKernels:
             self._activation(e, r, "bias_gelu", T * f / t)
             e.op(f"{r}fc2", [self._linear(f"{r}fc2.mm", T, h, f / t)])
 
-    def layer_bwd(self, e: StepEmitter, p: str, index: int = 0) -> None:
-        """Backward of layer ``index`` of the chunk (prefix ``p``), after its recomputation if any."""
+    def layer_bwd(self, e: StepEmitter, p: str, index: int = 0, dense: bool = False) -> None:
+        """Backward of layer ``index`` of the chunk (prefix ``p``), after its recomputation if any; ``dense``:
+        one of an MoE model's dense layers."""
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         if self.plan.recomputes_layer(index):
-            self.layer_fwd(e, f"{p}recompute.")
+            self.layer_fwd(e, f"{p}recompute.", dense)
         elif self.plan.recompute == "op":
             self._op_recompute(e, p)
         e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
-        self._mlp_bwd(e, p)
+        self._mlp_bwd(e, p, dense)
         self._layernorm_bwd(e, f"{p}post_attention_layernorm")
         if self.eager:  # the residual stream's two gradients summed by autograd
             e.op(f"{p}residual_2.grad_add", [eltwise(f"{p}residual_2.grad_add", "add", Tn * h, dt, rw=3.0)])

@@ -60,7 +60,7 @@ from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
-           "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes"]
+           "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_params_per_device"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -89,12 +89,13 @@ class StageMemory:
         return d
 
 
-def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1) -> float:
-    """Parameters of one transformer layer held by one device (TP-split and replicated parts)."""
+def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: bool = False) -> float:
+    """Parameters of one transformer layer held by one device (TP-split and replicated parts); ``dense``:
+    one of an MoE model's dense layers (``moe.dense_layers``)."""
     h, f, f1, q, t = spec.hidden, spec.ffn_size, spec.fc1_size, spec.qkv_size, tp
     attn = (h * q + q) / t + (spec.attn_size * h) / t + h  # QKV (column) + proj (row; bias replicated)
     norms = 4 * h
-    if spec.moe is None:
+    if spec.moe is None or dense:
         mlp = (h * f1 + f1) / t + (f * h) / t + h
     else:  # the router and the local experts, whole; a shared expert TP-split as a dense MLP
         mlp = h * spec.moe.experts + _expert_param_count(spec, ep)
@@ -184,6 +185,14 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         chunk_acts = recomputed * ckpt + (per_chunk_layers - recomputed) * full_layer
     else:
         chunk_acts = per_chunk_layers * activation_bytes_per_layer(spec, plan)
+    # an MoE model's first layers dense (all in the first chunk of stage 0): their weights and, averaged
+    # over the stage's chunks, their activations in place of MoE layers'
+    k = spec.moe.dense_layers if spec.moe is not None else 0
+    dense_params = k * (layer_param_count(spec, t, plan.ep, dense=True) - layer_param_count(spec, t, plan.ep))
+    dense_acts = 0.0
+    if k and plan.recompute != "full":
+        dense_spec = _replace_spec(spec, moe=None)
+        dense_acts = k * (activation_bytes_per_layer(dense_spec, plan) - activation_bytes_per_layer(spec, plan)) / v
     # Megatron's gradient buffer: fp32 when gradients are reduced in fp32, else the parameters' dtype
     # (--grad-reduce-in-bf16); FSDP keeps sharded gradients in the fp32 parameters' dtype
     grad_b = 4.0 if plan.fsdp_sharded or plan.grad_reduce_dtype == "fp32" else float(dt)
@@ -194,7 +203,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         params = layers * layer_param_count(spec, t, plan.ep)
         first, last = stage == 0, stage == p - 1
         if first:
-            params += vpad * h / t + spec.seq * h  # word + position embeddings
+            params += vpad * h / t + spec.seq * h + dense_params  # word + position embeddings
         if last:
             params += 2 * h  # final layer norm
             if p > 1 or not spec.tie_embeddings:
@@ -208,7 +217,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             grads = params * grad_b
             optim = params * master_b / (plan.replicas if plan.distributed_optimizer else 1)
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
-        acts = in_flight * chunk_acts
+        acts = in_flight * (chunk_acts + (dense_acts if first else 0.0))
         if plan.recompute == "full":
             acts += full_layer  # one layer's activations live while it is recomputed and back-propagated
         if first:
@@ -252,9 +261,19 @@ def _replace(plan: ParallelPlan, **changes) -> ParallelPlan:
     return replace(plan, **changes)
 
 
-def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan) -> float:
-    """Expert parameters one device holds (all its layers), for the expert-data-parallel reduce."""
-    return plan.chunk_layers(spec.layers) * plan.virtual_stages_effective * _expert_param_count(spec, plan.ep)
+def _replace_spec(spec: TransformerSpec, **changes) -> TransformerSpec:
+    from dataclasses import replace
+
+    return replace(spec, **changes)
+
+
+def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int = 1) -> float:
+    """Expert parameters a device of pipeline ``stage`` holds (all its layers), for the expert-data-parallel
+    reduce (stage 0 holds the dense layers, which have none)."""
+    moe_layers = plan.chunk_layers(spec.layers) * plan.virtual_stages_effective
+    if stage == 0 and spec.moe is not None:
+        moe_layers -= spec.moe.dense_layers
+    return moe_layers * _expert_param_count(spec, plan.ep)
 
 
 def gib(x: float) -> float:

@@ -36,6 +36,8 @@ class MoESpec:
     model's ``ffn``; Megatron-LM's ``--moe-ffn-hidden-size``). ``shared_ffn`` > 0 adds a shared
     expert, an MLP of that width every token runs beside the routed ones (DeepSeek, Qwen MoE;
     ``--moe-shared-expert-intermediate-size``, the width of all shared experts together).
+    ``dense_layers``: the model's first layers keep a dense MLP of the model's ``ffn`` (DeepSeek's
+    ``first_k_dense_replace``; Megatron-LM's ``--moe-layer-freq "([0]*k+[1]*m)"``).
     """
 
     experts: int
@@ -43,6 +45,7 @@ class MoESpec:
     capacity_factor: float = 1.0
     ffn: int | None = None
     shared_ffn: int = 0
+    dense_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,25 +159,29 @@ class TransformerSpec:
         """Parameters of the whole model (embeddings counted once when tied)."""
         h, q, moe = self.hidden, self.qkv_size, self.moe
         attn = h * q + q + self.attn_size * h + h
+        dense_mlp = self.mlp_param_count(self.ffn_size)
         if moe is None:
-            mlp = self.mlp_param_count(self.ffn_size)
+            mlp = dense_mlp
         else:
             shared = self.mlp_param_count(moe.shared_ffn) if moe.shared_ffn else 0.0
             mlp = h * moe.experts + moe.experts * self.mlp_param_count(self.expert_ffn_size) + shared
-        per_layer = attn + mlp + 4 * h
+        dense = moe.dense_layers if moe is not None else 0
+        layers = (self.layers - dense) * (attn + mlp + 4 * h) + dense * (attn + dense_mlp + 4 * h)
         emb = self.vocab * h + self.seq * h
-        return self.layers * per_layer + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
+        return layers + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
 
     def forward_flops_per_sequence(self) -> float:
         """Matmul FLOPs of one forward pass over one sequence (Narayanan et al. SC21 §5.1 accounting)."""
         s, h, moe = self.seq, self.hidden, self.moe
+        dense_mlp = 2.0 * s * h * (self.fc1_size + self.ffn_size)
         if moe is None:
-            mlp = 2.0 * s * h * (self.fc1_size + self.ffn_size)
+            mlp = dense_mlp
         else:
             ef, sf = self.expert_ffn_size, moe.shared_ffn
             mlp = 2.0 * s * h * ((self.fc1_width(ef) + ef) * moe.top_k + self.fc1_width(sf) + sf)
-        layer = 2.0 * s * h * (self.qkv_size + self.attn_size) + mlp + 4.0 * s * s * self.attn_size
-        return self.layers * layer + 2.0 * s * h * self.vocab
+        attn = 2.0 * s * h * (self.qkv_size + self.attn_size) + 4.0 * s * s * self.attn_size
+        dense = moe.dense_layers if moe is not None else 0
+        return (self.layers - dense) * (attn + mlp) + dense * (attn + dense_mlp) + 2.0 * s * h * self.vocab
 
     def iteration_flops(self, global_batch: int, recompute: str = "none") -> float:
         """Model FLOPs of one iteration: 3 passes (forward + backward) of the layers and the head,
@@ -203,6 +210,8 @@ class TransformerSpec:
             raise PlanError(f"MoE needs 1 <= top_k <= experts (got top_k={self.moe.top_k}, experts={self.moe.experts})")
         if self.moe is not None and (self.moe.ffn is not None and self.moe.ffn < 1 or self.moe.shared_ffn < 0):
             raise PlanError(f"MoE expert widths must be >= 1 (got ffn={self.moe.ffn}, shared_ffn={self.moe.shared_ffn})")
+        if self.moe is not None and not 0 <= self.moe.dense_layers < self.layers:
+            raise PlanError(f"moe.dense_layers must be 0 .. layers - 1 = {self.layers - 1} (got {self.moe.dense_layers})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -346,6 +355,9 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
             raise PlanError(f"expert parallelism ep={plan.ep} must divide dp={plan.dp}")
         if spec.moe.experts % plan.ep:
             raise PlanError(f"{spec.moe.experts} experts are not divisible by ep={plan.ep}")
+        if spec.moe.dense_layers > plan.chunk_layers(spec.layers):
+            raise PlanError(f"the {spec.moe.dense_layers} dense layers must fit in the first pipeline chunk of "
+                            f"{plan.chunk_layers(spec.layers)} layers")
     if plan.cp > 1:
         if spec.seq % (2 * plan.cp):
             raise PlanError(f"context parallelism splits each sequence into 2 x cp = {2 * plan.cp} chunks: "

@@ -34,7 +34,11 @@ from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Ove
 from predictor.sources.synth.emit import ExecMode, concat, eltwise
 from predictor.sources.synth.pipeline_schedule import Step, schedule
 from predictor.sources.synth.transformer_kernels import GroupLayout, StepEmitter, StepKernels, collective
-from predictor.sources.synth.transformer_memory import memory_per_stage, optimizer_state_bytes
+from predictor.sources.synth.transformer_memory import (
+    expert_params_per_device,
+    memory_per_stage,
+    optimizer_state_bytes,
+)
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "adam_bytes_per_param", "GradBuckets", "StepTemplates", "nic_seconds_weight", "weigh_bucket_share"]
@@ -128,6 +132,8 @@ class StepTemplates:
         self.ops = StepKernels(spec, plan, self.lay)
         self.p, self.v, self.m = plan.pp, plan.virtual_stages_effective, plan.micro_batches
         self.layers_per_chunk = plan.chunk_layers(spec.layers)
+        #: an MoE model's first layers, dense: the first chunk's (check_plan keeps them in it)
+        self.dense_layers = spec.moe.dense_layers if spec.moe is not None else 0
         self.timing = timing
         self._blocks: dict[tuple, ExecutionGraph] = {}
         self._macro: dict[tuple, ExecutionGraph] = {}
@@ -165,7 +171,7 @@ class StepTemplates:
                     e.after_next += gathered
                     if i + 1 < self.layers_per_chunk:
                         gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", ops.layer_params)
-                ops.layer_fwd(e, f"layer[{i}].")
+                ops.layer_fwd(e, f"layer[{i}].", first and i < self.dense_layers)
             if last:
                 ops.head_fwd(e)
         elif fsdp:
@@ -186,8 +192,11 @@ class StepTemplates:
                             head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
                         dense.add(e, head, e.last)
                 for i in reversed(range(self.layers_per_chunk)):
-                    ops.layer_bwd(e, f"layer[{i}].", i)
-                    if final:
+                    is_dense = first and i < self.dense_layers
+                    ops.layer_bwd(e, f"layer[{i}].", i, is_dense)
+                    if final and is_dense:
+                        dense.add(e, ops.dense_layer_params, e.last)
+                    elif final:
                         dense.add(e, ops.layer_params - ops.expert_params, e.last)
                         expert.add(e, ops.expert_params, e.last)
                 if first:
@@ -273,7 +282,7 @@ class StepTemplates:
         params = memory_per_stage(spec, plan)[stage].params
         markers: dict = {"dp": [], "wait_compute": []}
         if not plan.overlap_grad_reduce:
-            markers["dp"] = self._reduce_all_gradients(e, params)
+            markers["dp"] = self._reduce_all_gradients(e, params, stage)
             markers["wait_compute"] = list(markers["dp"][:1])
         groups: dict = {}
         after_comm = list(markers["dp"])
@@ -298,14 +307,14 @@ class StepTemplates:
         self._blocks[key] = blk
         return blk
 
-    def _reduce_all_gradients(self, e: StepEmitter, params: float) -> list[int]:
+    def _reduce_all_gradients(self, e: StepEmitter, params: float, stage: int) -> list[int]:
         """Without ``overlap_grad_reduce``: every gradient bucket after the last backward, dense
         gradients first, then the experts'; returns the launched collectives."""
         if self.plan.fsdp:  # every micro-batch's backward reduce-scatters its own gradients
             return []
         kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
         dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
-        expert_total = self.ops.expert_params * self.layers_per_chunk * self.v
+        expert_total = expert_params_per_device(self.spec, self.plan, stage)
         expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad")
         for buckets, total in ((dense, params - expert_total), (expert, expert_total)):
             remaining = total
