@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from predictor.sources.synth.transformer import (
+    MLASpec,
     MoESpec,
     ParallelPlan,
     PlanError,
@@ -131,11 +132,11 @@ def test_first_layers_dense():
     assert interleaved.spec.moe.dense_layers == 0 and any("--moe-layer-freq" in n for n in interleaved.notes)
 
 
-def test_deepseek_v3_read_with_multi_head_attention():
+def test_deepseek_v3_without_its_latent_attention():
     """DeepSeek-V3 (its config.json: 61 layers, hidden 7168, 128 heads, 256 experts of width 2048, top 8, one
     shared expert of 2048, the first 3 layers dense with ffn 18432, vocab 129280): 671B parameters, 37B
-    activated. tuner reads its multi-latent attention as multi-head attention of the same width (Megatron's
-    --multi-latent-attention gives a note), which holds the total within 0.5 % and the activated within 5 %."""
+    activated. Read with multi-head attention of the same width in place of its multi-latent attention (a
+    spec without ``mla``), the total holds within 0.5 % and the activated within 5 %."""
     spec = TransformerSpec(layers=61, hidden=7168, heads=128, seq=4096, vocab=129280, mlp="swiglu", ffn=18432,
                            tie_embeddings=False,
                            moe=MoESpec(experts=256, top_k=8, ffn=2048, shared_ffn=2048, dense_layers=3))
@@ -145,3 +146,35 @@ def test_deepseek_v3_read_with_multi_head_attention():
     active = (58 * (attn + 9 * spec.mlp_param_count(2048) + 256 * h) + 3 * (attn + spec.mlp_param_count(18432))
               + 2 * spec.vocab * h)
     assert active == pytest.approx(37e9, rel=5e-2)
+
+
+def test_multi_latent_attention():
+    """DeepSeek's multi-latent attention: four projections (the down ones whole on every TP rank), query/key
+    heads of qk + rope width and value heads of their own; DeepSeek-V3 and V2-Lite parameter counts."""
+    v3 = TransformerSpec(layers=61, hidden=7168, heads=128, seq=4096, vocab=129280, mlp="swiglu", ffn=18432,
+                         tie_embeddings=False, mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512),
+                         moe=MoESpec(experts=256, top_k=8, ffn=2048, shared_ffn=2048, dense_layers=3))
+    assert v3.param_count() == pytest.approx(671e9, rel=1e-3)
+    # DeepSeek-V2-Lite (config.json: 27 layers, hidden 2048, 16 heads, no query latent, kv latent 512, 64 experts
+    # of 1408, top 6, 2 shared experts of 1408, the first layer dense with ffn 10944, vocab 102400): 15.7 B
+    lite = TransformerSpec(layers=27, hidden=2048, heads=16, seq=4096, vocab=102400, mlp="swiglu", ffn=10944,
+                           tie_embeddings=False, mla=MLASpec(q_lora_rank=0, kv_lora_rank=512),
+                           moe=MoESpec(experts=64, top_k=6, ffn=1408, shared_ffn=2816, dense_layers=1))
+    assert lite.param_count() == pytest.approx(15.7e9, rel=5e-3)
+    small = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, mla=MLASpec(q_lora_rank=128,
+                            kv_lora_rank=64, qk_head_dim=32, rope_head_dim=16, v_head_dim=32))
+    plan = ParallelPlan(tp=2, pp=1, dp=1, micro_batch=1, global_batch=1, sequence_parallel=True)
+    df = build_transformer_graph(small, plan, detail="kernel").tasks_frame()
+    df = df[(df["rank"] == 0) & (df.processor != "cpu")]
+    T = small.seq
+    assert df[df.name == "layer[0].mla_down.mm"].flops.iloc[0] == pytest.approx(2 * T * 512 * (64 + 16 + 128))
+    assert df[df.name == "layer[0].kv_up.mm"].flops.iloc[0] == pytest.approx(2 * T * 64 * 8 * (32 + 32) / 2)
+    attn = df[df.name == "layer[0].flash_attn_fwd"].flops.iloc[0]
+    assert attn == pytest.approx(2 * T * T * 8 / 2 * (48 + 32) * 0.5)  # causal, 4 local heads
+    assert df[df.name == "layer[0].attn_proj.mm"].flops.iloc[0] == pytest.approx(2 * T * 512 * 8 * 32 / 2)
+    wider = replace(small, mla=replace(small.mla, qk_head_dim=64))
+    assert memory_per_stage(wider, plan)[0].activations_bytes > memory_per_stage(small, plan)[0].activations_bytes
+    args = megatron_args(small, plan)
+    assert read_megatron_args(args, devices=2).spec == replace(small, name="megatron-model")
+    with pytest.raises(PlanError, match="fused attention"):
+        replace(small, attention="unfused").validate()

@@ -67,6 +67,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("model.ffn_mult", [0, -1, 100, True]),
         ("model.kv_heads", [0, True, 3]),
         ("model.kv_channels", [0, 2**20]),
+        ("model.mla", [{"kv_lora_rank": 0}, {"v_head_dim": -1}]),
         ("model.mlp", ["relu"]),
         ("model.moe", [{"experts": 0}, {"experts": 2, "top_k": 3}, {"experts": 2, "ffn": 0}, {"experts": 2, "shared_ffn": -1},
                        {"experts": 2, "dense_layers": 10_000}]),

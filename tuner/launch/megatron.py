@@ -28,7 +28,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
 from tuner.launch.common import (
     LaunchError,
     LaunchPlan,
@@ -58,7 +58,8 @@ _INT_FLAGS = {
     "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
     "--expert-model-parallel-size": "ep", "--num-experts": "experts", "--moe-router-topk": "top_k",
     "--moe-ffn-hidden-size": "moe_ffn", "--moe-shared-expert-intermediate-size": "shared_ffn",
-    "--kv-channels": "kv_channels",
+    "--kv-channels": "kv_channels", "--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank",
+    "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "rope_head_dim", "--v-head-dim": "v_head_dim",
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
 }
@@ -72,13 +73,12 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
-             "--use-precision-aware-optimizer"}
+             "--use-precision-aware-optimizer", "--multi-latent-attention"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--position-embedding-type": "position embeddings read as learned absolute ones",
-    "--multi-latent-attention": "multi-latent attention read as multi-head attention",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
     "--decoder-first-pipeline-num-layers": "an uneven pipeline split read as an even one",
     "--decoder-last-pipeline-num-layers": "an uneven pipeline split read as an even one",
@@ -104,6 +104,12 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads_count)]
     if spec.kv_channels:
         a += ["--kv-channels", str(spec.kv_channels)]
+    if spec.mla is not None:
+        m = spec.mla
+        a += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim", str(m.qk_head_dim),
+              "--qk-pos-emb-head-dim", str(m.rope_head_dim), "--v-head-dim", str(m.v_head_dim)]
+        if m.q_lora_rank:
+            a += ["--q-lora-rank", str(m.q_lora_rank)]
     if spec.mlp == "swiglu":
         a.append("--swiglu")
     if spec.fp8_linear:
@@ -299,11 +305,26 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads
     return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
-                           kv_channels=kv_channels,
+                           kv_channels=kv_channels, mla=_mla(values, source),
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
                            name=name)
+
+
+#: Megatron-LM's multi-latent attention defaults (MLATransformerConfig): kv_lora_rank 32, qk_head_dim 128,
+#: qk_pos_emb_head_dim 64, v_head_dim 128, no query latent
+MLA_DEFAULTS = {"kv_lora_rank": ("--kv-lora-rank", 32), "qk_head_dim": ("--qk-head-dim", 128),
+                "rope_head_dim": ("--qk-pos-emb-head-dim", 64), "v_head_dim": ("--v-head-dim", 128)}
+
+
+def _mla(values: dict, source: str) -> MLASpec | None:
+    """Multi-latent attention of ``--multi-latent-attention`` and its sizes (Megatron's defaults where absent)."""
+    if not values.get("--multi-latent-attention"):
+        return None
+    sizes = {k: _positive(values, k, flag, source, d) for k, (flag, d) in MLA_DEFAULTS.items()}
+    q = _positive(values, "q_lora_rank", "--q-lora-rank", source) if "q_lora_rank" in values else 0
+    return MLASpec(q_lora_rank=q, **sizes)
 
 
 def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> int:

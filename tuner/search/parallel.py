@@ -35,7 +35,14 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial
 from pydantic import Field, model_validator
 
-from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec, check_plan
+from predictor.sources.synth.transformer import (
+    MLASpec,
+    MoESpec,
+    ParallelPlan,
+    PlanError,
+    TransformerSpec,
+    check_plan,
+)
 from predictor.timing.platforms import UnknownPlatformError, get_platform
 from predictor.timing.platforms.schema import Platform
 from tuner.plans import predict_plan
@@ -88,6 +95,16 @@ class MoESection(StrictModel):
     dense_layers: bounded_int(0, 10_000, "dense layers") = 0  # type: ignore[valid-type]
 
 
+class MLASection(StrictModel):
+    """Multi-latent attention (DeepSeek; Megatron-LM's --multi-latent-attention)."""
+
+    q_lora_rank: bounded_int(0, 2**16, "the query latent's width") = 0  # type: ignore[valid-type]
+    kv_lora_rank: bounded_int(1, 2**16, "the key/value latent's width") = 512  # type: ignore[valid-type]
+    qk_head_dim: bounded_int(1, 2**12, "a head's query/key width") = 128  # type: ignore[valid-type]
+    rope_head_dim: bounded_int(0, 2**12, "the rotary key's width") = 64  # type: ignore[valid-type]
+    v_head_dim: bounded_int(1, 2**12, "a head's value width") = 128  # type: ignore[valid-type]
+
+
 class ModelSection(StrictModel):
     """A GPT-style transformer (sizes are element counts)."""
 
@@ -107,6 +124,8 @@ class ModelSection(StrictModel):
     #: gelu: fc1, GeLU, fc2; swiglu: Llama's gated MLP (fc1 to gate and up, 2 x ffn wide)
     mlp: Literal["gelu", "swiglu"] = "gelu"
     moe: MoESection | None = None
+    #: multi-latent attention in place of the QKV projection (needs a fused attention)
+    mla: MLASection | None = None
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: flash: fused attention priced as a GEMM; flash2 / flash_triton: FlashAttention-2 / llm-foundry's Triton
     #: kernel at their published speeds (A100, H100, H200); cudnn: cuDNN's (Transformer Engine on Hopper; H100,
@@ -124,6 +143,8 @@ class ModelSection(StrictModel):
             raise ValueError(f"{self.heads} heads are not a multiple of kv_heads={self.kv_heads}")
         if self.moe is not None and self.moe.top_k > self.moe.experts:
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
+        if self.mla is not None and self.attention == "unfused":
+            raise ValueError("multi-latent attention (mla) needs a fused attention (not unfused)")
         if self.moe is not None and self.moe.dense_layers >= self.layers:
             raise ValueError(f"moe.dense_layers={self.moe.dense_layers} must be below layers={self.layers}")
         return self
@@ -131,8 +152,8 @@ class ModelSection(StrictModel):
     def to_spec(self) -> TransformerSpec:
         """The model as the transformer synthesiser's spec."""
         d = self.model_dump()
-        moe = d.pop("moe")
-        return TransformerSpec(**d, moe=MoESpec(**moe) if moe else None)
+        moe, mla = d.pop("moe"), d.pop("mla")
+        return TransformerSpec(**d, moe=MoESpec(**moe) if moe else None, mla=MLASpec(**mla) if mla else None)
 
 
 class ClusterSection(StrictModel):

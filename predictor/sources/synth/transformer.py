@@ -64,6 +64,7 @@ from predictor.sources.synth.emit import ExecMode
 from predictor.sources.synth.pipeline_schedule import ScheduleError, Step, schedule
 from predictor.sources.synth.transformer_kernels import group_span
 from predictor.sources.synth.transformer_spec import (
+    MLASpec,
     MoESpec,
     ParallelPlan,
     PlanError,
@@ -73,6 +74,7 @@ from predictor.sources.synth.transformer_spec import (
 from predictor.sources.synth.transformer_steps import StepTemplates
 
 __all__ = [
+    "MLASpec",
     "MoESpec",
     "TransformerSpec",
     "ParallelPlan",

@@ -199,6 +199,10 @@ class StepKernels:
         self.Tn = self.T / self.t if self.sp else self.T  # tokens seen by norms/dropouts
         self.heads_local = spec.heads // self.t
         self.d = spec.head_dim
+        # the fused attention's head width: d, or with multi-latent attention the mean of the query/key and
+        # value widths (FLOPs and bytes), its query/key width choosing the published rate
+        self.d_core = spec.attention_core_width / 2.0 if spec.mla is not None else self.d
+        self.d_rate = float(spec.mla.q_head_dim) if spec.mla is not None else self.d
         self.a = spec.attn_size  # the heads' width together (the attention projection's input)
         self.V = spec.padded_vocab(self.t)
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
@@ -291,10 +295,11 @@ class StepKernels:
         if self.spec.fused_attention:
             causal = 0.5 if self.spec.causal else 1.0
             q = s / self.cp  # this rank's queries, against every key of the sequence
-            flops = 4.0 * b * q * s * hl * d * causal
+            dc = self.d_core
+            flops = 4.0 * b * q * s * hl * dc * causal
             k = (f"{p}flash_attn_fwd", self._fused_kind(False), Category.COMPUTE,
-                 {"m": q, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
-                  "bytes": 4.0 * self.T * hl * d * dt})
+                 {"m": q, "n": s, "k": self.d_rate, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
+                  "bytes": 4.0 * self.T * hl * dc * dt})
             self._with_kv_exchange(e, p, f"{p}core_attention", [k], backward=False)
             return
         bh = float(b * hl)
@@ -323,7 +328,7 @@ class StepKernels:
         if self.cp <= 1:
             e.op(name, kernels)
             return
-        kv = 2.0 * self.b * self.s * (self.spec.kv_heads_count / self.t) * self.d * self.dt  # K and V, whole sequence
+        kv = 2.0 * self.b * self.s * (self.spec.kv_heads_count / self.t) * self.d_core * self.dt  # K, V: whole sequence
         colls = [collective(f"{p}cp_kv_all_gather", "all_gather", kv, self.lay.cp, self.dt)]
         if backward:
             colls.append(collective(f"{p}cp_dkv_reduce_scatter", "reduce_scatter", kv, self.lay.cp, self.dt))
@@ -334,10 +339,11 @@ class StepKernels:
         if self.spec.fused_attention:
             causal = 0.5 if self.spec.causal else 1.0
             q = s / self.cp
-            flops = 2.5 * 4.0 * b * q * s * hl * d * causal
+            dc = self.d_core
+            flops = 2.5 * 4.0 * b * q * s * hl * dc * causal
             k = (f"{p}flash_attn_bwd", self._fused_kind(True), Category.COMPUTE,
-                 {"m": q, "n": s, "k": d, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
-                  "bytes": 8.0 * self.T * hl * d * dt})
+                 {"m": q, "n": s, "k": self.d_rate, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
+                  "bytes": 8.0 * self.T * hl * dc * dt})
             self._with_kv_exchange(e, p, f"{p}core_attention.backward", [k], backward=True)
             return
         if self.plan.recompute == "selective":
@@ -551,8 +557,7 @@ class StepKernels:
         """Forward of one layer (prefix ``p``); ``dense``: one of an MoE model's dense layers."""
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
-        self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
-        self._gathered_gemm(e, f"{p}qkv_input_all_gather", f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, self.q / t, h)])
+        self._qkv_fwd(e, p)
         self._attn_fwd(e, p)
         self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * self.a / t)
         self._reduced_gemm(e, f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, self.a / t)],
@@ -561,6 +566,58 @@ class StepKernels:
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._mlp_fwd(e, p, dense)
         self._dropout_add(e, f"{p}bias_dropout_add_2")
+
+    def _qkv_fwd(self, e: StepEmitter, p: str) -> None:
+        """The attention's input projections: the column-parallel QKV GEMM, or multi-latent attention's
+        down projections (one GEMM, whole on every rank), their latents' norm and the up projections."""
+        T, h, t = self.T, self.h, self.t
+        self._fp8_cast(e, f"{p}qkv.fp8_cast", T * h)
+        m = self.spec.mla
+        if m is None:
+            self._gathered_gemm(e, f"{p}qkv_input_all_gather", f"{p}qkv", [self._linear(f"{p}qkv.addmm", T, self.q / t, h)])
+            return
+        heads = self.spec.heads
+        down = [self._linear(f"{p}mla_down.mm", T, m.kv_lora_rank + m.rope_head_dim + m.q_lora_rank, h, bias=False)]
+        if not m.q_lora_rank:  # queries straight from the hidden state
+            down.append(self._linear(f"{p}q_proj.mm", T, heads * m.q_head_dim / t, h, bias=False))
+        self._gathered_gemm(e, f"{p}qkv_input_all_gather", f"{p}mla_down", down)
+        latents = m.kv_lora_rank + m.q_lora_rank
+        e.op(f"{p}mla_norm", [eltwise(f"{p}mla_norm", "layer_norm", T * latents, self.dt, rw=2.0)])
+        up = [self._linear(f"{p}kv_up.mm", T, heads * (m.qk_head_dim + m.v_head_dim) / t, m.kv_lora_rank, bias=False)]
+        if m.q_lora_rank:
+            up.append(self._linear(f"{p}q_up.mm", T, heads * m.q_head_dim / t, m.q_lora_rank, bias=False))
+        e.op(f"{p}mla_up", up)
+
+    def _qkv_bwd(self, e: StepEmitter, p: str) -> None:
+        """The backward of :meth:`_qkv_fwd`, ending with the input-gradient reduce."""
+        T, h, t = self.T, self.h, self.t
+        m = self.spec.mla
+        if m is None:
+            self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * self.q / t)
+            e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, self.q / t)])
+            self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", self.q / t, h, T),
+                                                   *self._bias_grad(f"{p}qkv", T, self.q / t)])
+            self._accumulate_grad(e, f"{p}qkv", 2)
+            return
+        heads = self.spec.heads
+        kv_up = heads * (m.qk_head_dim + m.v_head_dim) / t
+        up = [self._dgrad(f"{p}kv_up.dgrad", T, m.kv_lora_rank, kv_up), self._wgrad(f"{p}kv_up.wgrad", kv_up, m.kv_lora_rank, T)]
+        if m.q_lora_rank:
+            q_up = heads * m.q_head_dim / t
+            up += [self._dgrad(f"{p}q_up.dgrad", T, m.q_lora_rank, q_up), self._wgrad(f"{p}q_up.wgrad", q_up, m.q_lora_rank, T)]
+        e.op(f"{p}mla_up.backward", up)
+        latents = m.kv_lora_rank + m.q_lora_rank
+        e.op(f"{p}mla_norm.backward", [eltwise(f"{p}mla_norm_bwd", "layer_norm", T * latents, self.dt, rw=3.0)])
+        down_out = m.kv_lora_rank + m.rope_head_dim + m.q_lora_rank
+        self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * down_out)
+        dgrad = [self._dgrad(f"{p}mla_down.dgrad", T, h, down_out)]
+        wgrad = [self._wgrad(f"{p}mla_down.wgrad", down_out, h, T)]
+        if not m.q_lora_rank:
+            q = heads * m.q_head_dim / t
+            dgrad.append(self._dgrad(f"{p}q_proj.dgrad", T, h, q))
+            wgrad.append(self._wgrad(f"{p}q_proj.wgrad", q, h, T))
+        e.op(f"{p}qkv.dgrad", dgrad)
+        self._input_grad_reduce(e, f"{p}qkv", wgrad)
 
     def _op_recompute(self, e: StepEmitter, p: str) -> None:
         """torchtitan's op-level checkpointing replays the layer's forward before its backward, running what it
@@ -603,11 +660,7 @@ class StepKernels:
                              *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
-        self._fp8_cast(e, f"{p}qkv.grad_fp8_cast", T * self.q / t)
-        e.op(f"{p}qkv.dgrad", [self._dgrad(f"{p}qkv.dgrad", T, h, self.q / t)])
-        self._input_grad_reduce(e, f"{p}qkv", [self._wgrad(f"{p}qkv.wgrad", self.q / t, h, T),
-                                               *self._bias_grad(f"{p}qkv", T, self.q / t)])
-        self._accumulate_grad(e, f"{p}qkv", 2)
+        self._qkv_bwd(e, p)
         self._layernorm_bwd(e, f"{p}input_layernorm")
         if self.eager:
             e.op(f"{p}residual.grad_add", [eltwise(f"{p}residual.grad_add", "add", Tn * h, dt, rw=3.0)])

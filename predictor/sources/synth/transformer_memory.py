@@ -92,8 +92,8 @@ class StageMemory:
 def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: bool = False) -> float:
     """Parameters of one transformer layer held by one device (TP-split and replicated parts); ``dense``:
     one of an MoE model's dense layers (``moe.dense_layers``)."""
-    h, f, f1, q, t = spec.hidden, spec.ffn_size, spec.fc1_size, spec.qkv_size, tp
-    attn = (h * q + q) / t + (spec.attn_size * h) / t + h  # QKV (column) + proj (row; bias replicated)
+    h, f, f1, t = spec.hidden, spec.ffn_size, spec.fc1_size, tp
+    attn = spec.attention_param_count(t)  # QKV (column) + proj (row; bias replicated)
     norms = 4 * h
     if spec.moe is None or dense:
         mlp = (h * f1 + f1) / t + (f * h) / t + h
@@ -123,6 +123,10 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
     replicated = 10.0 * sbh
     # Q and the projection input 2 s b heads head_dim each, K and V 2 s b kv_heads head_dim each
     split_attn = (4.0 * spec.attn_size + 4.0 * spec.kv_heads_count * spec.head_dim) * s * b
+    if spec.mla is not None:  # Q and K heads q_head_dim wide, V and the projection input v_head_dim, and
+        m = spec.mla  # the latents the up projections read (whole on every rank)
+        split_attn = 2.0 * s * b * spec.heads * (2.0 * m.q_head_dim + 2.0 * m.v_head_dim)
+        replicated += 2.0 * s * b * (m.q_lora_rank + m.kv_lora_rank + m.rope_head_dim) * (t if sp else 1)
     # the activation's input (fc1's output: 2 f bytes a token, 4 f for SwiGLU's gate and up) and fc2's input
     mlp_per_token = 2.0 * (spec.fc1_size + f)
     if spec.moe is None:

@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError", "check_plan"]
+__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "MLASpec", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError", "check_plan"]
 
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -49,6 +49,26 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class MLASpec:
+    """Multi-latent attention (DeepSeek-V2/V3; Megatron-LM's ``--multi-latent-attention``). Queries come
+    from a ``q_lora_rank``-wide latent (0: straight from the hidden state), keys and values from a
+    ``kv_lora_rank``-wide latent plus a ``rope_head_dim``-wide shared rotary key; each head's queries and
+    keys are ``qk_head_dim + rope_head_dim`` wide, its values ``v_head_dim``. The down projections are
+    whole on every tensor-parallel rank, the up projections split by heads."""
+
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    rope_head_dim: int = 64
+    v_head_dim: int = 128
+
+    @property
+    def q_head_dim(self) -> int:
+        """Width of one head's query and key: ``qk_head_dim + rope_head_dim``."""
+        return self.qk_head_dim + self.rope_head_dim
+
+
+@dataclass(frozen=True)
 class TransformerSpec:
     """A GPT-style decoder. Sizes are element counts; ``ffn`` defaults to ``ffn_mult * hidden``.
 
@@ -69,6 +89,8 @@ class TransformerSpec:
     #: ``hidden / heads``): the QKV projection's heads and the attention projection's input are
     #: ``heads x kv_channels`` wide (Qwen3, Gemma set it apart from ``hidden / heads``)
     kv_channels: int | None = None
+    #: multi-latent attention in place of the QKV projection (:class:`MLASpec`)
+    mla: MLASpec | None = None
     #: ``"gelu"``: ``fc1`` (hidden -> ffn), GeLU, ``fc2``; ``"swiglu"``: the gated MLP of Llama and
     #: Megatron's ``--swiglu``: ``fc1`` projects to gate and up (hidden -> 2 ffn, one GEMM as Megatron
     #: fuses them), ``silu(gate) * up``, ``fc2`` (ffn -> hidden): 1.5x the MLP weights and FLOPs
@@ -114,8 +136,37 @@ class TransformerSpec:
 
     @property
     def attn_size(self) -> float:
-        """Width of the attention heads together, ``heads x head_dim`` (the projection's input)."""
-        return self.heads * self.head_dim
+        """Width of the attention heads' output together (the projection's input): ``heads x head_dim``,
+        ``heads x v_head_dim`` with multi-latent attention."""
+        return self.heads * (self.mla.v_head_dim if self.mla is not None else self.head_dim)
+
+    def attention_param_count(self, tp: int = 1) -> float:
+        """Weights (and biases) of one layer's attention projections one of ``tp`` ranks holds: the
+        QKV and output projections, or multi-latent attention's down projections (whole on every rank),
+        up projections and output projection; the output projection's bias is whole."""
+        h, t = self.hidden, tp
+        if self.mla is None:
+            q = self.qkv_size
+            return (h * q + q) / t + (self.attn_size * h) / t + h
+        down, up = self.mla_weights()
+        norms = self.mla.kv_lora_rank + self.mla.q_lora_rank  # the latents' norms, whole
+        return down + norms + up / t + (self.attn_size * h) / t + h
+
+    def mla_weights(self) -> tuple[float, float]:
+        """Multi-latent attention's projection weights, output projection aside: (the down projections,
+        whole on every rank; the up projections, split by heads)."""
+        m, h, heads = self.mla, self.hidden, self.heads
+        assert m is not None
+        down = h * (m.kv_lora_rank + m.rope_head_dim) + h * m.q_lora_rank
+        up = m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
+        up += (m.q_lora_rank or h) * heads * m.q_head_dim
+        return down, up
+
+    @property
+    def attention_core_width(self) -> float:
+        """Summed width of one head's query/key and value (``2 head_dim``; with multi-latent attention
+        ``q_head_dim + v_head_dim``): attention FLOPs per query-key pair are ``2 x`` it."""
+        return self.mla.q_head_dim + self.mla.v_head_dim if self.mla is not None else 2.0 * self.head_dim
 
     @property
     def fc1_size(self) -> int:
@@ -157,8 +208,8 @@ class TransformerSpec:
 
     def param_count(self) -> float:
         """Parameters of the whole model (embeddings counted once when tied)."""
-        h, q, moe = self.hidden, self.qkv_size, self.moe
-        attn = h * q + q + self.attn_size * h + h
+        h, moe = self.hidden, self.moe
+        attn = self.attention_param_count()
         dense_mlp = self.mlp_param_count(self.ffn_size)
         if moe is None:
             mlp = dense_mlp
@@ -179,7 +230,11 @@ class TransformerSpec:
         else:
             ef, sf = self.expert_ffn_size, moe.shared_ffn
             mlp = 2.0 * s * h * ((self.fc1_width(ef) + ef) * moe.top_k + self.fc1_width(sf) + sf)
-        attn = 2.0 * s * h * (self.qkv_size + self.attn_size) + 4.0 * s * s * self.attn_size
+        if self.mla is None:
+            attn = 2.0 * s * h * (self.qkv_size + self.attn_size) + 4.0 * s * s * self.attn_size
+        else:
+            attn = 2.0 * s * (sum(self.mla_weights()) + self.attn_size * h)
+            attn += 2.0 * s * s * self.heads * self.attention_core_width
         dense = moe.dense_layers if moe is not None else 0
         return (self.layers - dense) * (attn + mlp) + dense * (attn + dense_mlp) + 2.0 * s * h * self.vocab
 
@@ -200,6 +255,13 @@ class TransformerSpec:
             raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
         if self.kv_channels is not None and self.kv_channels < 1:
             raise PlanError(f"kv_channels must be >= 1 (got {self.kv_channels})")
+        if self.mla is not None:
+            m = self.mla
+            if min(m.kv_lora_rank, m.qk_head_dim, m.v_head_dim) < 1 or min(m.q_lora_rank, m.rope_head_dim) < 0:
+                raise PlanError("mla: kv_lora_rank, qk_head_dim and v_head_dim must be >= 1, q_lora_rank and "
+                                "rope_head_dim >= 0")
+            if self.attention == "unfused" or self.program == "eager":
+                raise PlanError("multi-latent attention needs a fused attention and the megatron program")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise PlanError(f"{self.heads} attention heads are not a multiple of kv_heads={self.kv_heads}")
         if self.mlp not in ("gelu", "swiglu"):
@@ -348,6 +410,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         )
     if plan.fsdp and (plan.tp > 1 or plan.pp > 1 or spec.moe is not None):
         raise PlanError("fsdp shards a dense model over data parallelism only (tp = pp = 1)")
+    if spec.mla is not None and plan.recompute == "op":
+        raise PlanError("recompute op (torchtitan's op-level checkpointing) is not modelled with multi-latent attention")
     if plan.ep > 1 and spec.moe is None:
         raise PlanError(f"ep={plan.ep} needs a MoE model (the model has no experts)")
     if spec.moe is not None:
