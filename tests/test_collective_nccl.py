@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec, build_transformer_graph
-from predictor.sources.synth.transformer_kernels import GroupLayout
+from predictor.sources.synth.transformer_emitter import GroupLayout
 from predictor.timing.kernels import PiecewiseCollective
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.collective import alpha_beta, group_links, nccl_candidates, nccl_seconds

@@ -15,7 +15,7 @@ from predictor.sources.synth.transformer import (
     build_transformer_graph,
     transformer_timing,
 )
-from predictor.sources.synth.transformer_kernels import GroupLayout
+from predictor.sources.synth.transformer_emitter import GroupLayout
 from predictor.timing.kernels.base import TaskView
 from predictor.timing.platforms import get_platform
 

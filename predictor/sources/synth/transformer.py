@@ -62,7 +62,7 @@ from typing import Literal
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, ProcKind
 from predictor.sources.synth.emit import ExecMode
 from predictor.sources.synth.pipeline_schedule import ScheduleError, Step, schedule
-from predictor.sources.synth.transformer_kernels import group_span
+from predictor.sources.synth.transformer_emitter import group_span
 from predictor.sources.synth.transformer_spec import (
     MLASpec,
     MoESpec,

@@ -33,7 +33,8 @@ import numpy as np
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
 from predictor.sources.synth.emit import ExecMode, concat, eltwise
 from predictor.sources.synth.pipeline_schedule import Step, schedule
-from predictor.sources.synth.transformer_kernels import GroupLayout, StepEmitter, StepKernels, collective
+from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter, collective
+from predictor.sources.synth.transformer_kernels import StepKernels
 from predictor.sources.synth.transformer_memory import (
     expert_params_per_device,
     memory_per_stage,
