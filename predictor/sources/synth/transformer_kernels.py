@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from predictor.graph import Category
 from predictor.sources.synth.emit import Kernel, column_sum, concat, eltwise, gemm
 from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter, collective
-from predictor.sources.synth.transformer_memory import layer_param_count
+from predictor.sources.synth.transformer_memory import expert_param_count, layer_param_count
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
 from predictor.timing.kernels.attention import attention_kind
 
@@ -79,9 +79,7 @@ class StepKernels:
         self.layer_params = layer_param_count(spec, self.t, plan.ep)
         self.dense_layer_params = layer_param_count(spec, self.t, plan.ep, dense=True)  # moe.dense_layers
         self.eager = spec.program == "eager"
-        moe = spec.moe
-        self.expert_params = 0.0 if moe is None else (moe.experts / plan.ep) * spec.mlp_param_count(
-            spec.expert_ffn_size)
+        self.expert_params = expert_param_count(spec, plan.ep)
         #: traffic classes on the NICs while the TP collectives now emitted run: ``layout.tp_share`` inside
         #: the backward that overlaps the data-parallel buckets (:meth:`sharing_nics`), else 1
         self.tp_share = 1.0

@@ -54,13 +54,14 @@ not a measurement; every figure here is bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
-           "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_params_per_device"]
+           "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
+           "expert_params_per_device"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -92,19 +93,25 @@ class StageMemory:
 def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: bool = False) -> float:
     """Parameters of one transformer layer held by one device (TP-split and replicated parts); ``dense``:
     one of an MoE model's dense layers (``moe.dense_layers``)."""
-    h, f, f1, t = spec.hidden, spec.ffn_size, spec.fc1_size, tp
+    h, t = spec.hidden, tp
     attn = spec.attention_param_count(t)  # QKV (column) + proj (row; bias replicated)
     norms = 4 * h
+
+    def split_mlp(f: int) -> float:  # fc1 column-, fc2 row-parallel (fc2's bias whole)
+        f1 = spec.fc1_width(f)
+        return (h * f1 + f1) / t + (f * h) / t + h
+
     if spec.moe is None or dense:
-        mlp = (h * f1 + f1) / t + (f * h) / t + h
+        mlp = split_mlp(spec.ffn_size)
     else:  # the router and the local experts, whole; a shared expert TP-split as a dense MLP
-        mlp = h * spec.moe.experts + _expert_param_count(spec, ep)
+        mlp = h * spec.moe.experts + expert_param_count(spec, ep)
         if spec.moe.shared_ffn:
-            mlp += (spec.mlp_param_count(spec.moe.shared_ffn) - h) / t + h
+            mlp += split_mlp(spec.moe.shared_ffn)
     return attn + norms + mlp
 
 
-def _expert_param_count(spec: TransformerSpec, ep: int) -> float:
+def expert_param_count(spec: TransformerSpec, ep: int) -> float:
+    """Parameters of the routed experts one of ``ep`` expert-parallel ranks holds in one MoE layer."""
     if spec.moe is None:
         return 0.0
     return (spec.moe.experts / ep) * spec.mlp_param_count(spec.expert_ffn_size)
@@ -182,7 +189,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     sp = plan.sequence_parallel and t > 1
     vpad = spec.padded_vocab(t)
     per_chunk_layers = plan.chunk_layers(spec.layers)
-    full_layer = activation_bytes_per_layer(spec, _replace(plan, recompute="none"))
+    full_layer = activation_bytes_per_layer(spec, replace(plan, recompute="none"))
     recomputed = per_chunk_layers if plan.recompute_layers is None else plan.recompute_layers
     if plan.recompute == "full":  # the recomputed layers keep their input, the others everything
         ckpt = activation_bytes_per_layer(spec, plan)
@@ -195,7 +202,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     dense_params = k * (layer_param_count(spec, t, plan.ep, dense=True) - layer_param_count(spec, t, plan.ep))
     dense_acts = 0.0
     if k and plan.recompute != "full":
-        dense_spec = _replace_spec(spec, moe=None)
+        dense_spec = replace(spec, moe=None)
         dense_acts = k * (activation_bytes_per_layer(dense_spec, plan) - activation_bytes_per_layer(spec, plan)) / v
     # Megatron's gradient buffer: fp32 when gradients are reduced in fp32, else the parameters' dtype
     # (--grad-reduce-in-bf16); FSDP keeps sharded gradients in the fp32 parameters' dtype
@@ -259,25 +266,13 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     return params * dt / d, params * grad_b / d, params * master_b / d, gathered
 
 
-def _replace(plan: ParallelPlan, **changes) -> ParallelPlan:
-    from dataclasses import replace
-
-    return replace(plan, **changes)
-
-
-def _replace_spec(spec: TransformerSpec, **changes) -> TransformerSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
-
-
-def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int = 1) -> float:
+def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:
     """Expert parameters a device of pipeline ``stage`` holds (all its layers), for the expert-data-parallel
     reduce (stage 0 holds the dense layers, which have none)."""
     moe_layers = plan.chunk_layers(spec.layers) * plan.virtual_stages_effective
     if stage == 0 and spec.moe is not None:
         moe_layers -= spec.moe.dense_layers
-    return moe_layers * _expert_param_count(spec, plan.ep)
+    return moe_layers * expert_param_count(spec, plan.ep)
 
 
 def gib(x: float) -> float:

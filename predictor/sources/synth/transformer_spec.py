@@ -171,7 +171,7 @@ class TransformerSpec:
     @property
     def fc1_size(self) -> int:
         """Output width of the MLP's first GEMM: ``ffn``, or ``2 ffn`` (gate and up) for SwiGLU."""
-        return 2 * self.ffn_size if self.mlp == "swiglu" else self.ffn_size
+        return self.fc1_width(self.ffn_size)
 
     @property
     def expert_ffn_size(self) -> int:
