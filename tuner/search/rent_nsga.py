@@ -213,18 +213,19 @@ class PolishProposer(Proposer):
         ok = [o for o in priced if o.status == "ok"]
         # fits in memory, misses the deadline or the budget
         near = [o for o in priced if o.status != "ok" and (o.record.get("constraints") or {}).get("memory", 0.0) <= 0]
-        batch: dict[str, Candidate] = {}
+        starts = []  # per accelerator and pool: the cheapest, then the fastest record
         for g in self.choices.get(self.group, [None]):
             for pool in (ok, near):
                 mine = [o for o in pool if o.params.get(self.group) == g]
-                for i in (1, 0):  # cost, then time to train
-                    if not mine or self.spent + len(batch) >= self.budget:
-                        continue
-                    best = min(mine, key=lambda o: objectives(o.record)[i])  # type: ignore[index]
-                    for params in self._neighbours(best.params):
-                        cand = self.resolve(params)
-                        if cand is not None and cand.key not in done and self.spent + len(batch) < self.budget:
-                            batch.setdefault(cand.key, cand)
+                starts += [min(mine, key=lambda o: objectives(o.record)[i]) for i in (1, 0) if mine]  # type: ignore[index]
+        batch: dict[str, Candidate] = {}
+        for best in starts:
+            if self.spent + len(batch) >= self.budget:
+                break
+            for params in self._neighbours(best.params):
+                cand = self.resolve(params)
+                if cand is not None and cand.key not in done and self.spent + len(batch) < self.budget:
+                    batch.setdefault(cand.key, cand)
         self.spent += len(batch)
         return list(batch.values())
 
