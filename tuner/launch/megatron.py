@@ -21,7 +21,6 @@ back as tuner's default.
 
 from __future__ import annotations
 
-import ast
 import math
 import re
 import shlex
@@ -38,7 +37,7 @@ from tuner.launch.common import (
     read_header,
     read_launch_text,
 )
-from tuner.launch.shell import shell_words
+from tuner.launch.shell import literal_value, shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
            "GPT2_VOCAB"]
@@ -332,36 +331,13 @@ def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> int:
     ``([0]*k+[1]*m)``; any other pattern reads as every layer MoE, with a note."""
     if freq is None or freq.strip() == "1":
         return 0
-    pattern = _layer_pattern(freq)
-    if pattern is not None and len(pattern) == layers and set(pattern) <= {0, 1}:
+    pattern = literal_value(freq)
+    if isinstance(pattern, list) and len(pattern) == layers and set(pattern) <= {0, 1}:
         k = pattern.index(1) if 1 in pattern else layers
         if all(pattern[k:]) and k < layers:
             return k
     notes.append(f"--moe-layer-freq {freq} read as every layer an MoE layer (tuner models the first k dense only)")
     return 0
-
-
-def _layer_pattern(expr: str) -> list[int] | None:
-    """The list of a ``--moe-layer-freq`` expression of integer lists joined by + and repeated by *, or None."""
-    def value(node: ast.AST) -> list[int] | int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.List):
-            return [int(value(x)) for x in node.elts]  # type: ignore[arg-type]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = value(node.left), value(node.right)
-            size = [len(x) if isinstance(x, list) else abs(x) for x in (left, right)]
-            total = size[0] + size[1] if isinstance(node.op, ast.Add) else size[0] * size[1]
-            if total > 100_000:  # no model has so many layers: refuse before building the list
-                raise ValueError(expr)
-            return left + right if isinstance(node.op, ast.Add) else left * right  # type: ignore[operator]
-        raise ValueError(expr)
-
-    try:
-        out = value(ast.parse(expr.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, TypeError, MemoryError):
-        return None
-    return out if isinstance(out, list) else None
 
 
 def _recompute(values: dict, source: str) -> str:

@@ -16,7 +16,7 @@ import operator
 import re
 import shlex
 
-__all__ = ["shell_words", "expand", "shell_variables"]
+__all__ = ["shell_words", "expand", "shell_variables", "literal_value", "MAX_LIST"]
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -45,18 +45,41 @@ def expand(word: str, env: dict[str, str]) -> str:
 
 def _integer_arithmetic(expr: str) -> int | None:
     """The value of an integer expression of + - * and parentheses, or None for anything else."""
-    def value(node: ast.AST) -> int:
+    value = literal_value(expr)
+    return value if isinstance(value, int) else None
+
+
+#: the longest list :func:`literal_value` builds (no model has so many layers)
+MAX_LIST = 100_000
+
+
+def literal_value(expr: str) -> int | list[int] | None:
+    """The value of an expression of integers and integer lists with + - * and parentheses (lists
+    joined by + and repeated by *, as Megatron-LM's ``--moe-layer-freq`` writes them), evaluated on its
+    syntax tree: no name, call or other operator; a list over :data:`MAX_LIST` entries is refused
+    before it is built. None for anything else."""
+    def value(node: ast.AST) -> int | list[int]:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.List):
+            items = [value(x) for x in node.elts]
+            if not all(isinstance(x, int) for x in items):
+                raise ValueError(expr)
+            return items  # type: ignore[return-value]
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
+            return -value(node.operand)  # type: ignore[operator]
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(left, list) or isinstance(right, list):
+                size = [len(x) if isinstance(x, list) else abs(x) for x in (left, right)]
+                if (size[0] + size[1] if isinstance(node.op, ast.Add) else size[0] * size[1]) > MAX_LIST:
+                    raise ValueError(expr)
+            return _OPS[type(node.op)](left, right)
         raise ValueError(expr)
 
     try:
-        return value(ast.parse(expr, mode="eval").body)
-    except (SyntaxError, ValueError):
+        return value(ast.parse(expr.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
         return None
 
 
