@@ -321,24 +321,16 @@ def gpt_reading(rows: list[Row], meas: np.ndarray, pred: np.ndarray, comm: str, 
             for i, a, g in zip(idx, as_is, as_gpt, strict=True)]
 
 
-def _toml(sections: dict) -> str:
-    """A TOML document of ``{section: {key: value}}`` (strings, numbers)."""
-    lines = []
-    for sec, items in sections.items():
-        lines.append(f"[{sec}]")
-        lines += [f"{k} = {json.dumps(v) if isinstance(v, str) else v}" for k, v in items.items()]
-    return "\n".join(lines) + "\n"
-
-
 def memory_check(path: Path = DATA) -> list[dict]:
     """Published peak memory per GPU against tuner's, each run read as its torchtitan job config."""
     from predictor.sources.synth.transformer_memory import memory_per_stage
-    from tuner.launch.torchtitan import read_torchtitan_toml
+    from tuner.launch.torchtitan import read_torchtitan_toml, toml_section
 
     out = []
     for key, src in (yaml.safe_load(path.read_text()).get("memory") or {}).items():
         name, flavor = src["model"]
-        text = _toml({"model": {"name": name, "flavor": flavor}, **src["toml"]})
+        sections = {"model": {"name": name, "flavor": flavor}, **src["toml"]}
+        text = "\n".join(line for sec, items in sections.items() for line in toml_section(sec, items))
         for gpus, gib in src["rows"]:
             read = read_torchtitan_toml(text, key, devices=gpus)
             pred = max(m.total_bytes for m in memory_per_stage(read.spec, read.plan)) / 2**30

@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["TORCHTITAN_MODELS", "llama_ffn", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
+__all__ = ["TORCHTITAN_MODELS", "llama_ffn", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
 _DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
@@ -108,7 +108,8 @@ def _value(v: object) -> str:
     return str(v)
 
 
-def _section(name: str, items: dict) -> list[str]:
+def toml_section(name: str, items: dict) -> list[str]:
+    """The lines of TOML section ``[name]`` holding ``items`` (strings, numbers, booleans), then a blank line."""
     return [f"[{name}]", *(f"{k} = {_value(v)}" for k, v in items.items()), ""]
 
 
@@ -136,13 +137,13 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines.append("# FSDP shards parameters and gradients too; with TP, PP or experts tuner models its "
                      "sharded optimizer states only")
     lines.append("")
-    lines += _section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
+    lines += toml_section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
     if spec.fp8_linear:
         lines += ["[model]", 'converters = ["float8"]', ""]
     training = {"local_batch_size": plan.micro_batch if plan.pp == 1 else plan.global_batch // plan.dp,
                 "global_batch_size": plan.global_batch, "seq_len": spec.seq,
                 "mixed_precision_param": _DTYPE[spec.dtype], "mixed_precision_reduce": "float32"}
-    lines += _section("training", training)
+    lines += toml_section("training", training)
     par: dict = {"data_parallel_replicate_degree": 1 if _sharded(plan) else plan.dp,
                  "data_parallel_shard_degree": plan.dp if _sharded(plan) else 1,
                  "tensor_parallel_degree": plan.tp, "enable_async_tensor_parallel": plan.tp_comm_overlap,
@@ -153,13 +154,13 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
                    pipeline_parallel_microbatch_size=plan.micro_batch,
                    pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
                    pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
-    lines += _section("parallelism", par)
+    lines += toml_section("parallelism", par)
     ac: dict = {"mode": "selective" if t.recompute == "op" or t.recompute_layers is not None else t.recompute}
     if t.recompute == "op":
         ac["selective_ac_option"] = "op"
     elif t.recompute_layers is not None:
         ac["selective_ac_option"] = str(plan.chunk_layers(spec.layers) // t.recompute_layers)
-    lines += _section("activation_checkpoint", ac)
+    lines += toml_section("activation_checkpoint", ac)
     return "\n".join(lines)
 
 
