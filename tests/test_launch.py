@@ -320,7 +320,7 @@ def test_predict_workload_writes_launch_files(tmp_path):
                      str(tmp_path / "launch"), "--json")
     assert code == 0, out
     res = json.loads(out)
-    assert res["launch"]["files"] == ["megatron_args.txt", "torchtitan.toml"]
+    assert res["launch"]["files"] == ["megatron_args.txt", "torchtitan.toml", "torchtitan_recipe.py"]
     assert "--tensor-model-parallel-size" in res["launch"]["megatron_args"]
     code, again = _cli("predict", "--megatron-args", str(tmp_path / "launch" / "megatron_args.txt"), "--json")
     assert code == 0 and json.loads(again)["predicted_iteration_s"] == res["predicted_iteration_s"]
@@ -368,7 +368,7 @@ def test_parallel_example_best_plan_round_trips_to_the_same_prediction(tmp_path)
     assert code == 0, text
     res = json.loads((out / "results.json").read_text())
     best, launch = res["best"], res["launch"]
-    assert launch["files"] == ["megatron_args.txt", "torchtitan.toml"]
+    assert launch["files"] == ["megatron_args.txt", "torchtitan.toml", "torchtitan_recipe.py"]
     code, mt = _cli("predict", "--megatron-args", str(out / "megatron_args.txt"), "--json")
     assert code == 0, mt
     mt = json.loads(mt)

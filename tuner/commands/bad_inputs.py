@@ -253,6 +253,11 @@ def _predict_cases() -> Iterator[BadInput]:
                    {"w.yaml": wl, "out/keep.txt": "keep"}, {"out/keep.txt": "keep"})
     yield BadInput("predict: trace path missing", ("predict", "{dir}/no_trace.json"))
     yield BadInput("predict: trace not JSON", ("predict", "{dir}/t.json"), {"t.json": "not json"})
+    yield BadInput("predict: torchtitan recipe file missing", ("predict", "--torchtitan", "{dir}/nope.py:tuner_plan"))
+    yield BadInput("predict: torchtitan configuration of an unknown module",
+                   ("predict", "--torchtitan", "no_such_module:cfg", "--devices", "8"))
+    yield BadInput("predict: torchtitan recipe that raises", ("predict", "--torchtitan", "{dir}/r.py:f"),
+                   {"r.py": "def f():\n    raise RuntimeError('no configuration')\n"})
 
 
 def _replay_cases() -> Iterator[BadInput]:

@@ -12,9 +12,10 @@ Two sources, one ``_predict_*`` function each, chosen in :func:`predict`:
   file or archive): :func:`predictor.whatif.apply.predict_trace` transforms the captured
   execution graph and simulates it; tasks whose shape or platform changed are re-timed with
   the kernel models of ``--platform`` (an asset pack's calibrated ones when there is one).
-* ``tuner predict --megatron-args LAUNCH.sh`` / ``--torchtitan JOB.toml [--workload MODEL.yaml]`` — an
-  existing launch read back as a plan (:mod:`tuner.launch`) and predicted like a workload plan.
-  ``--launch DIR`` writes a workload's or launch's plan as ``megatron_args.txt`` and ``torchtitan.toml``.
+* ``tuner predict --megatron-args LAUNCH.sh`` / ``--torchtitan JOB.toml`` / ``--torchtitan MODULE:FUNCTION``
+  ``[--workload MODEL.yaml]`` — an existing launch read back as a plan (:mod:`tuner.launch`) and predicted
+  like a workload plan. ``--launch DIR`` writes a workload's or launch's plan as ``megatron_args.txt``,
+  ``torchtitan.toml`` and ``torchtitan_recipe.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import typer
 
 from tuner.commands.common import console, fail
 
-SOURCES = "--workload MODEL.yaml, a captured TRACE, --megatron-args FILE or --torchtitan FILE"
+SOURCES = "--workload MODEL.yaml, a captured TRACE, --megatron-args FILE or --torchtitan FILE|MODULE:FUNCTION"
 
 
 def predict(
@@ -44,8 +45,8 @@ def predict(
     trace: Annotated[Path | None, typer.Option("--trace", help="write the predicted timeline as a Chrome/Perfetto trace")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     megatron: Annotated[Path | None, typer.Option("--megatron-args", help="score a Megatron-LM launch script or argument list (world size from torchrun, else --devices)")] = None,
-    torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan TOML job config (model shape from tuner's header, else --workload)")] = None,
-    launch: Annotated[Path | None, typer.Option("--launch", help="write the plan's megatron_args.txt and torchtitan.toml into this folder")] = None,
+    torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan job: a TOML job config (releases up to v0.2), or a Python configuration MODULE:FUNCTION / FILE.py:FUNCTION (main branch; needs torchtitan importable). Model shape from tuner's header, else --workload, else torchtitan's flavor")] = None,
+    launch: Annotated[Path | None, typer.Option("--launch", help="write the plan's megatron_args.txt, torchtitan.toml and torchtitan_recipe.py into this folder")] = None,
 ) -> None:
     """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
     if workload is not None and path is not None:
@@ -294,9 +295,15 @@ def _write_launch(folder: Path, spec, plan, platform, dpn: int, detail: str, res
 def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Path | None, path: Path | None,
                     sets: list[str], platform_key: str | None, catalog: Path | None, devices_per_node: int | None,
                     n_devices: int | None, detail: str, trace: Path | None, as_json: bool, launch: Path | None) -> None:
-    """Score an existing launch: Megatron-LM arguments or a torchtitan TOML read back as spec + plan."""
+    """Score an existing launch: Megatron-LM arguments, a torchtitan TOML or Python configuration read back as spec + plan."""
     from predictor.sources.synth.transformer import PlanError
-    from tuner.launch import LaunchError, read_megatron_file, read_torchtitan_file
+    from tuner.launch import (
+        LaunchError,
+        is_config_ref,
+        read_megatron_file,
+        read_torchtitan_config,
+        read_torchtitan_file,
+    )
     from tuner.plans import plan_from_fields, predict_plan
 
     if megatron is not None and torchtitan is not None:
@@ -317,8 +324,12 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Pa
         if megatron is not None:
             lp = read_megatron_file(megatron, devices=n_devices)
         else:
-            lp = read_torchtitan_file(torchtitan, devices=n_devices,  # type: ignore[arg-type]
-                                      spec=model.to_spec() if model is not None else None)
+            given = model.to_spec() if model is not None else None
+            ref = Path(str(torchtitan))
+            if is_config_ref(str(ref)) and not ref.exists():  # MODULE:FUNCTION, torchtitan's main branch
+                lp = read_torchtitan_config(str(ref), devices=n_devices, spec=given)
+            else:
+                lp = read_torchtitan_file(ref, devices=n_devices, spec=given)
     except LaunchError as exc:
         fail(str(exc))
     values = _plan_sets(sets)

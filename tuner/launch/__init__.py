@@ -1,4 +1,5 @@
-"""Plans that launch: a TP/PP/DP plan as Megatron-LM arguments and a torchtitan TOML, and both read back.
+"""Plans that launch: a TP/PP/DP plan as Megatron-LM arguments, a torchtitan TOML (releases up to v0.2) and a
+torchtitan Python configuration (its main branch), and each read back.
 
 Public API (what ``tuner search`` reports, ``tuner predict`` and other searches call)::
 
@@ -6,7 +7,9 @@ Public API (what ``tuner search`` reports, ``tuner predict`` and other searches 
     torchtitan_toml(spec, plan) -> str                # torchtitan TOML job config
     read_megatron_args(text_or_words) -> LaunchPlan   # a launch script back as spec + plan + devices
     read_torchtitan_toml(text, spec=...) -> LaunchPlan
-    write_launch_files(out, spec, plan, ...) -> dict  # megatron_args.txt + torchtitan.toml in ``out``
+    torchtitan_recipe(spec, plan) -> str              # torchtitan main: a module whose tuner_plan() is the config
+    read_torchtitan_config("MODULE:FUNCTION") -> LaunchPlan   # needs torchtitan (main) importable
+    write_launch_files(out, spec, plan, ...) -> dict  # megatron_args.txt, torchtitan.toml, torchtitan_recipe.py
 """
 
 from __future__ import annotations
@@ -29,10 +32,18 @@ from tuner.launch.torchtitan import (
     torchtitan_plan,
     torchtitan_toml,
 )
+from tuner.launch.torchtitan_config import (
+    RECIPE_FILE,
+    is_config_ref,
+    plan_from_torchtitan_config,
+    read_torchtitan_config,
+    torchtitan_recipe,
+)
 
 __all__ = ["LaunchError", "LaunchPlan", "MEGATRON_FILE", "TORCHTITAN_FILE", "megatron_args", "megatron_command",
            "megatron_launch_text", "read_megatron_args", "read_megatron_file", "torchtitan_plan", "torchtitan_toml",
-           "read_torchtitan_toml", "read_torchtitan_file", "launch_payload", "write_launch_files"]
+           "read_torchtitan_toml", "read_torchtitan_file", "RECIPE_FILE", "is_config_ref", "plan_from_torchtitan_config",
+           "read_torchtitan_config", "torchtitan_recipe", "launch_payload", "write_launch_files"]
 
 #: file names of the launch files next to results.json
 MEGATRON_FILE = "megatron_args.txt"
@@ -40,13 +51,14 @@ TORCHTITAN_FILE = "torchtitan.toml"
 
 
 def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int) -> dict:
-    """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML, and the
-    plan as torchtitan runs it with the fields that differ (``{field: [plan's, torchtitan's]}``)."""
+    """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML and Python
+    configuration, and the plan as torchtitan runs it with the fields that differ (``{field: [plan's, torchtitan's]}``)."""
     tt = torchtitan_plan(plan, spec)
     return {
         "megatron_args": megatron_args(spec, plan),
         "megatron_command": megatron_command(spec, plan, devices_per_node),
         "torchtitan_toml": torchtitan_toml(spec, plan, platform=platform, devices_per_node=devices_per_node),
+        "torchtitan_recipe": torchtitan_recipe(spec, plan, platform=platform, devices_per_node=devices_per_node),
         "torchtitan_plan": tt.label(),
         "torchtitan_changes": {k: [v, tt.to_dict()[k]] for k, v in plan.to_dict().items() if tt.to_dict()[k] != v},
     }
@@ -54,8 +66,8 @@ def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, 
 
 def write_launch_files(out: Path, spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int,
                        predicted_s: float | None = None, torchtitan_predicted_s: float | None = None) -> dict:
-    """Write ``megatron_args.txt`` and ``torchtitan.toml`` into ``out``; returns :func:`launch_payload` with
-    the ``files`` written (names relative to ``out``)."""
+    """Write ``megatron_args.txt``, ``torchtitan.toml`` and ``torchtitan_recipe.py`` into ``out``; returns
+    :func:`launch_payload` with the ``files`` written (names relative to ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
     payload = launch_payload(spec, plan, platform=platform, devices_per_node=devices_per_node)
     atomic_write_text(out / MEGATRON_FILE, megatron_launch_text(spec, plan, platform=platform,
@@ -64,5 +76,8 @@ def write_launch_files(out: Path, spec: TransformerSpec, plan: ParallelPlan, *, 
     atomic_write_text(out / TORCHTITAN_FILE, torchtitan_toml(spec, plan, platform=platform,
                                                              devices_per_node=devices_per_node,
                                                              predicted_s=torchtitan_predicted_s))
-    payload["files"] = [MEGATRON_FILE, TORCHTITAN_FILE]
+    atomic_write_text(out / RECIPE_FILE, torchtitan_recipe(spec, plan, platform=platform,
+                                                           devices_per_node=devices_per_node,
+                                                           predicted_s=torchtitan_predicted_s))
+    payload["files"] = [MEGATRON_FILE, TORCHTITAN_FILE, RECIPE_FILE]
     return payload

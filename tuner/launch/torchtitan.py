@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["TORCHTITAN_MODELS", "llama_ffn", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
+__all__ = ["TORCHTITAN_MODELS", "llama_ffn", "spec_from_header", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
 _DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
@@ -186,7 +186,8 @@ def _int(table: dict, key: str, where: str, source: str, default: int) -> int:
     return val
 
 
-def _spec_from_meta(meta: dict, source: str) -> TransformerSpec | None:
+def spec_from_header(meta: dict, source: str) -> TransformerSpec | None:
+    """The model shape on a '# tuner:' line (None when it has none); :class:`LaunchError` for one that is not a spec."""
     model = meta.get("model")
     if model is None:
         return None
@@ -221,7 +222,7 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         if not isinstance(doc.get(sec, {}), dict):
             raise LaunchError(f"{source}: [{sec}] must be a table")
     tr, par, ac = doc.get("training", {}), doc.get("parallelism", {}), doc.get("activation_checkpoint", {})
-    spec = spec or _spec_from_meta(meta, source)
+    spec = spec or spec_from_header(meta, source)
     notes: list[str] = []
     if spec is None:
         model = doc.get("model", {})

@@ -110,8 +110,9 @@ def print_parallel_table(payload: dict, console: Console | None = None, top: int
 
 
 def _launch(ctx: ParallelContext, plan: ParallelPlan, predicted_s: float, out: Path) -> dict:
-    """The best plan's launch files (megatron_args.txt, torchtitan.toml) and the prediction of the plan as
-    torchtitan runs it (it may differ: torchtitan always runs TP with sequence parallelism, reduces in fp32)."""
+    """The best plan's launch files (megatron_args.txt, torchtitan.toml, torchtitan_recipe.py) and the
+    prediction of the plan as torchtitan runs it (it may differ: torchtitan always runs TP with sequence
+    parallelism, reduces in fp32)."""
     tt = torchtitan_plan(plan, ctx.spec)
     tt_s = predicted_s
     if tt != plan:

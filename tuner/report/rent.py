@@ -128,7 +128,8 @@ def _sources(records: list[dict], accelerator: str) -> str:
 
 def _trace_all(result: SearchResult, payload: dict, out: Path) -> None:
     """Write the predicted timeline of each pick and each accelerator's best, and the picks' launch files
-    (Megatron-LM arguments, torchtitan TOML) for a transformer; link them from the records."""
+    (Megatron-LM arguments, torchtitan TOML and Python configuration) for a transformer; link them from the
+    records."""
     ctx: RentContext = result.space.context  # type: ignore[attr-defined]
     wanted = [*payload["picks"].values(), *(x for d in payload["per_accelerator"].values() for x in d.values())]
     written: dict[str, str] = {}

@@ -1,0 +1,8 @@
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    flavor: str
+    model: object = None

@@ -1,0 +1,303 @@
+"""A tuner plan as a torchtitan Python configuration (its main branch), and such a configuration read back.
+
+torchtitan's main branch configures a run by a Python function that returns a ``Trainer.Config``,
+named on its command line as ``--module M --config F`` (``MODULE=M CONFIG=F ./run_train.sh``); TOML
+job files are gone (pytorch/torchtitan#2386, Feb 2026). The fields are those of
+``torchtitan/config/configs.py`` and ``torchtitan/trainer.py`` at pytorch/torchtitan b5bcd76 (Aug 2026):
+
+* ``training``: batches counted in tokens — ``num_tokens_per_microbatch_per_dp_rank`` (one forward of
+  one data-parallel rank, before context or tensor sharding: ``micro_batch x seq``),
+  ``num_tokens_per_train_step`` (``global_batch x seq``; gradient accumulation is their ratio),
+  ``max_context_length`` (``seq``), ``mixed_precision_param``;
+* ``parallelism``: the degrees (data-parallel replicate / shard as in the TOML releases),
+  ``enable_sequence_parallel``, the pipeline schedule, ``pipeline_parallel_layers_per_stage`` and
+  ``num_pp_microbatches`` (pipeline micro-batches per data-parallel rank);
+* ``activation_checkpoint``: ``FullAC.Config()`` (tuner's ``full``), ``SelectiveAC.Config()``
+  (op-level, tuner's ``op``), ``None``; ``MemoryBudgetAC`` (the compiler's choice) is not modelled;
+* ``compile.enable_async_tensor_parallel``: tuner's ``tp_comm_overlap``.
+
+The written recipe starts from torchtitan's own configuration of the model (its Llama 3 flavors,
+:data:`~tuner.launch.torchtitan.TORCHTITAN_MODELS`) and sets the plan's fields; a model torchtitan has
+no flavor of gets a ``base_config`` that raises until the user returns their model's configuration.
+Reading goes through torchtitan's own ``ConfigManager`` (the module lookup of its ``--module``), so it
+needs torchtitan importable; the conversion itself (:func:`plan_from_torchtitan_config`) reads the
+fields by name and is tested without it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
+from tuner.launch.torchtitan import TORCHTITAN_MODELS, spec_from_header, torchtitan_model, torchtitan_plan
+
+__all__ = ["RECIPE_FILE", "RECIPE_FUNCTION", "is_config_ref", "torchtitan_flavor", "torchtitan_recipe",
+           "plan_from_torchtitan_config", "load_torchtitan_config", "read_torchtitan_config"]
+
+#: file name and function of the written recipe (``--module torchtitan_recipe --config tuner_plan``)
+RECIPE_FILE = "torchtitan_recipe.py"
+RECIPE_FUNCTION = "tuner_plan"
+_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
+#: torchtitan's config-registry function of each Llama 3 flavor
+_BASE_FUNCTIONS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b", ("llama3", "405B"): "llama3_405b"}
+_REF = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def is_config_ref(text: str) -> bool:
+    """Whether ``text`` names a torchtitan configuration function: ``MODULE:FUNCTION`` or ``FILE.py:FUNCTION``."""
+    return _REF.match(text) is not None and not text.endswith(".toml")
+
+
+def torchtitan_flavor(spec: TransformerSpec) -> tuple[str, str] | None:
+    """torchtitan's (model name, flavor) of ``spec``'s shape (Llama 3 8B / 70B / 405B), None for another shape."""
+    for key, shape in TORCHTITAN_MODELS.items():
+        if (spec.layers, spec.hidden, spec.heads, spec.kv_heads or spec.heads, spec.ffn_size, spec.vocab) == (
+                shape["layers"], shape["hidden"], shape["heads"], shape["kv_heads"], shape["ffn"], 128256):
+            return key
+    return None
+
+
+def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
+                      devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
+    """The Python module (for torchtitan's main branch) whose :data:`RECIPE_FUNCTION` returns ``plan``'s
+    ``Trainer.Config``: torchtitan's configuration of the model with the plan's fields set. The plan is
+    written as torchtitan runs it (:func:`~tuner.launch.torchtitan.torchtitan_plan`)."""
+    t = torchtitan_plan(plan, spec)
+    dpn = devices_per_node or 8
+    nodes = max(1, -(-plan.devices // dpn))
+    meta = {"model": spec.to_dict(), "devices": plan.devices}
+    if platform:
+        meta["platform"] = platform
+    if devices_per_node:
+        meta["devices_per_node"] = devices_per_node
+    where = f" on {plan.devices} x {platform}" if platform else f" on {plan.devices} devices"
+    said = f"; predicted {predicted_s:.4f} s/iteration by tuner" if predicted_s else ""
+    run = (f"    PYTHONPATH=$FOLDER:$PYTHONPATH NGPU={plan.devices} MODULE=torchtitan_recipe CONFIG={RECIPE_FUNCTION} "
+           "./run_train.sh") if nodes == 1 else (
+        f"    PYTHONPATH=$FOLDER:$PYTHONPATH torchrun --nnodes {nodes} --nproc_per_node {dpn} --rdzv_backend c10d \\\n"
+        f"        --rdzv_endpoint $HEAD:29500 -m torchtitan.train --module torchtitan_recipe --config {RECIPE_FUNCTION}")
+    flavor = torchtitan_flavor(spec)
+    lines = [f'"""torchtitan configuration (main branch) of {spec.name} plan {t.label()}{where}{said}.',
+             "",
+             "Run from a torchtitan checkout, with FOLDER the folder of this file:",
+             run, '"""', header_line(meta)]
+    notes = []
+    if spec.dtype == "fp16":
+        notes.append("torchtitan trains in bfloat16 or float32: the fp16 model is written as bfloat16")
+    if plan.optimizer_state != "fp32":
+        notes.append("torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
+    if t.recompute == "full" and t.recompute_layers is not None:
+        notes.append("torchtitan checkpoints every layer or none: the plan's partial recomputation is written as FullAC")
+    if spec.fp8_linear:
+        notes.append("FP8 linears: add torchtitan's Float8LinearConverter to the model's converters")
+    lines += [f"# {n}" for n in notes]
+    ac = {"none": "None", "full": "FullAC.Config()", "op": "SelectiveAC.Config()"}[t.recompute]
+    lines.append("")
+    if t.recompute != "none":
+        lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac.split('.')[0]}")
+    if flavor is not None:
+        lines += [f"from torchtitan.models.{flavor[0]}.config_registry import {_BASE_FUNCTIONS[flavor]} as base_config",
+                  "", ""]
+    else:
+        lines += ["", "", "def base_config():",
+                  f'    """torchtitan\'s configuration of {spec.name}: torchtitan has no flavor of its shape (the'
+                  " '# tuner:' line above), so return your model's Trainer.Config here.\"\"\"",
+                  f"    raise NotImplementedError(\"{RECIPE_FILE}: return the Trainer.Config of {spec.name} "
+                  "from base_config()\")", "", ""]
+    sharded = t.fsdp or t.distributed_optimizer
+    par = {"data_parallel_replicate_degree": 1 if sharded else plan.dp,
+           "data_parallel_shard_degree": plan.dp if sharded else 1,
+           "tensor_parallel_degree": plan.tp, "enable_sequence_parallel": True,
+           "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
+           "expert_parallel_degree": plan.ep}
+    if plan.pp > 1:
+        v = plan.virtual_stages_effective
+        par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
+                   pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
+                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0,
+                   num_pp_microbatches=plan.micro_batches)
+    training = {"max_context_length": spec.seq, "num_tokens_per_microbatch_per_dp_rank": plan.micro_batch * spec.seq,
+                "num_tokens_per_train_step": plan.global_batch * spec.seq,
+                "mixed_precision_param": _DTYPE[spec.dtype]}
+    if plan.pp > 1:
+        training["disable_cuda_graphs"] = True  # torchtitan's CUDA graphs do not run pipelines
+    lines += [f"def {RECIPE_FUNCTION}():", f'    """{spec.name} with tuner\'s plan {t.label()}."""',
+              "    config = base_config()"]
+    lines += [f"    config.parallelism.{k} = {v!r}" for k, v in par.items()]
+    lines += [f"    config.training.{k} = {v!r}" for k, v in training.items()]
+    lines += [f"    config.compile.enable_async_tensor_parallel = {plan.tp_comm_overlap!r}",
+              f"    config.activation_checkpoint = {ac}", "    return config", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- configuration -> plan
+def _field(obj: object, path: str, source: str) -> object:
+    """Attribute ``path`` (dotted) of the configuration ``obj``; :class:`LaunchError` when it is missing."""
+    for name in path.split("."):
+        if not hasattr(obj, name):
+            raise LaunchError(f"{source}: the configuration has no {path} (torchtitan's main branch of Aug 2026 "
+                              "or later is read)")
+        obj = getattr(obj, name)
+    return obj
+
+
+def _int_field(obj: object, path: str, source: str) -> int:
+    val = _field(obj, path, source)
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise LaunchError(f"{source}: {path} must be an integer (got {val!r})")
+    return val
+
+
+def plan_from_torchtitan_config(config: object, source: str, *, devices: int | None = None,
+                                spec: TransformerSpec | None = None, meta: dict | None = None) -> LaunchPlan:
+    """A plan from a torchtitan ``Trainer.Config`` (read by field name).
+
+    The model is ``spec`` if given, else the shape on a ``# tuner:`` line (``meta``), else the
+    configuration's ``model_spec`` name and flavor when tuner knows them. The world size is ``devices``
+    if given, else the product of the degrees when none is ``-1``, else the header's. Raises
+    :class:`LaunchError` (one line) for a configuration tuner does not model.
+    """
+    meta = meta or {}
+    notes: list[str] = []
+    seq = _int_field(config, "training.max_context_length", source)
+    if spec is None:
+        spec = spec_from_header(meta, source)
+    if spec is None:
+        ms = _field(config, "model_spec", source)
+        name, flavor = (str(getattr(ms, "name", "")), str(getattr(ms, "flavor", ""))) if ms is not None else ("", "")
+        spec = torchtitan_model(name, flavor, seq)
+        if spec is None:
+            known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
+            raise LaunchError(f"{source}: torchtitan's model is {name or '?'} / {flavor or '?'}, tuner knows {known}; "
+                              "for another model give its shape: --workload MODEL.yaml")
+        notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
+                     "and learned positions")
+    if seq != spec.seq:
+        spec = replace(spec, seq=seq)
+    dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(str(_field(config, "training.mixed_precision_param", source)))
+    if dtype is None:
+        raise LaunchError(f"{source}: training.mixed_precision_param must be bfloat16 or float32")
+    spec = replace(spec, dtype=dtype)  # type: ignore[arg-type]
+    tokens = _int_field(config, "training.num_tokens_per_microbatch_per_dp_rank", source)
+    if tokens < seq or tokens % seq:
+        raise LaunchError(f"{source}: num_tokens_per_microbatch_per_dp_rank {tokens} is not a whole number of "
+                          f"sequences of max_context_length {seq}")
+    mb = tokens // seq
+    deg = {k: _int_field(config, f"parallelism.{k}_degree", source)
+           for k in ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
+                     "data_parallel_replicate", "data_parallel_shard")}
+    for key, val in deg.items():
+        if val < 1 and key != "data_parallel_shard":
+            raise LaunchError(f"{source}: parallelism.{key}_degree must be >= 1 (got {val})")
+    tp, pp, cp, ep, rep, shard = deg.values()
+    world = devices if devices is not None else (tp * pp * cp * rep * shard if shard > 0 else
+                                                 header_int(meta, "devices", source))
+    if world is None:
+        raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
+    if world % (tp * pp * cp * rep):
+        raise LaunchError(f"{source}: tp x pp x cp x replicate = {tp * pp * cp * rep} does not divide the world size "
+                          f"{world}")
+    if shard < 1:
+        shard = world // (tp * pp * cp * rep)
+    dp = rep * shard
+    if tp * pp * cp * dp != world:
+        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * cp * dp} devices, not {world}")
+    pp_micro = _int_field(config, "parallelism.num_pp_microbatches", source) if pp > 1 else 1
+    step = _int_field(config, "training.num_tokens_per_train_step", source)
+    per_step = mb * pp_micro * dp * seq
+    if step != -1 and (step < per_step or step % per_step):
+        raise LaunchError(f"{source}: num_tokens_per_train_step {step} is not a multiple of the {per_step} tokens "
+                          "of one forward and backward of every data-parallel rank")
+    gb = (step if step != -1 else per_step) // seq
+    sched, v = "1f1b", 1
+    if pp > 1:
+        name = str(_field(config, "parallelism.pipeline_parallel_schedule", source))
+        if name not in ("1F1B", "Interleaved1F1B"):
+            raise LaunchError(f"{source}: pipeline_parallel_schedule {name!r}: tuner models 1F1B and Interleaved1F1B")
+        per = _field(config, "parallelism.pipeline_parallel_layers_per_stage", source)
+        first = _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers", source)
+        last = _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers", source)
+        if per is not None:
+            if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+                raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be a positive integer")
+            v = max(1, -(-(spec.layers + first + last) // per) // pp)
+        else:
+            v = 2 if name == "Interleaved1F1B" else 1
+        if first or last:
+            notes.append("the first / last stage carry fewer layers in torchtitan; tuner splits the layers evenly")
+        sched = "interleaved" if v > 1 else "1f1b"
+        if gb != mb * pp_micro * dp:
+            notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")
+    ac = _field(config, "activation_checkpoint", source)
+    kind = "None" if ac is None else type(ac).__qualname__.split(".")[0]
+    recompute = {"None": "none", "FullAC": "full", "SelectiveAC": "op"}.get(kind)
+    if recompute is None:
+        raise LaunchError(f"{source}: activation_checkpoint {kind}: tuner models FullAC, SelectiveAC and None")
+    if bool(getattr(getattr(config, "compile", None), "enable", False)):
+        notes.append("torch.compile priced as the eager program")
+    sp = bool(_field(config, "parallelism.enable_sequence_parallel", source))
+    if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
+        notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
+                        virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
+                        distributed_optimizer=shard * cp > 1, cp=cp,
+                        tp_comm_overlap=bool(_field(config, "compile.enable_async_tensor_parallel", source)))
+    ran = replace(torchtitan_plan(plan, spec), sequence_parallel=sp and tp > 1)
+    return LaunchPlan(spec, ran, world, header_str(meta, "platform", source), header_int(meta, "devices_per_node", source),
+                      (), tuple(notes))
+
+
+def load_torchtitan_config(ref: str) -> tuple[object, dict]:
+    """torchtitan's ``Trainer.Config`` named by ``ref`` (``MODULE:FUNCTION``, torchtitan's ``--module`` /
+    ``--config``; or ``FILE.py:FUNCTION``) built by torchtitan's ``ConfigManager``, and the ``# tuner:``
+    header of the file (``{}`` for a module). Raises :class:`LaunchError` when torchtitan is not
+    importable or cannot build it."""
+    m = _REF.match(ref)
+    if m is None:
+        raise LaunchError(f"{ref}: name a torchtitan configuration as MODULE:FUNCTION or FILE.py:FUNCTION")
+    module, function = m["module"], m["function"]
+    meta: dict = {}
+    path = Path(module) if module.endswith(".py") else None
+    if path is not None:
+        if not path.is_file():
+            raise LaunchError(f"{ref}: no such file: {path}")
+        try:
+            meta = read_header(path.read_text(), str(path))
+        except UnicodeDecodeError:
+            raise LaunchError(f"{ref}: {path} is not a text file") from None
+    try:
+        from torchtitan.config.manager import ConfigManager
+    except ImportError as exc:
+        raise LaunchError(f"{ref}: reading a torchtitan configuration needs torchtitan's main branch importable "
+                          f"(pip install -e a torchtitan checkout): {exc}") from None
+    added = None
+    if path is not None:
+        added = str(path.resolve().parent)
+        loaded = sys.modules.get(path.stem)
+        if loaded is not None:
+            if Path(getattr(loaded, "__file__", None) or "").resolve() != path.resolve():
+                raise LaunchError(f"{ref}: a module named {path.stem} is already imported: rename the file")
+            del sys.modules[path.stem]  # a second read of an edited file imports it afresh
+        sys.path.insert(0, added)
+        module = path.stem
+    try:
+        config = ConfigManager().parse_args(["--module", module, "--config", function])
+    except (Exception, SystemExit) as exc:  # torchtitan's, the recipe's or tyro's own failure, as one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise LaunchError(f"{ref}: torchtitan could not build the configuration ({type(exc).__name__}: "
+                          f"{first[:300]})") from None
+    finally:
+        if added is not None and added in sys.path:
+            sys.path.remove(added)
+    return config, meta
+
+
+def read_torchtitan_config(ref: str, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:
+    """:func:`plan_from_torchtitan_config` of the configuration :func:`load_torchtitan_config` builds."""
+    config, meta = load_torchtitan_config(ref)
+    return plan_from_torchtitan_config(config, ref, devices=devices, spec=spec, meta=meta)
