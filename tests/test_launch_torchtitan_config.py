@@ -1,6 +1,6 @@
-"""torchtitan's Python configurations (main branch): the recipe tuner writes, run against a stand-in of
-torchtitan's configuration classes (``tests/torchtitan_stub``), read back to the plan torchtitan runs; and
-the real package when it is installed."""
+"""torchtitan's Python configurations (main branch): the recipe tuner writes, run by torchtitan's own
+``ConfigManager`` and read back to the plan torchtitan runs — against the installed torchtitan, else
+against a stand-in of its configuration classes (``tests/torchtitan_stub``)."""
 
 from __future__ import annotations
 
@@ -53,12 +53,12 @@ def _drop_torchtitan_modules() -> None:
 
 @pytest.fixture
 def stub(monkeypatch):
-    """torchtitan's stand-in importable for one test (skipped where the real package is installed)."""
-    if REAL:
-        pytest.skip("torchtitan is installed: tested against it instead of the stand-in")
-    monkeypatch.syspath_prepend(str(STUB))
+    """torchtitan importable for one test: the installed package, else its stand-in."""
+    if not REAL:
+        monkeypatch.syspath_prepend(str(STUB))
     yield
-    _drop_torchtitan_modules()
+    if not REAL:
+        _drop_torchtitan_modules()
 
 
 def test_config_refs_are_told_from_toml_files():
@@ -157,7 +157,8 @@ def test_cli_scores_a_recipe_it_wrote(stub, tmp_path):
 
 
 def test_cli_without_torchtitan_says_what_it_needs(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchtitan", None)  # import torchtitan fails, installed or not
+    for name in ("torchtitan", "torchtitan.config", "torchtitan.config.manager"):
+        monkeypatch.setitem(sys.modules, name, None)  # import torchtitan fails, installed or not
     code, out = _cli("predict", "--torchtitan", "llama3:llama3_8b", "--devices", "8")
     assert code == 2 and out.startswith("error: llama3:llama3_8b: reading a torchtitan configuration needs")
     assert len(out.strip().splitlines()) == 1

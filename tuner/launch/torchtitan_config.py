@@ -26,6 +26,9 @@ fields by name and is tested without it.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import re
 import sys
 from dataclasses import replace
@@ -130,8 +133,14 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
               "    config = base_config()"]
     lines += [f"    config.parallelism.{k} = {v!r}" for k, v in par.items()]
     lines += [f"    config.training.{k} = {v!r}" for k, v in training.items()]
-    lines += [f"    config.compile.enable_async_tensor_parallel = {plan.tp_comm_overlap!r}",
-              f"    config.activation_checkpoint = {ac}", "    return config", ""]
+    if plan.tp_comm_overlap and plan.tp > 1:  # torchtitan's async TP is a compiler pass over the model
+        lines += ["    config.compile.enable = True",
+                  '    if "model" not in config.compile.components:',
+                  '        config.compile.components = [*config.compile.components, "model"]',
+                  "    config.compile.enable_async_tensor_parallel = True"]
+    else:
+        lines.append("    config.compile.enable_async_tensor_parallel = False")
+    lines += [f"    config.activation_checkpoint = {ac}", "    return config", ""]
     return "\n".join(lines)
 
 
@@ -275,26 +284,42 @@ def load_torchtitan_config(ref: str) -> tuple[object, dict]:
     except ImportError as exc:
         raise LaunchError(f"{ref}: reading a torchtitan configuration needs torchtitan's main branch importable "
                           f"(pip install -e a torchtitan checkout): {exc}") from None
-    added = None
-    if path is not None:
-        added = str(path.resolve().parent)
-        loaded = sys.modules.get(path.stem)
-        if loaded is not None:
-            if Path(getattr(loaded, "__file__", None) or "").resolve() != path.resolve():
-                raise LaunchError(f"{ref}: a module named {path.stem} is already imported: rename the file")
-            del sys.modules[path.stem]  # a second read of an edited file imports it afresh
-        sys.path.insert(0, added)
+    prior = sys.modules.get(path.stem) if path is not None else None
+    if path is not None:  # the file imported under its stem, then taken out of sys.modules again
+        sys.modules.pop(path.stem, None)
+        sys.path.insert(0, str(path.resolve().parent))
         module = path.stem
+    said = io.StringIO()
+    logging.disable(logging.WARNING)  # torchtitan's warnings about training assets (tokenizer, checkpoints)
     try:
-        config = ConfigManager().parse_args(["--module", module, "--config", function])
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            config = ConfigManager().parse_args(["--module", module, "--config", function])
     except (Exception, SystemExit) as exc:  # torchtitan's, the recipe's or tyro's own failure, as one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        why = _first_message(said.getvalue()) if isinstance(exc, SystemExit) else _first_message(str(exc))
         raise LaunchError(f"{ref}: torchtitan could not build the configuration ({type(exc).__name__}: "
-                          f"{first[:300]})") from None
+                          f"{why[:300]})") from None
     finally:
-        if added is not None and added in sys.path:
-            sys.path.remove(added)
+        logging.disable(logging.NOTSET)
+        if path is not None:
+            sys.path.remove(str(path.resolve().parent))
+            sys.modules.pop(path.stem, None)
+            if prior is not None:
+                sys.modules[path.stem] = prior
     return config, meta
+
+
+def _first_message(text: str) -> str:
+    """``text`` on one line: the lines of tyro's framed error up to its rule (without the frame and title)."""
+    body = []
+    for ln in text.splitlines():
+        inner = ln.strip("│╭╮╰╯ ")
+        if inner.startswith("─"):
+            if body:
+                break
+            continue
+        if inner and not inner.startswith(("Value error", "For full helptext")):
+            body.append(inner)
+    return " ".join(body)
 
 
 def read_torchtitan_config(ref: str, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:

@@ -15,3 +15,8 @@ class Trainer:
         parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
         activation_checkpoint: object = field(default_factory=SelectiveAC.Config)
         compile: CompileConfig = field(default_factory=CompileConfig)
+
+        def __post_init__(self):
+            if self.compile.enable_async_tensor_parallel and not (
+                    self.compile.enable and "model" in self.compile.components):
+                raise ValueError("Async TP requires 'model' in --compile.components and --compile.enable")

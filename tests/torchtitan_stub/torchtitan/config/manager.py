@@ -1,5 +1,5 @@
 """``ConfigManager``: the ``--module`` / ``--config`` lookup (a short name is a module of
-``torchtitan.models``; else ``MODULE.config_registry``, then ``MODULE``)."""
+``torchtitan.models``; else ``MODULE.config_registry``, then ``MODULE``) and the validation of the result."""
 
 import importlib
 
@@ -22,4 +22,6 @@ class ConfigManager:
         fn = getattr(module, config_name, None)
         if fn is None or not callable(fn):
             raise ValueError(f"Config function '{config_name}' not found")
-        return fn()
+        config = fn()
+        config.__post_init__()  # torchtitan validates the configuration as it parses it (tyro)
+        return config
