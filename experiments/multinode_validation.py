@@ -329,7 +329,8 @@ def memory_check(path: Path = DATA) -> list[dict]:
     out = []
     for key, src in (yaml.safe_load(path.read_text()).get("memory") or {}).items():
         name, flavor = src["model"]
-        sections = {"model": {"name": name, "flavor": flavor}, **src["toml"]}
+        toml = dict(src["toml"])
+        sections = {"model": {"name": name, "flavor": flavor, **toml.pop("model", {})}, **toml}
         text = "\n".join(line for sec, items in sections.items() for line in toml_section(sec, items))
         for gpus, gib in src["rows"]:
             read = read_torchtitan_toml(text, key, devices=gpus)

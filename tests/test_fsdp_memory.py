@@ -41,6 +41,20 @@ def test_sharded_states_fall_as_one_over_dp_and_gathered_buffers_stay():
     assert m8.buffers_bytes - no_fsdp.buffers_bytes == pytest.approx(root * 4 + 4 * layer * 2)
 
 
+def test_fsdp_with_tp_shards_each_tensor_parallel_ranks_states():
+    # torchtitan's 2-D layout: the TP rank's parameters, sharded over dp; the gathered buffers are its share
+    tp8 = memory_per_stage(GPT13B, _plan(8, True, tp=8, sequence_parallel=True))[0]
+    dense = memory_per_stage(GPT13B, _plan(8, True))[0]
+    assert tp8.params == pytest.approx(dense.params / 8, rel=0.01)
+    assert tp8.weights_bytes == pytest.approx(tp8.params * 2 / 8)
+    zero1 = memory_per_stage(GPT13B, _plan(8, False, tp=8, sequence_parallel=True, distributed_optimizer=True))[0]
+    assert tp8.total_bytes < zero1.total_bytes  # ZeRO-1 keeps the TP rank's weights and gradients whole
+    no_fsdp = memory_per_stage(GPT13B, _plan(8, False, tp=8, sequence_parallel=True))[0]
+    layer = layer_param_count(GPT13B, 8)
+    root = GPT13B.padded_vocab(8) * 5120 / 8 + 2048 * 5120 + 2 * 5120  # the rank's vocabulary rows
+    assert tp8.buffers_bytes - no_fsdp.buffers_bytes == pytest.approx(root * 4 + 4 * layer * 2)
+
+
 def test_dp1_fsdp_is_plain_training():
     a, b = (memory_per_stage(GPT13B, _plan(1, f))[0] for f in (True, False))
     assert a.total_bytes == pytest.approx(b.total_bytes)

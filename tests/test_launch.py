@@ -76,9 +76,9 @@ def test_torchtitan_toml_reads_back_to_the_plan_torchtitan_runs(plan):
     assert back.spec == SPEC and back.plan == torchtitan_plan(plan, SPEC) and back.devices == plan.devices
     if plan.tp > 1:
         assert back.plan.sequence_parallel  # torchtitan's TP is sequence parallel
-    # torchtitan shards data parallelism with FSDP: tuner's fsdp when there is no TP or PP
+    # torchtitan shards data parallelism with FSDP: tuner's fsdp when there is no PP (TP inside it)
     sharded = plan.fsdp or plan.distributed_optimizer
-    assert back.plan.fsdp == (sharded and plan.tp == plan.pp == 1)
+    assert back.plan.fsdp == (sharded and plan.pp == 1)
     assert back.plan.distributed_optimizer == (sharded and not back.plan.fsdp)
 
 

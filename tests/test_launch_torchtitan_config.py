@@ -106,7 +106,8 @@ def test_registry_configuration_reads_as_torchtitan_defines_it(stub):
     assert back.spec.name == "llama3-70B" and back.spec.seq == 8192
     p = back.plan
     assert (p.tp, p.dp, p.micro_batch, p.global_batch, p.recompute) == (8, 8, 8, 64, "full")
-    assert p.sequence_parallel and p.distributed_optimizer and any("flavor" in n for n in back.notes)
+    # torchtitan's 2-D layout: FSDP over the data-parallel ranks, TP inside a node
+    assert p.sequence_parallel and p.fsdp and not p.distributed_optimizer and any("flavor" in n for n in back.notes)
     with pytest.raises(LaunchError, match="world size is unknown: give --devices N"):
         read_torchtitan_config("llama3:llama3_70b")
 

@@ -46,10 +46,41 @@ def pd_kinds(df):
     return df[df.name.str.startswith("fsdp.") & df.kind.isin(["all_gather", "reduce_scatter"])]
 
 
-def test_fsdp_is_data_parallel_only():
+def test_fsdp_runs_without_pipelines_with_tensor_parallelism_inside():
     with pytest.raises(PlanError, match="fsdp"):
-        check_plan(SPEC, ParallelPlan(tp=2, dp=4, global_batch=8, fsdp=True))
+        check_plan(SPEC, ParallelPlan(pp=2, dp=4, global_batch=8, fsdp=True))
+    check_plan(SPEC, ParallelPlan(tp=2, dp=4, global_batch=8, fsdp=True, sequence_parallel=True))
     assert ParallelPlan(dp=4, global_batch=8, fsdp=True).label().endswith("-fsdp")
+
+
+def test_fsdp_with_tp_gathers_each_tp_ranks_shard_over_the_strided_data_parallel_group():
+    # torchtitan's 2-D layout: TP 8 inside each node, FSDP over the 4 ranks of a TP position (one a node)
+    plan = ParallelPlan(tp=8, dp=4, micro_batch=1, global_batch=8, fsdp=True, sequence_parallel=True)
+    df = _frame(plan)
+    def first_gather(frame):
+        return frame[frame.name.str.match(r"fsdp\.layer\[0\]\.all_gather$") & (frame.kind == "all_gather")]
+
+    gathers = first_gather(df)
+    whole = first_gather(_frame(ParallelPlan(dp=4, micro_batch=1, global_batch=8, fsdp=True)))
+    assert set(gathers.world) == {4} and set(gathers.nodes) == {4}
+    # a TP rank gathers its share: 1/8 of the layer's matrices (norms and biases of the row-parallel
+    # layers stay whole on every TP rank)
+    assert gathers.msg_bytes.iloc[0] == pytest.approx(whole.msg_bytes.iloc[0] / 8, rel=0.01)
+    assert df.kind.isin(["all_reduce", "all_gather", "reduce_scatter"]).any()  # TP collectives too
+
+
+def test_fsdp_with_tp_slows_with_the_network():
+    spec = TransformerSpec(layers=4, hidden=4096, heads=32, seq=2048, vocab=32000)
+    plan = ParallelPlan(tp=8, dp=8, micro_batch=1, global_batch=8, fsdp=True, sequence_parallel=True)
+
+    def seconds(platform):
+        timing = transformer_timing(platform)
+        return simulate(build_transformer_graph(spec, plan, timing=timing), timing).iteration_s
+
+    slow = A100.model_copy(update={"interconnect": A100.interconnect.model_copy(
+        update={"nic_bandwidth_bytes_per_s": A100.interconnect.nic_bandwidth_bytes_per_s / 16,
+                "inter_node_bandwidth_bytes_per_s": A100.interconnect.inter_node_bandwidth_bytes_per_s / 16})})
+    assert seconds(slow) > 1.2 * seconds(A100)  # the data-parallel gathers cross nodes, one rank a node
 
 
 def test_fsdp_costs_more_than_ddp_across_slow_nodes_and_hides_on_nvlink():

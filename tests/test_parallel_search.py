@@ -98,6 +98,19 @@ def test_candidates_skip_impossible_combinations(tmp_path):
     assert all(c.params["fields"]["tp"] * c.params["fields"]["pp"] * c.params["fields"]["dp"] == 8 for c in cands)
 
 
+def test_fsdp_plans_are_searched_without_pipelines(tmp_path):
+    space = _space(tmp_path, ranges={"tp": [1, 2], "pp": [1, 2], "micro_batch": [1], "recompute": ["full"],
+                                     "fsdp": [False, True]})
+    cands, invalid = enumerate_candidates(space, 8)
+    keys = {c.key for c in cands}
+    assert {"tp1-pp1-dp8-mb1-1f1b-full-fsdp", "tp2-pp1-dp4-mb1-1f1b-full-fsdp"} <= keys
+    assert not any("fsdp" in k and "-pp2-" in k for k in keys)
+    assert any("fsdp is modelled without pipeline parallelism" in r for _, r in invalid)
+    res = run_parallel_search(space, storage=default_storage(_mk(tmp_path / "f")), workers=0)
+    fsdp = [v[0].record for k, v in res.outcomes.items() if k.endswith("-fsdp")]
+    assert fsdp and all(r["feasible"] and r["predicted_iteration_s"] > 0 for r in fsdp)
+
+
 @pytest.mark.slow
 def test_ray_workers_give_the_same_grid_as_in_process(tmp_path):
     space = _space(tmp_path, ranges={"tp": [2, 4], "pp": [1, 2], "micro_batch": [2], "recompute": ["none"]})

@@ -298,7 +298,8 @@ def _raw_of(rec: dict) -> dict:
     f = rec["fields"]
     return {"tp": f["tp"], "pp": f["pp"], "micro_batch": f["micro_batch"], "schedule": f["schedule"],
             "virtual_stages": 2, "recompute": f["recompute"], "sequence_parallel": f["sequence_parallel"],
-            "ep": f["ep"], "distributed_optimizer": f["distributed_optimizer"], "cp": f.get("cp", 1)}
+            "ep": f["ep"], "distributed_optimizer": f["distributed_optimizer"], "cp": f.get("cp", 1),
+            "fsdp": f.get("fsdp", False)}
 
 
 def test_polish_climbs_from_plans_that_fit_but_miss_the_budget():

@@ -11,8 +11,8 @@ torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the pl
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
 (``mixed_precision_reduce`` has no other value), gradient reduction overlapped. Mapping: ``dp``
 ``data_parallel_shard_degree`` (FSDP) when ``fsdp`` or ``distributed_optimizer`` else
-``data_parallel_replicate_degree`` (DDP) — FSDP is tuner's ``fsdp`` without TP, PP or experts and
-its distributed optimizer otherwise; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
+``data_parallel_replicate_degree`` (DDP) — FSDP is tuner's ``fsdp`` without PP or experts (TP
+inside it is torchtitan's 2-D layout) and its distributed optimizer otherwise; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
 ``pipeline_parallel_microbatch_size`` with ``local_batch_size = global_batch / dp``; interleaved
 ``virtual_stages`` ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage = layers / (pp x v)``
 and no embedding / output weighting; ``recompute`` ``[activation_checkpoint] mode`` (selective as
@@ -81,9 +81,9 @@ def _sharded(plan: ParallelPlan) -> bool:
 
 def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> ParallelPlan:
     """``plan`` as torchtitan runs it: sequence parallel with TP, fp32 gradient reduction, overlapped, an fp32
-    optimizer state; sharded data parallelism is FSDP, which tuner models for dense models without TP or PP and otherwise as the
-    distributed optimizer."""
-    fsdp = _sharded(plan) and plan.tp == 1 and plan.pp == 1 and (spec is None or spec.moe is None)
+    optimizer state; sharded data parallelism is FSDP, which tuner models for dense models without PP (with
+    TP inside, torchtitan's 2-D layout) and otherwise as the distributed optimizer."""
+    fsdp = _sharded(plan) and plan.pp == 1 and (spec is None or spec.moe is None)
     recompute = "op" if plan.recompute == "selective" else plan.recompute
     layers = plan.recompute_layers
     if layers is not None and spec is not None:  # every n-th layer: as many as n = chunk / layers allows
@@ -134,7 +134,7 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
     if plan.optimizer_state != "fp32":
         lines.append("# torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
     if t.distributed_optimizer:
-        lines.append("# FSDP shards parameters and gradients too; with TP, PP or experts tuner models its "
+        lines.append("# FSDP shards parameters and gradients too; with PP or experts tuner models its "
                      "sharded optimizer states only")
     lines.append("")
     lines += toml_section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
@@ -314,8 +314,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         count = spec.layers // (pp * v) // every  # every n-th layer of a chunk recomputed in full
         mode = "full" if count else "none"
         recompute_layers = count if count and every > 1 else None
-    if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
-        notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
+    if shard * cp > 1 and (pp > 1 or spec.moe is not None):
+        notes.append("FSDP with PP or experts read as a sharded optimizer (tuner models FSDP without PP, with TP inside)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         recompute_layers=recompute_layers,

@@ -250,8 +250,8 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     if bool(getattr(getattr(config, "compile", None), "enable", False)):
         notes.append("torch.compile priced as the eager program")
     sp = bool(_field(config, "parallelism.enable_sequence_parallel", source))
-    if shard * cp > 1 and (tp > 1 or pp > 1 or spec.moe is not None):
-        notes.append("FSDP with TP, PP or experts read as a sharded optimizer (tuner's FSDP is data-parallel only)")
+    if shard * cp > 1 and (pp > 1 or spec.moe is not None):
+        notes.append("FSDP with PP or experts read as a sharded optimizer (tuner models FSDP without PP, with TP inside)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard * cp > 1, cp=cp,

@@ -193,6 +193,9 @@ class RangesSection(StrictModel):
     sequence_parallel: list[bool] = Field(default=[False], min_length=1)
     ep: list[Degree] = Field(max_length=64, default=[1], min_length=1)
     distributed_optimizer: list[bool] = Field(default=[False], min_length=1)
+    #: FSDP full shard over the data-parallel ranks (PyTorch FSDP, Megatron-FSDP; with tp > 1 torchtitan's
+    #: 2-D layout); plans with pp > 1 or experts are left out
+    fsdp: list[bool] = Field(default=[False], min_length=1)
     #: context-parallel degrees (Megatron's --context-parallel-size): each rank holds seq / cp tokens
     cp: list[Degree] = Field(max_length=64, default=[1], min_length=1)
 
@@ -230,7 +233,7 @@ class ParallelSpace(StrictModel):
 
 #: plan dimensions a search varies (each a list in ``ranges``)
 SEARCHED = ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "sequence_parallel", "ep",
-            "distributed_optimizer", "cp")
+            "distributed_optimizer", "cp", "fsdp")
 
 
 def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict] | tuple[None, str]:
@@ -246,12 +249,15 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
                       "simulated micro-batch by micro-batch); raise micro_batch or dp")
     if space.ranges.dp is not None and dp not in space.ranges.dp:
         return None, f"dp={dp} is not in ranges.dp"
+    fsdp = bool(raw.get("fsdp", False) and dp * cp > 1)
+    if fsdp and (pp > 1 or space.model.moe is not None):
+        return None, "fsdp is modelled without pipeline parallelism or experts (pp = 1, a dense model)"
     sched = raw["schedule"] if pp > 1 else "1f1b"
     fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
-                  ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1), cp=cp,
-                  **space.options.model_dump())
+                  ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1 and not fsdp),
+                  cp=cp, fsdp=fsdp, **space.options.model_dump())
     return ParallelPlan(**fields).label(), fields
 
 

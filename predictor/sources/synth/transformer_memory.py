@@ -37,9 +37,10 @@ keeps no master copy (4 + 4 + 8). A 16-bit optimizer state (``plan.optimizer_sta
 moments (8 bytes: fp32 master + two bf16 moments) or all three (6), as
 :func:`optimizer_state_bytes` counts.
 
-FSDP FULL_SHARD (``plan.fsdp``, tp = pp = 1, as PyTorch FSDP and Megatron's
+FSDP FULL_SHARD (``plan.fsdp``, pp = 1, as PyTorch FSDP and Megatron's
 ``optim_grads_params`` run it): weights, fp32 gradients and optimizer state are all sharded,
-``18 / d`` bytes per parameter. On top, each device holds what is gathered at once
+``18 / d`` bytes per parameter; with tensor parallelism (torchtitan's 2-D FSDP + TP) of the
+tensor-parallel rank's parameters, and what is gathered is that rank's share of a layer. On top, each device holds what is gathered at once
 (:mod:`predictor.sources.synth.transformer_steps` issues the gathers): the root unit
 (embeddings, head, final norm) stays gathered from its forward all-gather to its backward
 reduce-scatter, with its full gradient; of the layers, the one computing and the prefetched
@@ -169,14 +170,15 @@ def head_loss_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
     """Bytes the output layer and the loss add at the last stage's peak, one micro-batch.
 
     Megatron's vocab-parallel cross-entropy keeps fp32 logits once: ``4 s b h / t (1 + V / h)``
-    (Korthikanti §4.3). The eager program without TP computes the loss as plain PyTorch loops do,
+    (Korthikanti §4.3). The eager program computes the loss as plain PyTorch loops do,
     ``cross_entropy(logits.float())`` (torchtitan, Hugging Face Transformers): log-softmax's backward
     holds the fp32 output it saved, the gradient flowing into it and the one it produces at once,
-    ``12 s b V``, plus the final norm's output."""
+    ``12 s b V``, plus the final norm's output; with TP the logits are split over the vocabulary
+    (torchtitan's loss parallelism), ``12 s b V / t``."""
     s, b, h, t = spec.seq / plan.cp, plan.micro_batch, spec.hidden, plan.tp
     vpad = spec.padded_vocab(t)
-    if spec.program == "eager" and t == 1:
-        return 12.0 * s * b * vpad + 4.0 * s * b * h
+    if spec.program == "eager":
+        return 12.0 * s * b * vpad / t + 4.0 * s * b * h
     return 4.0 * s * b * h / t * (1.0 + vpad / h)
 
 
@@ -255,12 +257,12 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
 
     ``gathered``: the root unit's full weights and gradient, two layers' full weights (the one
     computing and the prefetched one) and two layers' full gradients (the one produced and the one
-    being reduce-scattered).
+    being reduce-scattered) — full over the data-parallel ranks, a tensor-parallel rank's share.
     """
-    d = plan.replicas
-    head = 0.0 if spec.tie_embeddings else spec.padded_vocab(1) * spec.hidden
-    root = spec.padded_vocab(1) * spec.hidden + spec.seq * spec.hidden + 2 * spec.hidden + head
-    layer = layer_param_count(spec, 1)
+    d, t = plan.replicas, plan.tp
+    vocab = spec.padded_vocab(t) * spec.hidden / t  # a tensor-parallel rank's rows of an embedding
+    root = vocab + spec.seq * spec.hidden + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
+    layer = layer_param_count(spec, t)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
     return params * dt / d, params * grad_b / d, params * master_b / d, gathered

@@ -319,7 +319,8 @@ class ParallelPlan:
     #: three 16-bit (6: NeMo's ``optim.dtype: bf16`` with apex's distributed Adam, or Megatron-LM's
     #: ``--main-params-dtype fp16`` with 16-bit moments)
     optimizer_state: Literal["fp32", "bf16_moments", "bf16"] = "fp32"
-    #: PyTorch FSDP FULL_SHARD over the data-parallel group (tp = pp = 1): each layer's parameters are
+    #: PyTorch FSDP FULL_SHARD over the data-parallel group (pp = 1; with tp > 1 each tensor-parallel rank's
+    #: shard, torchtitan's 2-D FSDP + TP): each layer's parameters are
     #: all-gathered (in the model dtype) before its forward and again before its backward, the next
     #: layer's gather prefetched on the communication stream; its gradients are reduce-scattered (in
     #: ``grad_reduce_dtype``) after every micro-batch's backward; Adam updates the local shard
@@ -408,8 +409,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         raise PlanError(
             f"the interleaved schedule needs the micro-batches per replica ({plan.micro_batches}) divisible by pp={plan.pp}"
         )
-    if plan.fsdp and (plan.tp > 1 or plan.pp > 1 or spec.moe is not None):
-        raise PlanError("fsdp shards a dense model over data parallelism only (tp = pp = 1)")
+    if plan.fsdp and (plan.pp > 1 or spec.moe is not None):
+        raise PlanError("fsdp shards a dense model over data parallelism, with tensor parallelism inside (pp = 1)")
     if spec.mla is not None and plan.recompute == "op":
         raise PlanError("recompute op (torchtitan's op-level checkpointing) is not modelled with multi-latent attention")
     if plan.ep > 1 and spec.moe is None:

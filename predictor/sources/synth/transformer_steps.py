@@ -216,10 +216,10 @@ class StepTemplates:
         return blk
 
     def _root_params(self) -> float:
-        """Parameters of FSDP's root unit: the embeddings (and an untied head)."""
-        spec = self.spec
-        head = 0.0 if spec.tie_embeddings else spec.padded_vocab(1) * spec.hidden
-        return spec.padded_vocab(1) * spec.hidden + spec.seq * spec.hidden + 2 * spec.hidden + head
+        """Parameters of FSDP's root unit on one tensor-parallel rank: the embeddings (and an untied head)."""
+        spec, t = self.spec, self.plan.tp
+        vocab = spec.padded_vocab(t) * spec.hidden / t
+        return vocab + spec.seq * spec.hidden + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
 
     def _fsdp_gather(self, e: StepEmitter, name: str, params: float) -> list[int]:
         """FSDP: all-gather ``params`` parameters (model dtype) on the communication stream."""
