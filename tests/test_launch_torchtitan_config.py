@@ -9,6 +9,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import pytest
 from typer.testing import CliRunner
@@ -24,7 +25,7 @@ from tuner.launch import (
     torchtitan_recipe,
 )
 from tuner.launch.torchtitan import torchtitan_model
-from tuner.launch.torchtitan_config import torchtitan_flavor
+from tuner.launch.torchtitan_config import spec_from_model_config, torchtitan_flavor
 
 STUB = Path(__file__).resolve().parent / "torchtitan_stub"
 REAL = importlib.util.find_spec("torchtitan") is not None
@@ -107,7 +108,7 @@ def test_registry_configuration_reads_as_torchtitan_defines_it(stub):
     p = back.plan
     assert (p.tp, p.dp, p.micro_batch, p.global_batch, p.recompute) == (8, 8, 8, 64, "full")
     # torchtitan's 2-D layout: FSDP over the data-parallel ranks, TP inside a node
-    assert p.sequence_parallel and p.fsdp and not p.distributed_optimizer and any("flavor" in n for n in back.notes)
+    assert p.sequence_parallel and p.fsdp and not p.distributed_optimizer and any("RMSNorm" in n for n in back.notes)
     with pytest.raises(LaunchError, match="world size is unknown: give --devices N"):
         read_torchtitan_config("llama3:llama3_70b")
 
@@ -163,6 +164,49 @@ def test_cli_without_torchtitan_says_what_it_needs(monkeypatch):
     code, out = _cli("predict", "--torchtitan", "llama3:llama3_8b", "--devices", "8")
     assert code == 2 and out.startswith("error: llama3:llama3_8b: reading a torchtitan configuration needs")
     assert len(out.strip().splitlines()) == 1
+
+
+def _block(heads=16, kv=4, head_dim=128, ffn=None, experts=None):
+    """A decoder block's configuration as torchtitan's Llama 3 / Qwen 3 lay it out (field names upstream's)."""
+    att = NS(n_heads=heads, n_kv_heads=kv, head_dim=head_dim, qk_norm=NS(), inner_attention=NS(),
+             qkv_linear=NS(n_kv_heads=kv, head_dim=head_dim))
+    moe = None if experts is None else NS(num_experts=experts, router=NS(top_k=2),
+                                          routed_experts=NS(inner_experts=NS(hidden_dim=512)),
+                                          shared_experts=NS(w1=NS(out_features=1024)))
+    return NS(attention=att, feed_forward=None if ffn is None else NS(w1=NS(out_features=ffn)), moe=moe)
+
+
+def _model(blocks, tie=True):
+    return NS(name="mine", flavor="2B", model=NS(dim=1024, vocab_size=32000, enable_weight_tying=tie, layers=blocks))
+
+
+def test_model_shape_is_read_from_the_configuration_tree():
+    spec, notes = spec_from_model_config(_model([_block(ffn=4096)] * 2 + [_block(experts=8)] * 6), 2048, "cfg")
+    assert (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.kv_channels, spec.vocab) == \
+        (8, 1024, 16, 4, 128, 32000)
+    assert spec.ffn == 4096 and spec.tie_embeddings and spec.mlp == "swiglu" and spec.program == "eager"
+    assert (spec.moe.experts, spec.moe.top_k, spec.moe.ffn, spec.moe.shared_ffn, spec.moe.dense_layers) == \
+        (8, 2, 512, 1024, 2)
+    assert any("query / key norms" in n for n in notes) and spec.name == "mine-2B"
+    dense, _ = spec_from_model_config(_model([_block(heads=8, kv=8, head_dim=128, ffn=2816)] * 4), 512, "cfg")
+    assert dense.kv_heads is None and dense.kv_channels is None and dense.moe is None  # 8 x 128 = 1024 wide
+    with pytest.raises(LaunchError, match="first layers are dense"):
+        spec_from_model_config(_model([_block(experts=8), _block(ffn=4096)] * 3), 2048, "cfg")
+    with pytest.raises(LaunchError, match="grouped-query attention"):
+        spec_from_model_config(_model([NS(attention=NS(n_heads=16, q_lora_rank=0), feed_forward=None, moe=None)]),
+                               2048, "cfg")
+    assert spec_from_model_config(NS(name="x", flavor="y", model=None), 2048, "cfg") is None
+
+
+@pytest.mark.skipif(not REAL, reason="torchtitan (main branch) not installed")
+def test_real_torchtitan_models_read_with_their_parameter_counts():
+    # Qwen3 30B-A3B and 32B (Qwen's model cards: 30.5B and 32.8B parameters)
+    moe = read_torchtitan_config("qwen3:qwen3_30b_a3b", devices=64).spec
+    assert moe.moe.experts == 128 and moe.moe.top_k == 8 and moe.param_count() / 1e9 == pytest.approx(30.5, abs=0.1)
+    dense = read_torchtitan_config("qwen3:qwen3_32b", devices=64).spec
+    assert dense.kv_channels == 128 and dense.param_count() / 1e9 == pytest.approx(32.8, abs=0.1)
+    with pytest.raises(LaunchError, match="grouped-query attention"):
+        read_torchtitan_config("deepseek_v3:deepseek_v3_16b", devices=64)  # multi-latent attention
 
 
 @pytest.mark.skipif(not REAL, reason="torchtitan (main branch) not installed")

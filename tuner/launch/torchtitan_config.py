@@ -34,7 +34,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 from tuner.launch.torchtitan import TORCHTITAN_MODELS, spec_from_header, torchtitan_model, torchtitan_plan
 
@@ -145,6 +145,82 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
 
 
 # ----------------------------------------------------------------------------- configuration -> plan
+def _attr(obj: object, *path: str) -> object:
+    """``obj.path[0].path[1]...``, None where an attribute is missing."""
+    for name in path:
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _layer_shape(layer: object) -> tuple:
+    """(heads, key/value heads, head width, dense MLP width or None, MoE fields or None) of one block config."""
+    att = _attr(layer, "attention")
+    heads = _attr(att, "n_heads")
+    kv = _attr(att, "n_kv_heads") or _attr(att, "qkv_linear", "n_kv_heads") or heads
+    width = _attr(att, "head_dim") or _attr(att, "qkv_linear", "head_dim")
+    ffn = _attr(layer, "feed_forward", "w1", "out_features")
+    moe = _attr(layer, "moe")
+    routed = None
+    if moe is not None:
+        routed = (_attr(moe, "num_experts"), _attr(moe, "router", "top_k"),
+                  _attr(moe, "routed_experts", "inner_experts", "hidden_dim"),
+                  _attr(moe, "shared_experts", "w1", "out_features") or 0)
+    return heads, kv, width, ffn, routed
+
+
+def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[TransformerSpec, list[str]] | None:
+    """The :class:`TransformerSpec` of a torchtitan ``ModelSpec`` read from its model configuration (a
+    decoder of ``layers`` blocks, each grouped-query attention and a SwiGLU MLP or a mixture of experts, as
+    torchtitan's Llama 3 and Qwen 3 are), with notes; None when it has no such tree. Raises
+    :class:`LaunchError` for blocks tuner does not model."""
+    model = _attr(model_spec, "model")
+    blocks = _attr(model, "layers")
+    dim, vocab = _attr(model, "dim"), _attr(model, "vocab_size")
+    if not isinstance(blocks, (list, tuple)) or not blocks or not isinstance(dim, int) or not isinstance(vocab, int):
+        return None
+    shapes = [_layer_shape(b) for b in blocks]
+    heads, kv, width, _, _ = shapes[0]
+    if not isinstance(heads, int) or _attr(blocks[0], "attention", "qkv_linear") is None and \
+            _attr(blocks[0], "attention", "n_kv_heads") is None:
+        kind = type(_attr(blocks[0], "attention")).__qualname__
+        raise LaunchError(f"{source}: attention {kind} of {_attr(model_spec, 'name')}: tuner reads grouped-query "
+                          "attention; give the model's shape: --workload MODEL.yaml")
+    if any(s[:3] != shapes[0][:3] for s in shapes):
+        raise LaunchError(f"{source}: the model's layers differ in their attention: give its shape with --workload")
+    dense = [s[3] for s in shapes if s[4] is None]
+    routed = {s[4] for s in shapes if s[4] is not None}
+    k = next((i for i, s in enumerate(shapes) if s[4] is not None), len(shapes))
+    if len(set(dense)) > 1 or len(routed) > 1 or any(s[4] is None for s in shapes[k:]):
+        raise LaunchError(f"{source}: tuner reads a model whose first layers are dense and the rest alike "
+                          "mixture-of-experts layers; give this one's shape with --workload")
+    moe = None
+    if routed:
+        experts, top_k, expert_ffn, shared = next(iter(routed))
+        moe = MoESpec(experts=int(experts), top_k=int(top_k), ffn=int(expert_ffn), shared_ffn=int(shared),
+                      dense_layers=k)
+    ffn = dense[0] if dense else None
+    notes = [f"model {_attr(model_spec, 'name')} {_attr(model_spec, 'flavor')}: read from its configuration; "
+             "RMSNorm and rotary embeddings priced as LayerNorm and learned positions"]
+    inner = type(_attr(blocks[0], "attention", "inner_attention")).__qualname__.split(".")[0]
+    if inner != "ScaledDotProductAttention":
+        notes.append(f"{inner} priced as FlashAttention-2")
+    if _attr(blocks[0], "attention", "qk_norm") is not None:
+        notes.append("query / key norms not priced")
+    try:
+        spec = TransformerSpec(layers=len(blocks), hidden=dim, heads=heads, seq=seq, vocab=vocab,
+                               ffn=ffn or (moe.ffn if moe else None), kv_heads=None if kv == heads else int(kv),
+                               kv_channels=None if not width or width * heads == dim else int(width),
+                               mlp="swiglu", tie_embeddings=bool(_attr(model, "enable_weight_tying")),
+                               attention="flash2", program="eager", moe=moe,
+                               name=f"{_attr(model_spec, 'name')}-{_attr(model_spec, 'flavor')}")
+        spec.validate()
+    except (TypeError, ValueError) as exc:
+        raise LaunchError(f"{source}: the model's configuration is not a shape tuner models ({exc})") from None
+    return spec, notes
+
+
 def _field(obj: object, path: str, source: str) -> object:
     """Attribute ``path`` (dotted) of the configuration ``obj``; :class:`LaunchError` when it is missing."""
     for name in path.split("."):
@@ -178,14 +254,19 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         spec = spec_from_header(meta, source)
     if spec is None:
         ms = _field(config, "model_spec", source)
-        name, flavor = (str(getattr(ms, "name", "")), str(getattr(ms, "flavor", ""))) if ms is not None else ("", "")
-        spec = torchtitan_model(name, flavor, seq)
-        if spec is None:
-            known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
-            raise LaunchError(f"{source}: torchtitan's model is {name or '?'} / {flavor or '?'}, tuner knows {known}; "
-                              "for another model give its shape: --workload MODEL.yaml")
-        notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
-                     "and learned positions")
+        read = spec_from_model_config(ms, seq, source) if ms is not None else None
+        if read is not None:
+            spec, said = read
+            notes += said
+        else:
+            name, flavor = (str(getattr(ms, "name", "")), str(getattr(ms, "flavor", ""))) if ms is not None else ("", "")
+            spec = torchtitan_model(name, flavor, seq)
+            if spec is None:
+                known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
+                raise LaunchError(f"{source}: torchtitan's model is {name or '?'} / {flavor or '?'}, tuner knows "
+                                  f"{known}; for another model give its shape: --workload MODEL.yaml")
+            notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
+                         "and learned positions")
     if seq != spec.seq:
         spec = replace(spec, seq=seq)
     dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(str(_field(config, "training.mixed_precision_param", source)))
