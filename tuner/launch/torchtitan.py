@@ -314,8 +314,12 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         count = spec.layers // (pp * v) // every  # every n-th layer of a chunk recomputed in full
         mode = "full" if count else "none"
         recompute_layers = count if count and every > 1 else None
-    if shard * cp > 1 and (pp > 1 or spec.moe is not None):
-        notes.append("FSDP with PP or experts read as a sharded optimizer (tuner models FSDP without PP, with TP inside)")
+    if shard * cp > 1 and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
+        notes.append("FSDP with PP read as the distributed optimizer: under PP torchtitan keeps a stage's weights "
+                     "gathered across micro-batches and reduce-scatters the gradients once, as the distributed "
+                     "optimizer holds and moves them")
+    elif shard * cp > 1 and spec.moe is not None:
+        notes.append("FSDP with experts read as the distributed optimizer (tuner models FSDP for dense models)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         recompute_layers=recompute_layers,

@@ -331,8 +331,12 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     if bool(getattr(getattr(config, "compile", None), "enable", False)):
         notes.append("torch.compile priced as the eager program")
     sp = bool(_field(config, "parallelism.enable_sequence_parallel", source))
-    if shard * cp > 1 and (pp > 1 or spec.moe is not None):
-        notes.append("FSDP with PP or experts read as a sharded optimizer (tuner models FSDP without PP, with TP inside)")
+    if shard * cp > 1 and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
+        notes.append("FSDP with PP read as the distributed optimizer: under PP torchtitan keeps a stage's weights "
+                     "gathered across micro-batches and reduce-scatters the gradients once, as the distributed "
+                     "optimizer holds and moves them")
+    elif shard * cp > 1 and spec.moe is not None:
+        notes.append("FSDP with experts read as the distributed optimizer (tuner models FSDP for dense models)")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard * cp > 1, cp=cp,
