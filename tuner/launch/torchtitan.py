@@ -39,7 +39,8 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["TORCHTITAN_MODELS", "llama_ffn", "spec_from_header", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
+__all__ = ["TORCHTITAN_MODELS", "launch_meta", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
+           "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
 _DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
@@ -113,16 +114,23 @@ def toml_section(name: str, items: dict) -> list[str]:
     return [f"[{name}]", *(f"{k} = {_value(v)}" for k, v in items.items()), ""]
 
 
-def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
-                    devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
-    """The TOML job config (``[job]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``) of ``plan``."""
-    t = torchtitan_plan(plan, spec)
+def launch_meta(spec: TransformerSpec, plan: ParallelPlan, platform: str | None,
+                devices_per_node: int | None) -> tuple[dict, str]:
+    """The ``# tuner:`` header of a torchtitan file (the model's shape, devices, platform) and the words
+    saying where the plan runs (" on 64 x h100-sxm")."""
     meta = {"model": spec.to_dict(), "devices": plan.devices}
     if platform:
         meta["platform"] = platform
     if devices_per_node:
         meta["devices_per_node"] = devices_per_node
-    where = f" on {plan.devices} x {platform}" if platform else f" on {plan.devices} devices"
+    return meta, (f" on {plan.devices} x {platform}" if platform else f" on {plan.devices} devices")
+
+
+def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
+                    devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
+    """The TOML job config (``[job]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``) of ``plan``."""
+    t = torchtitan_plan(plan, spec)
+    meta, where = launch_meta(spec, plan, platform, devices_per_node)
     said = f", predicted {predicted_s:.4f} s/iteration by tuner (as torchtitan runs it)" if predicted_s else ""
     lines = [f"# torchtitan job config (TOML, v0.2 schema) of {spec.name} plan {t.label()}{where}{said}",
              "# [model] name / flavor: the torchtitan model of this shape (tuner's shape is on the next line)",
@@ -208,6 +216,58 @@ def spec_from_header(meta: dict, source: str) -> TransformerSpec | None:
         raise LaunchError(f"{source}: the model of the '# tuner:' line is not a transformer spec ({exc})") from None
 
 
+def world_and_data_parallel(degrees: dict[str, int], devices: int | None, meta: dict, source: str) -> tuple[int, int, int]:
+    """(world size, dp, FSDP shard degree) of torchtitan's parallel degrees (``tp, pp, cp, ep, replicate,
+    shard``; shard -1: the rest of the world). The world is ``devices`` if given, else the degrees' product
+    when none is -1, else the ``# tuner:`` header's. Raises :class:`LaunchError` for degrees that do not
+    fit it."""
+    for key, val in degrees.items():
+        if val < 1 and key != "shard":
+            raise LaunchError(f"{source}: the {key} degree must be >= 1 (got {val})")
+    tp, pp, cp, rep, shard = (degrees[k] for k in ("tp", "pp", "cp", "replicate", "shard"))
+    world = devices if devices is not None else (tp * pp * cp * rep * shard if shard > 0 else
+                                                 header_int(meta, "devices", source))
+    if world is None:
+        raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
+    world = int(world)
+    if world % (tp * pp * cp * rep):
+        raise LaunchError(f"{source}: tp x pp x cp x replicate = {tp * pp * cp * rep} does not divide the world size "
+                          f"{world}")
+    if shard < 1:
+        shard = world // (tp * pp * cp * rep)
+    dp = rep * shard
+    if tp * pp * cp * dp != world:
+        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * cp * dp} devices, not {world}")
+    return world, dp, shard
+
+
+def pipeline_chunks(spec: TransformerSpec, pp: int, schedule: str, per_stage: int | None, first: int, last: int,
+                    source: str, notes: list[str]) -> int:
+    """Model chunks a pipeline rank holds (``v``) under torchtitan's ``schedule`` with
+    ``pipeline_parallel_layers_per_stage`` and the first / last stage's fewer layers; refuses schedules
+    tuner does not model."""
+    if schedule not in ("1F1B", "Interleaved1F1B"):
+        raise LaunchError(f"{source}: pipeline_parallel_schedule {schedule!r}: tuner models 1F1B and Interleaved1F1B")
+    if first or last:
+        notes.append("the first / last stage carry fewer layers in torchtitan; tuner splits the layers evenly")
+    if per_stage is None:
+        return 2 if schedule == "Interleaved1F1B" else 1
+    if per_stage < 1 or first < 0 or last < 0:
+        raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be >= 1 and the first / last stage's "
+                          "fewer layers >= 0")
+    return max(1, math.ceil((spec.layers + first + last) / per_stage) // pp)
+
+
+def sharding_notes(spec: TransformerSpec, sharded: bool, pp: int, notes: list[str]) -> None:
+    """Append how torchtitan's FSDP reads when tuner does not model it as FSDP (with PP, or experts)."""
+    if sharded and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
+        notes.append("FSDP with PP read as the distributed optimizer: under PP torchtitan keeps a stage's weights "
+                     "gathered across micro-batches and reduce-scatters the gradients once, as the distributed "
+                     "optimizer holds and moves them")
+    elif sharded and spec.moe is not None:
+        notes.append("FSDP with experts read as the distributed optimizer (tuner models FSDP for dense models)")
+
+
 def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None = None,
                          spec: TransformerSpec | None = None) -> LaunchPlan:
     """A plan from a torchtitan TOML job config.
@@ -253,24 +313,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     ep = _int(par, "expert_parallel_degree", "parallelism", source, 1)
     rep = _int(par, "data_parallel_replicate_degree", "parallelism", source, 1)
     shard = _int(par, "data_parallel_shard_degree", "parallelism", source, -1)
-    for key, val in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
-                     ("data_parallel_replicate_degree", rep), ("expert_parallel_degree", ep),
-                     ("context_parallel_degree", cp)):
-        if val < 1:
-            raise LaunchError(f"{source}: [parallelism] {key} must be >= 1 (got {val})")
-    world = devices if devices is not None else (tp * pp * cp * rep * shard if shard > 0 else
-                                                 header_int(meta, "devices", source))
-    if world is None:
-        raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
-    world = int(world)
-    if world % (tp * pp * cp * rep):
-        raise LaunchError(f"{source}: tp x pp x cp x replicate = {tp * pp * cp * rep} does not divide the world size "
-                          f"{world}")
-    if shard < 1:
-        shard = world // (tp * pp * cp * rep)
-    dp = rep * shard
-    if tp * pp * cp * dp != world:
-        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * cp * dp} devices, not {world}")
+    world, dp, shard = world_and_data_parallel(dict(tp=tp, pp=pp, cp=cp, ep=ep, replicate=rep, shard=shard),
+                                               devices, meta, source)
     local = _int(tr, "local_batch_size", "training", source, 8)
     gb = _int(tr, "global_batch_size", "training", source, -1)
     if gb < 1:
@@ -279,23 +323,13 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     mb = local
     if pp > 1:
         mb = _int(par, "pipeline_parallel_microbatch_size", "parallelism", source, 1)
-        name = str(par.get("pipeline_parallel_schedule", "1F1B"))
-        if name not in ("1F1B", "Interleaved1F1B"):
-            raise LaunchError(f"{source}: pipeline_parallel_schedule {name!r}: tuner models 1F1B and Interleaved1F1B")
         per = par.get("pipeline_parallel_layers_per_stage")
-        first = _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1)
-        last = _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1)
         if per is not None:
             per = _int(par, "pipeline_parallel_layers_per_stage", "parallelism", source, 1)
-            if per < 1 or first < 0 or last < 0:
-                raise LaunchError(f"{source}: [parallelism] pipeline_parallel_layers_per_stage must be >= 1 and "
-                                  "the first / last stage's fewer layers >= 0")
-            stages = math.ceil((spec.layers + first + last) / per)
-            v = max(1, stages // pp)
-        else:
-            v = 2 if name == "Interleaved1F1B" else 1
-        if first or last:
-            notes.append("the first / last stage carry fewer layers in torchtitan; tuner splits the layers evenly")
+        v = pipeline_chunks(spec, pp, str(par.get("pipeline_parallel_schedule", "1F1B")), per,
+                            _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1),
+                            _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1),
+                            source, notes)
         sched = "interleaved" if v > 1 else "1f1b"
         if local * dp != gb:
             notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")
@@ -314,12 +348,7 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         count = spec.layers // (pp * v) // every  # every n-th layer of a chunk recomputed in full
         mode = "full" if count else "none"
         recompute_layers = count if count and every > 1 else None
-    if shard * cp > 1 and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
-        notes.append("FSDP with PP read as the distributed optimizer: under PP torchtitan keeps a stage's weights "
-                     "gathered across micro-batches and reduce-scatters the gradients once, as the distributed "
-                     "optimizer holds and moves them")
-    elif shard * cp > 1 and spec.moe is not None:
-        notes.append("FSDP with experts read as the distributed optimizer (tuner models FSDP for dense models)")
+    sharding_notes(spec, shard * cp > 1, pp, notes)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         recompute_layers=recompute_layers,

@@ -36,7 +36,16 @@ from pathlib import Path
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
-from tuner.launch.torchtitan import TORCHTITAN_MODELS, spec_from_header, torchtitan_model, torchtitan_plan
+from tuner.launch.torchtitan import (
+    TORCHTITAN_MODELS,
+    launch_meta,
+    pipeline_chunks,
+    sharding_notes,
+    spec_from_header,
+    torchtitan_model,
+    torchtitan_plan,
+    world_and_data_parallel,
+)
 
 __all__ = ["RECIPE_FILE", "RECIPE_FUNCTION", "is_config_ref", "torchtitan_flavor", "torchtitan_recipe",
            "plan_from_torchtitan_config", "load_torchtitan_config", "read_torchtitan_config"]
@@ -73,12 +82,7 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
     t = torchtitan_plan(plan, spec)
     dpn = devices_per_node or 8
     nodes = max(1, -(-plan.devices // dpn))
-    meta = {"model": spec.to_dict(), "devices": plan.devices}
-    if platform:
-        meta["platform"] = platform
-    if devices_per_node:
-        meta["devices_per_node"] = devices_per_node
-    where = f" on {plan.devices} x {platform}" if platform else f" on {plan.devices} devices"
+    meta, where = launch_meta(spec, plan, platform, devices_per_node)
     said = f"; predicted {predicted_s:.4f} s/iteration by tuner" if predicted_s else ""
     run = (f"    PYTHONPATH=$FOLDER:$PYTHONPATH NGPU={plan.devices} MODULE=torchtitan_recipe CONFIG={RECIPE_FUNCTION} "
            "./run_train.sh") if nodes == 1 else (
@@ -278,25 +282,11 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         raise LaunchError(f"{source}: num_tokens_per_microbatch_per_dp_rank {tokens} is not a whole number of "
                           f"sequences of max_context_length {seq}")
     mb = tokens // seq
-    deg = {k: _int_field(config, f"parallelism.{k}_degree", source)
-           for k in ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
-                     "data_parallel_replicate", "data_parallel_shard")}
-    for key, val in deg.items():
-        if val < 1 and key != "data_parallel_shard":
-            raise LaunchError(f"{source}: parallelism.{key}_degree must be >= 1 (got {val})")
-    tp, pp, cp, ep, rep, shard = deg.values()
-    world = devices if devices is not None else (tp * pp * cp * rep * shard if shard > 0 else
-                                                 header_int(meta, "devices", source))
-    if world is None:
-        raise LaunchError(f"{source}: data_parallel_shard_degree = -1 and the world size is unknown: give --devices N")
-    if world % (tp * pp * cp * rep):
-        raise LaunchError(f"{source}: tp x pp x cp x replicate = {tp * pp * cp * rep} does not divide the world size "
-                          f"{world}")
-    if shard < 1:
-        shard = world // (tp * pp * cp * rep)
-    dp = rep * shard
-    if tp * pp * cp * dp != world:
-        raise LaunchError(f"{source}: the degrees multiply to {tp * pp * cp * dp} devices, not {world}")
+    names = {"tp": "tensor_parallel", "pp": "pipeline_parallel", "cp": "context_parallel", "ep": "expert_parallel",
+             "replicate": "data_parallel_replicate", "shard": "data_parallel_shard"}
+    deg = {k: _int_field(config, f"parallelism.{n}_degree", source) for k, n in names.items()}
+    world, dp, shard = world_and_data_parallel(deg, devices, meta, source)
+    tp, pp, cp, ep = deg["tp"], deg["pp"], deg["cp"], deg["ep"]
     pp_micro = _int_field(config, "parallelism.num_pp_microbatches", source) if pp > 1 else 1
     step = _int_field(config, "training.num_tokens_per_train_step", source)
     per_step = mb * pp_micro * dp * seq
@@ -306,20 +296,13 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     gb = (step if step != -1 else per_step) // seq
     sched, v = "1f1b", 1
     if pp > 1:
-        name = str(_field(config, "parallelism.pipeline_parallel_schedule", source))
-        if name not in ("1F1B", "Interleaved1F1B"):
-            raise LaunchError(f"{source}: pipeline_parallel_schedule {name!r}: tuner models 1F1B and Interleaved1F1B")
         per = _field(config, "parallelism.pipeline_parallel_layers_per_stage", source)
-        first = _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers", source)
-        last = _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers", source)
-        if per is not None:
-            if isinstance(per, bool) or not isinstance(per, int) or per < 1:
-                raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be a positive integer")
-            v = max(1, -(-(spec.layers + first + last) // per) // pp)
-        else:
-            v = 2 if name == "Interleaved1F1B" else 1
-        if first or last:
-            notes.append("the first / last stage carry fewer layers in torchtitan; tuner splits the layers evenly")
+        if per is not None and (isinstance(per, bool) or not isinstance(per, int)):
+            raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be a positive integer")
+        v = pipeline_chunks(spec, pp, str(_field(config, "parallelism.pipeline_parallel_schedule", source)), per,
+                            _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers", source),
+                            _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers", source),
+                            source, notes)
         sched = "interleaved" if v > 1 else "1f1b"
         if gb != mb * pp_micro * dp:
             notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")
@@ -331,12 +314,7 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     if bool(getattr(getattr(config, "compile", None), "enable", False)):
         notes.append("torch.compile priced as the eager program")
     sp = bool(_field(config, "parallelism.enable_sequence_parallel", source))
-    if shard * cp > 1 and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
-        notes.append("FSDP with PP read as the distributed optimizer: under PP torchtitan keeps a stage's weights "
-                     "gathered across micro-batches and reduce-scatters the gradients once, as the distributed "
-                     "optimizer holds and moves them")
-    elif shard * cp > 1 and spec.moe is not None:
-        notes.append("FSDP with experts read as the distributed optimizer (tuner models FSDP for dense models)")
+    sharding_notes(spec, shard * cp > 1, pp, notes)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard * cp > 1, cp=cp,
