@@ -87,6 +87,17 @@ def test_te_runs_cudnn_on_hopper_and_flashattention2_on_the_a100():
     assert _attn_task("mi300x", attention_kind("te", False))[0] == pytest.approx(_attn_task("mi300x", "bmm")[0])
 
 
+def test_flex_attention_runs_at_the_published_share_of_flashattention2():
+    # PyTorch blog (2024-08-07): FlexAttention at 90 % of FlashAttention-2 forward, 85 % backward
+    for chip in ("a100", "h100"):
+        for bwd, share in ((False, 0.90), (True, 0.85)):
+            assert published_tflops(chip, "flex", True, 128, 4096, backward=bwd) == pytest.approx(
+                share * published_tflops(chip, "flash2", True, 128, 4096, backward=bwd))
+    assert _attn_task("h200", attention_kind("flex", True))[0] > _attn_task("h200", attention_kind("flash2", True))[0]
+    assert _attn_task("mi300x", attention_kind("flex", False))[0] == pytest.approx(_attn_task("mi300x", "bmm")[0])
+    assert _iteration("flash2") < _iteration("flex") < _iteration("flash_triton")
+
+
 def test_kernel_time_is_flops_over_the_published_rate():
     plat = get_platform("a100-80gb")
     t, flops = _attn_task("a100-80gb", attention_kind("flash_triton", False))

@@ -208,7 +208,8 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
     notes = [f"model {_attr(model_spec, 'name')} {_attr(model_spec, 'flavor')}: read from its configuration; "
              "RMSNorm and rotary embeddings priced as LayerNorm and learned positions"]
     inner = type(_attr(blocks[0], "attention", "inner_attention")).__qualname__.split(".")[0]
-    if inner != "ScaledDotProductAttention":
+    attention = "flex" if inner == "FlexAttention" else "flash2"  # SDPA and varlen run FlashAttention-2 kernels
+    if inner not in ("FlexAttention", "ScaledDotProductAttention", "VarlenAttention"):
         notes.append(f"{inner} priced as FlashAttention-2")
     if _attr(blocks[0], "attention", "qk_norm") is not None:
         notes.append("query / key norms not priced")
@@ -217,7 +218,7 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
                                ffn=ffn or (moe.ffn if moe else None), kv_heads=None if kv == heads else int(kv),
                                kv_channels=None if not width or width * heads == dim else int(width),
                                mlp="swiglu", tie_embeddings=bool(_attr(model, "enable_weight_tying")),
-                               attention="flash2", program="eager", moe=moe,
+                               attention=attention, program="eager", moe=moe,
                                name=f"{_attr(model_spec, 'name')}-{_attr(model_spec, 'flavor')}")
         spec.validate()
     except (TypeError, ValueError) as exc:

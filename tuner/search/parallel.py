@@ -129,9 +129,9 @@ class ModelSection(StrictModel):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: flash: fused attention priced as a GEMM; flash2 / flash_triton: FlashAttention-2 / llm-foundry's Triton
     #: kernel at their published speeds (A100, H100, H200); cudnn: cuDNN's (Transformer Engine on Hopper; H100,
-    #: H200); te: Transformer Engine's choice on the chip (cudnn on Hopper, flash2 on the A100); unfused:
-    #: separate matmul, softmax and dropout kernels
-    attention: Literal["flash", "flash2", "flash_triton", "cudnn", "te", "unfused"] = "flash"
+    #: H200); te: Transformer Engine's choice on the chip (cudnn on Hopper, flash2 on the A100); flex:
+    #: PyTorch's FlexAttention (torchtitan's default); unfused: separate matmul, softmax and dropout kernels
+    attention: Literal["flash", "flash2", "flash_triton", "cudnn", "te", "flex", "unfused"] = "flash"
     causal: bool = True
     tie_embeddings: bool = True
 

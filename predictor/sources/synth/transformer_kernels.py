@@ -12,7 +12,7 @@ Korthikanti et al. 2022), emitted onto a template graph for one representative r
   with SP the re-gather of the GEMM input for wgrad (Korthikanti §4.2.2).
 * **Attention**: ``attention="flash"`` (default) is one fused kernel per pass (FLOPs of the
   causal half, ``4 b s^2 h / t x 1/2``; backward 2.5x forward, since it recomputes the scores)
-  and stores no ``s x s`` matrix; ``"flash2"``, ``"flash_triton"``, ``"cudnn"`` and ``"te"`` are the same kernels of op
+  and stores no ``s x s`` matrix; ``"flash2"``, ``"flash_triton"``, ``"cudnn"``, ``"te"`` and ``"flex"`` are the same kernels of op
   kind ``attn_<impl>`` (``_bwd``), timed at the implementation's published speed; ``"unfused"`` is the pre-FlashAttention Megatron path the
   2021-2022 papers measured: batched QK^T GEMM, fused scale-mask-softmax, dropout, GEMM with V
   (full ``s x s``, no causal skipping).

@@ -21,7 +21,7 @@ __all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "MLASpec", "MoESpec", "Transformer
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: attention cores the synthesiser emits (:attr:`TransformerSpec.attention`)
-ATTENTION_VALUES = ("flash", "flash2", "flash_triton", "cudnn", "te", "unfused")
+ATTENTION_VALUES = ("flash", "flash2", "flash_triton", "cudnn", "te", "flex", "unfused")
 
 
 class PlanError(ValueError):
@@ -100,10 +100,11 @@ class TransformerSpec:
     #: attention core: ``"flash"`` (one fused kernel per pass, priced as a GEMM of its FLOPs), ``"flash2"``
     #: (FlashAttention-2's CUDA kernels), ``"flash_triton"`` (FlashAttention in Triton, llm-foundry's
     #: ``attn_impl: triton``), ``"cudnn"`` (cuDNN's fused attention, Transformer Engine's choice on
-    #: Hopper) or ``"te"`` (Transformer Engine's choice on the chip: cuDNN on Hopper, FlashAttention-2
-    #: before), each at its published speed (:mod:`predictor.timing.kernels.attention`), or
-    #: ``"unfused"`` (Megatron's batched GEMMs, softmax and dropout over the full ``s x s`` scores)
-    attention: Literal["flash", "flash2", "flash_triton", "cudnn", "te", "unfused"] = "flash"
+    #: Hopper), ``"te"`` (Transformer Engine's choice on the chip: cuDNN on Hopper, FlashAttention-2
+    #: before) or ``"flex"`` (PyTorch's FlexAttention, torchtitan's default), each at its published speed
+    #: (:mod:`predictor.timing.kernels.attention`), or ``"unfused"`` (Megatron's batched GEMMs, softmax
+    #: and dropout over the full ``s x s`` scores)
+    attention: Literal["flash", "flash2", "flash_triton", "cudnn", "te", "flex", "unfused"] = "flash"
     causal: bool = True
     tie_embeddings: bool = True
     name: str = "transformer"
@@ -428,7 +429,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
             raise PlanError(f"context parallelism splits each sequence into 2 x cp = {2 * plan.cp} chunks: "
                             f"seq {spec.seq} is not divisible")
         if not spec.fused_attention:
-            raise PlanError("context parallelism needs a fused attention (attention: flash, flash2, flash_triton, cudnn or te)")
+            raise PlanError("context parallelism needs a fused attention (attention: flash, flash2, flash_triton, cudnn, "
+                            "te or flex)")
         if spec.moe is not None:
             raise PlanError("tuner models context parallelism for dense models only")
     if plan.sequence_parallel and (plan.micro_batch * spec.seq) % plan.tp:

@@ -17,6 +17,10 @@ Implementations (``TransformerSpec.attention``):
 * ``te`` — what Transformer Engine's ``DotProductAttention`` runs on the chip: ``cudnn`` on Hopper,
   FlashAttention-2 (``flash2``) elsewhere when the ``flash-attn`` package is installed, as in NVIDIA's
   PyTorch containers (Megatron-LM's ``--attention-backend auto``, its default).
+* ``flex`` — PyTorch's FlexAttention (torch.compile's Triton kernels; torchtitan's default on its main
+  branch): FlashAttention-2's rate times 0.90 forward and 0.85 backward, the ratios the PyTorch team
+  published for causal attention on an A100 ("FlexAttention: The Flexibility of PyTorch with the
+  Performance of FlashAttention", pytorch.org blog, 2024-08-07), taken for the H100 too.
 
 Sources (the numbers are read off the bar labels of the figures; nothing is fitted here):
 
@@ -54,7 +58,7 @@ from predictor.timing.platforms.schema import Platform
 __all__ = ["ATTENTION_IMPLS", "ATTENTION_KINDS", "attention_kind", "published_tflops", "chip_of", "attention_seconds"]
 
 #: fused attention implementations priced from published speeds
-ATTENTION_IMPLS = ("flash2", "flash_triton", "cudnn", "te")
+ATTENTION_IMPLS = ("flash2", "flash_triton", "cudnn", "te", "flex")
 #: sequence lengths of the published figures
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -95,6 +99,8 @@ BWD: dict[tuple[str, str, bool, int], tuple[float | None, ...]] = {
     ("h100", "cudnn", False, 64): (266, 348, 395, 417, 432, 433),
     ("h100", "cudnn", False, 128): (305, 408, 465, 499, 518, 516),
 }
+#: FlexAttention's share of FlashAttention-2's rate, (forward, backward): the PyTorch blog's causal A100 figures
+FLEX_OF_FLASH2 = (0.90, 0.85)
 #: chip -> the implementation Transformer Engine runs there (``te``)
 TE_CHOICE = {"h100": "cudnn", "a100": "flash2"}
 #: catalog key prefix -> the chip whose figures time it
@@ -136,7 +142,10 @@ def _rate(table: dict, chip: str, impl: str, causal: bool, head_dim: float, seq:
 def published_tflops(chip: str, impl: str, causal: bool, head_dim: float, seq: float, backward: bool) -> float:
     """Published TFLOP/s of one pass of ``impl`` on ``chip``: the forward + backward rate, or where the
     forward is published alone, the forward and the backward that the two imply, or where both passes
-    are published alone, each (a causal backward from the non-causal one, scaled as the forward)."""
+    are published alone, each (a causal backward from the non-causal one, scaled as the forward);
+    ``flex`` is FlashAttention-2's times :data:`FLEX_OF_FLASH2`."""
+    if impl == "flex":
+        return FLEX_OF_FLASH2[backward] * published_tflops(chip, "flash2", causal, head_dim, seq, backward)
     bwd_full = _rate(BWD, chip, impl, False, head_dim, seq)
     if bwd_full is not None:
         fwd, fwd_full = _rate(FWD, chip, impl, causal, head_dim, seq), _rate(FWD, chip, impl, False, head_dim, seq)
@@ -165,7 +174,8 @@ def attention_seconds(kind: str, seq: np.ndarray, head_dim: np.ndarray, heads: n
     impl = next(i for i in ATTENTION_IMPLS if kind in (attention_kind(i, False), attention_kind(i, True)))
     if impl == "te":
         impl = TE_CHOICE.get(chip, "")
-    if chip is None or not any(k[:2] == (chip, impl) for k in (*FWD_BWD, *BWD)):
+    tables = "flash2" if impl == "flex" else impl
+    if chip is None or not any(k[:2] == (chip, tables) for k in (*FWD_BWD, *BWD)):
         return None
     backward = kind.endswith("_bwd")
     full = 4.0 * seq * seq * head_dim * heads * (BWD_FLOPS_RATIO if backward else 1.0)
