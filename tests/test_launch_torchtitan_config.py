@@ -80,6 +80,7 @@ def test_recipe_runs_and_reads_back_to_the_plan_torchtitan_runs(stub, tmp_path, 
     back = read_torchtitan_config(f"{recipe}:tuner_plan")
     assert back.spec == LLAMA and back.devices == plan.devices and back.platform == "h100-sxm"
     assert back.plan == torchtitan_plan(plan, LLAMA)
+    assert any("async TP" in n for n in back.notes) == plan.tp_comm_overlap
     # the configuration starts from torchtitan's own Llama 3 8B
     assert "import llama3_8b as base_config" in recipe.read_text()
 

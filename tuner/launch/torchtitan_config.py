@@ -37,6 +37,7 @@ from pathlib import Path
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 from tuner.launch.torchtitan import (
+    ASYNC_TP_NOTE,
     TORCHTITAN_MODELS,
     launch_meta,
     pipeline_chunks,
@@ -316,10 +317,13 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         notes.append("torch.compile priced as the eager program")
     sp = bool(_field(config, "parallelism.enable_sequence_parallel", source))
     sharding_notes(spec, shard * cp > 1, pp, notes)
+    async_tp = bool(_field(config, "compile.enable_async_tensor_parallel", source))
+    if async_tp and tp > 1:
+        notes.append(ASYNC_TP_NOTE)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard * cp > 1, cp=cp,
-                        tp_comm_overlap=bool(_field(config, "compile.enable_async_tensor_parallel", source)))
+                        tp_comm_overlap=async_tp)
     ran = replace(torchtitan_plan(plan, spec), sequence_parallel=sp and tp > 1)
     return LaunchPlan(spec, ran, world, header_str(meta, "platform", source), header_int(meta, "devices_per_node", source),
                       (), tuple(notes))
