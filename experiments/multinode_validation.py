@@ -351,16 +351,16 @@ def reported_checks(path: Path = DATA) -> list[dict]:
     for key, src in (yaml.safe_load(path.read_text()).get("reported") or {}).items():
         name, flavor = src["model"]
         toml = dict(src["toml"])
-        for gpus, async_tp, tps in src["rows"]:
+        for gpus, async_tp, float8, tps in src["rows"]:
             par = dict(toml.get("parallelism", {}), enable_async_tensor_parallel=async_tp)
-            sections = {"model": {"name": name, "flavor": flavor, **toml.get("model", {})},
-                        **{k: v for k, v in toml.items() if k != "model"}, "parallelism": par}
+            model = {"name": name, "flavor": flavor, **({"converters": ["float8"]} if float8 else {})}
+            sections = {"model": model, **{k: v for k, v in toml.items() if k != "model"}, "parallelism": par}
             text = "\n".join(line for sec, items in sections.items() for line in toml_section(sec, items))
             read = read_torchtitan_toml(text, key, devices=gpus)
             res, _ = predict_plan(read.spec, read.plan, get_platform(src["platform"]), devices=gpus)
             pred = read.plan.global_batch * read.spec.seq / res["predicted_iteration_s"] / gpus
             out.append({"source": src["cite"], "model": read.spec.name, "plan": read.plan.label(), "gpus": gpus,
-                        "async_tp": bool(async_tp), "published_tokens_per_s_per_gpu": tps, "predicted_tokens_per_s_per_gpu": pred,
+                        "async_tp": bool(async_tp), "float8": bool(float8), "published_tokens_per_s_per_gpu": tps, "predicted_tokens_per_s_per_gpu": pred,
                         "error_pct": (pred / tps - 1) * 100})
     return out
 
@@ -546,10 +546,11 @@ def render(p: dict) -> str:
         L += ["", "## Reported beside the validation: runs outside tuner's model", "",
               "torch.compile (tuner prices the eager program) on H100s capped at 500 W (the catalog's H100 at its "
               "700 W peak); read as their torchtitan job config. Not in the headline figures.", "",
-              "| source | model | plan | async TP | GPUs | published tokens/s/GPU | predicted | error % |",
-              "|---|---|---|---|--:|--:|--:|--:|"]
+              "| source | model | plan | Float8 | async TP | GPUs | published tokens/s/GPU | predicted | error % |",
+              "|---|---|---|---|---|--:|--:|--:|--:|"]
         for x in p["reported"]:
-            L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['plan']} | {'yes' if x['async_tp'] else 'no'} | "
+            L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['plan']} | {'yes' if x['float8'] else 'no'} | "
+                     f"{'yes' if x['async_tp'] else 'no'} | "
                      f"{x['gpus']} | "
                      f"{x['published_tokens_per_s_per_gpu']:.0f} | {x['predicted_tokens_per_s_per_gpu']:.0f} | "
                      f"{x['error_pct']:+.1f} |")
