@@ -21,7 +21,9 @@ The written recipe starts from torchtitan's own configuration of the model (its 
 no flavor of gets a ``base_config`` that raises until the user returns their model's configuration.
 Reading goes through torchtitan's own ``ConfigManager`` (the module lookup of its ``--module``), so it
 needs torchtitan importable; the conversion itself (:func:`plan_from_torchtitan_config`) reads the
-fields by name and is tested without it.
+fields by name and is tested without it. The model's shape comes from the configuration's model tree
+(:func:`spec_from_model_config`: grouped-query attention blocks with a SwiGLU MLP or experts, as
+torchtitan's Llama 3 and Qwen 3 are; FlexAttention, torchtitan's default, reads as ``attention: flex``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from tuner.launch.torchtitan import (
 )
 
 __all__ = ["RECIPE_FILE", "RECIPE_FUNCTION", "is_config_ref", "torchtitan_flavor", "torchtitan_recipe",
-           "plan_from_torchtitan_config", "load_torchtitan_config", "read_torchtitan_config"]
+           "spec_from_model_config", "plan_from_torchtitan_config", "load_torchtitan_config", "read_torchtitan_config"]
 
 #: file name and function of the written recipe (``--module torchtitan_recipe --config tuner_plan``)
 RECIPE_FILE = "torchtitan_recipe.py"
