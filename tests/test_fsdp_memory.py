@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
-from predictor.sources.synth.transformer_memory import layer_param_count, memory_per_stage
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_memory import (
+    expert_params_per_device,
+    layer_param_count,
+    memory_per_stage,
+)
 from predictor.timing.platforms import get_platform
 from tuner.plans import predict_plan
 
@@ -53,6 +57,19 @@ def test_fsdp_with_tp_shards_each_tensor_parallel_ranks_states():
     layer = layer_param_count(GPT13B, 8)
     root = GPT13B.padded_vocab(8) * 5120 / 8 + 2048 * 5120 + 2 * 5120  # the rank's vocabulary rows
     assert tp8.buffers_bytes - no_fsdp.buffers_bytes == pytest.approx(root * 4 + 4 * layer * 2)
+
+
+def test_fsdp_shards_routed_experts_over_the_ranks_holding_them():
+    # torchtitan wraps an MoE layer's experts apart: sharded over dp / ep ranks, the rest over dp
+    moe = TransformerSpec(layers=8, hidden=2048, heads=16, seq=2048, vocab=32000, mlp="swiglu",
+                          moe=MoESpec(experts=16, top_k=2, ffn=1024, dense_layers=1))
+    plan = ParallelPlan(dp=8, ep=2, micro_batch=1, global_batch=8, fsdp=True)
+    m = memory_per_stage(moe, plan)[0]
+    experts = expert_params_per_device(moe, plan, 0)
+    assert 0 < experts < m.params
+    assert m.weights_bytes == pytest.approx(((m.params - experts) / 8 + experts / 4) * 2)
+    zero1 = memory_per_stage(moe, ParallelPlan(dp=8, ep=2, micro_batch=1, global_batch=8, distributed_optimizer=True))[0]
+    assert m.total_bytes < zero1.total_bytes
 
 
 def test_dp1_fsdp_is_plain_training():

@@ -69,6 +69,20 @@ def test_fsdp_with_tp_gathers_each_tp_ranks_shard_over_the_strided_data_parallel
     assert df.kind.isin(["all_reduce", "all_gather", "reduce_scatter"]).any()  # TP collectives too
 
 
+def test_fsdp_of_an_moe_model_gathers_experts_over_their_own_ranks():
+    from predictor.sources.synth.transformer import MoESpec
+
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=4096, mlp="swiglu",
+                           moe=MoESpec(experts=8, top_k=2, dense_layers=1))
+    df = _frame(ParallelPlan(dp=8, ep=2, micro_batch=1, global_batch=8, fsdp=True), spec)
+    experts = df[df.name.str.match(r"fsdp\.layer\[\d+\]\.all_gather(_bwd)?\.experts$") & (df.kind == "all_gather")]
+    dense = df[df.name.str.match(r"fsdp\.layer\[\d+\]\.all_gather(_bwd)?$") & (df.kind == "all_gather")]
+    assert set(experts.world) == {4} and set(dense.world) == {8}  # dp / ep ranks hold the same experts
+    # the dense first layer gathers no experts; the three MoE layers do, once forward and once backward
+    assert len(experts) == 2 * (spec.layers - 1) and len(dense) == 2 * spec.layers
+    assert (df.name.str.endswith(".reduce_scatter.experts") & (df.kind == "reduce_scatter")).sum() == spec.layers - 1
+
+
 def test_fsdp_with_tp_slows_with_the_network():
     spec = TransformerSpec(layers=4, hidden=4096, heads=32, seq=2048, vocab=32000)
     plan = ParallelPlan(tp=8, dp=8, micro_batch=1, global_batch=8, fsdp=True, sequence_parallel=True)

@@ -11,8 +11,8 @@ torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the pl
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
 (``mixed_precision_reduce`` has no other value), gradient reduction overlapped. Mapping: ``dp``
 ``data_parallel_shard_degree`` (FSDP) when ``fsdp`` or ``distributed_optimizer`` else
-``data_parallel_replicate_degree`` (DDP) — FSDP is tuner's ``fsdp`` without PP or experts (TP
-inside it is torchtitan's 2-D layout) and its distributed optimizer otherwise; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
+``data_parallel_replicate_degree`` (DDP) — FSDP is tuner's ``fsdp`` without PP (TP and experts
+inside it, torchtitan's layouts) and its distributed optimizer under PP; ``micro_batch`` ``local_batch_size`` without pipeline parallelism, else
 ``pipeline_parallel_microbatch_size`` with ``local_batch_size = global_batch / dp``; interleaved
 ``virtual_stages`` ``Interleaved1F1B`` with ``pipeline_parallel_layers_per_stage = layers / (pp x v)``
 and no embedding / output weighting; ``recompute`` ``[activation_checkpoint] mode`` (selective as
@@ -82,9 +82,9 @@ def _sharded(plan: ParallelPlan) -> bool:
 
 def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> ParallelPlan:
     """``plan`` as torchtitan runs it: sequence parallel with TP, fp32 gradient reduction, overlapped, an fp32
-    optimizer state; sharded data parallelism is FSDP, which tuner models for dense models without PP (with
-    TP inside, torchtitan's 2-D layout) and otherwise as the distributed optimizer."""
-    fsdp = _sharded(plan) and plan.pp == 1 and (spec is None or spec.moe is None)
+    optimizer state; sharded data parallelism is FSDP, which tuner models without PP (with TP and experts
+    inside, torchtitan's layouts) and under PP as the distributed optimizer."""
+    fsdp = _sharded(plan) and plan.pp == 1
     recompute = "op" if plan.recompute == "selective" else plan.recompute
     layers = plan.recompute_layers
     if layers is not None and spec is not None:  # every n-th layer: as many as n = chunk / layers allows
@@ -263,14 +263,12 @@ ASYNC_TP_NOTE = ("async TP priced as Megatron's overlap of TP communication, whi
                  "(torchtitan published +5.7 % from it on Llama 3.1 70B, FSDP 32 x TP 8 on 256 H100s)")
 
 
-def sharding_notes(spec: TransformerSpec, sharded: bool, pp: int, notes: list[str]) -> None:
-    """Append how torchtitan's FSDP reads when tuner does not model it as FSDP (with PP, or experts)."""
+def sharding_notes(sharded: bool, pp: int, notes: list[str]) -> None:
+    """Append how torchtitan's FSDP reads under pipeline parallelism, where tuner does not model it as FSDP."""
     if sharded and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
         notes.append("FSDP with PP read as the distributed optimizer: under PP torchtitan keeps a stage's weights "
                      "gathered across micro-batches and reduce-scatters the gradients once, as the distributed "
                      "optimizer holds and moves them")
-    elif sharded and spec.moe is not None:
-        notes.append("FSDP with experts read as the distributed optimizer (tuner models FSDP for dense models)")
 
 
 def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None = None,
@@ -353,7 +351,7 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         count = spec.layers // (pp * v) // every  # every n-th layer of a chunk recomputed in full
         mode = "full" if count else "none"
         recompute_layers = count if count and every > 1 else None
-    sharding_notes(spec, shard * cp > 1, pp, notes)
+    sharding_notes(shard * cp > 1, pp, notes)
     if par.get("enable_async_tensor_parallel", False) and tp > 1:
         notes.append(ASYNC_TP_NOTE)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]

@@ -321,7 +321,7 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         notes.append("torchtitan replays the step as CUDA graphs; tuner prices the host's kernel launches as eager "
                      "(it matters where the host, not the GPU, sets the pace)")
     sp = bool(_field(config, "parallelism.enable_sequence_parallel", source))
-    sharding_notes(spec, shard * cp > 1, pp, notes)
+    sharding_notes(shard * cp > 1, pp, notes)
     async_tp = bool(_field(config, "compile.enable_async_tensor_parallel", source))
     if async_tp and tp > 1:
         notes.append(ASYNC_TP_NOTE)

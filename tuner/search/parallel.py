@@ -193,8 +193,8 @@ class RangesSection(StrictModel):
     sequence_parallel: list[bool] = Field(default=[False], min_length=1)
     ep: list[Degree] = Field(max_length=64, default=[1], min_length=1)
     distributed_optimizer: list[bool] = Field(default=[False], min_length=1)
-    #: FSDP full shard over the data-parallel ranks (PyTorch FSDP, Megatron-FSDP; with tp > 1 torchtitan's
-    #: 2-D layout); plans with pp > 1 or experts are left out
+    #: FSDP full shard over the data-parallel ranks (PyTorch FSDP, Megatron-FSDP; with tp > 1 or experts
+    #: torchtitan's layouts); plans with pp > 1 are left out
     fsdp: list[bool] = Field(default=[False], min_length=1)
     #: context-parallel degrees (Megatron's --context-parallel-size): each rank holds seq / cp tokens
     cp: list[Degree] = Field(max_length=64, default=[1], min_length=1)
@@ -250,8 +250,8 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     if space.ranges.dp is not None and dp not in space.ranges.dp:
         return None, f"dp={dp} is not in ranges.dp"
     fsdp = bool(raw.get("fsdp", False) and dp * cp > 1)
-    if fsdp and (pp > 1 or space.model.moe is not None):
-        return None, "fsdp is modelled without pipeline parallelism or experts (pp = 1, a dense model)"
+    if fsdp and pp > 1:
+        return None, "fsdp is modelled without pipeline parallelism (pp = 1)"
     sched = raw["schedule"] if pp > 1 else "1f1b"
     fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,

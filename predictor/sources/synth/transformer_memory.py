@@ -40,7 +40,9 @@ moments (8 bytes: fp32 master + two bf16 moments) or all three (6), as
 FSDP FULL_SHARD (``plan.fsdp``, pp = 1, as PyTorch FSDP and Megatron's
 ``optim_grads_params`` run it): weights, fp32 gradients and optimizer state are all sharded,
 ``18 / d`` bytes per parameter; with tensor parallelism (torchtitan's 2-D FSDP + TP) of the
-tensor-parallel rank's parameters, and what is gathered is that rank's share of a layer. On top, each device holds what is gathered at once
+tensor-parallel rank's parameters, and what is gathered is that rank's share of a layer. An MoE
+layer's routed experts are sharded over the ranks holding the same experts (``dp / ep``), as
+torchtitan wraps them apart. On top, each device holds what is gathered at once
 (:mod:`predictor.sources.synth.transformer_steps` issues the gathers): the root unit
 (embeddings, head, final norm) stays gathered from its forward all-gather to its backward
 reduce-scatter, with its full gradient; of the layers, the one computing and the prefetched
@@ -61,6 +63,7 @@ from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
+           "fsdp_shard",
            "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
            "expert_params_per_device"]
 
@@ -251,6 +254,13 @@ def optimizer_state_bytes(plan: ParallelPlan, dtype_bytes: float) -> float:
     return moments + (2.0 if plan.optimizer_state == "bf16" else 4.0)
 
 
+def fsdp_shard(spec: TransformerSpec, plan: ParallelPlan, params: float, stage: int = 0) -> float:
+    """Of ``params`` parameters a device of ``stage`` holds, the share FSDP leaves it: the routed experts' over
+    the expert-data-parallel ranks holding the same experts (``dp / ep``), the rest over ``dp x cp``."""
+    experts = expert_params_per_device(spec, plan, stage)
+    return (params - experts) / plan.replicas + experts / max(plan.dp // plan.ep, 1)
+
+
 def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: float, grad_b: float,
                  master_b: float) -> tuple[float, float, float, float]:
     """FSDP FULL_SHARD model states of one device, bytes: (weight, gradient, optimizer shards, gathered).
@@ -259,13 +269,14 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     computing and the prefetched one) and two layers' full gradients (the one produced and the one
     being reduce-scattered) — full over the data-parallel ranks, a tensor-parallel rank's share.
     """
-    d, t = plan.replicas, plan.tp
+    t = plan.tp
     vocab = spec.padded_vocab(t) * spec.hidden / t  # a tensor-parallel rank's rows of an embedding
     root = vocab + spec.seq * spec.hidden + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
-    layer = layer_param_count(spec, t)
+    layer = layer_param_count(spec, t, plan.ep)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
-    return params * dt / d, params * grad_b / d, params * master_b / d, gathered
+    shard = fsdp_shard(spec, plan, params)
+    return shard * dt, shard * grad_b, shard * master_b, gathered
 
 
 def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:

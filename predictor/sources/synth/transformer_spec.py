@@ -410,8 +410,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         raise PlanError(
             f"the interleaved schedule needs the micro-batches per replica ({plan.micro_batches}) divisible by pp={plan.pp}"
         )
-    if plan.fsdp and (plan.pp > 1 or spec.moe is not None):
-        raise PlanError("fsdp shards a dense model over data parallelism, with tensor parallelism inside (pp = 1)")
+    if plan.fsdp and plan.pp > 1:
+        raise PlanError("fsdp shards over data parallelism, with tensor and expert parallelism inside (pp = 1)")
     if spec.mla is not None and plan.recompute == "op":
         raise PlanError("recompute op (torchtitan's op-level checkpointing) is not modelled with multi-latent attention")
     if plan.ep > 1 and spec.moe is None:

@@ -37,6 +37,7 @@ from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter
 from predictor.sources.synth.transformer_kernels import StepKernels
 from predictor.sources.synth.transformer_memory import (
     expert_params_per_device,
+    fsdp_shard,
     memory_per_stage,
     optimizer_state_bytes,
 )
@@ -164,14 +165,14 @@ class StepTemplates:
         if phase == "F":
             if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
                 e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params())
-                gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", ops.layer_params)
+                gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", *self._fsdp_layer(first, 0))
             if first:
                 ops.embedding_fwd(e)
             for i in range(self.layers_per_chunk):
                 if fsdp:
                     e.after_next += gathered
                     if i + 1 < self.layers_per_chunk:
-                        gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", ops.layer_params)
+                        gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", *self._fsdp_layer(first, i + 1))
                 ops.layer_fwd(e, f"layer[{i}].", first and i < self.dense_layers)
             if last:
                 ops.head_fwd(e)
@@ -221,17 +222,35 @@ class StepTemplates:
         vocab = spec.padded_vocab(t) * spec.hidden / t
         return vocab + spec.seq * spec.hidden + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
 
-    def _fsdp_gather(self, e: StepEmitter, name: str, params: float) -> list[int]:
-        """FSDP: all-gather ``params`` parameters (model dtype) on the communication stream."""
-        dt = self.spec.dtype_bytes
-        return e.op(name, [collective(name, "all_gather", params * dt, self.lay.dp, dt)], comm=True, async_op=True)
+    def _fsdp_layer(self, first: bool, i: int) -> tuple[float, float]:
+        """(parameters, of them routed experts') of layer ``i`` of a chunk on one device, as FSDP gathers it."""
+        ops = self.ops
+        if self.spec.moe is None:
+            return ops.layer_params, 0.0
+        if first and i < self.dense_layers:
+            return ops.dense_layer_params, 0.0
+        return ops.layer_params, ops.expert_params
 
-    def _fsdp_reduce(self, e: StepEmitter, name: str, params: float) -> list[int]:
-        """FSDP: reduce-scatter ``params`` gradients once the backward that produced them is done, on the
-        gathers' stream: FSDP issues both on one process group, whose NCCL stream runs them in issue order
-        (ProcessGroupNCCL keeps one stream per device and group; NCCL serialises a communicator's calls)."""
-        k = collective(name, "reduce_scatter", params * self.grad_bytes, self.lay.dp, self.grad_bytes)
-        return e.op_on(e.comm, name, [k], after=[e.last] if e.last is not None else [])
+    def _fsdp_gather(self, e: StepEmitter, name: str, params: float, experts: float = 0.0) -> list[int]:
+        """FSDP: all-gather ``params`` parameters (model dtype) on the communication stream; of them the routed
+        experts' ``experts`` over the expert-data-parallel ranks that hold the same experts (torchtitan shards
+        an MoE layer's experts apart from the rest), the others over the data-parallel ranks."""
+        dt = self.spec.dtype_bytes
+        kernels = [collective(name, "all_gather", (params - experts) * dt, self.lay.dp, dt)]
+        if experts > 0 and self.lay.edp[0] > 1:
+            kernels.append(collective(f"{name}.experts", "all_gather", experts * dt, self.lay.edp, dt))
+        return e.op(name, kernels, comm=True, async_op=True)
+
+    def _fsdp_reduce(self, e: StepEmitter, name: str, params: float, experts: float = 0.0) -> list[int]:
+        """FSDP: reduce-scatter ``params`` gradients (the routed experts' ``experts`` over their own ranks) once
+        the backward that produced them is done, on the gathers' stream: FSDP issues both on one process group,
+        whose NCCL stream runs them in issue order (ProcessGroupNCCL keeps one stream per device and group; NCCL
+        serialises a communicator's calls)."""
+        g = self.grad_bytes
+        kernels = [collective(name, "reduce_scatter", (params - experts) * g, self.lay.dp, g)]
+        if experts > 0 and self.lay.edp[0] > 1:
+            kernels.append(collective(f"{name}.experts", "reduce_scatter", experts * g, self.lay.edp, g))
+        return e.op_on(e.comm, name, kernels, after=[e.last] if e.last is not None else [])
 
     def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool) -> list[int]:
         """FSDP backward: layers in reverse, each re-gathered (the previous layer's gather prefetched,
@@ -239,15 +258,15 @@ class StepTemplates:
         reduce-scatters."""
         ops, n = self.ops, self.layers_per_chunk
         reduces: list[int] = []
-        gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", ops.layer_params)
+        gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", *self._fsdp_layer(first, n - 1))
         if last:
             ops.head_bwd(e)
         for i in reversed(range(n)):
             e.after_next += gathered
             if i > 0:
-                gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", ops.layer_params)
-            ops.layer_bwd(e, f"layer[{i}].", i)
-            reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", ops.layer_params)
+                gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", *self._fsdp_layer(first, i - 1))
+            ops.layer_bwd(e, f"layer[{i}].", i, first and i < self.dense_layers)
+            reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", *self._fsdp_layer(first, i))
         if first:
             ops.embedding_bwd(e)
         return reduces + self._fsdp_reduce(e, "fsdp.root.reduce_scatter", self._root_params())
@@ -297,7 +316,8 @@ class StepTemplates:
             markers["tied"] = k[0]
             markers["wait_compute"].append(k[0])
             after_comm.append(k[0])
-        local = params / (plan.replicas if plan.distributed_optimizer or plan.fsdp else 1)
+        local = (fsdp_shard(spec, plan, params, stage) if plan.fsdp else
+                 params / (plan.replicas if plan.distributed_optimizer else 1))
         if spec.program == "eager" and plan.devices == 1:
             self._eager_optimizer(e, local, after_comm, markers)
         else:
