@@ -159,6 +159,17 @@ def test_cli_scores_a_recipe_it_wrote(stub, tmp_path):
     assert json.loads(again)["predicted_iteration_s"] == res["launch"]["torchtitan_predicted_iteration_s"]
 
 
+def test_the_model_read_is_a_space_model_section(stub, tmp_path):
+    # `tuner predict --torchtitan ... --json` prints read.model: a parallel or rent space takes it as `model:`
+    from tuner.search.parallel import ModelSection
+
+    code, out = _cli("predict", "--torchtitan", "llama3:llama3_70b", "--devices", "64", "--json")
+    assert code == 0, out
+    model = json.loads(out)["read"]["model"]
+    spec = read_torchtitan_config("llama3:llama3_70b", devices=64).spec
+    assert ModelSection(**model).to_spec() == spec
+
+
 def test_cli_without_torchtitan_says_what_it_needs(monkeypatch):
     for name in ("torchtitan", "torchtitan.config", "torchtitan.config.manager"):
         monkeypatch.setitem(sys.modules, name, None)  # import torchtitan fails, installed or not

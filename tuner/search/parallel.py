@@ -134,6 +134,10 @@ class ModelSection(StrictModel):
     attention: Literal["flash", "flash2", "flash_triton", "cudnn", "te", "flex", "unfused"] = "flash"
     causal: bool = True
     tie_embeddings: bool = True
+    #: megatron: Megatron-LM's fused kernels; eager: plain PyTorch modules (torchtitan, Hugging Face)
+    program: Literal["megatron", "eager"] = "megatron"
+    #: Transformer Engine / torchao FP8 linears: the layers' GEMMs at the fp8 peak
+    fp8_linear: bool = False
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:
