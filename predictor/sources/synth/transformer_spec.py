@@ -321,7 +321,8 @@ class ParallelPlan:
     #: ``--main-params-dtype fp16`` with 16-bit moments)
     optimizer_state: Literal["fp32", "bf16_moments", "bf16"] = "fp32"
     #: PyTorch FSDP FULL_SHARD over the data-parallel group (pp = 1; with tp > 1 each tensor-parallel rank's
-    #: shard, torchtitan's 2-D FSDP + TP): each layer's parameters are
+    #: shard, torchtitan's 2-D FSDP + TP; an MoE layer's routed experts over the dp / ep ranks holding
+    #: them): each layer's parameters are
     #: all-gathered (in the model dtype) before its forward and again before its backward, the next
     #: layer's gather prefetched on the communication stream; its gradients are reduce-scattered (in
     #: ``grad_reduce_dtype``) after every micro-batch's backward; Adam updates the local shard

@@ -245,7 +245,7 @@ class StepTemplates:
         """FSDP: reduce-scatter ``params`` gradients (the routed experts' ``experts`` over their own ranks) once
         the backward that produced them is done, on the gathers' stream: FSDP issues both on one process group,
         whose NCCL stream runs them in issue order (ProcessGroupNCCL keeps one stream per device and group; NCCL
-        serialises a communicator's calls)."""
+        serialises a communicator's calls). The experts' group is kept on the same stream, in issue order."""
         g = self.grad_bytes
         kernels = [collective(name, "reduce_scatter", (params - experts) * g, self.lay.dp, g)]
         if experts > 0 and self.lay.edp[0] > 1:
