@@ -45,7 +45,7 @@ def predict(
     trace: Annotated[Path | None, typer.Option("--trace", help="write the predicted timeline as a Chrome/Perfetto trace")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     megatron: Annotated[Path | None, typer.Option("--megatron-args", help="score a Megatron-LM launch script or argument list (world size from torchrun, else --devices)")] = None,
-    torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan job: a TOML job config (releases up to v0.2), or a Python configuration MODULE:FUNCTION / FILE.py:FUNCTION (main branch; needs torchtitan importable). Model shape from tuner's header, else --workload, else torchtitan's flavor")] = None,
+    torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan job: a TOML job config (releases up to v0.2), or a Python configuration MODULE:FUNCTION / FILE.py:FUNCTION (main branch; needs torchtitan importable). Model shape from --workload, else tuner's header, else the configuration (its model tree or flavor)")] = None,
     launch: Annotated[Path | None, typer.Option("--launch", help="write the plan's megatron_args.txt, torchtitan.toml and torchtitan_recipe.py into this folder")] = None,
 ) -> None:
     """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
