@@ -217,6 +217,12 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} \\
         read_megatron_args(script.replace("--micro-batch-size 1", "--micro-batch-size $MB"), "run.sh")
 
 
+def test_attention_without_a_megatron_backend_is_written_as_flash_with_a_comment():
+    text = megatron_launch_text(replace(SPEC, attention="flex"), PLANS[3], platform="h100-sxm", devices_per_node=8)
+    assert "# attention flex has no Megatron-LM backend" in text and "--attention-backend flash" in text
+    assert "no Megatron-LM backend" not in megatron_launch_text(SPEC, PLANS[3], platform="h100-sxm", devices_per_node=8)
+
+
 def test_megatron_fsdp_flags():
     shape = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
     assert read_megatron_args(shape + "--use-torch-fsdp2", devices=8).plan.fsdp

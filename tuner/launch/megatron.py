@@ -184,6 +184,9 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
     if plan.recompute == "op":
         lines.insert(1, "# torchtitan's op-level checkpointing has no Megatron-LM flag: written as selective "
                         "recomputation, which reads back as tuner's selective")
+    if spec.attention in ("flex", "flash_triton"):
+        lines.insert(1, f"# attention {spec.attention} has no Megatron-LM backend: written as --attention-backend "
+                        "flash (FlashAttention-2)")
     head = shlex.join(cmd[:6])
     rest = cmd[6:]
     parts = [head]
