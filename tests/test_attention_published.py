@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from predictor.sources.synth.transformer import (
     PlanError,
     TransformerSpec,
     build_transformer_graph,
+    check_plan,
     transformer_timing,
 )
 from predictor.sources.synth.transformer_memory import memory_per_stage
@@ -96,6 +98,33 @@ def test_flex_attention_runs_at_the_published_share_of_flashattention2():
     assert _attn_task("h200", attention_kind("flex", True))[0] > _attn_task("h200", attention_kind("flash2", True))[0]
     assert _attn_task("mi300x", attention_kind("flex", False))[0] == pytest.approx(_attn_task("mi300x", "bmm")[0])
     assert _iteration("flash2") < _iteration("flex") < _iteration("flash_triton")
+
+
+def test_attention_masked_per_document_spans_the_document():
+    # torchtitan's block-causal attention over packed documents: seq / doc_len kernels' worth of doc_len-long
+    # attention, doc_len / seq of the FLOPs, each at the published rate of doc_len tokens
+    spec = TransformerSpec(layers=2, hidden=1024, heads=8, seq=8192, vocab=4096, attention="flash2")
+    plan = ParallelPlan(micro_batch=1, global_batch=1)
+
+    def attention(doc_len):
+        g = build_transformer_graph(replace(spec, doc_len=doc_len), plan, detail="kernel")
+        df = g.tasks_frame()
+        fwd = df[df.kind == "attn_flash2"]
+        return float(fwd.flops.sum()), fwd.iloc[0]
+
+    full, whole = attention(None)
+    quarter, doc = attention(2048)
+    assert quarter == pytest.approx(full / 4)
+    assert (doc.m, doc.n, doc.batch) == (2048, 2048, whole.batch * 4)
+    assert attention(8192)[0] == full  # one document the length of the sequence: no change
+    timing = transformer_timing(get_platform("a100-80gb"))
+    t_full, t_doc = (simulate(build_transformer_graph(replace(spec, doc_len=x), plan, timing=timing), timing).iteration_s
+                     for x in (None, 2048))
+    assert t_doc < t_full
+    with pytest.raises(PlanError, match="doc_len"):
+        replace(spec, doc_len=9000).validate()
+    with pytest.raises(PlanError, match="context parallelism"):
+        check_plan(replace(spec, doc_len=2048), ParallelPlan(cp=2, micro_batch=1, global_batch=1))
 
 
 def test_kernel_time_is_flops_over_the_published_rate():

@@ -206,3 +206,24 @@ def test_example_space_loads_and_has_valid_plans():
     assert len(cands) > 100
     with pytest.raises(SpaceError):
         load_space(REPO / "search_spaces" / "missing.yaml")
+
+
+def test_doc_len_is_a_model_field_and_a_predict_set(tmp_path):
+    model = _write(tmp_path, {"model": {**MODEL, "attention": "flash2"},
+                              "cluster": {"platform": "a100-80gb", "nodes": 1}, "global_batch": 8}, "m.yaml")
+    code, whole = _cli("predict", "--workload", str(model), "--json")
+    assert code == 0, whole
+    code, packed = _cli("predict", "--workload", str(model), "--set", "doc_len=256", "--json")
+    assert code == 0, packed
+    assert json.loads(packed)["predicted_iteration_s"] < json.loads(whole)["predicted_iteration_s"]
+    in_file = _write(tmp_path, {"model": {**MODEL, "attention": "flash2", "doc_len": 256},
+                                "cluster": {"platform": "a100-80gb", "nodes": 1}, "global_batch": 8}, "d.yaml")
+    code, same = _cli("predict", "--workload", str(in_file), "--json")
+    assert code == 0 and json.loads(same)["predicted_iteration_s"] == json.loads(packed)["predicted_iteration_s"]
+    for bad, said in (("doc_len=abc", "whole number of tokens"), ("doc_len=4096", "doc_len must be 1 .. seq")):
+        code, out = _cli("predict", "--workload", str(model), "--set", bad)
+        assert code == 2 and out.startswith("error:") and said in out, out
+    too_long = _write(tmp_path, {"model": {**MODEL, "doc_len": 4096}, "cluster": {"platform": "a100-80gb"},
+                                 "global_batch": 8}, "t.yaml")
+    code, out = _cli("predict", "--workload", str(too_long))
+    assert code == 2 and "doc_len" in out, out

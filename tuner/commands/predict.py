@@ -36,7 +36,7 @@ def predict(
     path: Annotated[Path | None, typer.Argument(help="a captured run (tuner.capture folder, Kineto file or .tar.gz) to "
                                                      "predict --set changes of (batch_size, layers, dp, pp, ...)")] = None,
     workload: Annotated[Path | None, typer.Option("--workload", help="transformer model YAML (or a parallel space file)")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="field=value, repeatable; workload: tp, pp, dp, micro_batch, global_batch, schedule, recompute, ...; trace: batch_size, layers, dp, pp, micro_batches, speedup.KIND, retime, ...")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="field=value, repeatable; workload: tp, pp, dp, micro_batch, global_batch, schedule, recompute, ..., and the model's doc_len (tokens of a packed document); trace: batch_size, layers, dp, pp, micro_batches, speedup.KIND, retime, ...")] = None,
     platform: Annotated[str | None, typer.Option("--platform", help="catalog key or asset pack (workload default: its cluster, else a100-80gb; trace default: where it was captured, cpu-local for CPU captures)")] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="user YAML overriding or adding catalog entries")] = None,
     devices_per_node: Annotated[int | None, typer.Option("--devices-per-node", help="default: the workload's cluster or the catalog's")] = None,
@@ -213,7 +213,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
     model, cluster, global_batch, options = _load_workload(path)
-    values = _plan_sets(sets)
+    values, model_sets = _plan_sets(sets)
     platform = _platform(platform_key or (cluster.platform if cluster else "a100-80gb"),
                          catalog or (cluster.catalog if cluster else None))
     dpn = devices_per_node or (cluster.devices_per_node if cluster and cluster.devices_per_node else platform.devices_per_node)
@@ -233,7 +233,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
     base = ParallelPlan(**options.model_dump()) if options else ParallelPlan()
     try:
         plan = plan_from_fields(values, base)
-        spec = model.to_spec()
+        spec = _with_model_sets(model.to_spec(), model_sets)
         result, tl = predict_plan(spec, plan, platform, devices_per_node=dpn, devices=devices, detail=detail,
                                   keep_timeline=trace is not None)
     except PlanError as exc:
@@ -244,21 +244,43 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
     _emit(out, tl, trace, as_json, _print_result)
 
 
-def _plan_sets(sets: list[str]) -> dict:
-    """``--set field=value`` items as plan fields (bad ones: one error line, exit 2)."""
+def _plan_sets(sets: list[str]) -> tuple[dict, dict]:
+    """``--set field=value`` items as (plan fields, model fields: ``doc_len``); bad ones: one error line, exit 2."""
     from predictor.sources.synth.transformer import PlanError
     from tuner.plans import coerce
 
     values: dict = {}
+    model: dict = {}
     try:
         for item in sets:
             if "=" not in item:
                 fail(f"--set {item!r}: expected field=value, e.g. --set tp=4")
-            key, raw = item.split("=", 1)
-            values[key.strip()] = coerce(key.strip(), raw)
+            key, raw = (x.strip() for x in item.split("=", 1))
+            if key == "doc_len":  # the model's packed-document length (attention masked per document)
+                if raw.lower() != "none" and not raw.isdigit():
+                    fail(f"--set doc_len must be a whole number of tokens or none (got {raw!r})")
+                model[key] = None if raw.lower() == "none" else int(raw)
+                continue
+            values[key] = coerce(key, raw)
     except PlanError as exc:
         fail(f"--set: {exc}")
-    return values
+    return values, model
+
+
+def _with_model_sets(spec, model: dict):
+    """``spec`` with the model fields of ``--set`` (an invalid one: one error line, exit 2)."""
+    from dataclasses import replace
+
+    from predictor.sources.synth.transformer import PlanError
+
+    if not model:
+        return spec
+    spec = replace(spec, **model)
+    try:
+        spec.validate()
+    except PlanError as exc:
+        fail(f"--set: {exc}")
+    return spec
 
 
 def _platform(key: str, catalog: Path | str | None):
@@ -332,7 +354,8 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Pa
                 lp = read_torchtitan_file(ref, devices=n_devices, spec=given)
     except LaunchError as exc:
         fail(str(exc))
-    values = _plan_sets(sets)
+    values, model_sets = _plan_sets(sets)
+    spec = _with_model_sets(lp.spec, model_sets)
     platform = _platform(platform_key or lp.platform or (cluster.platform if cluster else "a100-80gb"),
                          catalog or (cluster.catalog if cluster else None))
     dpn = devices_per_node or lp.devices_per_node or platform.devices_per_node
@@ -340,14 +363,14 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Pa
         fail(f"--devices-per-node must be >= 1 (got {dpn})")
     try:
         plan = plan_from_fields(values, lp.plan)
-        result, tl = predict_plan(lp.spec, plan, platform, devices_per_node=dpn, devices=plan.devices, detail=detail,
+        result, tl = predict_plan(spec, plan, platform, devices_per_node=dpn, devices=plan.devices, detail=detail,
                                   keep_timeline=trace is not None)
     except PlanError as exc:
         fail(str(exc))
-    out = {"model": lp.spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan),
+    out = {"model": spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan),
            "read": lp.summary(), **result}
     if launch is not None:
-        out["launch"] = _write_launch(launch, lp.spec, plan, platform, dpn, detail, result)
+        out["launch"] = _write_launch(launch, spec, plan, platform, dpn, detail, result)
     _emit(out, tl, trace, as_json, _print_result)
 
 

@@ -317,6 +317,9 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         raise LaunchError(f"{source}: activation_checkpoint {kind}: tuner models FullAC, SelectiveAC and None")
     if bool(getattr(getattr(config, "compile", None), "enable", False)):
         notes.append("torch.compile priced as the eager program")
+    if spec.doc_len is None:  # torchtitan main's language models always mask attention per packed document
+        notes.append("torchtitan masks attention per packed document; tuner prices it over max_context_length "
+                     "unless --set doc_len=N gives the documents' length")
     if pp == 1 and not getattr(getattr(config, "training", None), "disable_cuda_graphs", True):
         notes.append("torchtitan replays the step as CUDA graphs; tuner prices the host's kernel launches as eager "
                      "(it matters where the host, not the GPU, sets the pace)")

@@ -138,6 +138,8 @@ class ModelSection(StrictModel):
     program: Literal["megatron", "eager"] = "megatron"
     #: Transformer Engine / torchao FP8 linears: the layers' GEMMs at the fp8 peak
     fp8_linear: bool = False
+    #: tokens of one packed document when attention is masked per document (torchtitan); default: seq
+    doc_len: Width | None = Field(default=None, description="tokens of a packed document, 1 .. seq")
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:
@@ -149,6 +151,8 @@ class ModelSection(StrictModel):
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
         if self.mla is not None and self.attention == "unfused":
             raise ValueError("multi-latent attention (mla) needs a fused attention (not unfused)")
+        if self.doc_len is not None and self.doc_len > self.seq:
+            raise ValueError(f"doc_len={self.doc_len} exceeds seq={self.seq}")
         if self.moe is not None and self.moe.dense_layers >= self.layers:
             raise ValueError(f"moe.dense_layers={self.moe.dense_layers} must be below layers={self.layers}")
         return self

@@ -159,16 +159,24 @@ class StepKernels:
         """Op kind of the fused attention kernel: ``bmm`` for ``"flash"``, else the implementation's own."""
         return "bmm" if self.spec.attention == "flash" else attention_kind(self.spec.attention, backward)
 
+    def _attention_span(self) -> tuple[float, float, float]:
+        """(queries, keys, spans per sequence) of a fused attention kernel: this rank's queries against every
+        key of the sequence (``seq / cp`` of ``seq``), or with attention masked per document each ``doc_len``
+        document's queries against its own keys, ``seq / doc_len`` times."""
+        s = float(self.s)
+        doc = self.spec.doc_len
+        if doc is not None and doc < s:
+            return float(doc), float(doc), s / doc
+        return s / self.cp, s, 1.0
+
     def _attn_fwd(self, e: StepEmitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
         if self.spec.fused_attention:
-            causal = 0.5 if self.spec.causal else 1.0
-            q = s / self.cp  # this rank's queries, against every key of the sequence
-            dc = self.d_core
-            flops = 4.0 * b * q * s * hl * dc * causal
+            q, n, spans = self._attention_span()
+            flops = 4.0 * b * spans * q * n * hl * self.d_core * (0.5 if self.spec.causal else 1.0)
             k = (f"{p}flash_attn_fwd", self._fused_kind(False), Category.COMPUTE,
-                 {"m": q, "n": s, "k": self.d_rate, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
-                  "bytes": 4.0 * self.T * hl * dc * dt})
+                 {"m": q, "n": n, "k": self.d_rate, "batch": b * hl * spans, "dtype_bytes": dt, "flops": flops,
+                  "bytes": 4.0 * self.T * hl * self.d_core * dt})
             self._with_kv_exchange(e, p, f"{p}core_attention", [k], backward=False)
             return
         bh = float(b * hl)
@@ -206,13 +214,11 @@ class StepKernels:
     def _attn_bwd(self, e: StepEmitter, p: str) -> None:
         b, s, d, hl, dt = self.b, self.s, self.d, self.heads_local, self.dt
         if self.spec.fused_attention:
-            causal = 0.5 if self.spec.causal else 1.0
-            q = s / self.cp
-            dc = self.d_core
-            flops = 2.5 * 4.0 * b * q * s * hl * dc * causal
+            q, n, spans = self._attention_span()
+            flops = 2.5 * 4.0 * b * spans * q * n * hl * self.d_core * (0.5 if self.spec.causal else 1.0)
             k = (f"{p}flash_attn_bwd", self._fused_kind(True), Category.COMPUTE,
-                 {"m": q, "n": s, "k": self.d_rate, "batch": b * hl, "dtype_bytes": dt, "flops": flops,
-                  "bytes": 8.0 * self.T * hl * dc * dt})
+                 {"m": q, "n": n, "k": self.d_rate, "batch": b * hl * spans, "dtype_bytes": dt, "flops": flops,
+                  "bytes": 8.0 * self.T * hl * self.d_core * dt})
             self._with_kv_exchange(e, p, f"{p}core_attention.backward", [k], backward=True)
             return
         if self.plan.recompute == "selective":

@@ -120,6 +120,10 @@ class TransformerSpec:
     #: run in fp8 (1-byte inputs, the platform's fp8 peak); attention, the output layer and every
     #: tensor kept in memory stay in ``dtype``
     fp8_linear: bool = False
+    #: tokens of one packed document when attention is masked per document (torchtitan's block-causal
+    #: attention over documents packed into a sequence): a fused attention kernel then spans ``doc_len``
+    #: tokens, ``seq / doc_len`` times, at the published speed of that length; None: the whole sequence
+    doc_len: int | None = None
 
     @property
     def ffn_size(self) -> int:
@@ -256,6 +260,8 @@ class TransformerSpec:
             raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
         if self.kv_channels is not None and self.kv_channels < 1:
             raise PlanError(f"kv_channels must be >= 1 (got {self.kv_channels})")
+        if self.doc_len is not None and not 1 <= self.doc_len <= self.seq:
+            raise PlanError(f"doc_len must be 1 .. seq = {self.seq} tokens (got {self.doc_len})")
         if self.mla is not None:
             m = self.mla
             if min(m.kv_lora_rank, m.qk_head_dim, m.v_head_dim) < 1 or min(m.q_lora_rank, m.rope_head_dim) < 0:
@@ -434,6 +440,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
                             "te or flex)")
         if spec.moe is not None:
             raise PlanError("tuner models context parallelism for dense models only")
+        if spec.doc_len is not None and spec.doc_len < spec.seq:
+            raise PlanError("attention masked per document (doc_len) is not modelled with context parallelism")
     if plan.sequence_parallel and (plan.micro_batch * spec.seq) % plan.tp:
         raise PlanError(f"sequence parallelism needs micro_batch x seq divisible by tp={plan.tp}")
     if devices is not None and plan.devices != devices:
