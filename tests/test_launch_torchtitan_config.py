@@ -132,7 +132,10 @@ def test_configurations_tuner_does_not_model_are_refused(stub):
     with pytest.raises(LaunchError, match="MemoryBudgetAC"):
         read(root__activation_checkpoint=MemoryBudgetAC.Config())
     with pytest.raises(LaunchError, match="not a whole number of sequences"):
-        read(training__num_tokens_per_microbatch_per_dp_rank=5000)
+        read(training__num_tokens_per_microbatch_per_dp_rank=10000)
+    # a packed row shorter than the context (torchtitan's gpt-oss debug recipes): one sequence of its tokens
+    short = read(training__num_tokens_per_microbatch_per_dp_rank=1024)
+    assert (short.spec.seq, short.plan.micro_batch) == (1024, 1) and any("1024 tokens" in n for n in short.notes)
     with pytest.raises(LaunchError, match="not a multiple of the 65536 tokens"):
         read(training__num_tokens_per_train_step=100000)
     with pytest.raises(LaunchError, match="ZeroBubble"):

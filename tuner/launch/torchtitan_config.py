@@ -258,6 +258,11 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     meta = meta or {}
     notes: list[str] = []
     seq = _int_field(config, "training.max_context_length", source)
+    tokens = _int_field(config, "training.num_tokens_per_microbatch_per_dp_rank", source)
+    if 0 < tokens < seq:  # one packed row shorter than the context: its tokens are the sequence
+        notes.append(f"a micro-batch of {tokens} tokens, below max_context_length {seq}: read as one {tokens}-token "
+                     "sequence")
+        seq = tokens
     if spec is None:
         spec = spec_from_header(meta, source)
     if spec is None:
@@ -281,7 +286,6 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     if dtype is None:
         raise LaunchError(f"{source}: training.mixed_precision_param must be bfloat16 or float32")
     spec = replace(spec, dtype=dtype)  # type: ignore[arg-type]
-    tokens = _int_field(config, "training.num_tokens_per_microbatch_per_dp_rank", source)
     if tokens < seq or tokens % seq:
         raise LaunchError(f"{source}: num_tokens_per_microbatch_per_dp_rank {tokens} is not a whole number of "
                           f"sequences of max_context_length {seq}")
@@ -389,7 +393,7 @@ def _first_message(text: str) -> str:
     body = []
     for ln in text.splitlines():
         inner = ln.strip("│╭╮╰╯ ")
-        if inner.startswith("─"):
+        if inner.startswith("─") or (inner and not inner.strip("-=─ ")):  # a rule, framed or plain
             if body:
                 break
             continue
