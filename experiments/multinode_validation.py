@@ -323,17 +323,26 @@ def gpt_reading(rows: list[Row], meas: np.ndarray, pred: np.ndarray, comm: str, 
             for i, a, g in zip(idx, as_is, as_gpt, strict=True)]
 
 
+def job_toml(src: dict, *, model: dict | None = None, parallelism: dict | None = None) -> str:
+    """The torchtitan TOML job config of a published run of the data file (its ``model: [name, flavor]`` and
+    ``toml`` sections), with the ``model`` and ``parallelism`` keys given added."""
+    from tuner.launch.torchtitan import toml_section
+
+    name, flavor = src["model"]
+    sections = {sec: dict(items) for sec, items in src["toml"].items()}
+    sections["model"] = {"name": name, "flavor": flavor, **sections.get("model", {}), **(model or {})}
+    sections["parallelism"] = {**sections.get("parallelism", {}), **(parallelism or {})}
+    return "\n".join(line for sec, items in sections.items() for line in toml_section(sec, items))
+
+
 def memory_check(path: Path = DATA) -> list[dict]:
     """Published peak memory per GPU against tuner's, each run read as its torchtitan job config."""
     from predictor.sources.synth.transformer_memory import memory_per_stage
-    from tuner.launch.torchtitan import read_torchtitan_toml, toml_section
+    from tuner.launch.torchtitan import read_torchtitan_toml
 
     out = []
     for key, src in (yaml.safe_load(path.read_text()).get("memory") or {}).items():
-        name, flavor = src["model"]
-        toml = dict(src["toml"])
-        sections = {"model": {"name": name, "flavor": flavor, **toml.pop("model", {})}, **toml}
-        text = "\n".join(line for sec, items in sections.items() for line in toml_section(sec, items))
+        text = job_toml(src)
         for gpus, gib in src["rows"]:
             read = read_torchtitan_toml(text, key, devices=gpus)
             pred = max(m.total_bytes for m in memory_per_stage(read.spec, read.plan)) / 2**30
@@ -345,23 +354,19 @@ def memory_check(path: Path = DATA) -> list[dict]:
 def reported_checks(path: Path = DATA) -> list[dict]:
     """Published tokens/s per GPU of runs outside tuner's model (the file's ``reported``) against tuner's,
     each run read as its torchtitan job config and predicted on the catalog's platform."""
-    from tuner.launch.torchtitan import read_torchtitan_toml, toml_section
+    from tuner.launch.torchtitan import read_torchtitan_toml
 
     out = []
     for key, src in (yaml.safe_load(path.read_text()).get("reported") or {}).items():
-        name, flavor = src["model"]
-        toml = dict(src["toml"])
         for gpus, async_tp, float8, tps in src["rows"]:
-            par = dict(toml.get("parallelism", {}), enable_async_tensor_parallel=async_tp)
-            model = {"name": name, "flavor": flavor, **({"converters": ["float8"]} if float8 else {})}
-            sections = {"model": model, **{k: v for k, v in toml.items() if k != "model"}, "parallelism": par}
-            text = "\n".join(line for sec, items in sections.items() for line in toml_section(sec, items))
+            text = job_toml(src, model={"converters": ["float8"]} if float8 else None,
+                            parallelism={"enable_async_tensor_parallel": async_tp})
             read = read_torchtitan_toml(text, key, devices=gpus)
             res, _ = predict_plan(read.spec, read.plan, get_platform(src["platform"]), devices=gpus)
             pred = read.plan.global_batch * read.spec.seq / res["predicted_iteration_s"] / gpus
             out.append({"source": src["cite"], "model": read.spec.name, "plan": read.plan.label(), "gpus": gpus,
-                        "async_tp": bool(async_tp), "float8": bool(float8), "published_tokens_per_s_per_gpu": tps, "predicted_tokens_per_s_per_gpu": pred,
-                        "error_pct": (pred / tps - 1) * 100})
+                        "async_tp": bool(async_tp), "float8": bool(float8), "published_tokens_per_s_per_gpu": tps,
+                        "predicted_tokens_per_s_per_gpu": pred, "error_pct": (pred / tps - 1) * 100})
     return out
 
 
