@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_MODELS", "launch_meta", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_MODELS", "flavor_spec", "launch_meta", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -73,6 +73,20 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
         return None
     return TransformerSpec(**shape, seq=seq, vocab=128256, mlp="swiglu", tie_embeddings=False, attention="flash2",
                            program="eager", name=f"{name}-{flavor}")
+
+
+def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:
+    """The :class:`TransformerSpec` of torchtitan's model ``name`` / ``flavor`` (None: the job names none), with
+    the note on what tuner prices in its place; :class:`LaunchError` for a flavor tuner does not know."""
+    spec = torchtitan_model(name, flavor or "", seq) if name is not None else None
+    if spec is None:
+        named = f" ({name or '?'} / {flavor or '?'})" if name is not None else ""
+        known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
+        raise LaunchError(f"{source}: torchtitan names its model{named}, tuner knows {known}; for another model "
+                          "give its shape: --workload MODEL.yaml")
+    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
+                 "and learned positions")
+    return spec
 
 
 def _sharded(plan: ParallelPlan) -> bool:
@@ -289,15 +303,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     notes: list[str] = []
     if spec is None:
         model = doc.get("model", {})
-        seq = _int(tr, "seq_len", "training", source, 2048)
-        spec = torchtitan_model(model.get("name", ""), model.get("flavor", ""), seq) if model else None
-        if spec is None:
-            named = f" ({model.get('name', '?')} / {model.get('flavor', '?')})" if model else ""
-            known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
-            raise LaunchError(f"{source}: torchtitan names its model{named}, tuner knows {known}; for another model "
-                              "give its shape: --workload MODEL.yaml")
-        notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
-                     "and learned positions")
+        spec = flavor_spec(model.get("name", "") if model else None, model.get("flavor", ""),
+                           _int(tr, "seq_len", "training", source, 2048), source, notes)
     seq = _int(tr, "seq_len", "training", source, spec.seq)
     if seq != spec.seq:
         spec = replace(spec, seq=seq)

@@ -41,6 +41,7 @@ from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line
 from tuner.launch.torchtitan import (
     ASYNC_TP_NOTE,
     TORCHTITAN_MODELS,
+    flavor_spec,
     launch_meta,
     pipeline_chunks,
     sharding_notes,
@@ -70,11 +71,10 @@ def is_config_ref(text: str) -> bool:
 
 def torchtitan_flavor(spec: TransformerSpec) -> tuple[str, str] | None:
     """torchtitan's (model name, flavor) of ``spec``'s shape (Llama 3 8B / 70B / 405B), None for another shape."""
-    for key, shape in TORCHTITAN_MODELS.items():
-        if (spec.layers, spec.hidden, spec.heads, spec.kv_heads or spec.heads, spec.ffn_size, spec.vocab) == (
-                shape["layers"], shape["hidden"], shape["heads"], shape["kv_heads"], shape["ffn"], 128256):
-            return key
-    return None
+    def shape(s: TransformerSpec) -> tuple:
+        return s.layers, s.hidden, s.heads, s.kv_heads_count, s.ffn_size, s.vocab
+
+    return next((key for key in TORCHTITAN_MODELS if shape(torchtitan_model(*key, spec.seq)) == shape(spec)), None)
 
 
 def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
@@ -272,14 +272,7 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
             spec, said = read
             notes += said
         else:
-            name, flavor = (str(getattr(ms, "name", "")), str(getattr(ms, "flavor", ""))) if ms is not None else ("", "")
-            spec = torchtitan_model(name, flavor, seq)
-            if spec is None:
-                known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
-                raise LaunchError(f"{source}: torchtitan's model is {name or '?'} / {flavor or '?'}, tuner knows "
-                                  f"{known}; for another model give its shape: --workload MODEL.yaml")
-            notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
-                         "and learned positions")
+            spec = flavor_spec(str(getattr(ms, "name", "")), str(getattr(ms, "flavor", "")), seq, source, notes)
     if seq != spec.seq:
         spec = replace(spec, seq=seq)
     dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(str(_field(config, "training.mixed_precision_param", source)))
