@@ -39,11 +39,12 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_MODELS", "flavor_spec", "launch_meta", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
-_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
+#: tuner's dtype -> torchtitan's ``mixed_precision_param`` (torchtitan has no fp16 training)
+TORCHTITAN_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
 _SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
 
 
@@ -140,6 +141,22 @@ def launch_meta(spec: TransformerSpec, plan: ParallelPlan, platform: str | None,
     return meta, (f" on {plan.devices} x {platform}" if platform else f" on {plan.devices} devices")
 
 
+def parallelism_fields(spec: TransformerSpec, plan: ParallelPlan) -> dict:
+    """The ``parallelism`` keys of ``plan`` both torchtitan formats share: the degrees (data parallelism
+    sharded, FSDP, or replicated) and, with pipeline parallelism, the schedule and even stages."""
+    sharded = _sharded(plan)
+    par: dict = {"data_parallel_replicate_degree": 1 if sharded else plan.dp,
+                 "data_parallel_shard_degree": plan.dp if sharded else 1, "tensor_parallel_degree": plan.tp,
+                 "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
+                 "expert_parallel_degree": plan.ep}
+    if plan.pp > 1:
+        v = plan.virtual_stages_effective
+        par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
+                   pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
+                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+    return par
+
+
 def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
                     devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
     """The TOML job config (``[job]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``) of ``plan``."""
@@ -164,18 +181,11 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines += ["[model]", 'converters = ["float8"]', ""]
     training = {"local_batch_size": plan.micro_batch if plan.pp == 1 else plan.global_batch // plan.dp,
                 "global_batch_size": plan.global_batch, "seq_len": spec.seq,
-                "mixed_precision_param": _DTYPE[spec.dtype], "mixed_precision_reduce": "float32"}
+                "mixed_precision_param": TORCHTITAN_DTYPES[spec.dtype], "mixed_precision_reduce": "float32"}
     lines += toml_section("training", training)
-    par: dict = {"data_parallel_replicate_degree": 1 if _sharded(plan) else plan.dp,
-                 "data_parallel_shard_degree": plan.dp if _sharded(plan) else 1,
-                 "tensor_parallel_degree": plan.tp, "enable_async_tensor_parallel": plan.tp_comm_overlap,
-                 "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp, "expert_parallel_degree": plan.ep}
+    par = {**parallelism_fields(spec, plan), "enable_async_tensor_parallel": plan.tp_comm_overlap}
     if plan.pp > 1:
-        v = plan.virtual_stages_effective
-        par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
-                   pipeline_parallel_microbatch_size=plan.micro_batch,
-                   pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
-                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+        par["pipeline_parallel_microbatch_size"] = plan.micro_batch
     lines += toml_section("parallelism", par)
     ac: dict = {"mode": "selective" if t.recompute == "op" or t.recompute_layers is not None else t.recompute}
     if t.recompute == "op":

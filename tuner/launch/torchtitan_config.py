@@ -40,9 +40,11 @@ from predictor.sources.synth.transformer import MoESpec, ParallelPlan, Transform
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 from tuner.launch.torchtitan import (
     ASYNC_TP_NOTE,
+    TORCHTITAN_DTYPES,
     TORCHTITAN_MODELS,
     flavor_spec,
     launch_meta,
+    parallelism_fields,
     pipeline_chunks,
     sharding_notes,
     spec_from_header,
@@ -57,8 +59,6 @@ __all__ = ["RECIPE_FILE", "RECIPE_FUNCTION", "is_config_ref", "torchtitan_flavor
 #: file name and function of the written recipe (``--module torchtitan_recipe --config tuner_plan``)
 RECIPE_FILE = "torchtitan_recipe.py"
 RECIPE_FUNCTION = "tuner_plan"
-_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
-_DTYPE = {"bf16": "bfloat16", "fp32": "float32", "fp16": "bfloat16"}
 #: torchtitan's config-registry function of each Llama 3 flavor
 _BASE_FUNCTIONS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b", ("llama3", "405B"): "llama3_405b"}
 _REF = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
@@ -106,10 +106,10 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
     if spec.fp8_linear:
         notes.append("FP8 linears: add torchtitan's Float8LinearConverter to the model's converters")
     lines += [f"# {n}" for n in notes]
-    ac = {"none": "None", "full": "FullAC.Config()", "op": "SelectiveAC.Config()"}[t.recompute]
+    policy = {"full": "FullAC", "op": "SelectiveAC"}.get(t.recompute)  # torchtitan's checkpointing class
     lines.append("")
-    if t.recompute != "none":
-        lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac.split('.')[0]}")
+    if policy is not None:
+        lines.append(f"from torchtitan.distributed.activation_checkpoint import {policy}")
     if flavor is not None:
         lines += [f"from torchtitan.models.{flavor[0]}.config_registry import {_BASE_FUNCTIONS[flavor]} as base_config",
                   "", ""]
@@ -119,21 +119,12 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
                   " '# tuner:' line above), so return your model's Trainer.Config here.\"\"\"",
                   f"    raise NotImplementedError(\"{RECIPE_FILE}: return the Trainer.Config of {spec.name} "
                   "from base_config()\")", "", ""]
-    sharded = t.fsdp or t.distributed_optimizer
-    par = {"data_parallel_replicate_degree": 1 if sharded else plan.dp,
-           "data_parallel_shard_degree": plan.dp if sharded else 1,
-           "tensor_parallel_degree": plan.tp, "enable_sequence_parallel": True,
-           "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
-           "expert_parallel_degree": plan.ep}
+    par = {**parallelism_fields(spec, plan), "enable_sequence_parallel": True}
     if plan.pp > 1:
-        v = plan.virtual_stages_effective
-        par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
-                   pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
-                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0,
-                   num_pp_microbatches=plan.micro_batches)
+        par["num_pp_microbatches"] = plan.micro_batches
     training = {"max_context_length": spec.seq, "num_tokens_per_microbatch_per_dp_rank": plan.micro_batch * spec.seq,
                 "num_tokens_per_train_step": plan.global_batch * spec.seq,
-                "mixed_precision_param": _DTYPE[spec.dtype]}
+                "mixed_precision_param": TORCHTITAN_DTYPES[spec.dtype]}
     if plan.pp > 1:
         training["disable_cuda_graphs"] = True  # torchtitan's CUDA graphs do not run pipelines
     lines += [f"def {RECIPE_FUNCTION}():", f'    """{spec.name} with tuner\'s plan {t.label()}."""',
@@ -147,7 +138,7 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
                   "    config.compile.enable_async_tensor_parallel = True"]
     else:
         lines.append("    config.compile.enable_async_tensor_parallel = False")
-    lines += [f"    config.activation_checkpoint = {ac}", "    return config", ""]
+    lines += [f"    config.activation_checkpoint = {f'{policy}.Config()' if policy else 'None'}", "    return config", ""]
     return "\n".join(lines)
 
 
