@@ -203,6 +203,10 @@ def test_model_shape_is_read_from_the_configuration_tree():
     assert (spec.moe.experts, spec.moe.top_k, spec.moe.ffn, spec.moe.shared_ffn, spec.moe.dense_layers) == \
         (8, 2, 512, 1024, 2)
     assert any("query / key norms" in n for n in notes) and spec.name == "mine-2B"
+    assert spec.dropout == 0.0 and not spec.bias  # torchtitan's models: no dropout, Linear.Config(bias=False)
+    biased = _block(ffn=4096)
+    biased.attention.wo = NS(bias=True)
+    assert spec_from_model_config(_model([biased] * 2), 2048, "cfg")[0].bias
     dense, _ = spec_from_model_config(_model([_block(heads=8, kv=8, head_dim=128, ffn=2816)] * 4), 512, "cfg")
     assert dense.kv_heads is None and dense.kv_channels is None and dense.moe is None  # 8 x 128 = 1024 wide
     with pytest.raises(LaunchError, match="first layers are dense"):

@@ -17,7 +17,7 @@ from predictor.sources.synth.transformer import (
 )
 from predictor.sources.synth.transformer_memory import layer_param_count, memory_per_stage
 from predictor.timing.platforms import get_platform
-from tuner.launch import megatron_args, read_megatron_args
+from tuner.launch import LaunchError, megatron_args, read_megatron_args
 from tuner.plans import predict_plan
 
 #: Qwen1.5-MoE-A2.7B (its model card and config.json: 24 layers, hidden 2048, 16 heads, vocab 151936, 60 experts
@@ -178,3 +178,53 @@ def test_multi_latent_attention():
     assert read_megatron_args(args, devices=2).spec == replace(small, name="megatron-model")
     with pytest.raises(PlanError, match="fused attention"):
         replace(small, attention="unfused").validate()
+
+
+@pytest.mark.parametrize("program", ["megatron", "eager"])
+def test_no_dropout_runs_no_dropout_kernel_and_stores_no_mask(program):
+    """Llama, Qwen and MPT train without dropout: no dropout kernels or mask multiplies, and per layer two
+    ``s b h`` masks fewer (the scores' mask and output too, unfused)."""
+    base = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, program=program, attention="unfused")
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=2, global_batch=2)
+
+    def kinds(spec):
+        df = build_transformer_graph(spec, plan, detail="kernel").tasks_frame()
+        return df[(df["rank"] == 0) & (df.processor != "cpu")]
+
+    with_dropout, without = kinds(base), kinds(replace(base, dropout=0.0))
+    assert (with_dropout.kind == "dropout").sum() > 0 and (without.kind == "dropout").sum() == 0
+    assert (without.kind == "mul").sum() < (with_dropout.kind == "mul").sum()
+    s, b, h, a = 256, 2, 512, 8
+    saved = memory_per_stage(base, plan)[0].activations_bytes - memory_per_stage(replace(base, dropout=0.0), plan)[0].activations_bytes
+    per_layer = 2 * s * b * h + 3 * a * s * s * b  # two hidden masks; the scores' mask (1 byte) and output (2)
+    assert saved == pytest.approx(2 * per_layer + s * b * h)  # and the embedding's mask
+    plat = get_platform("a100-80gb")
+    t = [predict_plan(spec, plan, plat)[0]["predicted_iteration_s"] for spec in (base, replace(base, dropout=0.0))]
+    assert t[1] < t[0]
+    with pytest.raises(PlanError, match="dropout must be a probability"):
+        replace(base, dropout=1.0).validate()
+
+
+def test_linears_without_bias_sum_no_bias_gradient():
+    """Eager autograd sums a bias gradient per linear layer (a column sum); Llama's bias-free linears have none."""
+    base = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, program="eager")
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+    names = [build_transformer_graph(spec, plan, detail="kernel").tasks_frame().name
+             for spec in (base, replace(base, bias=False))]
+    assert names[0].str.endswith("bias_grad").sum() == 2 * 4 and names[1].str.endswith("bias_grad").sum() == 0
+    assert (names[1] == "layer[0].qkv.mm").any() and not names[1].str.endswith(".addmm").any()
+
+
+def test_megatron_dropout_and_bias_flags_round_trip():
+    spec = replace(SMALL, moe=None, dropout=0.0, bias=False)
+    plan = ParallelPlan(tp=2, pp=1, dp=4, micro_batch=1, global_batch=8)
+    args = megatron_args(spec, plan)
+    assert "--disable-bias-linear" in args and args[args.index("--hidden-dropout") + 1] == "0"
+    back = read_megatron_args(args, devices=8)
+    assert (back.spec.dropout, back.spec.bias) == (0.0, False)
+    default = read_megatron_args(megatron_args(replace(spec, dropout=0.1, bias=True), plan), devices=8)
+    assert (default.spec.dropout, default.spec.bias) == (0.1, True)  # Megatron's defaults, written as nothing
+    mixed = read_megatron_args(args + ["--attention-dropout", "0.1"], devices=8)
+    assert any("--attention-dropout 0.1 read as --hidden-dropout's 0" in n for n in mixed.notes)
+    with pytest.raises(LaunchError, match="--hidden-dropout must be a probability"):
+        read_megatron_args(args + ["--hidden-dropout", "1.5"], devices=8)

@@ -133,6 +133,7 @@ def _mk(p: Path) -> Path:
         ({"ranges": {"tp": [3], "pp": [1]}}, "no valid plan in the ranges for 8 devices"),
         ({"global_batch": 0}, "global_batch: Input should be greater than 0"),
         ({"ranges": {"schedule": ["zigzag"]}}, "ranges.schedule.0"),
+        ({"model": {**MODEL, "dropout": 1.0}}, "model.dropout: Input should be less than 1"),
     ],
 )
 def test_bad_spaces_exit_2_with_one_line(tmp_path, change, expected):

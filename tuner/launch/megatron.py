@@ -44,6 +44,8 @@ __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_me
 
 #: Megatron-LM's GPT examples tokenise with GPT-2 BPE: the vocabulary when no --vocab-size is given
 GPT2_VOCAB = 50257
+#: Megatron-LM's --hidden-dropout and --attention-dropout default
+MEGATRON_DROPOUT = 0.1
 #: the vocabulary of Megatron-LM's --tokenizer-type values whose size is fixed (others read their files)
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": GPT2_VOCAB, "Llama2Tokenizer": 32000}
 
@@ -62,7 +64,8 @@ _INT_FLAGS = {
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
 }
-_FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
+_FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor", "--hidden-dropout": "hidden_dropout",
+                "--attention-dropout": "attention_dropout"}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
@@ -72,7 +75,8 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
-             "--use-precision-aware-optimizer", "--multi-latent-attention"}
+             "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
+             "--add-bias-linear"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
@@ -111,6 +115,10 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
             a += ["--q-lora-rank", str(m.q_lora_rank)]
     if spec.mlp == "swiglu":
         a.append("--swiglu")
+    if not spec.bias:
+        a.append("--disable-bias-linear")
+    if spec.dropout != MEGATRON_DROPOUT:
+        a += ["--hidden-dropout", f"{spec.dropout:g}", "--attention-dropout", f"{spec.dropout:g}"]
     if spec.fp8_linear:
         a += ["--fp8-format", "hybrid"]
     if not spec.tie_embeddings:
@@ -306,12 +314,27 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     kv_channels = _positive(values, "kv_channels", "--kv-channels", source) if "kv_channels" in values else None
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads
-    return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
+    dropout = _dropout(values, source, notes)
+    return TransformerSpec(dropout=dropout, bias=not values.get("--disable-bias-linear"), layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
                            kv_channels=kv_channels, mla=_mla(values, source),
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
                            name=name)
+
+
+def _dropout(values: dict, source: str, notes: list[str]) -> float:
+    """The model's dropout probability: ``--hidden-dropout`` (Megatron's default 0.1); a different
+    ``--attention-dropout`` is noted, as tuner prices one probability."""
+    hidden = values.get("hidden_dropout", MEGATRON_DROPOUT)
+    attention = values.get("attention_dropout", MEGATRON_DROPOUT)
+    for flag, p in (("--hidden-dropout", hidden), ("--attention-dropout", attention)):
+        if not 0.0 <= p < 1.0:
+            raise LaunchError(f"{source}: {flag} must be a probability in [0, 1) (got {p:g})")
+    if (hidden > 0) != (attention > 0):
+        notes.append(f"--attention-dropout {attention:g} read as --hidden-dropout's {hidden:g} "
+                     "(one dropout probability for the model)")
+    return float(hidden)
 
 
 #: Megatron-LM's multi-latent attention defaults (MLATransformerConfig): kv_lora_rank 32, qk_head_dim 128,

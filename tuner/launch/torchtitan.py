@@ -73,7 +73,7 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
     if shape is None:
         return None
     return TransformerSpec(**shape, seq=seq, vocab=128256, mlp="swiglu", tie_embeddings=False, attention="flash2",
-                           program="eager", name=f"{name}-{flavor}")
+                           program="eager", dropout=0.0, bias=False, name=f"{name}-{flavor}")
 
 
 def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:

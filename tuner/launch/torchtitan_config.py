@@ -168,10 +168,15 @@ def _layer_shape(layer: object) -> tuple:
     return heads, kv, width, ffn, routed
 
 
+def _has_bias(layer: object) -> bool:
+    """Whether a block's linear layers carry biases (their ``Linear.Config.bias``; torchtitan's default none)."""
+    return any(_attr(layer, *path) is True for path in (("attention", "wo", "bias"), ("feed_forward", "w1", "bias")))
+
+
 def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[TransformerSpec, list[str]] | None:
     """The :class:`TransformerSpec` of a torchtitan ``ModelSpec`` read from its model configuration (a
     decoder of ``layers`` blocks, each grouped-query attention and a SwiGLU MLP or a mixture of experts, as
-    torchtitan's Llama 3 and Qwen 3 are), with notes; None when it has no such tree. Raises
+    torchtitan's Llama 3 and Qwen 3 are; no dropout, as torchtitan's models have none), with notes; None when it has no such tree. Raises
     :class:`LaunchError` for blocks tuner does not model."""
     model = _attr(model_spec, "model")
     blocks = _attr(model, "layers")
@@ -212,7 +217,7 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
                                ffn=ffn or (moe.ffn if moe else None), kv_heads=None if kv == heads else int(kv),
                                kv_channels=None if not width or width * heads == dim else int(width),
                                mlp="swiglu", tie_embeddings=bool(_attr(model, "enable_weight_tying")),
-                               attention=attention, program="eager", moe=moe,
+                               attention=attention, program="eager", moe=moe, dropout=0.0, bias=_has_bias(blocks[0]),
                                name=f"{_attr(model_spec, 'name')}-{_attr(model_spec, 'flavor')}")
         spec.validate()
     except (TypeError, ValueError) as exc:

@@ -140,6 +140,10 @@ class ModelSection(StrictModel):
     fp8_linear: bool = False
     #: tokens of one packed document when attention is masked per document (torchtitan); default: seq
     doc_len: Width | None = Field(default=None, description="tokens of a packed document, 1 .. seq")
+    #: dropout probability (GPT-2/3 and Megatron's default 0.1); 0 for Llama, Qwen, MPT: no dropout kernels or masks
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    #: the linear layers carry biases; false for Llama, Qwen3, Nemotron (Megatron's --disable-bias-linear)
+    bias: bool = True
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:

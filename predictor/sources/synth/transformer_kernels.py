@@ -191,7 +191,8 @@ class StepKernels:
         else:
             e.op(f"{p}attn_scores", [self._bmm(f"{p}attn_scores.bmm", s, s, d, bh)])  # q @ k^T
         e.op(f"{p}scale_mask_softmax", [eltwise(f"{p}softmax", "softmax", bh * s * s, dt, rw=2.0)])
-        e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
+        if self.spec.has_dropout:
+            e.op(f"{p}attn_dropout", [eltwise(f"{p}attn_dropout", "dropout", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}attn_context", [self._bmm(f"{p}attn_context.bmm", s, d, s, bh)])
         if self.eager:  # heads back to tokens: view, transpose + reshape copy
             self._views(e, p, "context.view", "context.transpose")
@@ -229,7 +230,8 @@ class StepKernels:
             e.op(f"{p}context.reshape.backward", [eltwise(f"{p}context.copy_bwd", "memcpy", self.T * hl * d, dt)])
         e.op(f"{p}attn_context.backward", [self._bmm(f"{p}attn_context.dgrad_probs", s, s, d, bh),
                                            self._bmm(f"{p}attn_context.dgrad_v", s, d, s, bh)])
-        e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
+        if self.spec.has_dropout:
+            e.op(f"{p}attn_dropout.backward", [eltwise(f"{p}attn_dropout_bwd", "mul", bh * s * s, dt, rw=2.5)])
         e.op(f"{p}scale_mask_softmax.backward", [eltwise(f"{p}softmax_bwd", "softmax_bwd", bh * s * s, dt, rw=3.0)])
         if self.eager:  # baddbmm's backward: the two GEMMs plus the scale (alpha) applied to each gradient
             e.op(f"{p}attn_scores.backward", [self._bmm(f"{p}attn_scores.dgrad_q", s, d, s, bh),
@@ -356,7 +358,10 @@ class StepKernels:
     def _linear(self, name: str, rows: float, out: float, inp: float, *, bias: bool = True,
                 batch: float = 1.0) -> Kernel:
         """Forward of a linear layer ``inp -> out`` on ``rows`` tokens."""
-        op = "bmm" if batch != 1.0 else ("addmm" if bias else "mm")
+        with_bias = bias and self.spec.bias
+        op = "bmm" if batch != 1.0 else ("addmm" if with_bias else "mm")
+        if not with_bias and name.endswith(".addmm"):  # named after the ATen op it runs
+            name = name.removesuffix(".addmm") + ".mm"
         return gemm(name, rows, out, inp, self._linear_dt(name), batch=batch, op=self._op(op))
 
     def _dgrad(self, name: str, rows: float, inp: float, out: float, *, batch: float = 1.0) -> Kernel:
@@ -386,12 +391,17 @@ class StepKernels:
 
     # -------------------------------------------------------------- eager-program pieces
     def _dropout_add(self, e: StepEmitter, name: str) -> None:
-        """The output dropout and the residual add: one fused kernel, or eager's two ops."""
+        """The output dropout and the residual add: one fused kernel, or eager's two ops; without dropout
+        (``spec.dropout == 0``) the fused kernel adds and writes no mask, and eager runs the add alone."""
         Tn, h, dt = self.Tn, self.h, self.dt
         if not self.eager:
-            e.op(name, [eltwise(name, "dropout", Tn * h, dt, rw=3.5)])
+            if self.spec.has_dropout:
+                e.op(name, [eltwise(name, "dropout", Tn * h, dt, rw=3.5)])
+            else:
+                e.op(name, [eltwise(name, "add", Tn * h, dt, rw=3.0)])
             return
-        e.op(f"{name}.dropout", [eltwise(f"{name}.dropout", "dropout", Tn * h, dt, rw=2.5)])
+        if self.spec.has_dropout:
+            e.op(f"{name}.dropout", [eltwise(f"{name}.dropout", "dropout", Tn * h, dt, rw=2.5)])
         e.op(f"{name}.residual_add", [eltwise(f"{name}.residual_add", "add", Tn * h, dt, rw=3.0)])
 
     def _layernorm_bwd(self, e: StepEmitter, name: str) -> None:
@@ -407,8 +417,8 @@ class StepKernels:
         self._accumulate_grad(e, name, 2)
 
     def _bias_grad(self, name: str, rows: float, n: float) -> list[Kernel]:
-        """Eager ``AddmmBackward``'s bias gradient: a column sum of the output gradient."""
-        return [column_sum(f"{name}.bias_grad", rows, n, self.dt)] if self.eager else []
+        """Eager ``AddmmBackward``'s bias gradient: a column sum of the output gradient (none without biases)."""
+        return [column_sum(f"{name}.bias_grad", rows, n, self.dt)] if self.eager and self.spec.bias else []
 
     def _accumulate_grad(self, e: StepEmitter, name: str, tensors: int) -> None:
         """Eager autograd's AccumulateGrad per parameter tensor: host work, no kernel (gradients set to
@@ -521,13 +531,15 @@ class StepKernels:
             self.layer_fwd(e, f"{p}recompute.", dense)
         elif self.plan.recompute == "op":
             self._op_recompute(e, p)
-        e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
+        if self.spec.has_dropout:  # the mask applied to the gradient (without dropout it passes through)
+            e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._mlp_bwd(e, p, dense)
         self._layernorm_bwd(e, f"{p}post_attention_layernorm")
         if self.eager:  # the residual stream's two gradients summed by autograd
             e.op(f"{p}residual_2.grad_add", [eltwise(f"{p}residual_2.grad_add", "add", Tn * h, dt, rw=3.0)])
         self._views(e, p, "residual_2.add_backward")
-        e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
+        if self.spec.has_dropout:
+            e.op(f"{p}bias_dropout_add.backward", [eltwise(f"{p}bias_dropout_add_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._fp8_cast(e, f"{p}attn_proj.grad_fp8_cast", T * h)
         self._gathered_gemm(e, f"{p}attn_output_grad_all_gather", f"{p}attn_proj.backward",
                             [self._dgrad(f"{p}attn_proj.dgrad", T, self.a / t, h),
@@ -552,11 +564,13 @@ class StepKernels:
             e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0),
                                eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
         self._tp_reduce_out(e, "embedding.vocab_parallel_reduce")
-        e.op("embedding_dropout", [eltwise("embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
+        if self.spec.has_dropout:
+            e.op("embedding_dropout", [eltwise("embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
 
     def embedding_bwd(self, e: StepEmitter) -> None:
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
-        e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
+        if self.spec.has_dropout:
+            e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
         if self.sp:
             self.tp_collective(e, "embedding.grad_all_gather", "all_gather", T * h)
         if self.eager:

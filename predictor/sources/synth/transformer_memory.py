@@ -6,7 +6,9 @@ micro-batch of ``b`` sequences of ``s`` tokens, hidden ``h``, ``a`` heads, 16-bi
 and 1-byte dropout masks,
 
 * ``s b h (34 + 5 a s / h)`` bytes without parallelism (their eq. 1): 11 sbh + 5 a s^2 b in
-  attention, 19 sbh in the MLP, 4 sbh in the two layer norms;
+  attention, 19 sbh in the MLP, 4 sbh in the two layer norms; a model without dropout
+  (``spec.dropout == 0``) stores neither the two ``sbh`` masks nor the scores' mask and output
+  (``32 + 2 a s / h``);
 * with tensor parallelism ``t``: ``s b h (10 + 24 / t + 5 a s / (h t))`` (eq. 2) — the layer-norm
   inputs and the dropout outputs are replicated, everything inside the column/row-parallel
   blocks is split;
@@ -131,7 +133,8 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         return 2.0 * sbh / (t if sp else 1)
     if plan.recompute == "op":
         return op_checkpoint_bytes(spec, plan)
-    replicated = 10.0 * sbh
+    # the layer-norm inputs and the two 1-byte dropout masks (none without dropout)
+    replicated = (10.0 if spec.has_dropout else 8.0) * sbh
     # Q and the projection input 2 s b heads head_dim each, K and V 2 s b kv_heads head_dim each
     split_attn = (4.0 * spec.attn_size + 4.0 * spec.kv_heads_count * spec.head_dim) * s * b
     if spec.mla is not None:  # Q and K heads q_head_dim wide, V and the projection input v_head_dim, and
@@ -152,7 +155,8 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
     if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token
     elif plan.recompute != "selective":
-        out += 5.0 * a * s * s * b / t  # scores, softmax output, dropout mask and output
+        # softmax output, dropout mask and output; without dropout the softmax output alone
+        out += (5.0 if spec.has_dropout else 2.0) * a * s * s * b / t
     return out
 
 
@@ -236,7 +240,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         acts = in_flight * (chunk_acts + (dense_acts if first else 0.0))
         if plan.recompute == "full":
             acts += full_layer  # one layer's activations live while it is recomputed and back-propagated
-        if first:
+        if first and spec.has_dropout:
             acts += in_flight * s * b * h / (t if sp else 1)  # embedding dropout mask
         if last:
             acts += head_loss_bytes(spec, plan)

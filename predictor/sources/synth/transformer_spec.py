@@ -124,6 +124,18 @@ class TransformerSpec:
     #: attention over documents packed into a sequence): a fused attention kernel then spans ``doc_len``
     #: tokens, ``seq / doc_len`` times, at the published speed of that length; None: the whole sequence
     doc_len: int | None = None
+    #: probability of the embedding, hidden and attention dropouts: 0.1 as GPT-2/3 and Megatron-LM's
+    #: default; 0 (Llama, Qwen, MPT, Nemotron: Megatron's ``--hidden-dropout 0``) runs no dropout
+    #: kernel and stores no mask
+    dropout: float = 0.1
+    #: the linear layers carry biases (GPT-2/3, MPT's default); False: Llama, Qwen3, Nemotron
+    #: (Megatron's ``--disable-bias-linear``), whose eager backward sums no bias gradients
+    bias: bool = True
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether dropout kernels run (and masks are stored): ``dropout > 0``."""
+        return self.dropout > 0.0
 
     @property
     def ffn_size(self) -> int:
@@ -260,6 +272,8 @@ class TransformerSpec:
             raise PlanError(f"hidden size {self.hidden} is not divisible by {self.heads} attention heads")
         if self.kv_channels is not None and self.kv_channels < 1:
             raise PlanError(f"kv_channels must be >= 1 (got {self.kv_channels})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise PlanError(f"dropout must be a probability in [0, 1) (got {self.dropout})")
         if self.doc_len is not None and not 1 <= self.doc_len <= self.seq:
             raise PlanError(f"doc_len must be 1 .. seq = {self.seq} tokens (got {self.doc_len})")
         if self.mla is not None:
