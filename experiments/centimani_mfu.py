@@ -109,7 +109,7 @@ def mpt7b_tokens_per_s(plat: Platform, path: str = "megatron", attention: str = 
     else:
         d, n_layer, heads = MPT_SIZES["7b"]
         ts = TransformerSpec(layers=n_layer, hidden=d, heads=heads, seq=2048, vocab=50368, name="MPT-7B",
-                             dtype="bf16", attention=attention)
+                             dtype="bf16", attention=attention, dropout=0.0)  # llm-foundry's MPT: pdrop 0
         plan = ParallelPlan(tp=1, pp=1, dp=8, global_batch=96, micro_batch=6, recompute="none", fsdp=True,
                             overlap_grad_reduce=True, grad_reduce_dtype="fp32")
         res, _ = predict_plan(ts, plan, plat, devices=8)
@@ -161,7 +161,8 @@ def maxtext_64b_mfu(plat: Platform) -> tuple[float, float]:
     memory model does not describe XLA's buffers, only the time is used."""
     emb, mlp, layers, seq, vocab = 8192, 28672, 64, 2048, 32000
     spec = TransformerSpec(layers=layers, hidden=emb, heads=64, seq=seq, vocab=vocab, ffn=mlp * 3 // 2,
-                           name="maxtext-64b", dtype="bf16", attention="flash", tie_embeddings=False)
+                           name="maxtext-64b", dtype="bf16", attention="flash", tie_embeddings=False,
+                           dropout=0.0, bias=False)  # MaxText: dropout_rate 0, no linear biases
     plan = ParallelPlan(tp=4, pp=1, dp=16, global_batch=192, micro_batch=12, recompute="selective",
                         sequence_parallel=True, distributed_optimizer=True, overlap_grad_reduce=True)
     roomy = plat.model_copy(update={"memory": [m.model_copy(update={"capacity_bytes": 4 * m.capacity_bytes})
