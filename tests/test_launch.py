@@ -78,7 +78,7 @@ def test_torchtitan_toml_reads_back_to_the_plan_torchtitan_runs(plan):
         assert back.plan.sequence_parallel  # torchtitan's TP is sequence parallel
     # torchtitan shards data parallelism with FSDP: tuner's fsdp when there is no PP (TP inside it)
     sharded = plan.fsdp or plan.distributed_optimizer
-    assert back.plan.fsdp == (sharded and plan.pp == 1)
+    assert back.plan.fsdp == (sharded and plan.pp == 1) == back.plan.fsdp2  # torchtitan shards with fully_shard
     assert back.plan.distributed_optimizer == (sharded and not back.plan.fsdp)
 
 
@@ -225,8 +225,11 @@ def test_attention_without_a_megatron_backend_is_written_as_flash_with_a_comment
 
 def test_megatron_fsdp_flags():
     shape = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
-    assert read_megatron_args(shape + "--use-torch-fsdp2", devices=8).plan.fsdp
-    assert read_megatron_args(shape + "--use-megatron-fsdp", devices=8).plan.fsdp  # optim_grads_params by default
+    torch_fsdp2 = read_megatron_args(shape + "--use-torch-fsdp2", devices=8)
+    assert torch_fsdp2.plan.fsdp and torch_fsdp2.plan.fsdp2
+    assert "--use-torch-fsdp2" in megatron_args(torch_fsdp2.spec, torch_fsdp2.plan)
+    megatron_fsdp = read_megatron_args(shape + "--use-megatron-fsdp", devices=8)  # optim_grads_params by default
+    assert megatron_fsdp.plan.fsdp and not megatron_fsdp.plan.fsdp2
     zero = read_megatron_args(shape + "--use-megatron-fsdp --data-parallel-sharding-strategy optim", devices=8)
     assert not zero.plan.fsdp and zero.plan.distributed_optimizer and zero.notes
 

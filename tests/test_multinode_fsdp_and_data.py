@@ -46,6 +46,29 @@ def pd_kinds(df):
     return df[df.name.str.startswith("fsdp.") & df.kind.isin(["all_gather", "reduce_scatter"])]
 
 
+def test_fsdp2_copies_each_gathered_layer_out_and_each_gradient_in():
+    """PyTorch's fully_shard copies the all-gather output into the parameters on the compute stream (forward and
+    backward) and the gradients into the reduce-scatter input (in the reduce dtype) beside the collectives."""
+    plan = ParallelPlan(dp=8, micro_batch=2, global_batch=16, fsdp=True, grad_reduce_dtype="fp32")
+    flat, fsdp2 = _frame(plan), _frame(ParallelPlan(**{**plan.to_dict(), "fsdp2": True}))
+    assert not flat.name.str.contains("copy_").any()
+    outs = fsdp2[fsdp2.name.str.endswith(".copy_out") & (fsdp2.kind == "memcpy") & (fsdp2["rank"] == 0)]
+    ins = fsdp2[fsdp2.name.str.endswith(".copy_in") & (fsdp2.kind == "memcpy") & (fsdp2["rank"] == 0)]
+    layer = 12 * SPEC.hidden**2  # a GPT layer's weights (its biases and norms are 0.2 % more)
+    assert len(outs) == 2 * SPEC.layers + 1 and len(ins) == SPEC.layers + 1  # + the root unit's
+    per_layer = outs[outs.name == "fsdp.layer[0].copy_out"].bytes.iloc[0]
+    assert per_layer == pytest.approx(2 * 2 * layer, rel=0.01)  # read and write, bf16
+    assert ins[ins.name == "fsdp.layer[0].reduce_scatter.copy_in"].bytes.iloc[0] == pytest.approx(per_layer / 4 * 6)
+    compute = set(flat[flat.name.str.contains("fc1") & (flat.category != "cpu")].processor)
+    assert set(outs.processor) <= compute and not set(ins.processor) & compute
+    timing = transformer_timing(A100)
+    t = [simulate(build_transformer_graph(SPEC, p, timing=timing), timing).iteration_s
+         for p in (plan, ParallelPlan(**{**plan.to_dict(), "fsdp2": True}))]
+    assert t[1] > t[0]
+    with pytest.raises(PlanError, match="fsdp2 .* needs fsdp"):
+        check_plan(SPEC, ParallelPlan(dp=8, global_batch=8, fsdp2=True), 8)
+
+
 def test_fsdp_runs_without_pipelines_with_tensor_parallelism_inside():
     with pytest.raises(PlanError, match="fsdp"):
         check_plan(SPEC, ParallelPlan(pp=2, dp=4, global_batch=8, fsdp=True))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.search import default_storage
-from tuner.search.parallel import enumerate_candidates, run_parallel_search
+from tuner.search.parallel import enumerate_candidates, normalise, run_parallel_search
 from tuner.search.registry import load_space
 from tuner.search.schema import SpaceError
 
@@ -109,6 +109,11 @@ def test_fsdp_plans_are_searched_without_pipelines(tmp_path):
     res = run_parallel_search(space, storage=default_storage(_mk(tmp_path / "f")), workers=0)
     fsdp = [v[0].record for k, v in res.outcomes.items() if k.endswith("-fsdp")]
     assert fsdp and all(r["feasible"] and r["predicted_iteration_s"] > 0 for r in fsdp)
+    # options.fsdp2: the FSDP plans run as PyTorch's fully_shard, the others are unchanged
+    two = _space(tmp_path, ranges=space.ranges.model_dump(), options={"fsdp2": True})
+    raw = {"tp": 1, "pp": 1, "micro_batch": 1, "schedule": "1f1b", "virtual_stages": 2, "recompute": "full",
+           "sequence_parallel": False, "ep": 1, "distributed_optimizer": False}
+    assert normalise(two, 8, {**raw, "fsdp": True})[1]["fsdp2"] and not normalise(two, 8, raw)[1]["fsdp2"]
 
 
 @pytest.mark.slow

@@ -154,7 +154,9 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.distributed_optimizer:
         a.append("--use-distributed-optimizer")
-    if plan.fsdp:
+    if plan.fsdp2:
+        a.append("--use-torch-fsdp2")
+    elif plan.fsdp:
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if plan.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
@@ -398,19 +400,19 @@ def _optimizer_state(values: dict, source: str, notes: list[str]) -> str:
     return "bf16" if values.get("main_params_dtype") == "fp16" else "bf16_moments"
 
 
-def _fsdp(values: dict, notes: list[str]) -> tuple[bool, bool]:
-    """(FSDP full shard, optimizer sharding) of Megatron-FSDP's or torch FSDP2's flags."""
+def _fsdp(values: dict, notes: list[str]) -> tuple[bool, bool, bool]:
+    """(FSDP full shard, optimizer sharding, PyTorch's FSDP2) of Megatron-FSDP's or torch FSDP2's flags."""
     if values.get("--use-torch-fsdp2"):
-        return True, False
+        return True, False, True
     if not values.get("--use-megatron-fsdp"):
-        return False, False
+        return False, False, False
     strategy = values.get("dp_sharding", "optim_grads_params")  # Megatron's default for training
     if strategy == "optim_grads_params":
-        return True, False
+        return True, False, False
     if strategy in ("optim", "optim_grads"):
         notes.append(f"Megatron-FSDP {strategy} sharding read as the distributed optimizer")
-        return False, True
-    return False, False
+        return False, True, False
+    return False, False, False
 
 
 def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, devices: int | None = None,
@@ -468,13 +470,14 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     elif recompute == "full" and values.get("recompute_num_layers", 1) != 1:
         notes.append("--recompute-method uniform with --recompute-num-layers > 1 read as every layer recomputed, "
                      "each from its own input")
-    fsdp, zero = _fsdp(values, notes)
+    fsdp, zero, fsdp2 = _fsdp(values, notes)
     reduce = ("bf16" if values.get("--grad-reduce-in-bf16") else "fp32"
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
                         recompute=recompute, ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
+                        fsdp2=fsdp2,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers,  # type: ignore[arg-type]

@@ -97,8 +97,8 @@ def _sharded(plan: ParallelPlan) -> bool:
 
 def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> ParallelPlan:
     """``plan`` as torchtitan runs it: sequence parallel with TP, fp32 gradient reduction, overlapped, an fp32
-    optimizer state; sharded data parallelism is FSDP, which tuner models without PP (with TP and experts
-    inside, torchtitan's layouts) and under PP as the distributed optimizer."""
+    optimizer state; sharded data parallelism is FSDP2 (``fully_shard``), which tuner models without PP (with TP
+    and experts inside, torchtitan's layouts) and under PP as the distributed optimizer."""
     fsdp = _sharded(plan) and plan.pp == 1
     recompute = "op" if plan.recompute == "selective" else plan.recompute
     layers = plan.recompute_layers
@@ -107,7 +107,7 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
         every = _layer_every(per_chunk, layers)
         layers = None if every == 1 else per_chunk // every
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
-                   pp_scatter_gather=True, fsdp=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
+                   pp_scatter_gather=True, fsdp=fsdp, fsdp2=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
                    recompute=recompute, recompute_layers=layers, optimizer_state="fp32")
 
 

@@ -187,6 +187,9 @@ class PlanOptions(StrictModel):
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     #: Adam's state: fp32 (12 bytes a parameter), bf16_moments (8), bf16 (6)
     optimizer_state: Literal["fp32", "bf16_moments", "bf16"] = "fp32"
+    #: FSDP plans run as PyTorch's fully_shard (FSDP2, torchtitan): each layer's gathered parameters copied
+    #: out and its gradients copied in around the collectives; false: flat buffers (Megatron-FSDP, FSDP1)
+    fsdp2: bool = False
 
 
 class RangesSection(StrictModel):
@@ -269,7 +272,8 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
                   ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1 and not fsdp),
-                  cp=cp, fsdp=fsdp, **space.options.model_dump())
+                  cp=cp, **space.options.model_dump())
+    fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2)
     return ParallelPlan(**fields).label(), fields
 
 

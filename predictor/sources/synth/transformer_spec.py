@@ -347,6 +347,12 @@ class ParallelPlan:
     #: layer's gather prefetched on the communication stream; its gradients are reduce-scattered (in
     #: ``grad_reduce_dtype``) after every micro-batch's backward; Adam updates the local shard
     fsdp: bool = False
+    #: FSDP as PyTorch's ``fully_shard`` (FSDP2: torchtitan, Megatron's ``--use-torch-fsdp2``): parameters are
+    #: sharded one by one, so each layer's all-gather output is copied out into its parameters on the
+    #: compute stream (``split_with_sizes_copy``) and its gradients are copied into the reduce-scatter input
+    #: (``chunk_cat``, cast to ``grad_reduce_dtype``) on the communication stream: one pass over the layer's
+    #: parameters each. FSDP1's flat parameters and Megatron-FSDP's buffers gather and reduce in place
+    fsdp2: bool = False
 
     @property
     def devices(self) -> int:
@@ -431,6 +437,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         raise PlanError(
             f"the interleaved schedule needs the micro-batches per replica ({plan.micro_batches}) divisible by pp={plan.pp}"
         )
+    if plan.fsdp2 and not plan.fsdp:
+        raise PlanError("fsdp2 describes how FSDP runs: it needs fsdp")
     if plan.fsdp and plan.pp > 1:
         raise PlanError("fsdp shards over data parallelism, with tensor and expert parallelism inside (pp = 1)")
     if spec.mla is not None and plan.recompute == "op":

@@ -166,6 +166,7 @@ class StepTemplates:
             if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
                 e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params())
                 gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", *self._fsdp_layer(first, 0))
+                self._fsdp_copy_out(e, "fsdp.root", self._root_params())
             if first:
                 ops.embedding_fwd(e)
             for i in range(self.layers_per_chunk):
@@ -173,6 +174,7 @@ class StepTemplates:
                     e.after_next += gathered
                     if i + 1 < self.layers_per_chunk:
                         gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", *self._fsdp_layer(first, i + 1))
+                    self._fsdp_copy_out(e, f"fsdp.layer[{i}]", self._fsdp_layer(first, i)[0])
                 ops.layer_fwd(e, f"layer[{i}].", first and i < self.dense_layers)
             if last:
                 ops.head_fwd(e)
@@ -241,6 +243,12 @@ class StepTemplates:
             kernels.append(collective(f"{name}.experts", "all_gather", experts * dt, self.lay.edp, dt))
         return e.op(name, kernels, comm=True, async_op=True)
 
+    def _fsdp_copy_out(self, e: StepEmitter, name: str, params: float) -> None:
+        """FSDP2 (``plan.fsdp2``): the gathered ``params`` copied out into the parameters on the compute stream
+        before their first use (a read and a write of the model dtype); nothing for flat-parameter FSDP."""
+        if self.plan.fsdp2:
+            e.op(f"{name}.copy_out", [eltwise(f"{name}.copy_out", "memcpy", params, self.spec.dtype_bytes, rw=2.0)])
+
     def _fsdp_reduce(self, e: StepEmitter, name: str, params: float, experts: float = 0.0) -> list[int]:
         """FSDP: reduce-scatter ``params`` gradients (the routed experts' ``experts`` over their own ranks) once
         the backward that produced them is done, on the gathers' stream: FSDP issues both on one process group,
@@ -250,7 +258,12 @@ class StepTemplates:
         kernels = [collective(name, "reduce_scatter", (params - experts) * g, self.lay.dp, g)]
         if experts > 0 and self.lay.edp[0] > 1:
             kernels.append(collective(f"{name}.experts", "reduce_scatter", experts * g, self.lay.edp, g))
-        return e.op_on(e.comm, name, kernels, after=[e.last] if e.last is not None else [])
+        after = [e.last] if e.last is not None else []
+        if self.plan.fsdp2:  # chunk_cat: the model-dtype gradients read, the reduce-scatter input written in g bytes
+            dt = self.spec.dtype_bytes
+            after = e.op_on(e.comm, f"{name}.copy_in",
+                            [eltwise(f"{name}.copy_in", "memcpy", params, dt, rw=(dt + g) / dt)], after=after)
+        return e.op_on(e.comm, name, kernels, after=after)
 
     def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool) -> list[int]:
         """FSDP backward: layers in reverse, each re-gathered (the previous layer's gather prefetched,
@@ -265,6 +278,7 @@ class StepTemplates:
             e.after_next += gathered
             if i > 0:
                 gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", *self._fsdp_layer(first, i - 1))
+            self._fsdp_copy_out(e, f"fsdp.layer[{i}].bwd", self._fsdp_layer(first, i)[0])
             ops.layer_bwd(e, f"layer[{i}].", i, first and i < self.dense_layers)
             reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", *self._fsdp_layer(first, i))
         if first:
