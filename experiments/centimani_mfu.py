@@ -162,7 +162,7 @@ def maxtext_64b_mfu(plat: Platform) -> tuple[float, float]:
     emb, mlp, layers, seq, vocab = 8192, 28672, 64, 2048, 32000
     spec = TransformerSpec(layers=layers, hidden=emb, heads=64, seq=seq, vocab=vocab, ffn=mlp * 3 // 2,
                            name="maxtext-64b", dtype="bf16", attention="flash", tie_embeddings=False,
-                           dropout=0.0, bias=False)  # MaxText: dropout_rate 0, no linear biases
+                           dropout=0.0, bias=False, position="rope")  # MaxText: dropout_rate 0, no biases, RoPE
     plan = ParallelPlan(tp=4, pp=1, dp=16, global_batch=192, micro_batch=12, recompute="selective",
                         sequence_parallel=True, distributed_optimizer=True, overlap_grad_reduce=True)
     roomy = plat.model_copy(update={"memory": [m.model_copy(update={"capacity_bytes": 4 * m.capacity_bytes})

@@ -228,3 +228,46 @@ def test_megatron_dropout_and_bias_flags_round_trip():
     assert any("--attention-dropout 0.1 read as --hidden-dropout's 0" in n for n in mixed.notes)
     with pytest.raises(LaunchError, match="--hidden-dropout must be a probability"):
         read_megatron_args(args + ["--hidden-dropout", "1.5"], devices=8)
+
+
+@pytest.mark.parametrize("program", ["megatron", "eager"])
+def test_rotary_embeddings_rotate_queries_and_keys_and_drop_the_position_table(program):
+    """Llama's rotary embeddings: a pass over each layer's queries and keys (Megatron's fused kernel; eager's fp32
+    copy, complex multiply and copy back) forward and backward, and no learned position table or its add."""
+    base = TransformerSpec(layers=2, hidden=512, heads=8, kv_heads=2, seq=256, vocab=1000, program=program,
+                           mlp="swiglu", attention="flash")
+    rope = replace(base, position="rope")
+    plan = ParallelPlan(tp=2, pp=1, dp=1, micro_batch=2, global_batch=2)
+    df = build_transformer_graph(rope, plan, detail="kernel").tasks_frame()
+    df = df[(df["rank"] == 0) & (df.processor != "cpu")]
+    kernels = df[df.name.str.contains(r"\.rope")]
+    per_pass = 3 if program == "eager" else 1
+    assert len(kernels) == 2 * 2 * per_pass  # two layers, forward and backward
+    qk = 2 * 256 * (8 + 2) * 64 / 2  # tokens x (query + key heads) x head width / tp
+    rw = 10.0 if program == "eager" else 2.0
+    assert kernels[~kernels.name.str.contains("backward")].bytes.sum() == pytest.approx(2 * rw * qk * 2)
+    assert not df.name.str.startswith("position_embedding").any()
+    assert rope.param_count() == base.param_count() - 256 * 512
+    assert memory_per_stage(rope, plan)[0].weights_bytes < memory_per_stage(base, plan)[0].weights_bytes
+    args = megatron_args(rope, plan)
+    assert args[args.index("--position-embedding-type") + 1] == "rope"
+    assert read_megatron_args(args, devices=2).spec.position == "rope"
+    mrope = read_megatron_args(args[:args.index("--position-embedding-type")] + ["--position-embedding-type", "mrope"]
+                               + args[args.index("--position-embedding-type") + 2:], devices=2)
+    assert mrope.spec.position == "rope" and any("mrope read as rope" in n for n in mrope.notes)
+    with pytest.raises(LaunchError, match="--position-embedding-type must be one of"):
+        read_megatron_args(args + ["--position-embedding-type", "alibi"], devices=2)
+
+
+def test_eager_swiglu_runs_silu_and_the_multiply_and_keeps_silus_output():
+    """torchtitan's ``w2(F.silu(w1(x)) * w3(x))``: two kernels forward, three backward, and the multiply keeps
+    silu's output for its backward; Megatron's program fuses them."""
+    eager = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, program="eager", mlp="swiglu")
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+    df = build_transformer_graph(eager, plan, detail="kernel").tasks_frame()
+    names = set(df[df.processor != "cpu"].name)
+    assert {"layer[0].swiglu.silu", "layer[0].swiglu.mul", "layer[0].swiglu.mul_bwd_up", "layer[0].swiglu.silu_bwd"} <= names
+    fused = replace(eager, program="megatron")
+    f = eager.ffn_size
+    extra = memory_per_stage(eager, plan)[0].activations_bytes - memory_per_stage(fused, plan)[0].activations_bytes
+    assert extra >= 2 * 2 * 256 * f  # silu(gate), 2 bytes a token per FFN unit, both layers

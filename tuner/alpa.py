@@ -288,7 +288,7 @@ def stage_memory_stats(spec: TransformerSpec, n_layers: int, with_embedding: boo
     vpad = spec.padded_vocab(t)
     params = n_layers * layer_param_count(spec, t)
     if with_embedding:
-        params += vpad * spec.hidden / t + spec.seq * spec.hidden
+        params += vpad * spec.hidden / t + spec.position_params
     if with_head:
         params += 2 * spec.hidden + (0 if (with_embedding and spec.tie_embeddings) else vpad * spec.hidden / t)
     plan = ParallelPlan(tp=t, micro_batch=mb_dev, recompute=recompute)  # type: ignore[arg-type]

@@ -70,7 +70,8 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
-              "--tokenizer-type": "tokenizer", "--moe-layer-freq": "moe_layer_freq"}
+              "--tokenizer-type": "tokenizer", "--moe-layer-freq": "moe_layer_freq",
+              "--position-embedding-type": "position"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
@@ -81,7 +82,6 @@ _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
-    "--position-embedding-type": "position embeddings read as learned absolute ones",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
     "--decoder-first-pipeline-num-layers": "an uneven pipeline split read as an even one",
     "--decoder-last-pipeline-num-layers": "an uneven pipeline split read as an even one",
@@ -117,6 +117,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a.append("--swiglu")
     if not spec.bias:
         a.append("--disable-bias-linear")
+    if spec.position != "learned":
+        a += ["--position-embedding-type", spec.position]
     if spec.dropout != MEGATRON_DROPOUT:
         a += ["--hidden-dropout", f"{spec.dropout:g}", "--attention-dropout", f"{spec.dropout:g}"]
     if spec.fp8_linear:
@@ -317,12 +319,26 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads
     dropout = _dropout(values, source, notes)
-    return TransformerSpec(dropout=dropout, bias=not values.get("--disable-bias-linear"), layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
+    return TransformerSpec(dropout=dropout, bias=not values.get("--disable-bias-linear"),
+                           position=_position(values.get("position", "learned_absolute"), source, notes), layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
                            kv_channels=kv_channels, mla=_mla(values, source),
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
                            name=name)
+
+
+#: Megatron-LM's --position-embedding-type values -> tuner's position (mrope and relative with a note)
+POSITIONS = {"learned_absolute": "learned", "rope": "rope", "none": "none", "mrope": "rope", "relative": "none"}
+
+
+def _position(value: str, source: str, notes: list[str]) -> str:
+    """tuner's ``position`` of Megatron's ``--position-embedding-type``."""
+    if value not in POSITIONS:
+        raise LaunchError(f"{source}: --position-embedding-type must be one of {', '.join(POSITIONS)} (got {value!r})")
+    if value in ("mrope", "relative"):
+        notes.append(f"--position-embedding-type {value} read as {POSITIONS[value]}")
+    return POSITIONS[value]
 
 
 def _dropout(values: dict, source: str, notes: list[str]) -> float:

@@ -59,7 +59,7 @@ def llama_ffn(dim: int, multiple_of: int, multiplier: float | None = None) -> in
 #: torchtitan's Llama 3 flavors (``torchtitan/models/llama3``: dim, layers, heads, key/value heads, FFN
 #: rule) with the Llama 3 tokenizer's 128 256 tokens; SwiGLU, untied output layer, PyTorch SDPA attention
 #: (FlashAttention-2 kernels), plain PyTorch modules (tuner's eager program, its fp32 cross-entropy).
-#: RMSNorm and rotary embeddings are priced as LayerNorm and learned positions.
+#: Rotary embeddings as torchtitan applies them (``position="rope"``); RMSNorm is priced as LayerNorm.
 TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
     ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
@@ -73,7 +73,7 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
     if shape is None:
         return None
     return TransformerSpec(**shape, seq=seq, vocab=128256, mlp="swiglu", tie_embeddings=False, attention="flash2",
-                           program="eager", dropout=0.0, bias=False, name=f"{name}-{flavor}")
+                           program="eager", dropout=0.0, bias=False, position="rope", name=f"{name}-{flavor}")
 
 
 def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:
@@ -85,8 +85,7 @@ def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, not
         known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
         raise LaunchError(f"{source}: torchtitan names its model{named}, tuner knows {known}; for another model "
                           "give its shape: --workload MODEL.yaml")
-    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm and rotary embeddings priced as LayerNorm "
-                 "and learned positions")
+    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm priced as LayerNorm")
     return spec
 
 

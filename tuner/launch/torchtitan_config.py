@@ -205,7 +205,7 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
                       dense_layers=k)
     ffn = dense[0] if dense else None
     notes = [f"model {_attr(model_spec, 'name')} {_attr(model_spec, 'flavor')}: read from its configuration; "
-             "RMSNorm and rotary embeddings priced as LayerNorm and learned positions"]
+             "RMSNorm priced as LayerNorm"]
     inner = type(_attr(blocks[0], "attention", "inner_attention")).__qualname__.split(".")[0]
     attention = "flex" if inner == "FlexAttention" else "flash2"  # SDPA and varlen run FlashAttention-2 kernels
     if inner not in ("FlexAttention", "ScaledDotProductAttention", "VarlenAttention"):
@@ -218,6 +218,7 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
                                kv_channels=None if not width or width * heads == dim else int(width),
                                mlp="swiglu", tie_embeddings=bool(_attr(model, "enable_weight_tying")),
                                attention=attention, program="eager", moe=moe, dropout=0.0, bias=_has_bias(blocks[0]),
+                               position="rope",
                                name=f"{_attr(model_spec, 'name')}-{_attr(model_spec, 'flavor')}")
         spec.validate()
     except (TypeError, ValueError) as exc:

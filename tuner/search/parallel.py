@@ -144,6 +144,8 @@ class ModelSection(StrictModel):
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     #: the linear layers carry biases; false for Llama, Qwen3, Nemotron (Megatron's --disable-bias-linear)
     bias: bool = True
+    #: learned: absolute position embeddings (GPT, MPT); rope: rotary embeddings (Llama, Qwen); none
+    position: Literal["learned", "rope", "none"] = "learned"
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:

@@ -287,8 +287,12 @@ class StepKernels:
 
     def _activation(self, e: StepEmitter, p: str, gelu: str, elems: float) -> None:
         """The MLP's activation over ``elems`` outputs: op ``p + gelu`` (bias + GeLU: reads 1, writes 1
-        element each) or, for SwiGLU, ``p + "swiglu"``: ``silu(gate) * up`` (reads 2, writes 1)."""
-        if self.spec.mlp == "swiglu":
+        element each) or, for SwiGLU, ``p + "swiglu"``: ``silu(gate) * up`` (reads 2, writes 1) fused, or
+        eager's ``F.silu(gate)`` and the multiply (reads 3, writes 2)."""
+        if self.spec.mlp == "swiglu" and self.eager:
+            e.op(f"{p}swiglu.silu", [eltwise(f"{p}swiglu.silu", "gelu", elems, self.dt, rw=2.0)])
+            e.op(f"{p}swiglu.mul", [eltwise(f"{p}swiglu.mul", "mul", elems, self.dt, rw=3.0)])
+        elif self.spec.mlp == "swiglu":
             e.op(f"{p}swiglu", [eltwise(f"{p}swiglu", "gelu", elems, self.dt, rw=3.0)])
         else:
             e.op(f"{p}{gelu}", [eltwise(f"{p}{gelu}", "gelu", elems, self.dt, rw=2.0)])
@@ -297,6 +301,11 @@ class StepKernels:
         """The activation's backward: GeLU's reads input and gradient, writes one; SwiGLU's reads gate,
         up and the output gradient and writes the gradients of gate and up."""
         name = f"{p}swiglu" if self.spec.mlp == "swiglu" else f"{p}{gelu}"
+        if self.spec.mlp == "swiglu" and self.eager:  # the multiply's two input gradients, then silu's
+            e.op(f"{name}.mul.backward", [eltwise(f"{name}.mul_bwd_up", "mul", elems, self.dt, rw=3.0),
+                                          eltwise(f"{name}.mul_bwd_gate", "mul", elems, self.dt, rw=3.0)])
+            e.op(f"{name}.silu.backward", [eltwise(f"{name}.silu_bwd", "gelu_bwd", elems, self.dt, rw=3.0)])
+            return
         rw = 5.0 if self.spec.mlp == "swiglu" else 3.0
         e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "gelu_bwd", elems, self.dt, rw=rw)])
 
@@ -443,6 +452,7 @@ class StepKernels:
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         e.op(f"{p}input_layernorm", [eltwise(f"{p}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._qkv_fwd(e, p)
+        self._rope(e, p)
         self._attn_fwd(e, p)
         self._fp8_cast(e, f"{p}attn_proj.fp8_cast", T * self.a / t)
         self._reduced_gemm(e, f"{p}attn_proj", [self._linear(f"{p}attn_proj.mm", T, h, self.a / t)],
@@ -451,6 +461,25 @@ class StepKernels:
         e.op(f"{p}post_attention_layernorm", [eltwise(f"{p}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._mlp_fwd(e, p, dense)
         self._dropout_add(e, f"{p}bias_dropout_add_2")
+
+    def _rope(self, e: StepEmitter, p: str, *, backward: bool = False) -> None:
+        """Rotary embeddings (``spec.position == "rope"``) of this rank's queries and keys (with multi-latent
+        attention their rotary parts), or of their gradients: Megatron's fused kernel (reads and writes them
+        once), or eager's complex rotation as torchtitan's Llama runs it: a copy to fp32, the complex multiply
+        and the copy back to the model dtype (in 2-byte units: 3, 4 and 3 passes)."""
+        if self.spec.position != "rope":
+            return
+        m = self.spec.mla
+        width = (self.spec.heads * m.rope_head_dim / self.t + m.rope_head_dim if m is not None else
+                 (self.spec.heads + self.spec.kv_heads_count) * self.d / self.t)
+        n, dt = self.T * width, self.dt
+        name = f"{p}rope" + (".backward" if backward else "")
+        if not self.eager:
+            e.op(name, [eltwise(name, "elementwise", n, dt, rw=2.0)])
+            return
+        e.op(f"{name}.to_float", [eltwise(f"{name}.to_float", "memcpy", n, dt, rw=3.0)])
+        e.op(f"{name}.mul", [eltwise(f"{name}.mul", "mul", n, dt, rw=4.0)])
+        e.op(f"{name}.to_dtype", [eltwise(f"{name}.to_dtype", "memcpy", n, dt, rw=3.0)])
 
     def _qkv_fwd(self, e: StepEmitter, p: str) -> None:
         """The attention's input projections: the column-parallel QKV GEMM, or multi-latent attention's
@@ -513,6 +542,7 @@ class StepKernels:
         kv = self.spec.kv_heads_count * self.d
         e.op(f"{r}input_layernorm", [eltwise(f"{r}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._gathered_gemm(e, f"{r}qkv_input_all_gather", f"{r}wk", [self._linear(f"{r}wk.mm", T, kv / t, h)])
+        self._rope(e, r)  # elementwise: not saved
         e.op(f"{r}attn_proj", [self._linear(f"{r}attn_proj.mm", T, h, self.a / t)])
         e.op(f"{r}post_attention_layernorm", [eltwise(f"{r}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         if self.spec.mlp == "swiglu":
@@ -547,6 +577,7 @@ class StepKernels:
                              *self._bias_grad(f"{p}attn_proj", T, h)])
         self._accumulate_grad(e, f"{p}attn_proj", 2)
         self._attn_bwd(e, p)
+        self._rope(e, p, backward=True)
         self._qkv_bwd(e, p)
         self._layernorm_bwd(e, f"{p}input_layernorm")
         if self.eager:
@@ -557,12 +588,14 @@ class StepKernels:
     # -------------------------------------------------------------- embedding and head
     def embedding_fwd(self, e: StepEmitter) -> None:
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
+        learned = self.spec.position == "learned"
         if self.eager:  # F.embedding, then "+ pos": two ops
             e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
-            e.op("position_embedding", [eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+            if learned:
+                e.op("position_embedding", [eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
         else:
-            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0),
-                               eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0)]
+                 + ([eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)] if learned else []))
         self._tp_reduce_out(e, "embedding.vocab_parallel_reduce")
         if self.spec.has_dropout:
             e.op("embedding_dropout", [eltwise("embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
@@ -577,9 +610,10 @@ class StepKernels:
             # the position table's gradient: a sum over the batch; the token table's: eager's
             # embedding_dense_backward (sort the indices, count, index-add), then the tied output
             # layer's gradient added to it
-            e.op("position_embedding.backward", [eltwise("position_embedding.grad_sum", "elementwise", T * h, dt,
-                                                         rw=1.0)])
-            self._accumulate_grad(e, "position_embedding", 1)
+            if self.spec.position == "learned":
+                e.op("position_embedding.backward", [eltwise("position_embedding.grad_sum", "elementwise", T * h, dt,
+                                                             rw=1.0)])
+                self._accumulate_grad(e, "position_embedding", 1)
             e.op("embedding.backward", [eltwise("word_embedding.sort_indices", "elementwise", T, 8, rw=4.0),
                                         eltwise("word_embedding.count", "elementwise", T, 8, rw=2.0),
                                         eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])

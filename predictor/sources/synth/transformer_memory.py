@@ -141,8 +141,10 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         m = spec.mla  # the latents the up projections read (whole on every rank)
         split_attn = 2.0 * s * b * spec.heads * (2.0 * m.q_head_dim + 2.0 * m.v_head_dim)
         replicated += 2.0 * s * b * (m.q_lora_rank + m.kv_lora_rank + m.rope_head_dim) * (t if sp else 1)
-    # the activation's input (fc1's output: 2 f bytes a token, 4 f for SwiGLU's gate and up) and fc2's input
-    mlp_per_token = 2.0 * (spec.fc1_size + f)
+    # the activation's input (fc1's output: 2 f bytes a token, 4 f for SwiGLU's gate and up) and fc2's input;
+    # eager SwiGLU's multiply also keeps silu(gate)
+    silu_kept = 2.0 if spec.mlp == "swiglu" and spec.program == "eager" else 0.0
+    mlp_per_token = 2.0 * (spec.fc1_size + f) + silu_kept * f
     if spec.moe is None:
         split_mlp = mlp_per_token * s * b
     else:
@@ -223,7 +225,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         params = layers * layer_param_count(spec, t, plan.ep)
         first, last = stage == 0, stage == p - 1
         if first:
-            params += vpad * h / t + spec.seq * h + dense_params  # word + position embeddings
+            params += vpad * h / t + spec.position_params + dense_params  # word + position embeddings
         if last:
             params += 2 * h  # final layer norm
             if p > 1 or not spec.tie_embeddings:
@@ -275,7 +277,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     """
     t = plan.tp
     vocab = spec.padded_vocab(t) * spec.hidden / t  # a tensor-parallel rank's rows of an embedding
-    root = vocab + spec.seq * spec.hidden + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
+    root = vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
     layer = layer_param_count(spec, t, plan.ep)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b

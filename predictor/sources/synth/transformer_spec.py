@@ -131,6 +131,16 @@ class TransformerSpec:
     #: the linear layers carry biases (GPT-2/3, MPT's default); False: Llama, Qwen3, Nemotron
     #: (Megatron's ``--disable-bias-linear``), whose eager backward sums no bias gradients
     bias: bool = True
+    #: position information: ``"learned"`` absolute embeddings added to the tokens' (GPT-2/3, MPT; a
+    #: ``seq x hidden`` table), ``"rope"`` rotary embeddings applied to every layer's queries and keys
+    #: (Llama, Qwen, Nemotron; Megatron's ``--position-embedding-type rope``: one fused kernel a pass;
+    #: eager, torchtitan's complex rotation: an fp32 copy, the multiply and the copy back) or ``"none"``
+    position: Literal["learned", "rope", "none"] = "learned"
+
+    @property
+    def position_params(self) -> int:
+        """Parameters of the learned position table: ``seq x hidden``, or 0 without one."""
+        return self.seq * self.hidden if self.position == "learned" else 0
 
     @property
     def has_dropout(self) -> bool:
@@ -235,7 +245,7 @@ class TransformerSpec:
             mlp = h * moe.experts + moe.experts * self.mlp_param_count(self.expert_ffn_size) + shared
         dense = moe.dense_layers if moe is not None else 0
         layers = (self.layers - dense) * (attn + mlp + 4 * h) + dense * (attn + dense_mlp + 4 * h)
-        emb = self.vocab * h + self.seq * h
+        emb = self.vocab * h + self.position_params
         return layers + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
 
     def forward_flops_per_sequence(self) -> float:
@@ -285,6 +295,8 @@ class TransformerSpec:
                 raise PlanError("multi-latent attention needs a fused attention and the megatron program")
         if self.kv_heads is not None and (self.kv_heads < 1 or self.heads % self.kv_heads):
             raise PlanError(f"{self.heads} attention heads are not a multiple of kv_heads={self.kv_heads}")
+        if self.position not in ("learned", "rope", "none"):
+            raise PlanError(f"position must be learned, rope or none (got {self.position!r})")
         if self.mlp not in ("gelu", "swiglu"):
             raise PlanError(f"mlp must be gelu or swiglu (got {self.mlp!r})")
         if self.attention not in ATTENTION_VALUES:

@@ -207,7 +207,7 @@ class StepTemplates:
                     ops.embedding_bwd(e)
                     if final:
                         dense.add(e, self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
-                                  + self.spec.seq * self.spec.hidden, e.last)
+                                  + self.spec.position_params, e.last)
             if final:  # the last buckets reduce after the backward's TP traffic
                 dense.flush(e, alone=True)
                 expert.flush(e, alone=True)
@@ -222,7 +222,7 @@ class StepTemplates:
         """Parameters of FSDP's root unit on one tensor-parallel rank: the embeddings (and an untied head)."""
         spec, t = self.spec, self.plan.tp
         vocab = spec.padded_vocab(t) * spec.hidden / t
-        return vocab + spec.seq * spec.hidden + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
+        return vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
 
     def _fsdp_layer(self, first: bool, i: int) -> tuple[float, float]:
         """(parameters, of them routed experts') of layer ``i`` of a chunk on one device, as FSDP gathers it."""
