@@ -359,11 +359,17 @@ def reported_checks(path: Path = DATA) -> list[dict]:
 
     out = []
     for key, src in (yaml.safe_load(path.read_text()).get("reported") or {}).items():
+        plat = get_platform(src["platform"])
+        if "hbm" in src:  # the source's own HBM (capacity bytes, bytes/s) in place of the catalog entry's
+            hbm = src["hbm"]
+            plat = plat.model_copy(update={"memory": [
+                m if m.on_chip else m.model_copy(update={"capacity_bytes": hbm[0], "bandwidth_bytes_per_s": hbm[1]})
+                for m in plat.memory]})
         for gpus, async_tp, float8, tps in src["rows"]:
             text = job_toml(src, model={"converters": ["float8"]} if float8 else None,
                             parallelism={"enable_async_tensor_parallel": async_tp})
             read = read_torchtitan_toml(text, key, devices=gpus)
-            res, _ = predict_plan(read.spec, read.plan, get_platform(src["platform"]), devices=gpus)
+            res, _ = predict_plan(read.spec, read.plan, plat, devices=gpus)
             pred = read.plan.global_batch * read.spec.seq / res["predicted_iteration_s"] / gpus
             out.append({"source": src["cite"], "model": read.spec.name, "plan": read.plan.label(), "gpus": gpus,
                         "async_tp": bool(async_tp), "float8": bool(float8), "published_tokens_per_s_per_gpu": tps,
