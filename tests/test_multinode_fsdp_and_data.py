@@ -16,6 +16,7 @@ from predictor.sources.synth.transformer import (
     check_plan,
     transformer_timing,
 )
+from predictor.sources.synth.transformer_memory import memory_per_stage
 from predictor.timing.platforms import get_platform, load_catalog
 
 DATA = Path(__file__).resolve().parents[1] / "experiments" / "multinode_published.yaml"
@@ -65,6 +66,10 @@ def test_fsdp2_copies_each_gathered_layer_out_and_each_gradient_in():
     t = [simulate(build_transformer_graph(SPEC, p, timing=timing), timing).iteration_s
          for p in (plan, ParallelPlan(**{**plan.to_dict(), "fsdp2": True}))]
     assert t[1] > t[0]
+    # the all-gather output beside the parameters it fills, the model-dtype gradients beside the reduce-scatter input
+    extra = memory_per_stage(SPEC, ParallelPlan(**{**plan.to_dict(), "fsdp2": True}))[0].total_bytes \
+        - memory_per_stage(SPEC, plan)[0].total_bytes
+    assert extra == pytest.approx(2 * 2 * layer, rel=0.01)
     with pytest.raises(PlanError, match="fsdp2 .* needs fsdp"):
         check_plan(SPEC, ParallelPlan(dp=8, global_batch=8, fsdp2=True), 8)
 

@@ -274,6 +274,8 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     ``gathered``: the root unit's full weights and gradient, two layers' full weights (the one
     computing and the prefetched one) and two layers' full gradients (the one produced and the one
     being reduce-scattered) — full over the data-parallel ranks, a tensor-parallel rank's share.
+    FSDP2 (``plan.fsdp2``) holds one layer twice more: its all-gather output beside the parameters it
+    is copied out into, and its model-dtype gradients beside the reduce-scatter input they are copied into.
     """
     t = plan.tp
     vocab = spec.padded_vocab(t) * spec.hidden / t  # a tensor-parallel rank's rows of an embedding
@@ -281,6 +283,8 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     layer = layer_param_count(spec, t, plan.ep)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
+    if plan.fsdp2:
+        gathered += 2.0 * layer * dt
     shard = fsdp_shard(spec, plan, params)
     return shard * dt, shard * grad_b, shard * master_b, gathered
 
