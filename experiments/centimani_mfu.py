@@ -109,7 +109,8 @@ def mpt7b_tokens_per_s(plat: Platform, path: str = "megatron", attention: str = 
     else:
         d, n_layer, heads = MPT_SIZES["7b"]
         ts = TransformerSpec(layers=n_layer, hidden=d, heads=heads, seq=2048, vocab=50368, name="MPT-7B",
-                             dtype="bf16", attention=attention, dropout=0.0)  # llm-foundry's MPT: pdrop 0
+                             dtype="bf16", attention=attention, dropout=0.0,  # llm-foundry's MPT: pdrop 0,
+                             program="eager", fused_loss=True)  # plain PyTorch modules, flash-attn's loss
         plan = ParallelPlan(tp=1, pp=1, dp=8, global_batch=96, micro_batch=6, recompute="none", fsdp=True,
                             overlap_grad_reduce=True, grad_reduce_dtype="fp32")
         res, _ = predict_plan(ts, plan, plat, devices=8)

@@ -91,7 +91,7 @@ def load_rows(path: Path = DATA) -> list[Row]:
         d = dict(src["defaults"])
         src_seq, src_vocab = d.pop("seq", None), d.pop("vocab", None)
         spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings", "program", "dropout", "bias",
-                     "position"}
+                     "position", "fused_loss"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
         for r in src["rows"]:
             row_spec: dict = {}

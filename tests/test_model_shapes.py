@@ -271,3 +271,22 @@ def test_eager_swiglu_runs_silu_and_the_multiply_and_keeps_silus_output():
     f = eager.ffn_size
     extra = memory_per_stage(eager, plan)[0].activations_bytes - memory_per_stage(fused, plan)[0].activations_bytes
     assert extra >= 2 * 2 * 256 * f  # silu(gate), 2 bytes a token per FFN unit, both layers
+
+
+def test_eager_fused_loss_runs_one_kernel_a_pass_and_keeps_the_logits_once():
+    """llm-foundry's MPT computes its loss with flash-attn's fused cross-entropy: one kernel forward, one
+    backward, the logits kept once (Megatron's accounting), where ``cross_entropy(logits.float())`` runs
+    log-softmax and NLL and holds 12 bytes a logit."""
+    plain = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=4000, program="eager")
+    fused = replace(plain, fused_loss=True)
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=4, global_batch=4)
+
+    def names(spec):
+        df = build_transformer_graph(spec, plan, detail="kernel").tasks_frame()
+        return set(df[df.processor != "cpu"].name)
+
+    assert "log_softmax" in names(plain) and "log_softmax" not in names(fused)
+    assert {"vocab_parallel_cross_entropy", "vocab_parallel_cross_entropy_bwd"} <= names(fused)
+    saved = memory_per_stage(plain, plan)[0].activations_bytes - memory_per_stage(fused, plan)[0].activations_bytes
+    tokens, vocab = 4 * 256, plain.padded_vocab(1)
+    assert saved == pytest.approx(12 * tokens * vocab - 4 * tokens * vocab, rel=0.02)

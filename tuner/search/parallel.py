@@ -146,6 +146,8 @@ class ModelSection(StrictModel):
     bias: bool = True
     #: learned: absolute position embeddings (GPT, MPT); rope: rotary embeddings (Llama, Qwen); none
     position: Literal["learned", "rope", "none"] = "learned"
+    #: eager program: one fused cross-entropy kernel (llm-foundry's flash-attn loss) in place of log-softmax + NLL
+    fused_loss: bool = False
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:

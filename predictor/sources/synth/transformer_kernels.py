@@ -629,7 +629,7 @@ class StepKernels:
         e.op("final_layernorm", [eltwise("final_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
         self._tp_gather_in(e, "lm_head_input_all_gather")
         e.op("lm_head", [self._linear("lm_head.mm", T, V / t, h, bias=False)])
-        if self.eager and t == 1:  # F.cross_entropy: log-softmax, then the NLL gather and mean
+        if self.eager and t == 1 and not self.spec.fused_loss:  # F.cross_entropy: log-softmax, then NLL
             self._views(e, "", "logits.view", "targets.view")
             e.op("cross_entropy", [eltwise("log_softmax", "softmax", T * V, dt, rw=2.0),
                                    eltwise("nll_loss", "elementwise", T, 4, rw=2.0)])
@@ -640,7 +640,7 @@ class StepKernels:
 
     def head_bwd(self, e: StepEmitter) -> None:
         T, h, t, dt, V = self.T, self.h, self.t, self.dt, self.V
-        if self.eager and t == 1:
+        if self.eager and t == 1 and not self.spec.fused_loss:
             # backward() seeds the loss gradient; NLL's backward zero-fills the logits' gradient and
             # scatters into it; log-softmax's backward
             e.op("loss.grad_seed", [eltwise("loss.ones_like", "elementwise", 1.0, 4, rw=1.0)])

@@ -186,7 +186,7 @@ def head_loss_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
     (torchtitan's loss parallelism), ``12 s b V / t``."""
     s, b, h, t = spec.seq / plan.cp, plan.micro_batch, spec.hidden, plan.tp
     vpad = spec.padded_vocab(t)
-    if spec.program == "eager":
+    if spec.program == "eager" and not spec.fused_loss:
         return 12.0 * s * b * vpad / t + 4.0 * s * b * h
     return 4.0 * s * b * h / t * (1.0 + vpad / h)
 

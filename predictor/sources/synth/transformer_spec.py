@@ -136,6 +136,10 @@ class TransformerSpec:
     #: (Llama, Qwen, Nemotron; Megatron's ``--position-embedding-type rope``: one fused kernel a pass;
     #: eager, torchtitan's complex rotation: an fp32 copy, the multiply and the copy back) or ``"none"``
     position: Literal["learned", "rope", "none"] = "learned"
+    #: the eager program's loss as one fused cross-entropy kernel a pass that keeps the logits once
+    #: (flash-attn's ``CrossEntropyLoss``, llm-foundry's default ``loss_fn``), as Megatron's program always
+    #: does; False: ``cross_entropy(logits.float())``'s log-softmax and NLL (torchtitan, Hugging Face)
+    fused_loss: bool = False
 
     @property
     def position_params(self) -> int:
