@@ -318,26 +318,29 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     kv_channels = _positive(values, "kv_channels", "--kv-channels", source) if "kv_channels" in values else None
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads
-    dropout = _dropout(values, source, notes)
-    return TransformerSpec(dropout=dropout, bias=not values.get("--disable-bias-linear"),
-                           position=_position(values.get("position", "learned_absolute"), source, notes), layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
+    return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
                            kv_channels=kv_channels, mla=_mla(values, source),
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
-                           name=name)
+                           dropout=_dropout(values, source, notes), bias=not values.get("--disable-bias-linear"),
+                           position=_position(values.get("position", "learned_absolute"), source, notes), name=name)
 
 
-#: Megatron-LM's --position-embedding-type values -> tuner's position (mrope and relative with a note)
-POSITIONS = {"learned_absolute": "learned", "rope": "rope", "none": "none", "mrope": "rope", "relative": "none"}
+#: Megatron-LM's --position-embedding-type values -> tuner's position
+POSITIONS = {"learned_absolute": "learned", "rope": "rope", "none": "none"}
+#: the values tuner does not model -> the nearest position it does (read with a note)
+NEAREST_POSITIONS = {"mrope": "rope", "relative": "none"}
 
 
 def _position(value: str, source: str, notes: list[str]) -> str:
     """tuner's ``position`` of Megatron's ``--position-embedding-type``."""
+    if value in NEAREST_POSITIONS:
+        notes.append(f"--position-embedding-type {value} read as {NEAREST_POSITIONS[value]}")
+        return NEAREST_POSITIONS[value]
     if value not in POSITIONS:
-        raise LaunchError(f"{source}: --position-embedding-type must be one of {', '.join(POSITIONS)} (got {value!r})")
-    if value in ("mrope", "relative"):
-        notes.append(f"--position-embedding-type {value} read as {POSITIONS[value]}")
+        known = ", ".join([*POSITIONS, *NEAREST_POSITIONS])
+        raise LaunchError(f"{source}: --position-embedding-type must be one of {known} (got {value!r})")
     return POSITIONS[value]
 
 

@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -60,6 +60,8 @@ def llama_ffn(dim: int, multiple_of: int, multiplier: float | None = None) -> in
 #: rule) with the Llama 3 tokenizer's 128 256 tokens; SwiGLU, untied output layer, PyTorch SDPA attention
 #: (FlashAttention-2 kernels), plain PyTorch modules (tuner's eager program, its fp32 cross-entropy).
 #: Rotary embeddings as torchtitan applies them (``position="rope"``); RMSNorm is priced as LayerNorm.
+#: what every torchtitan language model runs: plain PyTorch modules, no dropout, rotary embeddings, SwiGLU
+TORCHTITAN_RUNS: dict = dict(program="eager", dropout=0.0, position="rope", mlp="swiglu")
 TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
     ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
@@ -72,8 +74,8 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
     shape = TORCHTITAN_MODELS.get((str(name).lower(), str(flavor)))
     if shape is None:
         return None
-    return TransformerSpec(**shape, seq=seq, vocab=128256, mlp="swiglu", tie_embeddings=False, attention="flash2",
-                           program="eager", dropout=0.0, bias=False, position="rope", name=f"{name}-{flavor}")
+    return TransformerSpec(**shape, **TORCHTITAN_RUNS, seq=seq, vocab=128256, tie_embeddings=False, attention="flash2",
+                           bias=False, name=f"{name}-{flavor}")
 
 
 def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:

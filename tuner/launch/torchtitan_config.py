@@ -42,6 +42,7 @@ from tuner.launch.torchtitan import (
     ASYNC_TP_NOTE,
     TORCHTITAN_DTYPES,
     TORCHTITAN_MODELS,
+    TORCHTITAN_RUNS,
     flavor_spec,
     launch_meta,
     parallelism_fields,
@@ -176,8 +177,8 @@ def _has_bias(layer: object) -> bool:
 def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[TransformerSpec, list[str]] | None:
     """The :class:`TransformerSpec` of a torchtitan ``ModelSpec`` read from its model configuration (a
     decoder of ``layers`` blocks, each grouped-query attention and a SwiGLU MLP or a mixture of experts, as
-    torchtitan's Llama 3 and Qwen 3 are; no dropout, as torchtitan's models have none), with notes; None when it has no such tree. Raises
-    :class:`LaunchError` for blocks tuner does not model."""
+    torchtitan's Llama 3 and Qwen 3 are; run as :data:`TORCHTITAN_RUNS`), with notes; None when it has no
+    such tree. Raises :class:`LaunchError` for blocks tuner does not model."""
     model = _attr(model_spec, "model")
     blocks = _attr(model, "layers")
     dim, vocab = _attr(model, "dim"), _attr(model, "vocab_size")
@@ -216,9 +217,8 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
         spec = TransformerSpec(layers=len(blocks), hidden=dim, heads=heads, seq=seq, vocab=vocab,
                                ffn=ffn or (moe.ffn if moe else None), kv_heads=None if kv == heads else int(kv),
                                kv_channels=None if not width or width * heads == dim else int(width),
-                               mlp="swiglu", tie_embeddings=bool(_attr(model, "enable_weight_tying")),
-                               attention=attention, program="eager", moe=moe, dropout=0.0, bias=_has_bias(blocks[0]),
-                               position="rope",
+                               **TORCHTITAN_RUNS, tie_embeddings=bool(_attr(model, "enable_weight_tying")),
+                               attention=attention, moe=moe, bias=_has_bias(blocks[0]),
                                name=f"{_attr(model_spec, 'name')}-{_attr(model_spec, 'flavor')}")
         spec.validate()
     except (TypeError, ValueError) as exc:
