@@ -126,11 +126,12 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 plans = [(name, dict(tp=1, pp=1, global_batch=gpus * mb, micro_batch=mb, **rec, **d), t,
                           {"tokens_per_s_per_gpu": tps})]
             else:
-                name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, tps = r
+                name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, value = r
                 sched = dict(schedule="interleaved", virtual_stages=vp) if vp > 1 else dict(schedule="1f1b")
-                t = gbs * seq / (tps * gpus)
+                step_s = src.get("published") == "step_s"
+                t = value if step_s else gbs * seq / (value * gpus)
                 plans = [(name, dict(tp=tp, pp=pp, global_batch=gbs, micro_batch=mbs, **sched, **d), t,
-                          {"tokens_per_s_per_gpu": tps})]
+                          {"step_s" if step_s else "tokens_per_s_per_gpu": value})]
             for model, plan, t, extra in plans:
                 plan = dict(plan, **row_plan)
                 plan["dp"] = gpus // (plan["tp"] * plan["pp"] * plan.get("cp", 1))

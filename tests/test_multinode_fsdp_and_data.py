@@ -177,3 +177,28 @@ def test_a100_entries_share_the_fitted_gemm_ceiling():
     assert a40.gemm_efficiency_max == a80.gemm_efficiency_max < 0.93
     for p in (a40, a80, get_platform("h100-sxm")):
         assert "multinode_validation.py" in p.sources["gemm_efficiency_max"]
+
+
+#: DGX Cloud Benchmarking v25.01 recipes (configure.sh / the READMEs at 143b90d): the global batch each
+#: recipe sets for a cluster of ``gpus`` (405B's proxies below 576 GPUs fix theirs)
+DGXC_BATCH = {"Llama3.1-8B": lambda g: 16 * g, "Llama3.1-70B": lambda g: 2 * g,
+              "Llama3.1-405B": lambda g: 252 * g // 576, "Nemotron4-15B": lambda g: 4 * g,
+              "Nemotron4-340B": lambda g: g // 4, "GPT3-175B": lambda g: 2 * g}
+
+
+def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
+    doc = yaml.safe_load(DATA.read_text())["sources"]
+    pairs: dict[tuple[str, int], set[str]] = {}
+    for key, src in doc.items():
+        if not key.startswith("dgxc"):
+            continue
+        assert src["published"] == "step_s", key
+        for name, _heads, _hidden, _layers, gpus, gbs, *_rest in src["rows"]:
+            base, precision = name.rsplit(" ", 1)
+            assert precision in ("bf16", "fp8"), name
+            fields = _rest[-1] if isinstance(_rest[-1], dict) else {}
+            assert fields.get("fp8_linear", False) == (precision == "fp8"), name
+            if "proxy" not in base:
+                assert gbs == DGXC_BATCH[base](gpus), name
+            pairs.setdefault((base, gpus), set()).add(precision)
+    assert len(pairs) == 35 and all(v == {"bf16", "fp8"} for v in pairs.values())
