@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments.common import golden_section  # noqa: E402
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec  # noqa: E402
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec  # noqa: E402
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
@@ -91,14 +91,14 @@ def load_rows(path: Path = DATA) -> list[Row]:
         d = dict(src["defaults"])
         src_seq, src_vocab = d.pop("seq", None), d.pop("vocab", None)
         spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings", "program", "dropout", "bias",
-                     "position", "fused_loss"}
+                     "position", "fused_loss", "moe"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
         for r in src["rows"]:
             row_spec: dict = {}
             row_plan: dict = {}
-            if isinstance(r[-1], dict):  # fields of this row: the model's (ffn, kv_heads) and the plan's (cp, optimizer_state)
+            if isinstance(r[-1], dict):  # fields of this row: the model's (ffn, kv_heads) and the plan's (cp, ep, optimizer_state)
                 row_spec, r = dict(r[-1]), r[:-1]
-                row_plan = {k: row_spec.pop(k) for k in list(row_spec) if k in ("cp", "optimizer_state")}
+                row_plan = {k: row_spec.pop(k) for k in list(row_spec) if k in ("cp", "ep", "optimizer_state")}
             seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
             if key.startswith("sc21"):
                 params, heads, hidden, layers, tp, pp, gpus, batch, tf = r
@@ -139,6 +139,8 @@ def load_rows(path: Path = DATA) -> list[Row]:
                     plan.pop("sequence_parallel", None)
                 spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d,
                             **row_spec)
+                if isinstance(spec.get("moe"), dict):
+                    spec["moe"] = MoESpec(**spec["moe"])
                 rows.append(Row(key, src["cite"], src["platform"], src["split"], model, spec, plan, gpus, float(t),
                                 float(plan["global_batch"] * seq), extra))
     return rows

@@ -90,6 +90,24 @@ def test_moe_and_dtype_flags_round_trip():
     assert "--fp16" in args and "--untie-embeddings-and-output-weights" in args and "--accumulate-allreduce-grads-in-fp32" in args
     back = read_megatron_args(megatron_launch_text(spec, plan, platform="h100", devices_per_node=8), "f")
     assert back.spec == spec and back.plan == plan
+    assert "--expert-tensor-parallel-size" not in args  # Megatron's default: the experts split as the TP degree
+    whole = replace(plan, expert_tp=1)
+    args = megatron_args(spec, whole)
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "1"
+    back = read_megatron_args(megatron_launch_text(spec, whole, platform="h100", devices_per_node=8), "f")
+    assert back.plan == whole
+    as_tp = megatron_launch_text(spec, plan, platform="h100", devices_per_node=8) + " --expert-tensor-parallel-size 2"
+    assert read_megatron_args(as_tp, "f").plan.expert_tp is None
+    with pytest.raises(LaunchError, match="expert-tensor-parallel-size 4"):
+        read_megatron_args(megatron_launch_text(spec, plan, platform="h100", devices_per_node=8)
+                           + " --expert-tensor-parallel-size 4", "f")
+
+
+def test_torchtitan_runs_its_experts_whole_on_every_tp_rank():
+    plan = ParallelPlan(tp=2, pp=1, dp=4, micro_batch=2, global_batch=64, ep=2)
+    moe = replace(SPEC, moe=MoESpec(experts=8, top_k=2))
+    assert torchtitan_plan(plan, moe).expert_tp == 1 and torchtitan_plan(replace(plan, expert_tp=2), moe).expert_tp == 2
+    assert torchtitan_plan(plan, SPEC).expert_tp is None  # a dense model has no experts to place
 
 
 def test_megatron_script_with_foreign_flags_and_torchrun():

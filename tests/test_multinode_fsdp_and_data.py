@@ -183,7 +183,7 @@ def test_a100_entries_share_the_fitted_gemm_ceiling():
 #: recipe sets for a cluster of ``gpus`` (405B's proxies below 576 GPUs fix theirs)
 DGXC_BATCH = {"Llama3.1-8B": lambda g: 16 * g, "Llama3.1-70B": lambda g: 2 * g,
               "Llama3.1-405B": lambda g: 252 * g // 576, "Nemotron4-15B": lambda g: 4 * g,
-              "Nemotron4-340B": lambda g: g // 4, "GPT3-175B": lambda g: 2 * g}
+              "Nemotron4-340B": lambda g: g // 4, "GPT3-175B": lambda g: 2 * g, "Grok-1 314B": lambda g: 2 * g}
 
 
 def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
@@ -201,4 +201,4 @@ def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
             if "proxy" not in base:
                 assert gbs == DGXC_BATCH[base](gpus), name
             pairs.setdefault((base, gpus), set()).add(precision)
-    assert len(pairs) == 35 and all(v == {"bf16", "fp8"} for v in pairs.values())
+    assert len(pairs) == 44 and all(v == {"bf16", "fp8"} for v in pairs.values())

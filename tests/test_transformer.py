@@ -22,6 +22,7 @@ from predictor.sources.synth.transformer import (
 )
 from predictor.sources.synth.transformer_memory import (
     activation_bytes_per_layer,
+    expert_params_per_device,
     head_loss_bytes,
     memory_per_stage,
 )
@@ -332,9 +333,42 @@ def test_moe_all_to_all_over_the_expert_group():
     assert (a2a.world == 2).all()
     edp = df[df.name == "expert_dp_grad.all_reduce"]
     assert len(edp) and (edp.world == 2).all()  # expert gradients reduce over dp / ep replicas
-    experts = (8 / 2) * (2 * 512 * 2048 + 2048 + 512) * 4
+    experts = (8 / 2) * (2 * 512 * 2048 + 2048 + 512) * 4 / plan.tp  # each expert split over the TP ranks
     assert edp.msg_bytes.sum() == pytest.approx(experts * 2)
+    # the routed tokens gathered over the TP ranks before the experts and reduce-scattered after, both passes
+    gathers = df[df.name.str.contains("moe_tokens_") & df.kind.isin(["all_gather", "reduce_scatter"])]
+    assert len(gathers) == 4 * 4 * plan.micro_batches and (gathers.world == plan.tp).all()
     assert simulate(g, TIMING).iteration_s > 0
+
+
+def test_moe_with_context_parallelism_shards_expert_states_over_dp_x_cp_over_ep():
+    """Megatron-core's experts with CP: the ranks holding the same experts are dp x cp / ep; the distributed
+    optimizer shards the experts' states over those, the rest over dp x cp."""
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=512, vocab=1000, attention="flash",
+                           moe=MoESpec(experts=8, top_k=2))
+    plan = ParallelPlan(tp=1, pp=1, dp=4, cp=2, ep=2, micro_batch=1, global_batch=8, distributed_optimizer=True)
+    check_plan(spec, plan, 8)
+    df = build_transformer_graph(spec, plan, detail="kernel").tasks_frame()
+    edp = df[df.name.str.startswith("expert_dp_grad") & (df.kind == "reduce_scatter")]
+    assert len(edp) and (edp.world == 4).all()
+    mem = memory_per_stage(spec, plan)[0]
+    experts = expert_params_per_device(spec, plan, 0)
+    dense_shard, expert_shard = (mem.params - experts) / 8, experts / 4
+    assert mem.optimizer_bytes == pytest.approx(12.0 * (dense_shard + expert_shard))
+
+def test_experts_whole_on_every_tp_rank_hold_tp_times_the_weights_and_skip_the_tp_gather():
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, moe=MoESpec(experts=8, top_k=2))
+    split = ParallelPlan(tp=2, pp=1, dp=4, ep=2, micro_batch=2, global_batch=16)
+    whole = replace(split, expert_tp=1)  # torchtitan's expert_tensor_parallel_degree 1
+    assert whole.label().endswith("-etp1") and split.etp == 2
+    frames = [build_transformer_graph(spec, p, detail="kernel").tasks_frame() for p in (split, whole)]
+    edp = [f[f.name == "expert_dp_grad.all_reduce"].msg_bytes.sum() for f in frames]
+    assert edp[1] == pytest.approx(2 * edp[0])
+    assert not frames[1].name.str.contains("moe_tokens_").any()
+    flops = [f[f.name.str.contains("experts.fc") & (f.category == "compute")].flops.sum() for f in frames]
+    assert flops[0] == pytest.approx(flops[1])  # the same expert work, split by width or by tokens
+    with pytest.raises(PlanError, match="expert_tp"):
+        check_plan(spec, replace(split, tp=4, dp=2, ep=2, expert_tp=2))
 
 
 def test_recompute_full_adds_a_forward_and_selective_only_attention():

@@ -286,7 +286,7 @@ def stage_memory_stats(spec: TransformerSpec, n_layers: int, with_embedding: boo
     running ``mb_dev`` sequences (Korthikanti et al. activations, Megatron's parameter sharding)."""
     t = cfg.tp
     vpad = spec.padded_vocab(t)
-    params = n_layers * layer_param_count(spec, t)
+    params = n_layers * layer_param_count(spec, t, expert_tp=t)  # Megatron splits each expert as its MLP
     if with_embedding:
         params += vpad * spec.hidden / t + spec.position_params
     if with_head:

@@ -57,7 +57,8 @@ _INT_FLAGS = {
     "--num-layers-per-virtual-pipeline-stage": "layers_per_virtual_stage",
     "--num-virtual-stages-per-pipeline-rank": "virtual_stages",
     "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
-    "--expert-model-parallel-size": "ep", "--num-experts": "experts", "--moe-router-topk": "top_k",
+    "--expert-model-parallel-size": "ep", "--expert-tensor-parallel-size": "expert_tp",
+    "--num-experts": "experts", "--moe-router-topk": "top_k",
     "--moe-ffn-hidden-size": "moe_ffn", "--moe-shared-expert-intermediate-size": "shared_ffn",
     "--kv-channels": "kv_channels", "--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank",
     "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "rope_head_dim", "--v-head-dim": "v_head_dim",
@@ -131,6 +132,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
               "--moe-expert-capacity-factor", f"{spec.moe.capacity_factor:g}",
               "--expert-model-parallel-size", str(plan.ep)]
+        if plan.etp != plan.tp:
+            a += ["--expert-tensor-parallel-size", str(plan.etp)]
         if spec.moe.ffn:
             a += ["--moe-ffn-hidden-size", str(spec.moe.ffn)]
         if spec.moe.shared_ffn:
@@ -495,6 +498,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
                         recompute=recompute, ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
+                        expert_tp=_expert_tp(values, tp, source),
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         fsdp2=fsdp2,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
@@ -504,6 +508,17 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))
+
+
+def _expert_tp(values: dict, tp: int, source: str) -> int | None:
+    """``--expert-tensor-parallel-size``: None where it is the TP degree (Megatron's default), 1 for whole experts;
+    tuner models no other."""
+    if "expert_tp" not in values:
+        return None
+    etp = _positive(values, "expert_tp", "--expert-tensor-parallel-size", source)
+    if etp not in (1, tp):
+        raise LaunchError(f"{source}: --expert-tensor-parallel-size {etp}: tuner models 1 or the TP degree ({tp})")
+    return None if etp == tp else etp
 
 
 def read_megatron_file(path: Path, *, devices: int | None = None) -> LaunchPlan:

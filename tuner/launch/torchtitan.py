@@ -107,9 +107,11 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
         per_chunk = plan.chunk_layers(spec.layers)
         every = _layer_every(per_chunk, layers)
         layers = None if every == 1 else per_chunk // every
+    # torchtitan's experts are whole on every TP rank (its expert_tensor_parallel_degree, default 1, since removed)
+    etp = 1 if plan.expert_tp is None and spec is not None and spec.moe is not None else plan.expert_tp
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
                    pp_scatter_gather=True, fsdp=fsdp, fsdp2=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
-                   recompute=recompute, recompute_layers=layers, optimizer_state="fp32")
+                   recompute=recompute, recompute_layers=layers, optimizer_state="fp32", expert_tp=etp)
 
 
 def _layer_every(per_chunk: int, layers: int) -> int:
@@ -375,12 +377,24 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
                         recompute_layers=recompute_layers,
+                        expert_tp=_expert_tp(par, tp, source) if spec.moe is not None else None,
                         distributed_optimizer=shard * cp > 1, cp=cp,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
     # as torchtitan runs it, with the checkpointing the file names (torchtitan_plan turns selective into op)
     return LaunchPlan(spec, replace(torchtitan_plan(plan, spec), recompute=plan.recompute,
                                     recompute_layers=plan.recompute_layers), world, header_str(meta, "platform", source),
                       header_int(meta, "devices_per_node", source), (), tuple(notes))
+
+
+def _expert_tp(par: dict, tp: int, source: str) -> int | None:
+    """``expert_tensor_parallel_degree`` of a TOML of the torchtitan versions that had it (None where absent:
+    :func:`torchtitan_plan` places an MoE model's experts as torchtitan does)."""
+    if "expert_tensor_parallel_degree" not in par:
+        return None
+    etp = _int(par, "expert_tensor_parallel_degree", "parallelism", source, 1)
+    if etp not in (1, tp):
+        raise LaunchError(f"{source}: expert_tensor_parallel_degree {etp}: tuner models 1 or the TP degree ({tp})")
+    return etp
 
 
 def read_torchtitan_file(path: Path, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:

@@ -194,6 +194,9 @@ class PlanOptions(StrictModel):
     #: FSDP plans run as PyTorch's fully_shard (FSDP2, torchtitan): each layer's gathered parameters copied
     #: out and its gradients copied in around the collectives; false: flat buffers (Megatron-FSDP, FSDP1)
     fsdp2: bool = False
+    #: the routed experts' TP degree: null, the plan's tp (Megatron's default: each expert split over the TP
+    #: ranks); 1: whole on every TP rank, which routes its own share of the tokens (torchtitan's experts)
+    expert_tp: Literal[1] | None = None
 
 
 class RangesSection(StrictModel):

@@ -58,7 +58,9 @@ class GroupLayout:
         dp_g = group_span(np.arange(dp * cp) * tp, dpn)
         cp_g = group_span(np.arange(cp) * tp, dpn)
         ep_g = group_span(np.arange(ep) * tp * cp, dpn)
-        edp_g = group_span(np.arange(0, dp, ep) * tp * cp, dpn)
+        # the ranks holding the same experts: dp / ep of them, each with its cp ranks (Megatron-core's
+        # data-modulo-expert group with context parallelism)
+        edp_g = group_span((np.arange(0, dp, ep)[:, None] * tp * cp + np.arange(cp)[None, :] * tp).ravel(), dpn)
         sharded = plan.distributed_optimizer or plan.fsdp
         mp_ranks = [rank(s, d, t) for s in range(pp) for t in range(tp) for d in range(dp if sharded else 1)]
         mp_g = group_span(np.asarray(mp_ranks), dpn)

@@ -17,9 +17,11 @@ Korthikanti et al. 2022), emitted onto a template graph for one representative r
   2021-2022 papers measured: batched QK^T GEMM, fused scale-mask-softmax, dropout, GEMM with V
   (full ``s x s``, no causal skipping).
 * **MoE** (``moe``): router GEMM + top-k, all-to-all dispatch over the expert-parallel group
-  (``ep`` ranks of the data-parallel group), the local experts' GEMMs at their own width on the
-  routed tokens (balanced routing, ``top_k x capacity_factor`` copies per token), all-to-all
-  combine; a shared expert as a TP-split dense MLP; the first ``dense_layers`` layers dense.
+  (``ep`` ranks of the data-parallel group), the local experts' GEMMs on the routed tokens
+  (balanced routing, ``top_k x capacity_factor`` copies per token) — each expert split over the TP
+  ranks, which all-gather their routed tokens before it and reduce-scatter after (``expert_tp``,
+  Megatron's default), or whole on each TP rank for its own tokens — all-to-all combine; a shared
+  expert as a TP-split dense MLP; the first ``dense_layers`` layers dense.
 * **Multi-latent attention** (``mla``): the down projections (whole on every TP rank), the
   latents' norm and the up projections (split by heads) in place of the QKV GEMM.
 * **Embedding** on the first virtual stage (vocab-parallel: all-reduce over TP); output layer,
@@ -76,10 +78,10 @@ class StepKernels:
         self.d_rate = float(spec.mla.q_head_dim) if spec.mla is not None else self.d
         self.a = spec.attn_size  # the heads' width together (the attention projection's input)
         self.V = spec.padded_vocab(self.t)
-        self.layer_params = layer_param_count(spec, self.t, plan.ep)
-        self.dense_layer_params = layer_param_count(spec, self.t, plan.ep, dense=True)  # moe.dense_layers
+        self.layer_params = layer_param_count(spec, self.t, plan.ep, expert_tp=plan.etp)
+        self.dense_layer_params = layer_param_count(spec, self.t, plan.ep, dense=True, expert_tp=plan.etp)
         self.eager = spec.program == "eager"
-        self.expert_params = expert_param_count(spec, plan.ep)
+        self.expert_params = expert_param_count(spec, plan.ep, plan.etp)
         #: traffic classes on the NICs while the TP collectives now emitted run: ``layout.tp_share`` inside
         #: the backward that overlaps the data-parallel buckets (:meth:`sharing_nics`), else 1
         self.tp_share = 1.0
@@ -257,18 +259,22 @@ class StepKernels:
         moe, ep = self.spec.moe, self.plan.ep
         if moe.shared_ffn:  # the shared expert: a dense, TP-split MLP every token runs
             self._dense_mlp_fwd(e, f"{p}shared_expert.", moe.shared_ffn, self.spec.fc1_width(moe.shared_ffn))
-        f = self.spec.expert_ffn_size
+        f, g = self.spec.expert_ffn_size, self.plan.etp
         f1 = self.spec.fc1_width(f)
         Tr = T / t  # tokens this rank routes (TP ranks split the tokens)
         routed = Tr * moe.top_k * moe.capacity_factor
-        per_expert = routed * ep / moe.experts
+        per_expert = routed * g * ep / moe.experts  # an expert's tokens on this rank (its TP group's, with g > 1)
         local = float(moe.experts // ep)
         e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
                             eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
         self._a2a(e, f"{p}moe_dispatch", routed * h)
-        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f1, h, batch=local)])
+        if g > 1:  # experts split over the TP ranks: each runs its 1 / g of every expert on the group's tokens
+            self.tp_collective(e, f"{p}moe_tokens_all_gather", "all_gather", routed * g * h)
+        e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f1 / g, h, batch=local)])
         self._activation(e, f"{p}experts.", "gelu", routed * f)
-        e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f, batch=local)])
+        e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f / g, batch=local)])
+        if g > 1:
+            self.tp_collective(e, f"{p}moe_tokens_reduce_scatter", "reduce_scatter", routed * g * h)
         self._a2a(e, f"{p}moe_combine", routed * h)
         e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
         if not self.sp:
@@ -321,18 +327,22 @@ class StepKernels:
             self._dense_mlp_bwd(e, p, self.f, self.f1)
             return
         moe, ep = self.spec.moe, self.plan.ep
-        f = self.spec.expert_ffn_size
+        f, g = self.spec.expert_ffn_size, self.plan.etp
         f1 = self.spec.fc1_width(f)
         Tr = T / t
         routed = Tr * moe.top_k * moe.capacity_factor
-        per_expert = routed * ep / moe.experts
+        per_expert = routed * g * ep / moe.experts
         local = float(moe.experts // ep)
         self._a2a(e, f"{p}moe_combine.backward", routed * h)
-        e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f, h, batch=local),
-                                          self._wgrad(f"{p}experts.fc2.wgrad", h, f, per_expert, batch=local)])
+        if g > 1:
+            self.tp_collective(e, f"{p}moe_tokens_reduce_scatter.backward", "all_gather", routed * g * h)
+        e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f / g, h, batch=local),
+                                          self._wgrad(f"{p}experts.fc2.wgrad", h, f / g, per_expert, batch=local)])
         self._activation_bwd(e, f"{p}experts.", "gelu", routed * f)
-        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f1, batch=local),
-                                          self._wgrad(f"{p}experts.fc1.wgrad", f1, h, per_expert, batch=local)])
+        e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f1 / g, batch=local),
+                                          self._wgrad(f"{p}experts.fc1.wgrad", f1 / g, h, per_expert, batch=local)])
+        if g > 1:
+            self.tp_collective(e, f"{p}moe_tokens_all_gather.backward", "reduce_scatter", routed * g * h)
         self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
         e.op(f"{p}router.backward", [self._dgrad(f"{p}router.dgrad", Tr, h, moe.experts),
                                      self._wgrad(f"{p}router.wgrad", moe.experts, h, Tr)])

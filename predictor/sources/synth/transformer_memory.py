@@ -67,7 +67,7 @@ from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
            "fsdp_shard",
            "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
-           "expert_params_per_device"]
+           "expert_params_per_device", "expert_replicas"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -96,9 +96,10 @@ class StageMemory:
         return d
 
 
-def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: bool = False) -> float:
+def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: bool = False,
+                      expert_tp: int = 1) -> float:
     """Parameters of one transformer layer held by one device (TP-split and replicated parts); ``dense``:
-    one of an MoE model's dense layers (``moe.dense_layers``)."""
+    one of an MoE model's dense layers (``moe.dense_layers``); ``expert_tp``: the routed experts' TP degree."""
     h, t = spec.hidden, tp
     attn = spec.attention_param_count(t)  # QKV (column) + proj (row; bias replicated)
     norms = 4 * h
@@ -109,18 +110,19 @@ def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: boo
 
     if spec.moe is None or dense:
         mlp = split_mlp(spec.ffn_size)
-    else:  # the router and the local experts, whole; a shared expert TP-split as a dense MLP
-        mlp = h * spec.moe.experts + expert_param_count(spec, ep)
+    else:  # the router, whole, and the local experts' share; a shared expert TP-split as a dense MLP
+        mlp = h * spec.moe.experts + expert_param_count(spec, ep, expert_tp)
         if spec.moe.shared_ffn:
             mlp += split_mlp(spec.moe.shared_ffn)
     return attn + norms + mlp
 
 
-def expert_param_count(spec: TransformerSpec, ep: int) -> float:
-    """Parameters of the routed experts one of ``ep`` expert-parallel ranks holds in one MoE layer."""
+def expert_param_count(spec: TransformerSpec, ep: int, expert_tp: int = 1) -> float:
+    """Parameters of the routed experts one of ``ep`` expert-parallel ranks holds in one MoE layer, each
+    expert split over ``expert_tp`` tensor-parallel ranks."""
     if spec.moe is None:
         return 0.0
-    return (spec.moe.experts / ep) * spec.mlp_param_count(spec.expert_ffn_size)
+    return (spec.moe.experts / ep) * spec.mlp_param_count(spec.expert_ffn_size) / expert_tp
 
 
 def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> float:
@@ -152,7 +154,8 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         ef, sf = spec.expert_ffn_size, spec.moe.shared_ffn
         expert_per_token = 2.0 * (spec.fc1_width(ef) + ef)
         shared = 2.0 * (spec.fc1_width(sf) + sf) * s * b if sf else 0.0
-        split_mlp = routed * (expert_per_token + 2.0 * h) + 4.0 * s * b * spec.moe.experts + shared  # + router probs
+        # each expert's input as its fc1 reads it: the rank's own routed tokens, or its TP group's (expert_tp)
+        split_mlp = routed * (expert_per_token + 2.0 * h * plan.etp) + 4.0 * s * b * spec.moe.experts + shared
     out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
     if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token
@@ -210,7 +213,8 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     # an MoE model's first layers dense (all in the first chunk of stage 0): their weights and, averaged
     # over the stage's chunks, their activations in place of MoE layers'
     k = spec.moe.dense_layers if spec.moe is not None else 0
-    dense_params = k * (layer_param_count(spec, t, plan.ep, dense=True) - layer_param_count(spec, t, plan.ep))
+    dense_params = k * (layer_param_count(spec, t, plan.ep, dense=True, expert_tp=plan.etp)
+                          - layer_param_count(spec, t, plan.ep, expert_tp=plan.etp))
     dense_acts = 0.0
     if k and plan.recompute != "full":
         dense_spec = replace(spec, moe=None)
@@ -222,7 +226,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     out = []
     for stage in range(p):
         layers = per_chunk_layers * v
-        params = layers * layer_param_count(spec, t, plan.ep)
+        params = layers * layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
         first, last = stage == 0, stage == p - 1
         if first:
             params += vpad * h / t + spec.position_params + dense_params  # word + position embeddings
@@ -237,7 +241,10 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         else:
             weights = params * dt
             grads = params * grad_b
-            optim = params * master_b / (plan.replicas if plan.distributed_optimizer else 1)
+            optim = params * master_b
+            if plan.distributed_optimizer:  # the routed experts' states over the ranks holding the same experts
+                experts = expert_params_per_device(spec, plan, stage)
+                optim = (params - experts) * master_b / plan.replicas + experts * master_b / expert_replicas(plan)
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
         acts = in_flight * (chunk_acts + (dense_acts if first else 0.0))
         if plan.recompute == "full":
@@ -260,11 +267,17 @@ def optimizer_state_bytes(plan: ParallelPlan, dtype_bytes: float) -> float:
     return moments + (2.0 if plan.optimizer_state == "bf16" else 4.0)
 
 
+def expert_replicas(plan: ParallelPlan) -> int:
+    """Ranks holding the same routed experts, which reduce (or shard) their gradients together: the
+    data x context parallel ranks over ``ep`` (Megatron-core's expert-data-parallel group with CP)."""
+    return max(plan.replicas // plan.ep, 1)
+
+
 def fsdp_shard(spec: TransformerSpec, plan: ParallelPlan, params: float, stage: int = 0) -> float:
     """Of ``params`` parameters a device of ``stage`` holds, the share FSDP leaves it: the routed experts' over
-    the expert-data-parallel ranks holding the same experts (``dp / ep``), the rest over ``dp x cp``."""
+    the ranks holding the same experts (:func:`expert_replicas`), the rest over ``dp x cp``."""
     experts = expert_params_per_device(spec, plan, stage)
-    return (params - experts) / plan.replicas + experts / max(plan.dp // plan.ep, 1)
+    return (params - experts) / plan.replicas + experts / expert_replicas(plan)
 
 
 def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: float, grad_b: float,
@@ -280,7 +293,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     t = plan.tp
     vocab = spec.padded_vocab(t) * spec.hidden / t  # a tensor-parallel rank's rows of an embedding
     root = vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
-    layer = layer_param_count(spec, t, plan.ep)
+    layer = layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
     if plan.fsdp2:
@@ -295,7 +308,7 @@ def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: i
     moe_layers = plan.chunk_layers(spec.layers) * plan.virtual_stages_effective
     if stage == 0 and spec.moe is not None:
         moe_layers -= spec.moe.dense_layers
-    return moe_layers * expert_param_count(spec, plan.ep)
+    return moe_layers * expert_param_count(spec, plan.ep, plan.etp)
 
 
 def gib(x: float) -> float:

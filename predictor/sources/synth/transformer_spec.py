@@ -338,6 +338,12 @@ class ParallelPlan:
     #: ``--recompute-method block --recompute-num-layers``; torchtitan's every n-th layer); None: all
     recompute_layers: int | None = None
     ep: int = 1  #: expert-parallel degree (divides dp), MoE only
+    #: tensor-parallel degree of the routed experts: None, the plan's ``tp`` (Megatron's default for
+    #: ``--expert-tensor-parallel-size``: each expert's MLP split like a dense one, the routed tokens
+    #: all-gathered over the TP ranks before it and reduce-scattered after); 1: each expert whole on
+    #: every TP rank, which routes its own 1 / tp of the tokens (torchtitan's
+    #: ``expert_tensor_parallel_degree``, its default)
+    expert_tp: int | None = None
     #: context-parallel degree (Megatron's ``--context-parallel-size``, torchtitan's
     #: ``context_parallel_degree``): each rank holds ``seq / cp`` tokens of every sequence, its
     #: attention reads the others' keys and values passed round the ``cp`` ranks; the ``dp x cp``
@@ -375,6 +381,11 @@ class ParallelPlan:
         return self.tp * self.pp * self.dp * self.cp
 
     @property
+    def etp(self) -> int:
+        """Tensor-parallel degree of the routed experts (:attr:`expert_tp`, or ``tp``)."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
     def replicas(self) -> int:
         """Ranks holding the same weights (data x context parallel): gradients are reduced, and the
         distributed optimizer or FSDP shards, over them."""
@@ -407,6 +418,7 @@ class ParallelPlan:
         sched = self.schedule if self.schedule == "1f1b" or self.pp == 1 else f"int{self.virtual_stages}"
         extra = "-sp" if self.sequence_parallel and self.tp > 1 else ""
         extra += f"-ep{self.ep}" if self.ep > 1 else ""
+        extra += f"-etp{self.expert_tp}" if self.expert_tp is not None and self.expert_tp != self.tp else ""
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-fsdp" if self.fsdp else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
@@ -461,6 +473,8 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         raise PlanError("recompute op (torchtitan's op-level checkpointing) is not modelled with multi-latent attention")
     if plan.ep > 1 and spec.moe is None:
         raise PlanError(f"ep={plan.ep} needs a MoE model (the model has no experts)")
+    if plan.expert_tp is not None and plan.expert_tp not in (1, plan.tp):
+        raise PlanError(f"expert_tp must be 1 or tp={plan.tp} (got {plan.expert_tp})")
     if spec.moe is not None:
         if plan.dp % plan.ep:
             raise PlanError(f"expert parallelism ep={plan.ep} must divide dp={plan.dp}")
@@ -476,8 +490,6 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         if not spec.fused_attention:
             raise PlanError("context parallelism needs a fused attention (attention: flash, flash2, flash_triton, cudnn, "
                             "te or flex)")
-        if spec.moe is not None:
-            raise PlanError("tuner models context parallelism for dense models only")
         if spec.doc_len is not None and spec.doc_len < spec.seq:
             raise PlanError("attention masked per document (doc_len) is not modelled with context parallelism")
     if plan.sequence_parallel and (plan.micro_batch * spec.seq) % plan.tp:

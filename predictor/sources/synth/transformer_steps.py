@@ -37,6 +37,7 @@ from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter
 from predictor.sources.synth.transformer_kernels import StepKernels
 from predictor.sources.synth.transformer_memory import (
     expert_params_per_device,
+    expert_replicas,
     fsdp_shard,
     memory_per_stage,
     optimizer_state_bytes,
@@ -330,13 +331,15 @@ class StepTemplates:
             markers["tied"] = k[0]
             markers["wait_compute"].append(k[0])
             after_comm.append(k[0])
+        experts = expert_params_per_device(spec, plan, stage)
         local = (fsdp_shard(spec, plan, params, stage) if plan.fsdp else
-                 params / (plan.replicas if plan.distributed_optimizer else 1))
+                 (params - experts) / plan.replicas + experts / expert_replicas(plan) if plan.distributed_optimizer
+                 else params)
         if spec.program == "eager" and plan.devices == 1:
             self._eager_optimizer(e, local, after_comm, markers)
         else:
             groups["norm"] = gb.new_group()
-            self._megatron_optimizer(e, params, local, after_comm, markers, groups["norm"])
+            self._megatron_optimizer(e, params, local, after_comm, markers, groups["norm"], experts)
         markers["groups"] = groups
         blk = e.freeze(markers)
         self._blocks[key] = blk
@@ -361,10 +364,10 @@ class StepTemplates:
         return dense.launched + expert.launched
 
     def _megatron_optimizer(self, e: StepEmitter, params: float, local: float, after: list[int], markers: dict,
-                            group: int) -> None:
+                            group: int, experts: float = 0.0) -> None:
         """Megatron's step: gradient norm (local square sum + all-reduce over the model-parallel group
         ``group``), fused multi-tensor Adam on the ``local`` parameters, and the parameter all-gather
-        of the distributed optimizer."""
+        of the distributed optimizer (the ``experts`` of the ``params`` over their own ranks)."""
         plan, spec = self.plan, self.spec
         norm = e.op("grad_norm", [eltwise("grad_norm.sq_sum", "elementwise", local, 4, rw=1.0)], after=after)
         markers["grad_norm"] = norm[0]
@@ -373,8 +376,12 @@ class StepTemplates:
         e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
                                  {"elements": local, "dtype_bytes": 4, "bytes": adam_bytes_per_param(plan) * local})])
         if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1:
-            e.op("param.all_gather", [collective("param.all_gather", "all_gather", params * spec.dtype_bytes,
-                                                 self.lay.dp, spec.dtype_bytes)])
+            gathers = [collective("param.all_gather", "all_gather", (params - experts) * spec.dtype_bytes,
+                                  self.lay.dp, spec.dtype_bytes)]
+            if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
+                gathers.append(collective("expert_param.all_gather", "all_gather", experts * spec.dtype_bytes,
+                                          self.lay.edp, spec.dtype_bytes))
+            e.op("param.all_gather", gathers)
 
     def _eager_optimizer(self, e: StepEmitter, params: float, after: list[int], markers: dict) -> None:
         """One process of plain PyTorch: ``clip_grad_norm``'s total norm (``_foreach_norm`` over the
