@@ -22,6 +22,7 @@ from tuner.launch import (
     torchtitan_toml,
     write_launch_files,
 )
+from tuner.launch.megatron import megatron_stage_layers
 from tuner.plans import predict_plan
 
 try:
@@ -183,6 +184,55 @@ def test_megatron_fp8_format_is_transformer_engine_fp8():
         read_megatron_args([a if a != "hybrid" else "mxfp8" for a in args], devices=8)
 
 
+def test_megatron_uneven_pipeline_splits_read_write_and_price():
+    """--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split are Megatron-core's
+    uneven splits: read as stage_layers, written back, and a 126-layer model splits over 8 stages."""
+    shape = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+             "--vocab-size 8000 --global-batch-size 16 --pipeline-model-parallel-size 4 ")
+    ends = read_megatron_args(shape + "--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 1",
+                              devices=4)
+    assert ends.plan.stage_layers == (1, 3, 3, 1) and not ends.notes
+    counted = read_megatron_args(shape.replace("--num-layers 8", "--num-layers 10") +
+                                 "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+                                 devices=4)
+    assert counted.plan.stage_layers == (2, 3, 3, 2)  # (10 + 2) / 4, the first and last one fewer
+    with pytest.raises(LaunchError, match="do not split over 8 virtual stages"):
+        read_megatron_args(shape + "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+                           "--num-virtual-stages-per-pipeline-rank 2", devices=4)
+    for back in (ends, counted):
+        args = megatron_args(back.spec, back.plan)
+        again = read_megatron_args(megatron_launch_text(back.spec, back.plan, platform="h100", devices_per_node=8), "f")
+        assert any(a.startswith(("--decoder-first", "--account-for")) for a in args) and again.plan == back.plan
+    big = replace(SPEC, layers=126)
+    assert megatron_stage_layers(126, 8, embedding=True, loss=True) == (15, 16, 16, 16, 16, 16, 16, 15)
+    plan = ParallelPlan(tp=1, pp=8, dp=1, micro_batch=1, global_batch=16,
+                        stage_layers=megatron_stage_layers(126, 8, embedding=True, loss=True))
+    args = megatron_args(big, plan)
+    assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+    with pytest.raises(LaunchError, match="Megatron-LM splits a pipeline evenly"):
+        megatron_args(big, replace(plan, stage_layers=(14, 17, 16, 16, 16, 16, 16, 15)))
+    with pytest.raises(LaunchError, match="does not go with"):
+        read_megatron_args(shape + "--decoder-first-pipeline-num-layers 2 --account-for-loss-in-pipeline-split",
+                           devices=4)
+
+def test_torchtitan_splits_its_first_and_last_stage_one_layer_short():
+    """torchtitan's pipeline_parallel_first/last_stage_less_layers (1 each by default): a 32-layer model on 4 stages
+    runs 8, 9, 8, 7 layers; its TOML carries the split and reads back to it."""
+    from tuner.launch.torchtitan import torchtitan_stage_layers
+
+    assert torchtitan_stage_layers(32, 4) == (8, 9, 8, 7) and torchtitan_stage_layers(32, 4, 0, 0) is None
+    spec = replace(SPEC, layers=32)
+    plan = ParallelPlan(tp=1, pp=4, dp=2, micro_batch=1, global_batch=16, stage_layers=(8, 9, 8, 7))
+    text = torchtitan_toml(spec, plan, platform="a100-80gb", devices_per_node=8)
+    par = tomllib.loads(text)["parallelism"]
+    assert (par["pipeline_parallel_first_stage_less_layers"], par["pipeline_parallel_last_stage_less_layers"]) == (1, 1)
+    assert read_torchtitan_toml(text, "f").plan.stage_layers == (8, 9, 8, 7)
+    default = text.replace("pipeline_parallel_first_stage_less_layers = 1\n", "").replace(
+        "pipeline_parallel_last_stage_less_layers = 1\n", "")
+    assert read_torchtitan_toml(default, "f").plan.stage_layers == (8, 9, 8, 7)  # torchtitan's defaults
+    with pytest.raises(LaunchError, match="torchtitan splits a pipeline evenly"):
+        torchtitan_toml(spec, replace(plan, stage_layers=(2, 10, 10, 10)), platform="a100-80gb")
+
 def test_megatron_precision_aware_optimizer_flags():
     """--use-precision-aware-optimizer with 16-bit moments (and master copy) is tuner's 16-bit optimizer state;
     a partly 16-bit state or dtypes without the switch read as fp32 with a note; a bad dtype is one error."""
@@ -194,9 +244,8 @@ def test_megatron_precision_aware_optimizer_flags():
     assert both.plan.optimizer_state == "bf16" and not both.notes
     half = read_megatron_args(shape + "--use-precision-aware-optimizer --exp-avg-dtype bf16", devices=8)
     assert half.plan.optimizer_state == "fp32" and half.notes
-    plan_flags = read_megatron_args(shape + "--overlap-param-gather --decoder-first-pipeline-num-layers 2 "
-                                    "--account-for-loss-in-pipeline-split", devices=8)
-    assert len(plan_flags.notes) == 2 and any("uneven" in n for n in plan_flags.notes)  # one note per meaning
+    plan_flags = read_megatron_args(shape + "--overlap-param-gather --overlap-param-gather", devices=8)
+    assert len(plan_flags.notes) == 1  # one note per meaning
     relu2 = read_megatron_args(shape + "--squared-relu", devices=8)  # Nemotron's MLP: two GEMMs, as GeLU's
     assert relu2.spec.mlp == "gelu" and any("squared ReLU" in n for n in relu2.notes)
     unswitched = read_megatron_args(shape + "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", devices=8)

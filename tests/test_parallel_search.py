@@ -9,7 +9,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from predictor.sources.synth.transformer import ParallelPlan
+from predictor.timing.platforms import get_platform
 from tuner.cli import app
+from tuner.plans import predict_plan
 from tuner.search import default_storage
 from tuner.search.parallel import enumerate_candidates, normalise, run_parallel_search
 from tuner.search.registry import load_space
@@ -233,3 +236,22 @@ def test_doc_len_is_a_model_field_and_a_predict_set(tmp_path):
                                  "global_batch": 8}, "t.yaml")
     code, out = _cli("predict", "--workload", str(too_long))
     assert code == 2 and "doc_len" in out, out
+
+
+def test_pipeline_split_counting_the_embedding_and_loss_fits_layers_that_do_not_divide(tmp_path):
+    """options.pipeline_split embedding_and_loss: a 10-layer model on 4 stages runs 2, 3, 3, 2 layers (Megatron's
+    --account-for-embedding/loss-in-pipeline-split); even, it cannot be split."""
+    ranges = {"tp": [1], "pp": [4], "micro_batch": [1], "recompute": ["none"]}
+    model = dict(SPACE["model"], layers=10)
+    counted = _space(tmp_path, model=model, ranges=ranges, options={"pipeline_split": "embedding_and_loss"})
+    cands, _ = enumerate_candidates(counted, 8)
+    assert [c.key for c in cands] == ["tp1-pp4-dp2-mb1-1f1b-none-layers2,3x2,2"]
+    res, _ = predict_plan(counted.model.to_spec(), ParallelPlan(**cands[0].params["fields"]), get_platform("a100-80gb"),
+                          devices=8)
+    assert res["feasible"] and res["predicted_iteration_s"] > 0
+    cands, invalid = enumerate_candidates(_space(tmp_path, model=model, ranges=ranges), 8)
+    assert not cands and "cannot be split evenly" in invalid[0][1]
+    raw = {"tp": 1, "pp": 4, "micro_batch": 1, "schedule": "interleaved", "virtual_stages": 2, "recompute": "none",
+           "sequence_parallel": False, "ep": 1, "distributed_optimizer": False, "fsdp": False}
+    assert normalise(counted, 8, raw) == (None, "10 layers with the embedding / loss counted do not split over 8 "
+                                                "virtual stages")

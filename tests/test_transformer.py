@@ -519,3 +519,30 @@ def test_eager_program_has_pytorchs_extra_kernels_and_host_ops():
     assert gemm_flops["eager"] == pytest.approx(gemm_flops["megatron"])
     # host mode builds too (the kernels run on the thread)
     build_transformer_graph(dataclasses.replace(spec, program="eager"), plan, detail="kernel", mode="host").validate()
+
+
+def test_uneven_pipeline_split_prices_each_stage_by_its_layers():
+    """A 10-layer model on 4 stages: the stage holding most layers paces the pipeline; its memory follows its layers."""
+    spec = replace(SMALL, layers=10, attention="flash")
+    plan = ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8)
+    with pytest.raises(PlanError, match="stage_layers splits them unevenly"):
+        check_plan(spec, plan)
+    balanced, lopsided = replace(plan, stage_layers=(2, 3, 3, 2)), replace(plan, stage_layers=[1, 4, 4, 1])
+    assert lopsided.stage_layers == (1, 4, 4, 1) and balanced.label() != lopsided.label()
+    assert balanced.label().endswith("-layers2,3x2,2")
+    times = [simulate(build_transformer_graph(spec, p, detail="kernel"), TIMING).iteration_s for p in (balanced, lopsided)]
+    assert times[1] > 1.15 * times[0]  # the 4-layer stages pace the pipeline
+    mem = memory_per_stage(spec, balanced)
+    assert [m.params for m in mem][1] > [m.params for m in mem][3] - spec.padded_vocab(1) * spec.hidden
+    assert mem[1].activations_bytes > mem[2].activations_bytes  # 3 layers each, more micro-batches in flight
+    even = replace(SMALL, layers=12, attention="flash")
+    assert build_transformer_graph(even, replace(plan, stage_layers=(3, 3, 3, 3)), detail="kernel").n_tasks == \
+        build_transformer_graph(even, plan, detail="kernel").n_tasks
+
+
+@pytest.mark.parametrize("layers, match", [((2, 3, 3), "one per virtual pipeline stage"),
+                                           ((2, 3, 3, 3), "adds up to 11"), ((5, 0, 3, 2), "at least one layer")])
+def test_stage_layers_that_do_not_split_the_model_are_refused(layers, match):
+    spec = replace(SMALL, layers=10, attention="flash")
+    with pytest.raises(PlanError, match=match):
+        check_plan(spec, ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, stage_layers=layers))

@@ -91,6 +91,8 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("search.grid_limit", [0]),
         ("options.grad_reduce_dtype", ["int8"]),
         ("options.optimizer_state", ["fp8"]),
+        ("options.expert_tp", [2]),
+        ("options.pipeline_split", ["balanced"]),
     ],
     "accelerators": [
         ("models", [[], [{"name": ""}], [{"name": "no_such_model"}], [{"name": "resnet50"}, {"name": "resnet50"}]]),
@@ -247,6 +249,18 @@ def _predict_cases() -> Iterator[BadInput]:
                   ("--catalog", "{dir}/nope.yaml"), ("--devices-per-node", "0"), ("--devices", "0"),
                   ("--devices", "-4"), ("--detail", "fine"), ("--bogus",)):
         yield BadInput(f"predict: {' '.join(flags)}", ("predict", "--workload", "{dir}/w.yaml", *flags), {"w.yaml": wl})
+    split = _dump(_set(_set(SPACES["parallel"], "options.pipeline_split", "embedding_and_loss"), "model.layers", 3))
+    yield BadInput("predict: a pipeline split that does not divide the layers",
+                   ("predict", "--workload", "{dir}/w.yaml", "--set", "pp=2", "--set", "dp=1"), {"w.yaml": split})
+    megatron = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1 "
+                "--vocab-size 1000 --pipeline-model-parallel-size 4 ")
+    for name, flags in (("first-stage layers with the loss counted",
+                         "--decoder-first-pipeline-num-layers 2 --account-for-loss-in-pipeline-split"),
+                        ("first-stage layers that leave the rest uneven", "--decoder-first-pipeline-num-layers 3"),
+                        ("experts split over 3 of 2 TP ranks", "--tensor-model-parallel-size 2 --num-experts 4 "
+                                                              "--expert-tensor-parallel-size 3")):
+        yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),
+                       {"args.txt": megatron + flags})
     yield BadInput("predict: malformed --catalog", ("predict", "--workload", "{dir}/w.yaml", "--catalog", "{dir}/c.yaml"),
                    {"w.yaml": wl, "c.yaml": "x: [1,\n"})
     yield BadInput("predict: --trace is a folder", ("predict", "--workload", "{dir}/w.yaml", "--trace", "{out}"),

@@ -207,8 +207,11 @@ def _load_workload(path: Path) -> tuple:
 def _predict_workload(path: Path, sets: list[str], platform_key: str | None, catalog: Path | None,
                       devices_per_node: int | None, n_devices: int | None, detail: str, trace: Path | None,
                       as_json: bool, launch: Path | None = None) -> None:
+    from dataclasses import replace
+
     from predictor.sources.synth.transformer import ParallelPlan, PlanError
     from tuner.plans import plan_from_fields, predict_plan
+    from tuner.search.parallel import split_layers
 
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
@@ -230,9 +233,17 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
         model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
         values["dp"] = (devices // model_parallel if devices and model_parallel > 0 and devices % model_parallel == 0
                         else 1)
-    base = ParallelPlan(**options.model_dump()) if options else ParallelPlan()
+    opts = options.model_dump() if options else {}
+    split = opts.pop("pipeline_split", "even")
+    base = ParallelPlan(**opts)
     try:
         plan = plan_from_fields(values, base)
+        try:
+            layers = split_layers(split, model.layers, plan.pp, plan.virtual_stages_effective)
+        except ValueError as err:
+            raise PlanError(str(err)) from None
+        if layers is not None and plan.stage_layers is None:
+            plan = replace(plan, stage_layers=layers)
         spec = _with_model_sets(model.to_spec(), model_sets)
         result, tl = predict_plan(spec, plan, platform, devices_per_node=dpn, devices=devices, detail=detail,
                                   keep_timeline=trace is not None)

@@ -9,7 +9,10 @@ skipped and listed) into a :class:`~tuner.launch.common.LaunchPlan`.
 
 Mapping (tuner field -> flag): ``tp`` ``--tensor-model-parallel-size``; ``pp``
 ``--pipeline-model-parallel-size``; ``dp`` = world size / (tp x pp) (Megatron derives it);
-interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = layers / (pp x v);
+interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = layers / (pp x v)
+(``--num-virtual-stages-per-pipeline-rank`` v with an uneven split); ``stage_layers``
+``--decoder-first/last-pipeline-num-layers`` or ``--account-for-embedding/loss-in-pipeline-split``
+(:func:`megatron_stage_layers`);
 ``recompute`` ``--recompute-granularity selective`` or ``full`` with ``--recompute-method uniform
 --recompute-num-layers 1``; ``fsdp`` ``--use-megatron-fsdp --data-parallel-sharding-strategy
 optim_grads_params`` (``--use-torch-fsdp2`` reads as it too); ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
@@ -40,7 +43,7 @@ from tuner.launch.common import (
 from tuner.launch.shell import literal_value, shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
-           "GPT2_VOCAB"]
+           "megatron_stage_layers", "GPT2_VOCAB"]
 
 #: Megatron-LM's GPT examples tokenise with GPT-2 BPE: the vocabulary when no --vocab-size is given
 GPT2_VOCAB = 50257
@@ -64,6 +67,7 @@ _INT_FLAGS = {
     "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "rope_head_dim", "--v-head-dim": "v_head_dim",
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
+    "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor", "--hidden-dropout": "hidden_dropout",
                 "--attention-dropout": "attention_dropout"}
@@ -78,16 +82,12 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
-             "--add-bias-linear"}
+             "--add-bias-linear", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
-    "--decoder-first-pipeline-num-layers": "an uneven pipeline split read as an even one",
-    "--decoder-last-pipeline-num-layers": "an uneven pipeline split read as an even one",
-    "--account-for-embedding-in-pipeline-split": "an uneven pipeline split read as an even one",
-    "--account-for-loss-in-pipeline-split": "an uneven pipeline split read as an even one",
     "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core",
     "--overlap-param-gather": "the distributed optimizer's parameter all-gather priced after the step, not beside "
                               "the next forward",
@@ -95,6 +95,83 @@ _APPROXIMATED = {
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
 _VALUE_KEYS = {**_INT_FLAGS, **_FLOAT_FLAGS, **_STR_FLAGS}
+
+
+# ----------------------------------------------------------------------------- uneven pipeline splits
+def megatron_stage_layers(layers: int, pp: int, v: int = 1, *, first: int | None = None, last: int | None = None,
+                          embedding: bool = False, loss: bool = False) -> tuple[int, ...] | None:
+    """Layers of each virtual pipeline stage (model order) as Megatron-core places them
+    (``get_num_layers_to_build``): the first / last pipeline rank ``first`` / ``last`` layers (over its
+    ``v`` chunks) and the rest even; or, with the embedding and / or the loss counted as a layer, ``(layers
+    + 1 + 1) / (pp x v)`` each, the first / last chunk one fewer. None: an even split. :class:`ValueError`
+    where Megatron refuses the split."""
+    if pp == 1:
+        return None
+    if first is not None or last is not None:
+        if embedding or loss:
+            raise ValueError("an uneven first / last pipeline stage does not go with the embedding or the loss "
+                             "counted in the split")
+        given = [n for n in (first, last) if n is not None]
+        left, rest = pp - len(given), layers - sum(given)
+        if left and rest % left or not left and rest:
+            raise ValueError(f"the {rest} layers left do not split evenly over {left} pipeline stages")
+        ranks = [rest // left if left else 0] * pp
+        ranks[0] = ranks[0] if first is None else first
+        ranks[-1] = ranks[-1] if last is None else last
+        if any(n % v for n in ranks):
+            raise ValueError(f"the stages' layers {ranks} do not split over {v} virtual stages each")
+        chunks = [ranks[s] // v for _ in range(v) for s in range(pp)]
+    elif embedding or loss:
+        total = layers + embedding + loss
+        if total % (pp * v):
+            raise ValueError(f"{layers} layers with the embedding / loss counted do not split over {pp * v} "
+                             "virtual stages")
+        chunks = [total // (pp * v)] * (pp * v)
+        chunks[0] -= embedding
+        chunks[-1] -= loss
+    else:
+        return None
+    return None if len(set(chunks)) == 1 else tuple(chunks)
+
+
+def _split_flags(layers: int, plan: ParallelPlan) -> list[str]:
+    """Megatron-LM's flags for ``plan.stage_layers``; :class:`LaunchError` for a split it cannot express."""
+    if plan.stage_layers is None:
+        return []
+    pp, v = plan.pp, plan.virtual_stages_effective
+    for emb, loss in ((True, True), (True, False), (False, True)):
+        try:
+            if megatron_stage_layers(layers, pp, v, embedding=emb, loss=loss) == plan.stage_layers:
+                return (["--account-for-embedding-in-pipeline-split"] if emb else []) + \
+                       (["--account-for-loss-in-pipeline-split"] if loss else [])
+        except ValueError:
+            continue
+    ranks = [plan.rank_layers(layers, s) for s in range(pp)]
+    middle = ranks[1] if pp > 2 else None
+    first = ranks[0] if ranks[0] != middle else None
+    last = ranks[-1] if ranks[-1] != middle else None
+    try:
+        if megatron_stage_layers(layers, pp, v, first=first, last=last) == plan.stage_layers:
+            return ((["--decoder-first-pipeline-num-layers", str(first)] if first is not None else []) +
+                    (["--decoder-last-pipeline-num-layers", str(last)] if last is not None else []))
+    except ValueError:
+        pass
+    raise LaunchError(f"stage_layers {list(plan.stage_layers)}: Megatron-LM splits a pipeline evenly but for its first "
+                      "and last stage, or with the embedding and the loss counted as layers")
+
+
+def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str) -> tuple[int, ...] | None:
+    """The split the launch's flags ask for (None: even)."""
+    first = _positive(values, "first_stage_layers", "--decoder-first-pipeline-num-layers", source) \
+        if "first_stage_layers" in values else None
+    last = _positive(values, "last_stage_layers", "--decoder-last-pipeline-num-layers", source) \
+        if "last_stage_layers" in values else None
+    try:
+        return megatron_stage_layers(layers, pp, v, first=first, last=last,
+                                     embedding=bool(values.get("--account-for-embedding-in-pipeline-split")),
+                                     loss=bool(values.get("--account-for-loss-in-pipeline-split")))
+    except ValueError as err:
+        raise LaunchError(f"{source}: {err}") from None
 
 
 # ----------------------------------------------------------------------------- plan -> arguments
@@ -145,8 +222,11 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     if plan.cp > 1:
         a += ["--context-parallel-size", str(plan.cp)]
     v = plan.virtual_stages_effective
-    if v > 1:
+    if v > 1 and plan.stage_layers is None:
         a += ["--num-layers-per-virtual-pipeline-stage", str(plan.chunk_layers(spec.layers))]
+    elif v > 1:
+        a += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    a += _split_flags(spec.layers, plan)
     if plan.sequence_parallel and plan.tp > 1:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
@@ -483,10 +563,11 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     elif pp > 1 and "virtual_stages" in values:
         v = _positive(values, "virtual_stages", "--num-virtual-stages-per-pipeline-rank", source)
     sched = "interleaved" if v > 1 else "1f1b"
+    stage_layers = _stage_layers(values, spec.layers, pp, v, source)
     recompute_layers = None
     if recompute == "full" and values.get("recompute_method") == "block":
         recompute_layers = _positive(values, "recompute_num_layers", "--recompute-num-layers", source)
-        per_chunk = spec.layers // (pp * v)
+        per_chunk = max(stage_layers) if stage_layers else spec.layers // (pp * v)
         if recompute_layers >= per_chunk:
             recompute_layers = None  # every layer of a chunk
     elif recompute == "full" and values.get("recompute_num_layers", 1) != 1:
@@ -498,7 +579,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
                         recompute=recompute, ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
-                        expert_tp=_expert_tp(values, tp, source),
+                        expert_tp=_expert_tp(values, tp, source), stage_layers=stage_layers,
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         fsdp2=fsdp2,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),

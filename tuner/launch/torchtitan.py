@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -154,10 +154,30 @@ def parallelism_fields(spec: TransformerSpec, plan: ParallelPlan) -> dict:
                  "expert_parallel_degree": plan.ep}
     if plan.pp > 1:
         v = plan.virtual_stages_effective
+        per, first, last = _torchtitan_split(spec.layers, plan)
         par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
-                   pipeline_parallel_layers_per_stage=plan.chunk_layers(spec.layers),
-                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+                   pipeline_parallel_layers_per_stage=per,
+                   pipeline_parallel_first_stage_less_layers=first, pipeline_parallel_last_stage_less_layers=last)
     return par
+
+
+def _torchtitan_split(layers: int, plan: ParallelPlan) -> tuple[int, int, int]:
+    """(``pipeline_parallel_layers_per_stage``, first / last stage's fewer layers) that make torchtitan split
+    ``layers`` as ``plan`` does; :class:`LaunchError` for a split it cannot make."""
+    stages = plan.pp * plan.virtual_stages_effective
+    if plan.stage_layers is None:
+        return layers // stages, 0, 0
+    for first in range(4):
+        for last in range(4):
+            per = -(-(layers + first + last) // stages)
+            try:
+                if torchtitan_stage_layers(layers, stages, first, last) == plan.stage_layers and \
+                        math.ceil((layers + first + last) / per) == stages:
+                    return per, first, last
+            except ValueError:
+                continue
+    raise LaunchError(f"stage_layers {list(plan.stage_layers)}: torchtitan splits a pipeline evenly but for fewer "
+                      "layers on its first and last stage")
 
 
 def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str | None = None,
@@ -268,21 +288,47 @@ def world_and_data_parallel(degrees: dict[str, int], devices: int | None, meta: 
     return world, dp, shard
 
 
+def torchtitan_stage_layers(layers: int, stages: int, first_less: int = 1, last_less: int = 1) -> tuple[int, ...] | None:
+    """Layers of each of ``stages`` virtual stages as torchtitan splits a decoder (its
+    ``generate_llm_fqn_per_model_part``): the embedding and the output each weigh ``first_less`` /
+    ``last_less`` layers, the weighted total goes out evenly, the first stages taking the remainder.
+    None: an even split. :class:`ValueError` where torchtitan refuses it."""
+    if stages == 1:
+        return None
+    total = layers + first_less + last_less
+    per, extra = divmod(total, stages)
+    if per == 0 or first_less > per or last_less > per:
+        raise ValueError(f"{stages} stages over {layers} layers with the first / last {first_less} / {last_less} fewer "
+                         "leave a stage empty or give the embedding / output more than a stage")
+    out, placed = [], 0
+    for i in range(stages):
+        n = per + (i < extra) - (first_less if i == 0 else last_less if i == stages - 1 else 0)
+        n = min(n, layers - placed)
+        out.append(n)
+        placed += n
+    if placed != layers:
+        raise ValueError(f"torchtitan's split of {layers} layers over {stages} stages leaves {layers - placed} out")
+    return None if len(set(out)) == 1 else tuple(out)
+
+
 def pipeline_chunks(spec: TransformerSpec, pp: int, schedule: str, per_stage: int | None, first: int, last: int,
-                    source: str, notes: list[str]) -> int:
+                    source: str) -> tuple[int, tuple[int, ...] | None]:
     """Model chunks a pipeline rank holds (``v``) under torchtitan's ``schedule`` with
-    ``pipeline_parallel_layers_per_stage`` and the first / last stage's fewer layers; refuses schedules
-    tuner does not model."""
+    ``pipeline_parallel_layers_per_stage`` and the first / last stage's fewer layers, and the layers of
+    each virtual stage (None: even); refuses schedules tuner does not model."""
     if schedule not in ("1F1B", "Interleaved1F1B"):
         raise LaunchError(f"{source}: pipeline_parallel_schedule {schedule!r}: tuner models 1F1B and Interleaved1F1B")
-    if first or last:
-        notes.append("the first / last stage carry fewer layers in torchtitan; tuner splits the layers evenly")
-    if per_stage is None:
-        return 2 if schedule == "Interleaved1F1B" else 1
-    if per_stage < 1 or first < 0 or last < 0:
+    if (per_stage is not None and per_stage < 1) or first < 0 or last < 0:
         raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be >= 1 and the first / last stage's "
                           "fewer layers >= 0")
-    return max(1, math.ceil((spec.layers + first + last) / per_stage) // pp)
+    if per_stage is None:
+        v = 2 if schedule == "Interleaved1F1B" else 1
+    else:
+        v = max(1, math.ceil((spec.layers + first + last) / per_stage) // pp)
+    try:
+        return v, torchtitan_stage_layers(spec.layers, pp * v, first, last)
+    except ValueError as err:
+        raise LaunchError(f"{source}: {err}") from None
 
 
 #: the note on torchtitan's async TP, priced as Megatron's overlap of TP communication
@@ -342,17 +388,17 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     gb = _int(tr, "global_batch_size", "training", source, -1)
     if gb < 1:
         gb = local * dp
-    sched, v = "1f1b", 1
+    sched, v, stage_layers = "1f1b", 1, None
     mb = local
     if pp > 1:
         mb = _int(par, "pipeline_parallel_microbatch_size", "parallelism", source, 1)
         per = par.get("pipeline_parallel_layers_per_stage")
         if per is not None:
             per = _int(par, "pipeline_parallel_layers_per_stage", "parallelism", source, 1)
-        v = pipeline_chunks(spec, pp, str(par.get("pipeline_parallel_schedule", "1F1B")), per,
-                            _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1),
-                            _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1),
-                            source, notes)
+        v, stage_layers = pipeline_chunks(spec, pp, str(par.get("pipeline_parallel_schedule", "1F1B")), per,
+                                          _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1),
+                                          _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1),
+                                          source)
         sched = "interleaved" if v > 1 else "1f1b"
         if local * dp != gb:
             notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")
@@ -368,7 +414,7 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
             raise LaunchError(f"{source}: [activation_checkpoint] selective_ac_option must be \"op\" or a positive "
                               f"integer (got {option!r})")
         every = int(option)
-        count = spec.layers // (pp * v) // every  # every n-th layer of a chunk recomputed in full
+        count = (max(stage_layers) if stage_layers else spec.layers // (pp * v)) // every  # every n-th layer of a chunk
         mode = "full" if count else "none"
         recompute_layers = count if count and every > 1 else None
     sharding_notes(shard * cp > 1, pp, notes)
@@ -376,7 +422,7 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         notes.append(ASYNC_TP_NOTE)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=mode, ep=ep,  # type: ignore[arg-type]
-                        recompute_layers=recompute_layers,
+                        recompute_layers=recompute_layers, stage_layers=stage_layers,
                         expert_tp=_expert_tp(par, tp, source) if spec.moe is not None else None,
                         distributed_optimizer=shard * cp > 1, cp=cp,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))

@@ -292,15 +292,18 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         raise LaunchError(f"{source}: num_tokens_per_train_step {step} is not a multiple of the {per_step} tokens "
                           "of one forward and backward of every data-parallel rank")
     gb = (step if step != -1 else per_step) // seq
-    sched, v = "1f1b", 1
+    sched, v, stage_layers = "1f1b", 1, None
     if pp > 1:
         per = _field(config, "parallelism.pipeline_parallel_layers_per_stage", source)
         if per is not None and (isinstance(per, bool) or not isinstance(per, int)):
             raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be a positive integer")
-        v = pipeline_chunks(spec, pp, str(_field(config, "parallelism.pipeline_parallel_schedule", source)), per,
-                            _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers", source),
-                            _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers", source),
-                            source, notes)
+        v, stage_layers = pipeline_chunks(spec, pp, str(_field(config, "parallelism.pipeline_parallel_schedule", source)),
+                                          per,
+                                          _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers",
+                                                     source),
+                                          _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers",
+                                                     source),
+                                          source)
         sched = "interleaved" if v > 1 else "1f1b"
         if gb != mb * pp_micro * dp:
             notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")
@@ -324,7 +327,7 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         notes.append(ASYNC_TP_NOTE)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
-                        distributed_optimizer=shard * cp > 1, cp=cp,
+                        distributed_optimizer=shard * cp > 1, cp=cp, stage_layers=stage_layers,
                         tp_comm_overlap=async_tp)
     ran = replace(torchtitan_plan(plan, spec), sequence_parallel=sp and tp > 1)
     return LaunchPlan(spec, ran, world, header_str(meta, "platform", source), header_int(meta, "devices_per_node", source),

@@ -45,6 +45,7 @@ from predictor.sources.synth.transformer import (
 )
 from predictor.timing.platforms import UnknownPlatformError, get_platform
 from predictor.timing.platforms.schema import Platform
+from tuner.launch.megatron import megatron_stage_layers
 from tuner.plans import predict_plan
 from tuner.search.core import (
     AUTO,
@@ -65,7 +66,7 @@ from tuner.search.tpe import TPEProposer
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["ParallelSpace", "ModelSection", "ClusterSection", "PlanOptions", "SEARCHED", "normalise",
+__all__ = ["ParallelSpace", "ModelSection", "ClusterSection", "PlanOptions", "SEARCHED", "normalise", "split_layers",
            "enumerate_candidates", "ParallelContext", "build_context", "evaluate_candidate", "ParallelSearch",
            "run_parallel_search"]
 
@@ -197,6 +198,11 @@ class PlanOptions(StrictModel):
     #: the routed experts' TP degree: null, the plan's tp (Megatron's default: each expert split over the TP
     #: ranks); 1: whole on every TP rank, which routes its own share of the tokens (torchtitan's experts)
     expert_tp: Literal[1] | None = None
+    #: how pipeline stages split the layers: even (layers / (pp x v) each), or embedding_and_loss
+    #: (Megatron's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the
+    #: embedding and the loss each count as a layer, so the first and last stages hold one fewer and a
+    #: 126-layer model splits over 8 or 16 stages)
+    pipeline_split: Literal["even", "embedding_and_loss"] = "even"
 
 
 class RangesSection(StrictModel):
@@ -258,6 +264,13 @@ SEARCHED = ("tp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute"
             "distributed_optimizer", "cp", "fsdp")
 
 
+def split_layers(split: str, layers: int, pp: int, v: int) -> tuple[int, ...] | None:
+    """``stage_layers`` of ``options.pipeline_split`` (None: even); :class:`ValueError` where it cannot split."""
+    if split == "embedding_and_loss":
+        return megatron_stage_layers(layers, pp, v, embedding=True, loss=True)
+    return None
+
+
 def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict] | tuple[None, str]:
     """(key, plan fields) of the range values ``raw``, or (None, reason) when they cannot make a plan."""
     tp, pp, cp = raw["tp"], raw["pp"], raw.get("cp", 1)
@@ -275,12 +288,20 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     if fsdp and pp > 1:
         return None, "fsdp is modelled without pipeline parallelism (pp = 1)"
     sched = raw["schedule"] if pp > 1 else "1f1b"
+    options = space.options.model_dump()
+    split = options.pop("pipeline_split")
     fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
                   ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1 and not fsdp),
-                  cp=cp, **space.options.model_dump())
+                  cp=cp, **options)
     fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2)
+    try:
+        layers = split_layers(split, space.model.layers, pp, fields["virtual_stages"] if sched == "interleaved" else 1)
+    except ValueError as err:
+        return None, str(err)
+    if layers is not None:
+        fields["stage_layers"] = list(layers)
     return ParallelPlan(**fields).label(), fields
 
 

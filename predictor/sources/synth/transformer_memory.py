@@ -202,14 +202,15 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     s, b, h = spec.seq / plan.cp, plan.micro_batch, spec.hidden  # s: tokens of a sequence on this rank
     sp = plan.sequence_parallel and t > 1
     vpad = spec.padded_vocab(t)
-    per_chunk_layers = plan.chunk_layers(spec.layers)
     full_layer = activation_bytes_per_layer(spec, replace(plan, recompute="none"))
-    recomputed = per_chunk_layers if plan.recompute_layers is None else plan.recompute_layers
-    if plan.recompute == "full":  # the recomputed layers keep their input, the others everything
-        ckpt = activation_bytes_per_layer(spec, plan)
-        chunk_acts = recomputed * ckpt + (per_chunk_layers - recomputed) * full_layer
-    else:
-        chunk_acts = per_chunk_layers * activation_bytes_per_layer(spec, plan)
+    layer_acts = activation_bytes_per_layer(spec, plan)
+
+    def chunk_acts_of(n: int) -> float:
+        """Activations one micro-batch keeps in a chunk of ``n`` layers until its backward."""
+        if plan.recompute != "full":
+            return n * layer_acts
+        recomputed = n if plan.recompute_layers is None else min(plan.recompute_layers, n)
+        return recomputed * layer_acts + (n - recomputed) * full_layer  # the recomputed keep their input
     # an MoE model's first layers dense (all in the first chunk of stage 0): their weights and, averaged
     # over the stage's chunks, their activations in place of MoE layers'
     k = spec.moe.dense_layers if spec.moe is not None else 0
@@ -225,7 +226,9 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     master_b = optimizer_state_bytes(plan, dt)
     out = []
     for stage in range(p):
-        layers = per_chunk_layers * v
+        layers = plan.rank_layers(spec.layers, stage)
+        # a micro-batch in flight holds one chunk's activations: the mean of the rank's chunks
+        chunk_acts = sum(chunk_acts_of(plan.layers_of(spec.layers, c * p + stage)) for c in range(v)) / v
         params = layers * layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
         first, last = stage == 0, stage == p - 1
         if first:
@@ -305,7 +308,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
 def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:
     """Expert parameters a device of pipeline ``stage`` holds (all its layers), for the expert-data-parallel
     reduce (stage 0 holds the dense layers, which have none)."""
-    moe_layers = plan.chunk_layers(spec.layers) * plan.virtual_stages_effective
+    moe_layers = plan.rank_layers(spec.layers, stage)
     if stage == 0 and spec.moe is not None:
         moe_layers -= spec.moe.dense_layers
     return moe_layers * expert_param_count(spec, plan.ep, plan.etp)

@@ -16,7 +16,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "MLASpec", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError", "check_plan"]
+__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "MLASpec", "MoESpec", "TransformerSpec", "ParallelPlan", "PlanError",
+           "check_plan", "check_stage_layers", "split_label"]
 
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -375,6 +376,15 @@ class ParallelPlan:
     #: (``chunk_cat``, cast to ``grad_reduce_dtype``) on the communication stream: one pass over the layer's
     #: parameters each. FSDP1's flat parameters and Megatron-FSDP's buffers gather and reduce in place
     fsdp2: bool = False
+    #: layers of each virtual pipeline stage in model order (``pp x virtual stages`` entries; virtual stage
+    #: ``c x pp + s`` is model chunk ``c`` of pipeline rank ``s``), for splits that are not even: Megatron's
+    #: ``--decoder-first/last-pipeline-num-layers`` and ``--account-for-embedding/loss-in-pipeline-split``,
+    #: torchtitan's ``pipeline_parallel_first/last_stage_less_layers``; None: ``layers / (pp x v)`` each
+    stage_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stage_layers is not None and not isinstance(self.stage_layers, tuple):  # a list from YAML / JSON
+            object.__setattr__(self, "stage_layers", tuple(int(n) for n in self.stage_layers))
 
     @property
     def devices(self) -> int:
@@ -402,8 +412,21 @@ class ParallelPlan:
         return self.fsdp and self.replicas > 1
 
     def chunk_layers(self, layers: int) -> int:
-        """Layers of one model chunk of a ``layers``-layer model: ``layers / (pp x virtual stages)``."""
+        """Layers of one model chunk of a ``layers``-layer model split evenly: ``layers / (pp x virtual stages)``
+        (with :attr:`stage_layers`, the largest chunk's)."""
+        if self.stage_layers is not None:
+            return max(self.stage_layers)
         return layers // (self.pp * self.virtual_stages_effective)
+
+    def layers_of(self, layers: int, virtual_stage: int) -> int:
+        """Layers of virtual pipeline stage ``virtual_stage`` (chunk ``c`` of rank ``s`` is ``c x pp + s``)."""
+        if self.stage_layers is not None:
+            return self.stage_layers[virtual_stage]
+        return layers // (self.pp * self.virtual_stages_effective)
+
+    def rank_layers(self, layers: int, stage: int) -> int:
+        """Layers pipeline rank ``stage`` holds, all its model chunks together."""
+        return sum(self.layers_of(layers, c * self.pp + stage) for c in range(self.virtual_stages_effective))
 
     def recomputes_layer(self, index: int) -> bool:
         """Whether layer ``index`` of a model chunk is recomputed in full."""
@@ -423,11 +446,37 @@ class ParallelPlan:
         extra += "-fsdp" if self.fsdp else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
         extra += {"fp32": "", "bf16_moments": "-adam16m", "bf16": "-adam16"}[self.optimizer_state]
+        extra += f"-layers{split_label(self.stage_layers)}" if self.stage_layers is not None else ""
         rec = self.recompute + (str(self.recompute_layers) if self.recompute_layers is not None else "")
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{rec}{extra}"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def split_label(stage_layers: tuple[int, ...]) -> str:
+    """``stage_layers`` with runs folded, e.g. ``15,16x6,15``."""
+    runs: list[list[int]] = []
+    for n in stage_layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
+def check_stage_layers(layers: int, chunks: int, stage_layers: tuple[int, ...]) -> None:
+    """Raise :class:`PlanError` unless ``stage_layers`` splits ``layers`` over ``chunks`` virtual stages: every
+    stage at least one layer, but the first (with the embedding) and the last (with the loss) may hold none."""
+    if len(stage_layers) != chunks:
+        raise PlanError(f"stage_layers has {len(stage_layers)} entries: it needs one per virtual pipeline stage "
+                        f"(pp x virtual stages = {chunks})")
+    if sum(stage_layers) != layers:
+        raise PlanError(f"stage_layers adds up to {sum(stage_layers)} layers, not the model's {layers}")
+    inner = stage_layers[1:-1] if chunks > 1 else ()
+    if any(n < 0 for n in stage_layers) or any(n < 1 for n in inner):
+        raise PlanError("stage_layers: every virtual stage holds at least one layer (the first and the last may "
+                        "hold only the embedding or the loss)")
 
 
 def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = None) -> None:
@@ -447,9 +496,12 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
     v = plan.virtual_stages_effective
     if plan.schedule == "interleaved" and plan.pp > 1 and plan.virtual_stages < 2:
         raise PlanError("the interleaved schedule needs virtual_stages >= 2")
-    if spec.layers % (plan.pp * v):
+    if plan.stage_layers is not None:
+        check_stage_layers(spec.layers, plan.pp * v, plan.stage_layers)
+    elif spec.layers % (plan.pp * v):
         what = f"pp x virtual_stages = {plan.pp * v}" if v > 1 else f"pp={plan.pp}"
-        raise PlanError(f"{spec.layers} layers cannot be split evenly over {what} pipeline chunks")
+        raise PlanError(f"{spec.layers} layers cannot be split evenly over {what} pipeline chunks "
+                        "(stage_layers splits them unevenly)")
     if plan.recompute_layers is not None:
         if plan.recompute != "full":
             raise PlanError("recompute_layers needs recompute: full")
@@ -480,9 +532,9 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
             raise PlanError(f"expert parallelism ep={plan.ep} must divide dp={plan.dp}")
         if spec.moe.experts % plan.ep:
             raise PlanError(f"{spec.moe.experts} experts are not divisible by ep={plan.ep}")
-        if spec.moe.dense_layers > plan.chunk_layers(spec.layers):
+        if spec.moe.dense_layers > plan.layers_of(spec.layers, 0):
             raise PlanError(f"the {spec.moe.dense_layers} dense layers must fit in the first pipeline chunk of "
-                            f"{plan.chunk_layers(spec.layers)} layers")
+                            f"{plan.layers_of(spec.layers, 0)} layers")
     if plan.cp > 1:
         if spec.seq % (2 * plan.cp):
             raise PlanError(f"context parallelism splits each sequence into 2 x cp = {2 * plan.cp} chunks: "

@@ -153,9 +153,11 @@ class StepTemplates:
         gb = GraphBuilder()
         return gb, StepEmitter(gb, 0, self.mode)
 
-    def step_block(self, phase: str, first: bool, last: bool, final: bool) -> ExecutionGraph:
-        """Kernel template of one forward/backward step of one chunk (``final``: reduce gradients)."""
-        key = (phase, first, last, final)
+    def step_block(self, phase: str, first: bool, last: bool, final: bool, layers: int | None = None) -> ExecutionGraph:
+        """Kernel template of one forward/backward step of one chunk of ``layers`` layers (default: the even
+        split's; ``final``: reduce gradients)."""
+        n = self.layers_per_chunk if layers is None else layers
+        key = (phase, first, last, final, n)
         blk = self._blocks.get(key)
         if blk is not None:
             return blk
@@ -170,10 +172,10 @@ class StepTemplates:
                 self._fsdp_copy_out(e, "fsdp.root", self._root_params())
             if first:
                 ops.embedding_fwd(e)
-            for i in range(self.layers_per_chunk):
+            for i in range(n):
                 if fsdp:
                     e.after_next += gathered
-                    if i + 1 < self.layers_per_chunk:
+                    if i + 1 < n:
                         gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", *self._fsdp_layer(first, i + 1))
                     self._fsdp_copy_out(e, f"fsdp.layer[{i}]", self._fsdp_layer(first, i)[0])
                 ops.layer_fwd(e, f"layer[{i}].", first and i < self.dense_layers)
@@ -196,7 +198,7 @@ class StepTemplates:
                         if self.p > 1 or not self.spec.tie_embeddings:
                             head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
                         dense.add(e, head, e.last)
-                for i in reversed(range(self.layers_per_chunk)):
+                for i in reversed(range(n)):
                     is_dense = first and i < self.dense_layers
                     ops.layer_bwd(e, f"layer[{i}].", i, is_dense)
                     if final and is_dense:
@@ -406,15 +408,16 @@ class StepTemplates:
         else:
             e.op("optimizer.zero_grad", [])
 
-    def macro_block(self, phase: str, first: bool, last: bool) -> ExecutionGraph:
+    def macro_block(self, phase: str, first: bool, last: bool, layers: int | None = None) -> ExecutionGraph:
         """Stage detail: one launch + one task lasting the simulated span of the kernel template."""
-        key = (phase, first, last)
+        n = self.layers_per_chunk if layers is None else layers
+        key = (phase, first, last, n)
         blk = self._macro.get(key)
         if blk is not None:
             return blk
         from predictor.simulate import simulate
 
-        kernel = self.step_block(phase, first, last, False)
+        kernel = self.step_block(phase, first, last, False, n)
         tl = simulate(kernel, self.timing)
         on_dev = kernel.category != Category.CPU
         on_dev &= kernel.category != Category.SYNC
@@ -429,7 +432,7 @@ class StepTemplates:
         dev = gb.processor(0, ProcKind.GPU_STREAM, "stream compute") if self.mode == "device" else cpu
         launch = gb.task(cpu, "cudaLaunchKernel", "launch", Category.CPU, overhead=Overhead.T4)
         what = "forward" if phase == "F" else "backward"
-        task = gb.task(dev, f"stage {what} ({self.layers_per_chunk} layers{', embedding' if first else ''}"
+        task = gb.task(dev, f"stage {what} ({n} layers{', embedding' if first else ''}"
                             f"{', head' if last else ''})", "pipeline_step", Category.COMPUTE,
                        duration=span, flops=float(np.nansum(kernel.flops)))
         if dev != cpu:
@@ -445,8 +448,12 @@ class StepTemplates:
         for stage in range(self.p):
             for st in schedule(self.plan.schedule, self.p, self.m, stage, self.v):
                 first, last = self.ends(st, stage)
-                total += self.step_block(st.phase, first, last, False).n_tasks
+                total += self.step_block(st.phase, first, last, False, self.layers_at(st, stage)).n_tasks
         return total
+
+    def layers_at(self, st: Step, stage: int) -> int:
+        """Layers of the chunk ``st`` runs on ``stage``."""
+        return self.plan.layers_of(self.spec.layers, st.chunk * self.p + stage)
 
     def ends(self, st: Step, stage: int) -> tuple[bool, bool]:
         """Whether ``st`` on ``stage`` runs the first (embedding) and the last (head) virtual stage."""
