@@ -55,6 +55,7 @@ from predictor.sources.synth.transformer import MoESpec, ParallelPlan, Transform
 from predictor.timing.platforms import get_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
+from tuner.search.parallel import split_layers  # noqa: E402
 
 OUT = ROOT / "experiments" / "results"
 DATA = ROOT / "experiments" / "multinode_published.yaml"
@@ -96,9 +97,10 @@ def load_rows(path: Path = DATA) -> list[Row]:
         for r in src["rows"]:
             row_spec: dict = {}
             row_plan: dict = {}
-            if isinstance(r[-1], dict):  # fields of this row: the model's (ffn, kv_heads) and the plan's (cp, ep, optimizer_state)
+            if isinstance(r[-1], dict):  # the row's model fields (ffn, kv_heads) and plan fields (cp, ep, ...)
                 row_spec, r = dict(r[-1]), r[:-1]
-                row_plan = {k: row_spec.pop(k) for k in list(row_spec) if k in ("cp", "ep", "optimizer_state")}
+                row_plan = {k: row_spec.pop(k) for k in list(row_spec)
+                            if k in ("cp", "ep", "optimizer_state", "pipeline_split")}
             seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
             if key.startswith("sc21"):
                 params, heads, hidden, layers, tp, pp, gpus, batch, tf = r
@@ -135,6 +137,10 @@ def load_rows(path: Path = DATA) -> list[Row]:
             for model, plan, t, extra in plans:
                 plan = dict(plan, **row_plan)
                 plan["dp"] = gpus // (plan["tp"] * plan["pp"] * plan.get("cp", 1))
+                v = plan.get("virtual_stages", 1) if plan.get("schedule") == "interleaved" else 1
+                split = split_layers(plan.pop("pipeline_split", "even"), layers, plan["pp"], v)
+                if split is not None:  # Megatron's --account-for-embedding/loss-in-pipeline-split
+                    plan["stage_layers"] = split
                 if plan.get("tp", 1) == 1:
                     plan.pop("sequence_parallel", None)
                 spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d,

@@ -179,16 +179,22 @@ def test_a100_entries_share_the_fitted_gemm_ceiling():
         assert "multinode_validation.py" in p.sources["gemm_efficiency_max"]
 
 
-#: DGX Cloud Benchmarking v25.01 recipes (configure.sh / the READMEs at 143b90d): the global batch each
-#: recipe sets for a cluster of ``gpus`` (405B's proxies below 576 GPUs fix theirs)
-DGXC_BATCH = {"Llama3.1-8B": lambda g: 16 * g, "Llama3.1-70B": lambda g: 2 * g,
-              "Llama3.1-405B": lambda g: 252 * g // 576, "Nemotron4-15B": lambda g: 4 * g,
-              "Nemotron4-340B": lambda g: g // 4, "GPT3-175B": lambda g: 2 * g, "Grok-1 314B": lambda g: 2 * g}
+#: DGX Cloud Benchmarking recipes (v25.01 at 143b90d: configure.sh and the READMEs; v25.04 at 741c886: the README's
+#: table): the global batch each recipe sets for a cluster of ``gpus`` (405B's proxies fix theirs)
+DGXC_BATCH = {
+    "dgxc_llama31": {"Llama3.1-8B": lambda g: 16 * g, "Llama3.1-70B": lambda g: 2 * g,
+                     "Llama3.1-405B": lambda g: 252 * g // 576},
+    "dgxc_llama31_nemo2": {"Llama3.1-8B": lambda g: 16 * g, "Llama3.1-70B": lambda g: 2 * g,
+                           "Llama3.1-405B": lambda g: g // 2},
+    "dgxc_nemotron4": {"Nemotron4-15B": lambda g: 4 * g, "Nemotron4-340B": lambda g: g // 4},
+    "dgxc_gpt3": {"GPT3-175B": lambda g: 2 * g},
+    "dgxc_grok1": {"Grok-1 314B": lambda g: 2 * g},
+}
 
 
 def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
     doc = yaml.safe_load(DATA.read_text())["sources"]
-    pairs: dict[tuple[str, int], set[str]] = {}
+    pairs: dict[tuple[str, str, int], set[str]] = {}
     for key, src in doc.items():
         if not key.startswith("dgxc"):
             continue
@@ -199,6 +205,6 @@ def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
             fields = _rest[-1] if isinstance(_rest[-1], dict) else {}
             assert fields.get("fp8_linear", False) == (precision == "fp8"), name
             if "proxy" not in base:
-                assert gbs == DGXC_BATCH[base](gpus), name
-            pairs.setdefault((base, gpus), set()).add(precision)
-    assert len(pairs) == 44 and all(v == {"bf16", "fp8"} for v in pairs.values())
+                assert gbs == DGXC_BATCH[key][base](gpus), (key, name)
+            pairs.setdefault((key, base, gpus), set()).add(precision)
+    assert len(pairs) == 61 and all(v == {"bf16", "fp8"} for v in pairs.values())
