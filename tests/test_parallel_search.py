@@ -249,8 +249,11 @@ def test_pipeline_split_counting_the_embedding_and_loss_fits_layers_that_do_not_
     res, _ = predict_plan(counted.model.to_spec(), ParallelPlan(**cands[0].params["fields"]), get_platform("a100-80gb"),
                           devices=8)
     assert res["feasible"] and res["predicted_iteration_s"] > 0
-    cands, invalid = enumerate_candidates(_space(tmp_path, model=model, ranges=ranges), 8)
+    cands, invalid = enumerate_candidates(_space(tmp_path, model=model, ranges=ranges, options={"pipeline_split": "even"}), 8)
     assert not cands and "cannot be split evenly" in invalid[0][1]
+    auto = _space(tmp_path, model=model, ranges=dict(ranges, pp=[2, 4]))  # the default: even where the layers divide
+    assert sorted(c.key for c in enumerate_candidates(auto, 8)[0]) == ["tp1-pp2-dp4-mb1-1f1b-none",
+                                                                       "tp1-pp4-dp2-mb1-1f1b-none-layers2,3x2,2"]
     raw = {"tp": 1, "pp": 4, "micro_batch": 1, "schedule": "interleaved", "virtual_stages": 2, "recompute": "none",
            "sequence_parallel": False, "ep": 1, "distributed_optimizer": False, "fsdp": False}
     assert normalise(counted, 8, raw) == (None, "10 layers with the embedding / loss counted do not split over 8 "

@@ -234,7 +234,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
         values["dp"] = (devices // model_parallel if devices and model_parallel > 0 and devices % model_parallel == 0
                         else 1)
     opts = options.model_dump() if options else {}
-    split = opts.pop("pipeline_split", "even")
+    split = opts.pop("pipeline_split", "auto")
     base = ParallelPlan(**opts)
     try:
         plan = plan_from_fields(values, base)

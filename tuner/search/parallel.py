@@ -198,11 +198,11 @@ class PlanOptions(StrictModel):
     #: the routed experts' TP degree: null, the plan's tp (Megatron's default: each expert split over the TP
     #: ranks); 1: whole on every TP rank, which routes its own share of the tokens (torchtitan's experts)
     expert_tp: Literal[1] | None = None
-    #: how pipeline stages split the layers: even (layers / (pp x v) each), or embedding_and_loss
-    #: (Megatron's --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the
-    #: embedding and the loss each count as a layer, so the first and last stages hold one fewer and a
-    #: 126-layer model splits over 8 or 16 stages)
-    pipeline_split: Literal["even", "embedding_and_loss"] = "even"
+    #: how pipeline stages split the layers: even (layers / (pp x v) each); embedding_and_loss (Megatron's
+    #: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the embedding and the
+    #: loss each count as a layer, so the first and last stages hold one fewer and a 126-layer model splits
+    #: over 8 or 16 stages); auto: even where the layers divide, else embedding_and_loss
+    pipeline_split: Literal["auto", "even", "embedding_and_loss"] = "auto"
 
 
 class RangesSection(StrictModel):
@@ -268,7 +268,12 @@ def split_layers(split: str, layers: int, pp: int, v: int) -> tuple[int, ...] | 
     """``stage_layers`` of ``options.pipeline_split`` (None: even); :class:`ValueError` where it cannot split."""
     if split == "embedding_and_loss":
         return megatron_stage_layers(layers, pp, v, embedding=True, loss=True)
-    return None
+    if split == "even" or layers % (pp * v) == 0 or pp * v > layers:
+        return None
+    try:  # auto: where the layers do not divide, Megatron's split if it makes one (else check_plan says why not)
+        return megatron_stage_layers(layers, pp, v, embedding=True, loss=True)
+    except ValueError:
+        return None
 
 
 def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict] | tuple[None, str]:
