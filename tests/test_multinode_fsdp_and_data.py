@@ -187,6 +187,7 @@ DGXC_BATCH = {
     "dgxc_llama31_nemo2": {"Llama3.1-8B": lambda g: 16 * g, "Llama3.1-70B": lambda g: 2 * g,
                            "Llama3.1-405B": lambda g: g // 2},
     "dgxc_nemotron4": {"Nemotron4-15B": lambda g: 4 * g, "Nemotron4-340B": lambda g: g // 4},
+    "dgxc_nemotron4_nemo2": {"Nemotron4-15B": lambda g: 4 * g, "Nemotron4-340B": lambda g: g // 4},
     "dgxc_gpt3": {"GPT3-175B": lambda g: 2 * g}, "dgxc_gpt3_nemo2412": {"GPT3-175B": lambda g: 2 * g},
     "dgxc_grok1": {"Grok-1 314B": lambda g: 2 * g},
 }
@@ -207,4 +208,4 @@ def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
             if "proxy" not in base:
                 assert gbs == DGXC_BATCH[key][base](gpus), (key, name)
             pairs.setdefault((key, base, gpus), set()).add(precision)
-    assert len(pairs) == 66 and all(v == {"bf16", "fp8"} for v in pairs.values())
+    assert len(pairs) == 78 and all(v == {"bf16", "fp8"} for v in pairs.values())
