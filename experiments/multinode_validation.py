@@ -320,6 +320,42 @@ def attention_shares(rows: list[Row], comm: str, eff: dict[str, float]) -> dict:
 LLAMA_FIELDS = ("mlp", "kv_heads")
 
 
+def precision_pairs(rows: list[Row], pred: np.ndarray) -> list[dict]:
+    """Rows published in both BF16 and FP8 (names ending ``bf16`` / ``fp8``, same source, GPUs and plan): the
+    measured and predicted speed-up of FP8 (BF16 step seconds over FP8's)."""
+    by: dict[tuple, dict[str, int]] = {}
+    for i, r in enumerate(rows):
+        base, _, tag = r.model.rpartition(" ")
+        if tag in ("bf16", "fp8"):
+            by.setdefault((r.source, base, r.gpus, json.dumps(r.plan, sort_keys=True)), {})[tag] = i
+    out = []
+    for (source, model, gpus, _), idx in by.items():
+        if len(idx) == 2 and np.isfinite(pred[idx["bf16"]]) and np.isfinite(pred[idx["fp8"]]):
+            meas = rows[idx["bf16"]].measured_s / rows[idx["fp8"]].measured_s
+            prd = pred[idx["bf16"]] / pred[idx["fp8"]]
+            out.append({"source": source, "model": model, "gpus": gpus, "measured_speedup": float(meas),
+                        "predicted_speedup": float(prd), "error_pct": float((prd / meas - 1) * 100)})
+    return out
+
+
+def weak_scaling(rows: list[Row], pred: np.ndarray) -> list[dict]:
+    """Recipes published at several cluster sizes with one plan per GPU (step seconds, ``published: step_s``): the
+    step time's growth from the smallest to the largest cluster, measured and predicted, %."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        if "step_s" in r.extra and np.isfinite(pred[i]):
+            plan = {k: v for k, v in r.plan.items() if k not in ("dp", "global_batch")}
+            groups.setdefault((r.source, r.model, json.dumps(plan, sort_keys=True)), []).append(i)
+    out = []
+    for (source, model, _), idx in groups.items():
+        if len(idx) >= 3:
+            lo, hi = min(idx, key=lambda i: rows[i].gpus), max(idx, key=lambda i: rows[i].gpus)
+            out.append({"source": source, "model": model, "gpus": [rows[lo].gpus, rows[hi].gpus],
+                        "measured_growth_pct": (rows[hi].measured_s / rows[lo].measured_s - 1) * 100,
+                        "predicted_growth_pct": float((pred[hi] / pred[lo] - 1) * 100)})
+    return out
+
+
 def gpt_reading(rows: list[Row], meas: np.ndarray, pred: np.ndarray, comm: str, eff: dict[str, float]) -> list[dict]:
     """The rows of gated-MLP / grouped-query models, their predictions ``pred`` beside those as a GPT of the
     same widths (GeLU MLP of the same ``ffn``, multi-head attention): error % of each."""
@@ -438,6 +474,7 @@ def run(rows: list[Row], comm: str) -> dict:
         "sc21_sweeps": sweep_checks(comm, eff["a100-80gb"]),
         "attention": attention_shares(rows, comm, eff) if comm == "nccl" else None,
         "gpt_reading": gpt_reading(rows, meas, cal, comm, eff),
+        "precision_pairs": precision_pairs(rows, cal), "weak_scaling": weak_scaling(rows, cal),
         "predicted_s": cal.tolist(), "error_pct": err_c.tolist(), "seconds": time.perf_counter() - t0,
     }
 
@@ -555,6 +592,21 @@ def render(p: dict) -> str:
             g = np.abs([x["error_pct_as_gpt"] for x in llama[c]])
             L.append(f"\n{c}: mean / max abs % {e.mean():.1f} / {e.max():.1f} as modelled, {g.mean():.1f} / {g.max():.1f} "
                      "read as a GPT.")
+    pairs = p["models"]["nccl" if "nccl" in ms else ms[0]].get("precision_pairs") or []
+    if pairs:
+        L += ["", "## FP8 against BF16 on the same plan (NCCL model)", "",
+              "BF16 step seconds over FP8's, for the runs a source published in both.", "",
+              "| source | model | GPUs | measured speed-up | predicted | error % |", "|---|---|--:|--:|--:|--:|"]
+        L += [f"| {x['source'].split(',')[0]} | {x['model']} | {x['gpus']} | {x['measured_speedup']:.3f} | "
+              f"{x['predicted_speedup']:.3f} | {x['error_pct']:+.1f} |" for x in pairs]
+    scaling = p["models"]["nccl" if "nccl" in ms else ms[0]].get("weak_scaling") or []
+    if scaling:
+        L += ["", "## Growing the cluster with the plan fixed (NCCL model)", "",
+              "Step time from the smallest to the largest cluster of a recipe published at three sizes or more, the "
+              "global batch growing with the GPUs.", "",
+              "| source | model | GPUs | measured growth % | predicted growth % |", "|---|---|---|--:|--:|"]
+        L += [f"| {x['source'].split(',')[0]} | {x['model']} | {x['gpus'][0]} -> {x['gpus'][1]} | "
+              f"{x['measured_growth_pct']:+.1f} | {x['predicted_growth_pct']:+.1f} |" for x in scaling]
     if p.get("memory"):
         L += ["", "## Peak memory per GPU: published vs predicted", "",
               "Each run read as its torchtitan job config (the flavor's shape, the plan); published: torchtitan's "
