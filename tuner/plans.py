@@ -112,12 +112,19 @@ def predict_plan(
     return base, (tl if keep_timeline else None)
 
 
-def coerce(name: str, raw: str) -> int | bool | str | None:
+def coerce(name: str, raw: str) -> int | bool | str | tuple[int, ...] | None:
     """Parse the text of ``--set name=raw`` into the plan field's type; raises :class:`PlanError`."""
     if name not in PLAN_FIELDS:
         raise PlanError(f"unknown plan field {name!r}; known: {', '.join(PLAN_FIELDS)}")
     typ = str(PLAN_FIELDS[name])
     text = raw.strip()
+    if typ.startswith("tuple[int"):  # stage_layers: layers per virtual stage, comma-separated (none: even)
+        if text.lower() == "none":
+            return None
+        try:
+            return tuple(int(n) for n in text.strip("()[]").split(","))  # type: ignore[return-value]
+        except ValueError:
+            raise PlanError(f"{name} must be whole numbers separated by commas, e.g. 15,16,16,15 (got {raw!r})") from None
     if typ == "int | None":  # e.g. recompute_layers: a count, or none for every layer
         if text.lower() == "none":
             return None  # type: ignore[return-value]

@@ -245,7 +245,8 @@ def _predict_cases() -> Iterator[BadInput]:
     yield BadInput("predict: workload bad field", ("predict", "--workload", "{dir}/w.yaml"),
                    {"w.yaml": _dump(_set(SPACES["parallel"], "model.layers", True))})
     for flags in (("--set", "tp"), ("--set", "colour=blue"), ("--set", "tp=x"), ("--set", "cp=0"),
-                  ("--set", "recompute_layers=x"), ("--set", "recompute_layers=3"), ("--platform", "no-such-gpu"),
+                  ("--set", "recompute_layers=x"), ("--set", "recompute_layers=3"), ("--set", "stage_layers=1,x"),
+                  ("--set", "stage_layers=1,3,3"), ("--set", "expert_tp=2"), ("--platform", "no-such-gpu"),
                   ("--catalog", "{dir}/nope.yaml"), ("--devices-per-node", "0"), ("--devices", "0"),
                   ("--devices", "-4"), ("--detail", "fine"), ("--bogus",)):
         yield BadInput(f"predict: {' '.join(flags)}", ("predict", "--workload", "{dir}/w.yaml", *flags), {"w.yaml": wl})

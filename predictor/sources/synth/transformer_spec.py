@@ -384,7 +384,10 @@ class ParallelPlan:
 
     def __post_init__(self) -> None:
         if self.stage_layers is not None and not isinstance(self.stage_layers, tuple):  # a list from YAML / JSON
-            object.__setattr__(self, "stage_layers", tuple(int(n) for n in self.stage_layers))
+            if isinstance(self.stage_layers, (str, bytes)) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) for n in self.stage_layers):
+                raise PlanError(f"stage_layers must be a list of whole numbers (got {self.stage_layers!r})")
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
 
     @property
     def devices(self) -> int:
