@@ -167,15 +167,15 @@ def _torchtitan_split(layers: int, plan: ParallelPlan) -> tuple[int, int, int]:
     stages = plan.pp * plan.virtual_stages_effective
     if plan.stage_layers is None:
         return layers // stages, 0, 0
-    for first in range(4):
-        for last in range(4):
-            per = -(-(layers + first + last) // stages)
-            try:
-                if torchtitan_stage_layers(layers, stages, first, last) == plan.stage_layers and \
-                        math.ceil((layers + first + last) / per) == stages:
-                    return per, first, last
-            except ValueError:
-                continue
+    tries = [(1, 1)] + [(a, b) for a in range(4) for b in range(4) if (a, b) != (1, 1)]  # torchtitan's default first
+    for first, last in tries:
+        per = -(-(layers + first + last) // stages)
+        try:
+            if torchtitan_stage_layers(layers, stages, first, last) == plan.stage_layers and \
+                    math.ceil((layers + first + last) / per) == stages:
+                return per, first, last
+        except ValueError:
+            continue
     raise LaunchError(f"stage_layers {list(plan.stage_layers)}: torchtitan splits a pipeline evenly but for fewer "
                       "layers on its first and last stage")
 
