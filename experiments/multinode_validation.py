@@ -1,7 +1,8 @@
 """Multi-node GPT training: predicted vs published iteration times under the line and the NCCL collective models.
 
-The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo, MosaicML's and
-torchtitan's FSDP runs; GPT, MPT and Llama models) and their sources are in ``experiments/multinode_published.yaml``. For each
+The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo and NVIDIA's DGX Cloud
+recipes, MosaicML's and torchtitan's FSDP runs; GPT, MPT, Llama, Nemotron and Grok-1 models) and their
+sources are in ``experiments/multinode_published.yaml``. For each
 communication model — ``line`` (every collective on the latency-bandwidth line of the raw link
 rates) and ``nccl`` (NCCL's ring / tree / protocol cost model on the
 catalog's network fields) — the script
@@ -20,14 +21,16 @@ catalog's network fields) — the script
    tensor vs data parallelism (Takeaways #1-#2): the predicted throughput must peak at t = 8 for
    the 162.2B model (Fig. 13) and fall as t grows past one node for the 5.9B model (Fig. 15),
    and fall as p grows (Fig. 14);
-5. predicts the rows of Llama-shaped models (SwiGLU, grouped-query attention: Llama, Nemotron-340B)
-   again as a GPT of the same widths, the reading tuner had before it modelled either;
+5. predicts the rows of Llama-shaped models (SwiGLU, grouped-query attention: Llama, Nemotron, Grok-1)
+   again as a GPT of the same widths, the reading tuner had before it modelled either; sets the FP8
+   speed-up over BF16 of the runs published in both beside its prediction, and the step-time growth
+   of recipes published at three cluster sizes or more;
 6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``);
 7. reports, beside the validation, runs outside tuner's model (the file's ``reported``: torch.compile,
    power-capped chips) against tuner's prediction.
 
 Run: ``python experiments/multinode_validation.py`` (writes
-``experiments/results/multinode_validation.md`` and ``.json``; about 2 minutes on 2 cores).
+``experiments/results/multinode_validation.md`` and ``.json``; about 4 minutes on 2 cores).
 """
 
 from __future__ import annotations
