@@ -252,19 +252,14 @@ class StepKernels:
 
     # -------------------------------------------------------------- MLP
     def _mlp_fwd(self, e: StepEmitter, p: str, dense: bool = False) -> None:
-        T, h, t, dt = self.T, self.h, self.t, self.dt
+        T, h, dt = self.T, self.h, self.dt
         if self.spec.moe is None or dense:
             self._dense_mlp_fwd(e, p, self.f, self.f1)
             return
-        moe, ep = self.spec.moe, self.plan.ep
+        moe = self.spec.moe
         if moe.shared_ffn:  # the shared expert: a dense, TP-split MLP every token runs
             self._dense_mlp_fwd(e, f"{p}shared_expert.", moe.shared_ffn, self.spec.fc1_width(moe.shared_ffn))
-        f, g = self.spec.expert_ffn_size, self.plan.etp
-        f1 = self.spec.fc1_width(f)
-        Tr = T / t  # tokens this rank routes (TP ranks split the tokens)
-        routed = Tr * moe.top_k * moe.capacity_factor
-        per_expert = routed * g * ep / moe.experts  # an expert's tokens on this rank (its TP group's, with g > 1)
-        local = float(moe.experts // ep)
+        Tr, routed, per_expert, local, f, f1, g = self._routed()
         e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
                             eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
         self._a2a(e, f"{p}moe_dispatch", routed * h)
@@ -279,6 +274,17 @@ class StepKernels:
         e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
         if not self.sp:
             self.tp_collective(e, f"{p}moe_output_all_gather", "all_gather", T * h)
+
+    def _routed(self) -> tuple[float, float, float, float, int, int, int]:
+        """An MoE layer's shapes on this rank: (tokens it routes — TP ranks split them —, the token copies it
+        sends to the experts, an expert's tokens here — its TP group's with experts split over TP —, local
+        experts, an expert's width, its fc1 output, the experts' TP degree)."""
+        moe, ep, g = self.spec.moe, self.plan.ep, self.plan.etp
+        assert moe is not None
+        f = self.spec.expert_ffn_size
+        Tr = self.T / self.t
+        routed = Tr * moe.top_k * moe.capacity_factor
+        return Tr, routed, routed * g * ep / moe.experts, float(moe.experts // ep), f, self.spec.fc1_width(f), g
 
     def _dense_mlp_fwd(self, e: StepEmitter, p: str, f: float, f1: float) -> None:
         """A TP-split MLP of width ``f`` (fc1 output ``f1``): column-parallel fc1, activation, row-parallel
@@ -322,17 +328,12 @@ class StepKernels:
             e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])  # local permutation
 
     def _mlp_bwd(self, e: StepEmitter, p: str, dense: bool = False) -> None:
-        T, h, t = self.T, self.h, self.t
+        T, h = self.T, self.h
         if self.spec.moe is None or dense:
             self._dense_mlp_bwd(e, p, self.f, self.f1)
             return
-        moe, ep = self.spec.moe, self.plan.ep
-        f, g = self.spec.expert_ffn_size, self.plan.etp
-        f1 = self.spec.fc1_width(f)
-        Tr = T / t
-        routed = Tr * moe.top_k * moe.capacity_factor
-        per_expert = routed * g * ep / moe.experts
-        local = float(moe.experts // ep)
+        moe = self.spec.moe
+        Tr, routed, per_expert, local, f, f1, g = self._routed()
         self._a2a(e, f"{p}moe_combine.backward", routed * h)
         if g > 1:
             self.tp_collective(e, f"{p}moe_tokens_reduce_scatter.backward", "all_gather", routed * g * h)

@@ -65,7 +65,7 @@ from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
 from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
-           "fsdp_shard",
+           "data_parallel_shard",
            "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
            "expert_params_per_device", "expert_replicas"]
 
@@ -244,10 +244,8 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         else:
             weights = params * dt
             grads = params * grad_b
-            optim = params * master_b
-            if plan.distributed_optimizer:  # the routed experts' states over the ranks holding the same experts
-                experts = expert_params_per_device(spec, plan, stage)
-                optim = (params - experts) * master_b / plan.replicas + experts * master_b / expert_replicas(plan)
+            sharded = data_parallel_shard(spec, plan, params, stage) if plan.distributed_optimizer else params
+            optim = sharded * master_b
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
         acts = in_flight * (chunk_acts + (dense_acts if first else 0.0))
         if plan.recompute == "full":
@@ -276,9 +274,10 @@ def expert_replicas(plan: ParallelPlan) -> int:
     return max(plan.replicas // plan.ep, 1)
 
 
-def fsdp_shard(spec: TransformerSpec, plan: ParallelPlan, params: float, stage: int = 0) -> float:
-    """Of ``params`` parameters a device of ``stage`` holds, the share FSDP leaves it: the routed experts' over
-    the ranks holding the same experts (:func:`expert_replicas`), the rest over ``dp x cp``."""
+def data_parallel_shard(spec: TransformerSpec, plan: ParallelPlan, params: float, stage: int = 0) -> float:
+    """Of ``params`` parameters a device of ``stage`` holds, the share that sharding over the data-parallel ranks
+    (FSDP, or the distributed optimizer's states) leaves it: the routed experts' over the ranks holding the same
+    experts (:func:`expert_replicas`), the rest over ``dp x cp``."""
     experts = expert_params_per_device(spec, plan, stage)
     return (params - experts) / plan.replicas + experts / expert_replicas(plan)
 
@@ -301,7 +300,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
     if plan.fsdp2:
         gathered += 2.0 * layer * dt
-    shard = fsdp_shard(spec, plan, params)
+    shard = data_parallel_shard(spec, plan, params)
     return shard * dt, shard * grad_b, shard * master_b, gathered
 
 

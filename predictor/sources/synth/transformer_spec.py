@@ -423,9 +423,7 @@ class ParallelPlan:
 
     def layers_of(self, layers: int, virtual_stage: int) -> int:
         """Layers of virtual pipeline stage ``virtual_stage`` (chunk ``c`` of rank ``s`` is ``c x pp + s``)."""
-        if self.stage_layers is not None:
-            return self.stage_layers[virtual_stage]
-        return layers // (self.pp * self.virtual_stages_effective)
+        return self.chunk_layers(layers) if self.stage_layers is None else self.stage_layers[virtual_stage]
 
     def rank_layers(self, layers: int, stage: int) -> int:
         """Layers pipeline rank ``stage`` holds, all its model chunks together."""

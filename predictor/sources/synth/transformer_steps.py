@@ -36,9 +36,8 @@ from predictor.sources.synth.pipeline_schedule import Step, schedule
 from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter, collective
 from predictor.sources.synth.transformer_kernels import StepKernels
 from predictor.sources.synth.transformer_memory import (
+    data_parallel_shard,
     expert_params_per_device,
-    expert_replicas,
-    fsdp_shard,
     memory_per_stage,
     optimizer_state_bytes,
 )
@@ -334,9 +333,7 @@ class StepTemplates:
             markers["wait_compute"].append(k[0])
             after_comm.append(k[0])
         experts = expert_params_per_device(spec, plan, stage)
-        local = (fsdp_shard(spec, plan, params, stage) if plan.fsdp else
-                 (params - experts) / plan.replicas + experts / expert_replicas(plan) if plan.distributed_optimizer
-                 else params)
+        local = data_parallel_shard(spec, plan, params, stage) if plan.fsdp or plan.distributed_optimizer else params
         if spec.program == "eager" and plan.devices == 1:
             self._eager_optimizer(e, local, after_comm, markers)
         else:
