@@ -1,8 +1,10 @@
 """Multi-node GPT training: predicted vs published iteration times under the line and the NCCL collective models.
 
 The published rows (A100 and H100 clusters, 8 to 3072 GPUs; Megatron-LM, NeMo and NVIDIA's DGX Cloud
-recipes, MosaicML's and torchtitan's FSDP runs; GPT, MPT, Llama, Nemotron and Grok-1 models) and their
-sources are in ``experiments/multinode_published.yaml``. For each
+recipes, MosaicML's and torchtitan's FSDP runs, BigScience's Megatron-DeepSpeed plan search for BLOOM; GPT,
+MPT, BLOOM, Llama, Nemotron and Grok-1 models) and their sources are in
+``experiments/multinode_published.yaml``; a source on its own network names it (``network``: interconnect
+fields over the catalog entry's). For each
 communication model — ``line`` (every collective on the latency-bandwidth line of the raw link
 rates) and ``nccl`` (NCCL's ring / tree / protocol cost model on the
 catalog's network fields) — the script
@@ -25,7 +27,8 @@ catalog's network fields) — the script
    again as a GPT of the same widths, the reading tuner had before it modelled either; sets the FP8
    speed-up over BF16 of the runs published in both beside its prediction, and the step-time growth
    of recipes published at three cluster sizes or more;
-6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``);
+6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``, a row's
+   ``memory_gib``) and of the plans a source published as out of memory (its ``out_of_memory``);
 7. reports, beside the validation, runs outside tuner's model (the file's ``reported``: torch.compile,
    power-capped chips) against tuner's prediction.
 
@@ -80,6 +83,7 @@ class Row:
     measured_s: float
     tokens: float  #: tokens per iteration
     extra: dict = field(default_factory=dict)
+    network: dict = field(default_factory=dict)  #: the source's own network, over the catalog entry's
 
 
 def sc21_flops(batch: int, layers: int, hidden: int, seq: int, vocab: int) -> float:
@@ -87,23 +91,28 @@ def sc21_flops(batch: int, layers: int, hidden: int, seq: int, vocab: int) -> fl
     return 96.0 * batch * seq * layers * hidden**2 * (1.0 + seq / (6.0 * hidden) + vocab / (16.0 * layers * hidden))
 
 
-def load_rows(path: Path = DATA) -> list[Row]:
-    """The published rows of ``path`` with their plans and measured iteration seconds."""
+def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
+    """The published rows of ``path`` with their plans and measured iteration seconds; with ``out_of_memory``,
+    instead the plans a source published as out of memory (a source's ``out_of_memory`` rows: its row format
+    without the measured value; their ``measured_s`` is NaN)."""
     doc = yaml.safe_load(path.read_text())["sources"]
     rows: list[Row] = []
     for key, src in doc.items():
+        published = [[*r, float("nan")] for r in src.get("out_of_memory") or []] if out_of_memory else src["rows"]
         d = dict(src["defaults"])
         src_seq, src_vocab = d.pop("seq", None), d.pop("vocab", None)
         spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings", "program", "dropout", "bias",
                      "position", "fused_loss", "moe"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
-        for r in src["rows"]:
+        for r in published:
             row_spec: dict = {}
             row_plan: dict = {}
-            if isinstance(r[-1], dict):  # the row's model fields (ffn, kv_heads) and plan fields (cp, ep, ...)
+            row_extra: dict = {}
+            if isinstance(r[-1], dict):  # the row's model fields (ffn, kv_heads), plan fields (cp, ep, ...), memory
                 row_spec, r = dict(r[-1]), r[:-1]
                 row_plan = {k: row_spec.pop(k) for k in list(row_spec)
                             if k in ("cp", "ep", "optimizer_state", "pipeline_split")}
+                row_extra = {k: row_spec.pop(k) for k in list(row_spec) if k == "memory_gib"}
             seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
             if key.startswith("sc21"):
                 params, heads, hidden, layers, tp, pp, gpus, batch, tf = r
@@ -151,13 +160,18 @@ def load_rows(path: Path = DATA) -> list[Row]:
                 if isinstance(spec.get("moe"), dict):
                     spec["moe"] = MoESpec(**spec["moe"])
                 rows.append(Row(key, src["cite"], src["platform"], src["split"], model, spec, plan, gpus, float(t),
-                                float(plan["global_batch"] * seq), extra))
+                                float(plan["global_batch"] * seq), {**extra, **row_extra},
+                                dict(src.get("network") or {})))
     return rows
 
 
-def platform_for(key: str, comm: str, gemm_eff: float | None = None) -> Platform:
-    """The catalog entry ``key`` with collective model ``comm`` (and a GEMM ceiling, if given)."""
+def platform_for(key: str, comm: str, gemm_eff: float | None = None, network: dict | None = None) -> Platform:
+    """The catalog entry ``key`` with collective model ``comm`` (and a GEMM ceiling and the source's own
+    network fields, if given)."""
     base = get_platform(key)
+    if network:  # validated as a user catalog's interconnect override is
+        ic = type(base.interconnect).model_validate({**base.interconnect.model_dump(), **network})
+        base = base.model_copy(update={"interconnect": ic})
     upd: dict = {"interconnect": base.interconnect.model_copy(update={"collective_model": comm})}
     if comm == "nccl" and base.interconnect.collective_model != "nccl":
         upd.pop("interconnect")  # no network fields in the catalog: the line model stays
@@ -180,7 +194,7 @@ def predict(rows: list[Row], comm: str, eff: dict[str, float]) -> np.ndarray:
     """Predicted iteration seconds of ``rows`` (NaN where ``tuner predict`` finds the plan out of memory)."""
     out = np.full(len(rows), np.nan)
     for i, r in enumerate(rows):
-        plat = platform_for(r.platform, comm, eff.get(r.platform))
+        plat = platform_for(r.platform, comm, eff.get(r.platform), r.network)
         spec, plan = TransformerSpec(**r.spec), ParallelPlan(**r.plan)
         res, _ = predict_plan(spec, plan, plat, devices=r.gpus)
         if res["predicted_iteration_s"] is not None:
@@ -288,7 +302,7 @@ def attention_shares(rows: list[Row], comm: str, eff: dict[str, float]) -> dict:
     for r in rows:
         if not r.key.startswith("mosaic"):
             continue
-        plat = platform_for(r.platform, comm, eff.get(r.platform))
+        plat = platform_for(r.platform, comm, eff.get(r.platform), r.network)
         plan = ParallelPlan(**r.plan)
         res, tl = predict_plan(TransformerSpec(**r.spec), plan, plat, devices=r.gpus, detail="kernel", keep_timeline=True)
         flash, _ = predict_plan(TransformerSpec(**dict(r.spec, attention="flash")), plan, plat, devices=r.gpus)
@@ -348,10 +362,11 @@ def weak_scaling(rows: list[Row], pred: np.ndarray) -> list[dict]:
     for i, r in enumerate(rows):
         if "step_s" in r.extra and np.isfinite(pred[i]):
             plan = {k: v for k, v in r.plan.items() if k not in ("dp", "global_batch")}
-            groups.setdefault((r.source, r.model, json.dumps(plan, sort_keys=True)), []).append(i)
+            key = (r.source, r.model, json.dumps(plan, sort_keys=True), json.dumps(r.spec, sort_keys=True, default=str))
+            groups.setdefault(key, []).append(i)
     out = []
-    for (source, model, _), idx in groups.items():
-        if len(idx) >= 3:
+    for (source, model, *_), idx in groups.items():
+        if len({rows[i].gpus for i in idx}) >= 3:
             lo, hi = min(idx, key=lambda i: rows[i].gpus), max(idx, key=lambda i: rows[i].gpus)
             out.append({"source": source, "model": model, "gpus": [rows[lo].gpus, rows[hi].gpus],
                         "measured_growth_pct": (rows[hi].measured_s / rows[lo].measured_s - 1) * 100,
@@ -397,6 +412,23 @@ def memory_check(path: Path = DATA) -> list[dict]:
             pred = max(m.total_bytes for m in memory_per_stage(read.spec, read.plan)) / 2**30
             out.append({"source": src["cite"], "model": read.spec.name, "plan": read.plan.label(), "gpus": gpus,
                         "published_gib": gib, "predicted_gib": pred, "error_pct": (pred / gib - 1) * 100})
+    return out
+
+
+def source_memory(rows: list[Row], out_of_memory: list[Row]) -> list[dict]:
+    """Per-GPU memory a source publishes beside its timed rows (a row's ``memory_gib``) and the plans it
+    published as out of memory, against tuner's predicted peak (the fullest pipeline stage), GiB."""
+    from predictor.sources.synth.transformer_memory import memory_per_stage
+
+    out = []
+    for r in [x for x in rows if "memory_gib" in x.extra] + out_of_memory:
+        plan = ParallelPlan(**r.plan)
+        pred = max(m.total_bytes for m in memory_per_stage(TransformerSpec(**r.spec), plan)) / 2**30
+        device = get_platform(r.platform).memory_bytes / 2**30
+        pub = r.extra.get("memory_gib")
+        out.append({"source": r.source, "model": r.model, "heads": r.spec["heads"], "plan": plan.label(),
+                    "gpus": r.gpus, "published_gib": pub, "predicted_gib": pred, "device_gib": device,
+                    "error_pct": None if pub is None else (pred / pub - 1) * 100, "predicted_fits": pred <= device})
     return out
 
 
@@ -496,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
         "models": res,
         "gemm_shape_terms": gemm_shape_terms(),
         "memory": memory_check(),
+        "source_memory": source_memory(rows, load_rows(out_of_memory=True)),
         "reported": reported_checks(),
         "rows": [{"source": r.source, "platform": r.platform, "split": r.split, "model": r.model, "gpus": r.gpus,
                   "plan": r.plan, "measured_s": r.measured_s, **r.extra,
@@ -618,6 +651,18 @@ def render(p: dict) -> str:
         for x in p["memory"]:
             L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['plan']} | {x['gpus']} | {x['published_gib']:.1f} | "
                      f"{x['predicted_gib']:.1f} | {x['error_pct']:+.1f} |")
+    if p.get("source_memory"):
+        L += ["", "## Memory beside the timed rows: published vs predicted", "",
+              "The per-GPU memory a source gives beside its step times (BigScience: nvidia-smi's largest use, "
+              "which counts the CUDA context and the allocator's cache besides the tensors tuner predicts) and the "
+              "plans it published as out of memory; predicted: tuner's peak of the fullest pipeline stage.", "",
+              "| source | model | heads | plan | published GiB | predicted GiB | error % | predicted to fit |",
+              "|---|---|--:|---|--:|--:|--:|---|"]
+        for x in p["source_memory"]:
+            pub = "out of memory" if x["published_gib"] is None else f"{x['published_gib']:.0f}"
+            L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['heads']} | {x['plan']} | {pub} | "
+                     f"{x['predicted_gib']:.1f} | {_f(x['error_pct'], '{:+.1f}')} | "
+                     f"{'yes' if x['predicted_fits'] else 'no'} ({x['device_gib']:.0f} GiB) |")
     if p.get("reported"):
         L += ["", "## Reported beside the validation: runs outside tuner's model", "",
               "torch.compile (tuner prices the eager program) on H100s capped at 500 W (the catalog's H100 at its "

@@ -209,3 +209,41 @@ def test_dgx_cloud_rows_scale_the_recipes_batch_and_pair_bf16_with_fp8():
                 assert gbs == DGXC_BATCH[key][base](gpus), (key, name)
             pairs.setdefault((key, base, gpus), set()).add(precision)
     assert len(pairs) == 78 and all(v == {"bf16", "fp8"} for v in pairs.values())
+
+
+def test_bigscience_rows_fill_48_nodes_with_the_embedding_in_a_pipeline_slot():
+    # BLOOM's search: 48 nodes of 8 A100s, every plan TP x PP x DP = 384; DeepSpeed's
+    # 'type:transformer|embedding' partition gives each stage (layers + 2) / PP slots
+    src = yaml.safe_load(DATA.read_text())["sources"]["bigscience_176b"]
+    assert src["published"] == "step_s" and src["defaults"]["pipeline_split"] == "embedding_and_loss"
+    assert src["defaults"]["pp_scatter_gather"] is False  # DeepSpeed sends each TP rank's whole activation
+    for row in src["rows"] + [[*r, None] for r in src["out_of_memory"]]:
+        name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, seconds, *fields = row
+        assert gpus == 384 and vp == 1 and (layers + 2) % pp == 0, name
+        dp = gpus // (tp * pp)
+        assert dp * tp * pp == gpus and gbs % (dp * mbs) == 0 and heads % tp == 0 and hidden % heads == 0, name
+        assert seconds is None or seconds > 0
+        assert all(set(f) <= {"memory_gib"} for f in fields), name
+    bloom = [r for r in src["rows"] if r[0] == "BLOOM-176B"]
+    assert {(r[2], r[3]) for r in bloom} == {(14336, 70)}  # README.md: NHIDDEN 14336, NLAYERS 70
+
+
+def test_a_sources_own_network_replaces_the_catalog_entrys():
+    import importlib.util
+    import sys
+
+    path = DATA.parent / "multinode_validation.py"
+    spec = importlib.util.spec_from_file_location("multinode_validation", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("multinode_validation", mod)
+    spec.loader.exec_module(mod)
+    rows = [r for r in mod.load_rows() if r.key == "bigscience_176b"]
+    assert rows and all(r.network["nics_per_node"] == 4 for r in rows)
+    own = mod.platform_for("a100-80gb", "nccl", None, rows[0].network)
+    assert own.interconnect.nics_per_node == 4 and own.interconnect.nic_bandwidth_bytes_per_s == 12.5e9
+    assert mod.platform_for("a100-80gb", "nccl").interconnect.nics_per_node == 8
+    with pytest.raises(ValueError):
+        mod.platform_for("a100-80gb", "nccl", None, {"nics_per_node": 0})
+    # the source's 4 x 100 Gb/s per node is slower than the catalog's 8 x 200 Gb/s: its row predicts slower
+    on_catalog_network = [mod.Row(**{**rows[0].__dict__, "network": {}})]
+    assert mod.predict(rows[:1], "nccl", {})[0] > mod.predict(on_catalog_network, "nccl", {})[0]
