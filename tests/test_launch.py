@@ -465,3 +465,88 @@ def test_megatron_arguments_name_a_backend_megatron_accepts(attention, backend):
     if attention == "te":  # Megatron's default backend is auto: a script without the flag runs TE's choice
         i = args.index("--attention-backend")
         assert read_megatron_args(args[:i] + args[i + 2:], devices=PLANS[0].devices).spec.attention == "te"
+
+
+#: BigScience's tr11-176B-ml.slurm (BLOOM), its Megatron-DeepSpeed arguments with the shell variables expanded
+BLOOM_ARGS = """pretrain_gpt.py --tensor-model-parallel-size 4 --pipeline-model-parallel-size 12
+    --pp-partition-method 'type:transformer|embedding' --num-layers 70 --hidden-size 14336 --num-attention-heads 112
+    --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 2 --rampup-batch-size 192 16 9_765_625
+    --global-batch-size 2048 --tokenizer-type PretrainedFromHF --embed-layernorm --bf16
+    --position-embedding-type alibi --checkpoint-activations --pad-vocab-size-to 250880 --optimizer adam
+    --deepspeed --deepspeed_config ds_config.json --zero-stage 0 --deepspeed-activation-checkpointing"""
+
+
+def test_megatron_deepspeed_launch_reads_as_bloom_ran():
+    read = read_megatron_args(BLOOM_ARGS, "tr11-176B-ml.slurm", devices=384)
+    s, p = read.spec, read.plan
+    assert (s.layers, s.hidden, s.heads, s.seq, s.vocab) == (70, 14336, 112, 2048, 250880)
+    assert s.position == "none" and s.attention == "unfused" and s.dtype == "bf16" and s.dropout == 0.1
+    assert (p.tp, p.pp, p.dp, p.micro_batch, p.global_batch, p.recompute) == (4, 12, 8, 2, 2048, "full")
+    # the embedding and the tied output layer take a layer's slot each: 72 slots, 6 a stage
+    assert p.stage_layers == (5, *[6] * 10, 5)
+    assert p.distributed_optimizer and not p.fsdp and not p.pp_scatter_gather and not p.overlap_grad_reduce
+    notes = " ".join(read.notes)
+    assert "alibi read as none" in notes and "BF16 optimizer" in notes and "whole activation" in notes
+    assert "--rampup-batch-size" in read.ignored and "--deepspeed_config" in read.ignored
+
+
+@pytest.mark.parametrize("flags, shard, fsdp", [
+    ("--deepspeed --zero-stage 1 --fp16", True, False), ("--deepspeed --zero-stage 2 --bf16", True, False),
+    ("--deepspeed --zero-stage 3 --bf16", False, True), ("--deepspeed --fp16", False, False),
+    ("--deepspeed --bf16", True, False), ("--zero-stage 1 --bf16", False, False)])
+def test_deepspeed_zero_stages_shard_as_deepspeed_does(flags, shard, fsdp):
+    base = "--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1 "
+    read = read_megatron_args(base + flags, devices=8)
+    assert (read.plan.distributed_optimizer, read.plan.fsdp) == (shard, fsdp)
+    assert read.plan.pp_scatter_gather  # no pipeline: nothing to send
+    piped = read_megatron_args(base + flags + " --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2",
+                               devices=8)
+    assert piped.plan.pp_scatter_gather == ("--deepspeed" not in flags)
+    other = read_megatron_args(base + "--deepspeed --pp-partition-method parameters --pipeline-model-parallel-size 2",
+                               devices=8)
+    assert other.plan.stage_layers is None and any("parameters read as an even split" in n for n in other.notes)
+    with pytest.raises(LaunchError, match="--zero-stage must be 0, 1, 2 or 3"):
+        read_megatron_args(base + "--deepspeed --zero-stage 4", devices=8)
+
+
+def test_bloom_launch_predicts_as_the_validations_bloom_row(tmp_path):
+    # the user's path (launch script + a catalog file naming the cluster's network) and the validation's row
+    # (experiments/multinode_published.yaml, bigscience_176b) give one prediction
+    import importlib.util
+    import sys
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("multinode_validation", REPO / "experiments" / "multinode_validation.py")
+    mv = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(mv)
+    row = next(r for r in mv.load_rows() if r.model == "BLOOM-176B" and r.spec["heads"] == 112
+               and r.plan["global_batch"] == 2048)
+    (tmp_path / "args.txt").write_text(BLOOM_ARGS)
+    (tmp_path / "net.yaml").write_text(yaml.safe_dump({"a100-80gb": {"interconnect": row.network}}))
+    out = CliRunner().invoke(app, ["predict", "--megatron-args", str(tmp_path / "args.txt"), "--devices", "384",
+                                   "--catalog", str(tmp_path / "net.yaml"), "--json"])
+    assert out.exit_code == 0, out.output
+    predicted = json.loads(out.output)["predicted_iteration_s"]
+    assert predicted == pytest.approx(mv.predict([row], "nccl", {})[0], rel=1e-9)  # the catalog's GEMM ceiling
+    assert abs(predicted / row.measured_s - 1) < 0.10  # logged 104.70 s
+
+
+def test_arguments_kept_in_string_variables_read_as_their_words():
+    # BigScience's scripts: GPT_ARGS="..." and DEEPSPEED_ARGS="..." strings, joined in CMD="... $GPT_ARGS ..."
+    script = """NLAYERS=70
+NHIDDEN=14336
+GPT_ARGS=" \\
+    --pp-partition-method 'type:transformer|embedding' \\
+    --num-layers $NLAYERS --hidden-size $NHIDDEN --num-attention-heads 112 \\
+    --seq-length 2048 --micro-batch-size 2 --global-batch-size 2048 --bf16 --pad-vocab-size-to 250880 \\
+    "
+DEEPSPEED_ARGS=" --deepspeed --zero-stage 1 "
+export CMD=" pretrain_gpt.py --tensor-model-parallel-size 4 --pipeline-model-parallel-size 12 $GPT_ARGS $DEEPSPEED_ARGS "
+srun bash -c "$LAUNCHER $CMD"
+"""
+    read = read_megatron_args(script, "tr11.slurm", devices=384)
+    assert (read.spec.layers, read.spec.hidden, read.spec.vocab, read.plan.tp, read.plan.pp) == (70, 14336, 250880, 4, 12)
+    assert read.plan.stage_layers == (5, *[6] * 10, 5) and read.plan.distributed_optimizer
+    with pytest.raises(LaunchError, match="cannot split into shell words"):
+        read_megatron_args("GPT_ARGS=\"--num-layers 2 'unbalanced\"\n", devices=8)

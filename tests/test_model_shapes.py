@@ -255,8 +255,10 @@ def test_rotary_embeddings_rotate_queries_and_keys_and_drop_the_position_table(p
     mrope = read_megatron_args(args[:args.index("--position-embedding-type")] + ["--position-embedding-type", "mrope"]
                                + args[args.index("--position-embedding-type") + 2:], devices=2)
     assert mrope.spec.position == "rope" and any("mrope read as rope" in n for n in mrope.notes)
+    alibi = read_megatron_args(args + ["--position-embedding-type", "alibi"], devices=2)  # Megatron-DeepSpeed's
+    assert alibi.spec.position == "none" and any("alibi read as none" in n for n in alibi.notes)
     with pytest.raises(LaunchError, match="--position-embedding-type must be one of"):
-        read_megatron_args(args + ["--position-embedding-type", "alibi"], devices=2)
+        read_megatron_args(args + ["--position-embedding-type", "sinusoidal"], devices=2)
 
 
 def test_eager_swiglu_runs_silu_and_the_multiply_and_keeps_silus_output():

@@ -259,7 +259,10 @@ def _predict_cases() -> Iterator[BadInput]:
                          "--decoder-first-pipeline-num-layers 2 --account-for-loss-in-pipeline-split"),
                         ("first-stage layers that leave the rest uneven", "--decoder-first-pipeline-num-layers 3"),
                         ("experts split over 3 of 2 TP ranks", "--tensor-model-parallel-size 2 --num-experts 4 "
-                                                              "--expert-tensor-parallel-size 3")):
+                                                              "--expert-tensor-parallel-size 3"),
+                        ("DeepSpeed ZeRO stage 4", "--deepspeed --zero-stage 4"),
+                        ("DeepSpeed partition counting the embedding, 10 slots on 4 stages",
+                         "--deepspeed --pp-partition-method 'type:transformer|embedding'")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),
                        {"args.txt": megatron + flags})
     yield BadInput("predict: malformed --catalog", ("predict", "--workload", "{dir}/w.yaml", "--catalog", "{dir}/c.yaml"),

@@ -20,6 +20,16 @@ Megatron's default for bf16 training); ``optimizer_state`` ``--use-precision-awa
 bf16 moments (``--exp-avg-dtype``, ``--exp-avg-sq-dtype``) and, for ``"bf16"``,
 ``--main-params-dtype fp16``. ``pp_scatter_gather`` has no flag in current Megatron-LM and reads
 back as tuner's default.
+
+Megatron-DeepSpeed launches (BigScience's BLOOM scripts and their descendants) read too:
+``--checkpoint-activations`` is full recomputation of every layer; ``--position-embedding-type alibi``
+reads as no position embedding (ALiBi's bias enters the attention scores, no kernel of its own);
+``--pad-vocab-size-to`` is the vocabulary; attention is Megatron's unfused path (FlashAttention-2 with
+``--use-flash-attn``); ``--pp-partition-method 'type:transformer|embedding'`` counts
+the embedding and the tied output layer as pipeline layers (Megatron's embedding-and-loss split);
+``--deepspeed`` with ``--zero-stage`` 1 or 2 (or 0 with ``--bf16``: DeepSpeed's BF16 optimizer) shards
+the optimizer state (tuner's distributed optimizer), stage 3 reads as FSDP, and with ``pp`` > 1 its
+pipeline engine sends each TP rank's whole activation (``pp_scatter_gather`` off).
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ _INT_FLAGS = {
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
     "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
+    "--pad-vocab-size-to": "pad_vocab", "--zero-stage": "zero_stage", "--checkpoint-num-layers": "checkpoint_num_layers",
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor", "--hidden-dropout": "hidden_dropout",
                 "--attention-dropout": "attention_dropout"}
@@ -76,13 +87,14 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
               "--tokenizer-type": "tokenizer", "--moe-layer-freq": "moe_layer_freq",
-              "--position-embedding-type": "position"}
+              "--position-embedding-type": "position", "--pp-partition-method": "pp_partition"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
-             "--add-bias-linear", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"}
+             "--add-bias-linear", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
@@ -160,16 +172,28 @@ def _split_flags(layers: int, plan: ParallelPlan) -> list[str]:
                       "and last stage, or with the embedding and the loss counted as layers")
 
 
-def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str) -> tuple[int, ...] | None:
+#: Megatron-DeepSpeed's --pp-partition-method values -> (embedding, output layer) counted as pipeline layers
+PP_PARTITIONS = {"type:transformer": (False, False), "type:transformer|embedding": (True, True)}
+
+
+def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str,
+                  notes: list[str] | None = None) -> tuple[int, ...] | None:
     """The split the launch's flags ask for (None: even)."""
+    method = values.get("pp_partition")
+    counted = PP_PARTITIONS.get(method or "type:transformer")
+    if counted is None:
+        counted = (False, False)
+        if notes is not None:
+            notes.append(f"--pp-partition-method {method} read as an even split of the transformer layers")
     first = _positive(values, "first_stage_layers", "--decoder-first-pipeline-num-layers", source) \
         if "first_stage_layers" in values else None
     last = _positive(values, "last_stage_layers", "--decoder-last-pipeline-num-layers", source) \
         if "last_stage_layers" in values else None
     try:
         return megatron_stage_layers(layers, pp, v, first=first, last=last,
-                                     embedding=bool(values.get("--account-for-embedding-in-pipeline-split")),
-                                     loss=bool(values.get("--account-for-loss-in-pipeline-split")))
+                                     embedding=bool(values.get("--account-for-embedding-in-pipeline-split"))
+                                     or counted[0],
+                                     loss=bool(values.get("--account-for-loss-in-pipeline-split")) or counted[1])
     except ValueError as err:
         raise LaunchError(f"{source}: {err}") from None
 
@@ -295,10 +319,20 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
 
 
 # ----------------------------------------------------------------------------- arguments -> plan
+#: a shell word assigning a string that holds flags (``GPT_ARGS="--num-layers 70 ..."``, ``CMD="... $GPT_ARGS"``)
+_ASSIGNED_FLAGS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=(.*--[a-z].*)$", re.DOTALL)
+
+
 def _tokens(text: str, source: str) -> list[str]:
-    """Shell words of a launch script (:func:`tuner.launch.shell.shell_words`)."""
+    """Shell words of a launch script (:func:`tuner.launch.shell.shell_words`); a variable holding arguments as
+    one string, as BigScience's Megatron-DeepSpeed scripts keep them, stands for its words."""
     try:
-        return shell_words(text)
+        words = shell_words(text)
+        out: list[str] = []
+        for w in words:
+            m = _ASSIGNED_FLAGS.match(w)
+            out += shlex.split(m.group(1)) if m else [w]
+        return out
     except ValueError as exc:
         raise LaunchError(f"{source}: cannot split into shell words ({exc})") from None
 
@@ -362,7 +396,9 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     seq = _positive(values, "seq", "--seq-length", source)
     tokenizer = values.get("tokenizer")
     default_vocab = TOKENIZER_VOCAB.get(tokenizer, GPT2_VOCAB)
-    if "vocab" not in values and tokenizer in TOKENIZER_VOCAB:
+    if "vocab" not in values and "pad_vocab" in values:  # Megatron-DeepSpeed: the tokenizer's size padded to this
+        default_vocab = _positive(values, "pad_vocab", "--pad-vocab-size-to", source)
+    elif "vocab" not in values and tokenizer in TOKENIZER_VOCAB:
         notes.append(f"no --vocab-size: {tokenizer}'s {default_vocab} tokens")
     elif "vocab" not in values:
         told = f" (--tokenizer-type {tokenizer}: its size is in its files)" if tokenizer else ""
@@ -384,6 +420,8 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     # fused: Transformer Engine's FusedAttention, cuDNN's kernels; auto (Megatron's default): TE's choice
     attention = {"unfused": "unfused", "local": "unfused", "fused": "cudnn", "flash": "flash"}.get(backend or "auto",
                                                                                                    "te")
+    if backend is None and values.get("--deepspeed"):  # Megatron-DeepSpeed: no Transformer Engine
+        attention = "flash2" if values.get("--use-flash-attn") else "unfused"
     moe = None
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:
@@ -413,7 +451,7 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
 #: Megatron-LM's --position-embedding-type values -> tuner's position
 POSITIONS = {"learned_absolute": "learned", "rope": "rope", "none": "none"}
 #: the values tuner does not model -> the nearest position it does (read with a note)
-NEAREST_POSITIONS = {"mrope": "rope", "relative": "none"}
+NEAREST_POSITIONS = {"mrope": "rope", "relative": "none", "alibi": "none"}
 
 
 def _position(value: str, source: str, notes: list[str]) -> str:
@@ -470,8 +508,12 @@ def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> int:
     return 0
 
 
-def _recompute(values: dict, source: str) -> str:
+def _recompute(values: dict, source: str, notes: list[str]) -> str:
     gran = values.get("recompute")
+    if gran is None and values.get("--checkpoint-activations"):  # Megatron-LM before 2022, Megatron-DeepSpeed
+        if values.get("checkpoint_num_layers", 1) != 1:
+            notes.append("--checkpoint-num-layers > 1 read as every layer recomputed, each from its own input")
+        return "full"
     if gran is None:  # Megatron reads --recompute-activations as selective granularity
         return "selective" if values.get("--recompute-activations") else "none"
     if gran not in ("selective", "full"):
@@ -517,6 +559,29 @@ def _fsdp(values: dict, notes: list[str]) -> tuple[bool, bool, bool]:
     return False, False, False
 
 
+def _deepspeed(values: dict, pp: int, dtype: str, source: str, notes: list[str]) -> tuple[bool, bool, bool]:
+    """(optimizer state sharded, FSDP, pipeline scatter / gather) of Megatron-DeepSpeed's ``--deepspeed`` and
+    ``--zero-stage`` (the DeepSpeed config file is not read)."""
+    if not values.get("--deepspeed"):
+        return False, False, True
+    stage = int(values.get("zero_stage", 0))
+    if stage not in (0, 1, 2, 3):
+        raise LaunchError(f"{source}: --zero-stage must be 0, 1, 2 or 3 (got {stage})")
+    notes.append(f"DeepSpeed's ZeRO stage {stage} from --zero-stage (the DeepSpeed config file is not read)")
+    pipeline = pp > 1 and not values.get("--no-pipeline-parallel")
+    if pipeline:
+        notes.append("DeepSpeed's pipeline engine: each tensor-parallel rank sends its whole activation")
+    if stage == 3:
+        notes.append("ZeRO stage 3 read as FSDP (parameters, gradients and optimizer state sharded)")
+        return False, True, not pipeline
+    if stage == 2:
+        notes.append("ZeRO stage 2 read as the distributed optimizer (its gradient shards not modelled)")
+    if stage == 0 and dtype == "bf16":
+        notes.append("ZeRO stage 0 with --bf16 is DeepSpeed's BF16 optimizer: its sharded optimizer state read as the "
+                     "distributed optimizer, its fp32 gradient all-reduce priced as a reduce-scatter")
+    return stage > 0 or dtype == "bf16", False, not pipeline
+
+
 def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, devices: int | None = None,
                        meta: dict | None = None) -> LaunchPlan:
     """A plan from Megatron-LM arguments: a launch script's text or a list of argument words.
@@ -534,7 +599,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     values, launcher, skipped = _parse(tokens, source)
     notes: list[str] = list(dict.fromkeys(_APPROXIMATED[f] for f in skipped if f in _APPROXIMATED))
     spec = _spec(values, source, header_str(meta, "model_name", source) or "megatron-model", notes)
-    recompute = _recompute(values, source)
+    recompute = _recompute(values, source, notes)
     tp = _positive(values, "tp", "--tensor-model-parallel-size", source, 1)
     pp = _positive(values, "pp", "--pipeline-model-parallel-size", source, 1)
     cp = _positive(values, "cp", "--context-parallel-size", source, 1)
@@ -563,7 +628,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     elif pp > 1 and "virtual_stages" in values:
         v = _positive(values, "virtual_stages", "--num-virtual-stages-per-pipeline-rank", source)
     sched = "interleaved" if v > 1 else "1f1b"
-    stage_layers = _stage_layers(values, spec.layers, pp, v, source)
+    stage_layers = _stage_layers(values, spec.layers, pp, v, source, notes)
     recompute_layers = None
     if recompute == "full" and values.get("recompute_method") == "block":
         recompute_layers = _positive(values, "recompute_num_layers", "--recompute-num-layers", source)
@@ -574,6 +639,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
         notes.append("--recompute-method uniform with --recompute-num-layers > 1 read as every layer recomputed, "
                      "each from its own input")
     fsdp, zero, fsdp2 = _fsdp(values, notes)
+    ds_shard, ds_fsdp, scatter_gather = _deepspeed(values, pp, spec.dtype, source, notes)
+    zero, fsdp = zero or ds_shard, fsdp or ds_fsdp
     reduce = ("bf16" if values.get("--grad-reduce-in-bf16") else "fp32"
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
@@ -585,7 +652,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers,  # type: ignore[arg-type]
-                        optimizer_state=_optimizer_state(values, source, notes))  # type: ignore[arg-type]
+                        optimizer_state=_optimizer_state(values, source, notes),  # type: ignore[arg-type]
+                        pp_scatter_gather=scatter_gather)
     dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))
