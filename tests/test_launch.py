@@ -484,20 +484,25 @@ def test_megatron_deepspeed_launch_reads_as_bloom_ran():
     assert (p.tp, p.pp, p.dp, p.micro_batch, p.global_batch, p.recompute) == (4, 12, 8, 2, 2048, "full")
     # the embedding and the tied output layer take a layer's slot each: 72 slots, 6 a stage
     assert p.stage_layers == (5, *[6] * 10, 5)
-    assert p.distributed_optimizer and not p.fsdp and not p.pp_scatter_gather and not p.overlap_grad_reduce
+    assert p.distributed_optimizer and p.deepspeed_bf16 and not p.fsdp and not p.pp_scatter_gather
+    assert not p.overlap_grad_reduce and p.grad_reduce_dtype == "fp32"
     notes = " ".join(read.notes)
     assert "alibi read as none" in notes and "BF16 optimizer" in notes and "whole activation" in notes
     assert "--rampup-batch-size" in read.ignored and "--deepspeed_config" in read.ignored
 
 
-@pytest.mark.parametrize("flags, shard, fsdp", [
-    ("--deepspeed --zero-stage 1 --fp16", True, False), ("--deepspeed --zero-stage 2 --bf16", True, False),
-    ("--deepspeed --zero-stage 3 --bf16", False, True), ("--deepspeed --fp16", False, False),
-    ("--deepspeed --bf16", True, False), ("--zero-stage 1 --bf16", False, False)])
-def test_deepspeed_zero_stages_shard_as_deepspeed_does(flags, shard, fsdp):
+@pytest.mark.parametrize("flags, shard, fsdp, bf16_optimizer", [
+    ("--deepspeed --zero-stage 1 --fp16", True, False, False), ("--deepspeed --zero-stage 2 --bf16", True, False, False),
+    ("--deepspeed --zero-stage 3 --bf16", False, True, False), ("--deepspeed --fp16", False, False, False),
+    ("--deepspeed --bf16", True, False, True), ("--zero-stage 1 --bf16", False, False, False)])
+def test_deepspeed_zero_stages_shard_as_deepspeed_does(flags, shard, fsdp, bf16_optimizer):
     base = "--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1 "
     read = read_megatron_args(base + flags, devices=8)
-    assert (read.plan.distributed_optimizer, read.plan.fsdp) == (shard, fsdp)
+    assert (read.plan.distributed_optimizer, read.plan.fsdp, read.plan.deepspeed_bf16_grads) == (shard, fsdp,
+                                                                                                bf16_optimizer)
+    if bf16_optimizer:  # Megatron-LM has no such optimizer: written as its distributed optimizer, with a comment
+        text = megatron_launch_text(read.spec, read.plan, platform="a100-80gb", devices_per_node=8)
+        assert "DeepSpeed's BF16 optimizer has no Megatron-LM flag" in text and "--use-distributed-optimizer" in text
     assert read.plan.pp_scatter_gather  # no pipeline: nothing to send
     piped = read_megatron_args(base + flags + " --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2",
                                devices=8)

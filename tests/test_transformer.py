@@ -435,6 +435,33 @@ def test_optimizer_state_dtype_sets_bytes_and_adam_traffic(state, per_param):
     assert adam_bytes_per_param(plan) == ADAM_BYTES_PER_PARAM - 2 * (12 - per_param)
 
 
+
+def test_deepspeed_bf16_optimizer_all_reduces_fp32_gradients_and_holds_a_bf16_copy():
+    """DeepSpeed's BF16 optimizer: the sharded state of the distributed optimizer, but the fp32 gradients
+    all-reduced whole (twice a reduce-scatter's traffic) and 2 bytes a parameter more for the bf16 gradients."""
+    megatron = ParallelPlan(tp=1, pp=2, dp=4, micro_batch=1, global_batch=16, distributed_optimizer=True,
+                            grad_reduce_dtype="fp32", overlap_grad_reduce=False)
+    deepspeed = ParallelPlan(**{**megatron.to_dict(), "deepspeed_bf16": True})
+    assert deepspeed.label() == megatron.label() + "-dsbf16"
+    m, d = memory_per_stage(SMALL, megatron)[0], memory_per_stage(SMALL, deepspeed)[0]
+    assert d.grads_bytes - m.grads_bytes == pytest.approx(2 * m.params)
+    assert d.optimizer_bytes == m.optimizer_bytes == pytest.approx(12 * m.params / 4)
+    kinds = {}
+    for name, plan in (("megatron", megatron), ("deepspeed", deepspeed)):
+        df = build_transformer_graph(SMALL, plan, detail="kernel").tasks_frame()
+        grads = df[df.name.str.startswith("dp_grad") & (df.kind != "cpu_op")]  # the collectives, not their launches
+        kinds[name] = (set(grads.kind), grads.bytes.sum())
+        assert (df.name == "param.all_gather").sum() >= 1  # each rank's updated shard gathered back
+    assert kinds["megatron"][0] == {"reduce_scatter"} and kinds["deepspeed"][0] == {"all_reduce"}
+    assert kinds["deepspeed"][1] == pytest.approx(kinds["megatron"][1])  # the same fp32 gradients go in
+    t = {k: simulate(build_transformer_graph(SMALL, p, detail="kernel"), TIMING).iteration_s
+         for k, p in (("megatron", megatron), ("deepspeed", deepspeed))}
+    assert t["deepspeed"] > t["megatron"]
+    # without the distributed optimizer the switch changes nothing: plain all-reduce, no bf16 copy
+    plain = ParallelPlan(**{**deepspeed.to_dict(), "distributed_optimizer": False})
+    assert not plain.deepspeed_bf16_grads and memory_per_stage(SMALL, plain)[0].grads_bytes == pytest.approx(
+        4 * m.params)
+
 # --------------------------------------------------------------------------- bad plans
 @pytest.mark.parametrize(
     ("plan", "devices", "message"),

@@ -27,9 +27,9 @@ reads as no position embedding (ALiBi's bias enters the attention scores, no ker
 ``--pad-vocab-size-to`` is the vocabulary; attention is Megatron's unfused path (FlashAttention-2 with
 ``--use-flash-attn``); ``--pp-partition-method 'type:transformer|embedding'`` counts
 the embedding and the tied output layer as pipeline layers (Megatron's embedding-and-loss split);
-``--deepspeed`` with ``--zero-stage`` 1 or 2 (or 0 with ``--bf16``: DeepSpeed's BF16 optimizer) shards
-the optimizer state (tuner's distributed optimizer), stage 3 reads as FSDP, and with ``pp`` > 1 its
-pipeline engine sends each TP rank's whole activation (``pp_scatter_gather`` off).
+``--deepspeed`` with ``--zero-stage`` 1 or 2 shards the optimizer state (tuner's distributed optimizer), 0
+with ``--bf16`` is DeepSpeed's BF16 optimizer (``deepspeed_bf16``), stage 3 reads as FSDP, and with ``pp``
+> 1 its pipeline engine sends each TP rank's whole activation (``pp_scatter_gather`` off).
 """
 
 from __future__ import annotations
@@ -306,6 +306,9 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
     if spec.attention in ("flex", "flash_triton"):
         lines.insert(1, f"# attention {spec.attention} has no Megatron-LM backend: written as --attention-backend "
                         "flash (FlashAttention-2)")
+    if plan.deepspeed_bf16_grads:
+        lines.insert(1, "# DeepSpeed's BF16 optimizer has no Megatron-LM flag: written as Megatron's distributed "
+                        "optimizer, which reads back as it")
     head = shlex.join(cmd[:6])
     rest = cmd[6:]
     parts = [head]
@@ -559,11 +562,12 @@ def _fsdp(values: dict, notes: list[str]) -> tuple[bool, bool, bool]:
     return False, False, False
 
 
-def _deepspeed(values: dict, pp: int, dtype: str, source: str, notes: list[str]) -> tuple[bool, bool, bool]:
-    """(optimizer state sharded, FSDP, pipeline scatter / gather) of Megatron-DeepSpeed's ``--deepspeed`` and
-    ``--zero-stage`` (the DeepSpeed config file is not read)."""
+def _deepspeed(values: dict, pp: int, dtype: str, source: str,
+               notes: list[str]) -> tuple[bool, bool, bool, bool]:
+    """(optimizer state sharded, FSDP, pipeline scatter / gather, DeepSpeed's BF16 optimizer) of
+    Megatron-DeepSpeed's ``--deepspeed`` and ``--zero-stage`` (the DeepSpeed config file is not read)."""
     if not values.get("--deepspeed"):
-        return False, False, True
+        return False, False, True, False
     stage = int(values.get("zero_stage", 0))
     if stage not in (0, 1, 2, 3):
         raise LaunchError(f"{source}: --zero-stage must be 0, 1, 2 or 3 (got {stage})")
@@ -573,13 +577,14 @@ def _deepspeed(values: dict, pp: int, dtype: str, source: str, notes: list[str])
         notes.append("DeepSpeed's pipeline engine: each tensor-parallel rank sends its whole activation")
     if stage == 3:
         notes.append("ZeRO stage 3 read as FSDP (parameters, gradients and optimizer state sharded)")
-        return False, True, not pipeline
+        return False, True, not pipeline, False
     if stage == 2:
         notes.append("ZeRO stage 2 read as the distributed optimizer (its gradient shards not modelled)")
-    if stage == 0 and dtype == "bf16":
-        notes.append("ZeRO stage 0 with --bf16 is DeepSpeed's BF16 optimizer: its sharded optimizer state read as the "
-                     "distributed optimizer, its fp32 gradient all-reduce priced as a reduce-scatter")
-    return stage > 0 or dtype == "bf16", False, not pipeline
+    bf16_optimizer = stage == 0 and dtype == "bf16"
+    if bf16_optimizer:
+        notes.append("ZeRO stage 0 with --bf16 is DeepSpeed's BF16 optimizer: the optimizer state sharded, the fp32 "
+                     "gradients all-reduced whole, the bf16 gradients held beside them (deepspeed_bf16)")
+    return stage > 0 or bf16_optimizer, False, not pipeline, bf16_optimizer
 
 
 def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, devices: int | None = None,
@@ -639,7 +644,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
         notes.append("--recompute-method uniform with --recompute-num-layers > 1 read as every layer recomputed, "
                      "each from its own input")
     fsdp, zero, fsdp2 = _fsdp(values, notes)
-    ds_shard, ds_fsdp, scatter_gather = _deepspeed(values, pp, spec.dtype, source, notes)
+    ds_shard, ds_fsdp, scatter_gather, ds_bf16 = _deepspeed(values, pp, spec.dtype, source, notes)
     zero, fsdp = zero or ds_shard, fsdp or ds_fsdp
     reduce = ("bf16" if values.get("--grad-reduce-in-bf16") else "fp32"
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
@@ -653,7 +658,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers,  # type: ignore[arg-type]
                         optimizer_state=_optimizer_state(values, source, notes),  # type: ignore[arg-type]
-                        pp_scatter_gather=scatter_gather)
+                        pp_scatter_gather=scatter_gather, deepspeed_bf16=ds_bf16)
     dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))

@@ -190,6 +190,9 @@ class PlanOptions(StrictModel):
     tp_comm_overlap: bool = False
     pp_scatter_gather: bool = True
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    #: with the distributed optimizer, DeepSpeed's BF16 optimizer: fp32 gradients all-reduced whole (not
+    #: reduce-scattered) and the bf16 gradients held beside them
+    deepspeed_bf16: bool = False
     #: Adam's state: fp32 (12 bytes a parameter), bf16_moments (8), bf16 (6)
     optimizer_state: Literal["fp32", "bf16_moments", "bf16"] = "fp32"
     #: FSDP plans run as PyTorch's fully_shard (FSDP2, torchtitan): each layer's gathered parameters copied

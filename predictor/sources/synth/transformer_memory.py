@@ -243,7 +243,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             buffers += gathered
         else:
             weights = params * dt
-            grads = params * grad_b
+            grads = params * (grad_b + (dt if plan.deepspeed_bf16_grads else 0.0))
             sharded = data_parallel_shard(spec, plan, params, stage) if plan.distributed_optimizer else params
             optim = sharded * master_b
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))

@@ -351,6 +351,11 @@ class ParallelPlan:
     #: ranks of a stage hold the same weights and reduce (or shard) gradients together
     cp: int = 1
     distributed_optimizer: bool = False
+    #: with ``distributed_optimizer``, DeepSpeed's BF16 optimizer (Megatron-DeepSpeed's ZeRO stage 0 with bf16):
+    #: the fp32 gradients are all-reduced whole over the data-parallel ranks (Megatron's distributed optimizer
+    #: reduce-scatters them) before each rank updates its shard, and each micro-batch's bf16 gradients are held
+    #: beside the fp32 accumulation (2 bytes a parameter more)
+    deepspeed_bf16: bool = False
     overlap_grad_reduce: bool = True
     #: overlap the input-gradient all-reduce with the wgrad GEMM; with sequence parallelism also each
     #: layer's all-gathers and reduce-scatters with the GEMMs that read or write them (userbuffers)
@@ -434,6 +439,11 @@ class ParallelPlan:
         return self.recompute == "full" and (self.recompute_layers is None or index < self.recompute_layers)
 
     @property
+    def deepspeed_bf16_grads(self) -> bool:
+        """DeepSpeed's BF16 optimizer in force: ``deepspeed_bf16`` with the optimizer state sharded."""
+        return self.deepspeed_bf16 and self.distributed_optimizer and not self.fsdp
+
+    @property
     def virtual_stages_effective(self) -> int:
         return self.virtual_stages if (self.schedule == "interleaved" and self.pp > 1) else 1
 
@@ -444,6 +454,7 @@ class ParallelPlan:
         extra += f"-ep{self.ep}" if self.ep > 1 else ""
         extra += f"-etp{self.expert_tp}" if self.expert_tp is not None and self.expert_tp != self.tp else ""
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
+        extra += "-dsbf16" if self.deepspeed_bf16_grads else ""
         extra += "-fsdp" if self.fsdp else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
         extra += {"fp32": "", "bf16_moments": "-adam16m", "bf16": "-adam16"}[self.optimizer_state]

@@ -185,7 +185,7 @@ class StepTemplates:
             if final:  # the optimizer waits for the last micro-batch's reduce-scatters
                 markers["dp"] = reduces
         else:
-            kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
+            kind = "reduce_scatter" if self.plan.distributed_optimizer and not self.plan.deepspeed_bf16_grads else "all_reduce"
             dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad", self.lay.dp_share)
             expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad",
                                  self.lay.dp_share)
@@ -349,7 +349,7 @@ class StepTemplates:
         gradients first, then the experts'; returns the launched collectives."""
         if self.plan.fsdp:  # every micro-batch's backward reduce-scatters its own gradients
             return []
-        kind = "reduce_scatter" if self.plan.distributed_optimizer else "all_reduce"
+        kind = "reduce_scatter" if self.plan.distributed_optimizer and not self.plan.deepspeed_bf16_grads else "all_reduce"
         dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
         expert_total = expert_params_per_device(self.spec, self.plan, stage)
         expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad")
