@@ -258,3 +258,23 @@ def test_pipeline_split_counting_the_embedding_and_loss_fits_layers_that_do_not_
            "sequence_parallel": False, "ep": 1, "distributed_optimizer": False, "fsdp": False}
     assert normalise(counted, 8, raw) == (None, "10 layers with the embedding / loss counted do not split over 8 "
                                                 "virtual stages")
+
+
+def test_memory_fraction_drops_the_plans_that_need_more_than_that_share(tmp_path):
+    # options.memory_fraction: the same grid, fewer feasible plans; the space's predict says the same
+    space = {**SPACE, "ranges": {"tp": [1, 2], "pp": [1, 2], "micro_batch": [4], "recompute": ["none"]}}
+    runs = {}
+    for frac in (1.0, 0.0005):  # 0.05 % of 80 GiB is 43 MB: no plan of this model fits
+        out = tmp_path / f"out{frac}"
+        out.mkdir()
+        data = {**space, "options": {"memory_fraction": frac}}
+        code, text = _cli("search", str(_write(tmp_path, data, f"s{frac}.yaml")), "--out", str(out), "--workers", "0")
+        assert code == 0, text
+        runs[frac] = json.loads((out / "results.json").read_text())["plans"]
+    assert all(p["status"] == "ok" for p in runs[1.0])
+    assert all(p["status"] == "infeasible" and "% usable" in p["reason"] for p in runs[0.0005])
+    code, text = _cli("predict", "--workload", str(tmp_path / "s0.0005.yaml"), "--set", "tp=2", "--set", "pp=1",
+                      "--set", "micro_batch=4", "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    assert r["status"] == "infeasible" and r["usable_memory_bytes"] == pytest.approx(0.0005 * r["device_memory_bytes"])

@@ -329,3 +329,15 @@ def test_polish_climbs_from_plans_that_fit_but_miss_the_budget():
     assert keys == {"x/16", "x/32"}  # 16 from the feasible record, 32 from the one over the budget
     done["x/64"][0].record["constraints"]["memory"] = 0.1  # out of memory too: no longer climbed from
     assert {c.key for c in PolishProposer(Done(), dists, resolve, budget=10).propose(done)} == {"x/16"}
+
+
+def test_memory_fraction_of_a_transformer_rent_space_is_a_memory_constraint(tmp_path):
+    # options.memory_fraction: plans over that share of the device are infeasible, and the constraint
+    # NSGA-II reads is measured against the usable share
+    code, out = _run(tmp_path, _space(options={"memory_fraction": 0.0002}), out="frac")
+    assert code == 0, out
+    recs = _payload(tmp_path, "frac")["records"]
+    assert recs and all(r["status"] == "infeasible" and r["reason"].startswith("memory") for r in recs)
+    for r in recs:
+        assert r["constraints"]["memory"] == pytest.approx(r["memory_bytes_per_device"] / r["usable_memory_bytes"] - 1)
+        assert r["constraints"]["memory"] > 0

@@ -573,3 +573,19 @@ def test_stage_layers_that_do_not_split_the_model_are_refused(layers, match):
     spec = replace(SMALL, layers=10, attention="flash")
     with pytest.raises(PlanError, match=match):
         check_plan(spec, ParallelPlan(tp=1, pp=4, dp=1, micro_batch=1, global_batch=8, stage_layers=layers))
+
+
+def test_memory_fraction_leaves_headroom_on_each_device():
+    """``options.memory_fraction``: a plan must fit in that share of the device; the reason says so."""
+    from tuner.plans import predict_plan
+
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=512, vocab=1000)
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+    a100 = get_platform("a100-80gb")
+    whole, _ = predict_plan(spec, plan, a100)
+    need = whole["memory_bytes_per_device"] / a100.memory_bytes
+    fits, _ = predict_plan(spec, plan, a100, memory_fraction=min(1.0, need * 1.01))
+    short, _ = predict_plan(spec, plan, a100, memory_fraction=need * 0.99)
+    assert whole["feasible"] and fits["feasible"] and "usable_memory_bytes" not in whole
+    assert not short["feasible"] and short["predicted_iteration_s"] is None and "% usable" in short["reason"]
+    assert short["usable_memory_bytes"] == pytest.approx(need * 0.99 * a100.memory_bytes)

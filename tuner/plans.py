@@ -55,8 +55,10 @@ def predict_plan(
     devices: int | None = None,
     detail: str = "auto",
     keep_timeline: bool = False,
+    memory_fraction: float = 1.0,
 ) -> tuple[dict, Timeline | None]:
-    """Predict ``plan``: a result dict (seconds, bytes, FLOP/s) and, if asked, the timeline.
+    """Predict ``plan``: a result dict (seconds, bytes, FLOP/s) and, if asked, the timeline. The plan must
+    fit in ``memory_fraction`` of each device's memory.
 
     Raises :class:`PlanError` when the plan cannot run at all (heads not divisible by ``tp``,
     more stages than layers, ``tp*pp*dp != devices``...). A plan that runs out of memory is a
@@ -67,7 +69,7 @@ def predict_plan(
     mem = memory_per_stage(spec, plan)
     totals = np.asarray([m.total_bytes for m in mem])
     worst = int(np.argmax(totals))
-    cap = platform.memory_bytes
+    cap = platform.memory_bytes * memory_fraction
     base = {
         "plan": plan.label(),
         "params": plan.to_dict(),
@@ -75,14 +77,17 @@ def predict_plan(
         "micro_batches": plan.micro_batches,
         "memory_bytes_per_device": float(totals.max()),
         "memory_per_stage": [m.as_dict() for m in mem],
-        "device_memory_bytes": cap,
+        "device_memory_bytes": platform.memory_bytes,
     }
+    if memory_fraction < 1.0:
+        base["usable_memory_bytes"] = cap
     if totals.max() > cap:
         base.update(
             status="infeasible",
             feasible=False,
             reason=f"stage {worst} needs {totals[worst] / 2**30:.1f} GiB per device, "
-            f"{platform.key} has {cap / 2**30:.1f} GiB",
+            f"{platform.key} has {platform.memory_bytes / 2**30:.1f} GiB"
+            + (f" ({memory_fraction:.0%} usable: {cap / 2**30:.1f} GiB)" if memory_fraction < 1.0 else ""),
             predicted_iteration_s=None,
         )
         return base, None

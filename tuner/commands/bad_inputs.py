@@ -93,6 +93,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("options.optimizer_state", ["fp8"]),
         ("options.expert_tp", [2]),
         ("options.pipeline_split", ["balanced"]),
+        ("options.memory_fraction", [0, 1.5]),
     ],
     "accelerators": [
         ("models", [[], [{"name": ""}], [{"name": "no_such_model"}], [{"name": "resnet50"}, {"name": "resnet50"}]]),

@@ -235,6 +235,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
                         else 1)
     opts = options.model_dump() if options else {}
     split = opts.pop("pipeline_split", "auto")
+    memory_fraction = opts.pop("memory_fraction", 1.0)
     base = ParallelPlan(**opts)
     try:
         plan = plan_from_fields(values, base)
@@ -246,7 +247,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
             plan = replace(plan, stage_layers=layers)
         spec = _with_model_sets(model.to_spec(), model_sets)
         result, tl = predict_plan(spec, plan, platform, devices_per_node=dpn, devices=devices, detail=detail,
-                                  keep_timeline=trace is not None)
+                                  keep_timeline=trace is not None, memory_fraction=memory_fraction)
     except PlanError as exc:
         fail(str(exc))
     out = {"model": spec.name, "platform": platform.key, **result}

@@ -205,6 +205,12 @@ def pareto_figure(payload: dict):  # -> matplotlib Figure
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 5.6), dpi=100)
+    priced = [r for r in payload["records"] if r.get("usd") and r.get("time_to_train_h")]
+    if not priced:  # every candidate out of memory (or failed): no time or cost to plot on log axes
+        ax.text(0.5, 0.5, "no candidate was priced: each one is out of memory or failed (see the table)",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
     colors = plt.get_cmap("tab10").colors
     for i, a in enumerate(x["key"] for x in payload["accelerators"]):
         c = colors[i % len(colors)]

@@ -206,6 +206,9 @@ class PlanOptions(StrictModel):
     #: loss each count as a layer, so the first and last stages hold one fewer and a 126-layer model splits
     #: over 8 or 16 stages); auto: even where the layers divide, else embedding_and_loss
     pipeline_split: Literal["auto", "even", "embedding_and_loss"] = "auto"
+    #: share of each device's memory a plan may use: 1.0 all of it; 0.9 leaves a tenth for what the prediction does
+    #: not count (the allocator's cache, the CUDA context, NCCL's buffers)
+    memory_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
 
 
 class RangesSection(StrictModel):
@@ -298,6 +301,7 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     sched = raw["schedule"] if pp > 1 else "1f1b"
     options = space.options.model_dump()
     split = options.pop("pipeline_split")
+    options.pop("memory_fraction")
     fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
@@ -372,7 +376,8 @@ def evaluate_candidate(ctx: ParallelContext, key: str, fields: dict) -> dict:
     """Predict one plan; never raises (an error becomes ``status="failed"`` with its text)."""
     try:
         res, _ = predict_plan(ctx.spec, ParallelPlan(**fields), ctx.platform, devices_per_node=ctx.devices_per_node,
-                              devices=ctx.devices, detail=ctx.space.search.detail)
+                              devices=ctx.devices, detail=ctx.space.search.detail,
+                              memory_fraction=ctx.space.options.memory_fraction)
     except PlanError as exc:
         res = {"status": "invalid", "feasible": False, "reason": str(exc), "predicted_iteration_s": None}
     except Exception as exc:  # recorded, the search goes on

@@ -261,7 +261,7 @@ def finish_record(ctx: RentContext, offer: Offer, devices: int, rec: dict) -> di
     mem = rec.get("memory_bytes_per_device")
     cons: dict[str, float] = {}
     if mem is not None and cap:
-        cons["memory"] = mem / cap - 1.0
+        cons["memory"] = mem / rec.get("usable_memory_bytes", cap) - 1.0
     it = rec.get("iteration_s")
     if it is None or rec.get("global_batch") is None:
         rec["constraints"] = cons
