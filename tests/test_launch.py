@@ -555,3 +555,25 @@ srun bash -c "$LAUNCHER $CMD"
     assert read.plan.stage_layers == (5, *[6] * 10, 5) and read.plan.distributed_optimizer
     with pytest.raises(LaunchError, match="cannot split into shell words"):
         read_megatron_args("GPT_ARGS=\"--num-layers 2 'unbalanced\"\n", devices=8)
+
+
+def test_world_size_from_slurms_allocation_when_torchrun_reads_it_from_the_environment():
+    from tuner.launch.megatron import slurm_allocation
+
+    args = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1 "
+            "--tensor-model-parallel-size 2")
+    script = f"""#!/bin/bash
+#SBATCH --job-name=x
+#SBATCH --nodes=3            # three nodes
+#SBATCH --gres=gpu:a100:8
+NNODES=$SLURM_NNODES
+srun torchrun --nproc_per_node 4 --nnodes $NNODES pretrain_gpt.py {args}
+"""
+    read = read_megatron_args(script, "job.slurm")
+    assert read.devices == 12 and read.plan.dp == 6 and read.devices_per_node == 4  # torchrun's 4 per node
+    assert any("Slurm's 3 nodes" in n for n in read.notes)
+    no_torchrun = read_megatron_args(f"#SBATCH -N 2\n#SBATCH --gpus-per-node=8\npython pretrain_gpt.py {args}\n")
+    assert no_torchrun.devices == 16 and no_torchrun.devices_per_node == 8
+    assert slurm_allocation("#SBATCH --nodes=2-4\n#SBATCH --gres=gpu:0\n") == {}  # a range, no GPUs: not read
+    with pytest.raises(LaunchError, match="world size is unknown"):
+        read_megatron_args(f"#SBATCH --nodes=2-4\npython pretrain_gpt.py {args}\n")

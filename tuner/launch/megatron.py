@@ -587,16 +587,41 @@ def _deepspeed(values: dict, pp: int, dtype: str, source: str,
     return stage > 0 or bf16_optimizer, False, not pipeline, bf16_optimizer
 
 
+_SBATCH = re.compile(r"^\s*#SBATCH\s+(.*)$", re.MULTILINE)
+_SBATCH_NODES = re.compile(r"^(?:--nodes=?|-N=?)(\d+)$")
+_SBATCH_GPUS = re.compile(r"^(?:--gres=gpu:|--gpus-per-node=)(?:[A-Za-z0-9_-]+:)?(\d+)$")
+
+
+def slurm_allocation(text: str) -> dict[str, int]:
+    """Slurm's allocation in a batch script's ``#SBATCH`` lines: ``nodes`` (``--nodes`` / ``-N``, a plain
+    count; a range is left out) and ``gpus_per_node`` (``--gres=gpu:[type:]K``, ``--gpus-per-node=[type:]K``)."""
+    out: dict[str, int] = {}
+    for line in _SBATCH.findall(text):
+        words = line.split("#")[0].split()
+        for i, w in enumerate(words):
+            if w in ("--nodes", "-N", "--gres", "--gpus-per-node") and i + 1 < len(words):
+                w = w + ("=" if w.startswith("--") else "") + words[i + 1]
+            if m := _SBATCH_NODES.match(w):
+                out["nodes"] = int(m.group(1))
+            elif m := _SBATCH_GPUS.match(w):
+                out["gpus_per_node"] = int(m.group(1))
+    return {k: v for k, v in out.items() if v > 0}
+
+
 def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, devices: int | None = None,
                        meta: dict | None = None) -> LaunchPlan:
     """A plan from Megatron-LM arguments: a launch script's text or a list of argument words.
 
     The world size is ``devices`` if given, else ``torchrun --nnodes x --nproc-per-node`` in the
-    text, else the ``devices`` of tuner's header. Raises :class:`LaunchError` (one line) when the
-    model shape, the micro-batch or the world size is missing, or a value is not a number.
+    text, else Slurm's ``#SBATCH --nodes`` times torchrun's ``--nproc-per-node`` (or ``#SBATCH
+    --gres=gpu:K`` / ``--gpus-per-node``), else the ``devices`` of tuner's header. Raises
+    :class:`LaunchError` (one line) when the model shape, the micro-batch or the world size is
+    missing, or a value is not a number.
     """
+    slurm: dict[str, int] = {}
     if isinstance(text, str):
         meta = {**read_header(text, source), **(meta or {})}
+        slurm = slurm_allocation(text)
         tokens = _tokens(text, source)
     else:
         meta = dict(meta or {})
@@ -612,6 +637,10 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     world = devices
     if world is None and "nnodes" in launcher and "nproc" in launcher:
         world = launcher["nnodes"] * launcher["nproc"]
+    per_node = launcher.get("nproc", slurm.get("gpus_per_node"))
+    if world is None and "nodes" in slurm and per_node is not None:  # torchrun's --nnodes $SLURM_NNODES
+        world = slurm["nodes"] * per_node
+        notes.append(f"world size {world}: Slurm's {slurm['nodes']} nodes (#SBATCH) x {per_node} GPUs each")
     if world is None and "dp" in values:
         world = values["dp"] * tp * pp * cp
     if world is None:
@@ -659,7 +688,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers,  # type: ignore[arg-type]
                         optimizer_state=_optimizer_state(values, source, notes),  # type: ignore[arg-type]
                         pp_scatter_gather=scatter_gather, deepspeed_bf16=ds_bf16)
-    dpn = header_int(meta, "devices_per_node", source) or launcher.get("nproc")
+    dpn = header_int(meta, "devices_per_node", source) or per_node
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))
 
