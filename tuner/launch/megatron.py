@@ -308,7 +308,7 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
                         "flash (FlashAttention-2)")
     if plan.deepspeed_bf16_grads:
         lines.insert(1, "# DeepSpeed's BF16 optimizer has no Megatron-LM flag: written as Megatron's distributed "
-                        "optimizer, which reads back as it")
+                        "optimizer, and read back as that (reduce-scattered gradients, no bf16 copy)")
     head = shlex.join(cmd[:6])
     rest = cmd[6:]
     parts = [head]
