@@ -53,7 +53,7 @@ from tuner.launch.common import (
 from tuner.launch.shell import literal_value, shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
-           "megatron_stage_layers", "GPT2_VOCAB"]
+           "megatron_stage_layers", "slurm_allocation", "GPT2_VOCAB", "PP_PARTITIONS"]
 
 #: Megatron-LM's GPT examples tokenise with GPT-2 BPE: the vocabulary when no --vocab-size is given
 GPT2_VOCAB = 50257
