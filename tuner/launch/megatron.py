@@ -646,7 +646,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     if world is None:
         world = header_int(meta, "devices", source)
     if world is None:
-        raise LaunchError(f"{source}: the world size is unknown (no torchrun --nnodes/--nproc-per-node): give --devices N")
+        raise LaunchError(f"{source}: the world size is unknown (no torchrun --nnodes/--nproc-per-node, no #SBATCH --nodes): give --devices N")
     if world % (tp * pp * cp):
         what = "tp x pp x cp" if cp > 1 else "tp x pp"
         raise LaunchError(f"{source}: {what} = {tp * pp * cp} does not divide the world size {world}")
