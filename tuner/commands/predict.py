@@ -211,7 +211,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
 
     from predictor.sources.synth.transformer import ParallelPlan, PlanError
     from tuner.plans import plan_from_fields, predict_plan
-    from tuner.search.parallel import split_layers
+    from tuner.search.parallel import PlanOptions, split_layers
 
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
@@ -233,21 +233,19 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
         model_parallel = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
         values["dp"] = (devices // model_parallel if devices and model_parallel > 0 and devices % model_parallel == 0
                         else 1)
-    opts = options.model_dump() if options else {}
-    split = opts.pop("pipeline_split", "auto")
-    memory_fraction = opts.pop("memory_fraction", 1.0)
-    base = ParallelPlan(**opts)
+    options = options or PlanOptions()
+    base = ParallelPlan(**options.plan_fields())
     try:
         plan = plan_from_fields(values, base)
         try:
-            layers = split_layers(split, model.layers, plan.pp, plan.virtual_stages_effective)
+            layers = split_layers(options.pipeline_split, model.layers, plan.pp, plan.virtual_stages_effective)
         except ValueError as err:
             raise PlanError(str(err)) from None
         if layers is not None and plan.stage_layers is None:
             plan = replace(plan, stage_layers=layers)
         spec = _with_model_sets(model.to_spec(), model_sets)
         result, tl = predict_plan(spec, plan, platform, devices_per_node=dpn, devices=devices, detail=detail,
-                                  keep_timeline=trace is not None, memory_fraction=memory_fraction)
+                                  keep_timeline=trace is not None, memory_fraction=options.memory_fraction)
     except PlanError as exc:
         fail(str(exc))
     out = {"model": spec.name, "platform": platform.key, **result}

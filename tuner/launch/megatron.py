@@ -176,15 +176,13 @@ def _split_flags(layers: int, plan: ParallelPlan) -> list[str]:
 PP_PARTITIONS = {"type:transformer": (False, False), "type:transformer|embedding": (True, True)}
 
 
-def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str,
-                  notes: list[str] | None = None) -> tuple[int, ...] | None:
+def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str, notes: list[str]) -> tuple[int, ...] | None:
     """The split the launch's flags ask for (None: even)."""
     method = values.get("pp_partition")
     counted = PP_PARTITIONS.get(method or "type:transformer")
     if counted is None:
         counted = (False, False)
-        if notes is not None:
-            notes.append(f"--pp-partition-method {method} read as an even split of the transformer layers")
+        notes.append(f"--pp-partition-method {method} read as an even split of the transformer layers")
     first = _positive(values, "first_stage_layers", "--decoder-first-pipeline-num-layers", source) \
         if "first_stage_layers" in values else None
     last = _positive(values, "last_stage_layers", "--decoder-last-pipeline-num-layers", source) \

@@ -210,6 +210,11 @@ class PlanOptions(StrictModel):
     #: not count (the allocator's cache, the CUDA context, NCCL's buffers)
     memory_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
 
+    def plan_fields(self) -> dict:
+        """The options that are :class:`ParallelPlan` fields (``pipeline_split`` and ``memory_fraction`` are not:
+        they shape the split and the fit of each plan)."""
+        return self.model_dump(exclude={"pipeline_split", "memory_fraction"})
+
 
 class RangesSection(StrictModel):
     """Values to try for each plan dimension."""
@@ -299,17 +304,15 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     if fsdp and pp > 1:
         return None, "fsdp is modelled without pipeline parallelism (pp = 1)"
     sched = raw["schedule"] if pp > 1 else "1f1b"
-    options = space.options.model_dump()
-    split = options.pop("pipeline_split")
-    options.pop("memory_fraction")
     fields = dict(tp=tp, pp=pp, dp=dp, micro_batch=raw["micro_batch"], global_batch=space.global_batch,
                   schedule=sched, virtual_stages=raw["virtual_stages"] if sched == "interleaved" else 2,
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
                   ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1 and not fsdp),
-                  cp=cp, **options)
+                  cp=cp, **space.options.plan_fields())
     fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2)
     try:
-        layers = split_layers(split, space.model.layers, pp, fields["virtual_stages"] if sched == "interleaved" else 1)
+        layers = split_layers(space.options.pipeline_split, space.model.layers, pp,
+                              fields["virtual_stages"] if sched == "interleaved" else 1)
     except ValueError as err:
         return None, str(err)
     if layers is not None:

@@ -141,6 +141,10 @@ class StepTemplates:
         self._macro: dict[tuple, ExecutionGraph] = {}
         dt = DTYPE_BYTES[plan.grad_reduce_dtype]
         self.grad_bytes = dt
+        #: the data-parallel gradient collective: the distributed optimizer reduce-scatters, DDP and DeepSpeed's
+        #: BF16 optimizer all-reduce
+        self.grad_kind = "reduce_scatter" if plan.distributed_optimizer and not plan.deepspeed_bf16_grads \
+            else "all_reduce"
         self.bucket_params = max(4e7, 1e6 * plan.replicas)
         #: bytes of one p2p activation message; ``sg``: scatter/gather transfers (SC21 §4.1)
         self.msg_act = self.ops.T * spec.hidden * spec.dtype_bytes
@@ -185,9 +189,9 @@ class StepTemplates:
             if final:  # the optimizer waits for the last micro-batch's reduce-scatters
                 markers["dp"] = reduces
         else:
-            kind = "reduce_scatter" if self.plan.distributed_optimizer and not self.plan.deepspeed_bf16_grads else "all_reduce"
-            dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad", self.lay.dp_share)
-            expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad",
+            dense = GradBuckets(self.bucket_params, self.lay.dp, self.grad_kind, self.grad_bytes, "dp_grad",
+                                self.lay.dp_share)
+            expert = GradBuckets(self.bucket_params, self.lay.edp, self.grad_kind, self.grad_bytes, "expert_dp_grad",
                                  self.lay.dp_share)
             with ops.sharing_nics() if final else nullcontext():  # TP traffic meets the buckets' on the NICs
                 if last:
@@ -349,10 +353,9 @@ class StepTemplates:
         gradients first, then the experts'; returns the launched collectives."""
         if self.plan.fsdp:  # every micro-batch's backward reduce-scatters its own gradients
             return []
-        kind = "reduce_scatter" if self.plan.distributed_optimizer and not self.plan.deepspeed_bf16_grads else "all_reduce"
-        dense = GradBuckets(self.bucket_params, self.lay.dp, kind, self.grad_bytes, "dp_grad")
+        dense = GradBuckets(self.bucket_params, self.lay.dp, self.grad_kind, self.grad_bytes, "dp_grad")
         expert_total = expert_params_per_device(self.spec, self.plan, stage)
-        expert = GradBuckets(self.bucket_params, self.lay.edp, kind, self.grad_bytes, "expert_dp_grad")
+        expert = GradBuckets(self.bucket_params, self.lay.edp, self.grad_kind, self.grad_bytes, "expert_dp_grad")
         for buckets, total in ((dense, params - expert_total), (expert, expert_total)):
             remaining = total
             while remaining > 0:
