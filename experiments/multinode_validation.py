@@ -25,8 +25,9 @@ catalog's network fields) — the script
    and fall as p grows (Fig. 14);
 5. predicts the rows of Llama-shaped models (SwiGLU, grouped-query attention: Llama, Nemotron, Grok-1)
    again as a GPT of the same widths, the reading tuner had before it modelled either; sets the FP8
-   speed-up over BF16 of the runs published in both beside its prediction, and the step-time growth
-   of recipes published at three cluster sizes or more;
+   speed-up over BF16 of the runs published in both beside its prediction, the step-time growth
+   of recipes published at three cluster sizes or more, and the rows of sources on their own network
+   predicted again on the catalog's;
 6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``, a row's
    ``memory_gib``) and of the plans a source published as out of memory (its ``out_of_memory``);
 7. reports, beside the validation, runs outside tuner's model (the file's ``reported``: torch.compile,
@@ -415,6 +416,16 @@ def memory_check(path: Path = DATA) -> list[dict]:
     return out
 
 
+def own_network(rows: list[Row], pred: np.ndarray, comm: str, eff: dict[str, float]) -> list[dict]:
+    """The rows of sources on their own network predicted again on the catalog entry's: what the source's
+    network costs each run, as tuner predicts it (step seconds on each, %)."""
+    idx = [i for i, r in enumerate(rows) if r.network]
+    catalog = predict([Row(**{**rows[i].__dict__, "network": {}}) for i in idx], comm, eff)
+    return [{"source": rows[i].source, "model": rows[i].model, "plan": ParallelPlan(**rows[i].plan).label(),
+             "predicted_s": float(pred[i]), "predicted_s_catalog_network": float(c),
+             "own_network_slower_pct": float((pred[i] / c - 1) * 100)} for i, c in zip(idx, catalog, strict=True)]
+
+
 def source_memory(rows: list[Row], out_of_memory: list[Row]) -> list[dict]:
     """Per-GPU memory a source publishes beside its timed rows (a row's ``memory_gib``) and the plans it
     published as out of memory, against tuner's predicted peak (the fullest pipeline stage), GiB."""
@@ -510,6 +521,7 @@ def run(rows: list[Row], comm: str) -> dict:
         "attention": attention_shares(rows, comm, eff) if comm == "nccl" else None,
         "gpt_reading": gpt_reading(rows, meas, cal, comm, eff),
         "precision_pairs": precision_pairs(rows, cal), "weak_scaling": weak_scaling(rows, cal),
+        "own_network": own_network(rows, cal, comm, eff) if comm == "nccl" else None,
         "predicted_s": cal.tolist(), "error_pct": err_c.tolist(), "seconds": time.perf_counter() - t0,
     }
 
@@ -651,6 +663,15 @@ def render(p: dict) -> str:
         for x in p["memory"]:
             L.append(f"| {x['source'].split(',')[0]} | {x['model']} | {x['plan']} | {x['gpus']} | {x['published_gib']:.1f} | "
                      f"{x['predicted_gib']:.1f} | {x['error_pct']:+.1f} |")
+    own = p["models"].get("nccl", {}).get("own_network") or []
+    if own:
+        L += ["", "## Sources on their own network: the same runs on the catalog's (NCCL model)", "",
+              "Each row of a source that names its network (the data file's `network`) predicted again on the catalog "
+              "entry's network: how much slower the source's own network makes the run, as tuner predicts it.", "",
+              "| source | model | plan | predicted s | on the catalog's network s | own network slower % |",
+              "|---|---|---|--:|--:|--:|"]
+        L += [f"| {x['source'].split(',')[0]} | {x['model']} | {x['plan']} | {x['predicted_s']:.2f} | "
+              f"{x['predicted_s_catalog_network']:.2f} | {x['own_network_slower_pct']:+.1f} |" for x in own]
     if p.get("source_memory"):
         L += ["", "## Memory beside the timed rows: published vs predicted", "",
               "The per-GPU memory a source gives beside its step times (BigScience: nvidia-smi's largest use, "
