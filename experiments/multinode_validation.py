@@ -112,7 +112,8 @@ def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
             if isinstance(r[-1], dict):  # the row's model fields (ffn, kv_heads), plan fields (cp, ep, ...), memory
                 row_spec, r = dict(r[-1]), r[:-1]
                 row_plan = {k: row_spec.pop(k) for k in list(row_spec)
-                            if k in ("cp", "ep", "optimizer_state", "pipeline_split")}
+                            if k in ("cp", "ep", "optimizer_state", "pipeline_split",
+                                     "fsdp_reshard_after_forward")}
                 row_extra = {k: row_spec.pop(k) for k in list(row_spec) if k == "memory_gib"}
             seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
             if key.startswith("sc21"):
@@ -156,7 +157,7 @@ def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
                     plan["stage_layers"] = split
                 if plan.get("tp", 1) == 1:
                     plan.pop("sequence_parallel", None)
-                spec = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d,
+                spec = dict(dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, name=model, **spec_d),
                             **row_spec)
                 if isinstance(spec.get("moe"), dict):
                     spec["moe"] = MoESpec(**spec["moe"])

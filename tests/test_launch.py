@@ -43,6 +43,7 @@ PLANS = [
                  tp_comm_overlap=True),
     ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, recompute="full"),
+    ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, fsdp_reshard_after_forward=False),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, distributed_optimizer=True),
     ParallelPlan(tp=2, pp=1, dp=4, micro_batch=1, global_batch=32, distributed_optimizer=True,
                  optimizer_state="bf16_moments"),
@@ -59,10 +60,13 @@ def _cli(*args: str) -> tuple[int, str]:
 def test_megatron_arguments_read_back_to_the_same_spec_and_plan(plan):
     text = megatron_launch_text(SPEC, plan, platform="a100-80gb", devices_per_node=8)
     back = read_megatron_args(text, "f")
-    assert (back.spec, back.plan, back.devices, back.platform) == (SPEC, plan, plan.devices, "a100-80gb")
+    # Megatron-FSDP has no SHARD_GRAD_OP: such a plan is written (and said) as full sharding
+    ran = replace(plan, fsdp_reshard_after_forward=True)
+    assert ("(SHARD_GRAD_OP) has no Megatron-LM flag" in text) == (ran != plan)
+    assert (back.spec, back.plan, back.devices, back.platform) == (SPEC, ran, plan.devices, "a100-80gb")
     # the bare argument list needs the world size from the caller
     bare = read_megatron_args(megatron_args(SPEC, plan), devices=plan.devices)
-    assert bare.plan == plan and bare.spec == replace(SPEC, name="megatron-model")
+    assert bare.plan == ran and bare.spec == replace(SPEC, name="megatron-model")
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label())
@@ -328,6 +332,10 @@ def test_bad_torchtitan_files_raise_one_line():
                              '"InterleavedZeroBubble"\n', "f", spec=SPEC, devices=4)
     with pytest.raises(LaunchError, match="must be an integer"):
         read_torchtitan_toml('[parallelism]\ntensor_parallel_degree = "2"\n', "f", spec=SPEC, devices=4)
+    with pytest.raises(LaunchError, match="fsdp_reshard_after_forward must be"):
+        read_torchtitan_toml('[parallelism]\nfsdp_reshard_after_forward = "sometimes"\n', "f", spec=SPEC, devices=4)
+    kept = read_torchtitan_toml('[parallelism]\nfsdp_reshard_after_forward = "never"\n', "f", spec=SPEC, devices=4)
+    assert kept.plan.fsdp and not kept.plan.fsdp_reshard_after_forward
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
     # of every second layer: 4 of the 8 layers recomputed in full
     plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan

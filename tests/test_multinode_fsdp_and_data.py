@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,30 @@ def test_fsdp2_copies_each_gathered_layer_out_and_each_gradient_in():
     assert extra == pytest.approx(2 * 2 * layer, rel=0.01)
     with pytest.raises(PlanError, match="fsdp2 .* needs fsdp"):
         check_plan(SPEC, ParallelPlan(dp=8, global_batch=8, fsdp2=True), 8)
+
+
+def test_fsdp_keeping_gathers_to_the_backward_gathers_once_and_holds_every_layer():
+    """SHARD_GRAD_OP (torchtitan's fsdp_reshard_after_forward = "never"): each micro-batch's forward gathers
+    every layer and the backward uses them; gradients are reduce-scattered as with full sharding."""
+    spec = TransformerSpec(layers=4, hidden=4096, heads=32, seq=1024, vocab=32000)
+    full = ParallelPlan(dp=16, micro_batch=1, global_batch=32, fsdp=True)
+    keep = replace(full, fsdp_reshard_after_forward=False)
+    assert keep.label().endswith("-fsdp-zero2") and full.label().endswith("-fsdp")
+    df = _frame(keep, spec)
+    gathers = pd_kinds(df)[pd_kinds(df).kind == "all_gather"]
+    assert len(gathers[gathers.name.str.match(r"fsdp\.layer")]) == spec.layers * keep.micro_batches
+    assert not gathers.name.str.endswith("_bwd").any()
+    assert len(pd_kinds(df)[pd_kinds(df).kind == "reduce_scatter"]) == len(
+        pd_kinds(_frame(full, spec))[lambda d: d.kind == "reduce_scatter"])
+    layer = 12 * spec.hidden**2
+    extra = memory_per_stage(spec, keep)[0].total_bytes - memory_per_stage(spec, full)[0].total_bytes
+    assert extra == pytest.approx((spec.layers - 2) * layer * 2, rel=0.01)  # every layer's bf16 weights, not two
+    slow = A100.model_copy(update={"interconnect": A100.interconnect.model_copy(
+        update={"nic_bandwidth_bytes_per_s": A100.interconnect.nic_bandwidth_bytes_per_s / 16,
+                "inter_node_bandwidth_bytes_per_s": A100.interconnect.inter_node_bandwidth_bytes_per_s / 16})})
+    timing = transformer_timing(slow)
+    t_full, t_keep = (simulate(build_transformer_graph(spec, p, timing=timing), timing).iteration_s for p in (full, keep))
+    assert t_keep < 0.85 * t_full  # on a slow network a third of the traffic saved shows
 
 
 def test_fsdp_runs_without_pipelines_with_tensor_parallelism_inside():
@@ -169,6 +194,20 @@ def test_mosaicml_rows_have_llm_foundrys_shapes():
         if key.startswith("mosaic"):
             for name, hidden, layers, heads, *_ in src["rows"]:
                 assert (hidden, layers, heads) == MPT_SHAPES[name], (key, name)
+
+
+
+def test_mosaicml_large_scale_rows_run_as_their_sweep_says():
+    """llm-foundry's benchmarking/sweep.py (commit 5e85bd6): SHARD_GRAD_OP for 1B and 3B, Triton attention for
+    13B and 30B, FlashAttention-2 for the others."""
+    from experiments.multinode_validation import load_rows
+
+    rows = [r for r in load_rows() if r.key == "mosaic_h100_large"]
+    assert len(rows) == 18 and {r.gpus for r in rows} == {128, 256, 512}
+    for r in rows:
+        assert r.plan.get("fsdp_reshard_after_forward", True) == (r.model not in ("MPT-1B", "MPT-3B")), r.model
+        assert r.spec["attention"] == ("flash_triton" if r.model in ("MPT-13B", "MPT-30B") else "flash2"), r.model
+        assert r.plan["global_batch"] == r.gpus * r.plan["micro_batch"]  # no gradient accumulation
 
 
 def test_a100_entries_share_the_fitted_gemm_ceiling():

@@ -117,6 +117,10 @@ def test_fsdp_plans_are_searched_without_pipelines(tmp_path):
     raw = {"tp": 1, "pp": 1, "micro_batch": 1, "schedule": "1f1b", "virtual_stages": 2, "recompute": "full",
            "sequence_parallel": False, "ep": 1, "distributed_optimizer": False}
     assert normalise(two, 8, {**raw, "fsdp": True})[1]["fsdp2"] and not normalise(two, 8, raw)[1]["fsdp2"]
+    # options.fsdp_reshard_after_forward false: the FSDP plans keep their gathers to the backward (SHARD_GRAD_OP)
+    keep = _space(tmp_path, ranges=space.ranges.model_dump(), options={"fsdp_reshard_after_forward": False})
+    assert normalise(keep, 8, {**raw, "fsdp": True})[0] == "tp1-pp1-dp8-mb1-1f1b-full-fsdp-zero2"
+    assert normalise(keep, 8, raw)[0] == "tp1-pp1-dp8-mb1-1f1b-full"
 
 
 @pytest.mark.slow

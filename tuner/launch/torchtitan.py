@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -152,6 +152,8 @@ def parallelism_fields(spec: TransformerSpec, plan: ParallelPlan) -> dict:
                  "data_parallel_shard_degree": plan.dp if sharded else 1, "tensor_parallel_degree": plan.tp,
                  "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
                  "expert_parallel_degree": plan.ep}
+    if plan.fsdp and not plan.fsdp_reshard_after_forward:
+        par["fsdp_reshard_after_forward"] = "never"
     if plan.pp > 1:
         v = plan.virtual_stages_effective
         per, first, last = _torchtitan_split(spec.layers, plan)
@@ -336,6 +338,17 @@ ASYNC_TP_NOTE = ("async TP priced as Megatron's overlap of TP communication, whi
                  "(torchtitan published +5.7 % from it on Llama 3.1 70B, FSDP 32 x TP 8 on 256 H100s)")
 
 
+def reshard_after_forward(policy: object, pp: int, source: str) -> bool:
+    """The plan's ``fsdp_reshard_after_forward`` from torchtitan's policy of that name: False for ``"never"``
+    without pipeline parallelism, else True (torchtitan's ``"default"`` is True there; with PP tuner models its
+    FSDP as the distributed optimizer, where the field does not apply). :class:`LaunchError` for a value
+    torchtitan does not take."""
+    if policy not in ("default", "always", "never"):
+        raise LaunchError(f"{source}: fsdp_reshard_after_forward must be \"default\", \"always\" or \"never\" "
+                          f"(got {policy!r})")
+    return not (policy == "never" and pp == 1)
+
+
 def sharding_notes(sharded: bool, pp: int, notes: list[str]) -> None:
     """Append how torchtitan's FSDP reads under pipeline parallelism, where tuner does not model it as FSDP."""
     if sharded and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
@@ -425,7 +438,9 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
                         recompute_layers=recompute_layers, stage_layers=stage_layers,
                         expert_tp=_expert_tp(par, tp, source) if spec.moe is not None else None,
                         distributed_optimizer=shard * cp > 1, cp=cp,
-                        tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)))
+                        tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)),
+                        fsdp_reshard_after_forward=reshard_after_forward(
+                            par.get("fsdp_reshard_after_forward", "default"), pp, source))
     # as torchtitan runs it, with the checkpointing the file names (torchtitan_plan turns selective into op)
     return LaunchPlan(spec, replace(torchtitan_plan(plan, spec), recompute=plan.recompute,
                                     recompute_layers=plan.recompute_layers), world, header_str(meta, "platform", source),

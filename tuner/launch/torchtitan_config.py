@@ -47,6 +47,7 @@ from tuner.launch.torchtitan import (
     launch_meta,
     parallelism_fields,
     pipeline_chunks,
+    reshard_after_forward,
     sharding_notes,
     spec_from_header,
     torchtitan_model,
@@ -328,7 +329,10 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, recompute=recompute, ep=ep,  # type: ignore[arg-type]
                         distributed_optimizer=shard * cp > 1, cp=cp, stage_layers=stage_layers,
-                        tp_comm_overlap=async_tp)
+                        tp_comm_overlap=async_tp,
+                        fsdp_reshard_after_forward=reshard_after_forward(
+                            getattr(getattr(config, "parallelism", None), "fsdp_reshard_after_forward", "default"),
+                            pp, source))
     ran = replace(torchtitan_plan(plan, spec), sequence_parallel=sp and tp > 1)
     return LaunchPlan(spec, ran, world, header_str(meta, "platform", source), header_int(meta, "devices_per_node", source),
                       (), tuple(notes))

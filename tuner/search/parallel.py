@@ -198,6 +198,10 @@ class PlanOptions(StrictModel):
     #: FSDP plans run as PyTorch's fully_shard (FSDP2, torchtitan): each layer's gathered parameters copied
     #: out and its gradients copied in around the collectives; false: flat buffers (Megatron-FSDP, FSDP1)
     fsdp2: bool = False
+    #: FSDP plans free each layer's gathered parameters after its forward and gather them again for its backward
+    #: (FULL_SHARD); false: kept to the backward (SHARD_GRAD_OP, ZeRO-2): half the all-gathers, the whole model's
+    #: parameters held at once
+    fsdp_reshard_after_forward: bool = True
     #: the routed experts' TP degree: null, the plan's tp (Megatron's default: each expert split over the TP
     #: ranks); 1: whole on every TP rank, which routes its own share of the tokens (torchtitan's experts)
     expert_tp: Literal[1] | None = None

@@ -287,7 +287,8 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     """FSDP FULL_SHARD model states of one device, bytes: (weight, gradient, optimizer shards, gathered).
 
     ``gathered``: the root unit's full weights and gradient, two layers' full weights (the one
-    computing and the prefetched one) and two layers' full gradients (the one produced and the one
+    computing and the prefetched one; every layer's without ``plan.fsdp_reshard_after_forward``, held
+    from its forward to its backward) and two layers' full gradients (the one produced and the one
     being reduce-scattered) — full over the data-parallel ranks, a tensor-parallel rank's share.
     FSDP2 (``plan.fsdp2``) holds one layer twice more: its all-gather output beside the parameters it
     is copied out into, and its model-dtype gradients beside the reduce-scatter input they are copied into.
@@ -297,7 +298,8 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     root = vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
     layer = layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
-    gathered = root * (dt + reduce_b) + 2.0 * layer * dt + 2.0 * layer * reduce_b
+    held = 2.0 if plan.fsdp_reshard_after_forward else float(max(spec.layers, 2))
+    gathered = root * (dt + reduce_b) + held * layer * dt + 2.0 * layer * reduce_b
     if plan.fsdp2:
         gathered += 2.0 * layer * dt
     shard = data_parallel_shard(spec, plan, params)

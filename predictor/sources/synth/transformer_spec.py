@@ -381,6 +381,11 @@ class ParallelPlan:
     #: (``chunk_cat``, cast to ``grad_reduce_dtype``) on the communication stream: one pass over the layer's
     #: parameters each. FSDP1's flat parameters and Megatron-FSDP's buffers gather and reduce in place
     fsdp2: bool = False
+    #: FSDP frees each layer's gathered parameters after its forward and gathers them again for its backward
+    #: (FULL_SHARD; FSDP2's ``reshard_after_forward=True``); False keeps them from the forward to the backward
+    #: (SHARD_GRAD_OP, ZeRO-2; torchtitan's ``fsdp_reshard_after_forward = "never"``): one all-gather per layer
+    #: and micro-batch instead of two, every layer's full parameters held at the backward's start
+    fsdp_reshard_after_forward: bool = True
     #: layers of each virtual pipeline stage in model order (``pp x virtual stages`` entries; virtual stage
     #: ``c x pp + s`` is model chunk ``c`` of pipeline rank ``s``), for splits that are not even: Megatron's
     #: ``--decoder-first/last-pipeline-num-layers`` and ``--account-for-embedding/loss-in-pipeline-split``,
@@ -455,7 +460,7 @@ class ParallelPlan:
         extra += f"-etp{self.expert_tp}" if self.expert_tp is not None and self.expert_tp != self.tp else ""
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-dsbf16" if self.deepspeed_bf16_grads else ""
-        extra += "-fsdp" if self.fsdp else ""
+        extra += ("-fsdp" if self.fsdp_reshard_after_forward else "-fsdp-zero2") if self.fsdp else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
         extra += {"fp32": "", "bf16_moments": "-adam16m", "bf16": "-adam16"}[self.optimizer_state]
         extra += f"-layers{split_label(self.stage_layers)}" if self.stage_layers is not None else ""

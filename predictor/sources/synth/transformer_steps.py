@@ -273,18 +273,22 @@ class StepTemplates:
 
     def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool) -> list[int]:
         """FSDP backward: layers in reverse, each re-gathered (the previous layer's gather prefetched,
-        BACKWARD_PRE) and its gradients reduce-scattered; the root unit's gradients last. Returns the
-        reduce-scatters."""
+        BACKWARD_PRE; none when ``plan.fsdp_reshard_after_forward`` is off: the forward's gathers are kept) and
+        its gradients reduce-scattered; the root unit's gradients last. Returns the reduce-scatters."""
         ops, n = self.ops, self.layers_per_chunk
+        regather = self.plan.fsdp_reshard_after_forward
         reduces: list[int] = []
-        gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", *self._fsdp_layer(first, n - 1))
+        gathered: list[int] = []
+        if regather:
+            gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", *self._fsdp_layer(first, n - 1))
         if last:
             ops.head_bwd(e)
         for i in reversed(range(n)):
             e.after_next += gathered
-            if i > 0:
+            if regather and i > 0:
                 gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", *self._fsdp_layer(first, i - 1))
-            self._fsdp_copy_out(e, f"fsdp.layer[{i}].bwd", self._fsdp_layer(first, i)[0])
+            if regather:
+                self._fsdp_copy_out(e, f"fsdp.layer[{i}].bwd", self._fsdp_layer(first, i)[0])
             ops.layer_bwd(e, f"layer[{i}].", i, first and i < self.dense_layers)
             reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", *self._fsdp_layer(first, i))
         if first:

@@ -28,6 +28,7 @@ class ParallelismConfig:
     num_pp_microbatches: int = 1
     context_parallel_degree: int = 1
     expert_parallel_degree: int = 1
+    fsdp_reshard_after_forward: str = "default"
 
 
 @dataclass(kw_only=True, slots=True)
