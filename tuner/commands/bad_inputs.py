@@ -94,6 +94,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("options.expert_tp", [2]),
         ("options.pipeline_split", ["balanced"]),
         ("options.memory_fraction", [0, 1.5]),
+        ("options.fsdp_reshard_after_forward", ["sometimes"]),
     ],
     "accelerators": [
         ("models", [[], [{"name": ""}], [{"name": "no_such_model"}], [{"name": "resnet50"}, {"name": "resnet50"}]]),
@@ -275,6 +276,10 @@ def _predict_cases() -> Iterator[BadInput]:
     yield BadInput("predict: torchtitan recipe file missing", ("predict", "--torchtitan", "{dir}/nope.py:tuner_plan"))
     yield BadInput("predict: torchtitan configuration of an unknown module",
                    ("predict", "--torchtitan", "no_such_module:cfg", "--devices", "8"))
+    yield BadInput("predict: torchtitan TOML with an unknown fsdp_reshard_after_forward",
+                   ("predict", "--torchtitan", "{dir}/t.toml", "--devices", "8"),
+                   {"t.toml": '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\n'
+                              'fsdp_reshard_after_forward = "sometimes"\n'})
     yield BadInput("predict: torchtitan recipe that raises", ("predict", "--torchtitan", "{dir}/r.py:f"),
                    {"r.py": "def f():\n    raise RuntimeError('no configuration')\n"})
 
