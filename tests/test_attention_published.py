@@ -173,7 +173,8 @@ def test_unknown_attention_is_one_plan_error():
 
 
 def test_mosaicml_sources_ran_llm_foundrys_triton_attention():
+    # the 2023 tables ran attn_impl triton throughout; the large-scale H100 table names it per model (its sweep.py)
     doc = yaml.safe_load(DATA.read_text())["sources"]
     for key, src in doc.items():
-        if key.startswith("mosaic"):
+        if key.startswith("mosaic") and key != "mosaic_h100_large":
             assert src["defaults"]["attention"] == "flash_triton", key

@@ -44,6 +44,7 @@ PLANS = [
     ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, recompute="full"),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, fsdp_reshard_after_forward=False),
+    ParallelPlan(tp=2, pp=1, dp=8, micro_batch=1, global_batch=32, fsdp=True, fsdp_shard=4),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, distributed_optimizer=True),
     ParallelPlan(tp=2, pp=1, dp=4, micro_batch=1, global_batch=32, distributed_optimizer=True,
                  optimizer_state="bf16_moments"),
@@ -60,9 +61,9 @@ def _cli(*args: str) -> tuple[int, str]:
 def test_megatron_arguments_read_back_to_the_same_spec_and_plan(plan):
     text = megatron_launch_text(SPEC, plan, platform="a100-80gb", devices_per_node=8)
     back = read_megatron_args(text, "f")
-    # Megatron-FSDP has no SHARD_GRAD_OP: such a plan is written (and said) as full sharding
-    ran = replace(plan, fsdp_reshard_after_forward=True)
-    assert ("(SHARD_GRAD_OP) has no Megatron-LM flag" in text) == (ran != plan)
+    # Megatron-FSDP has neither SHARD_GRAD_OP nor HSDP: such a plan is written (and said) as full sharding
+    ran = replace(plan, fsdp_reshard_after_forward=True, fsdp_shard=None)
+    assert ("has no Megatron-LM flag: written as full sharding" in text) == (ran != plan)
     assert (back.spec, back.plan, back.devices, back.platform) == (SPEC, ran, plan.devices, "a100-80gb")
     # the bare argument list needs the world size from the caller
     bare = read_megatron_args(megatron_args(SPEC, plan), devices=plan.devices)
@@ -336,6 +337,13 @@ def test_bad_torchtitan_files_raise_one_line():
         read_torchtitan_toml('[parallelism]\nfsdp_reshard_after_forward = "sometimes"\n', "f", spec=SPEC, devices=4)
     kept = read_torchtitan_toml('[parallelism]\nfsdp_reshard_after_forward = "never"\n', "f", spec=SPEC, devices=4)
     assert kept.plan.fsdp and not kept.plan.fsdp_reshard_after_forward
+    # HSDP: FSDP inside each group of shard-degree ranks, replicated across; with PP read as sharding over all
+    hsdp = read_torchtitan_toml("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\n",
+                                "f", spec=SPEC, devices=8)
+    assert (hsdp.plan.dp, hsdp.plan.fsdp, hsdp.plan.fsdp_shard) == (8, True, 4)
+    piped = read_torchtitan_toml("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2\n"
+                                 "pipeline_parallel_degree = 2\n", "f", spec=SPEC, devices=8)
+    assert piped.plan.fsdp_shard is None and any("HSDP" in n for n in piped.notes)
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
     # of every second layer: 4 of the 8 layers recomputed in full
     plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan

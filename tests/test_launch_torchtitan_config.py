@@ -37,6 +37,7 @@ PLANS = [
                  sequence_parallel=True, recompute="full", distributed_optimizer=True),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=64, fsdp=True, recompute="op"),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=64, fsdp=True, fsdp_reshard_after_forward=False),
+    ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=64, fsdp=True, fsdp_shard=2),
     ParallelPlan(tp=4, pp=1, dp=2, micro_batch=1, global_batch=16, tp_comm_overlap=True),
     ParallelPlan(tp=1, pp=4, dp=2, micro_batch=1, global_batch=16, recompute="full"),
     ParallelPlan(tp=2, pp=1, dp=2, cp=2, micro_batch=1, global_batch=8, distributed_optimizer=True),

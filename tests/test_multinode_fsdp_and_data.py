@@ -99,6 +99,29 @@ def test_fsdp_keeping_gathers_to_the_backward_gathers_once_and_holds_every_layer
     assert t_keep < 0.85 * t_full  # on a slow network a third of the traffic saved shows
 
 
+def test_hsdp_shards_inside_a_node_and_all_reduces_the_shards_across():
+    """HSDP (fsdp_shard): each layer gathered and reduce-scattered over the 8 ranks of a node, the gradient
+    shard then all-reduced over the 2 nodes holding it; states sharded over 8 ranks, not 16."""
+    full = ParallelPlan(dp=16, micro_batch=1, global_batch=16, fsdp=True, grad_reduce_dtype="fp32")
+    hsdp = replace(full, fsdp_shard=8)
+    assert hsdp.label().endswith("-fsdp-hsdp8") and (hsdp.shard_ranks, hsdp.fsdp_replicas) == (8, 2)
+    df = pd_kinds(_frame(hsdp))
+    assert set(zip(df.world, df.nodes, strict=True)) == {(8, 1)}  # gathers and reduce-scatters inside the node
+    f_all = _frame(hsdp)
+    ar = f_all[f_all.name.str.endswith(".replicas") & (f_all.kind == "all_reduce")]
+    rs = df[df.kind == "reduce_scatter"]
+    assert len(ar) == len(rs) and set(zip(ar.world, ar.nodes, strict=True)) == {(2, 2)}
+    assert ar.msg_bytes.iloc[0] == pytest.approx(rs.msg_bytes.iloc[0] / 8)  # the rank's shard, fp32
+    wide = pd_kinds(_frame(full))
+    assert set(zip(wide.world, wide.nodes, strict=True)) == {(16, 2)}
+    m_full, m_hsdp = memory_per_stage(SPEC, full)[0], memory_per_stage(SPEC, hsdp)[0]
+    assert m_hsdp.optimizer_bytes == pytest.approx(2 * m_full.optimizer_bytes)
+    for bad, match in ((replace(full, fsdp=False, fsdp_shard=8), "needs fsdp"), (replace(full, fsdp_shard=3), "divide"),
+                       (replace(full, fsdp_shard=1), "at least 2")):
+        with pytest.raises(PlanError, match=match):
+            check_plan(SPEC, bad, 16)
+
+
 def test_fsdp_runs_without_pipelines_with_tensor_parallelism_inside():
     with pytest.raises(PlanError, match="fsdp"):
         check_plan(SPEC, ParallelPlan(pp=2, dp=4, global_batch=8, fsdp=True))

@@ -121,6 +121,11 @@ def test_fsdp_plans_are_searched_without_pipelines(tmp_path):
     keep = _space(tmp_path, ranges=space.ranges.model_dump(), options={"fsdp_reshard_after_forward": False})
     assert normalise(keep, 8, {**raw, "fsdp": True})[0] == "tp1-pp1-dp8-mb1-1f1b-full-fsdp-zero2"
     assert normalise(keep, 8, raw)[0] == "tp1-pp1-dp8-mb1-1f1b-full"
+    # options.fsdp_shard: HSDP groups of that many data-parallel ranks, where they divide dp
+    hsdp = _space(tmp_path, ranges=space.ranges.model_dump(), options={"fsdp_shard": 4})
+    assert normalise(hsdp, 8, {**raw, "fsdp": True})[0] == "tp1-pp1-dp8-mb1-1f1b-full-fsdp-hsdp4"
+    assert normalise(hsdp, 8, {**raw, "fsdp": True, "tp": 2})[0] == "tp2-pp1-dp4-mb1-1f1b-full-fsdp"  # 4 of 4: full
+    assert "does not make HSDP groups" in normalise(hsdp, 6, {**raw, "fsdp": True})[1]
 
 
 @pytest.mark.slow

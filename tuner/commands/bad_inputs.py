@@ -95,6 +95,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("options.pipeline_split", ["balanced"]),
         ("options.memory_fraction", [0, 1.5]),
         ("options.fsdp_reshard_after_forward", ["sometimes"]),
+        ("options.fsdp_shard", [0, "node"]),
     ],
     "accelerators": [
         ("models", [[], [{"name": ""}], [{"name": "no_such_model"}], [{"name": "resnet50"}, {"name": "resnet50"}]]),
@@ -248,7 +249,7 @@ def _predict_cases() -> Iterator[BadInput]:
                    {"w.yaml": _dump(_set(SPACES["parallel"], "model.layers", True))})
     for flags in (("--set", "tp"), ("--set", "colour=blue"), ("--set", "tp=x"), ("--set", "cp=0"),
                   ("--set", "recompute_layers=x"), ("--set", "recompute_layers=3"), ("--set", "stage_layers=1,x"),
-                  ("--set", "stage_layers=1,3,3"), ("--set", "expert_tp=2"), ("--platform", "no-such-gpu"),
+                  ("--set", "stage_layers=1,3,3"), ("--set", "expert_tp=2"), ("--set", "fsdp_shard=3"), ("--platform", "no-such-gpu"),
                   ("--catalog", "{dir}/nope.yaml"), ("--devices-per-node", "0"), ("--devices", "0"),
                   ("--devices", "-4"), ("--detail", "fine"), ("--bogus",)):
         yield BadInput(f"predict: {' '.join(flags)}", ("predict", "--workload", "{dir}/w.yaml", *flags), {"w.yaml": wl})

@@ -304,6 +304,9 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
     if spec.attention in ("flex", "flash_triton"):
         lines.insert(1, f"# attention {spec.attention} has no Megatron-LM backend: written as --attention-backend "
                         "flash (FlashAttention-2)")
+    if plan.fsdp and plan.fsdp_shard is not None:
+        lines.insert(1, f"# HSDP (shard over {plan.fsdp_shard} data-parallel ranks, replicate across) has no Megatron-LM "
+                        "flag: written as full sharding, which reads back as that")
     if plan.fsdp_sharded and not plan.fsdp_reshard_after_forward:
         lines.insert(1, "# FSDP keeping each layer's parameters gathered to its backward (SHARD_GRAD_OP) has no "
                         "Megatron-LM flag: written as full sharding, which reads back as that")

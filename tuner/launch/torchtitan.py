@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -111,6 +111,7 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
     etp = 1 if plan.expert_tp is None and spec is not None and spec.moe is not None else plan.expert_tp
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
                    pp_scatter_gather=True, fsdp=fsdp, fsdp2=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
+                   fsdp_shard=plan.fsdp_shard if fsdp else None,
                    recompute=recompute, recompute_layers=layers, optimizer_state="fp32", expert_tp=etp)
 
 
@@ -148,8 +149,9 @@ def parallelism_fields(spec: TransformerSpec, plan: ParallelPlan) -> dict:
     """The ``parallelism`` keys of ``plan`` both torchtitan formats share: the degrees (data parallelism
     sharded, FSDP, or replicated) and, with pipeline parallelism, the schedule and even stages."""
     sharded = _sharded(plan)
-    par: dict = {"data_parallel_replicate_degree": 1 if sharded else plan.dp,
-                 "data_parallel_shard_degree": plan.dp if sharded else 1, "tensor_parallel_degree": plan.tp,
+    shard = (plan.fsdp_shard or plan.dp) if plan.fsdp else plan.dp  # HSDP: shard inside, replicate across groups
+    par: dict = {"data_parallel_replicate_degree": plan.dp // shard if sharded else plan.dp,
+                 "data_parallel_shard_degree": shard if sharded else 1, "tensor_parallel_degree": plan.tp,
                  "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
                  "expert_parallel_degree": plan.ep}
     if plan.fsdp and not plan.fsdp_reshard_after_forward:
@@ -349,6 +351,19 @@ def reshard_after_forward(policy: object, pp: int, source: str) -> bool:
     return not (policy == "never" and pp == 1)
 
 
+def hsdp_shard(replicate: int, shard: int, cp: int, pp: int, spec: TransformerSpec, notes: list[str]) -> int | None:
+    """The plan's ``fsdp_shard`` of torchtitan's replicate x shard degrees: ``shard`` where both shard and
+    replicate (HSDP) without PP in a dense model, else None (with a note where HSDP is read as sharding over
+    every replica)."""
+    if replicate == 1 or shard * cp == 1:
+        return None
+    if pp > 1 or spec.moe is not None:
+        notes.append("HSDP (data_parallel_replicate_degree x data_parallel_shard_degree) read as sharding over every "
+                     "data-parallel rank: tuner models HSDP for dense models without PP")
+        return None
+    return shard
+
+
 def sharding_notes(sharded: bool, pp: int, notes: list[str]) -> None:
     """Append how torchtitan's FSDP reads under pipeline parallelism, where tuner does not model it as FSDP."""
     if sharded and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
@@ -440,7 +455,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
                         distributed_optimizer=shard * cp > 1, cp=cp,
                         tp_comm_overlap=bool(par.get("enable_async_tensor_parallel", False)),
                         fsdp_reshard_after_forward=reshard_after_forward(
-                            par.get("fsdp_reshard_after_forward", "default"), pp, source))
+                            par.get("fsdp_reshard_after_forward", "default"), pp, source),
+                        fsdp_shard=hsdp_shard(rep, shard, cp, pp, spec, notes))
     # as torchtitan runs it, with the checkpointing the file names (torchtitan_plan turns selective into op)
     return LaunchPlan(spec, replace(torchtitan_plan(plan, spec), recompute=plan.recompute,
                                     recompute_layers=plan.recompute_layers), world, header_str(meta, "platform", source),

@@ -44,6 +44,7 @@ from tuner.launch.torchtitan import (
     TORCHTITAN_MODELS,
     TORCHTITAN_RUNS,
     flavor_spec,
+    hsdp_shard,
     launch_meta,
     parallelism_fields,
     pipeline_chunks,
@@ -332,7 +333,8 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
                         tp_comm_overlap=async_tp,
                         fsdp_reshard_after_forward=reshard_after_forward(
                             getattr(getattr(config, "parallelism", None), "fsdp_reshard_after_forward", "default"),
-                            pp, source))
+                            pp, source),
+                        fsdp_shard=hsdp_shard(deg["replicate"], shard, cp, pp, spec, notes))
     ran = replace(torchtitan_plan(plan, spec), sequence_parallel=sp and tp > 1)
     return LaunchPlan(spec, ran, world, header_str(meta, "platform", source), header_int(meta, "devices_per_node", source),
                       (), tuple(notes))

@@ -202,6 +202,9 @@ class PlanOptions(StrictModel):
     #: (FULL_SHARD); false: kept to the backward (SHARD_GRAD_OP, ZeRO-2): half the all-gathers, the whole model's
     #: parameters held at once
     fsdp_reshard_after_forward: bool = True
+    #: FSDP plans shard over this many data-parallel ranks and replicate across the groups (HSDP; e.g. the
+    #: devices of a node); null: over every data-parallel rank. FSDP plans whose dp it does not divide are left out
+    fsdp_shard: Annotated[int, Field(ge=1, le=MAX_DEVICES)] | None = None
     #: the routed experts' TP degree: null, the plan's tp (Megatron's default: each expert split over the TP
     #: ranks); 1: whole on every TP rank, which routes its own share of the tokens (torchtitan's experts)
     expert_tp: Literal[1] | None = None
@@ -313,7 +316,11 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
                   ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1 and not fsdp),
                   cp=cp, **space.options.plan_fields())
-    fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2)
+    shard = space.options.fsdp_shard
+    if fsdp and shard is not None and (dp % shard or shard * cp < 2 or space.model.moe is not None):
+        return None, (f"options.fsdp_shard={shard} does not make HSDP groups of dp={dp}" if space.model.moe is None
+                      else "options.fsdp_shard (HSDP) is modelled for dense models")
+    fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2, fsdp_shard=shard if fsdp and shard != dp else None)
     try:
         layers = split_layers(space.options.pipeline_split, space.model.layers, pp,
                               fields["virtual_stages"] if sched == "interleaved" else 1)

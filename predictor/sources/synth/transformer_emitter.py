@@ -44,6 +44,8 @@ class GroupLayout:
     tp_share: float = 1.0
     dp_share: float = 1.0
     cp: tuple[int, int] = (1, 1)  #: the context-parallel ring
+    fsdp: tuple[int, int] = (1, 1)  #: FSDP's shard group: the data-parallel group, or HSDP's ``fsdp_shard`` ranks
+    fsdp_rep: tuple[int, int] = (1, 1)  #: HSDP's replicate group: the ranks holding the same shard
 
     @classmethod
     def of(cls, plan: ParallelPlan, dpn: int) -> GroupLayout:
@@ -69,7 +71,13 @@ class GroupLayout:
         tp_net = tp_g[1] > 1
         dp_net = dp_g[1] > 1 and plan.overlap_grad_reduce
         share = 2.0 if tp_net and dp_net else 1.0
-        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied, tp_share=share, dp_share=share, cp=cp_g)
+        # HSDP (torchtitan's mesh: replicate outermost, then shard, cp, tp): a shard group is fsdp_shard consecutive
+        # data-parallel ranks with their cp ranks; a replicate group the ranks fsdp_shard apart
+        k = plan.fsdp_shard if plan.fsdp and plan.fsdp_shard is not None else dp
+        fsdp_g = group_span((np.arange(k)[:, None] * tp * cp + np.arange(cp)[None, :] * tp).ravel(), dpn)
+        rep_g = group_span(np.arange(0, dp, k) * tp * cp, dpn)
+        return cls(tp_g, dp_g, ep_g, edp_g, mp_g, links, tied, tp_share=share, dp_share=share, cp=cp_g,
+                   fsdp=fsdp_g, fsdp_rep=rep_g)
 
 
 def collective(name: str, kind: str, msg_bytes: float, span: tuple[int, int], dt: int, share: float = 1.0) -> Kernel:

@@ -277,9 +277,9 @@ def expert_replicas(plan: ParallelPlan) -> int:
 def data_parallel_shard(spec: TransformerSpec, plan: ParallelPlan, params: float, stage: int = 0) -> float:
     """Of ``params`` parameters a device of ``stage`` holds, the share that sharding over the data-parallel ranks
     (FSDP, or the distributed optimizer's states) leaves it: the routed experts' over the ranks holding the same
-    experts (:func:`expert_replicas`), the rest over ``dp x cp``."""
+    experts (:func:`expert_replicas`), the rest over ``dp x cp`` (FSDP's shard group with ``plan.fsdp_shard``)."""
     experts = expert_params_per_device(spec, plan, stage)
-    return (params - experts) / plan.replicas + experts / expert_replicas(plan)
+    return (params - experts) / plan.shard_ranks + experts / expert_replicas(plan)
 
 
 def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: float, grad_b: float,

@@ -386,6 +386,12 @@ class ParallelPlan:
     #: (SHARD_GRAD_OP, ZeRO-2; torchtitan's ``fsdp_reshard_after_forward = "never"``): one all-gather per layer
     #: and micro-batch instead of two, every layer's full parameters held at the backward's start
     fsdp_reshard_after_forward: bool = True
+    #: FSDP's shard group, in data-parallel ranks (each with its ``cp`` ranks): None shards over every replica
+    #: (FULL_SHARD); ``k`` shards over ``k`` consecutive data-parallel ranks and replicates over the ``dp / k``
+    #: groups (HSDP: PyTorch FSDP's HYBRID_SHARD, torchtitan's ``data_parallel_replicate_degree`` x
+    #: ``data_parallel_shard_degree``): each layer gathered and its gradients reduce-scattered inside the group,
+    #: the gradient shards then all-reduced over the groups holding the same shard
+    fsdp_shard: int | None = None
     #: layers of each virtual pipeline stage in model order (``pp x virtual stages`` entries; virtual stage
     #: ``c x pp + s`` is model chunk ``c`` of pipeline rank ``s``), for splits that are not even: Megatron's
     #: ``--decoder-first/last-pipeline-num-layers`` and ``--account-for-embedding/loss-in-pipeline-split``,
@@ -420,9 +426,20 @@ class ParallelPlan:
         return self.global_batch // (self.dp * self.micro_batch)
 
     @property
+    def shard_ranks(self) -> int:
+        """Ranks FSDP (or the distributed optimizer) shards a stage's states over: the FSDP shard group
+        (:attr:`fsdp_shard` x ``cp``) or every replica."""
+        return self.fsdp_shard * self.cp if self.fsdp and self.fsdp_shard is not None else self.replicas
+
+    @property
+    def fsdp_replicas(self) -> int:
+        """FSDP shard groups holding the same shards (HSDP's replicate degree; 1 for FULL_SHARD)."""
+        return self.replicas // self.shard_ranks if self.fsdp else 1
+
+    @property
     def fsdp_sharded(self) -> bool:
         """FSDP over more than one rank (with one, it trains as plain data parallelism)."""
-        return self.fsdp and self.replicas > 1
+        return self.fsdp and self.shard_ranks > 1
 
     def chunk_layers(self, layers: int) -> int:
         """Layers of one model chunk of a ``layers``-layer model split evenly: ``layers / (pp x virtual stages)``
@@ -461,6 +478,7 @@ class ParallelPlan:
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-dsbf16" if self.deepspeed_bf16_grads else ""
         extra += ("-fsdp" if self.fsdp_reshard_after_forward else "-fsdp-zero2") if self.fsdp else ""
+        extra += f"-hsdp{self.fsdp_shard}" if self.fsdp and self.fsdp_shard is not None else ""
         extra += f"-cp{self.cp}" if self.cp > 1 else ""
         extra += {"fp32": "", "bf16_moments": "-adam16m", "bf16": "-adam16"}[self.optimizer_state]
         extra += f"-layers{split_label(self.stage_layers)}" if self.stage_layers is not None else ""
@@ -538,6 +556,14 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         raise PlanError("fsdp2 describes how FSDP runs: it needs fsdp")
     if plan.fsdp and plan.pp > 1:
         raise PlanError("fsdp shards over data parallelism, with tensor and expert parallelism inside (pp = 1)")
+    if plan.fsdp_shard is not None:
+        if not plan.fsdp:
+            raise PlanError("fsdp_shard sizes FSDP's shard group: it needs fsdp")
+        if plan.fsdp_shard < 1 or plan.dp % plan.fsdp_shard or plan.fsdp_shard * plan.cp < 2:
+            raise PlanError(f"fsdp_shard must divide dp={plan.dp} and shard over at least 2 ranks with cp={plan.cp} "
+                            f"(got {plan.fsdp_shard})")
+        if spec.moe is not None:
+            raise PlanError("fsdp_shard (HSDP) is modelled for dense models: an MoE model shards over every replica")
     if spec.mla is not None and plan.recompute == "op":
         raise PlanError("recompute op (torchtitan's op-level checkpointing) is not modelled with multi-latent attention")
     if plan.ep > 1 and spec.moe is None:

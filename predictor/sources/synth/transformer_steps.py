@@ -242,9 +242,10 @@ class StepTemplates:
     def _fsdp_gather(self, e: StepEmitter, name: str, params: float, experts: float = 0.0) -> list[int]:
         """FSDP: all-gather ``params`` parameters (model dtype) on the communication stream; of them the routed
         experts' ``experts`` over the expert-data-parallel ranks that hold the same experts (torchtitan shards
-        an MoE layer's experts apart from the rest), the others over the data-parallel ranks."""
+        an MoE layer's experts apart from the rest), the others over FSDP's shard group (the data-parallel ranks,
+        or HSDP's ``fsdp_shard`` of them)."""
         dt = self.spec.dtype_bytes
-        kernels = [collective(name, "all_gather", (params - experts) * dt, self.lay.dp, dt)]
+        kernels = [collective(name, "all_gather", (params - experts) * dt, self.lay.fsdp, dt)]
         if experts > 0 and self.lay.edp[0] > 1:
             kernels.append(collective(f"{name}.experts", "all_gather", experts * dt, self.lay.edp, dt))
         return e.op(name, kernels, comm=True, async_op=True)
@@ -259,9 +260,13 @@ class StepTemplates:
         """FSDP: reduce-scatter ``params`` gradients (the routed experts' ``experts`` over their own ranks) once
         the backward that produced them is done, on the gathers' stream: FSDP issues both on one process group,
         whose NCCL stream runs them in issue order (ProcessGroupNCCL keeps one stream per device and group; NCCL
-        serialises a communicator's calls). The experts' group is kept on the same stream, in issue order."""
+        serialises a communicator's calls). The experts' group is kept on the same stream, in issue order. HSDP
+        (``plan.fsdp_shard``): inside the shard group, then the rank's shard all-reduced over the replicate group."""
         g = self.grad_bytes
-        kernels = [collective(name, "reduce_scatter", (params - experts) * g, self.lay.dp, g)]
+        kernels = [collective(name, "reduce_scatter", (params - experts) * g, self.lay.fsdp, g)]
+        if self.lay.fsdp_rep[0] > 1:  # HSDP: the shard all-reduced over the groups holding it
+            kernels.append(collective(f"{name}.replicas", "all_reduce", params * g / self.lay.fsdp[0],
+                                      self.lay.fsdp_rep, g))
         if experts > 0 and self.lay.edp[0] > 1:
             kernels.append(collective(f"{name}.experts", "reduce_scatter", experts * g, self.lay.edp, g))
         after = [e.last] if e.last is not None else []
