@@ -344,6 +344,8 @@ def test_bad_torchtitan_files_raise_one_line():
     piped = read_torchtitan_toml("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 2\n"
                                  "pipeline_parallel_degree = 2\n", "f", spec=SPEC, devices=8)
     assert piped.plan.fsdp_shard is None and any("HSDP" in n for n in piped.notes)
+    offload = read_torchtitan_toml("[training]\nenable_cpu_offload = true\n", "f", spec=SPEC, devices=8)
+    assert any("CPU offload is not modelled" in n for n in offload.notes)
     # torchtitan's defaults: FSDP over every device (shard degree -1), local batch 8, selective checkpointing
     # of every second layer: 4 of the 8 layers recomputed in full
     plan = read_torchtitan_toml("", "f", spec=SPEC, devices=4).plan

@@ -135,6 +135,9 @@ def test_configurations_tuner_does_not_model_are_refused(stub):
         read(root__activation_checkpoint=MemoryBudgetAC.Config())
     with pytest.raises(LaunchError, match="not a whole number of sequences"):
         read(training__num_tokens_per_microbatch_per_dp_rank=10000)
+    assert any("CPU offload is not modelled" in n for n in read(training__enable_cpu_offload=True).notes)
+    hsdp = read(parallelism__data_parallel_replicate_degree=2, parallelism__data_parallel_shard_degree=4)
+    assert (hsdp.plan.fsdp, hsdp.plan.fsdp_shard) == (True, 4)
     # a packed row shorter than the context (torchtitan's gpt-oss debug recipes): one sequence of its tokens
     short = read(training__num_tokens_per_microbatch_per_dp_rank=1024)
     assert (short.spec.seq, short.plan.micro_batch) == (1024, 1) and any("1024 tokens" in n for n in short.notes)

@@ -39,7 +39,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "CPU_OFFLOAD_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -364,6 +364,11 @@ def hsdp_shard(replicate: int, shard: int, cp: int, pp: int, spec: TransformerSp
     return shard
 
 
+#: the note on torchtitan's ``training.enable_cpu_offload``
+CPU_OFFLOAD_NOTE = ("training.enable_cpu_offload: FSDP's CPU offload is not modelled; the prediction keeps the parameters, "
+                    "gradients and optimizer on the GPU")
+
+
 def sharding_notes(sharded: bool, pp: int, notes: list[str]) -> None:
     """Append how torchtitan's FSDP reads under pipeline parallelism, where tuner does not model it as FSDP."""
     if sharded and pp > 1:  # torchtitan's default under PP: fsdp_reshard_after_forward off
@@ -446,6 +451,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         mode = "full" if count else "none"
         recompute_layers = count if count and every > 1 else None
     sharding_notes(shard * cp > 1, pp, notes)
+    if tr.get("enable_cpu_offload", False):
+        notes.append(CPU_OFFLOAD_NOTE)
     if par.get("enable_async_tensor_parallel", False) and tp > 1:
         notes.append(ASYNC_TP_NOTE)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]

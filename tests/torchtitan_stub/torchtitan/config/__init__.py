@@ -12,6 +12,7 @@ class TrainingConfig:
     disable_cuda_graphs: bool = False
     mixed_precision_param: str = "bfloat16"
     mixed_precision_reduce: str = "float32"
+    enable_cpu_offload: bool = False
 
 
 @dataclass(kw_only=True, slots=True)
