@@ -281,6 +281,16 @@ def _predict_cases() -> Iterator[BadInput]:
                    ("predict", "--torchtitan", "{dir}/t.toml", "--devices", "8"),
                    {"t.toml": '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\n'
                               'fsdp_reshard_after_forward = "sometimes"\n'})
+    lf = ("model:\n  name: mpt_causal_lm\n  d_model: 256\n  n_heads: 4\n  n_layers: 2\n  max_seq_len: 128\n"
+          "global_train_batch_size: 16\ndevice_train_microbatch_size: 2\nfsdp_config:\n  sharding_strategy: FULL_SHARD\n")
+    for name, text, flags in (("without --devices", lf, ()),
+                              ("YAML syntax error", "model: [1,\n", ("--devices", "8")),
+                              ("interpolation of a missing key", lf + "max_seq_len: ${variables.seq}\n", ("--devices", "8")),
+                              ("micro-batch auto", lf.replace("2\nfsdp", "auto\nfsdp"), ("--devices", "8")),
+                              ("sharding strategy unknown", lf.replace("FULL_SHARD", "ZERO3"), ("--devices", "8")),
+                              ("batch not divisible by the devices", lf, ("--devices", "6"))):
+        yield BadInput(f"predict: llm-foundry YAML {name}", ("predict", "--llm-foundry", "{dir}/run.yaml", *flags),
+                       {"run.yaml": text})
     yield BadInput("predict: torchtitan recipe that raises", ("predict", "--torchtitan", "{dir}/r.py:f"),
                    {"r.py": "def f():\n    raise RuntimeError('no configuration')\n"})
 

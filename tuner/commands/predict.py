@@ -12,8 +12,9 @@ Two sources, one ``_predict_*`` function each, chosen in :func:`predict`:
   file or archive): :func:`predictor.whatif.apply.predict_trace` transforms the captured
   execution graph and simulates it; tasks whose shape or platform changed are re-timed with
   the kernel models of ``--platform`` (an asset pack's calibrated ones when there is one).
-* ``tuner predict --megatron-args LAUNCH.sh`` / ``--torchtitan JOB.toml`` / ``--torchtitan MODULE:FUNCTION``
-  ``[--workload MODEL.yaml]`` — an existing launch read back as a plan (:mod:`tuner.launch`) and predicted
+* ``tuner predict --megatron-args LAUNCH.sh`` / ``--torchtitan JOB.toml`` / ``--torchtitan MODULE:FUNCTION`` /
+  ``--llm-foundry RUN.yaml`` ``[--workload MODEL.yaml]`` — an existing launch read back as a plan
+  (:mod:`tuner.launch`) and predicted
   like a workload plan. ``--launch DIR`` writes a workload's or launch's plan as ``megatron_args.txt``,
   ``torchtitan.toml`` and ``torchtitan_recipe.py``.
 """
@@ -29,7 +30,8 @@ import typer
 
 from tuner.commands.common import console, fail
 
-SOURCES = "--workload MODEL.yaml, a captured TRACE, --megatron-args FILE or --torchtitan FILE|MODULE:FUNCTION"
+SOURCES = ("--workload MODEL.yaml, a captured TRACE, --megatron-args FILE, --torchtitan FILE|MODULE:FUNCTION or "
+           "--llm-foundry FILE")
 
 
 def predict(
@@ -46,6 +48,7 @@ def predict(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     megatron: Annotated[Path | None, typer.Option("--megatron-args", help="score a Megatron-LM launch script or argument list (world size from torchrun, else --devices)")] = None,
     torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan job: a TOML job config (releases up to v0.2), or a Python configuration MODULE:FUNCTION / FILE.py:FUNCTION (main branch; needs torchtitan importable). Model shape from --workload, else tuner's header, else the configuration (its model tree or flavor)")] = None,
+    llmfoundry: Annotated[Path | None, typer.Option("--llm-foundry", help="score an llm-foundry training YAML (MPT with Composer's FSDP; the world size from --devices, the model from the YAML or --workload)")] = None,
     launch: Annotated[Path | None, typer.Option("--launch", help="write the plan's megatron_args.txt, torchtitan.toml and torchtitan_recipe.py into this folder")] = None,
 ) -> None:
     """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
@@ -56,9 +59,9 @@ def predict(
             fail(f"{flag} must be 1 .. 65536, got {value}")
     if trace is not None and trace.is_dir():
         fail(f"--trace {trace}: is a folder; give the trace file to write, e.g. {trace / 'trace.json'}")
-    if megatron is not None or torchtitan is not None:
-        _predict_launch(megatron, torchtitan, workload, path, set_ or [], platform, catalog, devices_per_node, devices,
-                        detail, trace, as_json, launch)
+    if megatron is not None or torchtitan is not None or llmfoundry is not None:
+        _predict_launch(megatron, torchtitan, llmfoundry, workload, path, set_ or [], platform, catalog,
+                        devices_per_node, devices, detail, trace, as_json, launch)
         return
     if workload is not None:
         _predict_workload(workload, set_ or [], platform, catalog, devices_per_node, devices, detail, trace, as_json,
@@ -324,26 +327,29 @@ def _write_launch(folder: Path, spec, plan, platform, dpn: int, detail: str, res
 
 
 # ----------------------------------------------------------------------------- launch files
-def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Path | None, path: Path | None,
-                    sets: list[str], platform_key: str | None, catalog: Path | None, devices_per_node: int | None,
-                    n_devices: int | None, detail: str, trace: Path | None, as_json: bool, launch: Path | None) -> None:
-    """Score an existing launch: Megatron-LM arguments, a torchtitan TOML or Python configuration read back as spec + plan."""
+def _predict_launch(megatron: Path | None, torchtitan: Path | None, llmfoundry: Path | None, workload: Path | None,
+                    path: Path | None, sets: list[str], platform_key: str | None, catalog: Path | None,
+                    devices_per_node: int | None, n_devices: int | None, detail: str, trace: Path | None,
+                    as_json: bool, launch: Path | None) -> None:
+    """Score an existing launch: Megatron-LM arguments, a torchtitan TOML or Python configuration or an llm-foundry
+    YAML read back as spec + plan."""
     from predictor.sources.synth.transformer import PlanError
     from tuner.launch import (
         LaunchError,
         is_config_ref,
+        read_llmfoundry_file,
         read_megatron_file,
         read_torchtitan_config,
         read_torchtitan_file,
     )
     from tuner.plans import plan_from_fields, predict_plan
 
-    if megatron is not None and torchtitan is not None:
-        fail("give either --megatron-args FILE or --torchtitan FILE, not both")
+    if sum(x is not None for x in (megatron, torchtitan, llmfoundry)) > 1:
+        fail("give one of --megatron-args FILE, --torchtitan FILE and --llm-foundry FILE")
     if path is not None:
         fail(f"a launch file and a TRACE cannot be predicted together (got {path})")
     if megatron is not None and workload is not None:
-        fail("--workload gives the model of a --torchtitan file; Megatron-LM arguments carry their own")
+        fail("--workload gives the model of a --torchtitan or --llm-foundry file; Megatron-LM arguments carry their own")
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
     if n_devices is not None and n_devices < 1:
@@ -355,6 +361,12 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Pa
     try:
         if megatron is not None:
             lp = read_megatron_file(megatron, devices=n_devices)
+        elif llmfoundry is not None:
+            hint = platform_key or (cluster.platform if cluster else "a100-80gb")
+            dpn_hint = devices_per_node or (cluster.devices_per_node if cluster else None) \
+                or _platform(hint, catalog or (cluster.catalog if cluster else None)).devices_per_node
+            lp = read_llmfoundry_file(llmfoundry, devices=n_devices, devices_per_node=dpn_hint,
+                                      spec=model.to_spec() if model is not None else None)
         else:
             given = model.to_spec() if model is not None else None
             ref = Path(str(torchtitan))
@@ -377,7 +389,7 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, workload: Pa
                                   keep_timeline=trace is not None)
     except PlanError as exc:
         fail(str(exc))
-    out = {"model": spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan),
+    out = {"model": spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan or llmfoundry),
            "read": lp.summary(), **result}
     if launch is not None:
         out["launch"] = _write_launch(launch, spec, plan, platform, dpn, detail, result)

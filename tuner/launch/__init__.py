@@ -1,5 +1,5 @@
 """Plans that launch: a TP/PP/DP plan as Megatron-LM arguments, a torchtitan TOML (releases up to v0.2) and a
-torchtitan Python configuration (its main branch), and each read back.
+torchtitan Python configuration (its main branch), and each read back; an llm-foundry training YAML read.
 
 Public API (what ``tuner search`` reports, ``tuner predict`` and other searches call)::
 
@@ -9,6 +9,7 @@ Public API (what ``tuner search`` reports, ``tuner predict`` and other searches 
     read_torchtitan_toml(text, spec=...) -> LaunchPlan
     torchtitan_recipe(spec, plan) -> str              # torchtitan main: a module whose tuner_plan() is the config
     read_torchtitan_config("MODULE:FUNCTION") -> LaunchPlan   # needs torchtitan (main) importable
+    read_llmfoundry_yaml(text, devices=N) -> LaunchPlan  # an llm-foundry training YAML (MPT, Composer FSDP)
     write_launch_files(out, spec, plan, ...) -> dict  # megatron_args.txt, torchtitan.toml, torchtitan_recipe.py
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from predictor.files import atomic_write_text
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from tuner.launch.common import LaunchError, LaunchPlan
+from tuner.launch.llmfoundry import read_llmfoundry_file, read_llmfoundry_yaml
 from tuner.launch.megatron import (
     megatron_args,
     megatron_command,
@@ -43,7 +45,8 @@ from tuner.launch.torchtitan_config import (
 __all__ = ["LaunchError", "LaunchPlan", "MEGATRON_FILE", "TORCHTITAN_FILE", "megatron_args", "megatron_command",
            "megatron_launch_text", "read_megatron_args", "read_megatron_file", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file", "RECIPE_FILE", "is_config_ref", "plan_from_torchtitan_config",
-           "read_torchtitan_config", "torchtitan_recipe", "launch_payload", "write_launch_files"]
+           "read_torchtitan_config", "torchtitan_recipe", "read_llmfoundry_yaml", "read_llmfoundry_file", "launch_payload",
+           "write_launch_files"]
 
 #: file names of the launch files next to results.json
 MEGATRON_FILE = "megatron_args.txt"
