@@ -428,7 +428,7 @@ def test_predict_workload_writes_launch_files(tmp_path):
     (["--megatron-args", "nope.txt"], "no such file"),
     (["--torchtitan", "{toml}"], "TOML syntax error"),
     (["--megatron-args", "{txt}"], "no Megatron-LM arguments"),
-    (["--megatron-args", "{txt}", "--torchtitan", "{toml}"], "not both"),
+    (["--megatron-args", "{txt}", "--torchtitan", "{toml}"], "give one of"),
     (["--torchtitan", "{model_only}"], "give its shape: --workload MODEL.yaml"),
     (["--torchtitan", "{bad_header}"], "is not JSON"),
     (["--torchtitan", "{bad_shape}"], "not a transformer spec"),
