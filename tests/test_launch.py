@@ -45,6 +45,7 @@ PLANS = [
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, recompute="full"),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, fsdp=True, fsdp_reshard_after_forward=False),
     ParallelPlan(tp=2, pp=1, dp=8, micro_batch=1, global_batch=32, fsdp=True, fsdp_shard=4),
+    ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, fsdp=True, fsdp_fp32_params=True),
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, distributed_optimizer=True),
     ParallelPlan(tp=2, pp=1, dp=4, micro_batch=1, global_batch=32, distributed_optimizer=True,
                  optimizer_state="bf16_moments"),
@@ -61,9 +62,10 @@ def _cli(*args: str) -> tuple[int, str]:
 def test_megatron_arguments_read_back_to_the_same_spec_and_plan(plan):
     text = megatron_launch_text(SPEC, plan, platform="a100-80gb", devices_per_node=8)
     back = read_megatron_args(text, "f")
-    # Megatron-FSDP has neither SHARD_GRAD_OP nor HSDP: such a plan is written (and said) as full sharding
-    ran = replace(plan, fsdp_reshard_after_forward=True, fsdp_shard=None)
-    assert ("has no Megatron-LM flag: written as full sharding" in text) == (ran != plan)
+    # Megatron-FSDP has neither SHARD_GRAD_OP, HSDP nor FSDP1's fp32 shards: such a plan is written (and said) as
+    # Megatron-FSDP's full sharding
+    ran = replace(plan, fsdp_reshard_after_forward=True, fsdp_shard=None, fsdp_fp32_params=False)
+    assert ("has no Megatron-LM flag: written as" in text) == (ran != plan)
     assert (back.spec, back.plan, back.devices, back.platform) == (SPEC, ran, plan.devices, "a100-80gb")
     # the bare argument list needs the world size from the caller
     bare = read_megatron_args(megatron_args(SPEC, plan), devices=plan.devices)

@@ -68,8 +68,9 @@ def test_fsdp2_copies_each_gathered_layer_out_and_each_gradient_in():
          for p in (plan, ParallelPlan(**{**plan.to_dict(), "fsdp2": True}))]
     assert t[1] > t[0]
     # the all-gather output beside the parameters it fills, the model-dtype gradients beside the reduce-scatter input
+    # (both as PyTorch FSDP keeps its shards: the fp32 weight shard is the master copy)
     extra = memory_per_stage(SPEC, ParallelPlan(**{**plan.to_dict(), "fsdp2": True}))[0].total_bytes \
-        - memory_per_stage(SPEC, plan)[0].total_bytes
+        - memory_per_stage(SPEC, replace(plan, fsdp_fp32_params=True))[0].total_bytes
     assert extra == pytest.approx(2 * 2 * layer, rel=0.01)
     with pytest.raises(PlanError, match="fsdp2 .* needs fsdp"):
         check_plan(SPEC, ParallelPlan(dp=8, global_batch=8, fsdp2=True), 8)
@@ -120,6 +121,18 @@ def test_hsdp_shards_inside_a_node_and_all_reduces_the_shards_across():
                        (replace(full, fsdp_shard=1), "at least 2")):
         with pytest.raises(PlanError, match=match):
             check_plan(SPEC, bad, 16)
+
+
+def test_pytorch_fsdp_keeps_its_fp32_weight_shard_as_the_master_copy():
+    """PyTorch FSDP (FSDP1 with fsdp_fp32_params, FSDP2): 4 + 4 + 8 bytes a parameter over the shard group;
+    Megatron-FSDP a 2-byte weight shard beside the 4-byte main weights: 18."""
+    plan = ParallelPlan(dp=8, micro_batch=1, global_batch=8, fsdp=True)
+    mega, torch1, torch2 = (memory_per_stage(SPEC, p)[0] for p in (
+        plan, replace(plan, fsdp_fp32_params=True), replace(plan, fsdp2=True)))
+    for m, per_param in ((mega, 18), (torch1, 16), (torch2, 16)):
+        states = m.weights_bytes + m.grads_bytes + m.optimizer_bytes
+        assert states == pytest.approx(m.params * per_param / 8)
+    assert torch1.weights_bytes == pytest.approx(mega.weights_bytes * 2)  # fp32, not bf16
 
 
 def test_fsdp_runs_without_pipelines_with_tensor_parallelism_inside():

@@ -18,7 +18,8 @@ here with OmegaConf as llm-foundry resolves them. Mapping:
   (``fsdp_reshard_after_forward: false``), HYBRID_SHARD (``fsdp_shard``: ``data_parallel_shard_degree`` or the
   devices of a node, as PyTorch FSDP shards it), _HYBRID_SHARD_ZERO2 (both), NO_SHARD (data parallelism);
   ``mixed_precision`` PURE reduces gradients in bf16, DEFAULT and FULL in fp32; ``activation_checkpointing``
-  full recomputation. Without ``fsdp_config`` the ranks run DDP.
+  full recomputation; the fp32 parameter shards are the weights AdamW updates (``fsdp_fp32_params``). Without
+  ``fsdp_config`` the ranks run DDP.
 
 Options that do not change the prediction (optimizer hyper-parameters, data, logging) are not read;
 ``activation_cpu_offload`` and an optimizer other than AdamW are noted.
@@ -177,6 +178,7 @@ def read_llmfoundry_yaml(text: str, source: str = "yaml", *, devices: int | None
                         fsdp=strategy != "NO_SHARD" and devices > 1, overlap_grad_reduce=True,
                         grad_reduce_dtype="bf16" if mixed == "PURE" else "fp32",
                         fsdp_reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2"),
+                        fsdp_fp32_params=True,
                         fsdp_shard=shard if strategy != "NO_SHARD" and devices > 1 else None)
     return LaunchPlan(spec, plan, devices, None, devices_per_node, (), tuple(notes))
 

@@ -304,6 +304,9 @@ def megatron_launch_text(spec: TransformerSpec, plan: ParallelPlan, *, platform:
     if spec.attention in ("flex", "flash_triton"):
         lines.insert(1, f"# attention {spec.attention} has no Megatron-LM backend: written as --attention-backend "
                         "flash (FlashAttention-2)")
+    if plan.fsdp and plan.fsdp_fp32_params and not plan.fsdp2:
+        lines.insert(1, "# PyTorch FSDP1 (fp32 parameter shards as the master weights) has no Megatron-LM flag: "
+                        "written as Megatron-FSDP, which reads back as that")
     if plan.fsdp and plan.fsdp_shard is not None:
         lines.insert(1, f"# HSDP (shard over {plan.fsdp_shard} data-parallel ranks, replicate across) has no Megatron-LM "
                         "flag: written as full sharding, which reads back as that")

@@ -111,7 +111,7 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
     etp = 1 if plan.expert_tp is None and spec is not None and spec.moe is not None else plan.expert_tp
     return replace(plan, sequence_parallel=plan.tp > 1, grad_reduce_dtype="fp32", overlap_grad_reduce=True,
                    pp_scatter_gather=True, fsdp=fsdp, fsdp2=fsdp, distributed_optimizer=_sharded(plan) and not fsdp,
-                   fsdp_shard=plan.fsdp_shard if fsdp else None,
+                   fsdp_shard=plan.fsdp_shard if fsdp else None, fsdp_fp32_params=False,  # fsdp2 implies it
                    recompute=recompute, recompute_layers=layers, optimizer_state="fp32", expert_tp=etp)
 
 

@@ -198,6 +198,9 @@ class PlanOptions(StrictModel):
     #: FSDP plans run as PyTorch's fully_shard (FSDP2, torchtitan): each layer's gathered parameters copied
     #: out and its gradients copied in around the collectives; false: flat buffers (Megatron-FSDP, FSDP1)
     fsdp2: bool = False
+    #: FSDP plans as PyTorch FSDP1 keeps them (Composer, llm-foundry): the fp32 parameter shards are the weights
+    #: Adam updates, no master copy beside them (fsdp2 implies it); false: Megatron-FSDP's bf16 and fp32 shards
+    fsdp_fp32_params: bool = False
     #: FSDP plans free each layer's gathered parameters after its forward and gather them again for its backward
     #: (FULL_SHARD); false: kept to the backward (SHARD_GRAD_OP, ZeRO-2): half the all-gathers, the whole model's
     #: parameters held at once
@@ -320,7 +323,8 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
     if fsdp and shard is not None and (dp % shard or shard * cp < 2 or space.model.moe is not None):
         return None, (f"options.fsdp_shard={shard} does not make HSDP groups of dp={dp}" if space.model.moe is None
                       else "options.fsdp_shard (HSDP) is modelled for dense models")
-    fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2, fsdp_shard=shard if fsdp and shard != dp else None)
+    fields.update(fsdp=fsdp, fsdp2=fsdp and space.options.fsdp2, fsdp_shard=shard if fsdp and shard != dp else None,
+                  fsdp_fp32_params=fsdp and space.options.fsdp_fp32_params)
     try:
         layers = split_layers(space.options.pipeline_split, space.model.layers, pp,
                               fields["virtual_stages"] if sched == "interleaved" else 1)

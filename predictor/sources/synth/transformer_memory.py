@@ -41,7 +41,8 @@ moments (8 bytes: fp32 master + two bf16 moments) or all three (6), as
 
 FSDP FULL_SHARD (``plan.fsdp``, pp = 1, as PyTorch FSDP and Megatron's
 ``optim_grads_params`` run it): weights, fp32 gradients and optimizer state are all sharded,
-``18 / d`` bytes per parameter; with tensor parallelism (torchtitan's 2-D FSDP + TP) of the
+``18 / d`` bytes per parameter (Megatron-FSDP: a 16-bit weight shard beside the fp32 main weights);
+``16 / d`` where the fp32 weight shard is itself the master copy (PyTorch FSDP, ``plan.fsdp_master_shard``); with tensor parallelism (torchtitan's 2-D FSDP + TP) of the
 tensor-parallel rank's parameters, and what is gathered is that rank's share of a layer. An MoE
 layer's routed experts are sharded over the ranks holding the same experts (``dp / ep``), as
 torchtitan wraps them apart. On top, each device holds what is gathered at once
@@ -284,7 +285,9 @@ def data_parallel_shard(spec: TransformerSpec, plan: ParallelPlan, params: float
 
 def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: float, grad_b: float,
                  master_b: float) -> tuple[float, float, float, float]:
-    """FSDP FULL_SHARD model states of one device, bytes: (weight, gradient, optimizer shards, gathered).
+    """FSDP FULL_SHARD model states of one device, bytes: (weight, gradient, optimizer shards, gathered). With
+    ``plan.fsdp_master_shard`` the weight shard is the fp32 (or 16-bit, ``optimizer_state="bf16"``) master copy
+    and the optimizer shard holds only the moments.
 
     ``gathered``: the root unit's full weights and gradient, two layers' full weights (the one
     computing and the prefetched one; every layer's without ``plan.fsdp_reshard_after_forward``, held
@@ -303,6 +306,9 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     if plan.fsdp2:
         gathered += 2.0 * layer * dt
     shard = data_parallel_shard(spec, plan, params)
+    if plan.fsdp_master_shard and dt < 4:  # the weight shard is the master copy: only the moments beside it
+        master = 2.0 if plan.optimizer_state == "bf16" else 4.0
+        return shard * master, shard * grad_b, shard * (master_b - master), gathered
     return shard * dt, shard * grad_b, shard * master_b, gathered
 
 

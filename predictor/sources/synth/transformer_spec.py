@@ -381,6 +381,11 @@ class ParallelPlan:
     #: (``chunk_cat``, cast to ``grad_reduce_dtype``) on the communication stream: one pass over the layer's
     #: parameters each. FSDP1's flat parameters and Megatron-FSDP's buffers gather and reduce in place
     fsdp2: bool = False
+    #: PyTorch FSDP's sharded parameters (FSDP1 as Composer runs it; FSDP2 always, so ``fsdp2`` implies it): kept
+    #: in fp32 and updated by the optimizer in place, the weight shard being the master copy (16 / d bytes a
+    #: parameter with an fp32 Adam state); False: Megatron-FSDP's 16-bit weight shard beside its fp32 main-weight
+    #: shard (18 / d)
+    fsdp_fp32_params: bool = False
     #: FSDP frees each layer's gathered parameters after its forward and gathers them again for its backward
     #: (FULL_SHARD; FSDP2's ``reshard_after_forward=True``); False keeps them from the forward to the backward
     #: (SHARD_GRAD_OP, ZeRO-2; torchtitan's ``fsdp_reshard_after_forward = "never"``): one all-gather per layer
@@ -430,6 +435,12 @@ class ParallelPlan:
         """Ranks FSDP (or the distributed optimizer) shards a stage's states over: the FSDP shard group
         (:attr:`fsdp_shard` x ``cp``) or every replica."""
         return self.fsdp_shard * self.cp if self.fsdp and self.fsdp_shard is not None else self.replicas
+
+    @property
+    def fsdp_master_shard(self) -> bool:
+        """FSDP whose sharded parameters are the optimizer's master weights (PyTorch FSDP: :attr:`fsdp2` or
+        :attr:`fsdp_fp32_params`)."""
+        return self.fsdp and (self.fsdp2 or self.fsdp_fp32_params)
 
     @property
     def fsdp_replicas(self) -> int:
