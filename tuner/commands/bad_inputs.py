@@ -291,6 +291,13 @@ def _predict_cases() -> Iterator[BadInput]:
                               ("batch not divisible by the devices", lf, ("--devices", "6"))):
         yield BadInput(f"predict: llm-foundry YAML {name}", ("predict", "--llm-foundry", "{dir}/run.yaml", *flags),
                        {"run.yaml": text})
+    for name, text in (("not JSON", "{"), ("without model_type", '{"hidden_size": 8}'),
+                       ("of an unknown family", '{"model_type": "t5"}'),
+                       ("missing its layer count", '{"model_type": "llama", "hidden_size": 4096}')):
+        yield BadInput(f"predict: Hugging Face config.json {name}", ("predict", "--workload", "{dir}/config.json",
+                                                                     "--set", "global_batch=8"), {"config.json": text})
+    yield BadInput("predict: --set seq not a number", ("predict", "--workload", "{dir}/w.yaml", "--set", "seq=long"),
+                   {"w.yaml": wl})
     yield BadInput("predict: torchtitan recipe that raises", ("predict", "--torchtitan", "{dir}/r.py:f"),
                    {"r.py": "def f():\n    raise RuntimeError('no configuration')\n"})
 

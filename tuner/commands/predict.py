@@ -166,7 +166,8 @@ def _print_trace_result(r: dict) -> None:
 
 # ----------------------------------------------------------------------------- workload
 def _load_workload(path: Path) -> tuple:
-    """(model section, cluster section or None, global batch or None, options or None) of a YAML file."""
+    """(model section, cluster section or None, global batch or None, options or None, notes) of a YAML file or
+    a Hugging Face ``config.json`` (its model; the notes say what tuner prices in place of what it runs)."""
     import yaml
     from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -177,6 +178,8 @@ def _load_workload(path: Path) -> tuple:
         fail(f"{path}: no such file")
     if path.is_dir():
         fail(f"{path}: is a directory, expected a YAML file")
+    if path.suffix == ".json":
+        return _load_hf_config(path)
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -198,13 +201,27 @@ def _load_workload(path: Path) -> tuple:
     try:
         if data.get("space") == "parallel":
             sp = ParallelSpace.model_validate(data)
-            return sp.model, sp.cluster, sp.global_batch, sp.options
+            return sp.model, sp.cluster, sp.global_batch, sp.options, []
         if "model" in data:
             w = _Workload.model_validate(data)
-            return w.model, w.cluster, w.global_batch, w.options
-        return ModelSection.model_validate(data), None, None, None
+            return w.model, w.cluster, w.global_batch, w.options, []
+        return ModelSection.model_validate(data), None, None, None, []
     except ValidationError as err:
         fail(f"{path}: {format_validation_error(err)}")
+
+
+def _load_hf_config(path: Path) -> tuple:
+    """:func:`_load_workload` of a Hugging Face ``config.json``: its model, with no cluster, batch or options."""
+    from tuner.launch import LaunchError
+    from tuner.launch.common import read_launch_text
+    from tuner.launch.huggingface import read_hf_config_text
+    from tuner.search.parallel import ModelSection
+
+    try:
+        spec, notes = read_hf_config_text(read_launch_text(path, "a JSON file"), str(path))
+    except LaunchError as exc:
+        fail(str(exc))
+    return ModelSection.model_validate(spec.to_dict()), None, None, None, notes
 
 
 def _predict_workload(path: Path, sets: list[str], platform_key: str | None, catalog: Path | None,
@@ -218,7 +235,7 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
 
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
-    model, cluster, global_batch, options = _load_workload(path)
+    model, cluster, global_batch, options, notes = _load_workload(path)
     values, model_sets = _plan_sets(sets)
     platform = _platform(platform_key or (cluster.platform if cluster else "a100-80gb"),
                          catalog or (cluster.catalog if cluster else None))
@@ -251,14 +268,19 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
                                   keep_timeline=trace is not None, memory_fraction=options.memory_fraction)
     except PlanError as exc:
         fail(str(exc))
+    if "seq" in model_sets:  # the note on the config's default sequence no longer holds
+        notes = [n for n in notes if not n.startswith("trained on")]
     out = {"model": spec.name, "platform": platform.key, **result}
+    if notes:
+        out["read"] = {"notes": notes}
     if launch is not None:
         out["launch"] = _write_launch(launch, spec, plan, platform, dpn, detail, result)
     _emit(out, tl, trace, as_json, _print_result)
 
 
 def _plan_sets(sets: list[str]) -> tuple[dict, dict]:
-    """``--set field=value`` items as (plan fields, model fields: ``doc_len``); bad ones: one error line, exit 2."""
+    """``--set field=value`` items as (plan fields, model fields: ``doc_len``, ``seq``); bad ones: one error line,
+    exit 2."""
     from predictor.sources.synth.transformer import PlanError
     from tuner.plans import coerce
 
@@ -273,6 +295,11 @@ def _plan_sets(sets: list[str]) -> tuple[dict, dict]:
                 if raw.lower() != "none" and not raw.isdigit():
                     fail(f"--set doc_len must be a whole number of tokens or none (got {raw!r})")
                 model[key] = None if raw.lower() == "none" else int(raw)
+                continue
+            if key == "seq":  # the training sequence (a model file's own, else a config's context length)
+                if not raw.isdigit() or int(raw) < 1:
+                    fail(f"--set seq must be a positive whole number of tokens (got {raw!r})")
+                model[key] = int(raw)
                 continue
             values[key] = coerce(key, raw)
     except PlanError as exc:
@@ -414,7 +441,7 @@ def _print_result(r: dict) -> None:
                       f"{b['exposed_compute_s']:.3f} / {b['exposed_communication_s']:.3f} / {b['overlap_s']:.3f} / {b['idle_s']:.3f}")
         table.add_row("graph", f"{r['graph']['tasks']:,} tasks on {r['graph']['ranks']} stage ranks ({r['graph']['detail']})")
     for note in r.get("read", {}).get("notes", []):
-        table.add_row("read from the launch file", note)
+        table.add_row("read", note)
     if "launch" in r:
         table.add_row("launch files", ", ".join(r["launch"]["files"]))
     if "trace" in r:

@@ -10,7 +10,8 @@ here with OmegaConf as llm-foundry resolves them. Mapping:
   ``attn_config.attn_impl`` (``flash``: FlashAttention-2, ``flash2``; ``triton``: ``flash_triton``; ``torch``:
   ``unfused``), position (``rope``; ``alibi`` read as none, with a note; else learned), ``no_bias``,
   ``resid_pdrop``, ``tie_word_embeddings``, ``loss_fn`` (``fused_crossentropy``, the default, is the fused
-  loss). Another model (``hf_causal_lm``) needs its shape from ``--workload``.
+  loss). An ``hf_causal_lm`` is read from the ``config.json`` in its ``pretrained_model_name_or_path`` folder
+  (:mod:`tuner.launch.huggingface`); a Hub name needs the model's shape from ``--workload``.
 * ``precision``: ``amp_bf16`` / ``amp_fp16`` / ``fp32``; ``amp_fp8`` is FP8 linears over bf16.
 * ``global_train_batch_size`` and ``device_train_microbatch_size`` over the ``devices`` data-parallel ranks
   (tuner's eager program, ``tp = pp = 1``).
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from tuner.launch.common import LaunchError, LaunchPlan, read_launch_text
+from tuner.launch.huggingface import read_hf_config_text
 
 __all__ = ["read_llmfoundry_yaml", "read_llmfoundry_file"]
 
@@ -116,6 +118,21 @@ def _mpt_spec(model: dict, seq: int, dtype: str, fp8: bool, source: str, notes: 
                            fused_loss=loss == "fused_crossentropy", name=str(model.get("name", "mpt")))
 
 
+def _hf_spec(model: dict, seq: int, source: str, notes: list[str]) -> TransformerSpec | None:
+    """The model of an ``hf_causal_lm`` whose ``pretrained_model_name_or_path`` is a folder holding its
+    ``config.json`` (as given, else beside the YAML); None when it is a Hub name."""
+    name = model.get("pretrained_model_name_or_path")
+    if not isinstance(name, str):
+        return None
+    for folder in (Path(name), Path(source).parent / name):
+        config = folder / "config.json"
+        if config.is_file():
+            spec, said = read_hf_config_text(read_launch_text(config, "a JSON file"), str(config), seq=seq)
+            notes += said
+            return spec
+    return None
+
+
 def read_llmfoundry_yaml(text: str, source: str = "yaml", *, devices: int | None = None,
                          devices_per_node: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:
     """A plan from an llm-foundry training YAML on ``devices`` GPUs (``devices_per_node`` of a node, for
@@ -131,13 +148,17 @@ def read_llmfoundry_yaml(text: str, source: str = "yaml", *, devices: int | None
         raise LaunchError(f"{source}: precision {precision!r}: tuner models {', '.join(PRECISION)}")
     dtype, fp8 = PRECISION[precision]
     seq = _int(model, "max_seq_len", "model.", source, doc.get("max_seq_len", 2048))
+    if spec is None and model.get("name", "mpt_causal_lm") == "hf_causal_lm":
+        spec = _hf_spec(model, seq, source, notes)
     if spec is None:
         if model.get("name", "mpt_causal_lm") != "mpt_causal_lm":
-            raise LaunchError(f"{source}: model.name {model.get('name')!r}: tuner reads MPT models (mpt_causal_lm); "
-                              "give the model's shape with --workload")
+            raise LaunchError(f"{source}: model.name {model.get('name')!r}: tuner reads MPT models (mpt_causal_lm) and "
+                              "Hugging Face models whose config.json is on this machine; give the model's shape with "
+                              "--workload")
         spec = _mpt_spec(model, seq, dtype, fp8, source, notes)
     else:  # the given model as this run trains it: its sequence and precision, Composer's eager modules
-        spec = replace(spec, seq=seq, dtype=dtype, fp8_linear=fp8, program="eager")  # type: ignore[arg-type]
+        program = spec.program if spec.mla is not None else "eager"
+        spec = replace(spec, seq=seq, dtype=dtype, fp8_linear=fp8, program=program)  # type: ignore[arg-type]
     gbs = _int(doc, "global_train_batch_size", "", source)
     micro = doc.get("device_train_microbatch_size", "auto")
     if micro == "auto":
