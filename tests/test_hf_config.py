@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -102,3 +103,26 @@ def test_llmfoundry_reads_a_hugging_face_model_from_its_local_folder(tmp_path):
     with pytest.raises(LaunchError, match="Hugging Face models whose config.json is on this machine"):
         read_llmfoundry_yaml(yaml_text.replace("llama2", "meta-llama/Llama-2-7b-hf"), str(tmp_path / "run.yaml"),
                              devices=8)
+
+
+def test_spaces_take_a_config_json_as_their_model(tmp_path):
+    import yaml
+
+    from tuner.search.registry import load_space
+    from tuner.search.schema import SpaceError
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS["Mixtral-8x7B-v0.1"][1]))
+    repo = Path(__file__).resolve().parents[1] / "search_spaces"
+    parallel = yaml.safe_load((repo / "parallel.yaml").read_text())
+    parallel["model"] = {"hf_config": "config.json", "seq": 2048, "name": "mixtral"}
+    (tmp_path / "parallel.yaml").write_text(yaml.safe_dump(parallel))
+    spec = load_space(tmp_path / "parallel.yaml").model.to_spec()
+    assert (spec.moe.experts, spec.seq, spec.name) == (8, 2048, "mixtral")  # the section's own fields win
+    rent = yaml.safe_load((repo / "rent.yaml").read_text())
+    rent["model"] = {"transformer": {"hf_config": str(tmp_path / "config.json")}}
+    (tmp_path / "rent.yaml").write_text(yaml.safe_dump(rent))
+    assert load_space(tmp_path / "rent.yaml").model.transformer.to_spec().param_count() == pytest.approx(46.7e9, rel=0.01)
+    parallel["model"] = {"hf_config": "missing.json"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(parallel))
+    with pytest.raises(SpaceError, match="model.hf_config: .*missing.json"):
+        load_space(tmp_path / "bad.yaml")

@@ -209,6 +209,10 @@ def _file_cases() -> Iterator[BadInput]:
     yield _search("search: catalog malformed", _dump({**sh, "catalog": "cat.yaml"}),
                   files={"cat.yaml": "a100-80gb: [unclosed\n"})
     yield _search("search parallel: catalog missing", _dump(_set(SPACES["parallel"], "cluster.catalog", "nope.yaml")))
+    yield _search("search parallel: hf_config missing", _dump({**SPACES["parallel"], "model": {"hf_config": "nope.json"}}))
+    yield _search("search parallel: hf_config of an unknown family",
+                  _dump({**SPACES["parallel"], "model": {"hf_config": "config.json"}}),
+                  files={"config.json": '{"model_type": "t5"}'})
     yield _search("search parallel: no plan fits the devices", _dump(_set(SPACES["parallel"], "ranges.tp", [3])))
     yield _search("search parallel: too many devices", _dump(_set(SPACES["parallel"], "cluster.nodes", 40000)))
     yield _search("search accelerators: catalog missing", _dump({**SPACES["accelerators"], "catalog": "nope.yaml"}))

@@ -72,10 +72,36 @@ def load_space(path: str | Path) -> BaseModel:
     kind = data.get("space")
     if kind not in SPACES:
         raise SpaceError(f"{path}: space: must be one of {', '.join(sorted(SPACES))} (got {kind!r})")
+    model = data.get("model")
+    if isinstance(model, dict) and kind == "rent" and isinstance(model.get("transformer"), dict):
+        data = {**data, "model": {**model, "transformer": _hf_model(model["transformer"], path)}}
+    elif isinstance(model, dict) and kind == "parallel":
+        data = {**data, "model": _hf_model(model, path)}
     try:
         return space_schema(kind).model_validate(data)
     except ValidationError as err:
         raise SpaceError(f"{path}: {format_validation_error(err)}") from None
+
+
+def _hf_model(section: dict, space: Path) -> dict:
+    """A transformer model section with its ``hf_config`` (a Hugging Face ``config.json``, relative to the space
+    file's folder) expanded into the fields it gives; the section's other fields override them."""
+    if "hf_config" not in section:
+        return section
+    from tuner.launch import LaunchError
+    from tuner.launch.common import read_launch_text
+    from tuner.launch.huggingface import read_hf_config_text
+
+    given = {k: v for k, v in section.items() if k != "hf_config"}
+    config = Path(str(section["hf_config"]))
+    config = config if config.is_absolute() else space.parent / config
+    seq = given.get("seq")
+    try:
+        spec, _ = read_hf_config_text(read_launch_text(config, "a JSON file"), str(config),
+                                      seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+    except LaunchError as exc:
+        raise SpaceError(f"{space}: model.hf_config: {exc}") from None
+    return {**spec.to_dict(), **given}
 
 
 @dataclass
