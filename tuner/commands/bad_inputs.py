@@ -300,6 +300,15 @@ def _predict_cases() -> Iterator[BadInput]:
                        ("missing its layer count", '{"model_type": "llama", "hidden_size": 4096}')):
         yield BadInput(f"predict: Hugging Face config.json {name}", ("predict", "--workload", "{dir}/config.json",
                                                                      "--set", "global_batch=8"), {"config.json": text})
+    nemo = ("trainer:\n  num_nodes: 1\n  devices: 8\nmodel:\n  num_layers: 4\n  hidden_size: 256\n"
+            "  num_attention_heads: 4\n  encoder_seq_length: 128\n  global_batch_size: 16\n")
+    for name, text in (("without a model section", "trainer: {}\n"), ("YAML syntax error", "model: [1,\n"),
+                       ("TP not dividing the devices", nemo + "  tensor_model_parallel_size: 3\n"),
+                       ("layers not splitting over the stages",
+                        nemo.replace("num_layers: 4", "num_layers: 5") + "  pipeline_model_parallel_size: 2\n")):
+        yield BadInput(f"predict: NeMo YAML {name}", ("predict", "--nemo", "{dir}/cfg.yaml"), {"cfg.yaml": text})
+    yield BadInput("predict: --set attention unknown", ("predict", "--workload", "{dir}/w.yaml", "--set",
+                                                        "attention=magic"), {"w.yaml": wl})
     yield BadInput("predict: --set seq not a number", ("predict", "--workload", "{dir}/w.yaml", "--set", "seq=long"),
                    {"w.yaml": wl})
     yield BadInput("predict: torchtitan recipe that raises", ("predict", "--torchtitan", "{dir}/r.py:f"),

@@ -13,7 +13,7 @@ Two sources, one ``_predict_*`` function each, chosen in :func:`predict`:
   execution graph and simulates it; tasks whose shape or platform changed are re-timed with
   the kernel models of ``--platform`` (an asset pack's calibrated ones when there is one).
 * ``tuner predict --megatron-args LAUNCH.sh`` / ``--torchtitan JOB.toml`` / ``--torchtitan MODULE:FUNCTION`` /
-  ``--llm-foundry RUN.yaml`` ``[--workload MODEL.yaml]`` — an existing launch read back as a plan
+  ``--llm-foundry RUN.yaml`` / ``--nemo CONFIG.yaml`` ``[--workload MODEL.yaml]`` — an existing launch read back as a plan
   (:mod:`tuner.launch`) and predicted
   like a workload plan. ``--launch DIR`` writes a workload's or launch's plan as ``megatron_args.txt``,
   ``torchtitan.toml`` and ``torchtitan_recipe.py``.
@@ -30,8 +30,8 @@ import typer
 
 from tuner.commands.common import console, fail
 
-SOURCES = ("--workload MODEL.yaml, a captured TRACE, --megatron-args FILE, --torchtitan FILE|MODULE:FUNCTION or "
-           "--llm-foundry FILE")
+SOURCES = ("--workload MODEL.yaml, a captured TRACE, --megatron-args FILE, --torchtitan FILE|MODULE:FUNCTION, "
+           "--llm-foundry FILE or --nemo FILE")
 
 
 def predict(
@@ -49,6 +49,7 @@ def predict(
     megatron: Annotated[Path | None, typer.Option("--megatron-args", help="score a Megatron-LM launch script or argument list (world size from torchrun, else --devices)")] = None,
     torchtitan: Annotated[Path | None, typer.Option("--torchtitan", help="score a torchtitan job: a TOML job config (releases up to v0.2), or a Python configuration MODULE:FUNCTION / FILE.py:FUNCTION (main branch; needs torchtitan importable). Model shape from --workload, else tuner's header, else the configuration (its model tree or flavor)")] = None,
     llmfoundry: Annotated[Path | None, typer.Option("--llm-foundry", help="score an llm-foundry training YAML (MPT with Composer's FSDP; the world size from --devices, the model from the YAML or --workload)")] = None,
+    nemo: Annotated[Path | None, typer.Option("--nemo", help="score a NeMo 1.x GPT training YAML (Megatron-core; the world size from its trainer, else --devices)")] = None,
     launch: Annotated[Path | None, typer.Option("--launch", help="write the plan's megatron_args.txt, torchtitan.toml and torchtitan_recipe.py into this folder")] = None,
 ) -> None:
     """Predict one configuration without Ray: a transformer plan (--workload) or a captured run changed by --set."""
@@ -59,8 +60,8 @@ def predict(
             fail(f"{flag} must be 1 .. 65536, got {value}")
     if trace is not None and trace.is_dir():
         fail(f"--trace {trace}: is a folder; give the trace file to write, e.g. {trace / 'trace.json'}")
-    if megatron is not None or torchtitan is not None or llmfoundry is not None:
-        _predict_launch(megatron, torchtitan, llmfoundry, workload, path, set_ or [], platform, catalog,
+    if megatron is not None or torchtitan is not None or llmfoundry is not None or nemo is not None:
+        _predict_launch(megatron, torchtitan, llmfoundry, nemo, workload, path, set_ or [], platform, catalog,
                         devices_per_node, devices, detail, trace, as_json, launch)
         return
     if workload is not None:
@@ -279,9 +280,11 @@ def _predict_workload(path: Path, sets: list[str], platform_key: str | None, cat
 
 
 def _plan_sets(sets: list[str]) -> tuple[dict, dict]:
-    """``--set field=value`` items as (plan fields, model fields: ``doc_len``, ``seq``); bad ones: one error line,
-    exit 2."""
-    from predictor.sources.synth.transformer import PlanError
+    """``--set field=value`` items as (plan fields, model fields: ``doc_len``, ``seq``, ``vocab``, ``attention``);
+    bad ones: one error line, exit 2."""
+    from typing import get_args, get_type_hints
+
+    from predictor.sources.synth.transformer import PlanError, TransformerSpec
     from tuner.plans import coerce
 
     values: dict = {}
@@ -296,10 +299,16 @@ def _plan_sets(sets: list[str]) -> tuple[dict, dict]:
                     fail(f"--set doc_len must be a whole number of tokens or none (got {raw!r})")
                 model[key] = None if raw.lower() == "none" else int(raw)
                 continue
-            if key == "seq":  # the training sequence (a model file's own, else a config's context length)
+            if key in ("seq", "vocab"):  # the training sequence; the vocabulary (a tokenizer tuner does not know)
                 if not raw.isdigit() or int(raw) < 1:
-                    fail(f"--set seq must be a positive whole number of tokens (got {raw!r})")
+                    fail(f"--set {key} must be a positive whole number (got {raw!r})")
                 model[key] = int(raw)
+                continue
+            if key == "attention":  # the attention kernels (a launcher's environment can choose them)
+                choices = get_args(get_type_hints(TransformerSpec)["attention"])
+                if raw not in choices:
+                    fail(f"--set attention must be one of {', '.join(choices)} (got {raw!r})")
+                model[key] = raw
                 continue
             values[key] = coerce(key, raw)
     except PlanError as exc:
@@ -354,29 +363,31 @@ def _write_launch(folder: Path, spec, plan, platform, dpn: int, detail: str, res
 
 
 # ----------------------------------------------------------------------------- launch files
-def _predict_launch(megatron: Path | None, torchtitan: Path | None, llmfoundry: Path | None, workload: Path | None,
-                    path: Path | None, sets: list[str], platform_key: str | None, catalog: Path | None,
-                    devices_per_node: int | None, n_devices: int | None, detail: str, trace: Path | None,
-                    as_json: bool, launch: Path | None) -> None:
-    """Score an existing launch: Megatron-LM arguments, a torchtitan TOML or Python configuration or an llm-foundry
-    YAML read back as spec + plan."""
+def _predict_launch(megatron: Path | None, torchtitan: Path | None, llmfoundry: Path | None, nemo: Path | None,
+                    workload: Path | None, path: Path | None, sets: list[str], platform_key: str | None,
+                    catalog: Path | None, devices_per_node: int | None, n_devices: int | None, detail: str,
+                    trace: Path | None, as_json: bool, launch: Path | None) -> None:
+    """Score an existing launch: Megatron-LM arguments, a torchtitan TOML or Python configuration, an llm-foundry
+    or a NeMo YAML read back as spec + plan."""
     from predictor.sources.synth.transformer import PlanError
     from tuner.launch import (
         LaunchError,
         is_config_ref,
         read_llmfoundry_file,
         read_megatron_file,
+        read_nemo_file,
         read_torchtitan_config,
         read_torchtitan_file,
     )
     from tuner.plans import plan_from_fields, predict_plan
 
-    if sum(x is not None for x in (megatron, torchtitan, llmfoundry)) > 1:
-        fail("give one of --megatron-args FILE, --torchtitan FILE and --llm-foundry FILE")
+    if sum(x is not None for x in (megatron, torchtitan, llmfoundry, nemo)) > 1:
+        fail("give one of --megatron-args FILE, --torchtitan FILE, --llm-foundry FILE and --nemo FILE")
     if path is not None:
         fail(f"a launch file and a TRACE cannot be predicted together (got {path})")
-    if megatron is not None and workload is not None:
-        fail("--workload gives the model of a --torchtitan or --llm-foundry file; Megatron-LM arguments carry their own")
+    if (megatron is not None or nemo is not None) and workload is not None:
+        fail("--workload gives the model of a --torchtitan or --llm-foundry file; Megatron-LM arguments and NeMo "
+             "configs carry their own")
     if detail not in ("auto", "kernel", "stage"):
         fail(f"--detail must be auto, kernel or stage (got {detail!r})")
     if n_devices is not None and n_devices < 1:
@@ -386,7 +397,9 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, llmfoundry: 
         n_devices = cluster.nodes * (cluster.devices_per_node
                                      or _platform(cluster.platform, cluster.catalog).devices_per_node)
     try:
-        if megatron is not None:
+        if nemo is not None:
+            lp = read_nemo_file(nemo, devices=n_devices)
+        elif megatron is not None:
             lp = read_megatron_file(megatron, devices=n_devices)
         elif llmfoundry is not None:
             hint = platform_key or (cluster.platform if cluster else "a100-80gb")
@@ -416,7 +429,7 @@ def _predict_launch(megatron: Path | None, torchtitan: Path | None, llmfoundry: 
                                   keep_timeline=trace is not None)
     except PlanError as exc:
         fail(str(exc))
-    out = {"model": spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan or llmfoundry),
+    out = {"model": spec.name, "platform": platform.key, "launch_file": str(megatron or torchtitan or llmfoundry or nemo),
            "read": lp.summary(), **result}
     if launch is not None:
         out["launch"] = _write_launch(launch, spec, plan, platform, dpn, detail, result)

@@ -1,5 +1,5 @@
 """Plans that launch: a TP/PP/DP plan as Megatron-LM arguments, a torchtitan TOML (releases up to v0.2) and a
-torchtitan Python configuration (its main branch), and each read back; an llm-foundry training YAML read.
+torchtitan Python configuration (its main branch), and each read back; llm-foundry and NeMo training YAMLs read.
 
 Public API (what ``tuner search`` reports, ``tuner predict`` and other searches call)::
 
@@ -10,6 +10,7 @@ Public API (what ``tuner search`` reports, ``tuner predict`` and other searches 
     torchtitan_recipe(spec, plan) -> str              # torchtitan main: a module whose tuner_plan() is the config
     read_torchtitan_config("MODULE:FUNCTION") -> LaunchPlan   # needs torchtitan (main) importable
     read_llmfoundry_yaml(text, devices=N) -> LaunchPlan  # an llm-foundry training YAML (MPT, Composer FSDP)
+    read_nemo_yaml(text) -> LaunchPlan                # a NeMo 1.x GPT training YAML (Megatron-core)
     write_launch_files(out, spec, plan, ...) -> dict  # megatron_args.txt, torchtitan.toml, torchtitan_recipe.py
 """
 
@@ -28,6 +29,7 @@ from tuner.launch.megatron import (
     read_megatron_args,
     read_megatron_file,
 )
+from tuner.launch.nemo import read_nemo_file, read_nemo_yaml
 from tuner.launch.torchtitan import (
     read_torchtitan_file,
     read_torchtitan_toml,
@@ -45,7 +47,8 @@ from tuner.launch.torchtitan_config import (
 __all__ = ["LaunchError", "LaunchPlan", "MEGATRON_FILE", "TORCHTITAN_FILE", "megatron_args", "megatron_command",
            "megatron_launch_text", "read_megatron_args", "read_megatron_file", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file", "RECIPE_FILE", "is_config_ref", "plan_from_torchtitan_config",
-           "read_torchtitan_config", "torchtitan_recipe", "read_llmfoundry_yaml", "read_llmfoundry_file", "launch_payload",
+           "read_torchtitan_config", "torchtitan_recipe", "read_llmfoundry_yaml", "read_llmfoundry_file", "read_nemo_yaml", "read_nemo_file",
+           "launch_payload",
            "write_launch_files"]
 
 #: file names of the launch files next to results.json

@@ -1,0 +1,123 @@
+"""NeMo 1.x GPT training YAMLs read as tuner's spec + plan (tuner/launch/nemo.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+from predictor.timing.platforms import get_platform
+from tuner.cli import app
+from tuner.launch import LaunchError, read_nemo_yaml
+from tuner.plans import predict_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Llama 3.1 70B as NVIDIA's DGX Cloud recipe (v25.01) configures it for 64 H100s, the fields tuner reads
+LLAMA_70B = """
+run:
+  name: llama3_1_70b
+trainer:
+  num_nodes: 8
+  devices: 8
+  precision: bf16-mixed
+model:
+  mcore_gpt: true
+  micro_batch_size: 1
+  global_batch_size: 128
+  tensor_model_parallel_size: 4
+  pipeline_model_parallel_size: 4
+  virtual_pipeline_model_parallel_size: 5
+  context_parallel_size: 2
+  encoder_seq_length: 8192
+  num_layers: 80
+  hidden_size: 8192
+  ffn_hidden_size: 28672
+  num_attention_heads: 64
+  num_query_groups: 8
+  hidden_dropout: 0.0
+  bias: false
+  activation: fast-swiglu
+  position_embedding_type: rope
+  share_embeddings_and_output_weights: false
+  tokenizer:
+    library: huggingface
+    type: meta-llama/Meta-Llama-3.1-70B
+  activations_checkpoint_granularity: null
+  sequence_parallel: true
+  fp8: false
+  ub_tp_comm_overlap: true
+  optim:
+    name: distributed_fused_adam
+    overlap_grad_sync: true
+    grad_sync_dtype: bf16
+"""
+
+
+def _validation():
+    spec = importlib.util.spec_from_file_location("multinode_validation", REPO / "experiments" / "multinode_validation.py")
+    mv = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(mv)
+    return mv
+
+
+def test_the_recipe_predicts_as_the_validations_row():
+    mv = _validation()
+    row = next(r for r in mv.load_rows() if r.key == "dgxc_llama31" and r.model == "Llama3.1-70B bf16" and r.gpus == 64)
+    lp = read_nemo_yaml(LLAMA_70B, "llama3_1_70b.yaml")
+    plat = get_platform("h100-sxm")
+    want, _ = predict_plan(TransformerSpec(**row.spec), ParallelPlan(**row.plan), plat, devices=64)
+    got, _ = predict_plan(lp.spec, lp.plan, plat, devices=lp.devices)
+    assert got["predicted_iteration_s"] == pytest.approx(want["predicted_iteration_s"], rel=1e-9)
+    assert (lp.devices, lp.devices_per_node, lp.spec.vocab, lp.spec.attention) == (64, 8, 128256, "te")
+    p = lp.plan
+    assert (p.tp, p.pp, p.cp, p.dp, p.virtual_stages, p.schedule) == (4, 4, 2, 2, 5, "interleaved")
+    assert p.distributed_optimizer and p.tp_comm_overlap and p.sequence_parallel and p.grad_reduce_dtype == "bf16"
+
+
+def test_model_and_plan_options():
+    moe = read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  fp8: true\n  num_moe_experts: 8\n  moe_router_topk: 2\n"
+                                           "  expert_model_parallel_size: 2"), "f")
+    assert (moe.spec.moe.experts, moe.plan.ep, moe.spec.fp8_linear) == (8, 2, True)
+    full = read_nemo_yaml(LLAMA_70B.replace("activations_checkpoint_granularity: null",
+                                            "activations_checkpoint_granularity: full\n"
+                                            "  activations_checkpoint_method: block\n"
+                                            "  activations_checkpoint_num_layers: 2"), "f")
+    assert (full.plan.recompute, full.plan.recompute_layers) == ("full", 2)
+    gpt = read_nemo_yaml(LLAMA_70B.replace("type: meta-llama/Meta-Llama-3.1-70B", "type: GPT2BPETokenizer")
+                         .replace("fast-swiglu", "gelu").replace("position_embedding_type: rope",
+                                                                 "position_embedding_type: learned_absolute"), "f",
+                         devices=128)
+    assert (gpt.spec.vocab, gpt.spec.mlp, gpt.spec.position, gpt.devices, gpt.plan.dp) == (50257, "gelu", "learned", 128, 4)
+    odd = read_nemo_yaml(LLAMA_70B.replace("meta-llama/Meta-Llama-3.1-70B", "my/tokenizer"), "f")
+    assert any("my/tokenizer" in n and "--set vocab" in n for n in odd.notes)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (("model:", "modell:"), "no model: section"),
+    (("num_layers: 80", "num_layers: 78"), "do not split evenly"),
+    (("precision: bf16-mixed", "precision: int8"), "trainer.precision 'int8'"),
+    (("activation: fast-swiglu", "activation: geglu-x"), "model.activation 'geglu-x'"),
+    (("tensor_model_parallel_size: 4", "tensor_model_parallel_size: 3"), "does not divide the 64 devices"),
+    (("activations_checkpoint_granularity: null", "activations_checkpoint_granularity: partial"), "granularity 'partial'"),
+    (("hidden_size: 8192", "hidden_size: -1"), "model.hidden_size must be a positive integer"),
+])
+def test_bad_configs_raise_one_line(change, expected):
+    with pytest.raises(LaunchError, match=expected) as err:
+        read_nemo_yaml(LLAMA_70B.replace(*change), "cfg.yaml")
+    assert "\n" not in str(err.value) and str(err.value).startswith("cfg.yaml: ")
+
+
+def test_cli_predicts_a_nemo_yaml(tmp_path):
+    (tmp_path / "cfg.yaml").write_text(LLAMA_70B)
+    out = CliRunner().invoke(app, ["predict", "--nemo", str(tmp_path / "cfg.yaml"), "--platform", "h100-sxm", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["plan"].startswith("tp4-pp4-dp2-mb1-int5")
+    both = CliRunner().invoke(app, ["predict", "--nemo", str(tmp_path / "cfg.yaml"), "--megatron-args",
+                                    str(tmp_path / "cfg.yaml")])
+    assert both.exit_code == 2 and "give one of" in both.output

@@ -1,0 +1,159 @@
+"""A NeMo (1.x, Megatron-core GPT) training YAML read as tuner's spec + plan.
+
+NeMo's ``megatron_gpt_config.yaml`` family — the configs NeMo-Framework-Launcher and NVIDIA's DGX Cloud
+benchmarking recipes of NeMo 24.x run (``python megatron_gpt_pretraining.py --config-name X``) — keeps
+Megatron-LM's settings under ``model:`` and the cluster under ``trainer:``. Mapping:
+
+* world size ``trainer.num_nodes`` x ``trainer.devices``; ``trainer.precision`` bf16(-mixed) / 16(-mixed) / 32.
+* ``model``: ``num_layers``, ``hidden_size``, ``ffn_hidden_size``, ``num_attention_heads``,
+  ``num_query_groups`` (grouped-query attention), ``kv_channels``, ``encoder_seq_length``, ``activation``
+  (swiglu / fast-swiglu: the gated MLP; gelu; squared-relu read as gelu, noted), ``bias``,
+  ``hidden_dropout``, ``position_embedding_type``, ``share_embeddings_and_output_weights``; experts
+  ``num_moe_experts``, ``moe_router_topk``, ``moe_expert_capacity_factor``, ``expert_model_parallel_size``;
+  ``fp8`` (FP8 linears).
+* the plan: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
+  ``virtual_pipeline_model_parallel_size``, ``context_parallel_size``, ``micro_batch_size``,
+  ``global_batch_size``, ``sequence_parallel``, ``activations_checkpoint_granularity`` / ``_method`` /
+  ``_num_layers``, ``ub_tp_comm_overlap``; ``optim.name: distributed_fused_adam`` is the distributed
+  optimizer, its ``overlap_grad_sync`` and ``grad_sync_dtype`` the gradient reduction.
+* attention: Transformer Engine's choice (``te``: cuDNN's fused attention on Hopper, FlashAttention-2
+  before); the environment (``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN``) is not in the YAML: ``--set
+  attention=flash2`` where a run turns cuDNN's off.
+* the vocabulary: NeMo takes it from the tokenizer, so tuner knows the tokenizers of :data:`VOCAB`
+  (Llama 2 and 3, GPT-2's BPE); another one is read as GPT-2's, with a note (``--set vocab=N``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec
+from tuner.launch.common import LaunchError, LaunchPlan, read_launch_text
+
+__all__ = ["VOCAB", "read_nemo_yaml", "read_nemo_file"]
+
+#: tokenizer name fragments -> vocabulary size (the tokenizers' published sizes)
+VOCAB = {"Llama-3": 128256, "Llama-2": 32000, "gpt2": 50257, "GPT2BPETokenizer": 50257}
+PRECISION = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "32": "fp32",
+             "32-true": "fp32"}
+
+
+def _int(d: dict, key: str, where: str, source: str, default: int | None = None) -> int:
+    val = d.get(key, default)
+    if val is None:
+        if default is None:
+            raise LaunchError(f"{source}: {where}{key} is missing")
+        val = default
+    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+        raise LaunchError(f"{source}: {where}{key} must be a positive integer (got {val!r})")
+    return val
+
+
+def _vocab(model: dict, source: str, notes: list[str]) -> int:
+    tok = model.get("tokenizer") or {}
+    names = " ".join(str(tok.get(k, "")) for k in ("type", "library", "model")) if isinstance(tok, dict) else ""
+    for fragment, size in VOCAB.items():
+        if fragment.lower() in names.lower():
+            return size
+    notes.append(f"tokenizer {names.strip() or '?'}: its vocabulary read as GPT-2's 50257 (--set vocab=N)")
+    return 50257
+
+
+def _recompute(model: dict, layers_per_chunk: int, source: str) -> tuple[str, int | None]:
+    gran = model.get("activations_checkpoint_granularity")
+    if gran in (None, "null"):
+        return "none", None
+    if gran == "selective":
+        return "selective", None
+    if gran != "full":
+        raise LaunchError(f"{source}: model.activations_checkpoint_granularity {gran!r}: tuner models selective and full")
+    method = model.get("activations_checkpoint_method") or "uniform"
+    n = model.get("activations_checkpoint_num_layers") or 1
+    if method == "block" and isinstance(n, int) and 0 < n < layers_per_chunk:
+        return "full", n
+    return "full", None
+
+
+def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = None) -> LaunchPlan:
+    """A plan from a NeMo 1.x GPT training YAML. The world size is ``devices`` if given, else the trainer's nodes x
+    devices. Raises :class:`LaunchError` (one line) for a file tuner cannot read or a run it does not model."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise LaunchError(f"{source}: YAML syntax error{f' at line {mark.line + 1}' if mark else ''}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+        raise LaunchError(f"{source}: not a NeMo training config (no model: section)")
+    model, trainer = doc["model"], doc.get("trainer") or {}
+    if not isinstance(trainer, dict):
+        raise LaunchError(f"{source}: trainer must be a mapping")
+    notes: list[str] = []
+    world = devices or _int(trainer, "num_nodes", "trainer.", source, 1) * _int(trainer, "devices", "trainer.", source, 1)
+    precision = str(trainer.get("precision", "bf16-mixed"))
+    if precision not in PRECISION:
+        raise LaunchError(f"{source}: trainer.precision {precision!r}: tuner models {', '.join(PRECISION)}")
+    layers = _int(model, "num_layers", "model.", source)
+    hidden = _int(model, "hidden_size", "model.", source)
+    heads = _int(model, "num_attention_heads", "model.", source)
+    act = str(model.get("activation", "gelu"))
+    if act in ("squared-relu", "relu"):
+        notes.append(f"activation {act} read as GeLU (the same two-matrix MLP)")
+    elif act not in ("gelu", "fast-gelu", "swiglu", "fast-swiglu"):
+        raise LaunchError(f"{source}: model.activation {act!r}: tuner models gelu, swiglu (and squared-relu as gelu)")
+    pos = str(model.get("position_embedding_type", "learned_absolute"))
+    position = {"rope": "rope", "learned_absolute": "learned", "alibi": "none", "none": "none"}.get(pos)
+    if position is None:
+        raise LaunchError(f"{source}: model.position_embedding_type {pos!r}: tuner models rope, learned_absolute, alibi "
+                          "and none")
+    moe = None
+    if model.get("num_moe_experts"):
+        moe = MoESpec(experts=_int(model, "num_moe_experts", "model.", source),
+                      top_k=_int(model, "moe_router_topk", "model.", source, 2),
+                      capacity_factor=float(model.get("moe_expert_capacity_factor") or 1.0))
+    groups = model.get("num_query_groups")
+    try:
+        spec = TransformerSpec(
+            layers=layers, hidden=hidden, heads=heads, seq=_int(model, "encoder_seq_length", "model.", source),
+            vocab=_vocab(model, source, notes), ffn=_int(model, "ffn_hidden_size", "model.", source, 4 * hidden),
+            kv_heads=groups if isinstance(groups, int) and groups != heads else None,
+            kv_channels=model.get("kv_channels") or None, mlp="swiglu" if "swiglu" in act else "gelu",
+            moe=moe, dtype=PRECISION[precision], attention="te", program="megatron",  # type: ignore[arg-type]
+            fp8_linear=bool(model.get("fp8", False)), dropout=float(model.get("hidden_dropout", 0.1) or 0.0),
+            bias=bool(model.get("bias", True)), position=position,  # type: ignore[arg-type]
+            tie_embeddings=bool(model.get("share_embeddings_and_output_weights", True)),
+            name=str((doc.get("run") or {}).get("name") or doc.get("name") or "nemo-gpt"))
+        spec.validate()
+    except (PlanError, TypeError) as exc:
+        raise LaunchError(f"{source}: {exc}") from None
+    tp = _int(model, "tensor_model_parallel_size", "model.", source, 1)
+    pp = _int(model, "pipeline_model_parallel_size", "model.", source, 1)
+    cp = _int(model, "context_parallel_size", "model.", source, 1)
+    ep = _int(model, "expert_model_parallel_size", "model.", source, 1)
+    v = _int(model, "virtual_pipeline_model_parallel_size", "model.", source, 1)
+    if world % (tp * pp * cp):
+        raise LaunchError(f"{source}: tp x pp x cp = {tp * pp * cp} does not divide the {world} devices")
+    optim = model.get("optim") or {}
+    distributed = isinstance(optim, dict) and "distributed" in str(optim.get("name", ""))
+    recompute, recompute_layers = _recompute(model, max(layers // (pp * v), 1), source)
+    if layers % (pp * v):
+        raise LaunchError(f"{source}: {layers} layers do not split evenly over pp x virtual stages = {pp * v}")
+    plan = ParallelPlan(tp=tp, pp=pp, dp=world // (tp * pp * cp), cp=cp, ep=ep,
+                        micro_batch=_int(model, "micro_batch_size", "model.", source, 1),
+                        global_batch=_int(model, "global_batch_size", "model.", source),
+                        schedule="interleaved" if v > 1 and pp > 1 else "1f1b", virtual_stages=v if v > 1 else 2,
+                        sequence_parallel=bool(model.get("sequence_parallel", False)) and tp > 1,
+                        recompute=recompute, recompute_layers=recompute_layers,  # type: ignore[arg-type]
+                        distributed_optimizer=distributed,
+                        overlap_grad_reduce=bool(optim.get("overlap_grad_sync", True)) if distributed else False,
+                        grad_reduce_dtype="bf16" if str(optim.get("grad_sync_dtype", "fp32")) in ("bf16", "bfloat16")
+                        else "fp32",
+                        tp_comm_overlap=bool(model.get("ub_tp_comm_overlap", False)) and tp > 1)
+    return LaunchPlan(spec, plan, world, None, trainer.get("devices") if isinstance(trainer.get("devices"), int) else None,
+                      (), tuple(notes))
+
+
+def read_nemo_file(path: Path, *, devices: int | None = None) -> LaunchPlan:
+    """:func:`read_nemo_yaml` of a file; raises :class:`LaunchError` for a missing or binary file."""
+    return read_nemo_yaml(read_launch_text(path, "a YAML file"), str(path), devices=devices)
