@@ -14,7 +14,7 @@ from pathlib import Path
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
 __all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
-           "read_launch_text"]
+           "read_launch_text", "positive_int", "fraction"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -98,3 +98,27 @@ def read_launch_text(path: Path, expected: str) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise LaunchError(f"{src}: not a text file") from None
+
+
+def positive_int(table: dict, key: str, where: str, source: str, default: int | None = None) -> int:
+    """``table[key]`` (``default`` when absent or null) as a positive integer; :class:`LaunchError` naming
+    ``where + key`` for a missing or other value."""
+    val = table.get(key)
+    if val is None:
+        if default is None:
+            raise LaunchError(f"{source}: {where}{key} is missing")
+        val = default
+    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+        raise LaunchError(f"{source}: {where}{key} must be a positive integer (got {val!r})")
+    return val
+
+
+def fraction(table: dict, key: str, where: str, source: str, default: float) -> float:
+    """``table[key]`` (``default`` when absent or null) as a number in [0, 1] (a dropout probability);
+    :class:`LaunchError` for another value."""
+    val = table.get(key)
+    if val is None:
+        return default
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val <= 1.0:
+        raise LaunchError(f"{source}: {where}{key} must be a number from 0 to 1 (got {val!r})")
+    return float(val)

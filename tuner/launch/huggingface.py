@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from predictor.sources.synth.transformer import MLASpec, MoESpec, TransformerSpec
-from tuner.launch.common import LaunchError
+from tuner.launch.common import LaunchError, fraction
 
 __all__ = ["FAMILIES", "DEFAULT_SEQ", "is_hf_config", "spec_from_hf_config", "read_hf_config_text"]
 
@@ -56,23 +56,32 @@ def _field(doc: dict, names: tuple[str, ...], source: str, default: int | None =
     return default
 
 
+def _count(doc: dict, name: str, source: str, default: int = 0) -> int:
+    """``doc[name]`` as a whole number >= 0 (``default`` when absent or null)."""
+    val = doc.get(name)
+    if val is None:
+        return default
+    if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+        raise LaunchError(f"{source}: {name} must be a whole number (got {val!r})")
+    return val
+
+
 def _moe(doc: dict, kind: str, layers: int, source: str, notes: list[str]) -> MoESpec | None:
     """The experts of a Mixtral, Qwen MoE or DeepSeek config (None for a dense model)."""
-    experts = doc.get("num_local_experts") or doc.get("num_experts") or doc.get("n_routed_experts")
-    if not experts:
+    names = ("num_local_experts", "num_experts", "n_routed_experts")
+    if not any(doc.get(n) for n in names):
         return None
+    experts = _field(doc, names, source)
     top_k = _field(doc, ("num_experts_per_tok",), source, 2)
-    ffn = doc.get("moe_intermediate_size") or doc.get("intermediate_size")
-    shared = int(doc.get("shared_expert_intermediate_size") or 0)
-    if doc.get("n_shared_experts"):
-        shared = int(doc["n_shared_experts"]) * int(ffn)
-    dense = int(doc.get("first_k_dense_replace") or 0)
-    if doc.get("mlp_only_layers") or int(doc.get("decoder_sparse_step") or 1) != 1:
+    ffn = _field(doc, ("moe_intermediate_size", "intermediate_size"), source)
+    shared = _count(doc, "shared_expert_intermediate_size", source) or _count(doc, "n_shared_experts", source) * ffn
+    dense = _count(doc, "first_k_dense_replace", source)
+    if doc.get("mlp_only_layers") or _count(doc, "decoder_sparse_step", source, 1) > 1:
         notes.append(f"{kind}: dense layers other than the first ones (mlp_only_layers, decoder_sparse_step) read as "
                      "every layer routed")
     if dense >= layers:
         raise LaunchError(f"{source}: first_k_dense_replace {dense} leaves no layer with experts")
-    return MoESpec(experts=int(experts), top_k=top_k, ffn=int(ffn), shared_ffn=shared, dense_layers=dense)
+    return MoESpec(experts=experts, top_k=top_k, ffn=ffn, shared_ffn=shared, dense_layers=dense)
 
 
 def spec_from_hf_config(doc: dict, source: str, seq: int | None = None) -> tuple[TransformerSpec, list[str]]:
@@ -93,14 +102,15 @@ def spec_from_hf_config(doc: dict, source: str, seq: int | None = None) -> tuple
     if seq is None:
         seq = min(context, DEFAULT_SEQ)
         notes.append(f"trained on {seq}-token sequences (the config allows {context}; set seq to change it)")
-    kv = doc.get("num_key_value_heads")
-    head_dim = doc.get("head_dim")
+    kv = _field(doc, ("num_key_value_heads",), source, heads)
+    head_dim = _field(doc, ("head_dim",), source, hidden // heads)
     mla = None
     if doc.get("kv_lora_rank"):
-        mla = MLASpec(q_lora_rank=int(doc.get("q_lora_rank") or 0), kv_lora_rank=int(doc["kv_lora_rank"]),
-                      qk_head_dim=int(doc.get("qk_nope_head_dim", 128)), rope_head_dim=int(doc.get("qk_rope_head_dim", 64)),
-                      v_head_dim=int(doc.get("v_head_dim", 128)))
-        kv, head_dim = None, None
+        mla = MLASpec(q_lora_rank=_count(doc, "q_lora_rank", source), kv_lora_rank=_field(doc, ("kv_lora_rank",), source),
+                      qk_head_dim=_field(doc, ("qk_nope_head_dim",), source, 128),
+                      rope_head_dim=_field(doc, ("qk_rope_head_dim",), source, 64),
+                      v_head_dim=_field(doc, ("v_head_dim",), source, 128))
+        kv, head_dim = heads, hidden // heads
         notes.append("multi-latent attention priced as Megatron-LM runs it (tuner models it in Megatron's program)")
     if kind == "qwen2":
         notes.append("Qwen2's query / key / value biases not priced (the other linears carry none)")
@@ -108,10 +118,10 @@ def spec_from_hf_config(doc: dict, source: str, seq: int | None = None) -> tuple
         bias = True
     if kind in ("gpt_neox",) and doc.get("rotary_pct", 1.0) != 1.0:
         notes.append(f"rotary embeddings over {doc['rotary_pct']:.0%} of each head priced over all of it")
-    dropout = float(doc.get("resid_pdrop", doc.get("hidden_dropout", 0.0)) or 0.0)
-    spec = TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=int(seq), vocab=vocab, ffn=ffn,
-                           kv_heads=int(kv) if kv and kv != heads else None,
-                           kv_channels=int(head_dim) if head_dim and head_dim * heads != hidden else None,
+    dropout = fraction(doc, "resid_pdrop" if "resid_pdrop" in doc else "hidden_dropout", "", source, 0.0)
+    spec = TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn,
+                           kv_heads=kv if kv != heads else None,
+                           kv_channels=head_dim if head_dim * heads != hidden else None,
                            mla=mla, mlp="swiglu" if gated else "gelu", moe=_moe(doc, kind, layers, source, notes),
                            program="megatron" if mla is not None else "eager", attention="flash2",
                            dropout=dropout, bias=bias, position=position,  # type: ignore[arg-type]

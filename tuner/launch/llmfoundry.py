@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, read_launch_text
+from tuner.launch.common import LaunchError, LaunchPlan, fraction, positive_int, read_launch_text
 from tuner.launch.huggingface import read_hf_config_text
 
 __all__ = ["read_llmfoundry_yaml", "read_llmfoundry_file"]
@@ -64,15 +64,6 @@ def _resolve(text: str, source: str) -> dict:
     return doc
 
 
-def _int(d: dict, key: str, where: str, source: str, default: int | None = None) -> int:
-    val = d.get(key, default)
-    if val is None:
-        raise LaunchError(f"{source}: {where}{key} is missing")
-    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-        raise LaunchError(f"{source}: {where}{key} must be a positive integer (got {val!r})")
-    return val
-
-
 def _section(d: dict, key: str, source: str) -> dict:
     val = d.get(key) or {}
     if not isinstance(val, dict):
@@ -83,15 +74,15 @@ def _section(d: dict, key: str, source: str) -> dict:
 def _mpt_spec(model: dict, seq: int, dtype: str, fp8: bool, source: str, notes: list[str]) -> TransformerSpec:
     """tuner's spec of an MPT ``model`` section."""
     attn, ffn_cfg = _section(model, "attn_config", source), _section(model, "ffn_config", source)
-    hidden, heads = _int(model, "d_model", "model.", source, 2048), _int(model, "n_heads", "model.", source, 16)
-    layers = _int(model, "n_layers", "model.", source, 24)
-    impl = attn.get("attn_impl", "flash")
+    hidden, heads = positive_int(model, "d_model", "model.", source, 2048), positive_int(model, "n_heads", "model.", source, 16)
+    layers = positive_int(model, "n_layers", "model.", source, 24)
+    impl = str(attn.get("attn_impl", "flash"))
     if impl not in ATTENTION:
         raise LaunchError(f"{source}: model.attn_config.attn_impl {impl!r}: tuner models flash, triton and torch")
     kind = attn.get("attn_type", "multihead_attention")
     kv_heads = {"multihead_attention": None, "multiquery_attention": 1}.get(kind)
     if kind == "grouped_query_attention":
-        kv_heads = _int(attn, "kv_n_heads", "model.attn_config.", source)
+        kv_heads = positive_int(attn, "kv_n_heads", "model.attn_config.", source)
     elif kind not in ("multihead_attention", "multiquery_attention"):
         raise LaunchError(f"{source}: model.attn_config.attn_type {kind!r}: tuner models multihead, multiquery and "
                           "grouped_query attention")
@@ -105,15 +96,19 @@ def _mpt_spec(model: dict, seq: int, dtype: str, fp8: bool, source: str, notes: 
     if ffn_type not in ("mptmlp", "mptglu"):
         raise LaunchError(f"{source}: model.ffn_config.ffn_type {ffn_type!r}: tuner models mptmlp and mptglu")
     ratio = model.get("expansion_ratio", 4)
-    ffn = ffn_cfg.get("ffn_hidden_size") or ratio * hidden
-    if isinstance(ffn, bool) or not float(ffn).is_integer() or ffn < 1:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+        raise LaunchError(f"{source}: model.expansion_ratio must be a positive number (got {ratio!r})")
+    ffn = positive_int(ffn_cfg, "ffn_hidden_size", "model.ffn_config.", source, 1) if ffn_cfg.get("ffn_hidden_size") \
+        else ratio * hidden
+    if not float(ffn).is_integer():
         raise LaunchError(f"{source}: the MLP width d_model x expansion_ratio = {ffn} is not a whole number")
     loss = model.get("loss_fn", "fused_crossentropy")
     return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq,
-                           vocab=_int(model, "vocab_size", "model.", source, 50368), ffn=int(ffn), kv_heads=kv_heads,
+                           vocab=positive_int(model, "vocab_size", "model.", source, 50368), ffn=int(ffn), kv_heads=kv_heads,
                            mlp="swiglu" if ffn_type == "mptglu" else "gelu", dtype=dtype,  # type: ignore[arg-type]
                            attention=ATTENTION[impl], program="eager", fp8_linear=fp8,  # type: ignore[arg-type]
-                           dropout=float(model.get("resid_pdrop", 0.0)), bias=not model.get("no_bias", False),
+                           dropout=fraction(model, "resid_pdrop", "model.", source, 0.0),
+                           bias=not model.get("no_bias", False),
                            position=position, tie_embeddings=bool(model.get("tie_word_embeddings", True)),  # type: ignore[arg-type]
                            fused_loss=loss == "fused_crossentropy", name=str(model.get("name", "mpt")))
 
@@ -143,11 +138,11 @@ def read_llmfoundry_yaml(text: str, source: str = "yaml", *, devices: int | None
     if devices is None:
         raise LaunchError(f"{source}: an llm-foundry YAML does not name the world size: give --devices N")
     model = _section(doc, "model", source)
-    precision = doc.get("precision", "amp_bf16")
+    precision = str(doc.get("precision", "amp_bf16"))
     if precision not in PRECISION:
         raise LaunchError(f"{source}: precision {precision!r}: tuner models {', '.join(PRECISION)}")
     dtype, fp8 = PRECISION[precision]
-    seq = _int(model, "max_seq_len", "model.", source, doc.get("max_seq_len", 2048))
+    seq = positive_int(model, "max_seq_len", "model.", source, doc.get("max_seq_len", 2048))
     if spec is None and model.get("name", "mpt_causal_lm") == "hf_causal_lm":
         spec = _hf_spec(model, seq, source, notes)
     if spec is None:
@@ -159,12 +154,12 @@ def read_llmfoundry_yaml(text: str, source: str = "yaml", *, devices: int | None
     else:  # the given model as this run trains it: its sequence and precision, Composer's eager modules
         program = spec.program if spec.mla is not None else "eager"
         spec = replace(spec, seq=seq, dtype=dtype, fp8_linear=fp8, program=program)  # type: ignore[arg-type]
-    gbs = _int(doc, "global_train_batch_size", "", source)
+    gbs = positive_int(doc, "global_train_batch_size", "", source)
     micro = doc.get("device_train_microbatch_size", "auto")
     if micro == "auto":
         raise LaunchError(f"{source}: device_train_microbatch_size auto: give the micro-batch size (Composer finds "
                           "it by trying; tuner predicts one)")
-    mb = _int(doc, "device_train_microbatch_size", "", source)
+    mb = positive_int(doc, "device_train_microbatch_size", "", source)
     if gbs % devices:
         raise LaunchError(f"{source}: global_train_batch_size {gbs} is not divisible by the {devices} devices")
     if (gbs // devices) % mb:

@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, read_launch_text
+from tuner.launch.common import LaunchError, LaunchPlan, fraction, positive_int, read_launch_text
 
 __all__ = ["VOCAB", "read_nemo_yaml", "read_nemo_file"]
 
@@ -40,15 +40,13 @@ PRECISION = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp
              "32-true": "fp32"}
 
 
-def _int(d: dict, key: str, where: str, source: str, default: int | None = None) -> int:
-    val = d.get(key, default)
+def _positive(model: dict, key: str, source: str, default: float) -> float:
+    val = model.get(key)
     if val is None:
-        if default is None:
-            raise LaunchError(f"{source}: {where}{key} is missing")
-        val = default
-    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-        raise LaunchError(f"{source}: {where}{key} must be a positive integer (got {val!r})")
-    return val
+        return default
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
+        raise LaunchError(f"{source}: model.{key} must be a positive number (got {val!r})")
+    return float(val)
 
 
 def _vocab(model: dict, source: str, notes: list[str]) -> int:
@@ -90,13 +88,13 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     if not isinstance(trainer, dict):
         raise LaunchError(f"{source}: trainer must be a mapping")
     notes: list[str] = []
-    world = devices or _int(trainer, "num_nodes", "trainer.", source, 1) * _int(trainer, "devices", "trainer.", source, 1)
+    world = devices or positive_int(trainer, "num_nodes", "trainer.", source, 1) * positive_int(trainer, "devices", "trainer.", source, 1)
     precision = str(trainer.get("precision", "bf16-mixed"))
     if precision not in PRECISION:
         raise LaunchError(f"{source}: trainer.precision {precision!r}: tuner models {', '.join(PRECISION)}")
-    layers = _int(model, "num_layers", "model.", source)
-    hidden = _int(model, "hidden_size", "model.", source)
-    heads = _int(model, "num_attention_heads", "model.", source)
+    layers = positive_int(model, "num_layers", "model.", source)
+    hidden = positive_int(model, "hidden_size", "model.", source)
+    heads = positive_int(model, "num_attention_heads", "model.", source)
     act = str(model.get("activation", "gelu"))
     if act in ("squared-relu", "relu"):
         notes.append(f"activation {act} read as GeLU (the same two-matrix MLP)")
@@ -109,39 +107,42 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
                           "and none")
     moe = None
     if model.get("num_moe_experts"):
-        moe = MoESpec(experts=_int(model, "num_moe_experts", "model.", source),
-                      top_k=_int(model, "moe_router_topk", "model.", source, 2),
-                      capacity_factor=float(model.get("moe_expert_capacity_factor") or 1.0))
+        moe = MoESpec(experts=positive_int(model, "num_moe_experts", "model.", source),
+                      top_k=positive_int(model, "moe_router_topk", "model.", source, 2),
+                      capacity_factor=_positive(model, "moe_expert_capacity_factor", source, 1.0))
     groups = model.get("num_query_groups")
     try:
         spec = TransformerSpec(
-            layers=layers, hidden=hidden, heads=heads, seq=_int(model, "encoder_seq_length", "model.", source),
-            vocab=_vocab(model, source, notes), ffn=_int(model, "ffn_hidden_size", "model.", source, 4 * hidden),
+            layers=layers, hidden=hidden, heads=heads, seq=positive_int(model, "encoder_seq_length", "model.", source),
+            vocab=_vocab(model, source, notes), ffn=positive_int(model, "ffn_hidden_size", "model.", source, 4 * hidden),
             kv_heads=groups if isinstance(groups, int) and groups != heads else None,
-            kv_channels=model.get("kv_channels") or None, mlp="swiglu" if "swiglu" in act else "gelu",
+            kv_channels=positive_int(model, "kv_channels", "model.", source, hidden // heads)
+            if model.get("kv_channels") is not None else None, mlp="swiglu" if "swiglu" in act else "gelu",
             moe=moe, dtype=PRECISION[precision], attention="te", program="megatron",  # type: ignore[arg-type]
-            fp8_linear=bool(model.get("fp8", False)), dropout=float(model.get("hidden_dropout", 0.1) or 0.0),
+            fp8_linear=bool(model.get("fp8", False)), dropout=fraction(model, "hidden_dropout", "model.", source, 0.1),
             bias=bool(model.get("bias", True)), position=position,  # type: ignore[arg-type]
             tie_embeddings=bool(model.get("share_embeddings_and_output_weights", True)),
-            name=str((doc.get("run") or {}).get("name") or doc.get("name") or "nemo-gpt"))
+            name=str((doc["run"].get("name") if isinstance(doc.get("run"), dict) else None) or "nemo-gpt"))
         spec.validate()
     except (PlanError, TypeError) as exc:
         raise LaunchError(f"{source}: {exc}") from None
-    tp = _int(model, "tensor_model_parallel_size", "model.", source, 1)
-    pp = _int(model, "pipeline_model_parallel_size", "model.", source, 1)
-    cp = _int(model, "context_parallel_size", "model.", source, 1)
-    ep = _int(model, "expert_model_parallel_size", "model.", source, 1)
-    v = _int(model, "virtual_pipeline_model_parallel_size", "model.", source, 1)
+    tp = positive_int(model, "tensor_model_parallel_size", "model.", source, 1)
+    pp = positive_int(model, "pipeline_model_parallel_size", "model.", source, 1)
+    cp = positive_int(model, "context_parallel_size", "model.", source, 1)
+    ep = positive_int(model, "expert_model_parallel_size", "model.", source, 1)
+    v = positive_int(model, "virtual_pipeline_model_parallel_size", "model.", source, 1)
     if world % (tp * pp * cp):
         raise LaunchError(f"{source}: tp x pp x cp = {tp * pp * cp} does not divide the {world} devices")
     optim = model.get("optim") or {}
-    distributed = isinstance(optim, dict) and "distributed" in str(optim.get("name", ""))
+    if not isinstance(optim, dict):
+        raise LaunchError(f"{source}: model.optim must be a mapping")
+    distributed = "distributed" in str(optim.get("name", ""))
     recompute, recompute_layers = _recompute(model, max(layers // (pp * v), 1), source)
     if layers % (pp * v):
         raise LaunchError(f"{source}: {layers} layers do not split evenly over pp x virtual stages = {pp * v}")
     plan = ParallelPlan(tp=tp, pp=pp, dp=world // (tp * pp * cp), cp=cp, ep=ep,
-                        micro_batch=_int(model, "micro_batch_size", "model.", source, 1),
-                        global_batch=_int(model, "global_batch_size", "model.", source),
+                        micro_batch=positive_int(model, "micro_batch_size", "model.", source, 1),
+                        global_batch=positive_int(model, "global_batch_size", "model.", source),
                         schedule="interleaved" if v > 1 and pp > 1 else "1f1b", virtual_stages=v if v > 1 else 2,
                         sequence_parallel=bool(model.get("sequence_parallel", False)) and tp > 1,
                         recompute=recompute, recompute_layers=recompute_layers,  # type: ignore[arg-type]
