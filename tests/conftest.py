@@ -10,8 +10,11 @@ import, before test modules build their module-level platforms). Tests of the ho
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -27,3 +30,31 @@ os.environ[CPU_PACK_ENV] = str(PINNED_PACK)
 def host_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """``cpu-local`` as the product resolves it on this host (the pin of this module removed)."""
     monkeypatch.delenv(CPU_PACK_ENV, raising=False)
+
+
+@pytest.fixture(scope="session")
+def multinode_validation() -> ModuleType:
+    """``experiments/multinode_validation.py`` loaded by path (tests do not import the lab's package): its
+    published rows (``load_rows``) and how it prices them (``platform_for``)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / "multinode_validation.py"
+    spec = importlib.util.spec_from_file_location("multinode_validation", path)
+    module = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@pytest.fixture(scope="session")
+def validation_row_seconds(multinode_validation):
+    """Seconds tuner predicts for the validation's published row of source ``key``, ``model`` on ``gpus``
+    GPUs, on ``platform`` (the catalog entry as it stands)."""
+    from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+    from predictor.timing.platforms import get_platform
+    from tuner.plans import predict_plan
+
+    def seconds(key: str, model: str, gpus: int, platform: str) -> float:
+        row = next(r for r in multinode_validation.load_rows() if (r.key, r.model, r.gpus) == (key, model, gpus))
+        res, _ = predict_plan(TransformerSpec(**row.spec), ParallelPlan(**row.plan), get_platform(platform),
+                              devices=gpus)
+        return res["predicted_iteration_s"]
+
+    return seconds

@@ -534,18 +534,12 @@ def test_deepspeed_zero_stages_shard_as_deepspeed_does(flags, shard, fsdp, bf16_
         read_megatron_args(base + "--deepspeed --zero-stage 4", devices=8)
 
 
-def test_bloom_launch_predicts_as_the_validations_bloom_row(tmp_path):
+def test_bloom_launch_predicts_as_the_validations_bloom_row(tmp_path, multinode_validation):
     # the user's path (launch script + a catalog file naming the cluster's network) and the validation's row
     # (experiments/multinode_published.yaml, bigscience_176b) give one prediction
-    import importlib.util
-    import sys
-
     import yaml
 
-    spec = importlib.util.spec_from_file_location("multinode_validation", REPO / "experiments" / "multinode_validation.py")
-    mv = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(mv)
-    row = next(r for r in mv.load_rows() if r.model == "BLOOM-176B" and r.spec["heads"] == 112
+    row = next(r for r in multinode_validation.load_rows() if r.model == "BLOOM-176B" and r.spec["heads"] == 112
                and r.plan["global_batch"] == 2048)
     (tmp_path / "args.txt").write_text(BLOOM_ARGS)
     (tmp_path / "net.yaml").write_text(yaml.safe_dump({"a100-80gb": {"interconnect": row.network}}))
@@ -553,7 +547,7 @@ def test_bloom_launch_predicts_as_the_validations_bloom_row(tmp_path):
                                    "--catalog", str(tmp_path / "net.yaml"), "--json"])
     assert out.exit_code == 0, out.output
     predicted = json.loads(out.output)["predicted_iteration_s"]
-    assert predicted == pytest.approx(mv.predict([row], "nccl", {})[0], rel=1e-9)  # the catalog's GEMM ceiling
+    assert predicted == pytest.approx(multinode_validation.predict([row], "nccl", {})[0], rel=1e-9)  # the catalog's GEMM ceiling
     assert abs(predicted / row.measured_s - 1) < 0.10  # logged 104.70 s
 
 

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer import TransformerSpec
 from predictor.timing.platforms import get_platform
 from tuner.cli import app
 from tuner.launch import LaunchError, read_llmfoundry_yaml
 from tuner.plans import predict_plan
-
-REPO = Path(__file__).resolve().parents[1]
 
 #: MPT-1B as llm-foundry's large-scale H100 benchmark ran it (SHARD_GRAD_OP, FlashAttention-2, micro-batch 12)
 MPT_1B = """
@@ -45,22 +40,12 @@ fsdp_config:
 """
 
 
-def _validation():
-    spec = importlib.util.spec_from_file_location("multinode_validation", REPO / "experiments" / "multinode_validation.py")
-    mv = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(mv)
-    return mv
-
-
-def test_a_benchmark_yaml_predicts_as_the_validations_row():
+def test_a_benchmark_yaml_predicts_as_the_validations_row(validation_row_seconds):
     # the user's path (the run's YAML) and the validation's row (mosaic_h100_large, MPT-1B on 128 GPUs) agree
-    mv = _validation()
-    row = next(r for r in mv.load_rows() if r.key == "mosaic_h100_large" and r.model == "MPT-1B" and r.gpus == 128)
     lp = read_llmfoundry_yaml(MPT_1B, "mpt1b.yaml", devices=128, devices_per_node=8)
-    plat = get_platform("h100-sxm")
-    want, _ = predict_plan(TransformerSpec(**row.spec), ParallelPlan(**row.plan), plat, devices=128)
-    got, _ = predict_plan(lp.spec, lp.plan, plat, devices=128)
-    assert got["predicted_iteration_s"] == pytest.approx(want["predicted_iteration_s"], rel=1e-9)
+    got, _ = predict_plan(lp.spec, lp.plan, get_platform("h100-sxm"), devices=128)
+    want = validation_row_seconds("mosaic_h100_large", "MPT-1B", 128, "h100-sxm")
+    assert got["predicted_iteration_s"] == pytest.approx(want, rel=1e-9)
     assert lp.plan.fsdp and not lp.plan.fsdp_reshard_after_forward and lp.plan.grad_reduce_dtype == "fp32"
     assert (lp.spec.attention, lp.spec.program, lp.spec.fused_loss, lp.spec.seq) == ("flash2", "eager", True, 2048)
 

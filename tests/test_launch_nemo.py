@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from predictor.timing.platforms import get_platform
 from tuner.cli import app
 from tuner.launch import LaunchError, read_nemo_yaml
 from tuner.plans import predict_plan
-
-REPO = Path(__file__).resolve().parents[1]
 
 #: Llama 3.1 70B as NVIDIA's DGX Cloud recipe (v25.01) configures it for 64 H100s, the fields tuner reads
 LLAMA_70B = """
@@ -59,21 +53,11 @@ model:
 """
 
 
-def _validation():
-    spec = importlib.util.spec_from_file_location("multinode_validation", REPO / "experiments" / "multinode_validation.py")
-    mv = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(mv)
-    return mv
-
-
-def test_the_recipe_predicts_as_the_validations_row():
-    mv = _validation()
-    row = next(r for r in mv.load_rows() if r.key == "dgxc_llama31" and r.model == "Llama3.1-70B bf16" and r.gpus == 64)
+def test_the_recipe_predicts_as_the_validations_row(validation_row_seconds):
     lp = read_nemo_yaml(LLAMA_70B, "llama3_1_70b.yaml")
-    plat = get_platform("h100-sxm")
-    want, _ = predict_plan(TransformerSpec(**row.spec), ParallelPlan(**row.plan), plat, devices=64)
-    got, _ = predict_plan(lp.spec, lp.plan, plat, devices=lp.devices)
-    assert got["predicted_iteration_s"] == pytest.approx(want["predicted_iteration_s"], rel=1e-9)
+    got, _ = predict_plan(lp.spec, lp.plan, get_platform("h100-sxm"), devices=lp.devices)
+    want = validation_row_seconds("dgxc_llama31", "Llama3.1-70B bf16", 64, "h100-sxm")
+    assert got["predicted_iteration_s"] == pytest.approx(want, rel=1e-9)
     assert (lp.devices, lp.devices_per_node, lp.spec.vocab, lp.spec.attention) == (64, 8, 128256, "te")
     p = lp.plan
     assert (p.tp, p.pp, p.cp, p.dp, p.virtual_stages, p.schedule) == (4, 4, 2, 2, 5, "interleaved")

@@ -233,17 +233,10 @@ def test_mosaicml_rows_have_llm_foundrys_shapes():
 
 
 
-def test_mosaicml_large_scale_rows_run_as_their_sweep_says():
+def test_mosaicml_large_scale_rows_run_as_their_sweep_says(multinode_validation):
     """llm-foundry's benchmarking/sweep.py (commit 5e85bd6): SHARD_GRAD_OP for 1B and 3B, Triton attention for
     13B and 30B, FlashAttention-2 for the others."""
-    import importlib.util
-    import sys
-
-    path = DATA.parent / "multinode_validation.py"
-    spec = importlib.util.spec_from_file_location("multinode_validation", path)
-    mv = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(mv)
-    rows = [r for r in mv.load_rows() if r.key == "mosaic_h100_large"]
+    rows = [r for r in multinode_validation.load_rows() if r.key == "mosaic_h100_large"]
     assert len(rows) == 18 and {r.gpus for r in rows} == {128, 256, 512}
     for r in rows:
         assert r.plan.get("fsdp_reshard_after_forward", True) == (r.model not in ("MPT-1B", "MPT-3B")), r.model
@@ -308,15 +301,8 @@ def test_bigscience_rows_fill_48_nodes_with_the_embedding_in_a_pipeline_slot():
     assert {(r[2], r[3]) for r in bloom} == {(14336, 70)}  # README.md: NHIDDEN 14336, NLAYERS 70
 
 
-def test_a_sources_own_network_replaces_the_catalog_entrys():
-    import importlib.util
-    import sys
-
-    path = DATA.parent / "multinode_validation.py"
-    spec = importlib.util.spec_from_file_location("multinode_validation", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("multinode_validation", mod)
-    spec.loader.exec_module(mod)
+def test_a_sources_own_network_replaces_the_catalog_entrys(multinode_validation):
+    mod = multinode_validation
     rows = [r for r in mod.load_rows() if r.key == "bigscience_176b"]
     assert rows and all(r.network["nics_per_node"] == 4 for r in rows)
     own = mod.platform_for("a100-80gb", "nccl", None, rows[0].network)
