@@ -32,6 +32,10 @@ FAMILIES: dict[str, tuple[bool, str, bool, bool]] = {
     "qwen2_moe": (True, "rope", False, False),
     "qwen3_moe": (True, "rope", False, False),
     "deepseek_v3": (True, "rope", False, False),
+    "gemma": (True, "rope", False, True),
+    "gemma2": (True, "rope", False, True),
+    "phi3": (True, "rope", False, False),
+    "olmo2": (True, "rope", False, False),
     "gpt2": (False, "learned", True, True),
     "gpt_neox": (False, "rope", True, False),
 }
@@ -114,6 +118,8 @@ def spec_from_hf_config(doc: dict, source: str, seq: int | None = None) -> tuple
         notes.append("multi-latent attention priced as Megatron-LM runs it (tuner models it in Megatron's program)")
     if kind == "qwen2":
         notes.append("Qwen2's query / key / value biases not priced (the other linears carry none)")
+    if kind == "gemma2":
+        notes.append("Gemma 2's sliding-window layers and logit soft-capping priced as full causal attention")
     if doc.get("attention_bias") or doc.get("mlp_bias"):
         bias = True
     if kind in ("gpt_neox",) and doc.get("rotary_pct", 1.0) != 1.0:
