@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.common import golden_section  # noqa: E402
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec  # noqa: E402
-from predictor.timing.platforms import get_platform  # noqa: E402
+from predictor.timing.platforms import get_platform, override_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
 from tuner.search.parallel import split_layers  # noqa: E402
@@ -171,9 +171,8 @@ def platform_for(key: str, comm: str, gemm_eff: float | None = None, network: di
     """The catalog entry ``key`` with collective model ``comm`` (and a GEMM ceiling and the source's own
     network fields, if given)."""
     base = get_platform(key)
-    if network:  # validated as a user catalog's interconnect override is
-        ic = type(base.interconnect).model_validate({**base.interconnect.model_dump(), **network})
-        base = base.model_copy(update={"interconnect": ic})
+    if network:  # merged and validated as a user catalog file's interconnect fields are
+        base = override_platform(base, {"interconnect": network}, DATA.name)
     upd: dict = {"interconnect": base.interconnect.model_copy(update={"collective_model": comm})}
     if comm == "nccl" and base.interconnect.collective_model != "nccl":
         upd.pop("interconnect")  # no network fields in the catalog: the line model stays

@@ -168,3 +168,15 @@ def test_cpu_local_measures_plausible_values(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(cpu_local, "_measure", no_measuring)
     again = get_platform("cpu-local")
     assert again == p
+
+
+def test_override_platform_merges_fields_as_a_user_catalog_does():
+    from predictor.timing.platforms import CatalogError, override_platform
+
+    base = get_platform("a100-80gb")
+    net = override_platform(base, {"interconnect": {"nics_per_node": 4}}, "cluster.yaml")
+    assert net.interconnect.nics_per_node == 4 and net.key == base.key
+    assert net.interconnect.intra_node_bandwidth_bytes_per_s == base.interconnect.intra_node_bandwidth_bytes_per_s
+    assert net.sources["interconnect.nics_per_node"] == "user override (cluster.yaml)"
+    with pytest.raises(CatalogError):
+        override_platform(base, {"interconnect": {"nics_per_node": -1}}, "cluster.yaml")

@@ -14,7 +14,7 @@ from pathlib import Path
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
 __all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
-           "read_launch_text", "positive_int", "fraction"]
+           "read_launch_text", "positive_int", "fraction", "expert_tp_degree"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -122,3 +122,11 @@ def fraction(table: dict, key: str, where: str, source: str, default: float) -> 
     if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val <= 1.0:
         raise LaunchError(f"{source}: {where}{key} must be a number from 0 to 1 (got {val!r})")
     return float(val)
+
+
+def expert_tp_degree(etp: int, tp: int, name: str, source: str) -> int:
+    """The routed experts' TP degree ``etp`` read from option ``name``, where tuner models it: 1 (each expert
+    whole on every TP rank) or the TP degree; :class:`LaunchError` otherwise."""
+    if etp not in (1, tp):
+        raise LaunchError(f"{source}: {name} {etp}: tuner models 1 or the TP degree ({tp})")
+    return etp

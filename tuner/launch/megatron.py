@@ -44,6 +44,7 @@ from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, 
 from tuner.launch.common import (
     LaunchError,
     LaunchPlan,
+    expert_tp_degree,
     header_int,
     header_line,
     header_str,
@@ -705,9 +706,8 @@ def _expert_tp(values: dict, tp: int, source: str) -> int | None:
     tuner models no other."""
     if "expert_tp" not in values:
         return None
-    etp = _positive(values, "expert_tp", "--expert-tensor-parallel-size", source)
-    if etp not in (1, tp):
-        raise LaunchError(f"{source}: --expert-tensor-parallel-size {etp}: tuner models 1 or the TP degree ({tp})")
+    flag = "--expert-tensor-parallel-size"
+    etp = expert_tp_degree(_positive(values, "expert_tp", flag, source), tp, flag, source)
     return None if etp == tp else etp
 
 

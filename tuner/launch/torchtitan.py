@@ -32,6 +32,7 @@ from predictor.sources.synth.transformer import MoESpec, ParallelPlan, Transform
 from tuner.launch.common import (
     LaunchError,
     LaunchPlan,
+    expert_tp_degree,
     header_int,
     header_line,
     header_str,
@@ -475,10 +476,8 @@ def _expert_tp(par: dict, tp: int, source: str) -> int | None:
     :func:`torchtitan_plan` places an MoE model's experts as torchtitan does)."""
     if "expert_tensor_parallel_degree" not in par:
         return None
-    etp = _int(par, "expert_tensor_parallel_degree", "parallelism", source, 1)
-    if etp not in (1, tp):
-        raise LaunchError(f"{source}: expert_tensor_parallel_degree {etp}: tuner models 1 or the TP degree ({tp})")
-    return etp
+    name = "expert_tensor_parallel_degree"
+    return expert_tp_degree(_int(par, name, "parallelism", source, 1), tp, name, source)
 
 
 def read_torchtitan_file(path: Path, *, devices: int | None = None, spec: TransformerSpec | None = None) -> LaunchPlan:

@@ -34,6 +34,7 @@ __all__ = [
     "UnknownPlatformError",
     "get_platform",
     "load_catalog",
+    "override_platform",
 ]
 
 #: name of the platform measured on the running machine
@@ -101,13 +102,19 @@ def get_platform(name: str, extra: str | Path | None = None) -> Platform:
             path = Path(extra)
             over = _parse(path.read_text(encoding="utf-8"), str(path)).get(CPU_LOCAL)
             if over:
-                raw = platform.model_dump(exclude={"key"})
-                platform = _validate(CPU_LOCAL, _merge_entry(raw, over, str(path)))
+                platform = override_platform(platform, over, str(path))
         return platform
     catalog = load_catalog(extra)
     if key not in catalog:
         raise UnknownPlatformError(name, [*catalog, CPU_LOCAL])
     return catalog[key]
+
+
+def override_platform(platform: Platform, fields: Mapping[str, Any], origin: str) -> Platform:
+    """``platform`` with ``fields`` merged over it as a user catalog file's entry is (nested mappings such as
+    ``interconnect`` merge, lists are replaced; an overridden field without its own ``sources`` entry cites
+    ``origin``). Raises :class:`CatalogError` when the result violates the schema."""
+    return _validate(platform.key, _merge_entry(platform.model_dump(exclude={"key"}), fields, origin))
 
 
 # ------------------------------------------------------------------ internals
