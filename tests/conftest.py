@@ -10,6 +10,7 @@ import, before test modules build their module-level platforms). Tests of the ho
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -32,10 +33,8 @@ def host_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CPU_PACK_ENV, raising=False)
 
 
-@pytest.fixture(scope="session")
-def multinode_validation() -> ModuleType:
-    """``experiments/multinode_validation.py`` loaded by path (tests do not import the lab's package): its
-    published rows (``load_rows``) and how it prices them (``platform_for``)."""
+@functools.cache
+def _multinode_validation() -> ModuleType:
     path = Path(__file__).resolve().parents[1] / "experiments" / "multinode_validation.py"
     spec = importlib.util.spec_from_file_location("multinode_validation", path)
     module = sys.modules.setdefault("multinode_validation", importlib.util.module_from_spec(spec))
@@ -43,7 +42,14 @@ def multinode_validation() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
+def multinode_validation() -> ModuleType:
+    """``experiments/multinode_validation.py`` loaded once, by path (tests do not import the lab's package): its
+    published rows (``load_rows``) and how it prices them (``platform_for``)."""
+    return _multinode_validation()
+
+
+@pytest.fixture
 def validation_row_seconds(multinode_validation):
     """Seconds tuner predicts for the validation's published row of source ``key``, ``model`` on ``gpus``
     GPUs, on ``platform`` (the catalog entry as it stands)."""

@@ -213,13 +213,12 @@ def _load_workload(path: Path) -> tuple:
 
 def _load_hf_config(path: Path) -> tuple:
     """:func:`_load_workload` of a Hugging Face ``config.json``: its model, with no cluster, batch or options."""
-    from tuner.launch import LaunchError
-    from tuner.launch.common import read_launch_text
-    from tuner.launch.huggingface import read_hf_config_text
+    from tuner.launch.common import LaunchError
+    from tuner.launch.huggingface import read_hf_config_file
     from tuner.search.parallel import ModelSection
 
     try:
-        spec, notes = read_hf_config_text(read_launch_text(path, "a JSON file"), str(path))
+        spec, notes = read_hf_config_file(path)
     except LaunchError as exc:
         fail(str(exc))
     return ModelSection.model_validate(spec.to_dict()), None, None, None, notes

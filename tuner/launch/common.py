@@ -100,16 +100,18 @@ def read_launch_text(path: Path, expected: str) -> str:
         raise LaunchError(f"{src}: not a text file") from None
 
 
-def positive_int(table: dict, key: str, where: str, source: str, default: int | None = None) -> int:
-    """``table[key]`` (``default`` when absent or null) as a positive integer; :class:`LaunchError` naming
-    ``where + key`` for a missing or other value."""
+def positive_int(table: dict, key: str, where: str, source: str, default: int | None = None, *,
+                 minimum: int = 1) -> int:
+    """``table[key]`` (``default`` when absent or null) as an integer >= ``minimum`` (a positive one by
+    default, a count with ``minimum=0``); :class:`LaunchError` naming ``where + key`` for a missing or other value."""
     val = table.get(key)
     if val is None:
         if default is None:
             raise LaunchError(f"{source}: {where}{key} is missing")
         val = default
-    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-        raise LaunchError(f"{source}: {where}{key} must be a positive integer (got {val!r})")
+    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
+        kind = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+        raise LaunchError(f"{source}: {where}{key} must be {kind} (got {val!r})")
     return val
 
 

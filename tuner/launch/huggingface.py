@@ -16,11 +16,13 @@ context length up to :data:`DEFAULT_SEQ`, with a note.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from predictor.sources.synth.transformer import MLASpec, MoESpec, TransformerSpec
-from tuner.launch.common import LaunchError, fraction
+from tuner.launch.common import LaunchError, fraction, positive_int, read_launch_text
 
-__all__ = ["FAMILIES", "DEFAULT_SEQ", "is_hf_config", "spec_from_hf_config", "read_hf_config_text"]
+__all__ = ["FAMILIES", "DEFAULT_SEQ", "is_hf_config", "spec_from_hf_config", "read_hf_config_text",
+           "read_hf_config_file"]
 
 #: model_type -> (gated MLP, position, linear biases, tied embeddings when the config does not say)
 FAMILIES: dict[str, tuple[bool, str, bool, bool]] = {
@@ -49,25 +51,16 @@ def is_hf_config(doc: object) -> bool:
 
 
 def _field(doc: dict, names: tuple[str, ...], source: str, default: int | None = None) -> int:
-    for name in names:
-        if doc.get(name) is not None:
-            val = doc[name]
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise LaunchError(f"{source}: {name} must be a positive integer (got {val!r})")
-            return val
-    if default is None:
+    """The first of ``names`` the config sets (the families name some fields differently), a positive integer."""
+    name = next((n for n in names if doc.get(n) is not None), None)
+    if name is None and default is None:
         raise LaunchError(f"{source}: the config has no {names[0]}")
-    return default
+    return positive_int(doc, name or names[0], "", source, default)
 
 
 def _count(doc: dict, name: str, source: str, default: int = 0) -> int:
     """``doc[name]`` as a whole number >= 0 (``default`` when absent or null)."""
-    val = doc.get(name)
-    if val is None:
-        return default
-    if isinstance(val, bool) or not isinstance(val, int) or val < 0:
-        raise LaunchError(f"{source}: {name} must be a whole number (got {val!r})")
-    return val
+    return positive_int(doc, name, "", source, default, minimum=0)
 
 
 def _moe(doc: dict, kind: str, layers: int, source: str, notes: list[str]) -> MoESpec | None:
@@ -151,3 +144,8 @@ def read_hf_config_text(text: str, source: str, seq: int | None = None) -> tuple
     if not is_hf_config(doc):
         raise LaunchError(f"{source}: not a Hugging Face model config (it names no model_type)")
     return spec_from_hf_config(doc, source, seq)
+
+
+def read_hf_config_file(path: Path, seq: int | None = None) -> tuple[TransformerSpec, list[str]]:
+    """:func:`read_hf_config_text` of a file; :class:`LaunchError` for a missing or binary file."""
+    return read_hf_config_text(read_launch_text(path, "a JSON file"), str(path), seq)

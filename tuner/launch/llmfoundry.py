@@ -33,7 +33,7 @@ from pathlib import Path
 
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from tuner.launch.common import LaunchError, LaunchPlan, fraction, positive_int, read_launch_text
-from tuner.launch.huggingface import read_hf_config_text
+from tuner.launch.huggingface import read_hf_config_file
 
 __all__ = ["read_llmfoundry_yaml", "read_llmfoundry_file"]
 
@@ -122,7 +122,7 @@ def _hf_spec(model: dict, seq: int, source: str, notes: list[str]) -> Transforme
     for folder in (Path(name), Path(source).parent / name):
         config = folder / "config.json"
         if config.is_file():
-            spec, said = read_hf_config_text(read_launch_text(config, "a JSON file"), str(config), seq=seq)
+            spec, said = read_hf_config_file(config, seq=seq)
             notes += said
             return spec
     return None

@@ -116,8 +116,8 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
             layers=layers, hidden=hidden, heads=heads, seq=positive_int(model, "encoder_seq_length", "model.", source),
             vocab=_vocab(model, source, notes), ffn=positive_int(model, "ffn_hidden_size", "model.", source, 4 * hidden),
             kv_heads=groups if isinstance(groups, int) and groups != heads else None,
-            kv_channels=positive_int(model, "kv_channels", "model.", source, hidden // heads)
-            if model.get("kv_channels") is not None else None, mlp="swiglu" if "swiglu" in act else "gelu",
+            kv_channels=positive_int(model, "kv_channels", "model.", source) if model.get("kv_channels") is not None
+            else None, mlp="swiglu" if "swiglu" in act else "gelu",
             moe=moe, dtype=PRECISION[precision], attention="te", program="megatron",  # type: ignore[arg-type]
             fp8_linear=bool(model.get("fp8", False)), dropout=fraction(model, "hidden_dropout", "model.", source, 0.1),
             bias=bool(model.get("bias", True)), position=position,  # type: ignore[arg-type]

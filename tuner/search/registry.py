@@ -88,17 +88,15 @@ def _hf_model(section: dict, space: Path) -> dict:
     file's folder) expanded into the fields it gives; the section's other fields override them."""
     if "hf_config" not in section:
         return section
-    from tuner.launch import LaunchError
-    from tuner.launch.common import read_launch_text
-    from tuner.launch.huggingface import read_hf_config_text
+    from tuner.launch.common import LaunchError
+    from tuner.launch.huggingface import read_hf_config_file
 
     given = {k: v for k, v in section.items() if k != "hf_config"}
     config = Path(str(section["hf_config"]))
     config = config if config.is_absolute() else space.parent / config
     seq = given.get("seq")
     try:
-        spec, _ = read_hf_config_text(read_launch_text(config, "a JSON file"), str(config),
-                                      seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
+        spec, _ = read_hf_config_file(config, seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None)
     except LaunchError as exc:
         raise SpaceError(f"{space}: model.hf_config: {exc}") from None
     return {**spec.to_dict(), **given}
