@@ -251,8 +251,14 @@ def test_megatron_precision_aware_optimizer_flags():
     assert both.plan.optimizer_state == "bf16" and not both.notes
     half = read_megatron_args(shape + "--use-precision-aware-optimizer --exp-avg-dtype bf16", devices=8)
     assert half.plan.optimizer_state == "fp32" and half.notes
-    plan_flags = read_megatron_args(shape + "--overlap-param-gather --overlap-param-gather", devices=8)
+    plan_flags = read_megatron_args(shape + "--recompute-modules core_attn --recompute-modules core_attn", devices=8)
     assert len(plan_flags.notes) == 1  # one note per meaning
+    gather = read_megatron_args(shape + "--overlap-param-gather", devices=8)
+    assert gather.plan.overlap_param_gather and gather.plan.gathers_params_in_forward and not gather.notes
+    assert "--overlap-param-gather" in megatron_args(SPEC, gather.plan) and gather.plan.align_param_gather
+    lazy = read_megatron_args(shape + "--overlap-param-gather --no-align-param-gather "
+                              "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2", devices=8)
+    assert not lazy.plan.align_param_gather and "--no-align-param-gather" in megatron_args(SPEC, lazy.plan)
     relu2 = read_megatron_args(shape + "--squared-relu", devices=8)  # Nemotron's MLP: two GEMMs, as GeLU's
     assert relu2.spec.mlp == "gelu" and any("squared ReLU" in n for n in relu2.notes)
     unswitched = read_megatron_args(shape + "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", devices=8)

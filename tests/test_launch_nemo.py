@@ -49,6 +49,7 @@ model:
   optim:
     name: distributed_fused_adam
     overlap_grad_sync: true
+    overlap_param_sync: true
     grad_sync_dtype: bf16
 """
 

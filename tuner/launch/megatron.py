@@ -90,6 +90,7 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--tokenizer-type": "tokenizer", "--moe-layer-freq": "moe_layer_freq",
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
+             "--overlap-param-gather", "--no-align-param-gather",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
@@ -102,8 +103,6 @@ _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
     "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core",
-    "--overlap-param-gather": "the distributed optimizer's parameter all-gather priced after the step, not beside "
-                              "the next forward",
 }
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
@@ -268,6 +267,10 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if plan.overlap_grad_reduce:
         a.append("--overlap-grad-reduce")
+    if plan.gathers_params_in_forward:
+        a.append("--overlap-param-gather")
+        if not plan.align_param_gather and plan.schedule == "interleaved" and plan.pp > 1:
+            a.append("--no-align-param-gather")
     if plan.tp_comm_overlap:
         a.append("--tp-comm-overlap")
     if plan.optimizer_state != "fp32":
@@ -692,6 +695,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         fsdp2=fsdp2,
                         overlap_grad_reduce=bool(values.get("--overlap-grad-reduce")),
+                        overlap_param_gather=bool(values.get("--overlap-param-gather")),
+                        align_param_gather=not values.get("--no-align-param-gather"),
                         tp_comm_overlap=bool(values.get("--tp-comm-overlap")),
                         grad_reduce_dtype=reduce, cp=cp, recompute_layers=recompute_layers,  # type: ignore[arg-type]
                         optimizer_state=_optimizer_state(values, source, notes),  # type: ignore[arg-type]

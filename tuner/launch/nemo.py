@@ -15,7 +15,9 @@ Megatron-LM's settings under ``model:`` and the cluster under ``trainer:``. Mapp
   ``virtual_pipeline_model_parallel_size``, ``context_parallel_size``, ``micro_batch_size``,
   ``global_batch_size``, ``sequence_parallel``, ``activations_checkpoint_granularity`` / ``_method`` /
   ``_num_layers``, ``ub_tp_comm_overlap``; ``optim.name: distributed_fused_adam`` is the distributed
-  optimizer, its ``overlap_grad_sync`` and ``grad_sync_dtype`` the gradient reduction.
+  optimizer, its ``overlap_grad_sync`` and ``grad_sync_dtype`` the gradient reduction, its
+  ``overlap_param_sync`` the parameter all-gather in the forward (``mcore_distributed_optim``: with its
+  ``align_param_gather``).
 * attention: Transformer Engine's choice (``te``: cuDNN's fused attention on Hopper, FlashAttention-2
   before); the environment (``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN``) is not in the YAML: ``--set
   attention=flash2`` where a run turns cuDNN's off.
@@ -148,6 +150,11 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
                         recompute=recompute, recompute_layers=recompute_layers,  # type: ignore[arg-type]
                         distributed_optimizer=distributed,
                         overlap_grad_reduce=bool(optim.get("overlap_grad_sync", True)) if distributed else False,
+                        overlap_param_gather=bool(optim.get("overlap_param_sync", False)) and distributed,
+                        # apex's distributed Adam: the schedule syncs each chunk ahead; Megatron-core's optimizer
+                        # only with align_param_gather
+                        align_param_gather=bool(optim.get("align_param_gather", False))
+                        if "mcore" in str(optim.get("name", "")) else True,
                         grad_reduce_dtype="bf16" if str(optim.get("grad_sync_dtype", "fp32")) in ("bf16", "bfloat16")
                         else "fp32",
                         tp_comm_overlap=bool(model.get("ub_tp_comm_overlap", False)) and tp > 1)

@@ -187,6 +187,11 @@ class PlanOptions(StrictModel):
     """Plan settings that are not searched (Megatron-LM switches)."""
 
     overlap_grad_reduce: bool = True
+    #: with the distributed optimizer: the parameter all-gather overlaps the next forward (--overlap-param-gather)
+    overlap_param_gather: bool = False
+    #: with overlap_param_gather and the interleaved schedule: each chunk's gather launched a chunk ahead
+    #: (Megatron-core's default); false: one bucket ahead of the forward (--no-align-param-gather)
+    align_param_gather: bool = True
     tp_comm_overlap: bool = False
     pp_scatter_gather: bool = True
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"

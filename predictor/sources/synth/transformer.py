@@ -127,12 +127,21 @@ class _PipelineAssembly:
                 gb.processor(stage, ProcKind.GPU_STREAM, name)
         dp_tasks: list[int] = []
         last_compute = -1
+        gathers = None
+        if tpl.plan.gathers_params_in_forward:  # the last iteration's updated parameters, gathered during this one
+            blk = tpl.param_gather_block(stage)
+            off = gb.stamp(blk, stage)
+            gathers = {k: [off + i for i in blk.meta["markers"][k]] for k in ("head", "rest")}
         for st in schedule(tpl.plan.schedule, tpl.p, tpl.m, stage, tpl.v):
-            last_compute = self._step(stage, st, last_compute, dp_tasks)
+            last_compute = self._step(stage, st, last_compute, dp_tasks, gathers)
         self._end_of_iteration(stage, last_compute, dp_tasks)
 
-    def _step(self, stage: int, st: Step, posted_after: int, dp_tasks: list[int]) -> int:
-        """Stamp one step (after its receive preamble, if it receives); returns its last compute task."""
+    def _step(self, stage: int, st: Step, posted_after: int, dp_tasks: list[int],
+              gathers: dict[str, list[int]] | None = None) -> int:
+        """Stamp one step (after its receive preamble, if it receives); returns its last compute task.
+        ``gathers``: the parameter all-gathers each chunk's first forward waits for (``head`` at its start,
+        ``rest`` at its end; at stage detail both before the step) and launches (the chunk's ``rest``, or
+        with :attr:`ParallelPlan.prefetches_chunk_params` the next chunk's gather)."""
         tpl, gb = self.tpl, self.gb
         vs = st.chunk * tpl.p + stage
         first, last = tpl.ends(st, stage)
@@ -153,6 +162,16 @@ class _PipelineAssembly:
         mk = blk.meta["markers"]
         first_k, last_k = off + mk["first"], off + mk["last"]
         dp_tasks += [off + i for i in mk.get("dp", [])]
+        if gathers is not None and st.phase == "F" and st.micro_batch == 0:
+            heads, c = gathers["head"], st.chunk
+            head, rest = heads[c], gathers["rest"][c]
+            gb.edge(head, first_k, self.edge_gpu)
+            if tpl.plan.prefetches_chunk_params:  # this forward launches chunk c + 1's gather (0 and 1 at the start)
+                if 1 <= c < len(heads) - 1:
+                    gb.edge(first_k, heads[c + 1], self.edge_gpu)
+            elif rest != head and first_k != last_k:  # the first bucket's wait launches the rest
+                gb.edge(first_k, rest, self.edge_gpu)
+            gb.edge(rest, last_k, self.edge_gpu)
         if recv:
             if gather is not None:
                 gb.edge(gather, first_k, self.edge_gpu)  # gathered before the step starts

@@ -357,6 +357,17 @@ class ParallelPlan:
     #: beside the fp32 accumulation (2 bytes a parameter more)
     deepspeed_bf16: bool = False
     overlap_grad_reduce: bool = True
+    #: with ``distributed_optimizer``: the updated parameters' all-gather overlaps the next iteration's first
+    #: forward (Megatron's ``--overlap-param-gather``, NeMo's ``overlap_param_sync``): each model chunk's
+    #: first bucket is gathered before its first micro-batch's forward starts, the rest before that forward
+    #: ends; False: the all-gather runs after the optimizer step, before the next iteration
+    overlap_param_gather: bool = False
+    #: with ``overlap_param_gather`` and the interleaved schedule: the schedule launches each model chunk's whole
+    #: gather ahead (chunks 0 and 1 at the start, chunk c + 1 when chunk c's first forward starts; Megatron-core's
+    #: default since 0.9, ``--no-align-param-gather`` turns it off; NeMo's distributed Adam); False: one bucket
+    #: in flight, the next launched when a forward waits for the current (Megatron-core 0.8, and every
+    #: non-interleaved schedule)
+    align_param_gather: bool = True
     #: overlap the input-gradient all-reduce with the wgrad GEMM; with sequence parallelism also each
     #: layer's all-gathers and reduce-scatters with the GEMMs that read or write them (userbuffers)
     tp_comm_overlap: bool = False
@@ -413,6 +424,19 @@ class ParallelPlan:
     @property
     def devices(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def gathers_params_in_forward(self) -> bool:
+        """The distributed optimizer's parameter all-gather overlaps the first forward
+        (:attr:`overlap_param_gather` with a sharded, non-FSDP optimizer state over several replicas)."""
+        return self.overlap_param_gather and self.distributed_optimizer and not self.fsdp and self.replicas > 1
+
+    @property
+    def prefetches_chunk_params(self) -> bool:
+        """The interleaved schedule launches each model chunk's parameter all-gather ahead of its first forward
+        (:attr:`align_param_gather`)."""
+        return self.gathers_params_in_forward and self.align_param_gather and self.schedule == "interleaved" \
+            and self.pp > 1
 
     @property
     def etp(self) -> int:
@@ -487,6 +511,9 @@ class ParallelPlan:
         extra += f"-ep{self.ep}" if self.ep > 1 else ""
         extra += f"-etp{self.expert_tp}" if self.expert_tp is not None and self.expert_tp != self.tp else ""
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
+        extra += "-opg" if self.gathers_params_in_forward else ""
+        extra += "-noalign" if self.gathers_params_in_forward and self.schedule == "interleaved" \
+            and self.pp > 1 and not self.align_param_gather else ""
         extra += "-dsbf16" if self.deepspeed_bf16_grads else ""
         extra += ("-fsdp" if self.fsdp_reshard_after_forward else "-fsdp-zero2") if self.fsdp else ""
         extra += f"-hsdp{self.fsdp_shard}" if self.fsdp and self.fsdp_shard is not None else ""

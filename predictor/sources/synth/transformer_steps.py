@@ -316,9 +316,42 @@ class StepTemplates:
         self._blocks[key] = blk
         return blk
 
+    def param_gather_block(self, stage: int) -> ExecutionGraph:
+        """The distributed optimizer's parameter all-gather of ``stage`` when it overlaps the first forward
+        (``overlap_param_gather``): per model chunk in forward order, its first bucket, then the rest, on the
+        communication stream, in stream order. Markers ``head`` and ``rest``: one task per chunk, which the
+        chunk's first forward waits for at its start and at its end (what launches them: the assembly)."""
+        key = ("gather", stage)
+        blk = self._blocks.get(key)
+        if blk is not None:
+            return blk
+        _, e = self._new()
+        spec, plan, dt = self.spec, self.plan, self.spec.dtype_bytes
+        params = memory_per_stage(spec, plan)[stage].params
+        experts = expert_params_per_device(spec, plan, stage)
+        layers = [plan.layers_of(spec.layers, c * self.p + stage) for c in range(self.v)]
+        shares = [n / sum(layers) for n in layers] if sum(layers) else [1.0 / self.v] * self.v
+        heads: list[int] = []
+        rests: list[int] = []
+        for c, w in enumerate(shares):
+            dense = (params - experts) * w
+            head = min(dense, self.bucket_params)
+            k = e.op(f"param_gather[{c}].first_bucket", [collective("param.all_gather", "all_gather", head * dt,
+                                                                    self.lay.dp, dt)], comm=True, async_op=True)
+            rest = [collective("param.all_gather", "all_gather", (dense - head) * dt, self.lay.dp, dt)] \
+                if dense > head else []
+            if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
+                rest.append(collective("expert_param.all_gather", "all_gather", experts * w * dt, self.lay.edp, dt))
+            r = e.op(f"param_gather[{c}].rest", rest, comm=True, async_op=True) if rest else k
+            heads.append(k[0])
+            rests.append(r[-1])
+        blk = e.freeze({"head": heads, "rest": rests})
+        self._blocks[key] = blk
+        return blk
+
     def final_block(self, stage: int) -> ExecutionGraph:
         """End of the iteration on ``stage``: non-overlapped DP reduce, tied-embedding and grad-norm
-        all-reduces, Adam, distributed-optimizer parameter all-gather."""
+        all-reduces, Adam, distributed-optimizer parameter all-gather (unless it overlaps the forward)."""
         p = self.p
         tied = p > 1 and self.spec.tie_embeddings and stage in (0, p - 1)
         key = ("final", tied, stage == 0, stage == p - 1)
@@ -386,7 +419,7 @@ class StepTemplates:
              group=group)
         e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
                                  {"elements": local, "dtype_bytes": 4, "bytes": adam_bytes_per_param(plan) * local})])
-        if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1:
+        if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1 and not plan.gathers_params_in_forward:
             gathers = [collective("param.all_gather", "all_gather", (params - experts) * spec.dtype_bytes,
                                   self.lay.dp, spec.dtype_bytes)]
             if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
