@@ -92,6 +92,16 @@ def sc21_flops(batch: int, layers: int, hidden: int, seq: int, vocab: int) -> fl
     return 96.0 * batch * seq * layers * hidden**2 * (1.0 + seq / (6.0 * hidden) + vocab / (16.0 * layers * hidden))
 
 
+def megatron_flops(batch: int, seq: int, layers: int, hidden: int, heads: int, vocab: int,
+                   kv_heads: int | None = None, ffn: int | None = None, swiglu: bool = False) -> float:
+    """Model FLOPs of one iteration as Megatron-LM logs them (``num_floating_point_operations`` of
+    megatron/training/training.py, 2024: no recomputation, the scores counted whole under a causal mask)."""
+    groups = (kv_heads or heads) / heads
+    mlp = (ffn or 4 * hidden) / hidden * (1.5 if swiglu else 1.0)
+    return 12.0 * batch * seq * layers * hidden**2 * ((1.0 + groups + seq / hidden) + mlp
+                                                       + vocab / (2.0 * layers * hidden))
+
+
 def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
     """The published rows of ``path`` with their plans and measured iteration seconds; with ``out_of_memory``,
     instead the plans a source published as out of memory (a source's ``out_of_memory`` rows: its row format
@@ -144,10 +154,17 @@ def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
             else:
                 name, heads, hidden, layers, gpus, gbs, mbs, tp, pp, vp, value = r
                 sched = dict(schedule="interleaved", virtual_stages=vp) if vp > 1 else dict(schedule="1f1b")
-                step_s = src.get("published") == "step_s"
-                t = value if step_s else gbs * seq / (value * gpus)
-                plans = [(name, dict(tp=tp, pp=pp, global_batch=gbs, micro_batch=mbs, **sched, **d), t,
-                          {"step_s" if step_s else "tokens_per_s_per_gpu": value})]
+                kind = {"step_s": "step_s", "megatron_tflops": "tflops_per_gpu"}.get(src.get("published"),
+                                                                                   "tokens_per_s_per_gpu")
+                if kind == "step_s":
+                    t = value
+                elif kind == "tflops_per_gpu":
+                    f = megatron_flops(gbs, seq, layers, hidden, heads, vocab, row_spec.get("kv_heads"),
+                                       row_spec.get("ffn"), spec_d.get("mlp") == "swiglu")
+                    t = f / (gpus * value * 1e12)
+                else:
+                    t = gbs * seq / (value * gpus)
+                plans = [(name, dict(tp=tp, pp=pp, global_batch=gbs, micro_batch=mbs, **sched, **d), t, {kind: value})]
             for model, plan, t, extra in plans:
                 plan = dict(plan, **row_plan)
                 plan["dp"] = gpus // (plan["tp"] * plan["pp"] * plan.get("cp", 1))
