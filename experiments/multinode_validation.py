@@ -11,10 +11,12 @@ catalog's network fields) — the script
 
 1. predicts every row from the script's own starting point (uncalibrated): the catalog with the
    GEMM ceilings it had before any fit (``STARTING_GEMM_EFFICIENCY``: Centimani's 1k GEMM for the
-   A100, cuBLAS microbenchmarks for the H100), since the catalog now carries this script's fit;
+   A100, cuBLAS microbenchmarks for the H100, the H100's for the B200), since the catalog now carries this
+   script's fit;
 2. fits ONE constant per chip, its ``gemm_efficiency_max`` (golden-section search on the mean
    |error|), on ONE source: the A100's (both catalog entries, one GA100 die) on SC21 Table 1, the
-   H100's on MosaicML's H100 BF16 table; predicts every row again;
+   H100's on MosaicML's H100 BF16 table, the B200's on Megatron-Bridge's Llama 3 8B FP8 rows; predicts
+   every row again;
 3. reports mean / max |error| over the held-out rows, Spearman rank correlation of per-GPU
    throughput within each model that has several rows (headline: the held-out models whose
    measured per-GPU throughput spreads by more than ``SPREAD_PCT``; beside it, all held-out
@@ -199,11 +201,15 @@ def platform_for(key: str, comm: str, gemm_eff: float | None = None, network: di
 
 
 #: one fitted constant per chip: (the source it is fitted on, the catalog entries of that chip)
-FITS = {"A100": ("sc21_t1", ("a100-80gb", "a100-40gb")), "H100": ("mosaic_h100", ("h100-sxm",))}
+FITS = {"A100": ("sc21_t1", ("a100-80gb", "a100-40gb")), "H100": ("mosaic_h100", ("h100-sxm",)),
+        "B200": ("mbridge_b200_fit", ("b200",))}
 #: the GEMM ceilings the uncalibrated column starts from: the catalog's values before it carried this
 #: script's fit (A100: Centimani Table 3, 1k fp16 GEMM 291.83 of 312 TFLOP/s; H100: public cuBLAS BF16
 #: microbenchmarks, ~0.75 of dense peak)
-STARTING_GEMM_EFFICIENCY = {"a100-80gb": 0.93, "a100-40gb": 0.93, "h100-sxm": 0.75}
+STARTING_GEMM_EFFICIENCY = {"a100-80gb": 0.93, "a100-40gb": 0.93, "h100-sxm": 0.75, "b200": 0.75}
+#: the ceiling's search interval where it is not (0.5, 0.99): the B200's fit source runs FP8 linears, whose whole
+#: step sustains less than half of the FP8 peak per GEMM FLOP
+FIT_RANGE = {"B200": (0.3, 0.99)}
 #: a model's rows order its per-GPU throughput only when the published values spread by more than this, %
 SPREAD_PCT = 5.0
 
@@ -228,7 +234,7 @@ def fit_chip(rows: list[Row], comm: str, chip: str, tol: float = 0.004) -> tuple
     def f(x: float) -> float:
         return float(np.nanmean(np.abs(predict(fit, comm, dict.fromkeys(keys, x)) / meas - 1)))
 
-    return golden_section(f, 0.5, 0.99, tol)
+    return golden_section(f, *FIT_RANGE.get(chip, (0.5, 0.99)), tol)
 
 
 def summary(err: np.ndarray, mask: np.ndarray) -> dict:
@@ -579,11 +585,13 @@ def render(p: dict) -> str:
     L = ["# Multi-node GPT and Llama training: predicted vs published", "",
          f"`python experiments/multinode_validation.py` — {p['date']}, {p['machine']}. Published rows and their "
          f"sources: `{p['data']}`. One constant fitted per chip, the GEMM ceiling: the A100's (both catalog entries) "
-         "on SC21 Table 1, the H100's on MosaicML's H100 table; every other source held out. Uncalibrated: the "
-         f"starting ceilings {STARTING_GEMM_EFFICIENCY['a100-80gb']} (A100) / {STARTING_GEMM_EFFICIENCY['h100-sxm']} (H100). "
+         "on SC21 Table 1, the H100's on MosaicML's H100 table, the B200's on Megatron-Bridge's B200 Llama 3 8B FP8 "
+         "rows; every other source held out. Uncalibrated: the "
+         f"starting ceilings {STARTING_GEMM_EFFICIENCY['a100-80gb']} (A100) / {STARTING_GEMM_EFFICIENCY['h100-sxm']} (H100) "
+         f"/ {STARTING_GEMM_EFFICIENCY['b200']} (B200). "
          f"Spearman: per-GPU throughput within each held-out model, mean (min) over the models whose published "
          f"throughput spreads by more than {SPREAD_PCT:.0f} %, and over all of them.", "",
-         "| communication model | GEMM ceiling fitted (A100 / H100) | held-out rows | held-out mean abs % | held-out max abs % "
+         "| communication model | GEMM ceiling fitted (A100 / H100 / B200) | held-out rows | held-out mean abs % | held-out max abs % "
          "| mean signed % | Spearman, spread > 5 % | Spearman, all | fit rows mean abs % | uncalibrated held-out mean abs % |",
          "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for c in ms:
@@ -592,7 +600,7 @@ def render(p: dict) -> str:
         fe = x["fitted_gemm_efficiency_max"]
         sp = {k: f"{_f(v['mean'], '{:+.2f}')} ({_f(v['min'], '{:+.2f}')}, {v['models']} models)"
               for k, v in x["spearman_held_out"].items()}
-        L.append(f"| {c} | {fe['A100']['value']:.3f} / {fe['H100']['value']:.3f} | {h['rows']} (+{h['missing']} out of memory) | "
+        L.append(f"| {c} | {fe['A100']['value']:.3f} / {fe['H100']['value']:.3f} / {fe['B200']['value']:.3f} | {h['rows']} (+{h['missing']} out of memory) | "
                  f"{_f(h['mean_abs_pct'])} | {_f(h['max_abs_pct'])} | {_f(h['mean_signed_pct'], '{:+.1f}')} | "
                  f"{sp['spread']} | {sp['all']} | {_f(f['mean_abs_pct'])} | {_f(u['mean_abs_pct'])} |")
     L += ["", "## By source (calibrated)", "", "| source | " + " | ".join(f"{c}: mean / max abs %" for c in ms) + " |",
