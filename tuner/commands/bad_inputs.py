@@ -96,6 +96,8 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("options.memory_fraction", [0, 1.5]),
         ("options.fsdp_reshard_after_forward", ["sometimes"]),
         ("options.fsdp_shard", [0, "node"]),
+        ("options.overlap_param_gather", ["sometimes"]),
+        ("options.align_param_gather", [[True]]),
     ],
     "accelerators": [
         ("models", [[], [{"name": ""}], [{"name": "no_such_model"}], [{"name": "resnet50"}, {"name": "resnet50"}]]),
