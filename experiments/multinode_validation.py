@@ -33,7 +33,10 @@ catalog's network fields) — the script
 6. predicts the peak memory per GPU of the runs whose memory is published (the file's ``memory``, a row's
    ``memory_gib``) and of the plans a source published as out of memory (its ``out_of_memory``);
 7. reports, beside the validation, runs outside tuner's model (the file's ``reported``: torch.compile,
-   power-capped chips) against tuner's prediction.
+   power-capped chips) against tuner's prediction;
+8. measures two GEMM-model questions on the H100 kernel pack, the H200 pack held out: whether shape
+   terms explain small-model GEMM rates, and the rate of GEMMs without tensor-core alignment (the
+   analytic model's ``unaligned_efficiency``).
 
 Run: ``python experiments/multinode_validation.py`` (writes
 ``experiments/results/multinode_validation.md`` and ``.json``; about 4 minutes on 2 cores).
@@ -316,6 +319,34 @@ def gemm_shape_terms(min_flops: float = 2e10, peak: float = 989e12, sms: int = 1
     return out
 
 
+def gemm_alignment(min_flops: float = 1e9, peak: float = 989e12) -> dict:
+    """Tensor-core alignment: the bf16 GEMMs (mm, addmm, bmm) of at least ``min_flops`` in the H100 pack whose
+    n or k (the row-major operands' leading dimensions) is not a multiple of 8, fitted (least squares on log rate) with the analytic saturation
+    ``u x f / (f + peak x 8 us)``; the H200 pack held out. Mean |error| % of the rate of those GEMMs at the
+    ceiling fitted on the aligned ones (what the analytic model did before) and at ``u``."""
+    def load(path: Path, aligned: bool) -> tuple[np.ndarray, np.ndarray]:
+        d = pd.read_csv(path)
+        d = d[(d.dtype_bytes == 2) & (d.flops >= min_flops)]
+        ok = (d.n % 8 == 0) & (d.k % 8 == 0)
+        d = d[ok if aligned else ~ok]
+        return d.flops.to_numpy(float), (d.flops / d.median_s / peak).to_numpy(float)
+
+    def fit(f: np.ndarray, r: np.ndarray) -> float:
+        res = least_squares(lambda p: np.log(p[0] * f / (f + peak * 8e-6)) - np.log(r), [0.5], bounds=([0.01], [2.0]))
+        return float(res.x[0])
+
+    def err(c: float, f: np.ndarray, r: np.ndarray) -> float:
+        return float(np.mean(np.abs(c * f / (f + peak * 8e-6) / r - 1)) * 100)
+
+    aligned, unaligned = fit(*load(GEMM_PACKS[0], True)), fit(*load(GEMM_PACKS[0], False))
+    out = {"min_flops": min_flops, "aligned_ceiling": aligned, "unaligned_ceiling": unaligned}
+    for split, path in (("fit", GEMM_PACKS[0]), ("held_out", GEMM_PACKS[1])):
+        f, r = load(path, False)
+        out[split] = {"rows": int(f.size), "mean_abs_pct_at_aligned_ceiling": err(aligned, f, r),
+                      "mean_abs_pct_at_unaligned_ceiling": err(unaligned, f, r)}
+    return out
+
+
 def attention_shares(rows: list[Row], comm: str, eff: dict[str, float]) -> dict:
     """Is the MosaicML miss attention? Per MosaicML row: the predicted share of the iteration in the fused
     attention kernels (forward, backward; the data file's implementation), the error with attention priced as a
@@ -562,6 +593,7 @@ def main(argv: list[str] | None = None) -> None:
         "data": str(DATA.relative_to(ROOT)),
         "models": res,
         "gemm_shape_terms": gemm_shape_terms(),
+        "gemm_alignment": gemm_alignment(),
         "memory": memory_check(),
         "source_memory": source_memory(rows, load_rows(out_of_memory=True)),
         "reported": reported_checks(),
@@ -631,6 +663,19 @@ def render(p: dict) -> str:
     for g in p.get("gemm_shape_terms", []):
         L.append(f"| {g['variant']} | {', '.join(f'{v:.3g}' for v in g['params'])} | {g['fit_rows']} | "
                  f"{g['fit_mean_abs_pct']:.1f} | {g['held_out_rows']} | {g['held_out_mean_abs_pct']:.1f} |")
+    ga = p.get("gemm_alignment")
+    if ga:
+        L += ["", "## GEMM alignment, measured (H100 pack fitted, H200 pack held out)", "",
+              f"bf16 GEMMs of >= {ga['min_flops']:.0e} FLOP whose n or k is not a multiple of 8 (tensor-core alignment), "
+              f"rate as the analytic saturation times a ceiling: the ceiling fitted on the aligned ones "
+              f"({ga['aligned_ceiling']:.3f}; what the analytic model applied to every GEMM before) against one fitted "
+              f"on the unaligned ones ({ga['unaligned_ceiling']:.3f}; the analytic model's `unaligned_efficiency`).", "",
+              "| split | unaligned GEMMs | mean abs % at the aligned ceiling | mean abs % at the unaligned ceiling |",
+              "|---|--:|--:|--:|"]
+        for split in ("fit", "held_out"):
+            g = ga[split]
+            L.append(f"| {split.replace('_', '-')} | {g['rows']} | {g['mean_abs_pct_at_aligned_ceiling']:.1f} | "
+                     f"{g['mean_abs_pct_at_unaligned_ceiling']:.1f} |")
     att = next((p["models"][c]["attention"] for c in ms if p["models"][c].get("attention")), None)
     if att:
         L += ["", "## Attention share of the MosaicML rows (NCCL model, fitted ceilings)", "",

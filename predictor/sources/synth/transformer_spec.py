@@ -234,7 +234,12 @@ class TransformerSpec:
         return float(self.kv_channels) if self.kv_channels else self.hidden / self.heads
 
     def padded_vocab(self, tp: int) -> int:
-        """Megatron pads the vocabulary to a multiple of ``128 * tp``."""
+        """Rows of the embedding and the output layer over ``tp`` ranks: Megatron pads the vocabulary to a
+        multiple of ``128 * tp``; plain PyTorch modules (``program: eager``: Hugging Face, llm-foundry,
+        torchtitan) keep it, each rank holding ``ceil(vocab / tp)`` rows (GPT-2's 50,257 stays unaligned, which
+        is why nanoGPT pads it to 50,304)."""
+        if self.program == "eager":
+            return int(math.ceil(self.vocab / tp) * tp)
         unit = 128 * tp
         return int(math.ceil(self.vocab / unit) * unit)
 

@@ -7,6 +7,13 @@ count and ``f_half`` the FLOP count that reaches half the ceiling (``peak * t_ha
 is the larger of that compute time and the memory time of reading A, B and writing C, plus
 the device's kernel floor. Calibration replaces this with the MLP of Lin et al. 2022.
 
+On NVIDIA GPUs a tensor-core GEMM (16- or 8-bit, or TF32) whose n or k (the leading dimensions of
+PyTorch's row-major operands) is not a multiple of 16 bytes' worth of elements cannot use the aligned
+tensor-core kernels and saturates at ``unaligned_efficiency`` of peak instead (0.145, fitted on the H100
+pack's bf16 GEMMs of >= 1 GFLOP with n or k unaligned, which run at ~0.15 of peak where aligned ones
+reach ~0.63; an unaligned m costs little; the H200 pack held out: mean |rate error| 527 % -> 74 %,
+``experiments/multinode_validation.py``).
+
 Fused attention kernels of a named implementation (``attn_flash2``, ``attn_flash_triton``, ``attn_cudnn`` and their
 ``_bwd``) are timed at that implementation's published speed (:mod:`.attention`) where the platform
 has figures and the kernel runs in 16-bit, else as a GEMM of their FLOPs.
@@ -33,6 +40,9 @@ class GemmParams:
     t_half_s: float = 8e-6
     #: use tensor-core tf32 for fp32 GEMMs (PyTorch default is off for matmul)
     allow_tf32: bool = False
+    #: share of peak a tensor-core GEMM whose n or k is not a multiple of 16 bytes' worth of elements saturates at
+    #: (NVIDIA GPUs; fitted on the H100 pack, see the module)
+    unaligned_efficiency: float = 0.145
 
 
 class AnalyticGemm(KernelModel):
@@ -59,7 +69,11 @@ class AnalyticGemm(KernelModel):
         moved = np.nan_to_num(np.where(np.isnan(moved), shape_bytes, moved), nan=0.0)
         peak = np.array([self._peak(platform, x) for x in dt])
         f_half = peak * self.params.t_half_s
-        rate = peak * platform.gemm_efficiency_max * flops / (flops + f_half + 1e-30)
+        ceiling = np.full(len(flops), platform.gemm_efficiency_max)
+        if platform.kind == "gpu" and platform.vendor == "NVIDIA" and tasks.kind not in ("conv2d", "conv", *ATTENTION_KINDS):
+            ceiling = np.where(self._unaligned(m, n, k, dt), min(platform.gemm_efficiency_max,
+                                                                 self.params.unaligned_efficiency), ceiling)
+        rate = peak * ceiling * flops / (flops + f_half + 1e-30)
         t_compute = np.where(flops > 0, flops / np.maximum(rate, 1e-30), 0.0)
         t_memory = moved / (platform.memory_bandwidth * platform.memory_efficiency)
         out = np.maximum(t_compute, t_memory) + platform.kernel_floor_s
@@ -69,6 +83,17 @@ class AnalyticGemm(KernelModel):
             if published is not None:
                 return published
         return out
+
+    def _unaligned(self, m: np.ndarray, n: np.ndarray, k: np.ndarray, dt: np.ndarray) -> np.ndarray:
+        """Tensor-core GEMMs (16- and 8-bit; fp32 with TF32) whose n or k is not a multiple of 16 bytes of elements;
+        False where a dimension is unknown."""
+        del m  # the output rows: not a leading dimension of a row-major operand
+        tensor_core = (dt <= 2) | ((dt == 4) & self.params.allow_tf32)
+        step = 16.0 / np.maximum(np.nan_to_num(dt, nan=4.0), 1.0)
+        dims = np.stack([n, k])
+        known = np.all(np.isfinite(dims), axis=0)
+        off = np.any(np.mod(np.where(np.isfinite(dims), dims, 0.0), step) != 0, axis=0)
+        return tensor_core & known & off
 
     def _peak(self, platform: Platform, dtype_bytes: float) -> float:
         dtype = DTYPE_BY_BYTES.get(int(dtype_bytes) if np.isfinite(dtype_bytes) else 4, "fp32")

@@ -1,0 +1,55 @@
+"""Tensor-core alignment in the analytic GEMM model, and the vocabulary an eager program keeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
+from predictor.timing.kernels.base import TaskView
+from predictor.timing.kernels.gemm import AnalyticGemm, GemmParams
+from predictor.timing.platforms import get_platform
+from tuner.plans import predict_plan
+
+
+def _seconds(platform: str, m: float, n: float, k: float, dtype_bytes: float = 2.0, kind: str = "addmm",
+             params: GemmParams | None = None) -> float:
+    cols = {"m": np.array([m]), "n": np.array([n]), "k": np.array([k]), "batch": np.array([1.0]),
+            "dtype_bytes": np.array([dtype_bytes]), "flops": np.array([np.nan]), "bytes": np.array([np.nan])}
+    return float(AnalyticGemm(params).predict(TaskView(cols, 1, kind), get_platform(platform))[0])
+
+
+def test_an_unaligned_n_or_k_runs_at_the_unaligned_ceiling_and_m_does_not_matter():
+    aligned = _seconds("h100-sxm", 12288, 50304, 768)
+    assert _seconds("h100-sxm", 12288, 50257, 768) > 3 * aligned  # GPT-2's vocabulary as the output width
+    assert _seconds("h100-sxm", 12288, 768, 50257) > 3 * _seconds("h100-sxm", 12288, 768, 50304)  # as the reduction
+    assert _seconds("h100-sxm", 50257, 768, 12288) == pytest.approx(_seconds("h100-sxm", 50304, 768, 12288), rel=0.01)
+    ratio = _seconds("h100-sxm", 12288, 50257, 768) / aligned
+    plat = get_platform("h100-sxm")
+    assert ratio == pytest.approx(plat.gemm_efficiency_max / GemmParams().unaligned_efficiency, rel=0.05)
+
+
+def test_only_tensor_core_gemms_on_nvidia_gpus_pay_for_alignment():
+    # fp32 without TF32 runs on the CUDA cores; with TF32 it needs 4-element alignment
+    assert _seconds("h100-sxm", 4096, 4099, 4096, 4.0) == pytest.approx(_seconds("h100-sxm", 4096, 4100, 4096, 4.0),
+                                                                         rel=0.01)
+    tf32 = GemmParams(allow_tf32=True)
+    assert _seconds("h100-sxm", 4096, 4099, 4096, 4.0, params=tf32) > 2 * _seconds("h100-sxm", 4096, 4100, 4096, 4.0,
+                                                                                 params=tf32)
+    for other in ("mi300x", "cpu-local"):  # no measurements of other vendors' or CPUs' alignment cliffs
+        assert _seconds(other, 4096, 4099, 4096) == pytest.approx(_seconds(other, 4096, 4104, 4096), rel=0.01)
+
+
+def test_an_eager_program_keeps_gpt2s_vocabulary_and_padding_it_pays():
+    """nanoGPT pads GPT-2's 50,257 tokens to 50,304 "for efficiency" (its train.py); Megatron pads by itself."""
+    plan = ParallelPlan(dp=8, micro_batch=12, global_batch=8 * 12 * 4)
+    steps = {}
+    for program in ("eager", "megatron"):
+        for vocab in (50257, 50304):
+            spec = TransformerSpec(name="gpt2", layers=12, hidden=768, heads=12, seq=1024, vocab=vocab,
+                                   attention="flash2", program=program, dropout=0.0)
+            steps[program, vocab] = predict_plan(spec, plan, get_platform("a100-40gb"), devices=8)[0][
+                "predicted_iteration_s"]
+    assert TransformerSpec(layers=1, hidden=64, heads=1, seq=8, vocab=50257, program="eager").padded_vocab(2) == 50258
+    assert steps["eager", 50257] > 1.1 * steps["eager", 50304]
+    assert steps["megatron", 50257] == steps["megatron", 50304]
