@@ -71,7 +71,7 @@ class AnalyticGemm(KernelModel):
         f_half = peak * self.params.t_half_s
         ceiling = np.full(len(flops), platform.gemm_efficiency_max)
         if platform.kind == "gpu" and platform.vendor == "NVIDIA" and tasks.kind not in ("conv2d", "conv", *ATTENTION_KINDS):
-            ceiling = np.where(self._unaligned(m, n, k, dt), min(platform.gemm_efficiency_max,
+            ceiling = np.where(self._unaligned(n, k, dt), min(platform.gemm_efficiency_max,
                                                                  self.params.unaligned_efficiency), ceiling)
         rate = peak * ceiling * flops / (flops + f_half + 1e-30)
         t_compute = np.where(flops > 0, flops / np.maximum(rate, 1e-30), 0.0)
@@ -84,10 +84,9 @@ class AnalyticGemm(KernelModel):
                 return published
         return out
 
-    def _unaligned(self, m: np.ndarray, n: np.ndarray, k: np.ndarray, dt: np.ndarray) -> np.ndarray:
-        """Tensor-core GEMMs (16- and 8-bit; fp32 with TF32) whose n or k is not a multiple of 16 bytes of elements;
-        False where a dimension is unknown."""
-        del m  # the output rows: not a leading dimension of a row-major operand
+    def _unaligned(self, n: np.ndarray, k: np.ndarray, dt: np.ndarray) -> np.ndarray:
+        """Tensor-core GEMMs (16- and 8-bit; fp32 with TF32) whose n or k is not a multiple of 16 bytes of elements
+        (m, the output rows, leads no row-major operand); False where a dimension is unknown."""
         tensor_core = (dt <= 2) | ((dt == 4) & self.params.allow_tf32)
         step = 16.0 / np.maximum(np.nan_to_num(dt, nan=4.0), 1.0)
         dims = np.stack([n, k])
