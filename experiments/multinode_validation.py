@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.common import golden_section  # noqa: E402
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec  # noqa: E402
+from predictor.timing.kernels.gemm import GemmParams  # noqa: E402
 from predictor.timing.platforms import get_platform, override_platform  # noqa: E402
 from predictor.timing.platforms.schema import Platform  # noqa: E402
 from tuner.plans import predict_plan  # noqa: E402
@@ -285,6 +286,11 @@ def spearman_summary(ranks: list[dict]) -> dict:
 GEMM_PACKS = (ROOT / "assets" / "h100" / "data" / "gemm.csv", ROOT / "assets" / "h200-cal" / "data" / "gemm.csv")
 
 
+def saturation(flops: np.ndarray, peak: float) -> np.ndarray:
+    """The analytic GEMM model's share of its ceiling a GEMM of ``flops`` reaches: ``f / (f + peak x t_half)``."""
+    return flops / (flops + peak * GemmParams().t_half_s)
+
+
 def gemm_shape_terms(min_flops: float = 2e10, peak: float = 989e12, sms: int = 132) -> list[dict]:
     """Does GEMM shape explain the small-model bias? The unbatched bf16 GEMMs of at least ``min_flops`` with
     dimensions divisible by 8 of the H100 pack, fitted (least squares on log rate) with the analytic model's
@@ -300,7 +306,7 @@ def gemm_shape_terms(min_flops: float = 2e10, peak: float = 989e12, sms: int = 1
     fit, held = load(GEMM_PACKS[0]), load(GEMM_PACKS[1])
 
     def rate(p: np.ndarray, m, n, k, f, variant: str) -> np.ndarray:
-        r = p[0] * f / (f + peak * 8e-6)
+        r = p[0] * saturation(f, peak)
         if variant == "k_loop":
             r = r * k / (k + p[1])
         elif variant.startswith("waves"):
@@ -321,9 +327,9 @@ def gemm_shape_terms(min_flops: float = 2e10, peak: float = 989e12, sms: int = 1
 
 def gemm_alignment(min_flops: float = 1e9, peak: float = 989e12) -> dict:
     """Tensor-core alignment: the bf16 GEMMs (mm, addmm, bmm) of at least ``min_flops`` in the H100 pack whose
-    n or k (the row-major operands' leading dimensions) is not a multiple of 8, fitted (least squares on log rate) with the analytic saturation
-    ``u x f / (f + peak x 8 us)``; the H200 pack held out. Mean |error| % of the rate of those GEMMs at the
-    ceiling fitted on the aligned ones (what the analytic model did before) and at ``u``."""
+    n or k (the row-major operands' leading dimensions) is not a multiple of 8, fitted (least squares on log
+    rate) with the analytic model's ``u x saturation``; the H200 pack held out. Mean |error| % of the rate of
+    those GEMMs at the ceiling fitted on the aligned ones (what the analytic model did before) and at ``u``."""
     def load(path: Path, aligned: bool) -> tuple[np.ndarray, np.ndarray]:
         d = pd.read_csv(path)
         d = d[(d.dtype_bytes == 2) & (d.flops >= min_flops)]
@@ -332,11 +338,11 @@ def gemm_alignment(min_flops: float = 1e9, peak: float = 989e12) -> dict:
         return d.flops.to_numpy(float), (d.flops / d.median_s / peak).to_numpy(float)
 
     def fit(f: np.ndarray, r: np.ndarray) -> float:
-        res = least_squares(lambda p: np.log(p[0] * f / (f + peak * 8e-6)) - np.log(r), [0.5], bounds=([0.01], [2.0]))
+        res = least_squares(lambda p: np.log(p[0] * saturation(f, peak)) - np.log(r), [0.5], bounds=([0.01], [2.0]))
         return float(res.x[0])
 
     def err(c: float, f: np.ndarray, r: np.ndarray) -> float:
-        return float(np.mean(np.abs(c * f / (f + peak * 8e-6) / r - 1)) * 100)
+        return float(np.mean(np.abs(c * saturation(f, peak) / r - 1)) * 100)
 
     aligned, unaligned = fit(*load(GEMM_PACKS[0], True)), fit(*load(GEMM_PACKS[0], False))
     out = {"min_flops": min_flops, "aligned_ceiling": aligned, "unaligned_ceiling": unaligned}

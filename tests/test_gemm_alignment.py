@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,8 @@ from predictor.timing.kernels.base import TaskView
 from predictor.timing.kernels.gemm import AnalyticGemm, GemmParams
 from predictor.timing.platforms import get_platform
 from tuner.plans import predict_plan
+
+RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results" / "multinode_validation.json"
 
 
 def _seconds(platform: str, m: float, n: float, k: float, dtype_bytes: float = 2.0, kind: str = "addmm",
@@ -53,3 +58,9 @@ def test_an_eager_program_keeps_gpt2s_vocabulary_and_padding_it_pays():
     assert TransformerSpec(layers=1, hidden=64, heads=1, seq=8, vocab=50257, program="eager").padded_vocab(2) == 50258
     assert steps["eager", 50257] > 1.1 * steps["eager", 50304]
     assert steps["megatron", 50257] == steps["megatron", 50304]
+
+
+def test_the_model_carries_the_measured_unaligned_ceiling():
+    """``unaligned_efficiency`` is the fit the validation script records on the H100 pack."""
+    fitted = json.loads(RESULTS.read_text())["gemm_alignment"]["unaligned_ceiling"]
+    assert GemmParams().unaligned_efficiency == pytest.approx(fitted, abs=5e-4)

@@ -115,6 +115,16 @@ def positive_int(table: dict, key: str, where: str, source: str, default: int | 
     return val
 
 
+def positive_number(table: dict, key: str, where: str, source: str, default: float) -> float:
+    """``table[key]`` (``default`` when absent or null) as a number > 0; :class:`LaunchError` for another value."""
+    val = table.get(key)
+    if val is None:
+        return default
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
+        raise LaunchError(f"{source}: {where}{key} must be a positive number (got {val!r})")
+    return float(val)
+
+
 def fraction(table: dict, key: str, where: str, source: str, default: float) -> float:
     """``table[key]`` (``default`` when absent or null) as a number in [0, 1] (a dropout probability);
     :class:`LaunchError` for another value."""

@@ -269,7 +269,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a.append("--overlap-grad-reduce")
     if plan.gathers_params_in_forward:
         a.append("--overlap-param-gather")
-        if not plan.align_param_gather and plan.schedule == "interleaved" and plan.pp > 1:
+        if not plan.align_param_gather and plan.virtual_stages_effective > 1:
             a.append("--no-align-param-gather")
     if plan.tp_comm_overlap:
         a.append("--tp-comm-overlap")

@@ -32,7 +32,14 @@ from pathlib import Path
 import yaml
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec
-from tuner.launch.common import LaunchError, LaunchPlan, fraction, positive_int, read_launch_text
+from tuner.launch.common import (
+    LaunchError,
+    LaunchPlan,
+    fraction,
+    positive_int,
+    positive_number,
+    read_launch_text,
+)
 
 __all__ = ["VOCAB", "read_nemo_yaml", "read_nemo_file"]
 
@@ -40,15 +47,6 @@ __all__ = ["VOCAB", "read_nemo_yaml", "read_nemo_file"]
 VOCAB = {"Llama-3": 128256, "Llama-2": 32000, "gpt2": 50257, "GPT2BPETokenizer": 50257}
 PRECISION = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "32": "fp32",
              "32-true": "fp32"}
-
-
-def _positive(model: dict, key: str, source: str, default: float) -> float:
-    val = model.get(key)
-    if val is None:
-        return default
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
-        raise LaunchError(f"{source}: model.{key} must be a positive number (got {val!r})")
-    return float(val)
 
 
 def _vocab(model: dict, source: str, notes: list[str]) -> int:
@@ -111,7 +109,7 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     if model.get("num_moe_experts"):
         moe = MoESpec(experts=positive_int(model, "num_moe_experts", "model.", source),
                       top_k=positive_int(model, "moe_router_topk", "model.", source, 2),
-                      capacity_factor=_positive(model, "moe_expert_capacity_factor", source, 1.0))
+                      capacity_factor=positive_number(model, "moe_expert_capacity_factor", "model.", source, 1.0))
     groups = model.get("num_query_groups")
     try:
         spec = TransformerSpec(

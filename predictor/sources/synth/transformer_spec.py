@@ -440,8 +440,7 @@ class ParallelPlan:
     def prefetches_chunk_params(self) -> bool:
         """The interleaved schedule launches each model chunk's parameter all-gather ahead of its first forward
         (:attr:`align_param_gather`)."""
-        return self.gathers_params_in_forward and self.align_param_gather and self.schedule == "interleaved" \
-            and self.pp > 1
+        return self.gathers_params_in_forward and self.align_param_gather and self.virtual_stages_effective > 1
 
     @property
     def etp(self) -> int:
@@ -517,8 +516,8 @@ class ParallelPlan:
         extra += f"-etp{self.expert_tp}" if self.expert_tp is not None and self.expert_tp != self.tp else ""
         extra += "-zero1" if self.distributed_optimizer and not self.fsdp else ""
         extra += "-opg" if self.gathers_params_in_forward else ""
-        extra += "-noalign" if self.gathers_params_in_forward and self.schedule == "interleaved" \
-            and self.pp > 1 and not self.align_param_gather else ""
+        extra += "-noalign" if self.gathers_params_in_forward and self.virtual_stages_effective > 1 \
+            and not self.align_param_gather else ""
         extra += "-dsbf16" if self.deepspeed_bf16_grads else ""
         extra += ("-fsdp" if self.fsdp_reshard_after_forward else "-fsdp-zero2") if self.fsdp else ""
         extra += f"-hsdp{self.fsdp_shard}" if self.fsdp and self.fsdp_shard is not None else ""
