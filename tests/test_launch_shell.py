@@ -29,3 +29,13 @@ def test_script_words_include_array_contents_and_skip_comments():
     assert "two" not in words
     with pytest.raises(ValueError):
         shell_words("cmd 'unbalanced")
+
+
+def test_array_elements_holding_a_flag_and_its_value_split_as_an_unquoted_expansion_does():
+    script = ('V=128256\nARGS=(\n  "--fp8-format hybrid"\n  "--vocab-size $V"\n  "--split \'99,1,0\'"\n'
+              '  "--data-path=a b"\n  --mock-data\n)\ntorchrun pretrain_gpt.py ${ARGS[@]} --name "two words"\n')
+    words = shell_words(script)
+    assert words[words.index("--fp8-format") + 1] == "hybrid"
+    assert words[words.index("--vocab-size") + 1] == "128256"
+    assert words[words.index("--split") + 1] == "99,1,0"
+    assert "--data-path=a b" in words and "two words" in words and "--mock-data" in words

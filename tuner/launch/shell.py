@@ -3,8 +3,9 @@
 Megatron-LM's example scripts keep sizes in variables and arguments in bash arrays
 (``GPUS_PER_NODE=8``, ``NNODES=${SLURM_NNODES:-"1"}``, ``WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))``,
 ``torchrun ${DISTRIBUTED_ARGS[@]} ...``). :func:`shell_words` splits such a script as the shell
-would (comments dropped, continuation lines joined; an array's words stand where it is defined)
-and expands plain assignments in order, ``${NAME:-default}`` and integer ``$(( ))`` of + - *. It
+would (comments dropped, continuation lines joined; an array's words stand where it is defined,
+an element holding a flag and its value, ``"--fp8-format hybrid"``, split into its words as bash
+splits an unquoted ``${ARGS[@]}``) and expands plain assignments in order, ``${NAME:-default}`` and integer ``$(( ))`` of + - *. It
 runs nothing: command substitutions stay unset, and a variable the script does not set is kept as
 its ``$NAME`` text.
 """
@@ -22,6 +23,7 @@ _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _ARITHMETIC = re.compile(r"^\$\(\((.*)\)\)$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SPACE = re.compile(r"\s")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
@@ -110,4 +112,20 @@ def shell_words(text: str) -> list[str]:
     unbalanced quotes."""
     joined = _join_arithmetic(text.replace("\\\n", " "))
     env = shell_variables(joined.splitlines())
-    return [expand(w, env) if "$" in w else w for w in shlex.split(joined, comments=True)]
+    out: list[str] = []
+    for w in shlex.split(joined, comments=True):
+        w = expand(w, env) if "$" in w else w
+        out += _flag_words(w)
+    return out
+
+
+def _flag_words(word: str) -> list[str]:
+    """A quoted array element holding a flag and its value (``"--split '99,1,0'"``) as its words, since
+    Megatron-LM's examples expand such arrays unquoted; any other word as it is."""
+    flag = _SPACE.split(word, maxsplit=1)[0]
+    if not word.startswith("--") or flag == word or "=" in flag:
+        return [word]
+    try:
+        return shlex.split(word)
+    except ValueError:
+        return word.split()
