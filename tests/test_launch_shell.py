@@ -39,3 +39,9 @@ def test_array_elements_holding_a_flag_and_its_value_split_as_an_unquoted_expans
     assert words[words.index("--vocab-size") + 1] == "128256"
     assert words[words.index("--split") + 1] == "99,1,0"
     assert "--data-path=a b" in words and "two words" in words and "--mock-data" in words
+
+
+def test_arrays_written_on_one_line_give_their_first_and_last_words():
+    words = shell_words("A=(--a 1 --b)\nB+=(--c 2)\nC=(\n --d 3 )\ncmd ${A[@]} ${B[@]} ${C[@]} $((2*3)) $(echo x)\n")
+    assert words[words.index("--a") + 1] == "1" and "--b" in words and words[words.index("--c") + 1] == "2"
+    assert words[words.index("--d") + 1] == "3" and "6" in words and "$(echo" in words

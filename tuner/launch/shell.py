@@ -24,6 +24,7 @@ _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za
 _ARITHMETIC = re.compile(r"^\$\(\((.*)\)\)$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SPACE = re.compile(r"\s")
+_ARRAY_OPEN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=\((.*)$", re.DOTALL)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
@@ -113,7 +114,15 @@ def shell_words(text: str) -> list[str]:
     joined = _join_arithmetic(text.replace("\\\n", " "))
     env = shell_variables(joined.splitlines())
     out: list[str] = []
+    in_array = False
     for w in shlex.split(joined, comments=True):
+        opened = _ARRAY_OPEN.match(w)
+        if opened:  # NAME=(first ... or NAME+=( on its own: the array's words follow
+            w, in_array = opened.group(1), True
+        if in_array and w.endswith(")") and "$(" not in w:  # ... last) closes it
+            w, in_array = w[:-1], False
+        if not w:
+            continue
         w = expand(w, env) if "$" in w else w
         out += _flag_words(w)
     return out
