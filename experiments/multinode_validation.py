@@ -118,8 +118,8 @@ def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
         published = [[*r, float("nan")] for r in src.get("out_of_memory") or []] if out_of_memory else src["rows"]
         d = dict(src["defaults"])
         src_seq, src_vocab = d.pop("seq", None), d.pop("vocab", None)
-        spec_keys = {"dtype", "attention", "fp8_linear", "mlp", "tie_embeddings", "program", "dropout", "bias",
-                     "position", "fused_loss", "moe"}
+        spec_keys = {"dtype", "attention", "fp8_linear", "fp8_params", "mlp", "tie_embeddings", "program", "dropout",
+                     "bias", "position", "fused_loss", "moe"}
         spec_d = {k: d.pop(k) for k in list(d) if k in spec_keys}
         for r in published:
             row_spec: dict = {}

@@ -68,7 +68,9 @@ def test_the_recipe_predicts_as_the_validations_row(validation_row_seconds):
 def test_model_and_plan_options():
     moe = read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  fp8: true\n  num_moe_experts: 8\n  moe_router_topk: 2\n"
                                            "  expert_model_parallel_size: 2"), "f")
-    assert (moe.spec.moe.experts, moe.plan.ep, moe.spec.fp8_linear) == (8, 2, True)
+    assert (moe.spec.moe.experts, moe.plan.ep, moe.spec.fp8_linear, moe.spec.fp8_params) == (8, 2, True, False)
+    fp8 = read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  fp8: true\n  fp8_params: true"), "f")
+    assert fp8.spec.fp8_params and not read_nemo_yaml(LLAMA_70B + "  fp8_params: true\n", "f").spec.fp8_params
     full = read_nemo_yaml(LLAMA_70B.replace("activations_checkpoint_granularity: null",
                                             "activations_checkpoint_granularity: full\n"
                                             "  activations_checkpoint_method: block\n"

@@ -67,6 +67,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("model.ffn_mult", [0, -1, 100, True]),
         ("model.kv_heads", [0, True, 3]),
         ("model.kv_channels", [0, 2**20]),
+        ("model.fp8_params", [True, "yes"]),
         ("model.mla", [{"kv_lora_rank": 0}, {"v_head_dim": -1}]),
         ("model.mlp", ["relu"]),
         ("model.moe", [{"experts": 0}, {"experts": 2, "top_k": 3}, {"experts": 2, "ffn": 0}, {"experts": 2, "shared_ffn": -1},
@@ -270,6 +271,7 @@ def _predict_cases() -> Iterator[BadInput]:
                         ("experts split over 3 of 2 TP ranks", "--tensor-model-parallel-size 2 --num-experts 4 "
                                                               "--expert-tensor-parallel-size 3"),
                         ("DeepSpeed ZeRO stage 4", "--deepspeed --zero-stage 4"),
+                        ("FP8 parameters without FP8 linears", "--fp8-param-gather"),
                         ("DeepSpeed partition counting the embedding, 10 slots on 4 stages",
                          "--deepspeed --pp-partition-method 'type:transformer|embedding'")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),

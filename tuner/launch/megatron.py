@@ -91,7 +91,7 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--overlap-param-gather", "--no-align-param-gather",
-             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16",
+             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16", "--fp8-param-gather",
              "--untie-embeddings-and-output-weights", "--use-flash-attn", "--recompute-activations",
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
@@ -223,6 +223,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--hidden-dropout", f"{spec.dropout:g}", "--attention-dropout", f"{spec.dropout:g}"]
     if spec.fp8_linear:
         a += ["--fp8-format", "hybrid"]
+    if spec.fp8_params:
+        a.append("--fp8-param-gather")
     if not spec.tie_embeddings:
         a.append("--untie-embeddings-and-output-weights")
     if spec.dtype != "fp32":
@@ -450,10 +452,13 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
+    if values.get("--fp8-param-gather") and fp8 is None:
+        raise LaunchError(f"{source}: --fp8-param-gather needs --fp8-format (fp8 weights are FP8 linears' own)")
     kv_channels = _positive(values, "kv_channels", "--kv-channels", source) if "kv_channels" in values else None
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads
     return TransformerSpec(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, fp8_linear=fp8 is not None,
+                           fp8_params=bool(values.get("--fp8-param-gather")),
                            kv_channels=kv_channels, mla=_mla(values, source),
                            ffn=None if ffn is None or ffn == 4 * hidden else int(ffn), moe=moe, dtype=dtype,
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,

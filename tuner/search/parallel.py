@@ -139,6 +139,8 @@ class ModelSection(StrictModel):
     program: Literal["megatron", "eager"] = "megatron"
     #: Transformer Engine / torchao FP8 linears: the layers' GEMMs at the fp8 peak
     fp8_linear: bool = False
+    #: with fp8_linear: the layers' linear weights stored in fp8 and gathered in fp8 (Megatron's --fp8-param-gather)
+    fp8_params: bool = False
     #: tokens of one packed document when attention is masked per document (torchtitan); default: seq
     doc_len: Width | None = Field(default=None, description="tokens of a packed document, 1 .. seq")
     #: dropout probability (GPT-2/3 and Megatron's default 0.1); 0 for Llama, Qwen, MPT: no dropout kernels or masks
@@ -156,6 +158,8 @@ class ModelSection(StrictModel):
             raise ValueError(f"hidden size {self.hidden} is not divisible by {self.heads} heads")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"{self.heads} heads are not a multiple of kv_heads={self.kv_heads}")
+        if self.fp8_params and not self.fp8_linear:
+            raise ValueError("fp8_params needs fp8_linear: true")
         if self.moe is not None and self.moe.top_k > self.moe.experts:
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
         if self.mla is not None and self.attention == "unfused":

@@ -21,7 +21,12 @@ for SwiGLU, whose activation reads gate and up), shrink K and V by ``kv_heads / 
 grouped-query attention, count a
 fused (flash) attention like selective recomputation (it never stores the ``s x s`` scores;
 it keeps a 4-byte log-sum-exp per head and token), and for MoE layers count the routed
-tokens (``top_k x capacity_factor`` of them) through the expert MLPs.
+tokens (``top_k x capacity_factor`` of them) through the expert MLPs. Under FP8 linears
+(``spec.fp8_linear``) as Megatron-LM and NeMo run them, each linear keeps its input in fp8 for its
+weight gradient, as Transformer Engine's ``Linear`` saves the quantized input: the QKV, projection,
+FC1 and FC2 inputs cost one byte an element (GPT's ``34 sbh`` becomes ``31 - f / h``, i.e. 27; Llama
+3 8B at 8,192 tokens 1.14 -> 0.92 GB a layer). The eager program's FP8 linears are torchao's
+``Float8Linear`` (torchtitan), which saves the 16-bit input, so they keep the 16-bit count.
 
 The number of micro-batches whose activations a stage holds at once comes from its schedule
 (:func:`predictor.sources.synth.pipeline_schedule.peak_in_flight`): ``min(p - s, m)`` for 1F1B,
@@ -30,7 +35,8 @@ layers' worth). The last stage adds the output layer and loss, ``4 s b h / t (1 
 (Korthikanti §4.3); the first stage the embedding dropout mask.
 
 Model states (Megatron-LM's accounting for mixed precision with Adam, as in its
-distributed-optimizer documentation): 16-bit weights (2 bytes/param), main gradients (4 when
+distributed-optimizer documentation): 16-bit weights (2 bytes/param; the layers' weights 1 with FP8
+parameters, ``spec.fp8_params``), main gradients (4 when
 reduced in fp32, Megatron's default for bf16; 2 with ``--grad-reduce-in-bf16``, whose gradient
 buffer is bf16), fp32 master weights + Adam moments (12) — 18 bytes per parameter (16 with bf16
 gradients), or ``6 + 12 / d`` with the distributed optimizer (ZeRO-1 over the ``d`` data-parallel ranks; ``dp x cp`` with
@@ -67,7 +73,7 @@ from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, 
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
            "data_parallel_shard",
-           "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
+           "fp8_weight_params", "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
            "expert_params_per_device", "expert_replicas"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
@@ -157,6 +163,15 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         shared = 2.0 * (spec.fc1_width(sf) + sf) * s * b if sf else 0.0
         # each expert's input as its fc1 reads it: the rank's own routed tokens, or its TP group's (expert_tp)
         split_mlp = routed * (expert_per_token + 2.0 * h * plan.etp) + 4.0 * s * b * spec.moe.experts + shared
+    if spec.fp8_linear and spec.program == "megatron":  # Transformer Engine's linears keep their fp8 inputs
+        # the norms' outputs QKV and FC1 read (an MoE layer's router keeps its 16-bit input; MLA's down
+        # projections are counted apart)
+        replicated -= sbh * ((spec.mla is None) + (spec.moe is None))
+        split_attn -= spec.attn_size * s * b  # the projection's input
+        if spec.moe is None:
+            split_mlp -= f * s * b  # FC2's input
+        else:  # the experts' FC1 and FC2 inputs, the shared expert's FC2 input
+            split_mlp -= routed * (h * plan.etp + ef) + sf * s * b
     out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
     if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token
@@ -243,7 +258,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)
             buffers += gathered
         else:
-            weights = params * dt
+            weights = params * dt - fp8_weight_params(spec, plan, stage) * (dt - 1.0)
             grads = params * (grad_b + (dt if plan.deepspeed_bf16_grads else 0.0))
             sharded = data_parallel_shard(spec, plan, params, stage) if plan.distributed_optimizer else params
             optim = sharded * master_b
@@ -257,6 +272,20 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             acts += head_loss_bytes(spec, plan)
         out.append(StageMemory(stage, weights, grads, optim, acts, buffers, params, in_flight))
     return out
+
+
+def fp8_weight_params(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:
+    """Parameters of pipeline ``stage`` a device stores in fp8 under ``spec.fp8_params``: its layers' weights
+    less their norms (the linears' biases, a hidden-size vector each, ride with them); 0 otherwise."""
+    if not (spec.fp8_params and spec.fp8_linear):
+        return 0.0
+    layers = plan.rank_layers(spec.layers, stage)
+    per_layer = layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp) - 4.0 * spec.hidden
+    dense = 0.0
+    if stage == 0 and spec.moe is not None and spec.moe.dense_layers:
+        dense = spec.moe.dense_layers * (layer_param_count(spec, plan.tp, plan.ep, dense=True, expert_tp=plan.etp)
+                                         - layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp))
+    return layers * per_layer + dense
 
 
 def optimizer_state_bytes(plan: ParallelPlan, dtype_bytes: float) -> float:

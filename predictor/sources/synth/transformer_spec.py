@@ -118,9 +118,16 @@ class TransformerSpec:
     #: if any, keeps Megatron's collectives
     program: Literal["megatron", "eager"] = "megatron"
     #: Transformer Engine FP8 training: the layers' linear GEMMs (QKV, projection, FC1, FC2, experts)
-    #: run in fp8 (1-byte inputs, the platform's fp8 peak); attention, the output layer and every
-    #: tensor kept in memory stay in ``dtype``
+    #: run in fp8 (1-byte inputs, the platform's fp8 peak); under the megatron program each linear keeps its
+    #: fp8 input for its weight gradient (Transformer Engine's ``Linear`` saves the quantized input; torchao's
+    #: ``Float8Linear``, the eager program's, saves the 16-bit one); attention, the output layer and every
+    #: other tensor kept in memory stay in ``dtype``
     fp8_linear: bool = False
+    #: with ``fp8_linear``: the layers' linear weights are stored in fp8 (Transformer Engine's FP8
+    #: parameters: Megatron-LM's ``--fp8-param-gather``, NeMo's ``fp8_params``, Megatron-Bridge's
+    #: ``fp8_param_gather``), one byte a weight in place of a 16-bit copy, and the distributed optimizer
+    #: all-gathers them in fp8 (half the bytes of a bf16 gather)
+    fp8_params: bool = False
     #: tokens of one packed document when attention is masked per document (torchtitan's block-causal
     #: attention over documents packed into a sequence): a fused attention kernel then spans ``doc_len``
     #: tokens, ``seq / doc_len`` times, at the published speed of that length; None: the whole sequence
@@ -294,6 +301,8 @@ class TransformerSpec:
             raise PlanError(f"kv_channels must be >= 1 (got {self.kv_channels})")
         if not 0.0 <= self.dropout < 1.0:
             raise PlanError(f"dropout must be a probability in [0, 1) (got {self.dropout})")
+        if self.fp8_params and not self.fp8_linear:
+            raise PlanError("fp8_params needs fp8_linear (fp8 weights are Transformer Engine's FP8 linears' own)")
         if self.doc_len is not None and not 1 <= self.doc_len <= self.seq:
             raise PlanError(f"doc_len must be 1 .. seq = {self.seq} tokens (got {self.doc_len})")
         if self.mla is not None:

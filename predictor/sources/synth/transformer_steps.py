@@ -38,6 +38,7 @@ from predictor.sources.synth.transformer_kernels import StepKernels
 from predictor.sources.synth.transformer_memory import (
     data_parallel_shard,
     expert_params_per_device,
+    fp8_weight_params,
     memory_per_stage,
     optimizer_state_bytes,
 )
@@ -326,9 +327,10 @@ class StepTemplates:
         if blk is not None:
             return blk
         _, e = self._new()
-        spec, plan, dt = self.spec, self.plan, self.spec.dtype_bytes
+        spec, plan = self.spec, self.plan
         params = memory_per_stage(spec, plan)[stage].params
         experts = expert_params_per_device(spec, plan, stage)
+        dt, edt = self._gather_bytes(stage, params, experts)
         layers = [plan.layers_of(spec.layers, c * self.p + stage) for c in range(self.v)]
         shares = [n / sum(layers) for n in layers] if sum(layers) else [1.0 / self.v] * self.v
         heads: list[int] = []
@@ -341,7 +343,8 @@ class StepTemplates:
             rest = [collective("param.all_gather", "all_gather", (dense - head) * dt, self.lay.dp, dt)] \
                 if dense > head else []
             if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
-                rest.append(collective("expert_param.all_gather", "all_gather", experts * w * dt, self.lay.edp, dt))
+                rest.append(collective("expert_param.all_gather", "all_gather", experts * w * edt, self.lay.edp,
+                                       edt))
             r = e.op(f"param_gather[{c}].rest", rest, comm=True, async_op=True) if rest else k
             heads.append(k[0])
             rests.append(r[-1])
@@ -384,7 +387,7 @@ class StepTemplates:
             self._eager_optimizer(e, local, after_comm, markers)
         else:
             groups["norm"] = gb.new_group()
-            self._megatron_optimizer(e, params, local, after_comm, markers, groups["norm"], experts)
+            self._megatron_optimizer(e, params, local, after_comm, markers, groups["norm"], experts, stage)
         markers["groups"] = groups
         blk = e.freeze(markers)
         self._blocks[key] = blk
@@ -408,11 +411,11 @@ class StepTemplates:
         return dense.launched + expert.launched
 
     def _megatron_optimizer(self, e: StepEmitter, params: float, local: float, after: list[int], markers: dict,
-                            group: int, experts: float = 0.0) -> None:
+                            group: int, experts: float = 0.0, stage: int = 0) -> None:
         """Megatron's step: gradient norm (local square sum + all-reduce over the model-parallel group
         ``group``), fused multi-tensor Adam on the ``local`` parameters, and the parameter all-gather
-        of the distributed optimizer (the ``experts`` of the ``params`` over their own ranks)."""
-        plan, spec = self.plan, self.spec
+        of the distributed optimizer (the ``experts`` of the ``params`` over their own ranks) on ``stage``."""
+        plan = self.plan
         norm = e.op("grad_norm", [eltwise("grad_norm.sq_sum", "elementwise", local, 4, rw=1.0)], after=after)
         markers["grad_norm"] = norm[0]
         e.op("grad_norm.all_reduce", [collective("grad_norm.all_reduce", "all_reduce", 4.0, self.lay.mp, 4)],
@@ -420,12 +423,21 @@ class StepTemplates:
         e.op("optimizer.step", [("adam.multi_tensor_apply", "optimizer", Category.MEMORY,
                                  {"elements": local, "dtype_bytes": 4, "bytes": adam_bytes_per_param(plan) * local})])
         if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1 and not plan.gathers_params_in_forward:
-            gathers = [collective("param.all_gather", "all_gather", (params - experts) * spec.dtype_bytes,
-                                  self.lay.dp, spec.dtype_bytes)]
+            dt, edt = self._gather_bytes(stage, params, experts)
+            gathers = [collective("param.all_gather", "all_gather", (params - experts) * dt, self.lay.dp, dt)]
             if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
-                gathers.append(collective("expert_param.all_gather", "all_gather", experts * spec.dtype_bytes,
-                                          self.lay.edp, spec.dtype_bytes))
+                gathers.append(collective("expert_param.all_gather", "all_gather", experts * edt, self.lay.edp, edt))
             e.op("param.all_gather", gathers)
+
+    def _gather_bytes(self, stage: int, params: float, experts: float) -> tuple[float, float]:
+        """Bytes per parameter the distributed optimizer all-gathers on ``stage``: (the dense parameters' mean,
+        the routed experts'): the model dtype's, one for the weights stored in fp8 (``spec.fp8_params``)."""
+        dt = float(self.spec.dtype_bytes)
+        fp8 = fp8_weight_params(self.spec, self.plan, stage)
+        if not fp8:
+            return dt, dt
+        dense = params - experts
+        return (dt - (fp8 - experts) * (dt - 1.0) / dense if dense > 0 else dt), 1.0
 
     def _eager_optimizer(self, e: StepEmitter, params: float, after: list[int], markers: dict) -> None:
         """One process of plain PyTorch: ``clip_grad_norm``'s total norm (``_foreach_norm`` over the
