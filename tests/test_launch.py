@@ -297,6 +297,16 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} \\
         read_megatron_args(script.replace("--micro-batch-size 1", "--micro-batch-size $MB"), "run.sh")
 
 
+@pytest.mark.parametrize(("model", "vocab"), [("meta-llama/Meta-Llama-3.1-8B", 128256),
+                                              ("/models/Llama-2-7b-hf", 32000), ("my-org/tokenizer", 50257)])
+def test_a_hugging_face_tokenizer_known_by_name_gives_its_vocabulary(model, vocab):
+    args = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+            "--micro-batch-size", "1", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", model]
+    back = read_megatron_args(args, devices=1)
+    assert back.spec.vocab == vocab and any(model in n or "GPT-2" in n for n in back.notes)
+    assert read_megatron_args([*args, "--vocab-size", "1000"], devices=1).spec.vocab == 1000
+
+
 def test_attention_without_a_megatron_backend_is_written_as_flash_with_a_comment():
     text = megatron_launch_text(replace(SPEC, attention="flex"), PLANS[3], platform="h100-sxm", devices_per_node=8)
     assert "# attention flex has no Megatron-LM backend" in text and "--attention-backend flash" in text

@@ -14,7 +14,7 @@ from pathlib import Path
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
 __all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
-           "read_launch_text", "positive_int", "fraction", "expert_tp_degree"]
+           "read_launch_text", "positive_int", "fraction", "expert_tp_degree", "TOKENIZER_FRAGMENTS", "tokenizer_vocab"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -142,3 +142,14 @@ def expert_tp_degree(etp: int, tp: int, name: str, source: str) -> int:
     if etp not in (1, tp):
         raise LaunchError(f"{source}: {name} {etp}: tuner models 1 or the TP degree ({tp})")
     return etp
+
+
+#: tokenizer name fragments -> vocabulary size (the tokenizers' published sizes), matched case-insensitively in a
+#: tokenizer's name, Hugging Face id or path (``meta-llama/Meta-Llama-3.1-70B``, ``/models/Llama-2-7b-hf``)
+TOKENIZER_FRAGMENTS = {"Llama-3": 128256, "Llama-2": 32000, "gpt2": 50257, "GPT2BPETokenizer": 50257}
+
+
+def tokenizer_vocab(names: str) -> int | None:
+    """The vocabulary of the first :data:`TOKENIZER_FRAGMENTS` entry found in ``names``, or None."""
+    low = names.lower()
+    return next((size for fragment, size in TOKENIZER_FRAGMENTS.items() if fragment.lower() in low), None)

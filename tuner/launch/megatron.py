@@ -50,6 +50,7 @@ from tuner.launch.common import (
     header_str,
     read_header,
     read_launch_text,
+    tokenizer_vocab,
 )
 from tuner.launch.shell import literal_value, shell_words
 
@@ -87,7 +88,7 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
-              "--tokenizer-type": "tokenizer", "--moe-layer-freq": "moe_layer_freq",
+              "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model", "--moe-layer-freq": "moe_layer_freq",
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--overlap-param-gather", "--no-align-param-gather",
@@ -410,12 +411,16 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     hidden = _positive(values, "hidden", "--hidden-size", source)
     heads = _positive(values, "heads", "--num-attention-heads", source)
     seq = _positive(values, "seq", "--seq-length", source)
-    tokenizer = values.get("tokenizer")
+    tokenizer, tokenizer_model = values.get("tokenizer"), values.get("tokenizer_model")
     default_vocab = TOKENIZER_VOCAB.get(tokenizer, GPT2_VOCAB)
+    known = tokenizer_vocab(tokenizer_model) if tokenizer not in TOKENIZER_VOCAB and tokenizer_model else None
     if "vocab" not in values and "pad_vocab" in values:  # Megatron-DeepSpeed: the tokenizer's size padded to this
         default_vocab = _positive(values, "pad_vocab", "--pad-vocab-size-to", source)
     elif "vocab" not in values and tokenizer in TOKENIZER_VOCAB:
         notes.append(f"no --vocab-size: {tokenizer}'s {default_vocab} tokens")
+    elif "vocab" not in values and known is not None:  # a Hugging Face tokenizer tuner knows by name
+        default_vocab = known
+        notes.append(f"no --vocab-size: --tokenizer-model {tokenizer_model}'s {known} tokens")
     elif "vocab" not in values:
         told = f" (--tokenizer-type {tokenizer}: its size is in its files)" if tokenizer else ""
         notes.append(f"no --vocab-size: GPT-2 BPE's {GPT2_VOCAB} tokens assumed{told}")

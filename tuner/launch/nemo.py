@@ -39,12 +39,11 @@ from tuner.launch.common import (
     positive_int,
     positive_number,
     read_launch_text,
+    tokenizer_vocab,
 )
 
-__all__ = ["VOCAB", "read_nemo_yaml", "read_nemo_file"]
+__all__ = ["read_nemo_yaml", "read_nemo_file"]
 
-#: tokenizer name fragments -> vocabulary size (the tokenizers' published sizes)
-VOCAB = {"Llama-3": 128256, "Llama-2": 32000, "gpt2": 50257, "GPT2BPETokenizer": 50257}
 PRECISION = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "32": "fp32",
              "32-true": "fp32"}
 
@@ -52,9 +51,9 @@ PRECISION = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp
 def _vocab(model: dict, source: str, notes: list[str]) -> int:
     tok = model.get("tokenizer") or {}
     names = " ".join(str(tok.get(k, "")) for k in ("type", "library", "model")) if isinstance(tok, dict) else ""
-    for fragment, size in VOCAB.items():
-        if fragment.lower() in names.lower():
-            return size
+    size = tokenizer_vocab(names)
+    if size is not None:
+        return size
     notes.append(f"tokenizer {names.strip() or '?'}: its vocabulary read as GPT-2's 50257 (--set vocab=N)")
     return 50257
 
