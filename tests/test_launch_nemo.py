@@ -108,3 +108,18 @@ def test_cli_predicts_a_nemo_yaml(tmp_path):
     both = CliRunner().invoke(app, ["predict", "--nemo", str(tmp_path / "cfg.yaml"), "--megatron-args",
                                     str(tmp_path / "cfg.yaml")])
     assert both.exit_code == 2 and "give one of" in both.output
+
+
+def test_the_launchers_interpolations_resolve_as_it_composes_the_file():
+    """NeMo-Framework-Launcher's conf/training YAMLs (gpt3/175b.yaml) write sizes as interpolations and resolvers; a
+    reference to the launcher's other sections (${data_dir}) keeps its text."""
+    text = (LLAMA_70B.replace("ffn_hidden_size: 28672", "ffn_hidden_size: ${multiply:7, ${divide_ceil:${.hidden_size}, 2}}")
+            .replace("global_batch_size: 128", "global_batch_size: ${multiply:16, ${training.trainer.num_nodes}}")
+            .replace("  tokenizer:\n", "  tokenizer:\n    model: ${data_dir}/llama/tokenizer.model\n")
+            .replace("num_query_groups: 8", "num_query_groups: ${divide_floor:${.num_attention_heads}, 8}"))
+    lp = read_nemo_yaml(text, "175b.yaml")
+    assert (lp.spec.ffn, lp.plan.global_batch, lp.spec.kv_heads, lp.spec.vocab) == (28672, 128, 8, 128256)
+    base = read_nemo_yaml(LLAMA_70B, "f")
+    assert lp.spec == base.spec and lp.plan == base.plan
+    with pytest.raises(LaunchError, match="model.hidden_size must be a positive integer"):
+        read_nemo_yaml(LLAMA_70B.replace("hidden_size: 8192", "hidden_size: ${data_dir}"), "f")

@@ -21,12 +21,19 @@ Megatron-LM's settings under ``model:`` and the cluster under ``trainer:``. Mapp
 * attention: Transformer Engine's choice (``te``: cuDNN's fused attention on Hopper, FlashAttention-2
   before); the environment (``NVTE_FUSED_ATTN``, ``NVTE_FLASH_ATTN``) is not in the YAML: ``--set
   attention=flash2`` where a run turns cuDNN's off.
-* the vocabulary: NeMo takes it from the tokenizer, so tuner knows the tokenizers of :data:`VOCAB`
-  (Llama 2 and 3, GPT-2's BPE); another one is read as GPT-2's, with a note (``--set vocab=N``).
+* the vocabulary: NeMo takes it from the tokenizer, so tuner knows the tokenizers of
+  :data:`tuner.launch.common.TOKENIZER_FRAGMENTS` by name; another one is read as GPT-2's, with a note
+  (``--set vocab=N``).
+* interpolations as NeMo-Framework-Launcher composes the file (under ``training``): ``${.hidden_size}``,
+  ``${training.model.tensor_model_parallel_size}`` and its resolvers ``${multiply:a, b}``,
+  ``${divide_ceil:a, b}``, ``${divide_floor:a, b}``, resolved with OmegaConf; a value referring to what the
+  file does not hold (``${data_dir}``) stays its text.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 import yaml
@@ -58,6 +65,46 @@ def _vocab(model: dict, source: str, notes: list[str]) -> int:
     return 50257
 
 
+#: NeMo-Framework-Launcher's OmegaConf resolvers (launcher_scripts/main.py)
+RESOLVERS = {"multiply": lambda x, y: x * y, "divide_ceil": lambda x, y: int(math.ceil(x / y)),
+             "divide_floor": lambda x, y: int(math.floor(x / y))}
+
+
+def _resolved(doc: dict) -> dict:
+    """``doc`` with its interpolations resolved as the launcher resolves them, the file being its ``training``
+    section; a value that cannot be resolved (a reference to the launcher's other sections) keeps its text."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            with warnings.catch_warnings():  # omegaconf 2.4 renames the call 2.3 has; both take this one
+                warnings.simplefilter("ignore")
+                OmegaConf.register_new_resolver(name, fn)
+    try:
+        root = OmegaConf.create({"training": doc})
+    except (OmegaConfBaseException, ValueError):
+        return doc
+
+    def plain(node: DictConfig | ListConfig, raw: dict | list) -> dict | list:
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        out: dict | list = {} if isinstance(node, DictConfig) else []
+        for k in keys:
+            try:
+                v = node[k]
+            except OmegaConfBaseException:
+                v = raw[k]
+            if isinstance(v, (DictConfig, ListConfig)):
+                v = plain(v, raw[k])
+            if isinstance(out, dict):
+                out[k] = v
+            else:
+                out.append(v)
+        return out
+
+    return plain(root.training, doc)  # type: ignore[return-value]
+
+
 def _recompute(model: dict, layers_per_chunk: int, source: str) -> tuple[str, int | None]:
     gran = model.get("activations_checkpoint_granularity")
     if gran in (None, "null"):
@@ -83,6 +130,7 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
         raise LaunchError(f"{source}: YAML syntax error{f' at line {mark.line + 1}' if mark else ''}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
         raise LaunchError(f"{source}: not a NeMo training config (no model: section)")
+    doc = _resolved(doc)
     model, trainer = doc["model"], doc.get("trainer") or {}
     if not isinstance(trainer, dict):
         raise LaunchError(f"{source}: trainer must be a mapping")
