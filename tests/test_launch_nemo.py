@@ -123,3 +123,8 @@ def test_the_launchers_interpolations_resolve_as_it_composes_the_file():
     assert lp.spec == base.spec and lp.plan == base.plan
     with pytest.raises(LaunchError, match="model.hidden_size must be a positive integer"):
         read_nemo_yaml(LLAMA_70B.replace("hidden_size: 8192", "hidden_size: ${data_dir}"), "f")
+
+
+def test_geglu_reads_as_the_gated_mlp_with_a_note():
+    lp = read_nemo_yaml(LLAMA_70B.replace("activation: fast-swiglu", "activation: fast-geglu"), "grok1_proxy.yaml")
+    assert lp.spec.mlp == "swiglu" and any("fast-geglu read as SwiGLU" in n for n in lp.notes)

@@ -7,7 +7,8 @@ Megatron-LM's settings under ``model:`` and the cluster under ``trainer:``. Mapp
 * world size ``trainer.num_nodes`` x ``trainer.devices``; ``trainer.precision`` bf16(-mixed) / 16(-mixed) / 32.
 * ``model``: ``num_layers``, ``hidden_size``, ``ffn_hidden_size``, ``num_attention_heads``,
   ``num_query_groups`` (grouped-query attention), ``kv_channels``, ``encoder_seq_length``, ``activation``
-  (swiglu / fast-swiglu: the gated MLP; gelu; squared-relu read as gelu, noted), ``bias``,
+  (swiglu / fast-swiglu: the gated MLP, geglu / fast-geglu read as it, noted; gelu; squared-relu read as
+  gelu, noted), ``bias``,
   ``hidden_dropout``, ``position_embedding_type``, ``share_embeddings_and_output_weights``; experts
   ``num_moe_experts``, ``moe_router_topk``, ``moe_expert_capacity_factor``, ``expert_model_parallel_size``;
   ``fp8`` (FP8 linears).
@@ -145,8 +146,11 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     act = str(model.get("activation", "gelu"))
     if act in ("squared-relu", "relu"):
         notes.append(f"activation {act} read as GeLU (the same two-matrix MLP)")
+    elif act in ("geglu", "fast-geglu"):
+        notes.append(f"activation {act} read as SwiGLU (the same gated MLP: three matrices, fc1 2 x ffn wide)")
     elif act not in ("gelu", "fast-gelu", "swiglu", "fast-swiglu"):
-        raise LaunchError(f"{source}: model.activation {act!r}: tuner models gelu, swiglu (and squared-relu as gelu)")
+        raise LaunchError(f"{source}: model.activation {act!r}: tuner models gelu, swiglu (geglu as swiglu, "
+                          "squared-relu as gelu)")
     pos = str(model.get("position_embedding_type", "learned_absolute"))
     position = {"rope": "rope", "learned_absolute": "learned", "alibi": "none", "none": "none"}.get(pos)
     if position is None:
@@ -164,7 +168,7 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
             vocab=_vocab(model, source, notes), ffn=positive_int(model, "ffn_hidden_size", "model.", source, 4 * hidden),
             kv_heads=groups if isinstance(groups, int) and groups != heads else None,
             kv_channels=positive_int(model, "kv_channels", "model.", source) if model.get("kv_channels") is not None
-            else None, mlp="swiglu" if "swiglu" in act else "gelu",
+            else None, mlp="swiglu" if "swiglu" in act or "geglu" in act else "gelu",
             moe=moe, dtype=PRECISION[precision], attention="te", program="megatron",  # type: ignore[arg-type]
             fp8_linear=bool(model.get("fp8", False)),
             fp8_params=bool(model.get("fp8", False)) and bool(model.get("fp8_params", False)), dropout=fraction(model, "hidden_dropout", "model.", source, 0.1),
