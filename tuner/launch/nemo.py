@@ -95,8 +95,8 @@ def _resolved(doc: dict) -> dict:
                 v = node[k]
             except OmegaConfBaseException:
                 v = raw[k]
-            if isinstance(v, (DictConfig, ListConfig)):
-                v = plain(v, raw[k])
+            if isinstance(v, (DictConfig, ListConfig)):  # a section, or an interpolation naming one
+                v = plain(v, raw[k] if isinstance(raw[k], (dict, list)) else OmegaConf.to_container(v))
             if isinstance(out, dict):
                 out[k] = v
             else:
@@ -171,7 +171,8 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
             else None, mlp="swiglu" if "swiglu" in act or "geglu" in act else "gelu",
             moe=moe, dtype=PRECISION[precision], attention="te", program="megatron",  # type: ignore[arg-type]
             fp8_linear=bool(model.get("fp8", False)),
-            fp8_params=bool(model.get("fp8", False)) and bool(model.get("fp8_params", False)), dropout=fraction(model, "hidden_dropout", "model.", source, 0.1),
+            fp8_params=bool(model.get("fp8", False)) and bool(model.get("fp8_params", False)),
+            dropout=fraction(model, "hidden_dropout", "model.", source, 0.1),
             bias=bool(model.get("bias", True)), position=position,  # type: ignore[arg-type]
             tie_embeddings=bool(model.get("share_embeddings_and_output_weights", True)),
             name=str((doc["run"].get("name") if isinstance(doc.get("run"), dict) else None) or "nemo-gpt"))
