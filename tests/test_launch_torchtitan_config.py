@@ -73,6 +73,17 @@ def test_config_refs_are_told_from_toml_files():
 def test_flavors_are_recognised_by_shape():
     assert torchtitan_flavor(LLAMA) == ("llama3", "8B")
     assert torchtitan_flavor(replace(LLAMA, layers=30)) is None and torchtitan_flavor(SMALL) is None
+    assert torchtitan_flavor(torchtitan_model("qwen3", "32B", 4096)) == ("qwen3", "32B")
+
+
+#: the Qwen 3 model cards' parameter counts (billions; the small models' output layer tied to the embedding)
+QWEN3_PARAMS = {"0.6B": 0.6, "1.7B": 1.7, "4B": 4.0, "8B": 8.2, "14B": 14.8, "32B": 32.8}
+
+
+@pytest.mark.parametrize("flavor", list(QWEN3_PARAMS))
+def test_qwen3_flavors_have_their_model_cards_parameter_counts(flavor):
+    spec = torchtitan_model("qwen3", flavor, 4096)
+    assert spec.param_count() / 1e9 == pytest.approx(QWEN3_PARAMS[flavor], rel=0.04)
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: p.label())

@@ -5,7 +5,7 @@ the last releases configured by TOML files (its main branch replaced them by Pyt
 configurations in Feb 2026, pytorch/torchtitan#2386, and later counted batches in tokens). torchtitan
 builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's shape into its
 ``# tuner:`` comment line; a TOML without it reads back with the model given by the caller, or
-torchtitan's Llama 3 flavors (:data:`TORCHTITAN_MODELS`).
+torchtitan's Llama 3 and Qwen 3 dense flavors (:data:`TORCHTITAN_MODELS`).
 
 torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the plan as torchtitan
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
@@ -63,10 +63,20 @@ def llama_ffn(dim: int, multiple_of: int, multiplier: float | None = None) -> in
 #: Rotary embeddings as torchtitan applies them (``position="rope"``); RMSNorm is priced as LayerNorm.
 #: what every torchtitan language model runs: plain PyTorch modules, no dropout, rotary embeddings, SwiGLU
 TORCHTITAN_RUNS: dict = dict(program="eager", dropout=0.0, position="rope", mlp="swiglu")
+#: torchtitan's Qwen 3 dense flavors (``torchtitan/models/qwen3/__init__.py`` at v0.2.2: 128-wide heads, the
+#: Qwen tokenizer's 151 936 tokens, the small ones' output layer tied to the embedding); their per-head query
+#: and key norms are not priced
+_QWEN3 = dict(vocab=151936, kv_heads=8, kv_channels=128)
 TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
     ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
     ("llama3", "405B"): dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=llama_ffn(16384, 4096, 1.2)),
+    ("qwen3", "0.6B"): dict(layers=28, hidden=1024, heads=16, ffn=3072, tie_embeddings=True, **_QWEN3),
+    ("qwen3", "1.7B"): dict(layers=28, hidden=2048, heads=16, ffn=6144, tie_embeddings=True, **_QWEN3),
+    ("qwen3", "4B"): dict(layers=36, hidden=2560, heads=32, ffn=9728, tie_embeddings=True, **_QWEN3),
+    ("qwen3", "8B"): dict(layers=36, hidden=4096, heads=32, ffn=12288, **_QWEN3),
+    ("qwen3", "14B"): dict(layers=40, hidden=5120, heads=40, ffn=17408, **_QWEN3),
+    ("qwen3", "32B"): dict(layers=64, hidden=5120, heads=64, ffn=25600, **_QWEN3),
 }
 
 
@@ -75,8 +85,10 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
     shape = TORCHTITAN_MODELS.get((str(name).lower(), str(flavor)))
     if shape is None:
         return None
-    return TransformerSpec(**shape, **TORCHTITAN_RUNS, seq=seq, vocab=128256, tie_embeddings=False, attention="flash2",
-                           bias=False, name=f"{name}-{flavor}")
+    shape = {"vocab": 128256, "tie_embeddings": False, **shape}
+    if shape.get("kv_channels") is not None and shape["kv_channels"] * shape["heads"] == shape["hidden"]:
+        shape["kv_channels"] = None  # the default width, hidden / heads
+    return TransformerSpec(**shape, **TORCHTITAN_RUNS, seq=seq, attention="flash2", bias=False, name=f"{name}-{flavor}")
 
 
 def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:
@@ -88,7 +100,8 @@ def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, not
         known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
         raise LaunchError(f"{source}: torchtitan names its model{named}, tuner knows {known}; for another model "
                           "give its shape: --workload MODEL.yaml")
-    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm priced as LayerNorm")
+    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm priced as LayerNorm"
+                 + ("; query / key norms not priced" if str(name).lower() == "qwen3" else ""))
     return spec
 
 

@@ -16,9 +16,9 @@ job files are gone (pytorch/torchtitan#2386, Feb 2026). The fields are those of
   (op-level, tuner's ``op``), ``None``; ``MemoryBudgetAC`` (the compiler's choice) is not modelled;
 * ``compile.enable_async_tensor_parallel``: tuner's ``tp_comm_overlap``.
 
-The written recipe starts from torchtitan's own configuration of the model (its Llama 3 flavors,
-:data:`~tuner.launch.torchtitan.TORCHTITAN_MODELS`) and sets the plan's fields; a model torchtitan has
-no flavor of gets a ``base_config`` that raises until the user returns their model's configuration.
+The written recipe starts from torchtitan's own configuration of the model (the flavors of
+:data:`~tuner.launch.torchtitan.TORCHTITAN_MODELS` its config registry has a function for) and sets the
+plan's fields; another model gets a ``base_config`` that raises until the user returns its configuration.
 Reading goes through torchtitan's own ``ConfigManager`` (the module lookup of its ``--module``), so it
 needs torchtitan importable; the conversion itself (:func:`plan_from_torchtitan_config`) reads the
 fields by name and is tested without it. The model's shape comes from the configuration's model tree
@@ -63,8 +63,10 @@ __all__ = ["RECIPE_FILE", "RECIPE_FUNCTION", "is_config_ref", "torchtitan_flavor
 #: file name and function of the written recipe (``--module torchtitan_recipe --config tuner_plan``)
 RECIPE_FILE = "torchtitan_recipe.py"
 RECIPE_FUNCTION = "tuner_plan"
-#: torchtitan's config-registry function of each Llama 3 flavor
-_BASE_FUNCTIONS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b", ("llama3", "405B"): "llama3_405b"}
+#: torchtitan's config-registry function of each flavor that has one (main branch)
+_BASE_FUNCTIONS = {("llama3", "8B"): "llama3_8b", ("llama3", "70B"): "llama3_70b", ("llama3", "405B"): "llama3_405b",
+                   ("qwen3", "0.6B"): "qwen3_0_6b", ("qwen3", "1.7B"): "qwen3_1_7b", ("qwen3", "14B"): "qwen3_14b",
+                   ("qwen3", "32B"): "qwen3_32b"}
 _REF = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 
 
@@ -74,9 +76,9 @@ def is_config_ref(text: str) -> bool:
 
 
 def torchtitan_flavor(spec: TransformerSpec) -> tuple[str, str] | None:
-    """torchtitan's (model name, flavor) of ``spec``'s shape (Llama 3 8B / 70B / 405B), None for another shape."""
+    """torchtitan's (model name, flavor) of ``spec``'s shape (:data:`TORCHTITAN_MODELS`), None for another shape."""
     def shape(s: TransformerSpec) -> tuple:
-        return s.layers, s.hidden, s.heads, s.kv_heads_count, s.ffn_size, s.vocab
+        return s.layers, s.hidden, s.heads, s.kv_heads_count, s.head_dim, s.ffn_size, s.vocab
 
     return next((key for key in TORCHTITAN_MODELS if shape(torchtitan_model(*key, spec.seq)) == shape(spec)), None)
 
@@ -114,7 +116,7 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
     lines.append("")
     if policy is not None:
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {policy}")
-    if flavor is not None:
+    if flavor in _BASE_FUNCTIONS:
         lines += [f"from torchtitan.models.{flavor[0]}.config_registry import {_BASE_FUNCTIONS[flavor]} as base_config",
                   "", ""]
     else:
