@@ -113,3 +113,37 @@ def test_torchaos_float8_linears_keep_their_16_bit_inputs():
     """The eager program's FP8 linears (torchao's Float8Linear, torchtitan) save the high-precision input."""
     eager = replace(LLAMA, program="eager")
     assert activation_bytes_per_layer(replace(eager, fp8_linear=True), PLAN) == activation_bytes_per_layer(eager, PLAN)
+
+
+def test_fsdp_gathers_the_layers_weights_in_fp8():
+    """torchtitan's enable_fsdp_float8_all_gather (and Megatron-FSDP's --fp8-param-gather): each layer's weights
+    gathered and held in fp8, the root unit (embedding, head) and the sharded master weights as before."""
+    from predictor.sources.synth.transformer import transformer_timing
+
+    eager = replace(FP8, program="eager")
+    plan = ParallelPlan(dp=8, global_batch=64, fsdp=True, fsdp2=True)
+    plat = get_platform("h100-sxm")
+
+    def gathered(spec: TransformerSpec) -> tuple[float, float]:
+        g = build_transformer_graph(spec, plan, detail="kernel", timing=transformer_timing(plat))
+        names = np.asarray(g.names, dtype=object)[g.name].astype(str)
+        msg = g.params["msg_bytes"]
+        layers = np.char.startswith(names, "fsdp.layer") & (np.char.find(names, "all_gather") >= 0)
+        return float(np.nansum(msg[layers])), float(np.nansum(msg[names == "fsdp.root.all_gather"]))
+
+    (bf16_layers, bf16_root), (fp8_layers, fp8_root) = gathered(eager), gathered(replace(eager, fp8_params=True))
+    assert fp8_root == bf16_root > 0 and 0.5 * bf16_layers < fp8_layers < 0.51 * bf16_layers
+    before, after = memory_per_stage(eager, plan)[0], memory_per_stage(replace(eager, fp8_params=True), plan)[0]
+    assert after.buffers_bytes < before.buffers_bytes and after.weights_bytes == before.weights_bytes
+
+
+def test_torchtitan_reads_and_writes_fsdp_float8_all_gather():
+    from tuner.launch.torchtitan import read_torchtitan_toml, torchtitan_toml
+
+    job = ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[training]\nlocal_batch_size = 1\n'
+           'seq_len = 8192\n[parallelism]\ndata_parallel_shard_degree = -1\n')
+    for section in ("[float8]", "[quantize.linear.float8]"):  # torchtitan v0.1's and v0.2's
+        lp = read_torchtitan_toml(job + f"{section}\nenable_fsdp_float8_all_gather = true\n", "j.toml", devices=8)
+        assert lp.spec.fp8_linear and lp.spec.fp8_params
+        assert "enable_fsdp_float8_all_gather = true" in torchtitan_toml(lp.spec, lp.plan)
+    assert not read_torchtitan_toml(job, "j.toml", devices=8).spec.fp8_params

@@ -220,6 +220,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
     lines += toml_section("job", {"description": f"{spec.name} {t.label()} (tuner)"})
     if spec.fp8_linear:
         lines += ["[model]", 'converters = ["float8"]', ""]
+    if spec.fp8_linear and spec.fp8_params:
+        lines += toml_section("quantize.linear.float8", {"enable_fsdp_float8_all_gather": True})
     training = {"local_batch_size": plan.micro_batch if plan.pp == 1 else plan.global_batch // plan.dp,
                 "global_batch_size": plan.global_batch, "seq_len": spec.seq,
                 "mixed_precision_param": TORCHTITAN_DTYPES[spec.dtype], "mixed_precision_reduce": "float32"}
@@ -423,6 +425,10 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     if "float8" in (converters if isinstance(converters, list) else [converters]):
         spec = replace(spec, fp8_linear=True)
         notes.append("Float8 linears (torchao) read as tuner's FP8 linears (the layers' GEMMs at the fp8 peak)")
+        # v0.1's [float8], v0.2's [quantize.linear.float8]: FSDP gathers the layers' weights in float8
+        float8 = doc.get("float8") or ((doc.get("quantize") or {}).get("linear") or {}).get("float8") or {}
+        if isinstance(float8, dict) and float8.get("enable_fsdp_float8_all_gather") is True:
+            spec = replace(spec, fp8_params=True)
     tp = _int(par, "tensor_parallel_degree", "parallelism", source, 1)
     pp = _int(par, "pipeline_parallel_degree", "parallelism", source, 1)
     cp = _int(par, "context_parallel_degree", "parallelism", source, 1)

@@ -331,9 +331,12 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     layer = layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     held = 2.0 if plan.fsdp_reshard_after_forward else float(max(spec.layers, 2))
-    gathered = root * (dt + reduce_b) + held * layer * dt + 2.0 * layer * reduce_b
+    # a gathered layer: its weights one byte each under fp8_params (gathered in fp8), its norms the model dtype
+    layer_b = (layer - 4.0 * spec.hidden) + 4.0 * spec.hidden * dt if spec.fp8_params and spec.fp8_linear \
+        else layer * dt
+    gathered = root * (dt + reduce_b) + held * layer_b + 2.0 * layer * reduce_b
     if plan.fsdp2:
-        gathered += 2.0 * layer * dt
+        gathered += 2.0 * layer_b
     shard = data_parallel_shard(spec, plan, params)
     if plan.fsdp_master_shard and dt < 4:  # the weight shard is the master copy: only the moments beside it
         master = 2.0 if plan.optimizer_state == "bf16" else 4.0

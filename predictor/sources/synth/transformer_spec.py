@@ -126,7 +126,9 @@ class TransformerSpec:
     #: with ``fp8_linear``: the layers' linear weights are stored in fp8 (Transformer Engine's FP8
     #: parameters: Megatron-LM's ``--fp8-param-gather``, NeMo's ``fp8_params``, Megatron-Bridge's
     #: ``fp8_param_gather``), one byte a weight in place of a 16-bit copy, and the distributed optimizer
-    #: all-gathers them in fp8 (half the bytes of a bf16 gather)
+    #: all-gathers them in fp8 (half the bytes of a bf16 gather); under FSDP each layer's weights are
+    #: gathered in fp8 and held so (torchtitan's ``enable_fsdp_float8_all_gather``, Megatron-FSDP's
+    #: ``--fp8-param-gather``), the sharded master weights unchanged
     fp8_params: bool = False
     #: tokens of one packed document when attention is masked per document (torchtitan's block-causal
     #: attention over documents packed into a sequence): a fused attention kernel then spans ``doc_len``

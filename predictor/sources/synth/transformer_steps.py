@@ -171,9 +171,9 @@ class StepTemplates:
         fsdp = self.plan.fsdp_sharded
         if phase == "F":
             if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
-                e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params())
+                e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params(), layer=False)
                 gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", *self._fsdp_layer(first, 0))
-                self._fsdp_copy_out(e, "fsdp.root", self._root_params())
+                self._fsdp_copy_out(e, "fsdp.root", self._root_params(), layer=False)
             if first:
                 ops.embedding_fwd(e)
             for i in range(n):
@@ -240,22 +240,36 @@ class StepTemplates:
             return ops.dense_layer_params, 0.0
         return ops.layer_params, ops.expert_params
 
-    def _fsdp_gather(self, e: StepEmitter, name: str, params: float, experts: float = 0.0) -> list[int]:
-        """FSDP: all-gather ``params`` parameters (model dtype) on the communication stream; of them the routed
-        experts' ``experts`` over the expert-data-parallel ranks that hold the same experts (torchtitan shards
-        an MoE layer's experts apart from the rest), the others over FSDP's shard group (the data-parallel ranks,
-        or HSDP's ``fsdp_shard`` of them)."""
+    def _fsdp_gather(self, e: StepEmitter, name: str, params: float, experts: float = 0.0,
+                     layer: bool = True) -> list[int]:
+        """FSDP: all-gather ``params`` parameters (model dtype; a ``layer``'s weights in fp8 under
+        ``spec.fp8_params``) on the communication stream; of them the routed experts' ``experts`` over the
+        expert-data-parallel ranks that hold the same experts (torchtitan shards an MoE layer's experts apart
+        from the rest), the others over FSDP's shard group (the data-parallel ranks, or HSDP's ``fsdp_shard``)."""
         dt = self.spec.dtype_bytes
-        kernels = [collective(name, "all_gather", (params - experts) * dt, self.lay.fsdp, dt)]
+        dense, expert = self._fsdp_bytes(params, experts, layer)
+        kernels = [collective(name, "all_gather", dense, self.lay.fsdp, dt)]
         if experts > 0 and self.lay.edp[0] > 1:
-            kernels.append(collective(f"{name}.experts", "all_gather", experts * dt, self.lay.edp, dt))
+            kernels.append(collective(f"{name}.experts", "all_gather", expert, self.lay.edp, dt))
         return e.op(name, kernels, comm=True, async_op=True)
 
-    def _fsdp_copy_out(self, e: StepEmitter, name: str, params: float) -> None:
+    def _fsdp_bytes(self, params: float, experts: float, layer: bool) -> tuple[float, float]:
+        """Bytes FSDP gathers of ``params`` parameters (``experts`` of them the routed experts'): (the rest's, the
+        experts'). A layer's weights are one byte each under ``spec.fp8_params`` (torchtitan's
+        ``enable_fsdp_float8_all_gather``, Megatron-FSDP's ``--fp8-param-gather``), its norms the model dtype's."""
+        dt = self.spec.dtype_bytes
+        if not (layer and self.spec.fp8_params and self.spec.fp8_linear):
+            return (params - experts) * dt, experts * dt
+        norms = 4.0 * self.spec.hidden
+        return (params - experts - norms) + norms * dt, experts
+
+    def _fsdp_copy_out(self, e: StepEmitter, name: str, params: float, layer: bool = True) -> None:
         """FSDP2 (``plan.fsdp2``): the gathered ``params`` copied out into the parameters on the compute stream
-        before their first use (a read and a write of the model dtype); nothing for flat-parameter FSDP."""
+        before their first use (a read and a write of what was gathered); nothing for flat-parameter FSDP."""
         if self.plan.fsdp2:
-            e.op(f"{name}.copy_out", [eltwise(f"{name}.copy_out", "memcpy", params, self.spec.dtype_bytes, rw=2.0)])
+            k = eltwise(f"{name}.copy_out", "memcpy", params, self.spec.dtype_bytes, rw=2.0)
+            k[3]["bytes"] = 2.0 * sum(self._fsdp_bytes(params, 0.0, layer))
+            e.op(f"{name}.copy_out", [k])
 
     def _fsdp_reduce(self, e: StepEmitter, name: str, params: float, experts: float = 0.0) -> list[int]:
         """FSDP: reduce-scatter ``params`` gradients (the routed experts' ``experts`` over their own ranks) once
