@@ -607,3 +607,10 @@ srun torchrun --nproc_per_node 4 --nnodes $NNODES pretrain_gpt.py {args}
     assert slurm_allocation("#SBATCH --nodes=2-4\n#SBATCH --gres=gpu:0\n") == {}  # a range, no GPUs: not read
     with pytest.raises(LaunchError, match="world size is unknown"):
         read_megatron_args(f"#SBATCH --nodes=2-4\npython pretrain_gpt.py {args}\n")
+
+
+def test_cpu_offloading_is_named_as_not_modelled():
+    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+            "--micro-batch-size", "1", "--vocab-size", "1000", "--cpu-offloading", "--cpu-offloading-num-layers", "2"]
+    notes = read_megatron_args(args, devices=1).notes
+    assert sum("--cpu-offloading is not modelled" in n for n in notes) == 1

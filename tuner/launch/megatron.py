@@ -104,6 +104,12 @@ _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
     "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core",
+    "--cpu-offloading": "--cpu-offloading is not modelled: the offloaded layers' activations and weights are "
+                        "priced as kept on the GPU (memory over-stated, the transfers left out)",
+    "--cpu-offloading-num-layers": "--cpu-offloading is not modelled: the offloaded layers' activations and weights "
+                                   "are priced as kept on the GPU (memory over-stated, the transfers left out)",
+    "--fine-grained-activation-offloading": "--fine-grained-activation-offloading is not modelled: activations "
+                                            "priced as kept on the GPU",
 }
 _KINDS: dict[str, type] = {**dict.fromkeys(_INT_FLAGS, int), **dict.fromkeys(_FLOAT_FLAGS, float),
                            **dict.fromkeys(_STR_FLAGS, str), **dict.fromkeys(_TORCHRUN_INT, int)}
