@@ -614,3 +614,16 @@ def test_cpu_offloading_is_named_as_not_modelled():
             "--micro-batch-size", "1", "--vocab-size", "1000", "--cpu-offloading", "--cpu-offloading-num-layers", "2"]
     notes = read_megatron_args(args, devices=1).notes
     assert sum("--cpu-offloading is not modelled" in n for n in notes) == 1
+
+
+def test_the_local_transformer_implementation_runs_megatrons_own_attention():
+    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+            "--micro-batch-size", "1", "--vocab-size", "1000"]
+    assert read_megatron_args(args, devices=1).spec.attention == "te"
+    assert read_megatron_args([*args, "--transformer-impl", "local"], devices=1).spec.attention == "unfused"
+    assert read_megatron_args([*args, "--transformer-impl", "local", "--use-flash-attn"], devices=1).spec.attention \
+        == "flash2"
+    assert read_megatron_args([*args, "--transformer-impl", "local", "--attention-backend", "flash"],
+                              devices=1).spec.attention == "flash"
+    with pytest.raises(LaunchError, match="--transformer-impl must be"):
+        read_megatron_args([*args, "--transformer-impl", "fast"], devices=1)

@@ -89,7 +89,8 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
               "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model", "--moe-layer-freq": "moe_layer_freq",
-              "--position-embedding-type": "position", "--pp-partition-method": "pp_partition"}
+              "--position-embedding-type": "position", "--pp-partition-method": "pp_partition",
+              "--transformer-impl": "transformer_impl"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--overlap-param-gather", "--no-align-param-gather",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16", "--fp8-param-gather",
@@ -447,8 +448,11 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     # fused: Transformer Engine's FusedAttention, cuDNN's kernels; auto (Megatron's default): TE's choice
     attention = {"unfused": "unfused", "local": "unfused", "fused": "cudnn", "flash": "flash"}.get(backend or "auto",
                                                                                                    "te")
-    if backend is None and values.get("--deepspeed"):  # Megatron-DeepSpeed: no Transformer Engine
-        attention = "flash2" if values.get("--use-flash-attn") else "unfused"
+    impl = values.get("transformer_impl", "transformer_engine")
+    if impl not in ("transformer_engine", "local"):
+        raise LaunchError(f"{source}: --transformer-impl must be transformer_engine or local (got {impl!r})")
+    if backend is None and (values.get("--deepspeed") or impl == "local"):  # no Transformer Engine: Megatron's own
+        attention = "flash2" if values.get("--use-flash-attn") else "unfused"  # core attention, or flash-attn's
     moe = None
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:
