@@ -272,6 +272,7 @@ def _predict_cases() -> Iterator[BadInput]:
                                                               "--expert-tensor-parallel-size 3"),
                         ("DeepSpeed ZeRO stage 4", "--deepspeed --zero-stage 4"),
                         ("FP8 parameters without FP8 linears", "--fp8-param-gather"),
+                        ("an unknown transformer implementation", "--transformer-impl fast"),
                         ("DeepSpeed partition counting the embedding, 10 slots on 4 stages",
                          "--deepspeed --pp-partition-method 'type:transformer|embedding'")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),
