@@ -45,3 +45,31 @@ def test_arrays_written_on_one_line_give_their_first_and_last_words():
     words = shell_words("A=(--a 1 --b)\nB+=(--c 2)\nC=(\n --d 3 )\ncmd ${A[@]} ${B[@]} ${C[@]} $((2*3)) $(echo x)\n")
     assert words[words.index("--a") + 1] == "1" and "--b" in words and words[words.index("--c") + 1] == "2"
     assert words[words.index("--d") + 1] == "3" and "6" in words and "$(echo" in words
+
+
+def test_if_blocks_keep_the_branch_the_scripts_own_variables_choose():
+    script = """MODEL_SIZE=7B
+if [ ${MODEL_SIZE} == "1B" ]; then
+    TP=1
+elif [[ "$MODEL_SIZE" == "7B" ]]; then
+    TP=2
+    if [ "$EXTRA" = "yes" ]; then
+        EXTRA_ARGS="--a"
+    else
+        EXTRA_ARGS="--b"
+    fi
+else
+    TP=8
+fi
+if [ ! -f run.py ]; then echo missing; fi
+if [ -z "$X" ]
+then
+    Y=1
+fi
+cmd --tp $TP $EXTRA_ARGS --y $Y
+"""
+    words = shell_words(script)
+    assert words[words.index("--tp") + 1] == "2"
+    assert "EXTRA_ARGS=--a" in words and "--b" in words  # $EXTRA is not set: both branches, the last one's value
+    assert words[words.index("--y") + 1] == "1"
+    assert "8" not in words and "1B" not in words

@@ -5,9 +5,10 @@ Megatron-LM's example scripts keep sizes in variables and arguments in bash arra
 ``torchrun ${DISTRIBUTED_ARGS[@]} ...``). :func:`shell_words` splits such a script as the shell
 would (comments dropped, continuation lines joined; an array's words stand where it is defined,
 an element holding a flag and its value, ``"--fp8-format hybrid"``, split into its words as bash
-splits an unquoted ``${ARGS[@]}``) and expands plain assignments in order, ``${NAME:-default}`` and integer ``$(( ))`` of + - *. It
-runs nothing: command substitutions stay unset, and a variable the script does not set is kept as
-its ``$NAME`` text.
+splits an unquoted ``${ARGS[@]}``), keeps the branch of an ``if`` block whose tests its own
+variables decide (:func:`taken_lines`), and expands plain assignments in order, ``${NAME:-default}``
+and integer ``$(( ))`` of + - *. It runs nothing: command substitutions stay unset, and a variable
+the script does not set is kept as its ``$NAME`` text.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import operator
 import re
 import shlex
 
-__all__ = ["shell_words", "expand", "shell_variables", "literal_value", "MAX_LIST"]
+__all__ = ["shell_words", "expand", "shell_variables", "taken_lines", "literal_value", "MAX_LIST"]
 
 _ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _ARITHMETIC = re.compile(r"^\$\(\((.*)\)\)$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SPACE = re.compile(r"\s")
+#: ``if [ A == B ]; then`` / ``elif [[ A != B ]]`` (the test, without its brackets, in group 2)
+_IF = re.compile(r"^\s*(if|elif)\s+(\[\[?\s.*?\s\]\]?)\s*(?:;\s*then)?\s*$")
+_TEST = re.compile(r"^\[\[?\s+(?P<a>\S+)\s+(?P<op>==|!=|=)\s+(?P<b>\S+)\s+\]\]?$")
 _ARRAY_OPEN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\+?=\((.*)$", re.DOTALL)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -91,16 +95,77 @@ def shell_variables(lines: list[str]) -> dict[str, str]:
     array assignments (``NAME=( ... )``) and command substitutions are left out."""
     env: dict[str, str] = {}
     for line in lines:
-        m = _ASSIGNMENT.match(line)
-        if not m or m.group(2).lstrip().startswith("(") or "$(" in m.group(2).replace("$((", ""):
-            continue
-        try:
-            words = shlex.split(_join_arithmetic(m.group(2)), comments=True)
-        except ValueError:
-            continue
-        if len(words) == 1:
-            env[m.group(1)] = expand(words[0], env)
+        _assign(line, env)
     return env
+
+
+def _assign(line: str, env: dict[str, str]) -> None:
+    """Apply ``line`` to ``env`` if it is a plain assignment (``NAME=value``, ``export`` too)."""
+    m = _ASSIGNMENT.match(line)
+    if not m or m.group(2).lstrip().startswith("(") or "$(" in m.group(2).replace("$((", ""):
+        return
+    try:
+        words = shlex.split(_join_arithmetic(m.group(2)), comments=True)
+    except ValueError:
+        return
+    if len(words) == 1:
+        env[m.group(1)] = expand(words[0], env)
+
+
+def _condition(text: str, env: dict[str, str]) -> bool | None:
+    """The value of a test ``[ A == B ]`` / ``[[ A != B ]]`` (``=`` too) between words the script's variables
+    make literal; None for any other test or an operand naming a variable the script does not set."""
+    m = _TEST.match(text)
+    if not m:
+        return None
+    try:
+        a, b = (shlex.split(m.group(g)) for g in ("a", "b"))
+    except ValueError:
+        return None
+    if len(a) != 1 or len(b) != 1:
+        return None
+    a, b = expand(a[0], env), expand(b[0], env)
+    if "$" in a + b:
+        return None
+    return (a == b) if m.group("op") in ("==", "=") else (a != b)
+
+
+def taken_lines(lines: list[str]) -> list[str]:
+    """The lines of a script the shell runs through its ``if`` / ``elif`` / ``else`` / ``fi`` blocks, where each
+    test compares words the script's own variables decide (:func:`_condition`); a block with any other test
+    keeps all its branches, as does a one-line ``if ...; fi``. The block lines themselves are dropped."""
+    env: dict[str, str] = {}
+    out: list[str] = []
+    stack: list[list] = []  # per open block: [outer active, decided, a branch taken, this branch active]
+    active = True
+    for line in lines:
+        toks = line.split()
+        first = toks[0].rstrip(";") if toks else ""
+        head = _IF.match(line)
+        if first == "if" and toks[-1].rstrip(";") != "fi":
+            value = _condition(head.group(2), env) if head else None
+            stack.append([active, value is not None, bool(value), active and value is not False])
+        elif first == "elif" and stack:
+            top = stack[-1]
+            value = _condition(head.group(2), env) if head and top[1] and not top[2] else None
+            if top[1] and top[2]:
+                top[3] = False
+            elif value is None:
+                top[1], top[3] = False, top[0]
+            else:
+                top[2], top[3] = value, top[0] and value
+        elif first == "else" and stack:
+            top = stack[-1]
+            top[3] = top[0] and (not top[2] if top[1] else True)
+        elif first == "fi" and stack:
+            stack.pop()
+        else:
+            if active:
+                _assign(line, env)
+                out.append(line)
+            continue
+        active = stack[-1][3] if stack else True
+    return out
 
 
 def _join_arithmetic(text: str) -> str:
@@ -112,7 +177,9 @@ def shell_words(text: str) -> list[str]:
     """The words of script ``text``, the variables it sets expanded; raises ValueError (shlex's) for
     unbalanced quotes."""
     joined = _join_arithmetic(text.replace("\\\n", " "))
-    env = shell_variables(joined.splitlines())
+    lines = taken_lines(joined.splitlines())
+    env = shell_variables(lines)
+    joined = "\n".join(lines)
     out: list[str] = []
     in_array = False
     for w in shlex.split(joined, comments=True):
