@@ -627,3 +627,14 @@ def test_the_local_transformer_implementation_runs_megatrons_own_attention():
                               devices=1).spec.attention == "flash"
     with pytest.raises(LaunchError, match="--transformer-impl must be"):
         read_megatron_args([*args, "--transformer-impl", "fast"], devices=1)
+
+
+@pytest.mark.parametrize(("flags", "note"), [(["--cp-comm-type", "a2a"], "--cp-comm-type a2a"),
+                                             (["--cp-comm-type", "p2p"], None),
+                                             (["--moe-token-dispatcher-type", "allgather"], "dispatcher-type allgather"),
+                                             (["--moe-token-dispatcher-type", "alltoall"], None)])
+def test_communication_kinds_tuner_prices_otherwise_are_named(flags, note):
+    args = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
+            "--micro-batch-size", "1", "--vocab-size", "1000", *flags]
+    notes = read_megatron_args(args, devices=1).notes
+    assert any(note in n for n in notes) if note else not any(flags[0] in n for n in notes)

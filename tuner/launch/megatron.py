@@ -90,7 +90,8 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
               "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model", "--moe-layer-freq": "moe_layer_freq",
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition",
-              "--transformer-impl": "transformer_impl"}
+              "--transformer-impl": "transformer_impl", "--cp-comm-type": "cp_comm_type",
+              "--moe-token-dispatcher-type": "moe_dispatcher"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--overlap-param-gather", "--no-align-param-gather",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16", "--fp8-param-gather",
@@ -453,6 +454,12 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         raise LaunchError(f"{source}: --transformer-impl must be transformer_engine or local (got {impl!r})")
     if backend is None and (values.get("--deepspeed") or impl == "local"):  # no Transformer Engine: Megatron's own
         attention = "flash2" if values.get("--use-flash-attn") else "unfused"  # core attention, or flash-attn's
+    if values.get("cp_comm_type", "p2p") != "p2p":  # a2a, allgather, a2a+p2p
+        notes.append(f"--cp-comm-type {values['cp_comm_type']}: context parallelism priced as the p2p ring of keys "
+                     "and values (Megatron's default)")
+    if values.get("moe_dispatcher", "alltoall") not in ("alltoall", "alltoall_seq"):  # allgather, flex
+        notes.append(f"--moe-token-dispatcher-type {values['moe_dispatcher']}: the tokens' dispatch priced as an "
+                     "all-to-all over the expert-parallel ranks")
     moe = None
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:
