@@ -128,3 +128,10 @@ def test_the_launchers_interpolations_resolve_as_it_composes_the_file():
 def test_geglu_reads_as_the_gated_mlp_with_a_note():
     lp = read_nemo_yaml(LLAMA_70B.replace("activation: fast-swiglu", "activation: fast-geglu"), "grok1_proxy.yaml")
     assert lp.spec.mlp == "swiglu" and any("fast-geglu read as SwiGLU" in n for n in lp.notes)
+
+
+def test_settings_tuner_prices_otherwise_are_named():
+    lp = read_nemo_yaml(LLAMA_70B + "  cpu_offloading: true\n  moe_token_dispatcher_type: allgather\n", "f")
+    assert any("cpu_offloading is not modelled" in n for n in lp.notes)
+    assert any("moe_token_dispatcher_type allgather" in n for n in lp.notes)
+    assert not any("offloading" in n or "dispatcher" in n for n in read_nemo_yaml(LLAMA_70B, "f").notes)

@@ -156,6 +156,12 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     if position is None:
         raise LaunchError(f"{source}: model.position_embedding_type {pos!r}: tuner models rope, learned_absolute, alibi "
                           "and none")
+    if model.get("cpu_offloading"):
+        notes.append("model.cpu_offloading is not modelled: the offloaded layers' activations and weights are priced "
+                     "as kept on the GPU")
+    if str(model.get("moe_token_dispatcher_type") or "alltoall") not in ("alltoall", "alltoall_seq"):
+        notes.append(f"model.moe_token_dispatcher_type {model['moe_token_dispatcher_type']}: the tokens' dispatch "
+                     "priced as an all-to-all over the expert-parallel ranks")
     moe = None
     if model.get("num_moe_experts"):
         moe = MoESpec(experts=positive_int(model, "num_moe_experts", "model.", source),
