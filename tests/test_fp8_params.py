@@ -147,3 +147,12 @@ def test_torchtitan_reads_and_writes_fsdp_float8_all_gather():
         assert lp.spec.fp8_linear and lp.spec.fp8_params
         assert "enable_fsdp_float8_all_gather = true" in torchtitan_toml(lp.spec, lp.plan)
     assert not read_torchtitan_toml(job, "j.toml", devices=8).spec.fp8_params
+
+
+def test_fp8_linears_need_a_chip_with_an_fp8_peak():
+    from tuner.plans import predict_plan
+
+    with pytest.raises(PlanError, match="a100-80gb has no FP8 peak"):
+        predict_plan(FP8, PLAN, get_platform("a100-80gb"), devices=8)
+    res, _ = predict_plan(FP8, PLAN, get_platform("h100-sxm"), devices=8)
+    assert res["predicted_iteration_s"] > 0

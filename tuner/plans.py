@@ -61,10 +61,13 @@ def predict_plan(
     fit in ``memory_fraction`` of each device's memory.
 
     Raises :class:`PlanError` when the plan cannot run at all (heads not divisible by ``tp``,
-    more stages than layers, ``tp*pp*dp != devices``...). A plan that runs out of memory is a
-    result with ``feasible=False`` and ``status="infeasible"``.
+    more stages than layers, ``tp*pp*dp != devices``, FP8 linears on a chip without an FP8 peak...). A plan
+    that runs out of memory is a result with ``feasible=False`` and ``status="infeasible"``.
     """
     check_plan(spec, plan, devices)
+    if spec.fp8_linear and "fp8" not in platform.peak_flops:  # it would be priced at the fp32 peak
+        raise PlanError(f"{platform.key} has no FP8 peak in the catalog: fp8_linear runs on FP8 tensor cores "
+                        "(H100, H200, B200, MI300X; give a chip's fp8 peak in a --catalog file)")
     dpn = devices_per_node or platform.devices_per_node
     mem = memory_per_stage(spec, plan)
     totals = np.asarray([m.total_bytes for m in mem])
