@@ -260,6 +260,8 @@ def _predict_cases() -> Iterator[BadInput]:
                   ("--catalog", "{dir}/nope.yaml"), ("--devices-per-node", "0"), ("--devices", "0"),
                   ("--devices", "-4"), ("--detail", "fine"), ("--bogus",)):
         yield BadInput(f"predict: {' '.join(flags)}", ("predict", "--workload", "{dir}/w.yaml", *flags), {"w.yaml": wl})
+    yield BadInput("predict: FP8 linears on a chip without an FP8 peak", ("predict", "--workload", "{dir}/w.yaml"),
+                   {"w.yaml": _dump(_set(SPACES["parallel"], "model.fp8_linear", True))})
     split = _dump(_set(_set(SPACES["parallel"], "options.pipeline_split", "embedding_and_loss"), "model.layers", 3))
     yield BadInput("predict: a pipeline split that does not divide the layers",
                    ("predict", "--workload", "{dir}/w.yaml", "--set", "pp=2", "--set", "dp=1"), {"w.yaml": split})
