@@ -253,3 +253,22 @@ def test_real_torchtitan_configuration_reads_and_round_trips(tmp_path):
     again = read_torchtitan_config(f"{recipe}:tuner_plan")
     assert again.plan == back.plan
     _drop_torchtitan_modules()
+
+
+class Float8Linear:
+    """Stands for torchtitan's converted linear: its config class is ``Float8Linear.Config``."""
+
+    class Config:
+        def __init__(self, out_features: int) -> None:
+            self.out_features = out_features
+
+
+def test_float8_converted_linears_read_as_fp8_linears():
+    """torchtitan main applies a Float8LinearConverter to the model's configuration tree, swapping each
+    ``Linear.Config`` for ``Float8Linear.Config``: read as tuner's FP8 linears, with a note."""
+    block = _block(ffn=4096)
+    block.feed_forward.w1 = Float8Linear.Config(out_features=4096)
+    spec, notes = spec_from_model_config(_model([block] * 2), 2048, "cfg")
+    assert spec.fp8_linear and spec.ffn == 4096 and any("Float8Linear linears" in n for n in notes)
+    plain, _ = spec_from_model_config(_model([_block(ffn=4096)] * 2), 2048, "cfg")
+    assert not plain.fp8_linear

@@ -174,6 +174,17 @@ def _layer_shape(layer: object) -> tuple:
     return heads, kv, width, ffn, routed
 
 
+def _quantized_linear(layer: object) -> str | None:
+    """The class a converter swapped a block's linears to (``Float8Linear``, ``MXFP8Linear``, ...: the qualified
+    name of its config's owner), None for plain ``Linear`` ones."""
+    for path in (("feed_forward", "w1"), ("attention", "wo"), ("attention", "qkv_linear"), ("attention", "wq")):
+        config = _attr(layer, *path)
+        owner = type(config).__qualname__.rsplit(".", 1)[0] if config is not None else ""
+        if owner and owner != "Linear" and owner.endswith("Linear"):
+            return owner
+    return None
+
+
 def _has_bias(layer: object) -> bool:
     """Whether a block's linear layers carry biases (their ``Linear.Config.bias``; torchtitan's default none)."""
     return any(_attr(layer, *path) is True for path in (("attention", "wo", "bias"), ("feed_forward", "w1", "bias")))
@@ -218,12 +229,17 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
         notes.append(f"{inner} priced as FlashAttention-2")
     if _attr(blocks[0], "attention", "qk_norm") is not None:
         notes.append("query / key norms not priced")
+    quantized = _quantized_linear(blocks[0])
+    if quantized is not None:  # torchtitan's converters swap the linears' configs in the model tree
+        notes.append(f"{quantized} linears (a quantization converter) read as tuner's FP8 linears"
+                     + ("" if quantized == "Float8Linear" else ", at the fp8 peak"))
     try:
         spec = TransformerSpec(layers=len(blocks), hidden=dim, heads=heads, seq=seq, vocab=vocab,
                                ffn=ffn or (moe.ffn if moe else None), kv_heads=None if kv == heads else int(kv),
                                kv_channels=None if not width or width * heads == dim else int(width),
                                **TORCHTITAN_RUNS, tie_embeddings=bool(_attr(model, "enable_weight_tying")),
                                attention=attention, moe=moe, bias=_has_bias(blocks[0]),
+                               fp8_linear=quantized is not None,
                                name=f"{_attr(model_spec, 'name')}-{_attr(model_spec, 'flavor')}")
         spec.validate()
     except (TypeError, ValueError) as exc:
