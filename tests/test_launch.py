@@ -638,3 +638,12 @@ def test_communication_kinds_tuner_prices_otherwise_are_named(flags, note):
             "--micro-batch-size", "1", "--vocab-size", "1000", *flags]
     notes = read_megatron_args(args, devices=1).notes
     assert any(note in n for n in notes) if note else not any(flags[0] in n for n in notes)
+
+
+def test_a_compiled_torchtitan_job_says_compilation_is_not_modelled():
+    from tuner.launch.torchtitan import COMPILE_NOTE, read_torchtitan_toml
+
+    job = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+           '[parallelism]\ndata_parallel_shard_degree = -1\n')
+    assert COMPILE_NOTE in read_torchtitan_toml(job + "[compile]\nenable = true\n", "j.toml", devices=8).notes
+    assert COMPILE_NOTE not in read_torchtitan_toml(job + "[compile]\nenable = false\n", "j.toml", devices=8).notes

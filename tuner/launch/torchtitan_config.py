@@ -40,6 +40,7 @@ from predictor.sources.synth.transformer import MoESpec, ParallelPlan, Transform
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 from tuner.launch.torchtitan import (
     ASYNC_TP_NOTE,
+    COMPILE_NOTE,
     CPU_OFFLOAD_NOTE,
     TORCHTITAN_DTYPES,
     TORCHTITAN_MODELS,
@@ -345,6 +346,8 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     sharding_notes(shard * cp > 1, pp, notes)
     if bool(getattr(getattr(config, "training", None), "enable_cpu_offload", False)):
         notes.append(CPU_OFFLOAD_NOTE)
+    if getattr(getattr(config, "compile", None), "enable", False) is True:
+        notes.append(COMPILE_NOTE)
     async_tp = bool(_field(config, "compile.enable_async_tensor_parallel", source))
     if async_tp and tp > 1:
         notes.append(ASYNC_TP_NOTE)
