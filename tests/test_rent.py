@@ -70,6 +70,7 @@ def _space(**changes) -> dict:
     ({"deadline_days": 1, "deadline_hours": 3}, "not both"),
     ({"budget_usd": -5}, "budget_usd"),
     ({"ranges": {"tp": [3], "pp": [1]}}, "no valid candidate"),
+    ({"model": {"transformer": {**MODEL, "fp8_linear": True}}}, "accelerators[0]: a100-80gb has no FP8 peak"),
 ])
 def test_bad_space_is_one_error_line_and_exit_2(tmp_path, change, expect):
     code, out = _run(tmp_path, _space(**change))

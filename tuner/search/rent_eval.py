@@ -134,7 +134,8 @@ def _tables(space: RentSpace, offers: dict[str, Offer]) -> EmbeddingTables:
 
 def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str) -> None:
     """A transformer or DLRM plan is a GPU-style program (Megatron-LM, TorchRec): refuse a dataflow system
-    (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes."""
+    (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes, and a chip without
+    an FP8 peak for a transformer with FP8 linears."""
     if kind == "module":
         return
     program = "Megatron-LM plans" if kind == "transformer" else "DLRM sharding plans"
@@ -143,6 +144,10 @@ def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str) -> None:
         if plat.kind in DATAFLOW_KINDS:
             raise SpaceError(f"accelerators[{i}]: {key} is a dataflow system ({plat.kind}) that runs a compiled graph, "
                              f"not {program}; rent it with model: module")
+        model = space.model.transformer
+        if kind == "transformer" and model is not None and model.fp8_linear and "fp8" not in plat.peak_flops:
+            raise SpaceError(f"accelerators[{i}]: {key} has no FP8 peak in the catalog, and the model runs FP8 linears "
+                             "(fp8_linear); leave it out, or give its fp8 peak in a catalog file")
 
 
 def build_rent_context(space: RentSpace) -> RentContext:
