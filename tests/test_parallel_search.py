@@ -151,6 +151,7 @@ def _mk(p: Path) -> Path:
         ({"global_batch": 0}, "global_batch: Input should be greater than 0"),
         ({"ranges": {"schedule": ["zigzag"]}}, "ranges.schedule.0"),
         ({"model": {**MODEL, "dropout": 1.0}}, "model.dropout: Input should be less than 1"),
+        ({"model": {**MODEL, "fp8_linear": True}}, "has no FP8 peak in the catalog"),
     ],
 )
 def test_bad_spaces_exit_2_with_one_line(tmp_path, change, expected):

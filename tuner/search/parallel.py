@@ -396,6 +396,9 @@ def build_context(space: ParallelSpace) -> ParallelContext:
         raise SpaceError(f"cluster: {space.cluster.nodes} nodes x {dpn} devices = {space.cluster.nodes * dpn} devices; "
                          f"at most {MAX_DEVICES} (devices of the largest clusters)")
     spec = space.model.to_spec()
+    if spec.fp8_linear and "fp8" not in platform.peak_flops:
+        raise SpaceError(f"cluster.platform: {platform.key} has no FP8 peak in the catalog, and the model runs FP8 "
+                         "linears (fp8_linear); give its fp8 peak in cluster.catalog")
     return ParallelContext(space, platform, spec, dpn, space.cluster.nodes * dpn)
 
 
