@@ -73,7 +73,7 @@ from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, 
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
            "data_parallel_shard",
-           "fp8_weight_params", "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
+           "fp8_weight_params", "gathered_layer_bytes", "layer_norm_params", "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
            "expert_params_per_device", "expert_replicas"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
@@ -109,7 +109,7 @@ def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: boo
     one of an MoE model's dense layers (``moe.dense_layers``); ``expert_tp``: the routed experts' TP degree."""
     h, t = spec.hidden, tp
     attn = spec.attention_param_count(t)  # QKV (column) + proj (row; bias replicated)
-    norms = 4 * h
+    norms = layer_norm_params(spec)
 
     def split_mlp(f: int) -> float:  # fc1 column-, fc2 row-parallel (fc2's bias whole)
         f1 = spec.fc1_width(f)
@@ -122,6 +122,21 @@ def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: boo
         if spec.moe.shared_ffn:
             mlp += split_mlp(spec.moe.shared_ffn)
     return attn + norms + mlp
+
+
+def layer_norm_params(spec: TransformerSpec) -> float:
+    """Parameters of one layer's two norms (a weight and a bias each, whole on every rank): ``4 h``."""
+    return 4.0 * spec.hidden
+
+
+def gathered_layer_bytes(spec: TransformerSpec, params: float, experts: float = 0.0) -> tuple[float, float]:
+    """Bytes a gather moves of one layer's ``params`` parameters, ``experts`` of them routed experts': (the rest's,
+    the experts'). The model dtype's; under ``spec.fp8_params`` one byte a weight, the norms the model dtype's."""
+    dt = spec.dtype_bytes
+    if not (spec.fp8_params and spec.fp8_linear):
+        return (params - experts) * dt, experts * dt
+    norms = layer_norm_params(spec)
+    return (params - experts - norms) + norms * dt, experts
 
 
 def expert_param_count(spec: TransformerSpec, ep: int, expert_tp: int = 1) -> float:
@@ -280,7 +295,7 @@ def fp8_weight_params(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> 
     if not (spec.fp8_params and spec.fp8_linear):
         return 0.0
     layers = plan.rank_layers(spec.layers, stage)
-    per_layer = layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp) - 4.0 * spec.hidden
+    per_layer = layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp) - layer_norm_params(spec)
     dense = 0.0
     if stage == 0 and spec.moe is not None and spec.moe.dense_layers:
         dense = spec.moe.dense_layers * (layer_param_count(spec, plan.tp, plan.ep, dense=True, expert_tp=plan.etp)
@@ -331,9 +346,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     layer = layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
     reduce_b = DTYPE_BYTES[plan.grad_reduce_dtype]
     held = 2.0 if plan.fsdp_reshard_after_forward else float(max(spec.layers, 2))
-    # a gathered layer: its weights one byte each under fp8_params (gathered in fp8), its norms the model dtype
-    layer_b = (layer - 4.0 * spec.hidden) + 4.0 * spec.hidden * dt if spec.fp8_params and spec.fp8_linear \
-        else layer * dt
+    layer_b = sum(gathered_layer_bytes(spec, layer))  # one gathered layer (fp8 weights under fp8_params)
     gathered = root * (dt + reduce_b) + held * layer_b + 2.0 * layer * reduce_b
     if plan.fsdp2:
         gathered += 2.0 * layer_b

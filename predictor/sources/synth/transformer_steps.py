@@ -39,6 +39,7 @@ from predictor.sources.synth.transformer_memory import (
     data_parallel_shard,
     expert_params_per_device,
     fp8_weight_params,
+    gathered_layer_bytes,
     memory_per_stage,
     optimizer_state_bytes,
 )
@@ -255,13 +256,11 @@ class StepTemplates:
 
     def _fsdp_bytes(self, params: float, experts: float, layer: bool) -> tuple[float, float]:
         """Bytes FSDP gathers of ``params`` parameters (``experts`` of them the routed experts'): (the rest's, the
-        experts'). A layer's weights are one byte each under ``spec.fp8_params`` (torchtitan's
-        ``enable_fsdp_float8_all_gather``, Megatron-FSDP's ``--fp8-param-gather``), its norms the model dtype's."""
-        dt = self.spec.dtype_bytes
-        if not (layer and self.spec.fp8_params and self.spec.fp8_linear):
-            return (params - experts) * dt, experts * dt
-        norms = 4.0 * self.spec.hidden
-        return (params - experts - norms) + norms * dt, experts
+        experts'); a ``layer``'s weights in fp8 under ``spec.fp8_params`` (torchtitan's
+        ``enable_fsdp_float8_all_gather``, Megatron-FSDP's ``--fp8-param-gather``), the root unit's never."""
+        if layer:
+            return gathered_layer_bytes(self.spec, params, experts)
+        return (params - experts) * self.spec.dtype_bytes, experts * self.spec.dtype_bytes
 
     def _fsdp_copy_out(self, e: StepEmitter, name: str, params: float, layer: bool = True) -> None:
         """FSDP2 (``plan.fsdp2``): the gathered ``params`` copied out into the parameters on the compute stream
