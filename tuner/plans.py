@@ -27,7 +27,7 @@ from predictor.sources.synth.transformer_memory import memory_per_stage
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import evaluate_graph
 
-__all__ = ["PLAN_FIELDS", "predict_plan", "plan_from_fields", "peak_flops", "coerce"]
+__all__ = ["PLAN_FIELDS", "predict_plan", "plan_from_fields", "peak_flops", "coerce", "unsupported_precision"]
 
 #: ParallelPlan field -> type, for ``--set key=value`` and search parameters
 PLAN_FIELDS: dict[str, type] = {f.name: f.type for f in fields(ParallelPlan)}
@@ -44,6 +44,15 @@ def plan_from_fields(values: dict, base: ParallelPlan | None = None) -> Parallel
     if unknown:
         raise PlanError(f"unknown plan field(s) {', '.join(unknown)}; known: {', '.join(PLAN_FIELDS)}")
     return replace(base or ParallelPlan(), **values)
+
+
+def unsupported_precision(spec: TransformerSpec, platform: Platform) -> str | None:
+    """Why ``platform`` cannot run ``spec``'s precision (FP8 linears on a chip the catalog gives no fp8 peak, which
+    would be priced at its fp32 peak), or None."""
+    if spec.fp8_linear and "fp8" not in platform.peak_flops:
+        return (f"{platform.key} has no FP8 peak in the catalog, and fp8_linear runs on FP8 tensor cores (H100, H200, "
+                "B200, MI300X); give the chip's fp8 peak in a catalog file")
+    return None
 
 
 def predict_plan(
@@ -65,9 +74,9 @@ def predict_plan(
     that runs out of memory is a result with ``feasible=False`` and ``status="infeasible"``.
     """
     check_plan(spec, plan, devices)
-    if spec.fp8_linear and "fp8" not in platform.peak_flops:  # it would be priced at the fp32 peak
-        raise PlanError(f"{platform.key} has no FP8 peak in the catalog: fp8_linear runs on FP8 tensor cores "
-                        "(H100, H200, B200, MI300X; give a chip's fp8 peak in a --catalog file)")
+    refused = unsupported_precision(spec, platform)
+    if refused:
+        raise PlanError(refused)
     dpn = devices_per_node or platform.devices_per_node
     mem = memory_per_stage(spec, plan)
     totals = np.asarray([m.total_bytes for m in mem])

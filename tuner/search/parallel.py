@@ -46,7 +46,7 @@ from predictor.sources.synth.transformer import (
 from predictor.timing.platforms import UnknownPlatformError, get_platform
 from predictor.timing.platforms.schema import Platform
 from tuner.launch.megatron import megatron_stage_layers
-from tuner.plans import predict_plan
+from tuner.plans import predict_plan, unsupported_precision
 from tuner.search.core import (
     AUTO,
     Candidate,
@@ -396,9 +396,9 @@ def build_context(space: ParallelSpace) -> ParallelContext:
         raise SpaceError(f"cluster: {space.cluster.nodes} nodes x {dpn} devices = {space.cluster.nodes * dpn} devices; "
                          f"at most {MAX_DEVICES} (devices of the largest clusters)")
     spec = space.model.to_spec()
-    if spec.fp8_linear and "fp8" not in platform.peak_flops:
-        raise SpaceError(f"cluster.platform: {platform.key} has no FP8 peak in the catalog, and the model runs FP8 "
-                         "linears (fp8_linear); give its fp8 peak in cluster.catalog")
+    refused = unsupported_precision(spec, platform)
+    if refused:
+        raise SpaceError(f"cluster.platform: {refused}")
     return ParallelContext(space, platform, spec, dpn, space.cluster.nodes * dpn)
 
 

@@ -22,6 +22,7 @@ from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, resolve_platform
 from predictor.timing.platforms import CatalogError, UnknownPlatformError
 from predictor.timing.platforms.schema import Platform
+from tuner.plans import unsupported_precision
 from tuner.search.accelerators import (
     AcceleratorContext,
     AcceleratorSpace,
@@ -132,7 +133,7 @@ def _tables(space: RentSpace, offers: dict[str, Offer]) -> EmbeddingTables:
                            name=[t.name or f"t{i}" for i, t in enumerate(tabs)], label="dlrm")
 
 
-def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str) -> None:
+def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str, spec: TransformerSpec | None) -> None:
     """A transformer or DLRM plan is a GPU-style program (Megatron-LM, TorchRec): refuse a dataflow system
     (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes, and a chip without
     an FP8 peak for a transformer with FP8 linears."""
@@ -144,23 +145,23 @@ def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str) -> None:
         if plat.kind in DATAFLOW_KINDS:
             raise SpaceError(f"accelerators[{i}]: {key} is a dataflow system ({plat.kind}) that runs a compiled graph, "
                              f"not {program}; rent it with model: module")
-        model = space.model.transformer
-        if kind == "transformer" and model is not None and model.fp8_linear and "fp8" not in plat.peak_flops:
-            raise SpaceError(f"accelerators[{i}]: {key} has no FP8 peak in the catalog, and the model runs FP8 linears "
-                             "(fp8_linear); leave it out, or give its fp8 peak in a catalog file")
+        refused = unsupported_precision(spec, plat) if spec is not None else None
+        if refused:
+            raise SpaceError(f"accelerators[{i}]: {refused}; or leave it out")
 
 
 def build_rent_context(space: RentSpace) -> RentContext:
     """Resolve offers, device counts and the model; raises :class:`SpaceError` with one line on bad input."""
     offers = _offers(space)
     kind = space.model.kind
-    _runs_plans(space, offers, kind)
+    m = space.model.transformer
+    spec = m.to_spec() if kind == "transformer" and m is not None else None
+    _runs_plans(space, offers, kind, spec)
     t = space.training
     ctx = RentContext(space, kind, offers, device_counts(space.devices), 0.0)
     if kind == "transformer":
-        m = space.model.transformer
         assert m is not None and t.global_batch is not None
-        ctx.spec = m.to_spec()
+        ctx.spec = spec
         ctx.total_samples = t.tokens / m.seq if t.tokens is not None else float(t.samples or 0)
         ctx.total_samples *= t.epochs
         ctx.parallel = ParallelSpace.model_validate({
