@@ -14,7 +14,8 @@ from pathlib import Path
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
 __all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
-           "read_launch_text", "positive_int", "fraction", "expert_tp_degree", "TOKENIZER_FRAGMENTS", "tokenizer_vocab"]
+           "read_launch_text", "positive_int", "fraction", "expert_tp_degree", "TOKENIZER_FRAGMENTS", "tokenizer_vocab",
+           "OFFLOAD_NOTE", "dispatcher_note"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -155,3 +156,15 @@ def tokenizer_vocab(names: str) -> int | None:
     """The vocabulary of the first :data:`TOKENIZER_FRAGMENTS` entry found in ``names``, or None."""
     low = names.lower()
     return next((size for fragment, size in TOKENIZER_FRAGMENTS.items() if fragment.lower() in low), None)
+
+
+#: what the launch readers say of CPU offloading (Megatron-LM's --cpu-offloading, NeMo's model.cpu_offloading)
+OFFLOAD_NOTE = "is not modelled: the offloaded layers' activations and weights are priced as kept on the GPU"
+
+
+def dispatcher_note(option: str, value: object) -> str | None:
+    """The note on an MoE token dispatcher tuner prices otherwise (``option`` named ``value``; tuner prices the
+    all-to-all of Megatron-core's ``alltoall`` and ``alltoall_seq``), or None."""
+    if value is None or str(value) in ("alltoall", "alltoall_seq"):
+        return None
+    return f"{option} {value}: the tokens' dispatch priced as an all-to-all over the expert-parallel ranks"

@@ -42,8 +42,10 @@ from pathlib import Path
 
 from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
 from tuner.launch.common import (
+    OFFLOAD_NOTE,
     LaunchError,
     LaunchPlan,
+    dispatcher_note,
     expert_tp_degree,
     header_int,
     header_line,
@@ -106,10 +108,8 @@ _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
     "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core",
-    "--cpu-offloading": "--cpu-offloading is not modelled: the offloaded layers' activations and weights are "
-                        "priced as kept on the GPU (memory over-stated, the transfers left out)",
-    "--cpu-offloading-num-layers": "--cpu-offloading is not modelled: the offloaded layers' activations and weights "
-                                   "are priced as kept on the GPU (memory over-stated, the transfers left out)",
+    "--cpu-offloading": f"--cpu-offloading {OFFLOAD_NOTE}",
+    "--cpu-offloading-num-layers": f"--cpu-offloading {OFFLOAD_NOTE}",
     "--fine-grained-activation-offloading": "--fine-grained-activation-offloading is not modelled: activations "
                                             "priced as kept on the GPU",
 }
@@ -457,9 +457,9 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     if values.get("cp_comm_type", "p2p") != "p2p":  # a2a, allgather, a2a+p2p
         notes.append(f"--cp-comm-type {values['cp_comm_type']}: context parallelism priced as the p2p ring of keys "
                      "and values (Megatron's default)")
-    if values.get("moe_dispatcher", "alltoall") not in ("alltoall", "alltoall_seq"):  # allgather, flex
-        notes.append(f"--moe-token-dispatcher-type {values['moe_dispatcher']}: the tokens' dispatch priced as an "
-                     "all-to-all over the expert-parallel ranks")
+    dispatch = dispatcher_note("--moe-token-dispatcher-type", values.get("moe_dispatcher"))
+    if dispatch:
+        notes.append(dispatch)
     moe = None
     if values.get("experts"):
         if not values.get("capacity_factor", 1.0) > 0:

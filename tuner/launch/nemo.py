@@ -41,8 +41,10 @@ import yaml
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec
 from tuner.launch.common import (
+    OFFLOAD_NOTE,
     LaunchError,
     LaunchPlan,
+    dispatcher_note,
     fraction,
     positive_int,
     positive_number,
@@ -157,11 +159,10 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
         raise LaunchError(f"{source}: model.position_embedding_type {pos!r}: tuner models rope, learned_absolute, alibi "
                           "and none")
     if model.get("cpu_offloading"):
-        notes.append("model.cpu_offloading is not modelled: the offloaded layers' activations and weights are priced "
-                     "as kept on the GPU")
-    if str(model.get("moe_token_dispatcher_type") or "alltoall") not in ("alltoall", "alltoall_seq"):
-        notes.append(f"model.moe_token_dispatcher_type {model['moe_token_dispatcher_type']}: the tokens' dispatch "
-                     "priced as an all-to-all over the expert-parallel ranks")
+        notes.append(f"model.cpu_offloading {OFFLOAD_NOTE}")
+    dispatch = dispatcher_note("model.moe_token_dispatcher_type", model.get("moe_token_dispatcher_type"))
+    if dispatch:
+        notes.append(dispatch)
     moe = None
     if model.get("num_moe_experts"):
         moe = MoESpec(experts=positive_int(model, "num_moe_experts", "model.", source),

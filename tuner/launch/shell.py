@@ -130,10 +130,11 @@ def _condition(text: str, env: dict[str, str]) -> bool | None:
     return (a == b) if m.group("op") in ("==", "=") else (a != b)
 
 
-def taken_lines(lines: list[str]) -> list[str]:
+def taken_lines(lines: list[str]) -> tuple[list[str], dict[str, str]]:
     """The lines of a script the shell runs through its ``if`` / ``elif`` / ``else`` / ``fi`` blocks, where each
     test compares words the script's own variables decide (:func:`_condition`); a block with any other test
-    keeps all its branches, as does a one-line ``if ...; fi``. The block lines themselves are dropped."""
+    keeps all its branches, as does a one-line ``if ...; fi``. The block lines themselves are dropped. With them,
+    the variables those lines set (:func:`shell_variables` of the kept lines)."""
     env: dict[str, str] = {}
     out: list[str] = []
     stack: list[list] = []  # per open block: [outer active, decided, a branch taken, this branch active]
@@ -165,7 +166,7 @@ def taken_lines(lines: list[str]) -> list[str]:
                 out.append(line)
             continue
         active = stack[-1][3] if stack else True
-    return out
+    return out, env
 
 
 def _join_arithmetic(text: str) -> str:
@@ -177,8 +178,7 @@ def shell_words(text: str) -> list[str]:
     """The words of script ``text``, the variables it sets expanded; raises ValueError (shlex's) for
     unbalanced quotes."""
     joined = _join_arithmetic(text.replace("\\\n", " "))
-    lines = taken_lines(joined.splitlines())
-    env = shell_variables(lines)
+    lines, env = taken_lines(joined.splitlines())
     joined = "\n".join(lines)
     out: list[str] = []
     in_array = False
