@@ -33,6 +33,7 @@ except ModuleNotFoundError:  # Python 3.10
 REPO = Path(__file__).resolve().parents[1]
 SPEC = TransformerSpec(layers=8, hidden=1024, heads=16, seq=1024, vocab=8000, name="gpt-small")
 A100 = get_platform("a100-80gb")
+H100 = get_platform("h100-sxm")
 
 PLANS = [
     ParallelPlan(tp=2, pp=2, dp=2, micro_batch=2, global_batch=32, schedule="interleaved", virtual_stages=2,
@@ -343,7 +344,9 @@ def test_bad_torchtitan_files_raise_one_line():
     with pytest.raises(LaunchError, match="TOML syntax error"):
         read_torchtitan_toml("[training\n", "f")
     with pytest.raises(LaunchError, match="tuner knows llama3 / 8B.*give its shape: --workload"):
-        read_torchtitan_toml('[model]\nname = "llama4"\nflavor = "17bx16e"\n', "f")
+        read_torchtitan_toml('[model]\nname = "gpt_oss"\nflavor = "20b"\n', "f")
+    with pytest.raises(LaunchError, match="alternates dense and mixture-of-experts layers"):
+        read_torchtitan_toml('[model]\nname = "llama4"\nflavor = "17bx128e"\n', "f", devices=8)
     with pytest.raises(LaunchError, match="shard_degree = -1"):
         read_torchtitan_toml("[training]\nlocal_batch_size = 2\n", "f", spec=SPEC)
     with pytest.raises(LaunchError, match="ZeroBubble"):
@@ -641,9 +644,57 @@ def test_communication_kinds_tuner_prices_otherwise_are_named(flags, note):
 
 
 def test_a_compiled_torchtitan_job_says_compilation_is_not_modelled():
-    from tuner.launch.torchtitan import COMPILE_NOTE, read_torchtitan_toml
+    from tuner.launch.torchtitan import COMPILE_NOTE, LOSS_COMPILE_NOTE, read_torchtitan_toml
 
     job = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
            '[parallelism]\ndata_parallel_shard_degree = -1\n')
-    assert COMPILE_NOTE in read_torchtitan_toml(job + "[compile]\nenable = true\n", "j.toml", devices=8).notes
-    assert COMPILE_NOTE not in read_torchtitan_toml(job + "[compile]\nenable = false\n", "j.toml", devices=8).notes
+
+    def read(compile_section: str):
+        return read_torchtitan_toml(job + "[compile]\n" + compile_section, "j.toml", devices=8)
+
+    both = read("enable = true\n")  # torchtitan compiles the model and the loss by default
+    assert COMPILE_NOTE in both.notes and LOSS_COMPILE_NOTE in both.notes and both.spec.fused_loss
+    assert not read("enable = false\n").spec.fused_loss and COMPILE_NOTE not in read("enable = false\n").notes
+    loss = read('enable = true\ncomponents = ["loss"]\n')  # the DeepSeek-V3 and Llama 4 configs' choice
+    assert loss.spec.fused_loss and COMPILE_NOTE not in loss.notes
+    model = read('enable = true\ncomponents = ["model"]\n')
+    assert not model.spec.fused_loss and COMPILE_NOTE in model.notes
+    # the compiled loss keeps its logits once: less memory than eager's fp32 log-softmax
+    mem = {r.spec.fused_loss: predict_plan(r.spec, r.plan, H100, devices=8)[0]["memory_bytes_per_device"]
+           for r in (loss, model)}
+    assert mem[True] < mem[False]
+
+
+#: the model cards' parameter counts, billions (Llama 4 Scout's text model; DeepSeek-V3 without its MTP module)
+MOE_FLAVORS = {("qwen3", "30B-A3B"): 30.5, ("qwen3", "235B-A22B"): 235.0, ("deepseek_v3", "16B"): 15.7,
+               ("deepseek_v3", "236B"): 236.0, ("deepseek_v3", "671B"): 671.0, ("llama4", "17bx16e"): 109.0}
+
+
+@pytest.mark.parametrize("name,flavor", list(MOE_FLAVORS))
+def test_torchtitan_moe_flavors_read_with_their_shape(name, flavor):
+    """torchtitan v0.2.2's mixture-of-experts flavors: the TOMLs it ships read with the flavor's experts (and
+    DeepSeek's multi-latent attention), their parameter counts within 2 % of the model cards."""
+    toml = (f'[model]\nname = "{name}"\nflavor = "{flavor}"\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n'
+            '[parallelism]\ndata_parallel_shard_degree = -1\nexpert_parallel_degree = 8\n'
+            '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n')
+    read = read_torchtitan_toml(toml, "moe.toml", devices=64)
+    spec = read.spec
+    assert spec.moe is not None and (spec.mla is not None) == (name == "deepseek_v3") and spec.program == "eager"
+    assert spec.param_count() / 1e9 == pytest.approx(MOE_FLAVORS[name, flavor], rel=0.02)
+    assert read.plan.ep == 8 and read.plan.recompute == "op" and read.plan.etp == 1
+    assert any("torchtitan's flavor" in n for n in read.notes)
+
+
+def test_torchtitan_deepseek_v3_16b_predicts_from_its_own_toml():
+    """torchtitan's deepseek_v3_16b.toml (v0.2.2: FSDP with EP 8, op-level checkpointing, FlexAttention, the
+    loss compiled) on 8 H100s; slower kernels make it slower."""
+    toml = ('[model]\nname = "deepseek_v3"\nflavor = "16B"\n[training]\nlocal_batch_size = 4\nseq_len = 4096\n'
+            '[parallelism]\ndata_parallel_shard_degree = -1\nexpert_parallel_degree = 8\n'
+            'expert_tensor_parallel_degree = 1\n[activation_checkpoint]\nmode = "selective"\n'
+            'selective_ac_option = "op"\n[compile]\nenable = true\ncomponents = ["loss"]\n')
+    read = read_torchtitan_toml(toml, "deepseek_v3_16b.toml", devices=8)
+    assert read.spec.attention == "flex" and read.spec.fused_loss and read.spec.mla.q_lora_rank == 0
+    out, _ = predict_plan(read.spec, read.plan, H100, devices=8)
+    assert out["feasible"] and out["predicted_iteration_s"] > 0.0
+    slow = H100.model_copy(update={"peak_flops": {k: v / 2 for k, v in H100.peak_flops.items()}})
+    assert predict_plan(read.spec, read.plan, slow, devices=8)[0]["predicted_iteration_s"] > out["predicted_iteration_s"]

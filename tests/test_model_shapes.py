@@ -16,6 +16,7 @@ from predictor.sources.synth.transformer import (
     build_transformer_graph,
 )
 from predictor.sources.synth.transformer_memory import layer_param_count, memory_per_stage
+from predictor.sources.synth.transformer_spec import layer_matmuls
 from predictor.timing.platforms import get_platform
 from tuner.launch import LaunchError, megatron_args, read_megatron_args
 from tuner.plans import predict_plan
@@ -28,6 +29,7 @@ QWEN_MOE = TransformerSpec(layers=24, hidden=2048, heads=16, seq=8192, vocab=151
 #: width 768, top 8, vocab 151936, untied output): 30.5B parameters, 3.3B activated
 QWEN3_MOE = TransformerSpec(layers=48, hidden=2048, heads=32, kv_heads=4, kv_channels=128, seq=4096, vocab=151936,
                             mlp="swiglu", tie_embeddings=False, moe=MoESpec(experts=128, top_k=8, ffn=768))
+H100 = get_platform("h100-sxm")
 SMALL = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu",
                         moe=MoESpec(experts=8, top_k=2, ffn=256, shared_ffn=768))
 
@@ -292,3 +294,44 @@ def test_eager_fused_loss_runs_one_kernel_a_pass_and_keeps_the_logits_once():
     saved = memory_per_stage(plain, plan)[0].activations_bytes - memory_per_stage(fused, plan)[0].activations_bytes
     tokens, vocab = 4 * 256, plain.padded_vocab(1)
     assert saved == pytest.approx(12 * tokens * vocab - 4 * tokens * vocab, rel=0.02)
+
+
+def test_eager_multi_latent_attention_assembles_queries_and_keys():
+    """torchtitan's DeepSeek-V3 runs multi-latent attention as plain PyTorch: the same projections as
+    Megatron's, plus the copies torch.cat makes of each head's plain and rotary parts (forward and backward)."""
+    small = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu", position="rope",
+                            mla=MLASpec(q_lora_rank=0, kv_lora_rank=64, qk_head_dim=32, rope_head_dim=16,
+                                        v_head_dim=32), attention="flex")
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+    names = {p: set(build_transformer_graph(replace(small, program=p), plan, detail="kernel").tasks_frame().name)
+             for p in ("megatron", "eager")}
+    cat = {"layer[0].mla_q_cat", "layer[0].mla_k_cat", "layer[0].mla_q_cat_bwd", "layer[0].mla_k_cat_bwd"}
+    assert cat <= names["eager"] and not cat & names["megatron"]
+    assert {"layer[0].mla_down.mm", "layer[0].q_proj.mm", "layer[0].kv_up.mm"} <= names["eager"]
+
+
+def test_op_checkpointing_of_moe_layers_recomputes_the_routed_experts():
+    """torchtitan's op-level checkpointing saves every second plain matmul, the attention and the all-to-alls;
+    its routed experts (grouped GEMMs) run again in the backward, so an MoE layer keeps none of their
+    activations and replays their FLOPs; the parity of the matmul count continues through MLA's projections."""
+    spec = replace(QWEN3_MOE, layers=4, seq=1024, program="eager", attention="flash2")
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, fsdp=True)
+    op = replace(plan, recompute="op")
+    g = build_transformer_graph(spec, op, detail="kernel").tasks_frame()
+    names = set(g.name)
+    assert {"layer[0].recompute.experts.fc1", "layer[0].recompute.experts.fc2", "layer[0].recompute.wk.mm",
+            "layer[0].recompute.wo.mm"} <= names
+    assert "layer[0].recompute.router.mm" not in names  # the 5th matmul: saved
+    assert "layer[0].recompute.moe_dispatch" not in names  # all-to-all outputs are saved
+    none, full = (memory_per_stage(spec, replace(plan, recompute=r))[0].activations_bytes for r in ("none", "full"))
+    assert full < memory_per_stage(spec, op)[0].activations_bytes < none
+    t = {r: predict_plan(spec, replace(plan, recompute=r), H100, devices=8)[0]["predicted_iteration_s"]
+         for r in ("none", "op")}
+    assert t["op"] > t["none"]
+    v3 = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu", ffn=1024,
+                         mla=MLASpec(q_lora_rank=128, kv_lora_rank=64, qk_head_dim=32, rope_head_dim=16, v_head_dim=32),
+                         moe=MoESpec(experts=8, top_k=2, ffn=256, shared_ffn=256, dense_layers=1))
+    order = [mm.name for mm in layer_matmuls(v3, 1, dense=False)]
+    assert order == ["wq_a", "wq_b", "wkv_a", "wkv_b", "wo", "router", "shared_expert.w1", "shared_expert.w3",
+                     "shared_expert.w2"]
+    assert [mm.name for mm in layer_matmuls(v3, 1, dense=True)][-3:] == ["w1", "w3", "w2"]

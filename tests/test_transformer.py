@@ -240,7 +240,7 @@ def test_op_level_checkpointing_recomputes_every_second_matmul():
     again = 2 * T * h * (kv + h + f) * 8 * 2  # wk, wo, w3 forward: 8 layers, 2 micro-batches
     assert flops["op"] - flops["none"] == pytest.approx(again)
     assert flops["none"] < flops["op"] < flops["full"]
-    assert {"layer[0].recompute.wk.mm", "layer[0].recompute.attn_proj.mm", "layer[0].recompute.w3.mm",
+    assert {"layer[0].recompute.wk.mm", "layer[0].recompute.wo.mm", "layer[0].recompute.w3.mm",
             "layer[0].recompute.swiglu"} <= names
     op = activation_bytes_per_layer(spec, ParallelPlan(**{**plan.to_dict(), "recompute": "op"}))
     assert op == pytest.approx(T * 2 * (h + h + kv + h + f + h) + 4 * 8 * T)

@@ -5,7 +5,7 @@ the last releases configured by TOML files (its main branch replaced them by Pyt
 configurations in Feb 2026, pytorch/torchtitan#2386, and later counted batches in tokens). torchtitan
 builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's shape into its
 ``# tuner:`` comment line; a TOML without it reads back with the model given by the caller, or
-torchtitan's Llama 3 and Qwen 3 dense flavors (:data:`TORCHTITAN_MODELS`).
+torchtitan's Llama 3, Llama 4 (16 experts), Qwen 3 and DeepSeek-V3 flavors (:data:`TORCHTITAN_MODELS`).
 
 torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the plan as torchtitan
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
@@ -28,7 +28,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
 from tuner.launch.common import (
     LaunchError,
     LaunchPlan,
@@ -40,7 +40,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "TORCHTITAN_UNMODELLED", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -63,10 +63,18 @@ def llama_ffn(dim: int, multiple_of: int, multiplier: float | None = None) -> in
 #: Rotary embeddings as torchtitan applies them (``position="rope"``); RMSNorm is priced as LayerNorm.
 #: what every torchtitan language model runs: plain PyTorch modules, no dropout, rotary embeddings, SwiGLU
 TORCHTITAN_RUNS: dict = dict(program="eager", dropout=0.0, position="rope", mlp="swiglu")
-#: torchtitan's Qwen 3 dense flavors (``torchtitan/models/qwen3/__init__.py`` at v0.2.2: 128-wide heads, the
-#: Qwen tokenizer's 151 936 tokens, the small ones' output layer tied to the embedding); their per-head query
-#: and key norms are not priced
+#: torchtitan's Qwen 3 flavors (``torchtitan/models/qwen3/__init__.py`` at v0.2.2: 128-wide heads, the
+#: Qwen tokenizer's 151 936 tokens, the small ones' output layer tied to the embedding; the MoE ones every
+#: layer experts without a shared one); their per-head query and key norms are not priced
 _QWEN3 = dict(vocab=151936, kv_heads=8, kv_channels=128)
+_QWEN3_MOE = dict(vocab=151936, kv_heads=4, kv_channels=128)
+#: DeepSeek-V3's multi-latent attention (``torchtitan/models/deepseek_v3``: 512-wide key / value latent,
+#: 128 + 64-wide query / key heads, 128-wide values), straight or through a query latent
+_DSV3_MLA = dict(kv_lora_rank=512, qk_head_dim=128, rope_head_dim=64, v_head_dim=128)
+#: Llama 4's expert width in torchtitan: the dense SwiGLU width of 5120 (x 1.2) over top-1 + one shared
+#: expert, rounded up to 2048 (``auto_scale_hidden_dim``): 8192
+_LLAMA4 = dict(layers=48, hidden=5120, heads=40, kv_heads=8, vocab=202048, ffn=8192,
+               moe=MoESpec(experts=16, top_k=1, ffn=8192, shared_ffn=8192))
 TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
     ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
@@ -77,6 +85,38 @@ TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("qwen3", "8B"): dict(layers=36, hidden=4096, heads=32, ffn=12288, **_QWEN3),
     ("qwen3", "14B"): dict(layers=40, hidden=5120, heads=40, ffn=17408, **_QWEN3),
     ("qwen3", "32B"): dict(layers=64, hidden=5120, heads=64, ffn=25600, **_QWEN3),
+    ("qwen3", "30B-A3B"): dict(layers=48, hidden=2048, heads=32, ffn=768, **_QWEN3_MOE,
+                               moe=MoESpec(experts=128, top_k=8, ffn=768)),
+    ("qwen3", "235B-A22B"): dict(layers=94, hidden=4096, heads=64, ffn=1536, **_QWEN3_MOE,
+                                 moe=MoESpec(experts=128, top_k=8, ffn=1536)),
+    # FlexAttention with per-document (block-causal) masks, as these flavors set
+    ("deepseek_v3", "16B"): dict(layers=27, hidden=2048, heads=16, ffn=10944, vocab=102400, attention="flex",
+                                 mla=MLASpec(q_lora_rank=0, **_DSV3_MLA),
+                                 moe=MoESpec(experts=64, top_k=6, ffn=1408, shared_ffn=2 * 1408, dense_layers=1)),
+    ("deepseek_v3", "236B"): dict(layers=60, hidden=5120, heads=128, ffn=12288, vocab=102400, attention="flex",
+                                  mla=MLASpec(q_lora_rank=1536, **_DSV3_MLA),
+                                  moe=MoESpec(experts=160, top_k=6, ffn=1536, shared_ffn=2 * 1536, dense_layers=1)),
+    ("deepseek_v3", "671B"): dict(layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280, attention="flex",
+                                  mla=MLASpec(q_lora_rank=1536, **_DSV3_MLA),
+                                  moe=MoESpec(experts=256, top_k=8, ffn=2048, shared_ffn=2048, dense_layers=3)),
+    ("llama4", "17bx16e"): _LLAMA4,
+    ("llama4", "17bx16e_irope"): dict(_LLAMA4, attention="flex"),
+}
+#: torchtitan flavors tuner knows but does not model, and why
+TORCHTITAN_UNMODELLED: dict[tuple[str, str], str] = {
+    ("llama4", flavor): "alternates dense and mixture-of-experts layers (interleave_moe_layer_step = 2); tuner "
+                        "models MoE models whose first layers are dense and the rest experts"
+    for flavor in ("17bx128e", "17bx128e_irope")
+}
+#: per-document (block-causal) attention masks, which FlexAttention flavors set
+_DOC_MASKS = "its per-document (block-causal) attention masks priced over seq_len unless --set doc_len=N gives " \
+             "the documents' length"
+#: the notes of a flavor's parts tuner prices otherwise, by (model name, flavor), or (model name, None) for all
+_FLAVOR_NOTES: dict[tuple[str, str | None], str] = {
+    ("qwen3", None): "query / key norms not priced",
+    ("deepseek_v3", None): f"its expert-group-limited routing priced as plain top-k routing; {_DOC_MASKS}",
+    ("llama4", "17bx16e_irope"): "its chunked attention (8,192-token blocks) and NoPE layers priced as causal "
+                                 f"attention over the sequence; {_DOC_MASKS}",
 }
 
 
@@ -85,23 +125,27 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
     shape = TORCHTITAN_MODELS.get((str(name).lower(), str(flavor)))
     if shape is None:
         return None
-    shape = {"vocab": 128256, "tie_embeddings": False, **shape}
+    shape = {"vocab": 128256, "tie_embeddings": False, "attention": "flash2", **shape}
     if shape.get("kv_channels") is not None and shape["kv_channels"] * shape["heads"] == shape["hidden"]:
         shape["kv_channels"] = None  # the default width, hidden / heads
-    return TransformerSpec(**shape, **TORCHTITAN_RUNS, seq=seq, attention="flash2", bias=False, name=f"{name}-{flavor}")
+    return TransformerSpec(**shape, **TORCHTITAN_RUNS, seq=seq, bias=False, name=f"{name}-{flavor}")
 
 
 def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:
     """The :class:`TransformerSpec` of torchtitan's model ``name`` / ``flavor`` (None: the job names none), with
-    the note on what tuner prices in its place; :class:`LaunchError` for a flavor tuner does not know."""
+    the note on what tuner prices in its place; :class:`LaunchError` for a flavor tuner does not know or model."""
+    key = (str(name).lower(), str(flavor or ""))
+    if key in TORCHTITAN_UNMODELLED:
+        raise LaunchError(f"{source}: torchtitan's {name} / {flavor} {TORCHTITAN_UNMODELLED[key]}; give a shape tuner "
+                          "models: --workload MODEL.yaml")
     spec = torchtitan_model(name, flavor or "", seq) if name is not None else None
     if spec is None:
         named = f" ({name or '?'} / {flavor or '?'})" if name is not None else ""
         known = ", ".join(f"{n} / {f}" for n, f in TORCHTITAN_MODELS)
         raise LaunchError(f"{source}: torchtitan names its model{named}, tuner knows {known}; for another model "
                           "give its shape: --workload MODEL.yaml")
-    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm priced as LayerNorm"
-                 + ("; query / key norms not priced" if str(name).lower() == "qwen3" else ""))
+    extra = _FLAVOR_NOTES.get(key) or _FLAVOR_NOTES.get((key[0], None))
+    notes.append(f"model {spec.name}: torchtitan's flavor, RMSNorm priced as LayerNorm" + (f"; {extra}" if extra else ""))
     return spec
 
 
@@ -383,6 +427,26 @@ def hsdp_shard(replicate: int, shard: int, cp: int, pp: int, spec: TransformerSp
 #: the note on a torchtitan job that compiles its model (``[compile] enable``)
 COMPILE_NOTE = ("torch.compile is not modelled: the eager program's kernels are priced (torchtitan's Llama 3.1 8B "
                 "on 8 H100s ran 5,762 -> 6,667 tokens/s/GPU with it, +16 %; benchmarks/llama3_h100_202412)")
+#: the note on a torchtitan job that compiles its loss (``[compile] components`` holding ``"loss"``)
+LOSS_COMPILE_NOTE = "the compiled loss read as one fused cross-entropy (its fp32 logits not kept)"
+
+
+def compiled_parts(compile_cfg: object, notes: list[str]) -> bool:
+    """Whether torchtitan's ``[compile]`` section (a dict, or the main branch's config object) compiles the
+    loss — read as a fused cross-entropy —, with the notes on what it compiles (``components`` defaults to
+    the model and the loss)."""
+    get = compile_cfg.get if isinstance(compile_cfg, dict) else (lambda k, d=None: getattr(compile_cfg, k, d))
+    if get("enable", False) is not True:
+        return False
+    parts = get("components", ["model", "loss"])
+    parts = list(parts) if isinstance(parts, (list, tuple)) else [parts]
+    if "model" in parts:
+        notes.append(COMPILE_NOTE)
+    if "loss" in parts:
+        notes.append(LOSS_COMPILE_NOTE)
+    return "loss" in parts
+
+
 #: the note on torchtitan's ``training.enable_cpu_offload``
 CPU_OFFLOAD_NOTE = ("training.enable_cpu_offload: FSDP's CPU offload is not modelled; the prediction keeps the parameters, "
                     "gradients and optimizer on the GPU")
@@ -476,8 +540,8 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
     sharding_notes(shard * cp > 1, pp, notes)
     if tr.get("enable_cpu_offload", False):
         notes.append(CPU_OFFLOAD_NOTE)
-    if isinstance(doc.get("compile"), dict) and doc["compile"].get("enable") is True:
-        notes.append(COMPILE_NOTE)
+    if isinstance(doc.get("compile"), dict) and compiled_parts(doc["compile"], notes):
+        spec = replace(spec, fused_loss=True)
     if par.get("enable_async_tensor_parallel", False) and tp > 1:
         notes.append(ASYNC_TP_NOTE)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]

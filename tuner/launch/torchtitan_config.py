@@ -40,11 +40,11 @@ from predictor.sources.synth.transformer import MoESpec, ParallelPlan, Transform
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 from tuner.launch.torchtitan import (
     ASYNC_TP_NOTE,
-    COMPILE_NOTE,
     CPU_OFFLOAD_NOTE,
     TORCHTITAN_DTYPES,
     TORCHTITAN_MODELS,
     TORCHTITAN_RUNS,
+    compiled_parts,
     flavor_spec,
     hsdp_shard,
     launch_meta,
@@ -334,8 +334,6 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     recompute = {"None": "none", "FullAC": "full", "SelectiveAC": "op"}.get(kind)
     if recompute is None:
         raise LaunchError(f"{source}: activation_checkpoint {kind}: tuner models FullAC, SelectiveAC and None")
-    if bool(getattr(getattr(config, "compile", None), "enable", False)):
-        notes.append("torch.compile priced as the eager program")
     if spec.doc_len is None:  # torchtitan main's language models always mask attention per packed document
         notes.append("torchtitan masks attention per packed document; tuner prices it over max_context_length "
                      "unless --set doc_len=N gives the documents' length")
@@ -346,8 +344,8 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
     sharding_notes(shard * cp > 1, pp, notes)
     if bool(getattr(getattr(config, "training", None), "enable_cpu_offload", False)):
         notes.append(CPU_OFFLOAD_NOTE)
-    if getattr(getattr(config, "compile", None), "enable", False) is True:
-        notes.append(COMPILE_NOTE)
+    if compiled_parts(getattr(config, "compile", None), notes):
+        spec = replace(spec, fused_loss=True)
     async_tp = bool(_field(config, "compile.enable_async_tensor_parallel", source))
     if async_tp and tp > 1:
         notes.append(ASYNC_TP_NOTE)

@@ -47,7 +47,7 @@ from predictor.graph import Category
 from predictor.sources.synth.emit import Kernel, column_sum, concat, eltwise, gemm
 from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter, collective
 from predictor.sources.synth.transformer_memory import expert_param_count, layer_param_count
-from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec, layer_matmuls
 from predictor.timing.kernels.attention import attention_kind
 
 __all__ = ["StepKernels"]
@@ -512,6 +512,9 @@ class StepKernels:
         if m.q_lora_rank:
             up.append(self._linear(f"{p}q_up.mm", T, heads * m.q_head_dim / t, m.q_lora_rank, bias=False))
         e.op(f"{p}mla_up", up)
+        if self.eager:  # torch.cat of each head's plain and rotary parts into its query and its key
+            rows = T * heads / t
+            e.op(f"{p}mla_qk_cat", [concat(f"{p}mla_{x}_cat", rows, m.q_head_dim, 2, self.dt) for x in "qk"])
 
     def _qkv_bwd(self, e: StepEmitter, p: str) -> None:
         """The backward of :meth:`_qkv_fwd`, ending with the input-gradient reduce."""
@@ -525,6 +528,10 @@ class StepKernels:
             self._accumulate_grad(e, f"{p}qkv", 2)
             return
         heads = self.spec.heads
+        if self.eager:  # cat's backward: the query and key gradients sliced into their parts; the shared
+            n = T * heads / t * m.q_head_dim  # rotary key's gradient summed over the heads
+            e.op(f"{p}mla_qk_cat.backward", [eltwise(f"{p}mla_q_cat_bwd", "memcpy", n, self.dt),
+                                             eltwise(f"{p}mla_k_cat_bwd", "memcpy", n, self.dt)])
         kv_up = heads * (m.qk_head_dim + m.v_head_dim) / t
         up = [self._dgrad(f"{p}kv_up.dgrad", T, m.kv_lora_rank, kv_up), self._wgrad(f"{p}kv_up.wgrad", kv_up, m.kv_lora_rank, T)]
         if m.q_lora_rank:
@@ -544,25 +551,49 @@ class StepKernels:
         e.op(f"{p}qkv.dgrad", dgrad)
         self._input_grad_reduce(e, f"{p}qkv", wgrad)
 
-    def _op_recompute(self, e: StepEmitter, p: str) -> None:
+    def _op_recompute(self, e: StepEmitter, p: str, dense: bool = False) -> None:
         """torchtitan's op-level checkpointing replays the layer's forward before its backward, running what it
-        did not save: the norms, the sequence-parallel all-gathers, every second matmul in torchtitan's order
-        (wq, wk, wv, wo, w1, w3, w2: wk, wo and SwiGLU's w3; for a GeLU MLP wk, wo and w2) and the activation."""
-        T, Tn, h, f, t, dt = self.T, self.Tn, self.h, self.f, self.t, self.dt
+        did not save: the norms, the sequence-parallel all-gathers, every second plain matmul in torchtitan's
+        order (:func:`layer_matmuls`: a dense Llama layer's wk, wo and w3), rotary embeddings, the activations
+        and an MoE layer's routed experts (grouped GEMMs are not among the ops it saves; the all-to-alls are)."""
+        T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         r = f"{p}recompute."
-        kv = self.spec.kv_heads_count * self.d
+        moe_layer = self.spec.moe is not None and not dense
+        dropped = layer_matmuls(self.spec, t, dense=not moe_layer)[1::2]  # odd-numbered outputs saved
+
+        def replay(part: str) -> None:
+            """The dropped matmuls of ``part``, the first reading the all-gathered input gathering it again."""
+            gather = True
+            for mm in (mm for mm in dropped if mm.part == part):
+                kernels = [self._linear(f"{r}{mm.name}.mm", T / t if mm.routed else T, mm.n, mm.k, bias=False)]
+                if mm.gathered and gather:
+                    gather = False
+                    self._gathered_gemm(e, f"{r}{'qkv' if part == 'attn' else 'mlp'}_input_all_gather", f"{r}{mm.name}",
+                                        kernels)
+                else:
+                    e.op(f"{r}{mm.name}", kernels)
+
         e.op(f"{r}input_layernorm", [eltwise(f"{r}input_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
-        self._gathered_gemm(e, f"{r}qkv_input_all_gather", f"{r}wk", [self._linear(f"{r}wk.mm", T, kv / t, h)])
+        replay("attn")
+        if self.spec.mla is not None:
+            latents = self.spec.mla.kv_lora_rank + self.spec.mla.q_lora_rank
+            e.op(f"{r}mla_norm", [eltwise(f"{r}mla_norm", "layer_norm", T * latents, dt, rw=2.0)])
         self._rope(e, r)  # elementwise: not saved
-        e.op(f"{r}attn_proj", [self._linear(f"{r}attn_proj.mm", T, h, self.a / t)])
         e.op(f"{r}post_attention_layernorm", [eltwise(f"{r}post_attention_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
-        if self.spec.mlp == "swiglu":
-            self._gathered_gemm(e, f"{r}mlp_input_all_gather", f"{r}w3", [self._linear(f"{r}w3.mm", T, f / t, h)])
-            self._activation(e, r, "bias_gelu", T * f / t)
-        else:
-            self._tp_gather_in(e, f"{r}mlp_input_all_gather")
-            self._activation(e, r, "bias_gelu", T * f / t)
-            e.op(f"{r}fc2", [self._linear(f"{r}fc2.mm", T, h, f / t)])
+        replay("mlp")
+        moe = self.spec.moe
+        if not moe_layer:
+            self._activation(e, r, "bias_gelu", T * self.f / t)
+            return
+        assert moe is not None
+        if moe.shared_ffn:
+            self._activation(e, f"{r}shared_expert.", "bias_gelu", T * moe.shared_ffn / t)
+        _, routed, per_expert, local, f, f1, g = self._routed()
+        if g > 1:
+            self.tp_collective(e, f"{r}moe_tokens_all_gather", "all_gather", routed * g * h)
+        e.op(f"{r}experts.fc1", [self._linear(f"{r}experts.fc1", per_expert, f1 / g, h, batch=local)])
+        self._activation(e, f"{r}experts.", "gelu", routed * f)
+        e.op(f"{r}experts.fc2", [self._linear(f"{r}experts.fc2", per_expert, h, f / g, batch=local)])
 
     def layer_bwd(self, e: StepEmitter, p: str, index: int = 0, dense: bool = False) -> None:
         """Backward of layer ``index`` of the chunk (prefix ``p``), after its recomputation if any; ``dense``:
@@ -571,7 +602,7 @@ class StepKernels:
         if self.plan.recomputes_layer(index):
             self.layer_fwd(e, f"{p}recompute.", dense)
         elif self.plan.recompute == "op":
-            self._op_recompute(e, p)
+            self._op_recompute(e, p, dense)
         if self.spec.has_dropout:  # the mask applied to the gradient (without dropout it passes through)
             e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._mlp_bwd(e, p, dense)

@@ -69,7 +69,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
-from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec, layer_matmuls
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
            "data_parallel_shard",
@@ -198,15 +198,19 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
 
 def op_checkpoint_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
     """Bytes one layer keeps for one micro-batch under torchtitan's op-level selective checkpointing: the
-    layer's input and the outputs it saves — the odd-numbered matmuls (wq, wv, w1, and w2 after SwiGLU's
-    w3), the fused attention's output and its fp32 log-sum-exp per head and token."""
+    layer's input and the outputs it saves — the odd-numbered plain matmuls (:func:`layer_matmuls`: a dense
+    Llama layer's wq, wv, w1 and w2), the fused attention's output and its fp32 log-sum-exp per head and
+    token, and an MoE layer's all-to-all outputs (the dispatched and the combined tokens, with expert
+    parallelism); its routed experts' grouped GEMMs are recomputed, not kept."""
     s, b, h, a, t = spec.seq / plan.cp, plan.micro_batch, spec.hidden, spec.heads, plan.tp
     sp = plan.sequence_parallel and t > 1
     dt = spec.dtype_bytes
-    kv = spec.kv_heads_count * spec.head_dim
-    heads_width = spec.attn_size
-    saved = heads_width + kv + heads_width + spec.ffn_size + (h if spec.mlp == "swiglu" else 0.0)  # wq, wv, attn, w1, (w2)
-    return s * b * dt * (h / (t if sp else 1) + saved / t) + 4.0 * a * s * b / t
+    kept = layer_matmuls(spec, t, dense=spec.moe is None)[0::2]
+    saved = sum(h / t if mm.reduced else mm.n / t if mm.routed else mm.n for mm in kept) + spec.attn_size / t
+    out = s * b * dt * (h / (t if sp else 1) + saved) + 4.0 * a * s * b / t
+    if spec.moe is not None and plan.ep > 1:
+        out += 2.0 * s * b / t * spec.moe.top_k * spec.moe.capacity_factor * h * dt
+    return out
 
 
 def head_loss_bytes(spec: TransformerSpec, plan: ParallelPlan) -> float:
