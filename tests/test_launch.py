@@ -204,6 +204,11 @@ def test_megatron_uneven_pipeline_splits_read_write_and_price():
                                  "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
                                  devices=4)
     assert counted.plan.stage_layers == (2, 3, 3, 2)  # (10 + 2) / 4, the first and last one fewer
+    # layers per virtual stage count the embedding and the loss too: (22 + 2) / (4 x 3) = 2 chunks a rank
+    chunks = read_megatron_args(shape.replace("--num-layers 8", "--num-layers 22") +
+                                "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+                                "--num-layers-per-virtual-pipeline-stage 3", devices=4)
+    assert chunks.plan.virtual_stages_effective == 2 and chunks.plan.stage_layers == (2, 3, 3, 3, 3, 3, 3, 2)
     with pytest.raises(LaunchError, match="do not split over 8 virtual stages"):
         read_megatron_args(shape + "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
                            "--num-virtual-stages-per-pipeline-rank 2", devices=4)

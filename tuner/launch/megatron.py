@@ -185,22 +185,26 @@ def _split_flags(layers: int, plan: ParallelPlan) -> list[str]:
 PP_PARTITIONS = {"type:transformer": (False, False), "type:transformer|embedding": (True, True)}
 
 
+def _counted_ends(values: dict) -> tuple[bool, bool]:
+    """Whether the pipeline split counts the embedding and the loss as a layer each (Megatron's
+    ``--account-for-embedding/loss-in-pipeline-split``, Megatron-DeepSpeed's ``--pp-partition-method``)."""
+    counted = PP_PARTITIONS.get(values.get("pp_partition") or "type:transformer", (False, False))
+    return (bool(values.get("--account-for-embedding-in-pipeline-split")) or counted[0],
+            bool(values.get("--account-for-loss-in-pipeline-split")) or counted[1])
+
+
 def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str, notes: list[str]) -> tuple[int, ...] | None:
     """The split the launch's flags ask for (None: even)."""
     method = values.get("pp_partition")
-    counted = PP_PARTITIONS.get(method or "type:transformer")
-    if counted is None:
-        counted = (False, False)
+    if PP_PARTITIONS.get(method or "type:transformer") is None:
         notes.append(f"--pp-partition-method {method} read as an even split of the transformer layers")
     first = _positive(values, "first_stage_layers", "--decoder-first-pipeline-num-layers", source) \
         if "first_stage_layers" in values else None
     last = _positive(values, "last_stage_layers", "--decoder-last-pipeline-num-layers", source) \
         if "last_stage_layers" in values else None
+    embedding, loss = _counted_ends(values)
     try:
-        return megatron_stage_layers(layers, pp, v, first=first, last=last,
-                                     embedding=bool(values.get("--account-for-embedding-in-pipeline-split"))
-                                     or counted[0],
-                                     loss=bool(values.get("--account-for-loss-in-pipeline-split")) or counted[1])
+        return megatron_stage_layers(layers, pp, v, first=first, last=last, embedding=embedding, loss=loss)
     except ValueError as err:
         raise LaunchError(f"{source}: {err}") from None
 
@@ -693,10 +697,11 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     v = 1
     if pp > 1 and "layers_per_virtual_stage" in values:
         per = _positive(values, "layers_per_virtual_stage", "--num-layers-per-virtual-pipeline-stage", source)
-        if spec.layers % (pp * per):
-            raise LaunchError(f"{source}: {spec.layers} layers do not split into pp={pp} ranks of "
+        counted = spec.layers + sum(_counted_ends(values))  # the embedding and loss as layers, where counted
+        if counted % (pp * per):
+            raise LaunchError(f"{source}: {counted} layers do not split into pp={pp} ranks of "
                               f"{per}-layer virtual stages")
-        v = spec.layers // (pp * per)
+        v = counted // (pp * per)
     elif pp > 1 and "virtual_stages" in values:
         v = _positive(values, "virtual_stages", "--num-virtual-stages-per-pipeline-rank", source)
     sched = "interleaved" if v > 1 else "1f1b"
