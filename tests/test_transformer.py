@@ -372,6 +372,63 @@ def test_experts_whole_on_every_tp_rank_hold_tp_times_the_weights_and_skip_the_t
         check_plan(spec, replace(split, tp=4, dp=2, ep=2, expert_tp=2))
 
 
+def test_whole_experts_fold_the_tp_ranks_into_expert_parallelism():
+    """Megatron-core's MoE parallel folding (and torchtitan's EP with expert_tensor_parallel_degree 1): with the
+    experts whole, ``ep`` neighbouring ranks of a stage's tp x dp hold ``experts / ep`` each, so ep may exceed dp;
+    the rest of tp x dp hold the same experts and reduce their gradients together."""
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, moe=MoESpec(experts=8, top_k=2))
+    folded = ParallelPlan(tp=2, pp=1, dp=2, ep=4, micro_batch=1, global_batch=4, sequence_parallel=True,
+                          expert_tp=1, distributed_optimizer=True)
+    check_plan(spec, folded, 4)
+    with pytest.raises(PlanError, match="must divide dp=2"):
+        check_plan(spec, replace(folded, expert_tp=None), 4)  # experts split over TP: EP within dp only
+    df = build_transformer_graph(spec, folded, detail="kernel").tasks_frame()
+    a2a = df[df.kind == "all_to_all"]
+    assert len(a2a) and (a2a.world == 4).all()
+    assert not df.name.str.startswith("expert_dp_grad").any()  # every rank holds experts of its own
+    assert expert_params_per_device(spec, folded, 0) == pytest.approx(4 * (8 / 4) * (2 * 512 * 2048 + 2048 + 512))
+    # ep dividing dp: the TP ranks beside each other hold the same experts and reduce their gradients together
+    side = replace(folded, dp=4, ep=2)
+    edp = build_transformer_graph(spec, side, detail="kernel").tasks_frame()
+    edp = edp[edp.name.str.startswith("expert_dp_grad") & (edp.kind == "reduce_scatter")]
+    assert len(edp) and (edp.world == 4).all()
+    assert simulate(build_transformer_graph(spec, folded, detail="kernel"), TIMING).iteration_s > 0
+
+
+def test_moe_layers_run_megatrons_all_to_all_dispatcher():
+    """Megatron's all-to-all dispatcher: the token copies permuted by expert before the all-to-all, the received
+    chunks sorted by local expert (with more than one) and both undone after the experts, each a pass over
+    the copies, in both directions; FP8 experts cast their inputs and output gradients."""
+    spec = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, moe=MoESpec(experts=8, top_k=2),
+                           fp8_linear=True)
+    plan = ParallelPlan(tp=1, pp=1, dp=4, ep=4, micro_batch=1, global_batch=4)
+    names = set(build_transformer_graph(spec, plan, detail="kernel").tasks_frame().name)
+    passes = {f"layer[0].{n}" for n in ("moe_permute", "moe_sort_chunks", "moe_restore_chunks", "moe_unpermute")}
+    assert passes | {f"{n}.backward" for n in passes} <= names
+    assert {"layer[0].experts.fc1.fp8_cast", "layer[0].experts.fc2.grad_fp8_cast"} <= names
+    one_each = set(build_transformer_graph(spec, replace(plan, ep=4), detail="kernel").tasks_frame().name)
+    assert "layer[0].moe_sort_chunks" in one_each
+    alone = set(build_transformer_graph(replace(spec, moe=MoESpec(experts=4, top_k=2)), plan,
+                                        detail="kernel").tasks_frame().name)
+    assert "layer[0].moe_sort_chunks" not in alone and "layer[0].moe_permute" in alone  # one local expert
+
+
+def test_grouped_experts_run_four_gemms_at_a_time_under_transformer_engine():
+    """Transformer Engine's grouped linear issues one GEMM per expert over 4 streams, so many small experts
+    saturate the GPU less than one batched kernel of the same FLOPs (eager's torch._grouped_mm)."""
+    spec = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, moe=MoESpec(experts=64, top_k=2))
+    plan = ParallelPlan(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1)
+    times = {}
+    for program in ("megatron", "eager"):
+        g = build_transformer_graph(replace(spec, program=program), plan, detail="kernel")
+        df = g.tasks_frame()
+        fc1 = (df.name == "layer[0].experts.fc1") & (df.category == "compute")
+        streams = df[fc1].get("streams")
+        assert (streams == 4).all() if program == "megatron" else streams is None or streams.isna().all()
+        times[program] = float(np.asarray(TIMING.durations(g))[fc1.to_numpy()].sum())
+    assert times["megatron"] > times["eager"]
+
+
 def test_recompute_full_adds_a_forward_and_selective_only_attention():
     none = build_transformer_graph(SMALL, _plan(), detail="kernel").tasks_frame()
     full = build_transformer_graph(SMALL, _plan(recompute="full"), detail="kernel").tasks_frame()

@@ -97,6 +97,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "batch",  # batch count of a batched GEMM, samples of an embedding lookup, or the outer slices of a
     # concatenation (the product of the dims before the concatenated one: each input is copied as that
     # many contiguous chunks)
+    "streams",  # a batched GEMM run as separate GEMMs: how many run at a time (NaN: one batched kernel)
     "rows",  # embedding-table rows E
     "dim",  # embedding dimension D
     "pooling",  # mean pooling factor L (lookups per sample)

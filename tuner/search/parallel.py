@@ -218,7 +218,8 @@ class PlanOptions(StrictModel):
     #: devices of a node); null: over every data-parallel rank. FSDP plans whose dp it does not divide are left out
     fsdp_shard: Annotated[int, Field(ge=1, le=MAX_DEVICES)] | None = None
     #: the routed experts' TP degree: null, the plan's tp (Megatron's default: each expert split over the TP
-    #: ranks); 1: whole on every TP rank, which routes its own share of the tokens (torchtitan's experts)
+    #: ranks); 1: each expert whole, each TP rank routing its own share of the tokens, and expert parallelism
+    #: folded over the TP ranks (ep up to tp x dp: Megatron-core's MoE parallel folding, torchtitan's experts)
     expert_tp: Literal[1] | None = None
     #: how pipeline stages split the layers: even (layers / (pp x v) each); embedding_and_loss (Megatron's
     #: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the embedding and the

@@ -38,15 +38,19 @@ Kernel = tuple[str, str, Category, dict]
 ExecMode = Literal["device", "host"]
 
 
-def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0, *, op: str = "gemm") -> Kernel:
+def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0, *, op: str = "gemm",
+         streams: int | None = None) -> Kernel:
     """A GEMM kernel: (batch x) [m x k] @ [k x n], ``dt`` bytes per element.
 
     ``op``: the task kind, ``"gemm"`` or the ATen op an eager program runs (``"addmm"``, ``"mm"``,
-    ``"bmm"``); the calibrated GEMM models keep one network per op.
+    ``"bmm"``); the calibrated GEMM models keep one network per op. ``streams``: the batch runs as
+    separate GEMMs, that many at a time (None: one batched kernel).
     """
     params = {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k * batch}
     if batch != 1.0:
         params["batch"] = batch
+    if streams is not None:
+        params["streams"] = float(streams)
     return (name, op, Category.COMPUTE, params)
 
 

@@ -59,10 +59,14 @@ class GroupLayout:
         tp_g = group_span(np.arange(tp), dpn)
         dp_g = group_span(np.arange(dp * cp) * tp, dpn)
         cp_g = group_span(np.arange(cp) * tp, dpn)
-        ep_g = group_span(np.arange(ep) * tp * cp, dpn)
-        # the ranks holding the same experts: dp / ep of them, each with its cp ranks (Megatron-core's
-        # data-modulo-expert group with context parallelism)
-        edp_g = group_span((np.arange(0, dp, ep)[:, None] * tp * cp + np.arange(cp)[None, :] * tp).ravel(), dpn)
+        if plan.folds_tp_into_ep:  # ep neighbouring ranks of the stage's tp x cp x dp; the rest hold the same experts
+            ep_g = group_span(np.arange(ep), dpn)
+            edp_g = group_span(np.arange(0, stride, ep), dpn)
+        else:
+            ep_g = group_span(np.arange(ep) * tp * cp, dpn)
+            # the ranks holding the same experts: dp / ep of them, each with its cp ranks (Megatron-core's
+            # data-modulo-expert group with context parallelism)
+            edp_g = group_span((np.arange(0, dp, ep)[:, None] * tp * cp + np.arange(cp)[None, :] * tp).ravel(), dpn)
         sharded = plan.distributed_optimizer or plan.fsdp
         mp_ranks = [rank(s, d, t) for s in range(pp) for t in range(tp) for d in range(dp if sharded else 1)]
         mp_g = group_span(np.asarray(mp_ranks), dpn)

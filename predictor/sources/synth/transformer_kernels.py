@@ -16,12 +16,15 @@ Korthikanti et al. 2022), emitted onto a template graph for one representative r
   kind ``attn_<impl>`` (``_bwd``), timed at the implementation's published speed; ``"unfused"`` is the pre-FlashAttention Megatron path the
   2021-2022 papers measured: batched QK^T GEMM, fused scale-mask-softmax, dropout, GEMM with V
   (full ``s x s``, no causal skipping).
-* **MoE** (``moe``): router GEMM + top-k, all-to-all dispatch over the expert-parallel group
-  (``ep`` ranks of the data-parallel group), the local experts' GEMMs on the routed tokens
-  (balanced routing, ``top_k x capacity_factor`` copies per token) — each expert split over the TP
-  ranks, which all-gather their routed tokens before it and reduce-scatter after (``expert_tp``,
-  Megatron's default), or whole on each TP rank for its own tokens — all-to-all combine; a shared
-  expert as a TP-split dense MLP; the first ``dense_layers`` layers dense.
+* **MoE** (``moe``): router GEMM + top-k; Megatron's all-to-all dispatcher: the token copies
+  permuted by expert, all-to-all over the expert-parallel group (``ep`` ranks of the data-parallel
+  group; with ``expert_tp`` 1, ``ep`` neighbouring ranks of the stage's TP x DP ranks), sorted by
+  local expert, the local experts' GEMMs on the routed tokens (balanced routing, ``top_k x
+  capacity_factor`` copies per token; Transformer Engine's one GEMM per expert on 4 streams under
+  the megatron program) — each expert split over the TP ranks, which all-gather their routed tokens
+  before it and reduce-scatter after (``expert_tp``, Megatron's default), or whole on each TP rank
+  for its own tokens — then the same back; a shared expert as a TP-split dense MLP; the first
+  ``dense_layers`` layers dense.
 * **Multi-latent attention** (``mla``): the down projections (whole on every TP rank), the
   latents' norm and the up projections (split by heads) in place of the QKV GEMM.
 * **Embedding** on the first virtual stage (vocab-parallel: all-reduce over TP); output layer,
@@ -49,6 +52,10 @@ from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter
 from predictor.sources.synth.transformer_memory import expert_param_count, layer_param_count
 from predictor.sources.synth.transformer_spec import ParallelPlan, TransformerSpec, layer_matmuls
 from predictor.timing.kernels.attention import attention_kind
+
+#: the compute streams Transformer Engine's grouped GEMM spreads its per-expert GEMMs over
+#: (``transformer_engine/common/util/multi_stream.cpp``: ``num_compute_streams = 4``)
+TE_GROUPED_GEMM_STREAMS = 4
 
 __all__ = ["StepKernels"]
 
@@ -262,16 +269,23 @@ class StepKernels:
         Tr, routed, per_expert, local, f, f1, g = self._routed()
         e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
                             eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
+        # Megatron's all-to-all dispatcher (token_dispatcher.py): permute the token copies by expert, send them,
+        # sort the received chunks by local expert, run the experts, and the same back
+        self._moe_pass(e, f"{p}moe_permute", routed * h)
         self._a2a(e, f"{p}moe_dispatch", routed * h)
         if g > 1:  # experts split over the TP ranks: each runs its 1 / g of every expert on the group's tokens
             self.tp_collective(e, f"{p}moe_tokens_all_gather", "all_gather", routed * g * h)
+        self._sort_chunks(e, f"{p}moe_sort_chunks", routed * g * h)
+        self._fp8_cast(e, f"{p}experts.fc1.fp8_cast", routed * g * h)
         e.op(f"{p}experts.fc1", [self._linear(f"{p}experts.fc1", per_expert, f1 / g, h, batch=local)])
         self._activation(e, f"{p}experts.", "gelu", routed * f)
+        self._fp8_cast(e, f"{p}experts.fc2.fp8_cast", routed * f)
         e.op(f"{p}experts.fc2", [self._linear(f"{p}experts.fc2", per_expert, h, f / g, batch=local)])
+        self._sort_chunks(e, f"{p}moe_restore_chunks", routed * g * h)
         if g > 1:
             self.tp_collective(e, f"{p}moe_tokens_reduce_scatter", "reduce_scatter", routed * g * h)
         self._a2a(e, f"{p}moe_combine", routed * h)
-        e.op(f"{p}moe_unpermute", [eltwise(f"{p}moe_unpermute", "elementwise", routed * h, dt, rw=2.0)])
+        self._moe_pass(e, f"{p}moe_unpermute", routed * h)
         if not self.sp:
             self.tp_collective(e, f"{p}moe_output_all_gather", "all_gather", T * h)
 
@@ -322,10 +336,19 @@ class StepKernels:
         e.op(f"{name}.backward", [eltwise(f"{name}_bwd", "gelu_bwd", elems, self.dt, rw=rw)])
 
     def _a2a(self, e: StepEmitter, name: str, elems: float) -> None:
+        """The expert-parallel all-to-all of ``elems`` token elements (none without expert parallelism)."""
         if self.plan.ep > 1:
             e.op(name, [collective(name, "all_to_all", elems * self.dt, self.lay.ep, self.dt)])
-        else:
-            e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])  # local permutation
+
+    def _moe_pass(self, e: StepEmitter, name: str, elems: float) -> None:
+        """One pass over ``elems`` token elements that reorders them (a permutation: reads and writes each)."""
+        e.op(name, [eltwise(name, "elementwise", elems, self.dt, rw=2.0)])
+
+    def _sort_chunks(self, e: StepEmitter, name: str, elems: float) -> None:
+        """The received token chunks reordered by local expert (or back): with expert parallelism and more
+        than one local expert (Megatron's ``sort_chunks_by_idxs``)."""
+        if self.plan.ep > 1 and self.spec.moe is not None and self.spec.moe.experts // self.plan.ep > 1:
+            self._moe_pass(e, name, elems)
 
     def _mlp_bwd(self, e: StepEmitter, p: str, dense: bool = False) -> None:
         T, h = self.T, self.h
@@ -334,17 +357,23 @@ class StepKernels:
             return
         moe = self.spec.moe
         Tr, routed, per_expert, local, f, f1, g = self._routed()
+        self._moe_pass(e, f"{p}moe_unpermute.backward", routed * h)
         self._a2a(e, f"{p}moe_combine.backward", routed * h)
         if g > 1:
             self.tp_collective(e, f"{p}moe_tokens_reduce_scatter.backward", "all_gather", routed * g * h)
+        self._sort_chunks(e, f"{p}moe_restore_chunks.backward", routed * g * h)
+        self._fp8_cast(e, f"{p}experts.fc2.grad_fp8_cast", routed * g * h)
         e.op(f"{p}experts.fc2.backward", [self._dgrad(f"{p}experts.fc2.dgrad", per_expert, f / g, h, batch=local),
                                           self._wgrad(f"{p}experts.fc2.wgrad", h, f / g, per_expert, batch=local)])
         self._activation_bwd(e, f"{p}experts.", "gelu", routed * f)
+        self._fp8_cast(e, f"{p}experts.fc1.grad_fp8_cast", routed * f1)
         e.op(f"{p}experts.fc1.backward", [self._dgrad(f"{p}experts.fc1.dgrad", per_expert, h, f1 / g, batch=local),
                                           self._wgrad(f"{p}experts.fc1.wgrad", f1 / g, h, per_expert, batch=local)])
+        self._sort_chunks(e, f"{p}moe_sort_chunks.backward", routed * g * h)
         if g > 1:
             self.tp_collective(e, f"{p}moe_tokens_all_gather.backward", "reduce_scatter", routed * g * h)
         self._a2a(e, f"{p}moe_dispatch.backward", routed * h)
+        self._moe_pass(e, f"{p}moe_permute.backward", routed * h)
         e.op(f"{p}router.backward", [self._dgrad(f"{p}router.dgrad", Tr, h, moe.experts),
                                      self._wgrad(f"{p}router.wgrad", moe.experts, h, Tr)])
         if not self.sp:
@@ -377,20 +406,29 @@ class StepKernels:
 
     def _linear(self, name: str, rows: float, out: float, inp: float, *, bias: bool = True,
                 batch: float = 1.0) -> Kernel:
-        """Forward of a linear layer ``inp -> out`` on ``rows`` tokens."""
+        """Forward of a linear layer ``inp -> out`` on ``rows`` tokens (``batch`` experts: grouped)."""
         with_bias = bias and self.spec.bias
         op = "bmm" if batch != 1.0 else ("addmm" if with_bias else "mm")
         if not with_bias and name.endswith(".addmm"):  # named after the ATen op it runs
             name = name.removesuffix(".addmm") + ".mm"
-        return gemm(name, rows, out, inp, self._linear_dt(name), batch=batch, op=self._op(op))
+        return gemm(name, rows, out, inp, self._linear_dt(name), batch=batch, op=self._op(op),
+                    streams=self._grouped_streams(batch))
 
     def _dgrad(self, name: str, rows: float, inp: float, out: float, *, batch: float = 1.0) -> Kernel:
         """Input gradient of a linear layer ``inp -> out``: ``grad @ W``."""
-        return gemm(name, rows, inp, out, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+        return gemm(name, rows, inp, out, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"),
+                    streams=self._grouped_streams(batch))
 
     def _wgrad(self, name: str, out: float, inp: float, rows: float, *, batch: float = 1.0) -> Kernel:
         """Weight gradient of a linear layer ``inp -> out``: ``grad.t() @ x``."""
-        return gemm(name, out, inp, rows, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"))
+        return gemm(name, out, inp, rows, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"),
+                    streams=self._grouped_streams(batch))
+
+    def _grouped_streams(self, experts: float) -> int | None:
+        """How the megatron program's grouped experts run: Transformer Engine's ``GroupedLinear`` issues one cuBLAS
+        GEMM per expert, round-robin on its 4 compute streams (``nvte_multi_stream_cublas_gemm``, TE 2.7-2.9;
+        its CUTLASS grouped kernel only on request); eager's ``torch._grouped_mm`` is one kernel (None)."""
+        return TE_GROUPED_GEMM_STREAMS if experts > 1 and not self.eager else None
 
     def _fp8_cast(self, e: StepEmitter, name: str, elements: float) -> None:
         """``fp8_linear``: Transformer Engine's cast-transpose of a linear layer's input (forward) or output

@@ -319,8 +319,9 @@ def optimizer_state_bytes(plan: ParallelPlan, dtype_bytes: float) -> float:
 
 def expert_replicas(plan: ParallelPlan) -> int:
     """Ranks holding the same routed experts, which reduce (or shard) their gradients together: the
-    data x context parallel ranks over ``ep`` (Megatron-core's expert-data-parallel group with CP)."""
-    return max(plan.replicas // plan.ep, 1)
+    data x context parallel ranks over ``ep`` (Megatron-core's expert-data-parallel group with CP), with
+    the tensor-parallel ranks too where EP takes them in (:attr:`ParallelPlan.folds_tp_into_ep`)."""
+    return max(plan.replicas * (plan.tp if plan.folds_tp_into_ep else 1) // plan.ep, 1)
 
 
 def data_parallel_shard(spec: TransformerSpec, plan: ParallelPlan, params: float, stage: int = 0) -> float:

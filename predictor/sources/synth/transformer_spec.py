@@ -459,6 +459,14 @@ class ParallelPlan:
         return self.tp if self.expert_tp is None else self.expert_tp
 
     @property
+    def folds_tp_into_ep(self) -> bool:
+        """Whether the expert-parallel groups take in the tensor-parallel ranks: routed experts whole
+        (``expert_tp`` 1) beside TP, so the TP x CP x DP ranks of a stage split into ``ep``-rank groups of
+        neighbouring ranks, each holding ``experts / ep`` of them (Megatron-core's MoE parallel folding,
+        torchtitan's EP borrowing TP when ``expert_tensor_parallel_degree = 1``)."""
+        return self.etp == 1 and self.tp > 1
+
+    @property
     def replicas(self) -> int:
         """Ranks holding the same weights (data x context parallel): gradients are reduced, and the
         distributed optimizer or FSDP shards, over them."""
@@ -673,7 +681,10 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
     if plan.expert_tp is not None and plan.expert_tp not in (1, plan.tp):
         raise PlanError(f"expert_tp must be 1 or tp={plan.tp} (got {plan.expert_tp})")
     if spec.moe is not None:
-        if plan.dp % plan.ep:
+        if plan.folds_tp_into_ep and plan.tp * plan.replicas % plan.ep:
+            raise PlanError(f"expert parallelism ep={plan.ep} must divide tp x dp x cp = {plan.tp * plan.replicas} "
+                            "(the experts whole, expert_tp = 1)")
+        if not plan.folds_tp_into_ep and plan.dp % plan.ep:
             raise PlanError(f"expert parallelism ep={plan.ep} must divide dp={plan.dp}")
         if spec.moe.experts % plan.ep:
             raise PlanError(f"{spec.moe.experts} experts are not divisible by ep={plan.ep}")

@@ -73,7 +73,11 @@ class AnalyticGemm(KernelModel):
         if platform.kind == "gpu" and platform.vendor == "NVIDIA" and tasks.kind not in ("conv2d", "conv", *ATTENTION_KINDS):
             ceiling = np.where(self._unaligned(n, k, dt), min(platform.gemm_efficiency_max,
                                                                  self.params.unaligned_efficiency), ceiling)
-        rate = peak * ceiling * flops / (flops + f_half + 1e-30)
+        # a batch run as separate GEMMs, ``streams`` at a time, saturates on the FLOPs in flight together
+        streams = tasks.get("streams", np.nan)
+        apart = np.isfinite(streams) & (b > streams)
+        in_flight = np.where(apart, flops / np.where(apart, b, 1.0) * np.where(apart, streams, 1.0), flops)
+        rate = peak * ceiling * in_flight / (in_flight + f_half + 1e-30)
         t_compute = np.where(flops > 0, flops / np.maximum(rate, 1e-30), 0.0)
         t_memory = moved / (platform.memory_bandwidth * platform.memory_efficiency)
         out = np.maximum(t_compute, t_memory) + platform.kernel_floor_s
