@@ -69,6 +69,11 @@ def test_model_and_plan_options():
     moe = read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  fp8: true\n  num_moe_experts: 8\n  moe_router_topk: 2\n"
                                            "  expert_model_parallel_size: 2"), "f")
     assert (moe.spec.moe.experts, moe.plan.ep, moe.spec.fp8_linear, moe.spec.fp8_params) == (8, 2, True, False)
+    assert not moe.spec.moe.grouped_gemm  # NeMo's default: Megatron's SequentialMLP
+    grouped = read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  num_moe_experts: 8\n  moe_grouped_gemm: true"), "f")
+    assert grouped.spec.moe.grouped_gemm
+    with pytest.raises(LaunchError, match="moe_grouped_gemm must be true or false"):
+        read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  num_moe_experts: 8\n  moe_grouped_gemm: 2"), "f")
     fp8 = read_nemo_yaml(LLAMA_70B.replace("  fp8: false", "  fp8: true\n  fp8_params: true"), "f")
     assert fp8.spec.fp8_params and not read_nemo_yaml(LLAMA_70B + "  fp8_params: true\n", "f").spec.fp8_params
     full = read_nemo_yaml(LLAMA_70B.replace("activations_checkpoint_granularity: null",

@@ -104,6 +104,14 @@ def test_megatron_flags_round_trip_and_bad_widths():
     assert back.spec == replace(SMALL, name="megatron-model") and back.plan == plan
     freq = read_megatron_args(args + ["--moe-layer-freq", "([0]+[1]*3)"], devices=8)
     assert freq.spec.moe.dense_layers == 1 and not any("--moe-layer-freq" in n for n in freq.notes)
+    # without --moe-grouped-gemm Megatron runs its SequentialMLP: one expert's GEMM after another
+    assert "--moe-grouped-gemm" in args
+    loop = read_megatron_args([a for a in args if a != "--moe-grouped-gemm"], devices=8).spec
+    assert not loop.moe.grouped_gemm and "--moe-grouped-gemm" not in megatron_args(loop, plan)
+    qwen = replace(QWEN3_MOE, layers=4)  # 16 experts of width 768 a rank: small GEMMs, one at a time or four
+    times = [predict_plan(replace(qwen, moe=replace(qwen.moe, grouped_gemm=g)), plan, H100, devices=8)[0]
+             ["predicted_iteration_s"] for g in (True, False)]
+    assert times[1] > times[0]
     with pytest.raises(PlanError, match="expert widths"):
         replace(SMALL, moe=MoESpec(experts=8, ffn=0)).validate()
 

@@ -71,7 +71,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("model.mla", [{"kv_lora_rank": 0}, {"v_head_dim": -1}]),
         ("model.mlp", ["relu"]),
         ("model.moe", [{"experts": 0}, {"experts": 2, "top_k": 3}, {"experts": 2, "ffn": 0}, {"experts": 2, "shared_ffn": -1},
-                       {"experts": 2, "dense_layers": 10_000}]),
+                       {"experts": 2, "dense_layers": 10_000}, {"experts": 2, "grouped_gemm": "yes"}]),
         ("model.dtype", ["fp64"]),
         ("model.causal", ["yes"]),
         ("cluster.platform", ["no-such-gpu"]),

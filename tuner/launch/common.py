@@ -14,7 +14,7 @@ from pathlib import Path
 from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
 __all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
-           "read_launch_text", "positive_int", "fraction", "expert_tp_degree", "TOKENIZER_FRAGMENTS", "tokenizer_vocab",
+           "read_launch_text", "positive_int", "positive_number", "switch", "fraction", "expert_tp_degree", "TOKENIZER_FRAGMENTS", "tokenizer_vocab",
            "OFFLOAD_NOTE", "dispatcher_note"]
 
 #: the comment prefix of tuner's metadata line in a launch file
@@ -124,6 +124,16 @@ def positive_number(table: dict, key: str, where: str, source: str, default: flo
     if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
         raise LaunchError(f"{source}: {where}{key} must be a positive number (got {val!r})")
     return float(val)
+
+
+def switch(table: dict, key: str, where: str, source: str, default: bool = False) -> bool:
+    """``table[key]`` (``default`` when absent or null) as true or false; :class:`LaunchError` for another value."""
+    val = table.get(key)
+    if val is None:
+        return default
+    if not isinstance(val, bool):
+        raise LaunchError(f"{source}: {where}{key} must be true or false (got {val!r})")
+    return val
 
 
 def fraction(table: dict, key: str, where: str, source: str, default: float) -> float:

@@ -101,7 +101,7 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
              "--add-bias-linear", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel"}
+             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel", "--moe-grouped-gemm"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
@@ -255,6 +255,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         if spec.moe.dense_layers:
             k = spec.moe.dense_layers
             a += ["--moe-layer-freq", f"([0]*{k}+[1]*{spec.layers - k})"]
+        if spec.moe.grouped_gemm:
+            a.append("--moe-grouped-gemm")
     a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     if plan.cp > 1:
         a += ["--context-parallel-size", str(plan.cp)]
@@ -474,7 +476,8 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
             raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
-                      shared_ffn=int(shared), dense_layers=_dense_layers(values.get("moe_layer_freq"), layers, notes))
+                      shared_ffn=int(shared), dense_layers=_dense_layers(values.get("moe_layer_freq"), layers, notes),
+                      grouped_gemm=bool(values.get("--moe-grouped-gemm")))
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")

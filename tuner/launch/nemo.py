@@ -10,7 +10,8 @@ Megatron-LM's settings under ``model:`` and the cluster under ``trainer:``. Mapp
   (swiglu / fast-swiglu: the gated MLP, geglu / fast-geglu read as it, noted; gelu; squared-relu read as
   gelu, noted), ``bias``,
   ``hidden_dropout``, ``position_embedding_type``, ``share_embeddings_and_output_weights``; experts
-  ``num_moe_experts``, ``moe_router_topk``, ``moe_expert_capacity_factor``, ``expert_model_parallel_size``;
+  ``num_moe_experts``, ``moe_router_topk``, ``moe_expert_capacity_factor``, ``moe_grouped_gemm``,
+  ``expert_model_parallel_size``;
   ``fp8`` (FP8 linears).
 * the plan: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
   ``virtual_pipeline_model_parallel_size``, ``context_parallel_size``, ``micro_batch_size``,
@@ -49,6 +50,7 @@ from tuner.launch.common import (
     positive_int,
     positive_number,
     read_launch_text,
+    switch,
     tokenizer_vocab,
 )
 
@@ -167,7 +169,8 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     if model.get("num_moe_experts"):
         moe = MoESpec(experts=positive_int(model, "num_moe_experts", "model.", source),
                       top_k=positive_int(model, "moe_router_topk", "model.", source, 2),
-                      capacity_factor=positive_number(model, "moe_expert_capacity_factor", "model.", source, 1.0))
+                      capacity_factor=positive_number(model, "moe_expert_capacity_factor", "model.", source, 1.0),
+                      grouped_gemm=switch(model, "moe_grouped_gemm", "model.", source))
     groups = model.get("num_query_groups")
     try:
         spec = TransformerSpec(

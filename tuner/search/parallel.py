@@ -94,6 +94,9 @@ class MoESection(StrictModel):
     shared_ffn: bounded_int(0, 1_000_000, "the shared experts' FFN width") = 0  # type: ignore[valid-type]
     #: the model's first layers with a dense MLP (DeepSeek's first_k_dense_replace)
     dense_layers: bounded_int(0, 10_000, "dense layers") = 0  # type: ignore[valid-type]
+    #: the experts' GEMMs grouped (Megatron's --moe-grouped-gemm, torch._grouped_mm); false: one expert after
+    #: another (Megatron's SequentialMLP)
+    grouped_gemm: bool = True
 
 
 class MLASection(StrictModel):

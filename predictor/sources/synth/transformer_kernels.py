@@ -425,10 +425,16 @@ class StepKernels:
                     streams=self._grouped_streams(batch))
 
     def _grouped_streams(self, experts: float) -> int | None:
-        """How the megatron program's grouped experts run: Transformer Engine's ``GroupedLinear`` issues one cuBLAS
+        """How many of the local experts' GEMMs run at a time (None: one batched kernel). Grouped
+        (``moe.grouped_gemm``): the megatron program's Transformer Engine ``GroupedLinear`` issues one cuBLAS
         GEMM per expert, round-robin on its 4 compute streams (``nvte_multi_stream_cublas_gemm``, TE 2.7-2.9;
-        its CUTLASS grouped kernel only on request); eager's ``torch._grouped_mm`` is one kernel (None)."""
-        return TE_GROUPED_GEMM_STREAMS if experts > 1 and not self.eager else None
+        its CUTLASS grouped kernel only on request); eager's ``torch._grouped_mm`` is one kernel. Otherwise
+        one expert after another (Megatron's ``SequentialMLP``, torchtitan's loop)."""
+        if experts <= 1 or self.spec.moe is None:
+            return None
+        if not self.spec.moe.grouped_gemm:
+            return 1
+        return None if self.eager else TE_GROUPED_GEMM_STREAMS
 
     def _fp8_cast(self, e: StepEmitter, name: str, elements: float) -> None:
         """``fp8_linear``: Transformer Engine's cast-transpose of a linear layer's input (forward) or output

@@ -39,6 +39,10 @@ class MoESpec:
     ``--moe-shared-expert-intermediate-size``, the width of all shared experts together).
     ``dense_layers``: the model's first layers keep a dense MLP of the model's ``ffn`` (DeepSeek's
     ``first_k_dense_replace``; Megatron-LM's ``--moe-layer-freq "([0]*k+[1]*m)"``).
+    ``grouped_gemm``: the routed experts' GEMMs as the program's grouped GEMM (Megatron-LM's
+    ``--moe-grouped-gemm``: Transformer Engine's grouped linear, one GEMM per expert on 4 streams; the eager
+    program's ``torch._grouped_mm``, one kernel); False: one GEMM per expert, one after another
+    (Megatron-LM's ``SequentialMLP``, its default without the flag; torchtitan's ``use_grouped_mm = False``).
     """
 
     experts: int
@@ -47,6 +51,7 @@ class MoESpec:
     ffn: int | None = None
     shared_ffn: int = 0
     dense_layers: int = 0
+    grouped_gemm: bool = True
 
 
 @dataclass(frozen=True)
