@@ -161,6 +161,13 @@ def test_configurations_tuner_does_not_model_are_refused(stub):
              parallelism__num_pp_microbatches=4)
     with pytest.raises(LaunchError, match="tuner knows llama3 / 8B"):
         read(root__model_spec=None)
+    # a tree tuner does not read (DeepSeek-V3's multi-latent attention) under a flavor it knows: by the flavor
+    mla = NS(name="deepseek_v3", flavor="16B",
+             model=NS(dim=2048, vocab_size=102400, layers=[NS(attention=NS(n_heads=16, q_lora_rank=0))] * 27))
+    v3 = read(root__model_spec=mla)
+    assert v3.spec.mla is not None and v3.spec.moe.experts == 64 and any("torchtitan's flavor" in n for n in v3.notes)
+    with pytest.raises(LaunchError, match="grouped-query attention"):
+        read(root__model_spec=NS(name="mine", flavor="2B", model=mla.model))
     with pytest.raises(LaunchError, match="has no training.max_context_length"):
         plan_from_torchtitan_config(object(), "cfg", devices=8)
     assert read(root__activation_checkpoint=None).plan.recompute == "none"
@@ -242,8 +249,8 @@ def test_real_torchtitan_models_read_with_their_parameter_counts():
     assert moe.moe.experts == 128 and moe.moe.top_k == 8 and moe.param_count() / 1e9 == pytest.approx(30.5, abs=0.1)
     dense = read_torchtitan_config("qwen3:qwen3_32b", devices=64).spec
     assert dense.kv_channels == 128 and dense.param_count() / 1e9 == pytest.approx(32.8, abs=0.1)
-    with pytest.raises(LaunchError, match="grouped-query attention"):
-        read_torchtitan_config("deepseek_v3:deepseek_v3_16b", devices=64)  # multi-latent attention
+    v3 = read_torchtitan_config("deepseek_v3:deepseek_v3_16b", devices=64).spec  # multi-latent attention: by flavor
+    assert v3.mla is not None and v3.param_count() / 1e9 == pytest.approx(15.7, abs=0.1)
 
 
 @pytest.mark.skipif(not REAL, reason="torchtitan (main branch) not installed")
