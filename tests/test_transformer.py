@@ -413,6 +413,28 @@ def test_moe_layers_run_megatrons_all_to_all_dispatcher():
     assert "layer[0].moe_sort_chunks" not in alone and "layer[0].moe_permute" in alone  # one local expert
 
 
+def test_the_host_waits_for_the_token_counts_before_the_all_to_all():
+    """Megatron's dropless dispatcher and torchtitan's expert parallelism need the token counts on the CPU: the
+    counts exchanged over the expert-parallel group, then a CUDA sync each MoE layer's forward (torchtitan
+    without expert parallelism keeps them on the GPU, no sync)."""
+    spec = TransformerSpec(layers=2, hidden=512, heads=8, seq=256, vocab=1000, moe=MoESpec(experts=8, top_k=2))
+
+    def frame(program: str, ep: int):
+        g = build_transformer_graph(replace(spec, program=program), ParallelPlan(tp=1, pp=1, dp=4, ep=ep, micro_batch=1,
+                                                                                  global_batch=4), detail="kernel")
+        return g, g.tasks_frame()
+
+    g, df = frame("megatron", 4)
+    sync = df[df.name == "layer[0].moe_token_counts.synchronize"]
+    counts = df[(df.name == "layer[0].moe_token_counts") & (df.category == "communication")]
+    assert len(sync) == 1 and len(counts) == 1 and (counts.world == 4).all()
+    tl = simulate(g, TIMING)
+    assert tl.start[sync.index[0]] >= tl.end[counts.index[0]] - 1e-12  # the CPU waits for the counts
+    assert (frame("megatron", 1)[1].name == "layer[0].moe_token_counts.synchronize").any()
+    assert not (frame("eager", 1)[1].name == "layer[0].moe_token_counts.synchronize").any()
+    assert (frame("eager", 4)[1].name == "layer[0].moe_token_counts.synchronize").any()
+
+
 def test_grouped_experts_run_four_gemms_at_a_time_under_transformer_engine():
     """Transformer Engine's grouped linear issues one GEMM per expert over 4 streams, so many small experts
     saturate the GPU less than one batched kernel of the same FLOPs (eager's torch._grouped_mm)."""

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from predictor.graph import Category
+from predictor.graph import Category, DepKind
 from predictor.sources.synth.emit import Kernel, column_sum, concat, eltwise, gemm
 from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter, collective
 from predictor.sources.synth.transformer_memory import expert_param_count, layer_param_count
@@ -267,11 +267,13 @@ class StepKernels:
         if moe.shared_ffn:  # the shared expert: a dense, TP-split MLP every token runs
             self._dense_mlp_fwd(e, f"{p}shared_expert.", moe.shared_ffn, self.spec.fc1_width(moe.shared_ffn))
         Tr, routed, per_expert, local, f, f1, g = self._routed()
-        e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
-                            eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
+        counted = e.op(f"{p}router", [self._linear(f"{p}router.mm", Tr, moe.experts, h, bias=False),
+                                      eltwise(f"{p}router.topk", "softmax", Tr * moe.experts, dt, rw=3.0)])
         # Megatron's all-to-all dispatcher (token_dispatcher.py): permute the token copies by expert, send them,
         # sort the received chunks by local expert, run the experts, and the same back
+        counted = self._token_counts(e, p, counted)
         self._moe_pass(e, f"{p}moe_permute", routed * h)
+        self._counts_to_host(e, p, counted)
         self._a2a(e, f"{p}moe_dispatch", routed * h)
         if g > 1:  # experts split over the TP ranks: each runs its 1 / g of every expert on the group's tokens
             self.tp_collective(e, f"{p}moe_tokens_all_gather", "all_gather", routed * g * h)
@@ -339,6 +341,25 @@ class StepKernels:
         """The expert-parallel all-to-all of ``elems`` token elements (none without expert parallelism)."""
         if self.plan.ep > 1:
             e.op(name, [collective(name, "all_to_all", elems * self.dt, self.lay.ep, self.dt)])
+
+    def _token_counts(self, e: StepEmitter, p: str, after: list[int]) -> list[int]:
+        """With expert parallelism, the tokens each rank sends each expert exchanged over the expert-parallel
+        group before the all-to-all (int64 counts: Megatron gathers them, torchtitan all-to-alls them); the
+        tasks the host then waits for (``after`` without expert parallelism)."""
+        if self.plan.ep <= 1:
+            return after
+        experts = float(self.spec.moe.experts) if self.spec.moe is not None else 0.0
+        return e.op(f"{p}moe_token_counts", [collective(f"{p}moe_token_counts", "all_gather", experts * 8.0,
+                                                        self.lay.ep, 8)])
+
+    def _counts_to_host(self, e: StepEmitter, p: str, counts: list[int]) -> None:
+        """The host waiting for the token counts before it launches the all-to-all (a CUDA sync each MoE layer's
+        forward: Megatron's dropless dispatcher needs the split sizes on the CPU, torchtitan's expert parallelism
+        copies them with ``.tolist()``; torchtitan without it keeps them on the GPU)."""
+        if e.mode != "device" or not counts or (self.eager and self.plan.ep <= 1):
+            return
+        wait = e.sync(f"{p}moe_token_counts.synchronize")
+        e.b.edge(counts[-1], wait, DepKind.GPU_CPU)
 
     def _moe_pass(self, e: StepEmitter, name: str, elems: float) -> None:
         """One pass over ``elems`` token elements that reorders them (a permutation: reads and writes each)."""
