@@ -304,7 +304,9 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${MODEL_ARGS[@]} \\
 
 
 @pytest.mark.parametrize(("model", "vocab"), [("meta-llama/Meta-Llama-3.1-8B", 128256),
-                                              ("/models/Llama-2-7b-hf", 32000), ("my-org/tokenizer", 50257)])
+                                              ("/models/Llama-2-7b-hf", 32000), ("my-org/tokenizer", 50257),
+                                              ("deepseek-ai/DeepSeek-V3", 129280), ("Qwen/Qwen3-30B-A3B", 151936),
+                                              ("meta-llama/Llama-4-Scout-17B-16E", 202048)])
 def test_a_hugging_face_tokenizer_known_by_name_gives_its_vocabulary(model, vocab):
     args = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "128",
             "--micro-batch-size", "1", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", model]

@@ -159,7 +159,8 @@ def expert_tp_degree(etp: int, tp: int, name: str, source: str) -> int:
 #: tokenizer's name, Hugging Face id or path (``meta-llama/Meta-Llama-3.1-70B``, ``/models/Llama-2-7b-hf``)
 TOKENIZER_FRAGMENTS = {"Llama-3": 128256, "Llama-2": 32000, "llama_tokenizer": 32000, "gpt2": 50257,
                        "GPT2BPETokenizer": 50257, "nemotron_2_256k": 256000, "Mistral-7B-v0.1": 32000,
-                       "Mixtral-8x7B": 32000, "Mistral-Nemo": 131072}
+                       "Mixtral-8x7B": 32000, "Mistral-Nemo": 131072, "Llama-4": 202048, "DeepSeek-V3": 129280,
+                       "DeepSeek-R1": 129280, "DeepSeek-V2": 102400, "deepseek-moe": 102400, "Qwen3": 151936}
 
 
 def tokenizer_vocab(names: str) -> int | None:

@@ -107,7 +107,9 @@ _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per
 _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
-    "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core",
+    "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core: the other "
+                           "modules' activations (mlp, moe, layernorm, mla_up_proj...) priced as kept, their "
+                           "recomputation not priced",
     "--cpu-offloading": f"--cpu-offloading {OFFLOAD_NOTE}",
     "--cpu-offloading-num-layers": f"--cpu-offloading {OFFLOAD_NOTE}",
     "--fine-grained-activation-offloading": "--fine-grained-activation-offloading is not modelled: activations "
