@@ -257,7 +257,7 @@ def test_megatron_precision_aware_optimizer_flags():
     assert both.plan.optimizer_state == "bf16" and not both.notes
     half = read_megatron_args(shape + "--use-precision-aware-optimizer --exp-avg-dtype bf16", devices=8)
     assert half.plan.optimizer_state == "fp32" and half.notes
-    plan_flags = read_megatron_args(shape + "--recompute-modules core_attn --recompute-modules core_attn", devices=8)
+    plan_flags = read_megatron_args(shape + "--normalization RMSNorm --normalization RMSNorm", devices=8)
     assert len(plan_flags.notes) == 1  # one note per meaning
     gather = read_megatron_args(shape + "--overlap-param-gather", devices=8)
     assert gather.plan.overlap_param_gather and gather.plan.gathers_params_in_forward and not gather.notes

@@ -14,8 +14,13 @@ from predictor.sources.synth.transformer import (
     PlanError,
     TransformerSpec,
     build_transformer_graph,
+    check_plan,
 )
-from predictor.sources.synth.transformer_memory import layer_param_count, memory_per_stage
+from predictor.sources.synth.transformer_memory import (
+    activation_bytes_per_layer,
+    layer_param_count,
+    memory_per_stage,
+)
 from predictor.sources.synth.transformer_spec import layer_matmuls
 from predictor.timing.platforms import get_platform
 from tuner.launch import LaunchError, megatron_args, read_megatron_args
@@ -302,6 +307,48 @@ def test_eager_fused_loss_runs_one_kernel_a_pass_and_keeps_the_logits_once():
     saved = memory_per_stage(plain, plan)[0].activations_bytes - memory_per_stage(fused, plan)[0].activations_bytes
     tokens, vocab = 4 * 256, plain.padded_vocab(1)
     assert saved == pytest.approx(12 * tokens * vocab - 4 * tokens * vocab, rel=0.02)
+
+
+def test_selective_recomputation_of_modules():
+    """Megatron-core's --recompute-modules: each module named keeps less and re-runs in the backward —
+    the norms' outputs, MLA's up projections, the whole MoE layer (its all-to-alls too), the experts'
+    activation, the shared expert; read from a launch, written back; refused where it cannot apply."""
+    spec = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu", ffn=1024,
+                           mla=MLASpec(q_lora_rank=64, kv_lora_rank=64, qk_head_dim=32, rope_head_dim=16, v_head_dim=32),
+                           moe=MoESpec(experts=8, top_k=2, ffn=256, shared_ffn=256))
+    base = ParallelPlan(tp=2, pp=1, dp=4, ep=4, micro_batch=1, global_batch=4, sequence_parallel=True,
+                        recompute="selective")
+
+    def acts(*mods: str) -> float:
+        return activation_bytes_per_layer(spec, replace(base, recompute_modules=mods))
+
+    sbh = 256 * 512
+    assert acts("core_attn") == acts()  # the default
+    assert acts("layernorm") == pytest.approx(acts() - 4.0 * sbh / 2)  # both norms' 16-bit outputs, SP-split
+    for mod in ("mla_up_proj", "moe", "moe_act", "shared_experts"):
+        assert acts(mod) < acts(), mod
+    assert acts("moe") < acts("moe_act") and acts("moe") < acts("shared_experts")
+    names = set(build_transformer_graph(spec, replace(base, recompute_modules=("layernorm", "mla_up_proj", "moe")),
+                                        detail="kernel").tasks_frame().name)
+    assert {"layer[0].recompute.norms", "layer[0].recompute.mla_up", "layer[0].recompute.experts.fc1",
+            "layer[0].recompute.moe_dispatch"} <= names
+    times = [predict_plan(spec, replace(base, recompute_modules=m), H100, devices=8)[0]["predicted_iteration_s"]
+             for m in ((), ("moe",))]
+    assert times[1] > times[0]
+    plan = replace(base, recompute_modules=("mla_up_proj", "moe"))
+    args = megatron_args(spec, plan)
+    assert args[args.index("--recompute-modules") + 1:args.index("--recompute-modules") + 3] == ["mla_up_proj", "moe"]
+    assert read_megatron_args(args, devices=8).plan == plan
+    dense = replace(spec, moe=None, mla=None)
+    words = megatron_args(dense, replace(base, ep=1)) + ["--recompute-modules", "moe", "mla_up_proj"]
+    none = read_megatron_args(words, devices=8)  # no MoE layer, no MLA: nothing of this model is recomputed
+    assert none.plan.recompute == "none" and any("--recompute-modules moe mla_up_proj" in n for n in none.notes)
+    with pytest.raises(PlanError, match="needs recompute: selective"):
+        check_plan(spec, replace(base, recompute="full", recompute_modules=("moe",)), 8)
+    with pytest.raises(PlanError, match="tuner models core_attn"):
+        check_plan(spec, replace(base, recompute_modules=("mhc",)), 8)
+    with pytest.raises(PlanError, match="mla_up_proj needs multi-latent attention"):
+        check_plan(dense, replace(base, ep=1, recompute_modules=("mla_up_proj",)), 8)
 
 
 def test_eager_multi_latent_attention_assembles_queries_and_keys():

@@ -73,6 +73,7 @@ FIELD_CASES: dict[str, list[tuple[str, list[Any]]]] = {
         ("model.moe", [{"experts": 0}, {"experts": 2, "top_k": 3}, {"experts": 2, "ffn": 0}, {"experts": 2, "shared_ffn": -1},
                        {"experts": 2, "dense_layers": 10_000}, {"experts": 2, "grouped_gemm": "yes"}]),
         ("model.dtype", ["fp64"]),
+        ("options.recompute_modules", [["attention"], ["moe"]]),
         ("model.causal", ["yes"]),
         ("cluster.platform", ["no-such-gpu"]),
         ("cluster.nodes", [0, True, 10**6]),

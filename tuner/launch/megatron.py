@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import RECOMPUTE_MODULES
 from tuner.launch.common import (
     OFFLOAD_NOTE,
     LaunchError,
@@ -107,9 +108,6 @@ _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per
 _APPROXIMATED = {
     "--normalization": "the normalisation read as LayerNorm",
     "--squared-relu": "squared ReLU read as GeLU (the same two-matrix MLP)",
-    "--recompute-modules": "--recompute-modules read as selective recomputation of the attention core: the other "
-                           "modules' activations (mlp, moe, layernorm, mla_up_proj...) priced as kept, their "
-                           "recomputation not priced",
     "--cpu-offloading": f"--cpu-offloading {OFFLOAD_NOTE}",
     "--cpu-offloading-num-layers": f"--cpu-offloading {OFFLOAD_NOTE}",
     "--fine-grained-activation-offloading": "--fine-grained-activation-offloading is not modelled: activations "
@@ -273,6 +271,8 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.recompute in ("selective", "op"):  # Megatron has no op-level checkpointing: its selective
         a += ["--recompute-granularity", "selective"]
+        if plan.recompute_modules:
+            a += ["--recompute-modules", *plan.recompute_modules]
     elif plan.recompute == "full" and plan.recompute_layers is not None:
         a += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
               str(plan.recompute_layers)]
@@ -403,6 +403,15 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
             else:
                 launcher[_TORCHRUN_INT[name]] = val
             i += 1 if eq else 2
+            continue
+        if name == "--recompute-modules":  # a list of words, up to the next flag
+            words = inline.split() if eq else []
+            j = i + 1
+            while not eq and j < len(tokens) and not tokens[j].startswith("--"):
+                words.append(tokens[j])
+                j += 1
+            values["recompute_modules"] = (*values.get("recompute_modules", ()), *words)
+            i = i + 1 if eq else j
             continue
         if name in _SWITCHES:
             values[name] = True
@@ -571,6 +580,25 @@ def _recompute(values: dict, source: str, notes: list[str]) -> str:
     return gran
 
 
+def _recompute_modules(values: dict, recompute: str, spec: TransformerSpec, notes: list[str]) -> tuple[str, ...]:
+    """The modules ``--recompute-modules`` names that apply to ``spec`` under selective recomputation (the rest in a
+    note: Megatron applies them to none of this model's modules, or tuner does not model them)."""
+    named = tuple(dict.fromkeys(values.get("recompute_modules", ())))
+    if not named:
+        return ()
+    if recompute != "selective":
+        notes.append("--recompute-modules without --recompute-granularity selective: Megatron ignores it")
+        return ()
+    applies = {"mla_up_proj": spec.mla is not None, "moe": spec.moe is not None, "moe_act": spec.moe is not None,
+               "shared_experts": spec.moe is not None and spec.moe.shared_ffn > 0}
+    kept = tuple(m for m in named if m in RECOMPUTE_MODULES and applies.get(m, True))
+    rest = [m for m in named if m not in kept]
+    if rest:
+        notes.append(f"--recompute-modules {' '.join(rest)}: not modules of this model tuner recomputes; their "
+                     "activations priced as kept")
+    return kept
+
+
 def _optimizer_state(values: dict, source: str, notes: list[str]) -> str:
     """tuner's ``optimizer_state`` of Megatron's precision-aware optimizer flags (fp32 without the switch)."""
     names = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
@@ -677,6 +705,9 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     notes: list[str] = list(dict.fromkeys(_APPROXIMATED[f] for f in skipped if f in _APPROXIMATED))
     spec = _spec(values, source, header_str(meta, "model_name", source) or "megatron-model", notes)
     recompute = _recompute(values, source, notes)
+    modules = _recompute_modules(values, recompute, spec, notes)
+    if recompute == "selective" and values.get("recompute_modules") and not modules:
+        recompute = "none"  # the named modules are none of this model's: nothing is recomputed
     tp = _positive(values, "tp", "--tensor-model-parallel-size", source, 1)
     pp = _positive(values, "pp", "--pipeline-model-parallel-size", source, 1)
     cp = _positive(values, "cp", "--context-parallel-size", source, 1)
@@ -727,7 +758,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
               if values.get("--accumulate-allreduce-grads-in-fp32") or spec.dtype != "fp16" else "fp16")
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=gb, schedule=sched,  # type: ignore[arg-type]
                         virtual_stages=v if v > 1 else 2, sequence_parallel=bool(values.get("--sequence-parallel")),
-                        recompute=recompute, ep=int(values.get("ep", 1)),  # type: ignore[arg-type]
+                        recompute=recompute, recompute_modules=modules,  # type: ignore[arg-type]
+                        ep=int(values.get("ep", 1)),
                         expert_tp=_expert_tp(values, tp, source), stage_layers=stage_layers,
                         distributed_optimizer=bool(values.get("--use-distributed-optimizer")) or zero, fsdp=fsdp,
                         fsdp2=fsdp2,

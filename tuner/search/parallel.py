@@ -224,6 +224,10 @@ class PlanOptions(StrictModel):
     #: ranks); 1: each expert whole, each TP rank routing its own share of the tokens, and expert parallelism
     #: folded over the TP ranks (ep up to tp x dp: Megatron-core's MoE parallel folding, torchtitan's experts)
     expert_tp: Literal[1] | None = None
+    #: the modules selective recomputation re-runs (Megatron's --recompute-modules: core_attn, layernorm,
+    #: mla_up_proj, mlp, moe, moe_act, shared_experts); empty: the attention core. Plans with recompute: selective
+    recompute_modules: list[Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act",
+                                    "shared_experts"]] = Field(default=[], max_length=7)
     #: how pipeline stages split the layers: even (layers / (pp x v) each); embedding_and_loss (Megatron's
     #: --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the embedding and the
     #: loss each count as a layer, so the first and last stages hold one fewer and a 126-layer model splits
@@ -288,6 +292,15 @@ class ParallelSpace(StrictModel):
     options: PlanOptions = PlanOptions()
     search: SearchSection = SearchSection()
 
+    @model_validator(mode="after")
+    def _modules(self) -> ParallelSpace:
+        mods = set(self.options.recompute_modules)
+        if "mla_up_proj" in mods and self.model.mla is None:
+            raise ValueError("options.recompute_modules: mla_up_proj needs model.mla (multi-latent attention)")
+        if self.model.moe is None and mods & {"moe", "moe_act", "shared_experts"}:
+            raise ValueError("options.recompute_modules: moe, moe_act and shared_experts need model.moe")
+        return self
+
     def devices(self, devices_per_node: int) -> int:
         """Devices of the cluster with ``devices_per_node`` devices per node."""
         return self.cluster.nodes * devices_per_node
@@ -332,6 +345,8 @@ def normalise(space: ParallelSpace, devices: int, raw: dict) -> tuple[str, dict]
                   recompute=raw["recompute"], sequence_parallel=bool(raw["sequence_parallel"] and tp > 1),
                   ep=raw["ep"], distributed_optimizer=bool(raw["distributed_optimizer"] and dp * cp > 1 and not fsdp),
                   cp=cp, **space.options.plan_fields())
+    if fields["recompute"] != "selective":
+        fields["recompute_modules"] = []  # the modules of selective recomputation
     shard = space.options.fsdp_shard
     if fsdp and shard is not None and (dp % shard or shard * cp < 2 or space.model.moe is not None):
         return None, (f"options.fsdp_shard={shard} does not make HSDP groups of dp={dp}" if space.model.moe is None

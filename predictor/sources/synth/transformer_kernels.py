@@ -231,7 +231,7 @@ class StepKernels:
                   "bytes": 8.0 * self.T * hl * self.d_core * dt})
             self._with_kv_exchange(e, p, f"{p}core_attention.backward", [k], backward=True)
             return
-        if self.plan.recompute == "selective":
+        if "core_attn" in self.plan.selective_modules:
             self._attn_fwd(e, f"{p}recompute.")
         bh = float(b * hl)
         if self.eager:
@@ -660,6 +660,38 @@ class StepKernels:
         self._activation(e, f"{r}experts.", "gelu", routed * f)
         e.op(f"{r}experts.fc2", [self._linear(f"{r}experts.fc2", per_expert, h, f / g, batch=local)])
 
+    def _module_recompute(self, e: StepEmitter, p: str, dense: bool = False) -> None:
+        """Megatron-core's selective recomputation of modules (``recompute_modules``; the attention core is
+        re-run in the attention's backward): before the layer's backward, the norms, MLA's up projections and
+        rotary embeddings, the dense MLP, the whole MoE layer (its dispatch and all-to-alls too), or the experts'
+        activation or the shared expert, each with the collectives it runs."""
+        T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
+        mods, r = self.plan.selective_modules, f"{p}recompute."
+        if "layernorm" in mods:
+            e.op(f"{r}norms", [eltwise(f"{r}{n}", "layer_norm", Tn * h, dt, rw=2.0)
+                               for n in ("input_layernorm", "post_attention_layernorm")])
+        m = self.spec.mla
+        if "mla_up_proj" in mods and m is not None:
+            up = [self._linear(f"{r}kv_up.mm", T, self.spec.heads * (m.qk_head_dim + m.v_head_dim) / t, m.kv_lora_rank,
+                               bias=False)]
+            if m.q_lora_rank:
+                up.append(self._linear(f"{r}q_up.mm", T, self.spec.heads * m.q_head_dim / t, m.q_lora_rank, bias=False))
+            e.op(f"{r}mla_up", up)
+            self._rope(e, r)
+        moe = self.spec.moe
+        if moe is None or dense:
+            if "mlp" in mods:
+                self._dense_mlp_fwd(e, r, self.f, self.f1)
+            return
+        if "moe" in mods:
+            self._mlp_fwd(e, r)
+            return
+        if "shared_experts" in mods and moe.shared_ffn:
+            self._dense_mlp_fwd(e, f"{r}shared_expert.", moe.shared_ffn, self.spec.fc1_width(moe.shared_ffn))
+        if "moe_act" in mods:
+            _, routed, _, _, f, _, _ = self._routed()
+            self._activation(e, f"{r}experts.", "gelu", routed * f)
+
     def layer_bwd(self, e: StepEmitter, p: str, index: int = 0, dense: bool = False) -> None:
         """Backward of layer ``index`` of the chunk (prefix ``p``), after its recomputation if any; ``dense``:
         one of an MoE model's dense layers."""
@@ -668,6 +700,8 @@ class StepKernels:
             self.layer_fwd(e, f"{p}recompute.", dense)
         elif self.plan.recompute == "op":
             self._op_recompute(e, p, dense)
+        elif self.plan.recompute_modules:
+            self._module_recompute(e, p, dense)
         if self.spec.has_dropout:  # the mask applied to the gradient (without dropout it passes through)
             e.op(f"{p}bias_dropout_add_2.backward", [eltwise(f"{p}bias_dropout_add_2_bwd", "mul", Tn * h, dt, rw=3.5)])
         self._mlp_bwd(e, p, dense)

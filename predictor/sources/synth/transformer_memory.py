@@ -187,10 +187,23 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
             split_mlp -= f * s * b  # FC2's input
         else:  # the experts' FC1 and FC2 inputs, the shared expert's FC2 input
             split_mlp -= routed * (h * plan.etp + ef) + sf * s * b
+    # Megatron-core's selective recomputation of modules (--recompute-modules): what each does not keep
+    mods, fp8_inputs = plan.selective_modules, spec.fp8_linear and spec.program == "megatron"
+    if "layernorm" in mods:  # the norms' outputs, where the next GEMMs kept them in 16 bits
+        replicated -= 2.0 * sbh * (2 - (((spec.mla is None) + (spec.moe is None)) if fp8_inputs else 0))
+    if "mla_up_proj" in mods and spec.mla is not None:  # the up projections' queries, keys and values
+        split_attn -= 2.0 * s * b * spec.heads * (2.0 * spec.mla.q_head_dim + spec.mla.v_head_dim)
+    if ("mlp" in mods and spec.moe is None) or ("moe" in mods and spec.moe is not None):
+        split_mlp = 0.0  # the MLP (or MoE layer) keeps its input, which the norm's output already counts
+    elif spec.moe is not None:
+        if "moe_act" in mods:  # the experts' activation outputs (their FC2 inputs)
+            split_mlp -= routed * ef * (1.0 if fp8_inputs else 2.0)
+        if "shared_experts" in mods and sf:
+            split_mlp -= shared - (sf * s * b if fp8_inputs else 0.0)
     out = (replicated / t if sp else replicated) + (split_attn + split_mlp) / t
     if spec.fused_attention:
         out += 4.0 * a * s * b / t  # fp32 log-sum-exp per head and token
-    elif plan.recompute != "selective":
+    elif "core_attn" not in plan.selective_modules:
         # softmax output, dropout mask and output; without dropout the softmax output alone
         out += (5.0 if spec.has_dropout else 2.0) * a * s * s * b / t
     return out

@@ -16,13 +16,17 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "LayerMatmul", "MLASpec", "MoESpec", "TransformerSpec", "ParallelPlan",
-           "PlanError", "check_plan", "check_stage_layers", "layer_matmuls", "split_label"]
+__all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "LayerMatmul", "MLASpec", "MoESpec", "RECOMPUTE_MODULES", "TransformerSpec",
+           "ParallelPlan", "PlanError", "check_plan", "check_stage_layers", "layer_matmuls", "split_label"]
 
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: attention cores the synthesiser emits (:attr:`TransformerSpec.attention`)
 ATTENTION_VALUES = ("flash", "flash2", "flash_triton", "cudnn", "te", "flex", "unfused")
+
+
+#: the modules Megatron-core's selective recomputation can re-run (``--recompute-modules``) that tuner models
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 
 
 class PlanError(ValueError):
@@ -359,6 +363,11 @@ class ParallelPlan:
     #: with ``recompute="full"``: how many layers of each model chunk are recomputed (Megatron's
     #: ``--recompute-method block --recompute-num-layers``; torchtitan's every n-th layer); None: all
     recompute_layers: int | None = None
+    #: with ``recompute="selective"``: the modules Megatron-core recomputes (``--recompute-modules``, of
+    #: :data:`RECOMPUTE_MODULES`); empty: its default, the attention core. ``core_attn``, ``mlp``, ``moe`` and
+    #: ``shared_experts`` keep their input and re-run in the backward; ``layernorm``, ``mla_up_proj`` and
+    #: ``moe_act`` discard their output once read and compute it again
+    recompute_modules: tuple[str, ...] = ()
     ep: int = 1  #: expert-parallel degree (divides dp), MoE only
     #: tensor-parallel degree of the routed experts: None, the plan's ``tp`` (Megatron's default for
     #: ``--expert-tensor-parallel-size``: each expert's MLP split like a dense one, the routed tokens
@@ -436,6 +445,11 @@ class ParallelPlan:
     stage_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.recompute_modules, tuple):  # a list from YAML / JSON
+            if isinstance(self.recompute_modules, (str, bytes)) or not all(
+                    isinstance(m, str) for m in self.recompute_modules):
+                raise PlanError(f"recompute_modules must be a list of module names (got {self.recompute_modules!r})")
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
         if self.stage_layers is not None and not isinstance(self.stage_layers, tuple):  # a list from YAML / JSON
             if isinstance(self.stage_layers, (str, bytes)) or not all(
                     isinstance(n, int) and not isinstance(n, bool) for n in self.stage_layers):
@@ -462,6 +476,14 @@ class ParallelPlan:
     def etp(self) -> int:
         """Tensor-parallel degree of the routed experts (:attr:`expert_tp`, or ``tp``)."""
         return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
+    def selective_modules(self) -> frozenset[str]:
+        """The modules selective recomputation re-runs (:attr:`recompute_modules`, or the attention core by
+        default); empty for any other recomputation."""
+        if self.recompute != "selective":
+            return frozenset()
+        return frozenset(self.recompute_modules or ("core_attn",))
 
     @property
     def folds_tp_into_ep(self) -> bool:
@@ -549,6 +571,7 @@ class ParallelPlan:
         extra += {"fp32": "", "bf16_moments": "-adam16m", "bf16": "-adam16"}[self.optimizer_state]
         extra += f"-layers{split_label(self.stage_layers)}" if self.stage_layers is not None else ""
         rec = self.recompute + (str(self.recompute_layers) if self.recompute_layers is not None else "")
+        rec += f"[{'+'.join(self.recompute_modules)}]" if self.recompute_modules else ""
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{sched}-{rec}{extra}"
 
     def to_dict(self) -> dict:
@@ -654,6 +677,16 @@ def check_plan(spec: TransformerSpec, plan: ParallelPlan, devices: int | None = 
         what = f"pp x virtual_stages = {plan.pp * v}" if v > 1 else f"pp={plan.pp}"
         raise PlanError(f"{spec.layers} layers cannot be split evenly over {what} pipeline chunks "
                         "(stage_layers splits them unevenly)")
+    if plan.recompute_modules:
+        if plan.recompute != "selective":
+            raise PlanError("recompute_modules needs recompute: selective")
+        unknown = sorted(set(plan.recompute_modules) - set(RECOMPUTE_MODULES))
+        if unknown:
+            raise PlanError(f"recompute_modules {', '.join(unknown)}: tuner models {', '.join(RECOMPUTE_MODULES)}")
+        if "mla_up_proj" in plan.recompute_modules and spec.mla is None:
+            raise PlanError("recompute module mla_up_proj needs multi-latent attention (mla)")
+        if spec.moe is None and {"moe", "moe_act", "shared_experts"} & set(plan.recompute_modules):
+            raise PlanError("recompute modules moe, moe_act and shared_experts need an MoE model")
     if plan.recompute_layers is not None:
         if plan.recompute != "full":
             raise PlanError("recompute_layers needs recompute: full")
