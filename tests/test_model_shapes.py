@@ -339,6 +339,7 @@ def test_selective_recomputation_of_modules():
     args = megatron_args(spec, plan)
     assert args[args.index("--recompute-modules") + 1:args.index("--recompute-modules") + 3] == ["mla_up_proj", "moe"]
     assert read_megatron_args(args, devices=8).plan == plan
+    assert read_megatron_args(args + ["--recompute-modules", "core_attn"], devices=8).plan.recompute_modules == ()
     dense = replace(spec, moe=None, mla=None)
     words = megatron_args(dense, replace(base, ep=1)) + ["--recompute-modules", "moe", "mla_up_proj"]
     none = read_megatron_args(words, devices=8)  # no MoE layer, no MLA: nothing of this model is recomputed

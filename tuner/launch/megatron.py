@@ -410,7 +410,7 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
             while not eq and j < len(tokens) and not tokens[j].startswith("--"):
                 words.append(tokens[j])
                 j += 1
-            values["recompute_modules"] = (*values.get("recompute_modules", ()), *words)
+            values["recompute_modules"] = tuple(words)  # argparse: the last occurrence wins
             i = i + 1 if eq else j
             continue
         if name in _SWITCHES:
@@ -596,7 +596,7 @@ def _recompute_modules(values: dict, recompute: str, spec: TransformerSpec, note
     if rest:
         notes.append(f"--recompute-modules {' '.join(rest)}: not modules of this model tuner recomputes; their "
                      "activations priced as kept")
-    return kept
+    return () if kept == ("core_attn",) else kept  # Megatron's default, the plan's empty list
 
 
 def _optimizer_state(values: dict, source: str, notes: list[str]) -> str:
