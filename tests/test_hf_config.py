@@ -64,6 +64,9 @@ def test_each_family_reads_what_it_runs():
     assert (mixtral.moe.experts, mixtral.moe.top_k, mixtral.moe.ffn, mixtral.kv_heads) == (8, 2, 14336, 8)
     qwen, _ = spec_from_hf_config(CONFIGS["Qwen3-30B-A3B"][1], "q")
     assert (qwen.kv_channels, qwen.moe.experts, qwen.moe.ffn, qwen.tie_embeddings) == (128, 128, 768, False)
+    # Qwen MoE's decoder_sparse_step: layer i routed when (i + 1) % step == 0, the others dense
+    sparse, _ = spec_from_hf_config({**CONFIGS["Qwen3-30B-A3B"][1], "decoder_sparse_step": 2}, "q")
+    assert sparse.moe.every == 2 and sparse.moe_layer_count == 24 and not sparse.is_moe_layer(0)
     ds, notes = spec_from_hf_config(CONFIGS["DeepSeek-V3"][1], "d")
     assert (ds.mla.kv_lora_rank, ds.moe.dense_layers, ds.moe.shared_ffn, ds.program) == (512, 3, 2048, "megatron")
     gpt2, _ = spec_from_hf_config(CONFIGS["gpt2"][1], "g")

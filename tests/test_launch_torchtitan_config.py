@@ -236,6 +236,8 @@ def test_model_shape_is_read_from_the_configuration_tree():
     assert dense.kv_heads is None and dense.kv_channels is None and dense.moe is None  # 8 x 128 = 1024 wide
     with pytest.raises(LaunchError, match="first layers are dense"):
         spec_from_model_config(_model([_block(experts=8), _block(ffn=4096)] * 3), 2048, "cfg")
+    maverick, _ = spec_from_model_config(_model([_block(ffn=4096), _block(experts=8)] * 3), 2048, "cfg")
+    assert (maverick.moe.dense_layers, maverick.moe.every, maverick.ffn) == (0, 2, 4096)  # Llama 4's alternation
     with pytest.raises(LaunchError, match="grouped-query attention"):
         spec_from_model_config(_model([NS(attention=NS(n_heads=16, q_lora_rank=0), feed_forward=None, moe=None)]),
                                2048, "cfg")

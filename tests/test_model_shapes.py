@@ -18,6 +18,7 @@ from predictor.sources.synth.transformer import (
 )
 from predictor.sources.synth.transformer_memory import (
     activation_bytes_per_layer,
+    expert_params_per_device,
     layer_param_count,
     memory_per_stage,
 )
@@ -307,6 +308,31 @@ def test_eager_fused_loss_runs_one_kernel_a_pass_and_keeps_the_logits_once():
     saved = memory_per_stage(plain, plan)[0].activations_bytes - memory_per_stage(fused, plan)[0].activations_bytes
     tokens, vocab = 4 * 256, plain.padded_vocab(1)
     assert saved == pytest.approx(12 * tokens * vocab - 4 * tokens * vocab, rel=0.02)
+
+
+def test_moe_layers_every_nth_layer():
+    """MoE layers between dense ones (moe.every; Llama 4 Maverick alternates them): each layer's kernels are
+    its kind's, each pipeline stage holds its own layers' experts, and Megatron's --moe-layer-freq list reads
+    and writes the pattern. Llama 4 Maverick reads as 400.8 B parameters (its model card: 400 B)."""
+    spec = TransformerSpec(layers=6, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu", ffn=1024,
+                           moe=MoESpec(experts=8, top_k=2, ffn=256, dense_layers=1, every=2))
+    assert [spec.is_moe_layer(j) for j in range(6)] == [False, False, True, False, True, False]
+    assert spec.moe_layer_count == 2
+    plan = ParallelPlan(tp=1, pp=2, dp=2, ep=2, micro_batch=1, global_batch=4)
+    names = set(build_transformer_graph(spec, plan, detail="kernel").tasks_frame().name)
+    assert "layer[2].experts.fc1" in names  # stage 0 holds layers 0-2: the third is MoE
+    assert "layer[1].experts.fc1" in names  # stage 1 holds layers 3-5: the second (layer 4) is MoE
+    assert "layer[0].experts.fc1" not in names  # neither stage's first layer (0, 3) is
+    mem = memory_per_stage(spec, plan)  # two dense layers and one MoE layer each; stage 0 the position table,
+    assert mem[0].params - mem[1].params == pytest.approx(spec.position_params - 2 * 512)  # stage 1 the final norm
+    assert expert_params_per_device(spec, plan, 0) == expert_params_per_device(spec, plan, 1) > 0
+    args = megatron_args(spec, plan)
+    assert args[args.index("--moe-layer-freq") + 1] == "([0]*1+([0]*1+[1])*2+[0]*1)"
+    assert read_megatron_args(args, devices=4).spec.moe == spec.moe
+    maverick = TransformerSpec(layers=48, hidden=5120, heads=40, kv_heads=8, seq=8192, vocab=202048, mlp="swiglu",
+                               ffn=16384, tie_embeddings=False,
+                               moe=MoESpec(experts=128, top_k=1, ffn=8192, shared_ffn=8192, every=2))
+    assert maverick.param_count() / 1e9 == pytest.approx(400.0, rel=0.01)
 
 
 def test_selective_recomputation_of_modules():

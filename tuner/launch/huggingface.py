@@ -73,12 +73,14 @@ def _moe(doc: dict, kind: str, layers: int, source: str, notes: list[str]) -> Mo
     ffn = _field(doc, ("moe_intermediate_size", "intermediate_size"), source)
     shared = _count(doc, "shared_expert_intermediate_size", source) or _count(doc, "n_shared_experts", source) * ffn
     dense = _count(doc, "first_k_dense_replace", source)
-    if doc.get("mlp_only_layers") or _count(doc, "decoder_sparse_step", source, 1) > 1:
-        notes.append(f"{kind}: dense layers other than the first ones (mlp_only_layers, decoder_sparse_step) read as "
-                     "every layer routed")
-    if dense >= layers:
-        raise LaunchError(f"{source}: first_k_dense_replace {dense} leaves no layer with experts")
-    return MoESpec(experts=experts, top_k=top_k, ffn=ffn, shared_ffn=shared, dense_layers=dense)
+    # Qwen MoE: layer i routed when (i + 1) % decoder_sparse_step == 0 (and not in mlp_only_layers)
+    every = max(_count(doc, "decoder_sparse_step", source, 1), 1)
+    if doc.get("mlp_only_layers"):
+        notes.append(f"{kind}: mlp_only_layers (dense layers where the pattern routes) read as routed")
+    if dense + every > layers:
+        raise LaunchError(f"{source}: first_k_dense_replace {dense} and decoder_sparse_step {every} leave no layer "
+                          "with experts")
+    return MoESpec(experts=experts, top_k=top_k, ffn=ffn, shared_ffn=shared, dense_layers=dense, every=every)
 
 
 def spec_from_hf_config(doc: dict, source: str, seq: int | None = None) -> tuple[TransformerSpec, list[str]]:

@@ -38,10 +38,11 @@ import math
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
-from predictor.sources.synth.transformer_spec import RECOMPUTE_MODULES
+from predictor.sources.synth.transformer_spec import RECOMPUTE_MODULES, moe_layout
 from tuner.launch.common import (
     OFFLOAD_NOTE,
     LaunchError,
@@ -252,8 +253,11 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
             a += ["--moe-ffn-hidden-size", str(spec.moe.ffn)]
         if spec.moe.shared_ffn:
             a += ["--moe-shared-expert-intermediate-size", str(spec.moe.shared_ffn)]
-        if spec.moe.dense_layers:
-            k = spec.moe.dense_layers
+        k, every = spec.moe.dense_layers, spec.moe.every
+        if every > 1:  # whole periods after the first k dense layers, then the dense remainder
+            periods, rest = divmod(spec.layers - k, every)
+            a += ["--moe-layer-freq", f"([0]*{k}+([0]*{every - 1}+[1])*{periods}+[0]*{rest})"]
+        elif k:
             a += ["--moe-layer-freq", f"([0]*{k}+[1]*{spec.layers - k})"]
         if spec.moe.grouped_gemm:
             a.append("--moe-grouped-gemm")
@@ -487,8 +491,9 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
             raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
-                      shared_ffn=int(shared), dense_layers=_dense_layers(values.get("moe_layer_freq"), layers, notes),
-                      grouped_gemm=bool(values.get("--moe-grouped-gemm")))
+                      shared_ffn=int(shared), grouped_gemm=bool(values.get("--moe-grouped-gemm")))
+        k, every = _dense_layers(values.get("moe_layer_freq"), layers, notes)
+        moe = replace(moe, dense_layers=k, every=every)
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
@@ -553,18 +558,20 @@ def _mla(values: dict, source: str) -> MLASpec | None:
     return MLASpec(q_lora_rank=q, **sizes)
 
 
-def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> int:
-    """The first-k dense layers of Megatron's ``--moe-layer-freq``: ``1`` (every layer MoE) or a pattern
-    ``([0]*k+[1]*m)``; any other pattern reads as every layer MoE, with a note."""
+def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> tuple[int, int]:
+    """(first dense layers, MoE every n-th layer after them) of Megatron's ``--moe-layer-freq``: ``1`` (every
+    layer MoE) or a list pattern of first-k dense layers and then every n-th MoE, ``([0]*k+([0]*(n-1)+[1])*m)``;
+    any other pattern reads as every layer MoE, with a note."""
     if freq is None or freq.strip() == "1":
-        return 0
+        return 0, 1
     pattern = literal_value(freq)
     if isinstance(pattern, list) and len(pattern) == layers and set(pattern) <= {0, 1}:
-        k = pattern.index(1) if 1 in pattern else layers
-        if all(pattern[k:]) and k < layers:
-            return k
-    notes.append(f"--moe-layer-freq {freq} read as every layer an MoE layer (tuner models the first k dense only)")
-    return 0
+        layout = moe_layout([v == 1 for v in pattern])
+        if layout is not None:
+            return layout
+    notes.append(f"--moe-layer-freq {freq} read as every layer an MoE layer (tuner models first-k dense layers and "
+                 "every n-th layer MoE after them)")
+    return 0, 1
 
 
 def _recompute(values: dict, source: str, notes: list[str]) -> str:

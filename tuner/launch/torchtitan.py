@@ -5,7 +5,7 @@ the last releases configured by TOML files (its main branch replaced them by Pyt
 configurations in Feb 2026, pytorch/torchtitan#2386, and later counted batches in tokens). torchtitan
 builds its model by ``[model] name`` and ``flavor``, so tuner writes the model's shape into its
 ``# tuner:`` comment line; a TOML without it reads back with the model given by the caller, or
-torchtitan's Llama 3, Llama 4 (16 experts), Qwen 3 and DeepSeek-V3 flavors (:data:`TORCHTITAN_MODELS`).
+torchtitan's Llama 3, Llama 4, Qwen 3 and DeepSeek-V3 flavors (:data:`TORCHTITAN_MODELS`).
 
 torchtitan cannot express every tuner plan, so :func:`torchtitan_plan` is the plan as torchtitan
 runs it: tensor parallelism always with sequence parallelism, gradients reduced in fp32
@@ -40,7 +40,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "TORCHTITAN_UNMODELLED", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -71,10 +71,12 @@ _QWEN3_MOE = dict(vocab=151936, kv_heads=4, kv_channels=128)
 #: DeepSeek-V3's multi-latent attention (``torchtitan/models/deepseek_v3``: 512-wide key / value latent,
 #: 128 + 64-wide query / key heads, 128-wide values), straight or through a query latent
 _DSV3_MLA = dict(kv_lora_rank=512, qk_head_dim=128, rope_head_dim=64, v_head_dim=128)
-#: Llama 4's expert width in torchtitan: the dense SwiGLU width of 5120 (x 1.2) over top-1 + one shared
-#: expert, rounded up to 2048 (``auto_scale_hidden_dim``): 8192
+#: Llama 4's expert width in torchtitan: the dense SwiGLU width of 5120 (x 1.2, rounded up to 2048: 16,384) over
+#: top-1 + one shared expert, rounded up to 2048 (``auto_scale_hidden_dim``): 8192; 17bx128e alternates dense
+#: layers of that dense width and MoE layers (``interleave_moe_layer_step`` 2)
 _LLAMA4 = dict(layers=48, hidden=5120, heads=40, kv_heads=8, vocab=202048, ffn=8192,
                moe=MoESpec(experts=16, top_k=1, ffn=8192, shared_ffn=8192))
+_LLAMA4_128E = dict(_LLAMA4, ffn=16384, moe=MoESpec(experts=128, top_k=1, ffn=8192, shared_ffn=8192, every=2))
 TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
     ("llama3", "8B"): dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=llama_ffn(4096, 1024, 1.3)),
     ("llama3", "70B"): dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=llama_ffn(8192, 4096, 1.3)),
@@ -101,12 +103,8 @@ TORCHTITAN_MODELS: dict[tuple[str, str], dict] = {
                                   moe=MoESpec(experts=256, top_k=8, ffn=2048, shared_ffn=2048, dense_layers=3)),
     ("llama4", "17bx16e"): _LLAMA4,
     ("llama4", "17bx16e_irope"): dict(_LLAMA4, attention="flex"),
-}
-#: torchtitan flavors tuner knows but does not model, and why
-TORCHTITAN_UNMODELLED: dict[tuple[str, str], str] = {
-    ("llama4", flavor): "alternates dense and mixture-of-experts layers (interleave_moe_layer_step = 2); tuner "
-                        "models MoE models whose first layers are dense and the rest experts"
-    for flavor in ("17bx128e", "17bx128e_irope")
+    ("llama4", "17bx128e"): _LLAMA4_128E,
+    ("llama4", "17bx128e_irope"): dict(_LLAMA4_128E, attention="flex"),
 }
 #: per-document (block-causal) attention masks, which FlexAttention flavors set
 _DOC_MASKS = "its per-document (block-causal) attention masks priced over seq_len unless --set doc_len=N gives " \
@@ -115,8 +113,8 @@ _DOC_MASKS = "its per-document (block-causal) attention masks priced over seq_le
 _FLAVOR_NOTES: dict[tuple[str, str | None], str] = {
     ("qwen3", None): "query / key norms not priced",
     ("deepseek_v3", None): f"its expert-group-limited routing priced as plain top-k routing; {_DOC_MASKS}",
-    ("llama4", "17bx16e_irope"): "its chunked attention (8,192-token blocks) and NoPE layers priced as causal "
-                                 f"attention over the sequence; {_DOC_MASKS}",
+    **{("llama4", f): "its chunked attention (8,192-token blocks) and NoPE layers priced as causal attention over "
+                      f"the sequence; {_DOC_MASKS}" for f in ("17bx16e_irope", "17bx128e_irope")},
 }
 
 
@@ -133,11 +131,8 @@ def torchtitan_model(name: str, flavor: str, seq: int) -> TransformerSpec | None
 
 def flavor_spec(name: str | None, flavor: str | None, seq: int, source: str, notes: list[str]) -> TransformerSpec:
     """The :class:`TransformerSpec` of torchtitan's model ``name`` / ``flavor`` (None: the job names none), with
-    the note on what tuner prices in its place; :class:`LaunchError` for a flavor tuner does not know or model."""
+    the note on what tuner prices in its place; :class:`LaunchError` for a flavor tuner does not know."""
     key = (str(name).lower(), str(flavor or ""))
-    if key in TORCHTITAN_UNMODELLED:
-        raise LaunchError(f"{source}: torchtitan's {name} / {flavor} {TORCHTITAN_UNMODELLED[key]}; give a shape tuner "
-                          "models: --workload MODEL.yaml")
     spec = torchtitan_model(name, flavor or "", seq) if name is not None else None
     if spec is None:
         named = f" ({name or '?'} / {flavor or '?'})" if name is not None else ""

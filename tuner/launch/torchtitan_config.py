@@ -37,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MoESpec, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import moe_layout
 from tuner.launch.common import LaunchError, LaunchPlan, header_int, header_line, header_str, read_header
 from tuner.launch.torchtitan import (
     ASYNC_TP_NOTE,
@@ -212,15 +213,15 @@ def spec_from_model_config(model_spec: object, seq: int, source: str) -> tuple[T
         raise LaunchError(f"{source}: the model's layers differ in their attention: give its shape with --workload")
     dense = [s[3] for s in shapes if s[4] is None]
     routed = {s[4] for s in shapes if s[4] is not None}
-    k = next((i for i, s in enumerate(shapes) if s[4] is not None), len(shapes))
-    if len(set(dense)) > 1 or len(routed) > 1 or any(s[4] is None for s in shapes[k:]):
-        raise LaunchError(f"{source}: tuner reads a model whose first layers are dense and the rest alike "
-                          "mixture-of-experts layers; give this one's shape with --workload")
+    layout = moe_layout([s[4] is not None for s in shapes]) if routed else (0, 1)
+    if len(set(dense)) > 1 or len(routed) > 1 or layout is None:
+        raise LaunchError(f"{source}: tuner reads a model whose first layers are dense and then every n-th layer "
+                          "alike mixture-of-experts layers; give this one's shape with --workload")
     moe = None
     if routed:
         experts, top_k, expert_ffn, shared = next(iter(routed))
         moe = MoESpec(experts=int(experts), top_k=int(top_k), ffn=int(expert_ffn), shared_ffn=int(shared),
-                      dense_layers=k)
+                      dense_layers=layout[0], every=layout[1])
     ffn = dense[0] if dense else None
     notes = [f"model {_attr(model_spec, 'name')} {_attr(model_spec, 'flavor')}: read from its configuration; "
              "RMSNorm priced as LayerNorm"]

@@ -97,6 +97,8 @@ class MoESection(StrictModel):
     #: the experts' GEMMs grouped (Megatron's --moe-grouped-gemm, torch._grouped_mm); false: one expert after
     #: another (Megatron's SequentialMLP)
     grouped_gemm: bool = True
+    #: after the dense first layers, every n-th layer MoE and the others dense (Llama 4 Maverick: 2)
+    every: bounded_int(1, 10_000, "layers per MoE layer") = 1  # type: ignore[valid-type]
 
 
 class MLASection(StrictModel):
@@ -171,6 +173,9 @@ class ModelSection(StrictModel):
             raise ValueError(f"doc_len={self.doc_len} exceeds seq={self.seq}")
         if self.moe is not None and self.moe.dense_layers >= self.layers:
             raise ValueError(f"moe.dense_layers={self.moe.dense_layers} must be below layers={self.layers}")
+        if self.moe is not None and self.moe.dense_layers + self.moe.every > self.layers:
+            raise ValueError(f"moe.every={self.moe.every} leaves no MoE layer after the "
+                             f"{self.moe.dense_layers} dense ones of {self.layers}")
         return self
 
     def to_spec(self) -> TransformerSpec:

@@ -155,9 +155,9 @@ class _PipelineAssembly:
             mk = blk.meta["markers"]
             sync, gather = off + mk["sync"], (off + mk["gather"] if "gather" in mk else None)
         if final or self.detail == "kernel":
-            blk = tpl.step_block(st.phase, first, last, final, tpl.layers_at(st, stage))
+            blk = tpl.step_block(st.phase, first, last, final, tpl.layers_at(st, stage), tpl.dense_at(st, stage))
         else:
-            blk = tpl.macro_block(st.phase, first, last, tpl.layers_at(st, stage))
+            blk = tpl.macro_block(st.phase, first, last, tpl.layers_at(st, stage), tpl.dense_at(st, stage))
         off = gb.stamp(blk, stage)
         mk = blk.meta["markers"]
         first_k, last_k = off + mk["first"], off + mk["last"]

@@ -74,7 +74,7 @@ from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
            "data_parallel_shard",
            "fp8_weight_params", "gathered_layer_bytes", "layer_norm_params", "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
-           "expert_params_per_device", "expert_replicas"]
+           "expert_params_per_device", "expert_replicas", "dense_layers_on"]
 
 #: CUDA context + library workspaces + allocator fragmentation per device, bytes (estimate)
 RESERVED_BYTES = 1.0 * 2**30
@@ -259,15 +259,14 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             return n * layer_acts
         recomputed = n if plan.recompute_layers is None else min(plan.recompute_layers, n)
         return recomputed * layer_acts + (n - recomputed) * full_layer  # the recomputed keep their input
-    # an MoE model's first layers dense (all in the first chunk of stage 0): their weights and, averaged
-    # over the stage's chunks, their activations in place of MoE layers'
-    k = spec.moe.dense_layers if spec.moe is not None else 0
-    dense_params = k * (layer_param_count(spec, t, plan.ep, dense=True, expert_tp=plan.etp)
-                          - layer_param_count(spec, t, plan.ep, expert_tp=plan.etp))
+    # an MoE model's dense layers (the first ones, and between MoE layers with moe.every): their weights and,
+    # averaged over the stage's chunks, their activations in place of MoE layers'
+    dense_params = (layer_param_count(spec, t, plan.ep, dense=True, expert_tp=plan.etp)
+                    - layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)) if spec.moe is not None else 0.0
     dense_acts = 0.0
-    if k and plan.recompute != "full":
+    if spec.moe is not None and plan.recompute != "full":
         dense_spec = replace(spec, moe=None)
-        dense_acts = k * (activation_bytes_per_layer(dense_spec, plan) - activation_bytes_per_layer(spec, plan)) / v
+        dense_acts = (activation_bytes_per_layer(dense_spec, plan) - activation_bytes_per_layer(spec, plan)) / v
     # Megatron's gradient buffer: fp32 when gradients are reduced in fp32, else the parameters' dtype
     # (--grad-reduce-in-bf16); FSDP keeps sharded gradients in the fp32 parameters' dtype
     grad_b = 4.0 if plan.fsdp_sharded or plan.grad_reduce_dtype == "fp32" else float(dt)
@@ -275,12 +274,13 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
     out = []
     for stage in range(p):
         layers = plan.rank_layers(spec.layers, stage)
+        dense = dense_layers_on(spec, plan, stage)
         # a micro-batch in flight holds one chunk's activations: the mean of the rank's chunks
         chunk_acts = sum(chunk_acts_of(plan.layers_of(spec.layers, c * p + stage)) for c in range(v)) / v
-        params = layers * layer_param_count(spec, t, plan.ep, expert_tp=plan.etp)
+        params = layers * layer_param_count(spec, t, plan.ep, expert_tp=plan.etp) + dense * dense_params
         first, last = stage == 0, stage == p - 1
         if first:
-            params += vpad * h / t + spec.position_params + dense_params  # word + position embeddings
+            params += vpad * h / t + spec.position_params  # word + position embeddings
         if last:
             params += 2 * h  # final layer norm
             if p > 1 or not spec.tie_embeddings:
@@ -295,7 +295,7 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             sharded = data_parallel_shard(spec, plan, params, stage) if plan.distributed_optimizer else params
             optim = sharded * master_b
         in_flight = peak_in_flight(schedule(plan.schedule, p, m, stage, v))
-        acts = in_flight * (chunk_acts + (dense_acts if first else 0.0))
+        acts = in_flight * (chunk_acts + dense * dense_acts)
         if plan.recompute == "full":
             acts += full_layer  # one layer's activations live while it is recomputed and back-propagated
         if first and spec.has_dropout:
@@ -314,9 +314,10 @@ def fp8_weight_params(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> 
     layers = plan.rank_layers(spec.layers, stage)
     per_layer = layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp) - layer_norm_params(spec)
     dense = 0.0
-    if stage == 0 and spec.moe is not None and spec.moe.dense_layers:
-        dense = spec.moe.dense_layers * (layer_param_count(spec, plan.tp, plan.ep, dense=True, expert_tp=plan.etp)
-                                         - layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp))
+    if spec.moe is not None:
+        dense = dense_layers_on(spec, plan, stage) * (
+            layer_param_count(spec, plan.tp, plan.ep, dense=True, expert_tp=plan.etp)
+            - layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp))
     return layers * per_layer + dense
 
 
@@ -375,12 +376,23 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
     return shard * dt, shard * grad_b, shard * master_b, gathered
 
 
+def dense_layers_on(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> int:
+    """An MoE model's dense layers pipeline ``stage`` holds, all its model chunks together (0 for a dense model:
+    its layers are all dense, and priced so)."""
+    if spec.moe is None:
+        return 0
+    count = 0
+    for c in range(plan.virtual_stages_effective):
+        vs = c * plan.pp + stage
+        start = plan.chunk_start(spec.layers, vs)
+        count += sum(not spec.is_moe_layer(j) for j in range(start, start + plan.layers_of(spec.layers, vs)))
+    return count
+
+
 def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:
-    """Expert parameters a device of pipeline ``stage`` holds (all its layers), for the expert-data-parallel
-    reduce (stage 0 holds the dense layers, which have none)."""
-    moe_layers = plan.rank_layers(spec.layers, stage)
-    if stage == 0 and spec.moe is not None:
-        moe_layers -= spec.moe.dense_layers
+    """Expert parameters a device of pipeline ``stage`` holds (all its MoE layers), for the expert-data-parallel
+    reduce."""
+    moe_layers = plan.rank_layers(spec.layers, stage) - dense_layers_on(spec, plan, stage)
     return moe_layers * expert_param_count(spec, plan.ep, plan.etp)
 
 

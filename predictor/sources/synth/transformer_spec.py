@@ -17,12 +17,24 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 __all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "LayerMatmul", "MLASpec", "MoESpec", "RECOMPUTE_MODULES", "TransformerSpec",
-           "ParallelPlan", "PlanError", "check_plan", "check_stage_layers", "layer_matmuls", "split_label"]
+           "ParallelPlan", "PlanError", "check_plan", "check_stage_layers", "layer_matmuls", "moe_layout", "split_label"]
 
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: attention cores the synthesiser emits (:attr:`TransformerSpec.attention`)
 ATTENTION_VALUES = ("flash", "flash2", "flash_triton", "cudnn", "te", "flex", "unfused")
+
+
+def moe_layout(routed: list[bool]) -> tuple[int, int] | None:
+    """(``moe.dense_layers``, ``moe.every``) of a model whose layer ``i`` is an MoE layer where ``routed[i]``: the
+    first dense layers, then every n-th layer MoE; None for another pattern (or no MoE layer)."""
+    if True not in routed:
+        return None
+    for every in range(1, len(routed) + 1):
+        k = routed.index(True) - (every - 1)
+        if k >= 0 and all(r == (j >= k and (j - k) % every == every - 1) for j, r in enumerate(routed)):
+            return k, every
+    return None
 
 
 #: the modules Megatron-core's selective recomputation can re-run (``--recompute-modules``) that tuner models
@@ -43,6 +55,9 @@ class MoESpec:
     ``--moe-shared-expert-intermediate-size``, the width of all shared experts together).
     ``dense_layers``: the model's first layers keep a dense MLP of the model's ``ffn`` (DeepSeek's
     ``first_k_dense_replace``; Megatron-LM's ``--moe-layer-freq "([0]*k+[1]*m)"``).
+    ``every``: after them, every ``every``-th layer is an MoE layer and the others keep the dense MLP
+    (Llama 4 Maverick's ``interleave_moe_layer_step`` 2: layers 1, 3, 5, ... MoE; Megatron-LM's
+    ``--moe-layer-freq "([0]+[1])*24"``).
     ``grouped_gemm``: the routed experts' GEMMs as the program's grouped GEMM (Megatron-LM's
     ``--moe-grouped-gemm``: Transformer Engine's grouped linear, one GEMM per expert on 4 streams; the eager
     program's ``torch._grouped_mm``, one kernel); False: one GEMM per expert, one after another
@@ -56,6 +71,7 @@ class MoESpec:
     shared_ffn: int = 0
     dense_layers: int = 0
     grouped_gemm: bool = True
+    every: int = 1
 
 
 @dataclass(frozen=True)
@@ -271,7 +287,7 @@ class TransformerSpec:
         else:
             shared = self.mlp_param_count(moe.shared_ffn) if moe.shared_ffn else 0.0
             mlp = h * moe.experts + moe.experts * self.mlp_param_count(self.expert_ffn_size) + shared
-        dense = moe.dense_layers if moe is not None else 0
+        dense = self.layers - self.moe_layer_count
         layers = (self.layers - dense) * (attn + mlp + 4 * h) + dense * (attn + dense_mlp + 4 * h)
         emb = self.vocab * h + self.position_params
         return layers + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
@@ -290,7 +306,7 @@ class TransformerSpec:
         else:
             attn = 2.0 * s * (sum(self.mla_weights()) + self.attn_size * h)
             attn += 2.0 * s * s * self.heads * self.attention_core_width
-        dense = moe.dense_layers if moe is not None else 0
+        dense = self.layers - self.moe_layer_count
         return (self.layers - dense) * (attn + mlp) + dense * (attn + dense_mlp) + 2.0 * s * h * self.vocab
 
     def iteration_flops(self, global_batch: int, recompute: str = "none") -> float:
@@ -337,6 +353,21 @@ class TransformerSpec:
             raise PlanError(f"MoE expert widths must be >= 1 (got ffn={self.moe.ffn}, shared_ffn={self.moe.shared_ffn})")
         if self.moe is not None and not 0 <= self.moe.dense_layers < self.layers:
             raise PlanError(f"moe.dense_layers must be 0 .. layers - 1 = {self.layers - 1} (got {self.moe.dense_layers})")
+        if self.moe is not None and not 1 <= self.moe.every <= self.layers - self.moe.dense_layers:
+            raise PlanError(f"moe.every must be 1 .. {self.layers - self.moe.dense_layers} (the layers after the dense "
+                            f"ones; got {self.moe.every})")
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based, in model order) is an MoE layer: after the ``moe.dense_layers`` first
+        ones, every ``moe.every``-th."""
+        moe = self.moe
+        return moe is not None and index >= moe.dense_layers and (index - moe.dense_layers) % moe.every == moe.every - 1
+
+    @property
+    def moe_layer_count(self) -> int:
+        """The model's MoE layers (0 for a dense model)."""
+        moe = self.moe
+        return 0 if moe is None else (self.layers - moe.dense_layers) // moe.every
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -536,6 +567,10 @@ class ParallelPlan:
     def layers_of(self, layers: int, virtual_stage: int) -> int:
         """Layers of virtual pipeline stage ``virtual_stage`` (chunk ``c`` of rank ``s`` is ``c x pp + s``)."""
         return self.chunk_layers(layers) if self.stage_layers is None else self.stage_layers[virtual_stage]
+
+    def chunk_start(self, layers: int, virtual_stage: int) -> int:
+        """The first layer (0-based, model order) of virtual pipeline stage ``virtual_stage``."""
+        return sum(self.layers_of(layers, u) for u in range(virtual_stage))
 
     def rank_layers(self, layers: int, stage: int) -> int:
         """Layers pipeline rank ``stage`` holds, all its model chunks together."""

@@ -158,11 +158,16 @@ class StepTemplates:
         gb = GraphBuilder()
         return gb, StepEmitter(gb, 0, self.mode)
 
-    def step_block(self, phase: str, first: bool, last: bool, final: bool, layers: int | None = None) -> ExecutionGraph:
+    def step_block(self, phase: str, first: bool, last: bool, final: bool, layers: int | None = None,
+                   dense: tuple[bool, ...] | None = None) -> ExecutionGraph:
         """Kernel template of one forward/backward step of one chunk of ``layers`` layers (default: the even
-        split's; ``final``: reduce gradients)."""
+        split's; ``final``: reduce gradients); ``dense``: which of them are an MoE model's dense layers (default:
+        the model's first ``moe.dense_layers``, in the first chunk)."""
         n = self.layers_per_chunk if layers is None else layers
-        key = (phase, first, last, final, n)
+        if dense is None:
+            dense = tuple(first and i < self.dense_layers for i in range(n))
+        pattern = dense
+        key = (phase, first, last, final, n, pattern)
         blk = self._blocks.get(key)
         if blk is not None:
             return blk
@@ -173,7 +178,7 @@ class StepTemplates:
         if phase == "F":
             if fsdp:  # the root unit (embedding, head) first, then layer 0; each layer prefetches the next
                 e.after_next += self._fsdp_gather(e, "fsdp.root.all_gather", self._root_params(), layer=False)
-                gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", *self._fsdp_layer(first, 0))
+                gathered = self._fsdp_gather(e, "fsdp.layer[0].all_gather", *self._fsdp_layer(pattern[0]))
                 self._fsdp_copy_out(e, "fsdp.root", self._root_params(), layer=False)
             if first:
                 ops.embedding_fwd(e)
@@ -181,13 +186,13 @@ class StepTemplates:
                 if fsdp:
                     e.after_next += gathered
                     if i + 1 < n:
-                        gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", *self._fsdp_layer(first, i + 1))
-                    self._fsdp_copy_out(e, f"fsdp.layer[{i}]", self._fsdp_layer(first, i)[0])
-                ops.layer_fwd(e, f"layer[{i}].", first and i < self.dense_layers)
+                        gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", *self._fsdp_layer(pattern[i + 1]))
+                    self._fsdp_copy_out(e, f"fsdp.layer[{i}]", self._fsdp_layer(pattern[i])[0])
+                ops.layer_fwd(e, f"layer[{i}].", pattern[i])
             if last:
                 ops.head_fwd(e)
         elif fsdp:
-            reduces = self._fsdp_backward(e, first, last)
+            reduces = self._fsdp_backward(e, first, last, pattern)
             if final:  # the optimizer waits for the last micro-batch's reduce-scatters
                 markers["dp"] = reduces
         else:
@@ -204,7 +209,7 @@ class StepTemplates:
                             head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
                         dense.add(e, head, e.last)
                 for i in reversed(range(n)):
-                    is_dense = first and i < self.dense_layers
+                    is_dense = pattern[i]
                     ops.layer_bwd(e, f"layer[{i}].", i, is_dense)
                     if final and is_dense:
                         dense.add(e, ops.dense_layer_params, e.last)
@@ -232,12 +237,13 @@ class StepTemplates:
         vocab = spec.padded_vocab(t) * spec.hidden / t
         return vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
 
-    def _fsdp_layer(self, first: bool, i: int) -> tuple[float, float]:
-        """(parameters, of them routed experts') of layer ``i`` of a chunk on one device, as FSDP gathers it."""
+    def _fsdp_layer(self, dense: bool) -> tuple[float, float]:
+        """(parameters, of them routed experts') of a layer on one device, as FSDP gathers it; ``dense``: one of an
+        MoE model's dense layers."""
         ops = self.ops
         if self.spec.moe is None:
             return ops.layer_params, 0.0
-        if first and i < self.dense_layers:
+        if dense:
             return ops.dense_layer_params, 0.0
         return ops.layer_params, ops.expert_params
 
@@ -290,7 +296,7 @@ class StepTemplates:
                             [eltwise(f"{name}.copy_in", "memcpy", params, dt, rw=(dt + g) / dt)], after=after)
         return e.op_on(e.comm, name, kernels, after=after)
 
-    def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool) -> list[int]:
+    def _fsdp_backward(self, e: StepEmitter, first: bool, last: bool, dense: tuple[bool, ...]) -> list[int]:
         """FSDP backward: layers in reverse, each re-gathered (the previous layer's gather prefetched,
         BACKWARD_PRE; none when ``plan.fsdp_reshard_after_forward`` is off: the forward's gathers are kept) and
         its gradients reduce-scattered; the root unit's gradients last. Returns the reduce-scatters."""
@@ -299,17 +305,17 @@ class StepTemplates:
         reduces: list[int] = []
         gathered: list[int] = []
         if regather:
-            gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", *self._fsdp_layer(first, n - 1))
+            gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", *self._fsdp_layer(dense[n - 1]))
         if last:
             ops.head_bwd(e)
         for i in reversed(range(n)):
             e.after_next += gathered
             if regather and i > 0:
-                gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", *self._fsdp_layer(first, i - 1))
+                gathered = self._fsdp_gather(e, f"fsdp.layer[{i - 1}].all_gather_bwd", *self._fsdp_layer(dense[i - 1]))
             if regather:
-                self._fsdp_copy_out(e, f"fsdp.layer[{i}].bwd", self._fsdp_layer(first, i)[0])
-            ops.layer_bwd(e, f"layer[{i}].", i, first and i < self.dense_layers)
-            reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", *self._fsdp_layer(first, i))
+                self._fsdp_copy_out(e, f"fsdp.layer[{i}].bwd", self._fsdp_layer(dense[i])[0])
+            ops.layer_bwd(e, f"layer[{i}].", i, dense[i])
+            reduces += self._fsdp_reduce(e, f"fsdp.layer[{i}].reduce_scatter", *self._fsdp_layer(dense[i]))
         if first:
             ops.embedding_bwd(e)
         return reduces + self._fsdp_reduce(e, "fsdp.root.reduce_scatter", self._root_params())
@@ -475,16 +481,17 @@ class StepTemplates:
         else:
             e.op("optimizer.zero_grad", [])
 
-    def macro_block(self, phase: str, first: bool, last: bool, layers: int | None = None) -> ExecutionGraph:
+    def macro_block(self, phase: str, first: bool, last: bool, layers: int | None = None,
+                    dense: tuple[bool, ...] | None = None) -> ExecutionGraph:
         """Stage detail: one launch + one task lasting the simulated span of the kernel template."""
         n = self.layers_per_chunk if layers is None else layers
-        key = (phase, first, last, n)
+        key = (phase, first, last, n, dense)
         blk = self._macro.get(key)
         if blk is not None:
             return blk
         from predictor.simulate import simulate
 
-        kernel = self.step_block(phase, first, last, False, n)
+        kernel = self.step_block(phase, first, last, False, n, dense)
         tl = simulate(kernel, self.timing)
         on_dev = kernel.category != Category.CPU
         on_dev &= kernel.category != Category.SYNC
@@ -515,12 +522,20 @@ class StepTemplates:
         for stage in range(self.p):
             for st in schedule(self.plan.schedule, self.p, self.m, stage, self.v):
                 first, last = self.ends(st, stage)
-                total += self.step_block(st.phase, first, last, False, self.layers_at(st, stage)).n_tasks
+                total += self.step_block(st.phase, first, last, False, self.layers_at(st, stage),
+                                         self.dense_at(st, stage)).n_tasks
         return total
 
     def layers_at(self, st: Step, stage: int) -> int:
         """Layers of the chunk ``st`` runs on ``stage``."""
         return self.plan.layers_of(self.spec.layers, st.chunk * self.p + stage)
+
+    def dense_at(self, st: Step, stage: int) -> tuple[bool, ...]:
+        """Which layers of the chunk ``st`` runs on ``stage`` are an MoE model's dense layers."""
+        vs = st.chunk * self.p + stage
+        start = self.plan.chunk_start(self.spec.layers, vs)
+        moe = self.spec.moe is not None
+        return tuple(moe and not self.spec.is_moe_layer(start + i) for i in range(self.layers_at(st, stage)))
 
     def ends(self, st: Step, stage: int) -> tuple[bool, bool]:
         """Whether ``st`` on ``stage`` runs the first (embedding) and the last (head) virtual stage."""
