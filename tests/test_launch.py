@@ -22,7 +22,7 @@ from tuner.launch import (
     torchtitan_toml,
     write_launch_files,
 )
-from tuner.launch.megatron import megatron_stage_layers
+from tuner.launch.megatron_split import megatron_stage_layers
 from tuner.plans import predict_plan
 
 try:

@@ -12,7 +12,7 @@ Mapping (tuner field -> flag): ``tp`` ``--tensor-model-parallel-size``; ``pp``
 interleaved ``virtual_stages`` ``--num-layers-per-virtual-pipeline-stage`` = layers / (pp x v)
 (``--num-virtual-stages-per-pipeline-rank`` v with an uneven split); ``stage_layers``
 ``--decoder-first/last-pipeline-num-layers`` or ``--account-for-embedding/loss-in-pipeline-split``
-(:func:`megatron_stage_layers`);
+(:func:`~tuner.launch.megatron_split.megatron_stage_layers`);
 ``recompute`` ``--recompute-granularity selective`` or ``full`` with ``--recompute-method uniform
 --recompute-num-layers 1``; ``fsdp`` ``--use-megatron-fsdp --data-parallel-sharding-strategy
 optim_grads_params`` (``--use-torch-fsdp2`` reads as it too); ``grad_reduce_dtype`` bf16 ``--grad-reduce-in-bf16`` (fp32 is
@@ -56,10 +56,11 @@ from tuner.launch.common import (
     read_launch_text,
     tokenizer_vocab,
 )
+from tuner.launch.megatron_split import PP_PARTITIONS, counted_ends, megatron_stage_layers, split_flags
 from tuner.launch.shell import literal_value, shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
-           "megatron_stage_layers", "slurm_allocation", "GPT2_VOCAB", "PP_PARTITIONS"]
+           "slurm_allocation", "GPT2_VOCAB"]
 
 #: Megatron-LM's GPT examples tokenise with GPT-2 BPE: the vocabulary when no --vocab-size is given
 GPT2_VOCAB = 50257
@@ -120,80 +121,6 @@ _VALUE_KEYS = {**_INT_FLAGS, **_FLOAT_FLAGS, **_STR_FLAGS}
 
 
 # ----------------------------------------------------------------------------- uneven pipeline splits
-def megatron_stage_layers(layers: int, pp: int, v: int = 1, *, first: int | None = None, last: int | None = None,
-                          embedding: bool = False, loss: bool = False) -> tuple[int, ...] | None:
-    """Layers of each virtual pipeline stage (model order) as Megatron-core places them
-    (``get_num_layers_to_build``): the first / last pipeline rank ``first`` / ``last`` layers (over its
-    ``v`` chunks) and the rest even; or, with the embedding and / or the loss counted as a layer, ``(layers
-    + 1 + 1) / (pp x v)`` each, the first / last chunk one fewer. None: an even split. :class:`ValueError`
-    where Megatron refuses the split."""
-    if pp == 1:
-        return None
-    if first is not None or last is not None:
-        if embedding or loss:
-            raise ValueError("an uneven first / last pipeline stage does not go with the embedding or the loss "
-                             "counted in the split")
-        given = [n for n in (first, last) if n is not None]
-        left, rest = pp - len(given), layers - sum(given)
-        if left and rest % left or not left and rest:
-            raise ValueError(f"the {rest} layers left do not split evenly over {left} pipeline stages")
-        ranks = [rest // left if left else 0] * pp
-        ranks[0] = ranks[0] if first is None else first
-        ranks[-1] = ranks[-1] if last is None else last
-        if any(n % v for n in ranks):
-            raise ValueError(f"the stages' layers {ranks} do not split over {v} virtual stages each")
-        chunks = [ranks[s] // v for _ in range(v) for s in range(pp)]
-    elif embedding or loss:
-        total = layers + embedding + loss
-        if total % (pp * v):
-            raise ValueError(f"{layers} layers with the embedding / loss counted do not split over {pp * v} "
-                             "virtual stages")
-        chunks = [total // (pp * v)] * (pp * v)
-        chunks[0] -= embedding
-        chunks[-1] -= loss
-    else:
-        return None
-    return None if len(set(chunks)) == 1 else tuple(chunks)
-
-
-def _split_flags(layers: int, plan: ParallelPlan) -> list[str]:
-    """Megatron-LM's flags for ``plan.stage_layers``; :class:`LaunchError` for a split it cannot express."""
-    if plan.stage_layers is None:
-        return []
-    pp, v = plan.pp, plan.virtual_stages_effective
-    for emb, loss in ((True, True), (True, False), (False, True)):
-        try:
-            if megatron_stage_layers(layers, pp, v, embedding=emb, loss=loss) == plan.stage_layers:
-                return (["--account-for-embedding-in-pipeline-split"] if emb else []) + \
-                       (["--account-for-loss-in-pipeline-split"] if loss else [])
-        except ValueError:
-            continue
-    ranks = [plan.rank_layers(layers, s) for s in range(pp)]
-    middle = ranks[1] if pp > 2 else None
-    first = ranks[0] if ranks[0] != middle else None
-    last = ranks[-1] if ranks[-1] != middle else None
-    try:
-        if megatron_stage_layers(layers, pp, v, first=first, last=last) == plan.stage_layers:
-            return ((["--decoder-first-pipeline-num-layers", str(first)] if first is not None else []) +
-                    (["--decoder-last-pipeline-num-layers", str(last)] if last is not None else []))
-    except ValueError:
-        pass
-    raise LaunchError(f"stage_layers {list(plan.stage_layers)}: Megatron-LM splits a pipeline evenly but for its first "
-                      "and last stage, or with the embedding and the loss counted as layers")
-
-
-#: Megatron-DeepSpeed's --pp-partition-method values -> (embedding, output layer) counted as pipeline layers
-PP_PARTITIONS = {"type:transformer": (False, False), "type:transformer|embedding": (True, True)}
-
-
-def _counted_ends(values: dict) -> tuple[bool, bool]:
-    """Whether the pipeline split counts the embedding and the loss as a layer each (Megatron's
-    ``--account-for-embedding/loss-in-pipeline-split``, Megatron-DeepSpeed's ``--pp-partition-method``)."""
-    counted = PP_PARTITIONS.get(values.get("pp_partition") or "type:transformer", (False, False))
-    return (bool(values.get("--account-for-embedding-in-pipeline-split")) or counted[0],
-            bool(values.get("--account-for-loss-in-pipeline-split")) or counted[1])
-
-
 def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str, notes: list[str]) -> tuple[int, ...] | None:
     """The split the launch's flags ask for (None: even)."""
     method = values.get("pp_partition")
@@ -203,7 +130,7 @@ def _stage_layers(values: dict, layers: int, pp: int, v: int, source: str, notes
         if "first_stage_layers" in values else None
     last = _positive(values, "last_stage_layers", "--decoder-last-pipeline-num-layers", source) \
         if "last_stage_layers" in values else None
-    embedding, loss = _counted_ends(values)
+    embedding, loss = counted_ends(values)
     try:
         return megatron_stage_layers(layers, pp, v, first=first, last=last, embedding=embedding, loss=loss)
     except ValueError as err:
@@ -269,7 +196,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--num-layers-per-virtual-pipeline-stage", str(plan.chunk_layers(spec.layers))]
     elif v > 1:
         a += ["--num-virtual-stages-per-pipeline-rank", str(v)]
-    a += _split_flags(spec.layers, plan)
+    a += split_flags(spec.layers, plan)
     if plan.sequence_parallel and plan.tp > 1:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
@@ -740,7 +667,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     v = 1
     if pp > 1 and "layers_per_virtual_stage" in values:
         per = _positive(values, "layers_per_virtual_stage", "--num-layers-per-virtual-pipeline-stage", source)
-        counted = spec.layers + sum(_counted_ends(values))  # the embedding and loss as layers, where counted
+        counted = spec.layers + sum(counted_ends(values))  # the embedding and loss as layers, where counted
         if counted % (pp * per):
             raise LaunchError(f"{source}: {counted} layers do not split into pp={pp} ranks of "
                               f"{per}-layer virtual stages")

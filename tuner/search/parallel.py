@@ -45,7 +45,7 @@ from predictor.sources.synth.transformer import (
 )
 from predictor.timing.platforms import UnknownPlatformError, get_platform
 from predictor.timing.platforms.schema import Platform
-from tuner.launch.megatron import megatron_stage_layers
+from tuner.launch.megatron_split import megatron_stage_layers
 from tuner.plans import predict_plan, unsupported_precision
 from tuner.search.core import (
     AUTO,
