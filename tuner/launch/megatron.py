@@ -38,7 +38,6 @@ import math
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
@@ -416,11 +415,11 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         shared = values.get("shared_ffn", 0)
         if shared < 0:
             raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
+        k, every = _dense_layers(values.get("moe_layer_freq"), layers, notes)
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
-                      shared_ffn=int(shared), grouped_gemm=bool(values.get("--moe-grouped-gemm")))
-        k, every = _dense_layers(values.get("moe_layer_freq"), layers, notes)
-        moe = replace(moe, dense_layers=k, every=every)
+                      shared_ffn=int(shared), dense_layers=k, every=every,
+                      grouped_gemm=bool(values.get("--moe-grouped-gemm")))
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")

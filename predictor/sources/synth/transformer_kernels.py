@@ -573,13 +573,19 @@ class StepKernels:
         self._gathered_gemm(e, f"{p}qkv_input_all_gather", f"{p}mla_down", down)
         latents = m.kv_lora_rank + m.q_lora_rank
         e.op(f"{p}mla_norm", [eltwise(f"{p}mla_norm", "layer_norm", T * latents, self.dt, rw=2.0)])
+        self._mla_up(e, p)
+        if self.eager:  # torch.cat of each head's plain and rotary parts into its query and its key
+            rows = T * heads / t
+            e.op(f"{p}mla_qk_cat", [concat(f"{p}mla_{x}_cat", rows, m.q_head_dim, 2, self.dt) for x in "qk"])
+
+    def _mla_up(self, e: StepEmitter, p: str) -> None:
+        """Multi-latent attention's up projections (split by heads): keys and values, and queries with a q latent."""
+        m, heads, T, t = self.spec.mla, self.spec.heads, self.T, self.t
+        assert m is not None
         up = [self._linear(f"{p}kv_up.mm", T, heads * (m.qk_head_dim + m.v_head_dim) / t, m.kv_lora_rank, bias=False)]
         if m.q_lora_rank:
             up.append(self._linear(f"{p}q_up.mm", T, heads * m.q_head_dim / t, m.q_lora_rank, bias=False))
         e.op(f"{p}mla_up", up)
-        if self.eager:  # torch.cat of each head's plain and rotary parts into its query and its key
-            rows = T * heads / t
-            e.op(f"{p}mla_qk_cat", [concat(f"{p}mla_{x}_cat", rows, m.q_head_dim, 2, self.dt) for x in "qk"])
 
     def _qkv_bwd(self, e: StepEmitter, p: str) -> None:
         """The backward of :meth:`_qkv_fwd`, ending with the input-gradient reduce."""
@@ -665,18 +671,13 @@ class StepKernels:
         re-run in the attention's backward): before the layer's backward, the norms, MLA's up projections and
         rotary embeddings, the dense MLP, the whole MoE layer (its dispatch and all-to-alls too), or the experts'
         activation or the shared expert, each with the collectives it runs."""
-        T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
+        Tn, h, dt = self.Tn, self.h, self.dt
         mods, r = self.plan.selective_modules, f"{p}recompute."
         if "layernorm" in mods:
             e.op(f"{r}norms", [eltwise(f"{r}{n}", "layer_norm", Tn * h, dt, rw=2.0)
                                for n in ("input_layernorm", "post_attention_layernorm")])
-        m = self.spec.mla
-        if "mla_up_proj" in mods and m is not None:
-            up = [self._linear(f"{r}kv_up.mm", T, self.spec.heads * (m.qk_head_dim + m.v_head_dim) / t, m.kv_lora_rank,
-                               bias=False)]
-            if m.q_lora_rank:
-                up.append(self._linear(f"{r}q_up.mm", T, self.spec.heads * m.q_head_dim / t, m.q_lora_rank, bias=False))
-            e.op(f"{r}mla_up", up)
+        if "mla_up_proj" in mods and self.spec.mla is not None:
+            self._mla_up(e, r)
             self._rope(e, r)
         moe = self.spec.moe
         if moe is None or dense:

@@ -69,7 +69,13 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
-from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec, layer_matmuls
+from predictor.sources.synth.transformer_spec import (
+    DTYPE_BYTES,
+    ParallelPlan,
+    TransformerSpec,
+    chunk_dense_layers,
+    layer_matmuls,
+)
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
            "data_parallel_shard",
@@ -178,19 +184,21 @@ def activation_bytes_per_layer(spec: TransformerSpec, plan: ParallelPlan) -> flo
         shared = 2.0 * (spec.fc1_width(sf) + sf) * s * b if sf else 0.0
         # each expert's input as its fc1 reads it: the rank's own routed tokens, or its TP group's (expert_tp)
         split_mlp = routed * (expert_per_token + 2.0 * h * plan.etp) + 4.0 * s * b * spec.moe.experts + shared
-    if spec.fp8_linear and spec.program == "megatron":  # Transformer Engine's linears keep their fp8 inputs
-        # the norms' outputs QKV and FC1 read (an MoE layer's router keeps its 16-bit input; MLA's down
-        # projections are counted apart)
-        replicated -= sbh * ((spec.mla is None) + (spec.moe is None))
+    # Transformer Engine's linears keep their fp8 inputs: of the norms' outputs, those QKV and FC1 read (an MoE
+    # layer's router keeps its 16-bit input; MLA's down projections are counted apart)
+    fp8_inputs = spec.fp8_linear and spec.program == "megatron"
+    fp8_norm_outputs = ((spec.mla is None) + (spec.moe is None)) if fp8_inputs else 0
+    if fp8_inputs:
+        replicated -= sbh * fp8_norm_outputs
         split_attn -= spec.attn_size * s * b  # the projection's input
         if spec.moe is None:
             split_mlp -= f * s * b  # FC2's input
         else:  # the experts' FC1 and FC2 inputs, the shared expert's FC2 input
             split_mlp -= routed * (h * plan.etp + ef) + sf * s * b
     # Megatron-core's selective recomputation of modules (--recompute-modules): what each does not keep
-    mods, fp8_inputs = plan.selective_modules, spec.fp8_linear and spec.program == "megatron"
+    mods = plan.selective_modules
     if "layernorm" in mods:  # the norms' outputs, where the next GEMMs kept them in 16 bits
-        replicated -= 2.0 * sbh * (2 - (((spec.mla is None) + (spec.moe is None)) if fp8_inputs else 0))
+        replicated -= 2.0 * sbh * (2 - fp8_norm_outputs)
     if "mla_up_proj" in mods and spec.mla is not None:  # the up projections' queries, keys and values
         split_attn -= 2.0 * s * b * spec.heads * (2.0 * spec.mla.q_head_dim + spec.mla.v_head_dim)
     if ("mlp" in mods and spec.moe is None) or ("moe" in mods and spec.moe is not None):
@@ -379,14 +387,7 @@ def _fsdp_states(spec: TransformerSpec, plan: ParallelPlan, params: float, dt: f
 def dense_layers_on(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> int:
     """An MoE model's dense layers pipeline ``stage`` holds, all its model chunks together (0 for a dense model:
     its layers are all dense, and priced so)."""
-    if spec.moe is None:
-        return 0
-    count = 0
-    for c in range(plan.virtual_stages_effective):
-        vs = c * plan.pp + stage
-        start = plan.chunk_start(spec.layers, vs)
-        count += sum(not spec.is_moe_layer(j) for j in range(start, start + plan.layers_of(spec.layers, vs)))
-    return count
+    return sum(sum(chunk_dense_layers(spec, plan, c * plan.pp + stage)) for c in range(plan.virtual_stages_effective))
 
 
 def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 __all__ = ["ATTENTION_VALUES", "DTYPE_BYTES", "LayerMatmul", "MLASpec", "MoESpec", "RECOMPUTE_MODULES", "TransformerSpec",
-           "ParallelPlan", "PlanError", "check_plan", "check_stage_layers", "layer_matmuls", "moe_layout", "split_label"]
+           "ParallelPlan", "PlanError", "check_plan", "check_stage_layers", "chunk_dense_layers", "layer_matmuls", "moe_layout",
+           "split_label"]
 
 #: bytes per element of each training dtype
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -662,6 +663,14 @@ def layer_matmuls(spec: TransformerSpec, tp: int, dense: bool = True) -> list[La
         return out + mlp("", spec.ffn_size)
     out.append(LayerMatmul("router", spec.moe.experts, h, "mlp", routed=True))
     return out + (mlp("shared_expert.", spec.moe.shared_ffn) if spec.moe.shared_ffn else [])
+
+
+def chunk_dense_layers(spec: TransformerSpec, plan: ParallelPlan, virtual_stage: int) -> tuple[bool, ...]:
+    """Which layers of virtual pipeline stage ``virtual_stage`` are an MoE model's dense layers (all False for a
+    dense model, whose layers are priced as they are)."""
+    start = plan.chunk_start(spec.layers, virtual_stage)
+    moe = spec.moe is not None
+    return tuple(moe and not spec.is_moe_layer(start + i) for i in range(plan.layers_of(spec.layers, virtual_stage)))
 
 
 def split_label(stage_layers: tuple[int, ...]) -> str:

@@ -43,7 +43,12 @@ from predictor.sources.synth.transformer_memory import (
     memory_per_stage,
     optimizer_state_bytes,
 )
-from predictor.sources.synth.transformer_spec import DTYPE_BYTES, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import (
+    DTYPE_BYTES,
+    ParallelPlan,
+    TransformerSpec,
+    chunk_dense_layers,
+)
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "adam_bytes_per_param", "GradBuckets", "StepTemplates", "nic_seconds_weight", "weigh_bucket_share"]
 
@@ -532,10 +537,7 @@ class StepTemplates:
 
     def dense_at(self, st: Step, stage: int) -> tuple[bool, ...]:
         """Which layers of the chunk ``st`` runs on ``stage`` are an MoE model's dense layers."""
-        vs = st.chunk * self.p + stage
-        start = self.plan.chunk_start(self.spec.layers, vs)
-        moe = self.spec.moe is not None
-        return tuple(moe and not self.spec.is_moe_layer(start + i) for i in range(self.layers_at(st, stage)))
+        return chunk_dense_layers(self.spec, self.plan, st.chunk * self.p + stage)
 
     def ends(self, st: Step, stage: int) -> tuple[bool, bool]:
         """Whether ``st`` on ``stage`` runs the first (embedding) and the last (head) virtual stage."""

@@ -76,7 +76,7 @@ class AnalyticGemm(KernelModel):
         # a batch run as separate GEMMs, ``streams`` at a time, saturates on the FLOPs in flight together
         streams = tasks.get("streams", np.nan)
         apart = np.isfinite(streams) & (b > streams)
-        in_flight = np.where(apart, flops / np.where(apart, b, 1.0) * np.where(apart, streams, 1.0), flops)
+        in_flight = flops * np.where(apart, streams / b, 1.0)
         rate = peak * ceiling * in_flight / (in_flight + f_half + 1e-30)
         t_compute = np.where(flops > 0, flops / np.maximum(rate, 1e-30), 0.0)
         t_memory = moved / (platform.memory_bandwidth * platform.memory_efficiency)
