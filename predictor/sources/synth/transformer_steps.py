@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from predictor.graph import Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
-from predictor.sources.synth.emit import ExecMode, concat, eltwise
+from predictor.sources.synth.emit import ExecMode, Kernel, concat, eltwise
 from predictor.sources.synth.pipeline_schedule import Step, schedule
 from predictor.sources.synth.transformer_emitter import GroupLayout, StepEmitter, collective
 from predictor.sources.synth.transformer_kernels import StepKernels
@@ -364,11 +364,7 @@ class StepTemplates:
             head = min(dense, self.bucket_params)
             k = e.op(f"param_gather[{c}].first_bucket", [collective("param.all_gather", "all_gather", head * dt,
                                                                     self.lay.dp, dt)], comm=True, async_op=True)
-            rest = [collective("param.all_gather", "all_gather", (dense - head) * dt, self.lay.dp, dt)] \
-                if dense > head else []
-            if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
-                rest.append(collective("expert_param.all_gather", "all_gather", experts * w * edt, self.lay.edp,
-                                       edt))
+            rest = self._param_gathers(dense - head, experts * w, dt, edt)
             r = e.op(f"param_gather[{c}].rest", rest, comm=True, async_op=True) if rest else k
             heads.append(k[0])
             rests.append(r[-1])
@@ -448,10 +444,16 @@ class StepTemplates:
                                  {"elements": local, "dtype_bytes": 4, "bytes": adam_bytes_per_param(plan) * local})])
         if plan.distributed_optimizer and not plan.fsdp and plan.replicas > 1 and not plan.gathers_params_in_forward:
             dt, edt = self._gather_bytes(stage, params, experts)
-            gathers = [collective("param.all_gather", "all_gather", (params - experts) * dt, self.lay.dp, dt)]
-            if experts and self.lay.edp[0] > 1:  # the routed experts' over the ranks holding them
-                gathers.append(collective("expert_param.all_gather", "all_gather", experts * edt, self.lay.edp, edt))
-            e.op("param.all_gather", gathers)
+            e.op("param.all_gather", self._param_gathers(params - experts, experts, dt, edt))
+
+    def _param_gathers(self, dense: float, experts: float, dt: float, edt: float) -> list[Kernel]:
+        """The distributed optimizer's parameter all-gathers: ``dense`` parameters (``dt`` bytes each) over the
+        data-parallel ranks, the routed ``experts`` (``edt`` bytes each) over the ranks holding them; none for
+        nothing to gather."""
+        out = [collective("param.all_gather", "all_gather", dense * dt, self.lay.dp, dt)] if dense > 0 else []
+        if experts and self.lay.edp[0] > 1:
+            out.append(collective("expert_param.all_gather", "all_gather", experts * edt, self.lay.edp, edt))
+        return out
 
     def _gather_bytes(self, stage: int, params: float, experts: float) -> tuple[float, float]:
         """Bytes per parameter the distributed optimizer all-gathers on ``stage``: (the dense parameters' mean,
