@@ -222,11 +222,42 @@ def test_megatron_uneven_pipeline_splits_read_write_and_price():
                         stage_layers=megatron_stage_layers(126, 8, embedding=True, loss=True))
     args = megatron_args(big, plan)
     assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
-    with pytest.raises(LaunchError, match="Megatron-LM splits a pipeline evenly"):
-        megatron_args(big, replace(plan, stage_layers=(14, 17, 16, 16, 16, 16, 16, 15)))
+    # a split neither form gives is written as Megatron-core's layout, and reads back to it
+    odd = replace(plan, stage_layers=(14, 17, 16, 16, 16, 16, 16, 15))
+    args = megatron_args(big, odd)
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*14|t*17|(t*16|)*5t*15L"
+    assert read_megatron_args(args, devices=8).plan == odd
     with pytest.raises(LaunchError, match="does not go with"):
         read_megatron_args(shape + "--decoder-first-pipeline-num-layers 2 --account-for-loss-in-pipeline-split",
                            devices=4)
+
+def test_megatron_pipeline_layout_reads_writes_and_refuses():
+    """--pipeline-model-parallel-layout (Megatron-core's flexible layout, the DeepSeek-V3 recipes' "Et|(tt|)*30mL"):
+    each stage's decoder layers t, the virtual stages from the stage count, MTP layers m in a note; a layout
+    Megatron refuses, or beside another split flag, is one error line."""
+    shape = ("--num-layers 61 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+             "--vocab-size 8000 --global-batch-size 64 --pipeline-model-parallel-size 16 ")
+    ds = read_megatron_args(shape + '--pipeline-model-parallel-layout "Et|(tt|)*30mL" --mtp-num-layers 1', devices=16)
+    assert ds.plan.schedule == "interleaved" and ds.plan.virtual_stages_effective == 2
+    assert ds.plan.stage_layers == (1,) + (2,) * 30 + (0,)
+    assert any("--mtp-num-layers 1" in n for n in ds.notes)
+    args = megatron_args(ds.spec, ds.plan)
+    assert "--num-virtual-stages-per-pipeline-rank" not in args  # the layout names the virtual stages
+    assert read_megatron_args(args, devices=16).plan == ds.plan
+    text = megatron_launch_text(ds.spec, ds.plan, platform="h100-sxm", devices_per_node=8)
+    assert read_megatron_args(text, "f").plan == ds.plan  # quoted for the shell, read back
+    flat = read_megatron_args(shape + "--pipeline-model-parallel-layout 'Et*4|(tttt|)*14tmL'", devices=16)
+    assert flat.plan.schedule == "1f1b" and flat.plan.stage_layers == (4,) * 15 + (1,)
+    for extra, match in (("--pipeline-model-parallel-layout Et|(tt|)*30mX", "unknown layer character"),
+                         ("--pipeline-model-parallel-layout Et|(tt|)*30tL", "names 62 decoder layers"),
+                         ("--pipeline-model-parallel-layout E|(tt|)*29tL", "stages do not divide"),
+                         ("--pipeline-model-parallel-layout Et|(tt|)*30mL --num-virtual-stages-per-pipeline-rank 2",
+                          "does not go with --num-virtual-stages-per-pipeline-rank"),
+                         ("--pipeline-model-parallel-layout Et|(tt|)*30mL --account-for-loss-in-pipeline-split",
+                          "does not go with --account-for-loss")):
+        with pytest.raises(LaunchError, match=match):
+            read_megatron_args(shape + extra, devices=16)
+
 
 def test_torchtitan_splits_its_first_and_last_stage_one_layer_short():
     """torchtitan's pipeline_parallel_first/last_stage_less_layers (1 each by default): a 32-layer model on 4 stages

@@ -278,7 +278,11 @@ def _predict_cases() -> Iterator[BadInput]:
                         ("FP8 parameters without FP8 linears", "--fp8-param-gather"),
                         ("an unknown transformer implementation", "--transformer-impl fast"),
                         ("DeepSpeed partition counting the embedding, 10 slots on 4 stages",
-                         "--deepspeed --pp-partition-method 'type:transformer|embedding'")):
+                         "--deepspeed --pp-partition-method 'type:transformer|embedding'"),
+                        ("a pipeline layout naming 7 of 8 layers", "--pipeline-model-parallel-layout 'Et|(tt|)*2ttL'"),
+                        ("a pipeline layout with an unknown layer", "--pipeline-model-parallel-layout 'Et|(tt|)*2tXL'"),
+                        ("a pipeline layout beside another split",
+                         "--pipeline-model-parallel-layout 'Et|(tt|)*2tL' --decoder-first-pipeline-num-layers 1")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),
                        {"args.txt": megatron + flags})
     yield BadInput("predict: malformed --catalog", ("predict", "--workload", "{dir}/w.yaml", "--catalog", "{dir}/c.yaml"),

@@ -55,7 +55,14 @@ from tuner.launch.common import (
     read_launch_text,
     tokenizer_vocab,
 )
-from tuner.launch.megatron_split import PP_PARTITIONS, counted_ends, megatron_stage_layers, split_flags
+from tuner.launch.megatron_split import (
+    LAYOUT_FLAG,
+    PP_PARTITIONS,
+    counted_ends,
+    layout_stage_layers,
+    megatron_stage_layers,
+    split_flags,
+)
 from tuner.launch.shell import literal_value, shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
@@ -85,6 +92,7 @@ _INT_FLAGS = {
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
     "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
     "--pad-vocab-size-to": "pad_vocab", "--zero-stage": "zero_stage", "--checkpoint-num-layers": "checkpoint_num_layers",
+    "--mtp-num-layers": "mtp_layers",
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor", "--hidden-dropout": "hidden_dropout",
                 "--attention-dropout": "attention_dropout"}
@@ -95,7 +103,7 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model", "--moe-layer-freq": "moe_layer_freq",
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition",
               "--transformer-impl": "transformer_impl", "--cp-comm-type": "cp_comm_type",
-              "--moe-token-dispatcher-type": "moe_dispatcher"}
+              "--moe-token-dispatcher-type": "moe_dispatcher", LAYOUT_FLAG: "pp_layout"}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--overlap-param-gather", "--no-align-param-gather",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16", "--fp8-param-gather",
@@ -191,11 +199,14 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
     if plan.cp > 1:
         a += ["--context-parallel-size", str(plan.cp)]
     v = plan.virtual_stages_effective
-    if v > 1 and plan.stage_layers is None:
+    split = split_flags(spec.layers, plan)
+    if LAYOUT_FLAG in split:  # the layout names the virtual stages itself (Megatron takes no other VP flag with it)
+        pass
+    elif v > 1 and plan.stage_layers is None:
         a += ["--num-layers-per-virtual-pipeline-stage", str(plan.chunk_layers(spec.layers))]
     elif v > 1:
         a += ["--num-virtual-stages-per-pipeline-rank", str(v)]
-    a += split_flags(spec.layers, plan)
+    a += split
     if plan.sequence_parallel and plan.tp > 1:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
@@ -664,7 +675,10 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     dp = world // (tp * pp * cp)
     gb = _positive(values, "global_batch", "--global-batch-size", source, mb * dp)
     v = 1
-    if pp > 1 and "layers_per_virtual_stage" in values:
+    layout = _layout(values, spec.layers, pp, source, notes)
+    if layout is not None:
+        stage_layers, v = layout
+    elif pp > 1 and "layers_per_virtual_stage" in values:
         per = _positive(values, "layers_per_virtual_stage", "--num-layers-per-virtual-pipeline-stage", source)
         counted = spec.layers + sum(counted_ends(values))  # the embedding and loss as layers, where counted
         if counted % (pp * per):
@@ -674,7 +688,8 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     elif pp > 1 and "virtual_stages" in values:
         v = _positive(values, "virtual_stages", "--num-virtual-stages-per-pipeline-rank", source)
     sched = "interleaved" if v > 1 else "1f1b"
-    stage_layers = _stage_layers(values, spec.layers, pp, v, source, notes)
+    if layout is None:
+        stage_layers = _stage_layers(values, spec.layers, pp, v, source, notes)
     recompute_layers = None
     if recompute == "full" and values.get("recompute_method") == "block":
         recompute_layers = _positive(values, "recompute_num_layers", "--recompute-num-layers", source)
@@ -706,6 +721,31 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
     dpn = header_int(meta, "devices_per_node", source) or per_node
     return LaunchPlan(spec, plan, world, header_str(meta, "platform", source), dpn,
                       tuple(sorted(set(skipped))), tuple(notes))
+
+
+def _layout(values: dict, layers: int, pp: int, source: str, notes: list[str]) -> tuple[tuple[int, ...] | None, int] | None:
+    """(decoder layers per virtual stage, virtual stages per rank) of ``--pipeline-model-parallel-layout`` (None
+    without it), with a note on the MTP layers it places; :class:`LaunchError` where Megatron refuses it beside
+    another split flag, or it does not fit the model."""
+    if values.get("mtp_layers"):
+        notes.append(f"--mtp-num-layers {values['mtp_layers']}: multi-token prediction is not modelled (its layers, "
+                     "head and loss are not priced)")
+    text = values.get("pp_layout")
+    if text is None:
+        return None
+    others = [f for f, k in (("--num-layers-per-virtual-pipeline-stage", "layers_per_virtual_stage"),
+                             ("--num-virtual-stages-per-pipeline-rank", "virtual_stages"),
+                             ("--decoder-first-pipeline-num-layers", "first_stage_layers"),
+                             ("--decoder-last-pipeline-num-layers", "last_stage_layers")) if k in values]
+    others += [f for f in ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+               if values.get(f)]
+    if others:
+        raise LaunchError(f"{source}: {LAYOUT_FLAG} does not go with {', '.join(others)} (Megatron takes one split)")
+    try:
+        stage_layers, v, _ = layout_stage_layers(text, layers, pp)
+    except ValueError as err:
+        raise LaunchError(f"{source}: {LAYOUT_FLAG}: {err}") from None
+    return stage_layers, v
 
 
 def _expert_tp(values: dict, tp: int, source: str) -> int | None:

@@ -1,12 +1,18 @@
 """Megatron-LM's pipeline splits: the layers of each virtual stage as Megatron-core places them (an uneven first /
-last stage, or the embedding and the loss counted as layers) and the launch flags that ask for a split."""
+last stage, the embedding and the loss counted as layers, or a ``--pipeline-model-parallel-layout``) and the launch
+flags that ask for a split."""
 
 from __future__ import annotations
 
-from predictor.sources.synth.transformer import ParallelPlan
-from tuner.launch.common import LaunchError
+import re
 
-__all__ = ["PP_PARTITIONS", "counted_ends", "megatron_stage_layers", "split_flags"]
+from predictor.sources.synth.transformer import ParallelPlan
+
+__all__ = ["LAYOUT_FLAG", "PP_PARTITIONS", "counted_ends", "layout_stage_layers", "layout_text",
+           "megatron_stage_layers", "split_flags"]
+
+#: Megatron-core's flag naming each virtual stage's layers (Megatron-core 0.13 and later)
+LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 
 
 def megatron_stage_layers(layers: int, pp: int, v: int = 1, *, first: int | None = None, last: int | None = None,
@@ -46,7 +52,8 @@ def megatron_stage_layers(layers: int, pp: int, v: int = 1, *, first: int | None
 
 
 def split_flags(layers: int, plan: ParallelPlan) -> list[str]:
-    """Megatron-LM's flags for ``plan.stage_layers``; :class:`LaunchError` for a split it cannot express."""
+    """Megatron-LM's flags for ``plan.stage_layers``: the embedding and / or the loss counted as layers, or an
+    uneven first / last stage where they give it, else Megatron-core's ``--pipeline-model-parallel-layout``."""
     if plan.stage_layers is None:
         return []
     pp, v = plan.pp, plan.virtual_stages_effective
@@ -67,8 +74,58 @@ def split_flags(layers: int, plan: ParallelPlan) -> list[str]:
                     (["--decoder-last-pipeline-num-layers", str(last)] if last is not None else []))
     except ValueError:
         pass
-    raise LaunchError(f"stage_layers {list(plan.stage_layers)}: Megatron-LM splits a pipeline evenly but for its first "
-                      "and last stage, or with the embedding and the loss counted as layers")
+    return [LAYOUT_FLAG, layout_text(plan.stage_layers)]
+
+
+def _unrolled(layout: str) -> str:
+    """``layout`` with its cosmetic commas dropped and its repetitions written out: ``(...)*n`` first, then a
+    character's ``x*n`` (Megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list``)."""
+    text = layout.strip().strip("'\"").replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+
+
+def layout_stage_layers(layout: str, layers: int, pp: int) -> tuple[tuple[int, ...] | None, int, int]:
+    """(decoder layers of each virtual stage — None for an even split —, virtual stages per pipeline rank, MTP
+    layers) of Megatron-core's ``--pipeline-model-parallel-layout``: stages split by ``|`` in model order (virtual
+    stage ``i`` on pipeline rank ``i % pp``), ``E`` the embedding, ``t`` a decoder layer, ``m`` a multi-token
+    prediction layer, ``L`` the loss. :class:`ValueError` where Megatron refuses the layout or tuner cannot place
+    it (the embedding not on the first virtual stage, the loss not on the last, a stage between them without a
+    decoder layer)."""
+    stages = _unrolled(layout).split("|")
+    odd = sorted({c for stage in stages for c in stage} - set("EtmL"))
+    if odd:
+        raise ValueError(f"layout {layout!r}: unknown layer character(s) {' '.join(odd)} (E, t, m, L)")
+    if len(stages) % pp:
+        raise ValueError(f"layout {layout!r}: {len(stages)} stages do not divide over pp={pp}")
+    flat = "".join(stages)
+    if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
+        raise ValueError(f"layout {layout!r}: the embedding E must come first and the loss L last, once each")
+    if not stages[0].startswith("E") or not stages[-1].endswith("L"):
+        raise ValueError(f"layout {layout!r}: tuner models the embedding on the first virtual stage and the loss on "
+                         "the last")
+    counts = tuple(stage.count("t") for stage in stages)
+    if sum(counts) != layers:
+        raise ValueError(f"layout {layout!r} names {sum(counts)} decoder layers t, the model has {layers}")
+    if any(n < 1 for n in counts[1:-1]):
+        raise ValueError(f"layout {layout!r}: a stage between the first and the last holds no decoder layer")
+    even = len(set(counts)) == 1
+    return (None if even else counts), len(stages) // pp, flat.count("m")
+
+
+def layout_text(stage_layers: tuple[int, ...]) -> str:
+    """``--pipeline-model-parallel-layout`` for ``stage_layers`` (decoder layers of each virtual stage): the
+    embedding on the first, the loss on the last, runs of equal stages between them folded, e.g. ``Et|(tt|)*3tL``."""
+    def stage(n: int) -> str:
+        return "t" if n == 1 else (f"t*{n}" if n > 3 else "t" * n)
+
+    out = ["E" + stage(stage_layers[0]) + "|"]
+    middle = list(stage_layers[1:-1])
+    while middle:
+        run = next((i for i, n in enumerate(middle) if n != middle[0]), len(middle))
+        out.append(f"({stage(middle[0])}|)*{run}" if run > 1 else stage(middle[0]) + "|")
+        middle = middle[run:]
+    return "".join(out) + stage(stage_layers[-1]) + "L"
 
 
 #: Megatron-DeepSpeed's --pp-partition-method values -> (embedding, output layer) counted as pipeline layers

@@ -141,7 +141,7 @@ class StepTemplates:
         self.ops = StepKernels(spec, plan, self.lay)
         self.p, self.v, self.m = plan.pp, plan.virtual_stages_effective, plan.micro_batches
         self.layers_per_chunk = plan.chunk_layers(spec.layers)
-        #: an MoE model's first layers, dense: the first chunk's (check_plan keeps them in it)
+        #: an MoE model's first layers, dense (a step block's default: the first chunk's first layers)
         self.dense_layers = spec.moe.dense_layers if spec.moe is not None else 0
         self.timing = timing
         self._blocks: dict[tuple, ExecutionGraph] = {}
