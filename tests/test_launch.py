@@ -274,8 +274,19 @@ def test_torchtitan_splits_its_first_and_last_stage_one_layer_short():
     default = text.replace("pipeline_parallel_first_stage_less_layers = 1\n", "").replace(
         "pipeline_parallel_last_stage_less_layers = 1\n", "")
     assert read_torchtitan_toml(default, "f").plan.stage_layers == (8, 9, 8, 7)  # torchtitan's defaults
-    with pytest.raises(LaunchError, match="torchtitan splits a pipeline evenly"):
-        torchtitan_toml(spec, replace(plan, stage_layers=(2, 10, 10, 10)), platform="a100-80gb")
+    # a split the fewer-layers keys do not make: each model part's modules by name, read back
+    odd = torchtitan_toml(spec, replace(plan, stage_layers=(2, 10, 10, 10)), platform="a100-80gb")
+    parts = tomllib.loads(odd)["parallelism"]["module_fqns_per_model_part"]
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[-1][-2:] == ["norm", "output"]
+    assert read_torchtitan_toml(odd, "f").plan.stage_layers == (2, 10, 10, 10)
+    looped = read_torchtitan_toml(odd.replace('pipeline_parallel_degree = 4', 'pipeline_parallel_degree = 2').replace(
+        '"1F1B"', '"Interleaved1F1B"'), "f", devices=4)
+    assert looped.plan.virtual_stages_effective == 2 and looped.plan.stage_layers == (2, 10, 10, 10)
+    for edit, match in (((", 'layers.1']", "]"), "once each, in order"),
+                        (("'tok_embeddings', ", ""), "tok_embeddings in the first part"),
+                        (('"1F1B"', '"Interleaved1F1B"'), "tuner models 1F1B with one part a rank")):
+        with pytest.raises(LaunchError, match=match):
+            read_torchtitan_toml(odd.replace(*edit), "f")
 
 def test_megatron_precision_aware_optimizer_flags():
     """--use-precision-aware-optimizer with 16-bit moments (and master copy) is tuner's 16-bit optimizer state;

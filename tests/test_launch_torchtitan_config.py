@@ -40,6 +40,8 @@ PLANS = [
     ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=64, fsdp=True, fsdp_shard=2),
     ParallelPlan(tp=4, pp=1, dp=2, micro_batch=1, global_batch=16, tp_comm_overlap=True),
     ParallelPlan(tp=1, pp=4, dp=2, micro_batch=1, global_batch=16, recompute="full"),
+    # a split only module_fqns_per_model_part makes
+    ParallelPlan(tp=1, pp=4, dp=2, micro_batch=1, global_batch=16, stage_layers=(2, 10, 10, 10)),
     ParallelPlan(tp=2, pp=1, dp=2, cp=2, micro_batch=1, global_batch=8, distributed_optimizer=True),
 ]
 

@@ -298,6 +298,10 @@ def _predict_cases() -> Iterator[BadInput]:
                    ("predict", "--torchtitan", "{dir}/t.toml", "--devices", "8"),
                    {"t.toml": '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\n'
                               'fsdp_reshard_after_forward = "sometimes"\n'})
+    yield BadInput("predict: torchtitan TOML whose model parts skip a layer",
+                   ("predict", "--torchtitan", "{dir}/t.toml", "--devices", "8"),
+                   {"t.toml": '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\n'
+                              "module_fqns_per_model_part = [['tok_embeddings', 'layers.0'], ['layers.2', 'output']]\n"})
     lf = ("model:\n  name: mpt_causal_lm\n  d_model: 256\n  n_heads: 4\n  n_layers: 2\n  max_seq_len: 128\n"
           "global_train_batch_size: 16\ndevice_train_microbatch_size: 2\nfsdp_config:\n  sharding_strategy: FULL_SHARD\n")
     for name, text, flags in (("without --devices", lf, ()),

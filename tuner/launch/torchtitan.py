@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "model_part_fqns", "part_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -211,11 +212,56 @@ def parallelism_fields(spec: TransformerSpec, plan: ParallelPlan) -> dict:
         par["fsdp_reshard_after_forward"] = "never"
     if plan.pp > 1:
         v = plan.virtual_stages_effective
-        per, first, last = _torchtitan_split(spec.layers, plan)
-        par.update(pipeline_parallel_schedule=_SCHEDULES[plan.schedule if v > 1 else "1f1b"],
-                   pipeline_parallel_layers_per_stage=per,
-                   pipeline_parallel_first_stage_less_layers=first, pipeline_parallel_last_stage_less_layers=last)
+        par["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule if v > 1 else "1f1b"]
+        try:
+            per, first, last = _torchtitan_split(spec.layers, plan)
+            par.update(pipeline_parallel_layers_per_stage=per, pipeline_parallel_first_stage_less_layers=first,
+                       pipeline_parallel_last_stage_less_layers=last)
+        except LaunchError:  # a split the fewer-layers keys do not make: each model chunk's modules by name
+            assert plan.stage_layers is not None
+            par["module_fqns_per_model_part"] = model_part_fqns(plan.stage_layers)
     return par
+
+
+def model_part_fqns(stage_layers: tuple[int, ...]) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` for ``stage_layers`` (layers of each virtual stage): the
+    embedding with the first chunk, the final norm and output layer with the last."""
+    parts, start = [], 0
+    for i, n in enumerate(stage_layers):
+        part = [f"layers.{k}" for k in range(start, start + n)]
+        start += n
+        if i == 0:
+            part.insert(0, "tok_embeddings")
+        if i == len(stage_layers) - 1:
+            part += ["norm", "output"]
+        parts.append(part)
+    return parts
+
+
+def part_chunks(layers: int, pp: int, schedule: str, parts: object, source: str) -> tuple[int, tuple[int, ...] | None]:
+    """(model chunks a pipeline rank holds, layers of each virtual stage — None: even) of torchtitan's
+    ``module_fqns_per_model_part``: chunk ``i`` on rank ``i % pp`` (the looped schedules), its ``layers.N``
+    modules counted; :class:`LaunchError` where the parts do not hold the model's layers once each in order,
+    the embedding is not in the first or the output layer not in the last, or the schedule cannot run them."""
+    what = f"{source}: module_fqns_per_model_part"
+    if not isinstance(parts, list | tuple) or not parts or \
+            not all(isinstance(part, list | tuple) and all(isinstance(m, str) for m in part) for part in parts):
+        raise LaunchError(f"{what} must be a list of lists of module names")
+    if len(parts) % pp:
+        raise LaunchError(f"{what}: {len(parts)} model parts do not divide over pipeline_parallel_degree {pp}")
+    index = [[int(m.split(".", 1)[1]) for m in part if re.fullmatch(r"layers\.\d+", m)] for part in parts]
+    if [k for part in index for k in part] != list(range(layers)):
+        raise LaunchError(f"{what} must name layers.0 .. layers.{layers - 1} once each, in order")
+    if "tok_embeddings" not in parts[0] or "output" not in parts[-1]:
+        raise LaunchError(f"{what}: tuner models tok_embeddings in the first part and output in the last")
+    counts = tuple(len(part) for part in index)
+    if any(n < 1 for n in counts[1:-1]):
+        raise LaunchError(f"{what}: a part between the first and the last holds no layer")
+    v = len(parts) // pp
+    if schedule not in ("1F1B", "Interleaved1F1B") or (v > 1) != (schedule == "Interleaved1F1B"):
+        raise LaunchError(f"{what}: {v} part(s) a rank under pipeline_parallel_schedule {schedule!r}: tuner models "
+                          "1F1B with one part a rank and Interleaved1F1B with more")
+    return v, (None if len(set(counts)) == 1 else counts)
 
 
 def _torchtitan_split(layers: int, plan: ParallelPlan) -> tuple[int, int, int]:
@@ -510,10 +556,16 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         per = par.get("pipeline_parallel_layers_per_stage")
         if per is not None:
             per = _int(par, "pipeline_parallel_layers_per_stage", "parallelism", source, 1)
-        v, stage_layers = pipeline_chunks(spec, pp, str(par.get("pipeline_parallel_schedule", "1F1B")), per,
-                                          _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism", source, 1),
-                                          _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism", source, 1),
-                                          source)
+        schedule = str(par.get("pipeline_parallel_schedule", "1F1B"))
+        if par.get("module_fqns_per_model_part") is not None:
+            v, stage_layers = part_chunks(spec.layers, pp, schedule, par["module_fqns_per_model_part"], source)
+        else:
+            v, stage_layers = pipeline_chunks(spec, pp, schedule, per,
+                                              _int(par, "pipeline_parallel_first_stage_less_layers", "parallelism",
+                                                   source, 1),
+                                              _int(par, "pipeline_parallel_last_stage_less_layers", "parallelism",
+                                                   source, 1),
+                                              source)
         sched = "interleaved" if v > 1 else "1f1b"
         if local * dp != gb:
             notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")

@@ -50,6 +50,7 @@ from tuner.launch.torchtitan import (
     hsdp_shard,
     launch_meta,
     parallelism_fields,
+    part_chunks,
     pipeline_chunks,
     reshard_after_forward,
     sharding_notes,
@@ -325,13 +326,15 @@ def plan_from_torchtitan_config(config: object, source: str, *, devices: int | N
         per = _field(config, "parallelism.pipeline_parallel_layers_per_stage", source)
         if per is not None and (isinstance(per, bool) or not isinstance(per, int)):
             raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be a positive integer")
-        v, stage_layers = pipeline_chunks(spec, pp, str(_field(config, "parallelism.pipeline_parallel_schedule", source)),
-                                          per,
-                                          _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers",
-                                                     source),
-                                          _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers",
-                                                     source),
-                                          source)
+        schedule = str(_field(config, "parallelism.pipeline_parallel_schedule", source))
+        parts = getattr(_field(config, "parallelism", source), "module_fqns_per_model_part", None)
+        if parts is not None:
+            v, stage_layers = part_chunks(spec.layers, pp, schedule, parts, source)
+        else:
+            v, stage_layers = pipeline_chunks(
+                spec, pp, schedule, per,
+                _int_field(config, "parallelism.pipeline_parallel_first_stage_less_layers", source),
+                _int_field(config, "parallelism.pipeline_parallel_last_stage_less_layers", source), source)
         sched = "interleaved" if v > 1 else "1f1b"
         if gb != mb * pp_micro * dp:
             notes.append("gradient accumulation over pipeline runs read as one pipeline of all micro-batches")

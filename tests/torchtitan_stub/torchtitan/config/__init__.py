@@ -25,6 +25,7 @@ class ParallelismConfig:
     pipeline_parallel_first_stage_less_layers: int = 1
     pipeline_parallel_last_stage_less_layers: int = 1
     pipeline_parallel_layers_per_stage: int | None = None
+    module_fqns_per_model_part: list[list[str]] | None = None
     pipeline_parallel_schedule: str = "1F1B"
     num_pp_microbatches: int = 1
     context_parallel_degree: int = 1
