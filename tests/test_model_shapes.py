@@ -16,13 +16,13 @@ from predictor.sources.synth.transformer import (
     build_transformer_graph,
     check_plan,
 )
+from predictor.sources.synth.transformer_matmuls import layer_matmuls
 from predictor.sources.synth.transformer_memory import (
     activation_bytes_per_layer,
     expert_params_per_device,
     layer_param_count,
     memory_per_stage,
 )
-from predictor.sources.synth.transformer_spec import layer_matmuls
 from predictor.timing.platforms import get_platform
 from tuner.launch import LaunchError, megatron_args, read_megatron_args
 from tuner.plans import predict_plan

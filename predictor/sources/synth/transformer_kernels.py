@@ -46,8 +46,8 @@ from __future__ import annotations
 from predictor.graph import Category, DepKind
 from predictor.sources.synth.emit import Kernel, concat, eltwise
 from predictor.sources.synth.transformer_emitter import StepEmitter, collective
+from predictor.sources.synth.transformer_matmuls import layer_matmuls
 from predictor.sources.synth.transformer_ops import LayerOps
-from predictor.sources.synth.transformer_spec import layer_matmuls
 from predictor.timing.kernels.attention import attention_kind
 
 __all__ = ["StepKernels"]

@@ -69,12 +69,12 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from predictor.sources.synth.pipeline_schedule import peak_in_flight, schedule
+from predictor.sources.synth.transformer_matmuls import layer_matmuls
 from predictor.sources.synth.transformer_spec import (
     DTYPE_BYTES,
     ParallelPlan,
     TransformerSpec,
     chunk_dense_layers,
-    layer_matmuls,
 )
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
