@@ -240,15 +240,19 @@ def test_megatron_pipeline_layout_reads_writes_and_refuses():
     ds = read_megatron_args(shape + '--pipeline-model-parallel-layout "Et|(tt|)*30mL" --mtp-num-layers 1', devices=16)
     assert ds.plan.schedule == "interleaved" and ds.plan.virtual_stages_effective == 2
     assert ds.plan.stage_layers == (1,) + (2,) * 30 + (0,)
-    assert any("--mtp-num-layers 1" in n for n in ds.notes)
+    assert ds.spec.mtp_layers == 1  # priced on the last virtual stage, where the layout puts it
     args = megatron_args(ds.spec, ds.plan)
+    assert args[args.index("--mtp-num-layers") + 1] == "1"
     assert "--num-virtual-stages-per-pipeline-rank" not in args  # the layout names the virtual stages
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et|(tt|)*30mL"
     assert read_megatron_args(args, devices=16).plan == ds.plan
     text = megatron_launch_text(ds.spec, ds.plan, platform="h100-sxm", devices_per_node=8)
     assert read_megatron_args(text, "f").plan == ds.plan  # quoted for the shell, read back
-    flat = read_megatron_args(shape + "--pipeline-model-parallel-layout 'Et*4|(tttt|)*14tmL'", devices=16)
+    flat = read_megatron_args(shape + "--pipeline-model-parallel-layout 'Et*4|(tttt|)*14tmL' --mtp-num-layers 1",
+                              devices=16)
     assert flat.plan.schedule == "1f1b" and flat.plan.stage_layers == (4,) * 15 + (1,)
-    for extra, match in (("--pipeline-model-parallel-layout Et|(tt|)*30mX", "unknown layer character"),
+    for extra, match in (("--pipeline-model-parallel-layout Et|(tt|)*30mL", "places 1 MTP layer"),
+                         ("--pipeline-model-parallel-layout Et|(tt|)*30mX", "unknown layer character"),
                          ("--pipeline-model-parallel-layout Et|(tt|)*30tL", "names 62 decoder layers"),
                          ("--pipeline-model-parallel-layout E|(tt|)*29tL", "stages do not divide"),
                          ("--pipeline-model-parallel-layout Et|(tt|)*30mL --num-virtual-stages-per-pipeline-rank 2",

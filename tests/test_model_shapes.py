@@ -422,3 +422,40 @@ def test_op_checkpointing_of_moe_layers_recomputes_the_routed_experts():
     assert order == ["wq_a", "wq_b", "wkv_a", "wkv_b", "wo", "router", "shared_expert.w1", "shared_expert.w3",
                      "shared_expert.w2"]
     assert [mm.name for mm in layer_matmuls(v3, 1, dense=True)][-3:] == ["w1", "w3", "w2"]
+
+
+def test_multi_token_prediction_prices_its_layer_head_and_embedding_copy():
+    """DeepSeek-V3's multi-token prediction (--mtp-num-layers 1): one more layer of the last layer's kind, a 2h -> h
+    projection, norms and another output layer and loss, on the last stage, which also holds a copy of the input
+    embedding and all-reduces its gradient with the first stage. DeepSeek-V3's MTP module: its model card's 14 B
+    (685 B on Hugging Face less the 671 B main model; the checkpoint stores the embedding and head again)."""
+    v3 = TransformerSpec(layers=61, hidden=7168, heads=128, seq=4096, vocab=129280, mlp="swiglu", ffn=18432,
+                         tie_embeddings=False, mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512),
+                         moe=MoESpec(experts=256, top_k=8, ffn=2048, shared_ffn=2048, dense_layers=3))
+    module = replace(v3, mtp_layers=1).param_count() - v3.param_count() + 2 * v3.vocab * v3.hidden
+    assert module == pytest.approx(14e9, rel=0.05)
+    spec = replace(SMALL, tie_embeddings=False)
+    mtp = replace(spec, mtp_layers=1)
+    plan = ParallelPlan(tp=2, pp=2, dp=2, ep=2, micro_batch=1, global_batch=8, sequence_parallel=True,
+                        distributed_optimizer=True)
+    plain, more = memory_per_stage(spec, plan), memory_per_stage(mtp, plan)
+    assert more[0].params == plain[0].params and more[1].params > plain[1].params
+    assert more[1].activations_bytes > plain[1].activations_bytes
+    a, _ = predict_plan(spec, plan, H100)
+    b, _ = predict_plan(mtp, plan, H100)
+    assert b["predicted_iteration_s"] > a["predicted_iteration_s"]
+    assert mtp.iteration_flops(8) > spec.iteration_flops(8)
+    df = build_transformer_graph(mtp, plan, detail="kernel").tasks_frame()
+    last = df[(df["rank"] == 1) & (df.processor != "cpu")]
+    T, h = SMALL.seq, SMALL.hidden
+    assert last[last.name == "mtp[0].eh_proj.mm"].flops.iloc[0] == pytest.approx(2 * T * (h / 2) * 2 * h)
+    assert {"mtp[0].lm_head.mm", "mtp[0].layer.experts.fc1", "embedding_grad.all_reduce"} <= set(last.name)
+    assert not df[df["rank"] == 0].name.str.startswith("mtp").any()
+    fsdp = ParallelPlan(tp=1, pp=1, dp=4, ep=2, micro_batch=1, global_batch=8, fsdp=True)
+    assert predict_plan(mtp, fsdp, H100)[0]["predicted_iteration_s"] > predict_plan(spec, fsdp, H100)[0][
+        "predicted_iteration_s"]
+    args = megatron_args(mtp, plan)
+    assert args[args.index("--mtp-num-layers") + 1] == "1"
+    assert read_megatron_args(args, devices=8).spec == replace(mtp, name="megatron-model")
+    with pytest.raises(PlanError, match="mtp_layers"):
+        replace(SMALL, mtp_layers=-1).validate()

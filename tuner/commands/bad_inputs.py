@@ -281,6 +281,8 @@ def _predict_cases() -> Iterator[BadInput]:
                          "--deepspeed --pp-partition-method 'type:transformer|embedding'"),
                         ("a pipeline layout naming 7 of 8 layers", "--pipeline-model-parallel-layout 'Et|(tt|)*2ttL'"),
                         ("a pipeline layout with an unknown layer", "--pipeline-model-parallel-layout 'Et|(tt|)*2tXL'"),
+                        ("a pipeline layout placing an MTP layer --mtp-num-layers does not ask for",
+                         "--pipeline-model-parallel-layout 'Et|(tt|)*2tmL'"),
                         ("a pipeline layout beside another split",
                          "--pipeline-model-parallel-layout 'Et|(tt|)*2tL' --decoder-first-pipeline-num-layers 1")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),

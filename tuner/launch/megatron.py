@@ -195,11 +195,13 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
             a += ["--moe-layer-freq", f"([0]*{k}+[1]*{spec.layers - k})"]
         if spec.moe.grouped_gemm:
             a.append("--moe-grouped-gemm")
+    if spec.mtp_layers:
+        a += ["--mtp-num-layers", str(spec.mtp_layers)]
     a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     if plan.cp > 1:
         a += ["--context-parallel-size", str(plan.cp)]
     v = plan.virtual_stages_effective
-    split = split_flags(spec.layers, plan)
+    split = split_flags(spec.layers, plan, spec.mtp_layers)
     if LAYOUT_FLAG in split:  # the layout names the virtual stages itself (Megatron takes no other VP flag with it)
         pass
     elif v > 1 and plan.stage_layers is None:
@@ -446,7 +448,8 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
                            kv_heads=None if kv_heads in (None, heads) else kv_heads, mlp=mlp,
                            attention=attention, tie_embeddings=not values.get("--untie-embeddings-and-output-weights"),
                            dropout=_dropout(values, source, notes), bias=not values.get("--disable-bias-linear"),
-                           position=_position(values.get("position", "learned_absolute"), source, notes), name=name)
+                           position=_position(values.get("position", "learned_absolute"), source, notes), name=name,
+                           mtp_layers=values.get("mtp_layers", 0))
 
 
 #: Megatron-LM's --position-embedding-type values -> tuner's position
@@ -727,9 +730,6 @@ def _layout(values: dict, layers: int, pp: int, source: str, notes: list[str]) -
     """(decoder layers per virtual stage, virtual stages per rank) of ``--pipeline-model-parallel-layout`` (None
     without it), with a note on the MTP layers it places; :class:`LaunchError` where Megatron refuses it beside
     another split flag, or it does not fit the model."""
-    if values.get("mtp_layers"):
-        notes.append(f"--mtp-num-layers {values['mtp_layers']}: multi-token prediction is not modelled (its layers, "
-                     "head and loss are not priced)")
     text = values.get("pp_layout")
     if text is None:
         return None
@@ -742,9 +742,14 @@ def _layout(values: dict, layers: int, pp: int, source: str, notes: list[str]) -
     if others:
         raise LaunchError(f"{source}: {LAYOUT_FLAG} does not go with {', '.join(others)} (Megatron takes one split)")
     try:
-        stage_layers, v, _ = layout_stage_layers(text, layers, pp)
+        stage_layers, v, mtp, last = layout_stage_layers(text, layers, pp)
     except ValueError as err:
         raise LaunchError(f"{source}: {LAYOUT_FLAG}: {err}") from None
+    if mtp != values.get("mtp_layers", 0):
+        raise LaunchError(f"{source}: {LAYOUT_FLAG} places {mtp} MTP layer(s) m, --mtp-num-layers says "
+                          f"{values.get('mtp_layers', 0)}")
+    if mtp and not last:
+        notes.append(f"{LAYOUT_FLAG}: the MTP layers priced on the last virtual stage")
     return stage_layers, v
 
 

@@ -51,7 +51,7 @@ def megatron_stage_layers(layers: int, pp: int, v: int = 1, *, first: int | None
     return None if len(set(chunks)) == 1 else tuple(chunks)
 
 
-def split_flags(layers: int, plan: ParallelPlan) -> list[str]:
+def split_flags(layers: int, plan: ParallelPlan, mtp: int = 0) -> list[str]:
     """Megatron-LM's flags for ``plan.stage_layers``: the embedding and / or the loss counted as layers, or an
     uneven first / last stage where they give it, else Megatron-core's ``--pipeline-model-parallel-layout``."""
     if plan.stage_layers is None:
@@ -74,7 +74,7 @@ def split_flags(layers: int, plan: ParallelPlan) -> list[str]:
                     (["--decoder-last-pipeline-num-layers", str(last)] if last is not None else []))
     except ValueError:
         pass
-    return [LAYOUT_FLAG, layout_text(plan.stage_layers)]
+    return [LAYOUT_FLAG, layout_text(plan.stage_layers, mtp)]
 
 
 def _unrolled(layout: str) -> str:
@@ -85,9 +85,10 @@ def _unrolled(layout: str) -> str:
     return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
 
 
-def layout_stage_layers(layout: str, layers: int, pp: int) -> tuple[tuple[int, ...] | None, int, int]:
+def layout_stage_layers(layout: str, layers: int, pp: int) -> tuple[tuple[int, ...] | None, int, int, bool]:
     """(decoder layers of each virtual stage — None for an even split —, virtual stages per pipeline rank, MTP
-    layers) of Megatron-core's ``--pipeline-model-parallel-layout``: stages split by ``|`` in model order (virtual
+    layers, whether they all sit on the last virtual stage) of Megatron-core's ``--pipeline-model-parallel-layout``:
+    stages split by ``|`` in model order (virtual
     stage ``i`` on pipeline rank ``i % pp``), ``E`` the embedding, ``t`` a decoder layer, ``m`` a multi-token
     prediction layer, ``L`` the loss. :class:`ValueError` where Megatron refuses the layout or tuner cannot place
     it (the embedding not on the first virtual stage, the loss not on the last, a stage between them without a
@@ -110,12 +111,13 @@ def layout_stage_layers(layout: str, layers: int, pp: int) -> tuple[tuple[int, .
     if any(n < 1 for n in counts[1:-1]):
         raise ValueError(f"layout {layout!r}: a stage between the first and the last holds no decoder layer")
     even = len(set(counts)) == 1
-    return (None if even else counts), len(stages) // pp, flat.count("m")
+    return (None if even else counts), len(stages) // pp, flat.count("m"), stages[-1].count("m") == flat.count("m")
 
 
-def layout_text(stage_layers: tuple[int, ...]) -> str:
-    """``--pipeline-model-parallel-layout`` for ``stage_layers`` (decoder layers of each virtual stage): the
-    embedding on the first, the loss on the last, runs of equal stages between them folded, e.g. ``Et|(tt|)*3tL``."""
+def layout_text(stage_layers: tuple[int, ...], mtp: int = 0) -> str:
+    """``--pipeline-model-parallel-layout`` for ``stage_layers`` (decoder layers of each virtual stage) and ``mtp``
+    multi-token prediction layers: the embedding on the first, the MTP layers and the loss on the last, runs of
+    equal stages between them folded, e.g. ``Et|(tt|)*3tmL``."""
     def stage(n: int) -> str:
         return "t" if n == 1 else (f"t*{n}" if n > 3 else "t" * n)
 
@@ -125,7 +127,7 @@ def layout_text(stage_layers: tuple[int, ...]) -> str:
         run = next((i for i, n in enumerate(middle) if n != middle[0]), len(middle))
         out.append(f"({stage(middle[0])}|)*{run}" if run > 1 else stage(middle[0]) + "|")
         middle = middle[run:]
-    return "".join(out) + stage(stage_layers[-1]) + "L"
+    return "".join(out) + stage(stage_layers[-1]) + "m" * mtp + "L"
 
 
 #: Megatron-DeepSpeed's --pp-partition-method values -> (embedding, output layer) counted as pipeline layers

@@ -156,6 +156,9 @@ class ModelSection(StrictModel):
     position: Literal["learned", "rope", "none"] = "learned"
     #: eager program: one fused cross-entropy kernel (llm-foundry's flash-attn loss) in place of log-softmax + NLL
     fused_loss: bool = False
+    #: multi-token prediction depth (DeepSeek-V3, Megatron's --mtp-num-layers): per depth one more layer, projection,
+    #: output layer and loss on the last pipeline stage
+    mtp_layers: Annotated[int, Field(ge=0, le=8)] = 0
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSection:

@@ -588,35 +588,79 @@ class StepKernels(LayerOps):
             return
         e.op("embedding.backward", [eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
 
-    def head_fwd(self, e: StepEmitter) -> None:
+    def head_fwd(self, e: StepEmitter, p: str = "") -> None:
+        """The final norm, the output layer and the loss (prefix ``p``: a multi-token prediction depth's)."""
         T, Tn, h, t, dt, V = self.T, self.Tn, self.h, self.t, self.dt, self.V
-        e.op("final_layernorm", [eltwise("final_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
-        self._tp_gather_in(e, "lm_head_input_all_gather")
-        e.op("lm_head", [self._linear("lm_head.mm", T, V / t, h, bias=False)])
+        e.op(f"{p}final_layernorm", [eltwise(f"{p}final_layernorm", "layer_norm", Tn * h, dt, rw=2.0)])
+        self._tp_gather_in(e, f"{p}lm_head_input_all_gather")
+        e.op(f"{p}lm_head", [self._linear(f"{p}lm_head.mm", T, V / t, h, bias=False)])
         if self.eager and t == 1 and not self.spec.fused_loss:  # F.cross_entropy: log-softmax, then NLL
-            self._views(e, "", "logits.view", "targets.view")
-            e.op("cross_entropy", [eltwise("log_softmax", "softmax", T * V, dt, rw=2.0),
-                                   eltwise("nll_loss", "elementwise", T, 4, rw=2.0)])
+            self._views(e, p, "logits.view", "targets.view")
+            e.op(f"{p}cross_entropy", [eltwise(f"{p}log_softmax", "softmax", T * V, dt, rw=2.0),
+                                       eltwise(f"{p}nll_loss", "elementwise", T, 4, rw=2.0)])
             return
-        e.op("cross_entropy", [eltwise("vocab_parallel_cross_entropy", "softmax", T * V / t, dt, rw=4.0)])
+        e.op(f"{p}cross_entropy", [eltwise(f"{p}vocab_parallel_cross_entropy", "softmax", T * V / t, dt, rw=4.0)])
         for i in range(3 if t > 1 else 0):  # max, sum of exp, target logit over the vocab shards
-            e.op(f"cross_entropy.all_reduce[{i}]", [collective(f"cross_entropy.all_reduce[{i}]", "all_reduce", T * 4.0, self.lay.tp, 4)])
+            name = f"{p}cross_entropy.all_reduce[{i}]"
+            e.op(name, [collective(name, "all_reduce", T * 4.0, self.lay.tp, 4)])
 
-    def head_bwd(self, e: StepEmitter) -> None:
+    def head_bwd(self, e: StepEmitter, p: str = "") -> None:
+        """Backward of :meth:`head_fwd`."""
         T, h, t, dt, V = self.T, self.h, self.t, self.dt, self.V
         if self.eager and t == 1 and not self.spec.fused_loss:
             # backward() seeds the loss gradient; NLL's backward zero-fills the logits' gradient and
             # scatters into it; log-softmax's backward
-            e.op("loss.grad_seed", [eltwise("loss.ones_like", "elementwise", 1.0, 4, rw=1.0)])
-            e.op("nll_loss.backward", [eltwise("nll_loss_bwd.zero", "elementwise", T * V, dt, rw=1.0),
-                                       eltwise("nll_loss_bwd.scatter", "elementwise", T, 4, rw=2.0)])
-            e.op("log_softmax.backward", [eltwise("log_softmax_bwd", "log_softmax_bwd", T * V, dt, rw=3.0)])
+            e.op(f"{p}loss.grad_seed", [eltwise(f"{p}loss.ones_like", "elementwise", 1.0, 4, rw=1.0)])
+            e.op(f"{p}nll_loss.backward", [eltwise(f"{p}nll_loss_bwd.zero", "elementwise", T * V, dt, rw=1.0),
+                                           eltwise(f"{p}nll_loss_bwd.scatter", "elementwise", T, 4, rw=2.0)])
+            e.op(f"{p}log_softmax.backward", [eltwise(f"{p}log_softmax_bwd", "log_softmax_bwd", T * V, dt, rw=3.0)])
         else:
-            e.op("cross_entropy.backward", [eltwise("vocab_parallel_cross_entropy_bwd", "softmax", T * V / t, dt,
-                                                    rw=3.0)])
-        self._views(e, "", "logits.view_backward")
-        e.op("lm_head.dgrad", [self._dgrad("lm_head.dgrad", T, h, V / t)])
-        self._input_grad_reduce(e, "lm_head", [self._wgrad("lm_head.wgrad", V / t, h, T)])
-        self._views(e, "", "lm_head.t_backward")
-        self._layernorm_bwd(e, "final_layernorm")
+            e.op(f"{p}cross_entropy.backward", [eltwise(f"{p}vocab_parallel_cross_entropy_bwd", "softmax", T * V / t,
+                                                        dt, rw=3.0)])
+        self._views(e, p, "logits.view_backward")
+        e.op(f"{p}lm_head.dgrad", [self._dgrad(f"{p}lm_head.dgrad", T, h, V / t)])
+        self._input_grad_reduce(e, f"{p}lm_head", [self._wgrad(f"{p}lm_head.wgrad", V / t, h, T)])
+        self._views(e, p, "lm_head.t_backward")
+        self._layernorm_bwd(e, f"{p}final_layernorm")
 
+    # -------------------------------------------------------------- multi-token prediction
+    # Megatron-core's MultiTokenPredictionBlock: per depth, the next tokens' embedding (the last stage's copy of
+    # the input embedding), RMSNorms of it and of the incoming hidden state, their concatenation projected
+    # 2h -> h by a column-parallel linear whose output is all-gathered over TP, one layer of the model's last
+    # layer's kind, and the depth's own final norm, output layer (shared weights) and loss.
+    def mtp_fwd(self, e: StepEmitter) -> None:
+        """The multi-token prediction depths' forward (``spec.mtp_layers``), after the model's last layer."""
+        T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
+        for k in range(self.spec.mtp_layers):
+            p = f"mtp[{k}]."
+            e.op(f"{p}embedding", [eltwise(f"{p}word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
+            self._tp_reduce_out(e, f"{p}embedding.vocab_parallel_reduce")
+            e.op(f"{p}norms", [eltwise(f"{p}{n}", "layer_norm", Tn * h, dt, rw=2.0) for n in ("enorm", "hnorm")])
+            e.op(f"{p}concat", [eltwise(f"{p}concat", "elementwise", Tn * 2 * h, dt, rw=2.0)])
+            if self.sp:
+                self.tp_collective(e, f"{p}eh_proj_input_all_gather", "all_gather", T * 2 * h)
+            self._fp8_cast(e, f"{p}eh_proj.fp8_cast", T * 2 * h)
+            e.op(f"{p}eh_proj", [self._linear(f"{p}eh_proj.mm", T, h / self.t, 2 * h, bias=False)])
+            self.tp_collective(e, f"{p}eh_proj_output_all_gather", "all_gather", T * h)
+            self.layer_fwd(e, f"{p}layer.", self.spec.mtp_dense)
+            self.head_fwd(e, p)
+
+    def mtp_bwd(self, e: StepEmitter) -> None:
+        """Backward of :meth:`mtp_fwd`, deepest first; the layer recomputed as the plan recomputes layer 0."""
+        T, h, dt = self.T, self.h, self.dt
+        for k in reversed(range(self.spec.mtp_layers)):
+            p = f"mtp[{k}]."
+            self.head_bwd(e, p)
+            self.layer_bwd(e, f"{p}layer.", 0, self.spec.mtp_dense)
+            self.tp_collective(e, f"{p}eh_proj_output_all_gather.backward", "reduce_scatter", T * h)
+            self._fp8_cast(e, f"{p}eh_proj.grad_fp8_cast", T * h / self.t)
+            e.op(f"{p}eh_proj.backward", [self._dgrad(f"{p}eh_proj.dgrad", T, 2 * h, h / self.t),
+                                          self._wgrad(f"{p}eh_proj.wgrad", h / self.t, 2 * h, T)])
+            self.tp_collective(e, f"{p}eh_proj_input_grad_reduce", "reduce_scatter" if self.sp else "all_reduce",
+                               T * 2 * h)
+            for n in ("enorm", "hnorm"):
+                self._layernorm_bwd(e, f"{p}{n}")
+            if self.sp:
+                self.tp_collective(e, f"{p}embedding.grad_all_gather", "all_gather", T * h)
+            e.op(f"{p}embedding.backward", [eltwise(f"{p}word_embedding.grad_index_add", "embedding", T * h, dt,
+                                                    rw=3.0)])

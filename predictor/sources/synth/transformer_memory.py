@@ -78,6 +78,7 @@ from predictor.sources.synth.transformer_spec import (
 )
 
 __all__ = ["StageMemory", "RESERVED_BYTES", "activation_bytes_per_layer", "memory_per_stage", "layer_param_count",
+           "mtp_param_count",
            "data_parallel_shard",
            "fp8_weight_params", "gathered_layer_bytes", "layer_norm_params", "optimizer_state_bytes", "op_checkpoint_bytes", "head_loss_bytes", "expert_param_count",
            "expert_params_per_device", "expert_replicas", "dense_layers_on"]
@@ -128,6 +129,18 @@ def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: boo
         if spec.moe.shared_ffn:
             mlp += split_mlp(spec.moe.shared_ffn)
     return attn + norms + mlp
+
+
+def mtp_param_count(spec: TransformerSpec, plan: ParallelPlan) -> tuple[float, float]:
+    """(parameters, of them routed experts') of the multi-token prediction depths one device of the last stage
+    holds: each depth's layer (of the last layer's kind), its ``2 h -> h`` projection (column-parallel) and its
+    three norms; the embedding and output layer they share are counted with the model's."""
+    if not spec.mtp_layers:
+        return 0.0, 0.0
+    h = spec.hidden
+    layer = layer_param_count(spec, plan.tp, plan.ep, dense=spec.mtp_dense, expert_tp=plan.etp)
+    experts = 0.0 if spec.moe is None or spec.mtp_dense else expert_param_count(spec, plan.ep, plan.etp)
+    return spec.mtp_layers * (layer + 2 * h * h / plan.tp + 3 * h), spec.mtp_layers * experts
 
 
 def layer_norm_params(spec: TransformerSpec) -> float:
@@ -293,6 +306,9 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             params += 2 * h  # final layer norm
             if p > 1 or not spec.tie_embeddings:
                 params += vpad * h / t  # the output embedding (a tied copy when p > 1)
+            params += mtp_param_count(spec, plan)[0]
+            if spec.mtp_layers and p > 1 and not spec.tie_embeddings:
+                params += vpad * h / t  # MTP's copy of the input embedding
         buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
         if plan.fsdp_sharded:
             weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)
@@ -309,7 +325,10 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
         if first and spec.has_dropout:
             acts += in_flight * s * b * h / (t if sp else 1)  # embedding dropout mask
         if last:
-            acts += head_loss_bytes(spec, plan)
+            acts += head_loss_bytes(spec, plan) * (1 + spec.mtp_layers)  # each MTP depth's logits too
+            if spec.mtp_layers:  # the MTP layers' activations, in the last of the rank's v chunks
+                kind = replace(spec, moe=None) if spec.mtp_dense else spec
+                acts += in_flight * spec.mtp_layers * activation_bytes_per_layer(kind, plan) / v
         out.append(StageMemory(stage, weights, grads, optim, acts, buffers, params, in_flight))
     return out
 
@@ -394,7 +413,8 @@ def expert_params_per_device(spec: TransformerSpec, plan: ParallelPlan, stage: i
     """Expert parameters a device of pipeline ``stage`` holds (all its MoE layers), for the expert-data-parallel
     reduce."""
     moe_layers = plan.rank_layers(spec.layers, stage) - dense_layers_on(spec, plan, stage)
-    return moe_layers * expert_param_count(spec, plan.ep, plan.etp)
+    mtp = mtp_param_count(spec, plan)[1] if stage == plan.pp - 1 else 0.0
+    return moe_layers * expert_param_count(spec, plan.ep, plan.etp) + mtp
 
 
 def gib(x: float) -> float:

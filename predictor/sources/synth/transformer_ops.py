@@ -148,7 +148,7 @@ class LayerOps:
 
     def _linear_dt(self, name: str) -> int:
         """Bytes per GEMM input of a linear layer: 1 for a layer's linears under ``fp8_linear``."""
-        if self.spec.fp8_linear and not name.startswith("lm_head") and ".router" not in name:
+        if self.spec.fp8_linear and "lm_head" not in name and ".router" not in name:
             return 1
         return self.dt
 

@@ -176,6 +176,11 @@ class TransformerSpec:
     #: (flash-attn's ``CrossEntropyLoss``, llm-foundry's default ``loss_fn``), as Megatron's program always
     #: does; False: ``cross_entropy(logits.float())``'s log-softmax and NLL (torchtitan, Hugging Face)
     fused_loss: bool = False
+    #: multi-token prediction depth (DeepSeek-V3; Megatron-LM's ``--mtp-num-layers``): after the last layer,
+    #: per depth the next tokens' embedding, two norms, a ``2 h -> h`` projection, one layer of the last
+    #: layer's kind and another output layer and loss over the same tokens, on the last virtual stage (which
+    #: then holds a copy of the input embedding, its gradient all-reduced with the first stage's)
+    mtp_layers: int = 0
 
     @property
     def position_params(self) -> int:
@@ -290,8 +295,16 @@ class TransformerSpec:
             mlp = h * moe.experts + moe.experts * self.mlp_param_count(self.expert_ffn_size) + shared
         dense = self.layers - self.moe_layer_count
         layers = (self.layers - dense) * (attn + mlp + 4 * h) + dense * (attn + dense_mlp + 4 * h)
+        last = attn + 4 * h + (dense_mlp if self.mtp_dense else mlp)  # an MTP depth's layer, as the last one
+        mtp = self.mtp_layers * (last + 2 * h * h + 3 * h)  # with its projection and three norms
         emb = self.vocab * h + self.position_params
-        return layers + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
+        return layers + mtp + emb + 2 * h + (0 if self.tie_embeddings else self.vocab * h)
+
+    @property
+    def mtp_dense(self) -> bool:
+        """Whether the multi-token prediction layers are an MoE model's dense layers (they take the last layer's
+        kind, as Megatron-core builds them from the decoder's last layer spec)."""
+        return self.moe is not None and not self.is_moe_layer(self.layers - 1)
 
     def forward_flops_per_sequence(self) -> float:
         """Matmul FLOPs of one forward pass over one sequence (Narayanan et al. SC21 §5.1 accounting)."""
@@ -308,13 +321,15 @@ class TransformerSpec:
             attn = 2.0 * s * (sum(self.mla_weights()) + self.attn_size * h)
             attn += 2.0 * s * s * self.heads * self.attention_core_width
         dense = self.layers - self.moe_layer_count
-        return (self.layers - dense) * (attn + mlp) + dense * (attn + dense_mlp) + 2.0 * s * h * self.vocab
+        head = 2.0 * s * h * self.vocab
+        mtp = self.mtp_layers * (attn + (dense_mlp if self.mtp_dense else mlp) + 2.0 * s * 2 * h * h + head)
+        return (self.layers - dense) * (attn + mlp) + dense * (attn + dense_mlp) + head + mtp
 
     def iteration_flops(self, global_batch: int, recompute: str = "none") -> float:
         """Model FLOPs of one iteration: 3 passes (forward + backward) of the layers and the head,
         plus one more forward of the layers with full recomputation (SC21 eq. 3 uses 4)."""
         s, h = self.seq, self.hidden
-        head = 2.0 * s * h * self.vocab
+        head = 2.0 * s * h * self.vocab * (1 + self.mtp_layers)  # the MTP depths' output layers too
         layers = self.forward_flops_per_sequence() - head
         passes = 4.0 if recompute == "full" else 3.0
         return global_batch * (passes * layers + 3.0 * head)
@@ -354,6 +369,8 @@ class TransformerSpec:
             raise PlanError(f"MoE expert widths must be >= 1 (got ffn={self.moe.ffn}, shared_ffn={self.moe.shared_ffn})")
         if self.moe is not None and not 0 <= self.moe.dense_layers < self.layers:
             raise PlanError(f"moe.dense_layers must be 0 .. layers - 1 = {self.layers - 1} (got {self.moe.dense_layers})")
+        if self.mtp_layers < 0:
+            raise PlanError(f"mtp_layers must be >= 0 (got {self.mtp_layers})")
         if self.moe is not None and not 1 <= self.moe.every <= self.layers - self.moe.dense_layers:
             raise PlanError(f"moe.every must be 1 .. {self.layers - self.moe.dense_layers} (the layers after the dense "
                             f"ones; got {self.moe.every})")

@@ -41,6 +41,7 @@ from predictor.sources.synth.transformer_memory import (
     fp8_weight_params,
     gathered_layer_bytes,
     memory_per_stage,
+    mtp_param_count,
     optimizer_state_bytes,
 )
 from predictor.sources.synth.transformer_spec import (
@@ -195,6 +196,7 @@ class StepTemplates:
                     self._fsdp_copy_out(e, f"fsdp.layer[{i}]", self._fsdp_layer(pattern[i])[0])
                 ops.layer_fwd(e, f"layer[{i}].", pattern[i])
             if last:
+                ops.mtp_fwd(e)
                 ops.head_fwd(e)
         elif fsdp:
             reduces = self._fsdp_backward(e, first, last, pattern)
@@ -208,11 +210,15 @@ class StepTemplates:
             with ops.sharing_nics() if final else nullcontext():  # TP traffic meets the buckets' on the NICs
                 if last:
                     ops.head_bwd(e)
+                    ops.mtp_bwd(e)
                     if final:
                         head = 2 * self.spec.hidden
                         if self.p > 1 or not self.spec.tie_embeddings:
                             head += self.spec.padded_vocab(self.plan.tp) * self.spec.hidden / self.plan.tp
-                        dense.add(e, head, e.last)
+                        mtp, mtp_experts = self._mtp_params()
+                        dense.add(e, head + mtp, e.last)
+                        if mtp_experts:
+                            expert.add(e, mtp_experts, e.last)
                 for i in reversed(range(n)):
                     is_dense = pattern[i]
                     ops.layer_bwd(e, f"layer[{i}].", i, is_dense)
@@ -237,10 +243,23 @@ class StepTemplates:
         return blk
 
     def _root_params(self) -> float:
-        """Parameters of FSDP's root unit on one tensor-parallel rank: the embeddings (and an untied head)."""
+        """Parameters of FSDP's root unit on one tensor-parallel rank: the embeddings (and an untied head), with
+        the multi-token prediction depths' (held with the root, all of them)."""
         spec, t = self.spec, self.plan.tp
         vocab = spec.padded_vocab(t) * spec.hidden / t
-        return vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab)
+        return vocab + spec.position_params + 2 * spec.hidden + (0.0 if spec.tie_embeddings else vocab) \
+            + sum(self._mtp_params())
+
+    def _mtp_params(self) -> tuple[float, float]:
+        """(parameters but the routed experts', routed experts') of the last stage's multi-token prediction depths
+        on one device, with the stage's copy of the input embedding where the first stage holds the original."""
+        spec, t = self.spec, self.plan.tp
+        if not spec.mtp_layers:
+            return 0.0, 0.0
+        total, experts = mtp_param_count(spec, self.plan)
+        if self.p > 1 and not spec.tie_embeddings:
+            total += spec.padded_vocab(t) * spec.hidden / t
+        return total - experts, experts
 
     def _fsdp_layer(self, dense: bool) -> tuple[float, float]:
         """(parameters, of them routed experts') of a layer on one device, as FSDP gathers it; ``dense``: one of an
@@ -313,6 +332,7 @@ class StepTemplates:
             gathered = self._fsdp_gather(e, f"fsdp.layer[{n - 1}].all_gather_bwd", *self._fsdp_layer(dense[n - 1]))
         if last:
             ops.head_bwd(e)
+            ops.mtp_bwd(e)
         for i in reversed(range(n)):
             e.after_next += gathered
             if regather and i > 0:
@@ -376,7 +396,8 @@ class StepTemplates:
         """End of the iteration on ``stage``: non-overlapped DP reduce, tied-embedding and grad-norm
         all-reduces, Adam, distributed-optimizer parameter all-gather (unless it overlaps the forward)."""
         p = self.p
-        tied = p > 1 and self.spec.tie_embeddings and stage in (0, p - 1)
+        # the first and last stage share the input embedding when tied, or when the last one embeds for MTP
+        tied = p > 1 and (self.spec.tie_embeddings or self.spec.mtp_layers > 0) and stage in (0, p - 1)
         key = ("final", tied, stage == 0, stage == p - 1)
         blk = self._blocks.get(key)
         if blk is not None:
