@@ -298,6 +298,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines.append("# torchtitan's tensor parallelism is sequence parallel: the plan above runs with it")
     if plan.optimizer_state != "fp32":
         lines.append("# torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
+    if spec.mtp_layers:
+        lines.append("# torchtitan trains no multi-token prediction: the model's MTP layers are not written")
     if t.distributed_optimizer:
         lines.append("# FSDP shards parameters and gradients too; with PP or experts tuner models its "
                      "sharded optimizer states only")
