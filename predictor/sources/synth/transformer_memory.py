@@ -134,13 +134,15 @@ def layer_param_count(spec: TransformerSpec, tp: int, ep: int = 1, *, dense: boo
 def mtp_param_count(spec: TransformerSpec, plan: ParallelPlan) -> tuple[float, float]:
     """(parameters, of them routed experts') of the multi-token prediction depths one device of the last stage
     holds: each depth's layer (of the last layer's kind), its ``2 h -> h`` projection (column-parallel) and its
-    three norms; the embedding and output layer they share are counted with the model's."""
+    three norms, and with pipeline parallelism the stage's copy of the untied input embedding (the output layer
+    they share, and a tied embedding, are counted with the model's)."""
     if not spec.mtp_layers:
         return 0.0, 0.0
-    h = spec.hidden
-    layer = layer_param_count(spec, plan.tp, plan.ep, dense=spec.mtp_dense, expert_tp=plan.etp)
+    h, t = spec.hidden, plan.tp
+    layer = layer_param_count(spec, t, plan.ep, dense=spec.mtp_dense, expert_tp=plan.etp)
     experts = 0.0 if spec.moe is None or spec.mtp_dense else expert_param_count(spec, plan.ep, plan.etp)
-    return spec.mtp_layers * (layer + 2 * h * h / plan.tp + 3 * h), spec.mtp_layers * experts
+    copy = spec.padded_vocab(t) * h / t if plan.pp > 1 and not spec.tie_embeddings else 0.0
+    return spec.mtp_layers * (layer + 2 * h * h / t + 3 * h) + copy, spec.mtp_layers * experts
 
 
 def layer_norm_params(spec: TransformerSpec) -> float:
@@ -307,8 +309,6 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
             if p > 1 or not spec.tie_embeddings:
                 params += vpad * h / t  # the output embedding (a tied copy when p > 1)
             params += mtp_param_count(spec, plan)[0]
-            if spec.mtp_layers and p > 1 and not spec.tie_embeddings:
-                params += vpad * h / t  # MTP's copy of the input embedding
         buffers = RESERVED_BYTES + 2.0 * s * b * h * dt  # p2p send/recv buffers
         if plan.fsdp_sharded:
             weights, grads, optim, gathered = _fsdp_states(spec, plan, params, dt, grad_b, master_b)

@@ -252,13 +252,8 @@ class StepTemplates:
 
     def _mtp_params(self) -> tuple[float, float]:
         """(parameters but the routed experts', routed experts') of the last stage's multi-token prediction depths
-        on one device, with the stage's copy of the input embedding where the first stage holds the original."""
-        spec, t = self.spec, self.plan.tp
-        if not spec.mtp_layers:
-            return 0.0, 0.0
-        total, experts = mtp_param_count(spec, self.plan)
-        if self.p > 1 and not spec.tie_embeddings:
-            total += spec.padded_vocab(t) * spec.hidden / t
+        on one device (:func:`mtp_param_count`)."""
+        total, experts = mtp_param_count(self.spec, self.plan)
         return total - experts, experts
 
     def _fsdp_layer(self, dense: bool) -> tuple[float, float]:
