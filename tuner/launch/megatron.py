@@ -202,12 +202,9 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a += ["--context-parallel-size", str(plan.cp)]
     v = plan.virtual_stages_effective
     split = split_flags(spec.layers, plan, spec.mtp_layers)
-    if LAYOUT_FLAG in split:  # the layout names the virtual stages itself (Megatron takes no other VP flag with it)
-        pass
-    elif v > 1 and plan.stage_layers is None:
-        a += ["--num-layers-per-virtual-pipeline-stage", str(plan.chunk_layers(spec.layers))]
-    elif v > 1:
-        a += ["--num-virtual-stages-per-pipeline-rank", str(v)]
+    if v > 1 and LAYOUT_FLAG not in split:  # a layout names the virtual stages itself (Megatron takes no VP flag with it)
+        a += (["--num-layers-per-virtual-pipeline-stage", str(plan.chunk_layers(spec.layers))]
+              if plan.stage_layers is None else ["--num-virtual-stages-per-pipeline-rank", str(v)])
     a += split
     if plan.sequence_parallel and plan.tp > 1:
         a.append("--sequence-parallel")

@@ -257,8 +257,9 @@ def part_chunks(layers: int, pp: int, schedule: str, parts: object, source: str)
     counts = tuple(len(part) for part in index)
     if any(n < 1 for n in counts[1:-1]):
         raise LaunchError(f"{what}: a part between the first and the last holds no layer")
+    _check_schedule(schedule, source)
     v = len(parts) // pp
-    if schedule not in ("1F1B", "Interleaved1F1B") or (v > 1) != (schedule == "Interleaved1F1B"):
+    if (v > 1) != (schedule == "Interleaved1F1B"):
         raise LaunchError(f"{what}: {v} part(s) a rank under pipeline_parallel_schedule {schedule!r}: tuner models "
                           "1F1B with one part a rank and Interleaved1F1B with more")
     return v, (None if len(set(counts)) == 1 else counts)
@@ -418,13 +419,18 @@ def torchtitan_stage_layers(layers: int, stages: int, first_less: int = 1, last_
     return None if len(set(out)) == 1 else tuple(out)
 
 
+def _check_schedule(schedule: str, source: str) -> None:
+    """:class:`LaunchError` for a pipeline schedule tuner does not model (it models 1F1B and Interleaved1F1B)."""
+    if schedule not in ("1F1B", "Interleaved1F1B"):
+        raise LaunchError(f"{source}: pipeline_parallel_schedule {schedule!r}: tuner models 1F1B and Interleaved1F1B")
+
+
 def pipeline_chunks(spec: TransformerSpec, pp: int, schedule: str, per_stage: int | None, first: int, last: int,
                     source: str) -> tuple[int, tuple[int, ...] | None]:
     """Model chunks a pipeline rank holds (``v``) under torchtitan's ``schedule`` with
     ``pipeline_parallel_layers_per_stage`` and the first / last stage's fewer layers, and the layers of
     each virtual stage (None: even); refuses schedules tuner does not model."""
-    if schedule not in ("1F1B", "Interleaved1F1B"):
-        raise LaunchError(f"{source}: pipeline_parallel_schedule {schedule!r}: tuner models 1F1B and Interleaved1F1B")
+    _check_schedule(schedule, source)
     if (per_stage is not None and per_stage < 1) or first < 0 or last < 0:
         raise LaunchError(f"{source}: pipeline_parallel_layers_per_stage must be >= 1 and the first / last stage's "
                           "fewer layers >= 0")

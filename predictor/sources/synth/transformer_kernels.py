@@ -550,43 +550,47 @@ class StepKernels(LayerOps):
         self._views(e, p, "residual.add_backward", *(f"{n}.t_backward" for n in ("qkv", "attn_proj", "fc1", "fc2")))
 
     # -------------------------------------------------------------- embedding and head
-    def embedding_fwd(self, e: StepEmitter) -> None:
+    def embedding_fwd(self, e: StepEmitter, p: str = "") -> None:
+        """The word (and learned position) embedding, its vocab-parallel reduce and dropout (prefix ``p``: a
+        multi-token prediction depth's, which runs the same embedding module on the next tokens)."""
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
         learned = self.spec.position == "learned"
         if self.eager:  # F.embedding, then "+ pos": two ops
-            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
+            e.op(f"{p}embedding", [eltwise(f"{p}word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
             if learned:
-                e.op("position_embedding", [eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)])
+                e.op(f"{p}position_embedding", [eltwise(f"{p}position_embedding.add", "add", T * h, dt, rw=3.0)])
         else:
-            e.op("embedding", [eltwise("word_embedding.gather", "embedding", T * h, dt, rw=2.0)]
-                 + ([eltwise("position_embedding.add", "add", T * h, dt, rw=3.0)] if learned else []))
-        self._tp_reduce_out(e, "embedding.vocab_parallel_reduce")
+            e.op(f"{p}embedding", [eltwise(f"{p}word_embedding.gather", "embedding", T * h, dt, rw=2.0)]
+                 + ([eltwise(f"{p}position_embedding.add", "add", T * h, dt, rw=3.0)] if learned else []))
+        self._tp_reduce_out(e, f"{p}embedding.vocab_parallel_reduce")
         if self.spec.has_dropout:
-            e.op("embedding_dropout", [eltwise("embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
+            e.op(f"{p}embedding_dropout", [eltwise(f"{p}embedding_dropout", "dropout", Tn * h, dt, rw=2.5)])
 
-    def embedding_bwd(self, e: StepEmitter) -> None:
+    def embedding_bwd(self, e: StepEmitter, p: str = "") -> None:
+        """Backward of :meth:`embedding_fwd`."""
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
         if self.spec.has_dropout:
-            e.op("embedding_dropout.backward", [eltwise("embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
+            e.op(f"{p}embedding_dropout.backward", [eltwise(f"{p}embedding_dropout_bwd", "mul", Tn * h, dt, rw=2.5)])
         if self.sp:
-            self.tp_collective(e, "embedding.grad_all_gather", "all_gather", T * h)
+            self.tp_collective(e, f"{p}embedding.grad_all_gather", "all_gather", T * h)
         if self.eager:
             # the position table's gradient: a sum over the batch; the token table's: eager's
             # embedding_dense_backward (sort the indices, count, index-add), then the tied output
             # layer's gradient added to it
             if self.spec.position == "learned":
-                e.op("position_embedding.backward", [eltwise("position_embedding.grad_sum", "elementwise", T * h, dt,
-                                                             rw=1.0)])
-                self._accumulate_grad(e, "position_embedding", 1)
-            e.op("embedding.backward", [eltwise("word_embedding.sort_indices", "elementwise", T, 8, rw=4.0),
-                                        eltwise("word_embedding.count", "elementwise", T, 8, rw=2.0),
-                                        eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
+                e.op(f"{p}position_embedding.backward", [eltwise(f"{p}position_embedding.grad_sum", "elementwise",
+                                                                 T * h, dt, rw=1.0)])
+                self._accumulate_grad(e, f"{p}position_embedding", 1)
+            e.op(f"{p}embedding.backward", [eltwise(f"{p}word_embedding.sort_indices", "elementwise", T, 8, rw=4.0),
+                                            eltwise(f"{p}word_embedding.count", "elementwise", T, 8, rw=2.0),
+                                            eltwise(f"{p}word_embedding.grad_index_add", "embedding", T * h, dt,
+                                                    rw=3.0)])
             if self.spec.tie_embeddings:
-                e.op("word_embedding.tied_grad_add", [eltwise("word_embedding.tied_grad_add", "add",
-                                                              self.V / self.t * h, dt, rw=3.0)])
-            self._accumulate_grad(e, "word_embedding", 1)
+                e.op(f"{p}word_embedding.tied_grad_add", [eltwise(f"{p}word_embedding.tied_grad_add", "add",
+                                                                  self.V / self.t * h, dt, rw=3.0)])
+            self._accumulate_grad(e, f"{p}word_embedding", 1)
             return
-        e.op("embedding.backward", [eltwise("word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
+        e.op(f"{p}embedding.backward", [eltwise(f"{p}word_embedding.grad_index_add", "embedding", T * h, dt, rw=3.0)])
 
     def head_fwd(self, e: StepEmitter, p: str = "") -> None:
         """The final norm, the output layer and the loss (prefix ``p``: a multi-token prediction depth's)."""
@@ -624,8 +628,8 @@ class StepKernels(LayerOps):
         self._layernorm_bwd(e, f"{p}final_layernorm")
 
     # -------------------------------------------------------------- multi-token prediction
-    # Megatron-core's MultiTokenPredictionBlock: per depth, the next tokens' embedding (the last stage's copy of
-    # the input embedding), RMSNorms of it and of the incoming hidden state, their concatenation projected
+    # Megatron-core's MultiTokenPredictionBlock: per depth, the next tokens' embedding (the model's embedding
+    # module, on the last stage its copy of the input embedding), RMSNorms of it and of the incoming hidden state, their concatenation projected
     # 2h -> h by a column-parallel linear whose output is all-gathered over TP, one layer of the model's last
     # layer's kind, and the depth's own final norm, output layer (shared weights) and loss.
     def mtp_fwd(self, e: StepEmitter) -> None:
@@ -633,8 +637,7 @@ class StepKernels(LayerOps):
         T, Tn, h, dt = self.T, self.Tn, self.h, self.dt
         for k in range(self.spec.mtp_layers):
             p = f"mtp[{k}]."
-            e.op(f"{p}embedding", [eltwise(f"{p}word_embedding.gather", "embedding", T * h, dt, rw=2.0)])
-            self._tp_reduce_out(e, f"{p}embedding.vocab_parallel_reduce")
+            self.embedding_fwd(e, p)
             e.op(f"{p}norms", [eltwise(f"{p}{n}", "layer_norm", Tn * h, dt, rw=2.0) for n in ("enorm", "hnorm")])
             e.op(f"{p}concat", [eltwise(f"{p}concat", "elementwise", Tn * 2 * h, dt, rw=2.0)])
             if self.sp:
@@ -647,7 +650,7 @@ class StepKernels(LayerOps):
 
     def mtp_bwd(self, e: StepEmitter) -> None:
         """Backward of :meth:`mtp_fwd`, deepest first; the layer recomputed as the plan recomputes layer 0."""
-        T, h, dt = self.T, self.h, self.dt
+        T, h = self.T, self.h
         for k in reversed(range(self.spec.mtp_layers)):
             p = f"mtp[{k}]."
             self.head_bwd(e, p)
@@ -660,7 +663,4 @@ class StepKernels(LayerOps):
                                T * 2 * h)
             for n in ("enorm", "hnorm"):
                 self._layernorm_bwd(e, f"{p}{n}")
-            if self.sp:
-                self.tp_collective(e, f"{p}embedding.grad_all_gather", "all_gather", T * h)
-            e.op(f"{p}embedding.backward", [eltwise(f"{p}word_embedding.grad_index_add", "embedding", T * h, dt,
-                                                    rw=3.0)])
+            self.embedding_bwd(e, p)
