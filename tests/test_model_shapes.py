@@ -20,6 +20,8 @@ from predictor.sources.synth.transformer_matmuls import layer_matmuls
 from predictor.sources.synth.transformer_memory import (
     activation_bytes_per_layer,
     expert_params_per_device,
+    fp8_weight_params,
+    layer_norm_params,
     layer_param_count,
     memory_per_stage,
 )
@@ -415,6 +417,10 @@ def test_op_checkpointing_of_moe_layers_recomputes_the_routed_experts():
     t = {r: predict_plan(spec, replace(plan, recompute=r), H100, devices=8)[0]["predicted_iteration_s"]
          for r in ("none", "op")}
     assert t["op"] > t["none"]
+    fp8 = set(build_transformer_graph(replace(spec, fp8_linear=True), op, detail="kernel").tasks_frame().name)
+    assert {"layer[0].recompute.experts.fc1.fp8_cast", "layer[0].recompute.experts.fc2.fp8_cast",
+            "layer[0].recompute.wk.fp8_cast"} <= fp8
+    assert not any(n.endswith("fp8_cast") for n in names)
     v3 = TransformerSpec(layers=4, hidden=512, heads=8, seq=256, vocab=1000, mlp="swiglu", ffn=1024,
                          mla=MLASpec(q_lora_rank=128, kv_lora_rank=64, qk_head_dim=32, rope_head_dim=16, v_head_dim=32),
                          moe=MoESpec(experts=8, top_k=2, ffn=256, shared_ffn=256, dense_layers=1))
@@ -459,3 +465,18 @@ def test_multi_token_prediction_prices_its_layer_head_and_embedding_copy():
     assert read_megatron_args(args, devices=8).spec == replace(mtp, name="megatron-model")
     with pytest.raises(PlanError, match="mtp_layers"):
         replace(SMALL, mtp_layers=-1).validate()
+
+
+def test_multi_token_prediction_weights_are_fp8_under_fp8_params():
+    """Under --fp8-param-gather the MTP depth's layer and projection are stored (and gathered) in one byte a weight,
+    as the model's layers are: the last stage's weights shrink by the depth's linears' second byte."""
+    spec = replace(SMALL, tie_embeddings=False, dtype="bf16", fp8_linear=True)
+    plan = ParallelPlan(tp=2, pp=2, dp=2, micro_batch=1, global_batch=8, distributed_optimizer=True)
+    plain = replace(spec, fp8_params=True)
+    mtp = replace(plain, mtp_layers=1)
+    depth = layer_param_count(spec, 2, 1, expert_tp=plan.etp) - layer_norm_params(spec) + 2 * spec.hidden ** 2 / 2
+    assert fp8_weight_params(mtp, plan, 1) - fp8_weight_params(plain, plan, 1) == pytest.approx(depth)
+    assert fp8_weight_params(mtp, plan, 0) == fp8_weight_params(plain, plan, 0)
+    bf16 = memory_per_stage(replace(spec, mtp_layers=1), plan)[1].weights_bytes
+    fp8 = memory_per_stage(mtp, plan)[1].weights_bytes
+    assert bf16 - fp8 == pytest.approx(fp8_weight_params(mtp, plan, 1))

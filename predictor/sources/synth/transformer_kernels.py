@@ -448,7 +448,8 @@ class StepKernels(LayerOps):
         """torchtitan's op-level checkpointing replays the layer's forward before its backward, running what it
         did not save: the norms, the sequence-parallel all-gathers, every second plain matmul in torchtitan's
         order (:func:`layer_matmuls`: a dense Llama layer's wk, wo and w3), rotary embeddings, the activations
-        and an MoE layer's routed experts (grouped GEMMs are not among the ops it saves; the all-to-alls are)."""
+        and an MoE layer's routed experts (grouped GEMMs are not among the ops it saves; the all-to-alls are), each
+        replayed fp8 matmul with its input's cast."""
         T, Tn, h, t, dt = self.T, self.Tn, self.h, self.t, self.dt
         r = f"{p}recompute."
         moe_layer = self.spec.moe is not None and not dense
@@ -458,7 +459,9 @@ class StepKernels(LayerOps):
             """The dropped matmuls of ``part``, the first reading the all-gathered input gathering it again."""
             gather = True
             for mm in (mm for mm in dropped if mm.part == part):
-                kernels = [self._linear(f"{r}{mm.name}.mm", T / t if mm.routed else T, mm.n, mm.k, bias=False)]
+                rows = T / t if mm.routed else T
+                self._fp8_cast(e, f"{r}{mm.name}.fp8_cast", rows * mm.k)  # the input's fp8 copy, not saved
+                kernels = [self._linear(f"{r}{mm.name}.mm", rows, mm.n, mm.k, bias=False)]
                 if mm.gathered and gather:
                     gather = False
                     self._gathered_gemm(e, f"{r}{'qkv' if part == 'attn' else 'mlp'}_input_all_gather", f"{r}{mm.name}",
@@ -484,8 +487,10 @@ class StepKernels(LayerOps):
         _, routed, per_expert, local, f, f1, g = self._routed()
         if g > 1:
             self.tp_collective(e, f"{r}moe_tokens_all_gather", "all_gather", routed * g * h)
+        self._fp8_cast(e, f"{r}experts.fc1.fp8_cast", routed * g * h)
         e.op(f"{r}experts.fc1", [self._linear(f"{r}experts.fc1", per_expert, f1 / g, h, batch=local)])
         self._activation(e, f"{r}experts.", "gelu", routed * f)
+        self._fp8_cast(e, f"{r}experts.fc2.fp8_cast", routed * f)
         e.op(f"{r}experts.fc2", [self._linear(f"{r}experts.fc2", per_expert, h, f / g, batch=local)])
 
     def _module_recompute(self, e: StepEmitter, p: str, dense: bool = False) -> None:

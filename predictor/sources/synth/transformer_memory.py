@@ -335,7 +335,9 @@ def memory_per_stage(spec: TransformerSpec, plan: ParallelPlan) -> list[StageMem
 
 def fp8_weight_params(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters of pipeline ``stage`` a device stores in fp8 under ``spec.fp8_params``: its layers' weights
-    less their norms (the linears' biases, a hidden-size vector each, ride with them); 0 otherwise."""
+    less their norms (the linears' biases, a hidden-size vector each, ride with them), on the last stage also each
+    multi-token prediction depth's layer and ``2 h -> h`` projection (Transformer Engine modules too); 0
+    otherwise."""
     if not (spec.fp8_params and spec.fp8_linear):
         return 0.0
     layers = plan.rank_layers(spec.layers, stage)
@@ -345,7 +347,11 @@ def fp8_weight_params(spec: TransformerSpec, plan: ParallelPlan, stage: int) -> 
         dense = dense_layers_on(spec, plan, stage) * (
             layer_param_count(spec, plan.tp, plan.ep, dense=True, expert_tp=plan.etp)
             - layer_param_count(spec, plan.tp, plan.ep, expert_tp=plan.etp))
-    return layers * per_layer + dense
+    mtp = 0.0
+    if spec.mtp_layers and stage == plan.pp - 1:
+        depth = layer_param_count(spec, plan.tp, plan.ep, dense=spec.mtp_dense, expert_tp=plan.etp)
+        mtp = spec.mtp_layers * (depth - layer_norm_params(spec) + 2.0 * spec.hidden ** 2 / plan.tp)
+    return layers * per_layer + dense + mtp
 
 
 def optimizer_state_bytes(plan: ParallelPlan, dtype_bytes: float) -> float:
