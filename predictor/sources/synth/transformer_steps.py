@@ -142,6 +142,10 @@ class StepTemplates:
         self.ops = StepKernels(spec, plan, self.lay)
         self.p, self.v, self.m = plan.pp, plan.virtual_stages_effective, plan.micro_batches
         self.layers_per_chunk = plan.chunk_layers(spec.layers)
+        # each virtual stage's layers and dense layers, computed once: every step looks them up
+        chunks = range(self.p * self.v)
+        self.chunk_layers = tuple(plan.layers_of(spec.layers, vs) for vs in chunks)
+        self.chunk_dense = tuple(chunk_dense_layers(spec, plan, vs) for vs in chunks)
         #: an MoE model's first layers, dense (a step block's default: the first chunk's first layers)
         self.dense_layers = spec.moe.dense_layers if spec.moe is not None else 0
         self.timing = timing
@@ -551,11 +555,11 @@ class StepTemplates:
 
     def layers_at(self, st: Step, stage: int) -> int:
         """Layers of the chunk ``st`` runs on ``stage``."""
-        return self.plan.layers_of(self.spec.layers, st.chunk * self.p + stage)
+        return self.chunk_layers[st.chunk * self.p + stage]
 
     def dense_at(self, st: Step, stage: int) -> tuple[bool, ...]:
         """Which layers of the chunk ``st`` runs on ``stage`` are an MoE model's dense layers."""
-        return chunk_dense_layers(self.spec, self.plan, st.chunk * self.p + stage)
+        return self.chunk_dense[st.chunk * self.p + stage]
 
     def ends(self, st: Step, stage: int) -> tuple[bool, bool]:
         """Whether ``st`` on ``stage`` runs the first (embedding) and the last (head) virtual stage."""

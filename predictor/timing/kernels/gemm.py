@@ -67,7 +67,8 @@ class AnalyticGemm(KernelModel):
         moved = tasks.get("bytes")
         shape_bytes = (m * k + k * n + m * n) * b * dt
         moved = np.nan_to_num(np.where(np.isnan(moved), shape_bytes, moved), nan=0.0)
-        peak = np.array([self._peak(platform, x) for x in dt])
+        kinds, inverse = np.unique(dt, return_inverse=True)  # a handful of dtypes over many kernels
+        peak = np.array([self._peak(platform, x) for x in kinds])[inverse.reshape(-1)]
         f_half = peak * self.params.t_half_s
         ceiling = np.full(len(flops), platform.gemm_efficiency_max)
         if platform.kind == "gpu" and platform.vendor == "NVIDIA" and tasks.kind not in ("conv2d", "conv", *ATTENTION_KINDS):
