@@ -64,6 +64,7 @@ def _space(**changes) -> dict:
     ({"training": {"tokens": "20M"}}, "training.global_batch"),
     ({"training": {"tokens": "lots", "global_batch": 16}}, "training.tokens"),
     ({"accelerators": ["a100-80gb", "tpu-v9"]}, "accelerators[1]"),
+    ({"accelerators": ["a100-80gb", "h100"]}, "accelerators[1]: h100 is an asset pack"),
     ({"pricing": {"column": "spot", "prices": {"a100-80gb": {"spot": 2.0}}}}, "h100-sxm has no 'spot' price"),
     ({"pricing": {"prices": {"mi999": {"on_demand": 1.0}}}}, "pricing.prices: mi999"),
     ({"devices": {"min": 64, "max": 8}}, "max=8 is below min=64"),

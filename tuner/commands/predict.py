@@ -39,7 +39,7 @@ def predict(
                                                      "predict --set changes of (batch_size, layers, dp, pp, ...)")] = None,
     workload: Annotated[Path | None, typer.Option("--workload", help="transformer model YAML (or a parallel space file)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="field=value, repeatable; workload: tp, pp, dp, micro_batch, global_batch, schedule, recompute, ..., and the model's doc_len (tokens of a packed document); trace: batch_size, layers, dp, pp, micro_batches, speedup.KIND, retime, ...")] = None,
-    platform: Annotated[str | None, typer.Option("--platform", help="catalog key or asset pack (workload default: its cluster, else a100-80gb; trace default: where it was captured, cpu-local for CPU captures)")] = None,
+    platform: Annotated[str | None, typer.Option("--platform", help="catalog key (`tuner catalog`); for a captured run also an asset pack (workload default: its cluster, else a100-80gb; trace default: where it was captured, cpu-local for CPU captures)")] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="user YAML overriding or adding catalog entries")] = None,
     devices_per_node: Annotated[int | None, typer.Option("--devices-per-node", help="default: the workload's cluster or the catalog's")] = None,
     devices: Annotated[int | None, typer.Option("--devices", help="devices of the cluster (default: the workload's nodes x devices per node)")] = None,

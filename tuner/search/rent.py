@@ -212,7 +212,7 @@ class RentSpace(StrictModel):
     space: Literal["rent"]
     model: RentModel
     training: Training
-    accelerators: list[str] = Field(min_length=1, description="catalog keys or asset packs")
+    accelerators: list[str] = Field(min_length=1, description="catalog keys (asset packs too for a DLRM or a module)")
     devices: list[PositiveInt] | DeviceRange = Field(description="device counts, or {min, max, factor}")
     deadline_days: float | None = Field(default=None, gt=0)
     deadline_hours: float | None = Field(default=None, gt=0, description="the deadline in hours (or deadline_days)")

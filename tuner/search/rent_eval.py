@@ -136,12 +136,16 @@ def _tables(space: RentSpace, offers: dict[str, Offer]) -> EmbeddingTables:
 def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str, spec: TransformerSpec | None) -> None:
     """A transformer or DLRM plan is a GPU-style program (Megatron-LM, TorchRec): refuse a dataflow system
     (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes, and a chip without
-    an FP8 peak for a transformer with FP8 linears."""
+    an FP8 peak for a transformer with FP8 linears; and an asset pack for a transformer."""
     if kind == "module":
         return
     program = "Megatron-LM plans" if kind == "transformer" else "DLRM sharding plans"
     for i, key in enumerate(space.accelerators):
-        plat = next(o.platform for o in offers.values() if o.key.split("@")[0] == key)
+        offer = next(o for o in offers.values() if o.key.split("@")[0] == key)
+        plat = offer.platform
+        if kind == "transformer" and offer.resolved.pack is not None:
+            raise SpaceError(f"accelerators[{i}]: {key} is an asset pack: a transformer is priced on catalog entries, "
+                             "whose GEMM ceilings are fitted to published runs (--catalog FILE adds a device)")
         if plat.kind in DATAFLOW_KINDS:
             raise SpaceError(f"accelerators[{i}]: {key} is a dataflow system ({plat.kind}) that runs a compiled graph, "
                              f"not {program}; rent it with model: module")

@@ -16,6 +16,7 @@ it is that asset pack's calibrated platform on any host (:mod:`predictor.timing.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 from collections.abc import Mapping
 from importlib import resources
@@ -46,12 +47,23 @@ class CatalogError(ValueError):
 
 
 class UnknownPlatformError(KeyError):
-    """A platform name that is neither in the catalog nor ``cpu-local``."""
+    """A platform name that is neither in the catalog nor ``cpu-local`` (``pack``: it names an asset pack, which
+    times captured runs and DLRM kernels but is no catalog entry)."""
 
-    def __init__(self, name: str, valid: list[str]) -> None:
+    def __init__(self, name: str, valid: list[str], pack: bool = False) -> None:
         self.name = name
         self.valid = sorted(valid)
-        super().__init__(f"unknown platform {name!r}; valid names: {', '.join(self.valid)}")
+        stem = Path(name.strip().lower()).name
+        close = [v for v in self.valid if v.startswith(stem)] or difflib.get_close_matches(stem, self.valid, n=1,
+                                                                                             cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        if pack:
+            msg = (f"{name!r} is an asset pack, not a catalog entry: this command prices on catalog entries, whose "
+                   f"GEMM ceilings are fitted to published runs{hint}; --catalog FILE adds a device; valid names: "
+                   f"{', '.join(self.valid)}")
+        else:
+            msg = f"unknown platform {name!r}{hint}; valid names: {', '.join(self.valid)}"
+        super().__init__(msg)
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
@@ -106,7 +118,10 @@ def get_platform(name: str, extra: str | Path | None = None) -> Platform:
         return platform
     catalog = load_catalog(extra)
     if key not in catalog:
-        raise UnknownPlatformError(name, [*catalog, CPU_LOCAL])
+        from predictor.timing.platforms.packs import find_asset_pack
+
+        pack = (Path(name.strip()) / "manifest.json").is_file() or find_asset_pack(key) is not None
+        raise UnknownPlatformError(name, [*catalog, CPU_LOCAL], pack=pack)
     return catalog[key]
 
 
