@@ -192,6 +192,20 @@ def test_megatron_fp8_format_is_transformer_engine_fp8():
         read_megatron_args([a if a != "hybrid" else "mxfp8" for a in args], devices=8)
 
 
+def test_megatron_flag_one_typo_from_a_read_one_is_refused():
+    """Megatron's argparse (no abbreviations) refuses --pipeline-model-paralel-size; tuner would otherwise skip it and
+    price one pipeline stage. Flags it does not read are listed; Megatron's own near-twins (--fp4-param-gather,
+    --no-align-param-gather) and torchrun's abbreviations are not typos."""
+    shape = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+             "--vocab-size 8000 --global-batch-size 16 ")
+    with pytest.raises(LaunchError, match=r"unknown flag --pipeline-model-paralel-size \(did you mean "
+                                          r"--pipeline-model-parallel-size\?\)"):
+        read_megatron_args(shape + "--pipeline-model-paralel-size 4", devices=8)
+    lp = read_megatron_args(shape + "--fp4-param-gather --align-param-gather --lr 3e-4 --frobnicate 7", devices=8)
+    assert {"--fp4-param-gather", "--align-param-gather", "--lr", "--frobnicate"} <= set(lp.ignored)
+    assert read_megatron_args("torchrun --nnode 1 --nproc-per-node 8 pretrain_gpt.py " + shape, devices=8).plan.dp == 8
+
+
 def test_megatron_uneven_pipeline_splits_read_write_and_price():
     """--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split are Megatron-core's
     uneven splits: read as stage_layers, written back, and a 126-layer model splits over 8 stages."""

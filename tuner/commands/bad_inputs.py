@@ -284,9 +284,12 @@ def _predict_cases() -> Iterator[BadInput]:
                         ("a pipeline layout placing an MTP layer --mtp-num-layers does not ask for",
                          "--pipeline-model-parallel-layout 'Et|(tt|)*2tmL'"),
                         ("a pipeline layout beside another split",
-                         "--pipeline-model-parallel-layout 'Et|(tt|)*2tL' --decoder-first-pipeline-num-layers 1")):
+                         "--pipeline-model-parallel-layout 'Et|(tt|)*2tL' --decoder-first-pipeline-num-layers 1"),
+                        ("flag misspelt", "--tensor-model-paralel-size 2")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),
                        {"args.txt": megatron + flags})
+    yield BadInput("predict: an asset pack for a transformer plan",
+                   ("predict", "--workload", "{dir}/w.yaml", "--platform", "h100"), {"w.yaml": wl})
     yield BadInput("predict: malformed --catalog", ("predict", "--workload", "{dir}/w.yaml", "--catalog", "{dir}/c.yaml"),
                    {"w.yaml": wl, "c.yaml": "x: [1,\n"})
     yield BadInput("predict: --trace is a folder", ("predict", "--workload", "{dir}/w.yaml", "--trace", "{out}"),

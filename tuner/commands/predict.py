@@ -454,6 +454,10 @@ def _print_result(r: dict) -> None:
         table.add_row("graph", f"{r['graph']['tasks']:,} tasks on {r['graph']['ranks']} stage ranks ({r['graph']['detail']})")
     for note in r.get("read", {}).get("notes", []):
         table.add_row("read", note)
+    ignored = r.get("read", {}).get("ignored", [])
+    if ignored:  # flags / keys the reader skipped: a typo of one it prices would show here
+        more = f" and {len(ignored) - 8} more (--json lists them)" if len(ignored) > 8 else ""
+        table.add_row("not read (not priced)", ", ".join(ignored[:8]) + more)
     if "launch" in r:
         table.add_row("launch files", ", ".join(r["launch"]["files"]))
     if "trace" in r:

@@ -34,6 +34,7 @@ with ``--bf16`` is DeepSpeed's BF16 optimizer (``deepspeed_bf16``), stage 3 read
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import shlex
@@ -362,6 +363,25 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
     return values, launcher, skipped
 
 
+#: every Megatron flag the reader takes a value or a switch from (torchrun's, which it abbreviates, aside)
+_READ_FLAGS = (*_VALUE_KEYS, *_SWITCHES, "--recompute-modules")
+
+
+def _refuse_misspelt(skipped: list[str], source: str) -> None:
+    """LaunchError for a flag tuner skips that is one typo away from one it reads (Megatron's argparse, without
+    abbreviations, refuses such a flag; read as skipped it would silently leave the default in place)."""
+    def variant(a: str, b: str) -> bool:
+        """Megatron's own near-twins: ``--fp4-param-gather`` / ``--fp8-...``, ``--x`` / ``--no-x``."""
+        bare = (re.sub(r"\d", "", a), re.sub(r"\d", "", b))
+        return bare[0] == bare[1] or any(x.replace("--", f"--{neg}-", 1) == y for x, y in ((a, b), (b, a))
+                                         for neg in ("no", "disable"))
+
+    for flag in skipped:
+        close = difflib.get_close_matches(flag, _READ_FLAGS, n=1, cutoff=0.92)
+        if close and close[0] != flag and not variant(flag, close[0]):
+            raise LaunchError(f"{source}: unknown flag {flag} (did you mean {close[0]}?)")
+
+
 def _positive(values: dict, key: str, flag: str, source: str, default: int | None = None) -> int:
     val = values.get(key, default)
     if val is None:
@@ -646,6 +666,7 @@ def read_megatron_args(text: str | Sequence[str], source: str = "arguments", *, 
         meta = dict(meta or {})
         tokens = list(text)
     values, launcher, skipped = _parse(tokens, source)
+    _refuse_misspelt(skipped, source)
     notes: list[str] = list(dict.fromkeys(_APPROXIMATED[f] for f in skipped if f in _APPROXIMATED))
     spec = _spec(values, source, header_str(meta, "model_name", source) or "megatron-model", notes)
     recompute = _recompute(values, source, notes)
