@@ -67,6 +67,27 @@ def test_archived_capture_keeps_its_unprofiled_iterations(captured, tmp_path):
     assert b.torch_threads == a.torch_threads == 1
 
 
+def test_capture_far_slower_than_its_unprofiled_steps_is_flagged(captured, tmp_path):
+    """Profiled steps slowed by more than the profiler's per-event cost (another process on the cores) replay far
+    above the unprofiled step: the what-if says the capture is unreliable instead of a silent 0.004x speed-up."""
+    import shutil
+
+    from predictor.whatif.apply import parse_sets, predict_trace
+
+    run = tmp_path / "run"
+    shutil.copytree(captured, run)
+    csv = run / "rank0.steps.csv"
+    rows = []
+    for line in csv.read_text().splitlines():
+        parts = line.split(",")
+        if len(parts) == 4 and parts[2] == "after":
+            parts[1] = f"{float(parts[1]) / 200:.9f}"
+        rows.append(",".join(parts))
+    csv.write_text("\n".join(rows) + "\n")
+    assert not any(n.startswith("unreliable capture") for n in predict_trace(captured, parse_sets(["batch_size=x2"])).notes)
+    assert predict_trace(run, parse_sets(["batch_size=x2"])).notes[0].startswith("unreliable capture")
+
+
 def test_annotation_splits_host_ops_into_kernels(captured):
     from predictor.sources.traces.load import load_traces
     from predictor.whatif.annotate import annotate

@@ -251,6 +251,11 @@ def apply_whatif(g: ExecutionGraph, spec: WhatIf, *, base_batch: int | None, dev
     return g, changes
 
 
+#: a replayed step this many times the capture's unprofiled step (or its inverse) marks the capture unreliable;
+#: replays of the committed captures sit within a few percent of it
+REPLAY_DRIFT_LIMIT = 1.5
+
+
 @dataclass
 class WhatIfResult:
     """A what-if prediction: ``summary()`` is the ``--json`` document."""
@@ -384,6 +389,12 @@ def predict_trace(path: str | Path, spec: WhatIf, platform: str | None = None, *
     base_kind = f"unprofiled iterations of the capture ({stat})" if at.unprofiled_s is not None else \
         "profiled ProfilerStep (median; no unprofiled iterations recorded)"
     baseline = at.unprofiled_s if at.unprofiled_s is not None else float(np.median(at.measured_step_s))
+    drift = float(np.median(replayed)) / baseline if at.unprofiled_s and baseline > 0 else 1.0
+    if not 1 / REPLAY_DRIFT_LIMIT <= drift <= REPLAY_DRIFT_LIMIT:
+        notes.insert(0, f"unreliable capture: the replayed step ({np.median(replayed) * 1e3:.3f} ms) is {drift:.3g}x "
+                        f"the unprofiled one ({baseline * 1e3:.3f} ms), more than the profiler's per-event cost "
+                        "explains (other work on the cores while profiling?); the prediction starts from the replayed "
+                        "step: capture again on an idle machine")
     ann = {"base_batch": at.base_batch, "batch_source": at.batch_source, "steps": len(at.steps),
            "steps_combined": at.combine,
            "host_mode": at.host_mode, "profiler_cost_per_event_s": at.profiler_cost_s,

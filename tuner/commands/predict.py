@@ -160,6 +160,9 @@ def _print_trace_result(r: dict) -> None:
         table.add_row("profiled steps' extra page faults",
                       f"{a['profiled_extra_faults_per_step']:.0f} a step, about {a['profiled_extra_fault_s'] * 1e3:.1f} ms: "
                       "left in the kernels that wrote fresh memory (docs/replay-whatif.md)")
+    for note in r.get("notes", []):
+        if note != r["changes"].get("platform", {}).get("explanation"):  # shown as "host vs device"
+            table.add_row("note", note)
     if "trace" in r:
         table.add_row("trace", r["trace"])
     console.print(table)
