@@ -219,6 +219,8 @@ def test_predict_from_a_missing_trace_or_nothing_exits_2(tmp_path):
     assert code == 2 and "no such file or folder" in text
     code, text = _cli("predict")
     assert code == 2 and "--workload" in text
+    code, text = _cli("predict", str(REPO / "search_spaces" / "parallel.yaml"))  # --workload forgotten
+    assert code == 2 and "not a captured run: give it as --workload" in text and len(text.strip().splitlines()) == 1
 
 
 def test_example_space_loads_and_has_valid_plans():

@@ -87,6 +87,9 @@ def _predict_trace(path: Path, sets: list[str], platform: str | None, catalog: P
 
     if not path.exists():
         fail(f"{path}: no such file or folder")
+    if path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".toml", ".sh"):
+        fail(f"{path}: a model, space or launch file, not a captured run: give it as --workload {path} (a model or "
+             "space YAML) or to --megatron-args / --torchtitan / --llm-foundry / --nemo")
     try:
         spec = parse_sets(sets)
     except WhatIfError as exc:
