@@ -260,6 +260,14 @@ def test_csv_and_json_share_seconds_and_bytes(tmp_path):
              & (df.batch_size == res["tasks"][0]["batch_size"])].iloc[0]
     assert row.predicted_iteration_s == pytest.approx(first["predicted_iteration_s"])
     assert row.max_memory_bytes_per_rank == pytest.approx(max(first["memory_bytes_per_rank"]))
+    # the summary counts each sharder as fast as the best (ties count for each)
+    want: dict[str, int] = {}
+    for t in res["tasks"]:
+        ok = [c for c in t["candidates"] if c["status"] == "ok"]
+        for c in ok:
+            if c["predicted_iteration_s"] <= min(o["predicted_iteration_s"] for o in ok) * (1 + 1e-9):
+                want[c["sharder"]] = want.get(c["sharder"], 0) + 1
+    assert res["summary"]["wins"] == want and sum(want.values()) >= len(res["tasks"])
 
 
 def test_version_and_boolean_switches(tmp_path):

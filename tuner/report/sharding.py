@@ -22,6 +22,10 @@ from tuner.sharders.sharding_types import TypedShardingJob
 __all__ = ["sharding_payload", "print_sharding_table", "write_sharding_outputs", "write_plan_files", "placement_of"]
 
 
+#: a sharder within this factor of the best predicted iteration time ties with it
+TIE = 1.0 + 1e-9
+
+
 def _best(cands: list[dict]) -> dict | None:
     ok = [c for c in cands if c.get("status") == "ok"]
     return min(ok, key=lambda c: c["predicted_iteration_s"]) if ok else None
@@ -40,8 +44,10 @@ def sharding_payload(result: SearchResult) -> dict:
     gains = []
     for ti, b, cands in _units(result):
         best = _best(cands)
-        if best:
-            wins[best["sharder"]] = wins.get(best["sharder"], 0) + 1
+        if best:  # every sharder as fast as the best counts: most heuristics tie on small tasks
+            for c in cands:
+                if c.get("status") == "ok" and c["predicted_iteration_s"] <= best["predicted_iteration_s"] * TIE:
+                    wins[c["sharder"]] = wins.get(c["sharder"], 0) + 1
         by = {c["sharder"]: c for c in cands}
         heur = [c["predicted_iteration_s"] for c in cands
                 if c["sharder"] not in ("model_guided", "torchrec") and c.get("status") == "ok"]
@@ -122,7 +128,7 @@ def print_sharding_table(payload: dict, console: Console | None = None) -> None:
     console.print(f"kernel timing: {payload['timing_source']}")
     s = payload["summary"]
     wins = ", ".join(f"{k}: {v}" for k, v in sorted(s["wins"].items(), key=lambda kv: -kv[1]))
-    console.print(f"best sharder per task and batch — {wins}")
+    console.print(f"fastest sharders per task and batch (ties count for each) — {wins}")
     if s["model_guided_gain_vs_best_heuristic_mean"] is not None:
         console.print(
             f"model-guided vs best of the heuristic sharders: {100 * s['model_guided_gain_vs_best_heuristic_mean']:.2f}% "
@@ -225,7 +231,8 @@ def write_sharding_outputs(result: SearchResult, out: Path) -> dict:
         "",
     ]
     s = payload["summary"]
-    lines.append("Best sharder counts: " + ", ".join(f"{k} {v}" for k, v in s["wins"].items()) + ".")
+    lines.append("Fastest sharder counts (ties count for each): "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(s["wins"].items(), key=lambda kv: -kv[1])) + ".")
     if s["model_guided_gain_vs_best_heuristic_mean"] is not None:
         lines.append(
             f"Model-guided vs best heuristic: {100 * s['model_guided_gain_vs_best_heuristic_mean']:.2f}% faster on "
