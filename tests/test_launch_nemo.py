@@ -63,6 +63,9 @@ def test_the_recipe_predicts_as_the_validations_row(validation_row_seconds):
     p = lp.plan
     assert (p.tp, p.pp, p.cp, p.dp, p.virtual_stages, p.schedule) == (4, 4, 2, 2, 5, "interleaved")
     assert p.distributed_optimizer and p.tp_comm_overlap and p.sequence_parallel and p.grad_reduce_dtype == "bf16"
+    assert not any("normalization" in n for n in lp.notes)
+    rms = read_nemo_yaml(LLAMA_70B.replace("  bias: false", "  bias: false\n  normalization: rmsnorm"), "f")
+    assert "model.normalization rmsnorm priced as LayerNorm" in rms.notes
 
 
 def test_model_and_plan_options():

@@ -160,6 +160,9 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     if position is None:
         raise LaunchError(f"{source}: model.position_embedding_type {pos!r}: tuner models rope, learned_absolute, alibi "
                           "and none")
+    norm = str(model.get("normalization", "layernorm"))
+    if norm.lower() != "layernorm":
+        notes.append(f"model.normalization {norm} priced as LayerNorm")
     if model.get("cpu_offloading"):
         notes.append(f"model.cpu_offloading {OFFLOAD_NOTE}")
     dispatch = dispatcher_note("model.moe_token_dispatcher_type", model.get("moe_token_dispatcher_type"))
