@@ -121,6 +121,21 @@ def find_asset_pack(name: str) -> Path | None:
     return None
 
 
+def list_asset_packs() -> dict[str, Path]:
+    """Every pack ``--platform NAME`` finds, by name: the search paths' sub-folders (first one wins), then the
+    registry's packs written elsewhere."""
+    out: dict[str, Path] = {}
+    for root in asset_search_paths():
+        if root.is_dir():
+            for cand in sorted(root.iterdir()):
+                if (cand / "manifest.json").is_file():
+                    out.setdefault(cand.name.lower(), cand)
+    for name, folder in sorted(_read_registry().items()):
+        if isinstance(folder, str) and (Path(folder) / "manifest.json").is_file():
+            out.setdefault(name, Path(folder))
+    return out
+
+
 def looks_like_path(value: str) -> bool:
     """Whether a ``--platform`` value names a folder rather than a pack or catalog entry."""
     return "/" in value or os.sep in value or value.startswith(".") or (Path(value) / "manifest.json").is_file()
