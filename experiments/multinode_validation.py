@@ -556,10 +556,15 @@ def sweep_checks(comm: str, eff: float) -> list[dict]:
     return out
 
 
+def say(text: str) -> None:  # progress on stderr: the run takes minutes, stdout carries the report
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 def run(rows: list[Row], comm: str) -> dict:
     meas = np.asarray([r.measured_s for r in rows])
     held = np.asarray([r.split != "fit" for r in rows])
     t0 = time.perf_counter()
+    say(f"{comm}: {len(rows)} rows uncalibrated, one GEMM ceiling fitted per chip, the rows calibrated, the checks")
     unc = predict(rows, comm, STARTING_GEMM_EFFICIENCY)
     fitted = {chip: fit_chip(rows, comm, chip) for chip in FITS}
     eff = {key: fitted[chip][0] for chip, (_, keys) in FITS.items() for key in keys}
@@ -593,6 +598,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = load_rows()
     res = {comm: run(rows, comm) for comm in args.comm}
+    say("GEMM shape and alignment terms, memory peaks, reported runs")
     payload = {
         "date": date.today().isoformat(),
         "machine": f"{_pyplatform.machine()} VM (predictions only: nothing is timed here)",
