@@ -180,3 +180,19 @@ def test_override_platform_merges_fields_as_a_user_catalog_does():
     assert net.sources["interconnect.nics_per_node"] == "user override (cluster.yaml)"
     with pytest.raises(CatalogError):
         override_platform(base, {"interconnect": {"nics_per_node": -1}}, "cluster.yaml")
+
+
+def test_catalog_command_lists_entries_merged_with_a_file_and_the_asset_packs(tmp_path):
+    """`tuner catalog` shows the catalog (with --catalog FILE merged over it) and the packs --platform finds."""
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    user = tmp_path / "mine.yaml"
+    user.write_text("a100-80gb:\n  price_per_device_hour_usd: 1.23\n  price_date: '2026-01'\n")
+    res = CliRunner().invoke(app, ["catalog", "--catalog", str(user)], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "1.23" in res.output and "h100-sxm" in res.output
+    assert "Asset packs" in res.output and "cpu-local-zen4" in res.output
+    res = CliRunner().invoke(app, ["catalog", "--catalog", str(tmp_path / "none.yaml")])
+    assert res.exit_code == 2 and "no such file" in res.output
