@@ -206,6 +206,10 @@ def test_every_validation_problem_is_listed(tmp_path):
                   str(tmp_path / "o"))
     (line,) = _errors(res)
     assert "n_gpus:" in line and "seed:" in line and "colour: unknown field" in line and "more problem" not in line
+    typo = {k: v for k, v in SPACE.items() if k != "n_gpus"} | {"n_gpu": 4}
+    (line,) = _errors(_search(str(_space(tmp_path, typo, "typo.yaml")), "--out", str(tmp_path / "o2")))
+    assert "n_gpus: required field is missing; n_gpu: unknown field (did you mean n_gpus?)" in line
+    assert "colour: unknown field (" not in _errors(res)[0]  # no field near it is missing
 
 
 def test_a_plan_of_too_many_micro_batches_is_not_simulated(tmp_path):

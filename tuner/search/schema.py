@@ -11,6 +11,7 @@ carries it (with the file name) to the CLI, which prints it and exits with code 
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -73,10 +74,20 @@ def _problem(error: dict) -> str:
 
 
 def format_validation_error(err: ValidationError) -> str:
-    """Every problem of a pydantic error as ``field.path: message``, joined by ``; `` (one line)."""
+    """Every problem of a pydantic error as ``field.path: message``, joined by ``; `` (one line); an unknown field
+    close to a missing one beside it says so (``n_gpu: unknown field (did you mean n_gpus?)``)."""
+    errors = err.errors()
+    missing: dict[tuple, list[str]] = {}
+    for error in errors:
+        if error["type"] == "missing" and error["loc"]:
+            missing.setdefault(tuple(error["loc"][:-1]), []).append(str(error["loc"][-1]))
     seen: list[str] = []
-    for error in err.errors():
+    for error in errors:
         text = _problem(error)
+        if error["type"] == "extra_forbidden" and error["loc"]:
+            close = difflib.get_close_matches(str(error["loc"][-1]), missing.get(tuple(error["loc"][:-1]), []), n=1)
+            if close:
+                text += f" (did you mean {close[0]}?)"
         if text not in seen:
             seen.append(text)
     return "; ".join(seen)
