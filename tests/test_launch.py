@@ -764,3 +764,19 @@ def test_torchtitan_deepseek_v3_16b_predicts_from_its_own_toml():
     assert out["feasible"] and out["predicted_iteration_s"] > 0.0
     slow = H100.model_copy(update={"peak_flops": {k: v / 2 for k, v in H100.peak_flops.items()}})
     assert predict_plan(read.spec, read.plan, slow, devices=8)[0]["predicted_iteration_s"] > out["predicted_iteration_s"]
+
+
+def test_launch_of_an_mtp_model_predicts_torchtitan_without_it(tmp_path):
+    """torchtitan trains no multi-token prediction: its launch drops the MTP layer and its prediction prices the model
+    without it, as the written TOML reads back."""
+    model = tmp_path / "m.yaml"
+    model.write_text("model: {name: m, layers: 8, hidden: 1024, heads: 16, seq: 1024, vocab: 8000, mtp_layers: 1,\n"
+                     "        tie_embeddings: false}\ncluster: {platform: a100-80gb, nodes: 1}\nglobal_batch: 32\n")
+    code, out = _cli("predict", "--workload", str(model), "--set", "tp=2", "--set", "sequence_parallel=true",
+                     "--set", "grad_reduce_dtype=fp32", "--launch", str(tmp_path / "launch"), "--json")
+    assert code == 0, out
+    res = json.loads(out)
+    assert res["launch"]["torchtitan_changes"]["mtp_layers"] == [1, 0]
+    assert res["launch"]["torchtitan_predicted_iteration_s"] < res["predicted_iteration_s"]
+    code, tt = _cli("predict", "--torchtitan", str(tmp_path / "launch" / "torchtitan.toml"), "--json")
+    assert code == 0 and json.loads(tt)["predicted_iteration_s"] == res["launch"]["torchtitan_predicted_iteration_s"]

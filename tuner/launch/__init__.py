@@ -34,6 +34,7 @@ from tuner.launch.torchtitan import (
     read_torchtitan_file,
     read_torchtitan_toml,
     torchtitan_plan,
+    torchtitan_spec,
     torchtitan_toml,
 )
 from tuner.launch.torchtitan_config import (
@@ -45,7 +46,7 @@ from tuner.launch.torchtitan_config import (
 )
 
 __all__ = ["LaunchError", "LaunchPlan", "MEGATRON_FILE", "TORCHTITAN_FILE", "megatron_args", "megatron_command",
-           "megatron_launch_text", "read_megatron_args", "read_megatron_file", "torchtitan_plan", "torchtitan_toml",
+           "megatron_launch_text", "read_megatron_args", "read_megatron_file", "torchtitan_plan", "torchtitan_spec", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file", "RECIPE_FILE", "is_config_ref", "plan_from_torchtitan_config",
            "read_torchtitan_config", "torchtitan_recipe", "read_llmfoundry_yaml", "read_llmfoundry_file", "read_nemo_yaml", "read_nemo_file",
            "launch_payload",
@@ -58,15 +59,19 @@ TORCHTITAN_FILE = "torchtitan.toml"
 
 def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, devices_per_node: int) -> dict:
     """The launch section of a results document: Megatron-LM arguments and command, torchtitan TOML and Python
-    configuration, and the plan as torchtitan runs it with the fields that differ (``{field: [plan's, torchtitan's]}``)."""
+    configuration, and the plan as torchtitan runs it with the fields that differ (``{field: [plan's, torchtitan's]}``;
+    the model's ``mtp_layers`` too, which torchtitan does not train)."""
     tt = torchtitan_plan(plan, spec)
+    changes = {k: [v, tt.to_dict()[k]] for k, v in plan.to_dict().items() if tt.to_dict()[k] != v}
+    if torchtitan_spec(spec) != spec:
+        changes["mtp_layers"] = [spec.mtp_layers, 0]
     return {
         "megatron_args": megatron_args(spec, plan),
         "megatron_command": megatron_command(spec, plan, devices_per_node),
         "torchtitan_toml": torchtitan_toml(spec, plan, platform=platform, devices_per_node=devices_per_node),
         "torchtitan_recipe": torchtitan_recipe(spec, plan, platform=platform, devices_per_node=devices_per_node),
         "torchtitan_plan": tt.label(),
-        "torchtitan_changes": {k: [v, tt.to_dict()[k]] for k, v in plan.to_dict().items() if tt.to_dict()[k] != v},
+        "torchtitan_changes": changes,
     }
 
 

@@ -169,6 +169,11 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
                    recompute=recompute, recompute_layers=layers, optimizer_state="fp32", expert_tp=etp)
 
 
+def torchtitan_spec(spec: TransformerSpec) -> TransformerSpec:
+    """``spec`` as torchtitan trains it: without multi-token prediction (its models have none)."""
+    return replace(spec, mtp_layers=0) if spec.mtp_layers else spec
+
+
 def _layer_every(per_chunk: int, layers: int) -> int:
     """torchtitan's ``selective_ac_option`` n (every n-th layer checkpointed) nearest ``layers`` of ``per_chunk``."""
     return max(1, round(per_chunk / layers))
@@ -288,7 +293,7 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
                     devices_per_node: int | None = None, predicted_s: float | None = None) -> str:
     """The TOML job config (``[job]``, ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``) of ``plan``."""
     t = torchtitan_plan(plan, spec)
-    meta, where = launch_meta(spec, plan, platform, devices_per_node)
+    meta, where = launch_meta(torchtitan_spec(spec), plan, platform, devices_per_node)  # the model it trains
     said = f", predicted {predicted_s:.4f} s/iteration by tuner (as torchtitan runs it)" if predicted_s else ""
     lines = [f"# torchtitan job config (TOML, v0.2 schema) of {spec.name} plan {t.label()}{where}{said}",
              "# [model] name / flavor: the torchtitan model of this shape (tuner's shape is on the next line)",

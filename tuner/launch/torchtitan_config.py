@@ -57,6 +57,7 @@ from tuner.launch.torchtitan import (
     spec_from_header,
     torchtitan_model,
     torchtitan_plan,
+    torchtitan_spec,
     world_and_data_parallel,
 )
 
@@ -94,7 +95,7 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
     t = torchtitan_plan(plan, spec)
     dpn = devices_per_node or 8
     nodes = max(1, -(-plan.devices // dpn))
-    meta, where = launch_meta(spec, plan, platform, devices_per_node)
+    meta, where = launch_meta(torchtitan_spec(spec), plan, platform, devices_per_node)  # the model it trains
     said = f"; predicted {predicted_s:.4f} s/iteration by tuner" if predicted_s else ""
     run = (f"    PYTHONPATH=$FOLDER:$PYTHONPATH NGPU={plan.devices} MODULE=torchtitan_recipe CONFIG={RECIPE_FUNCTION} "
            "./run_train.sh") if nodes == 1 else (
@@ -110,6 +111,8 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
         notes.append("torchtitan trains in bfloat16 or float32: the fp16 model is written as bfloat16")
     if plan.optimizer_state != "fp32":
         notes.append("torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
+    if spec.mtp_layers:
+        notes.append("torchtitan trains no multi-token prediction: the model's MTP layers are not written")
     if t.recompute == "full" and t.recompute_layers is not None:
         notes.append("torchtitan checkpoints every layer or none: the plan's partial recomputation is written as FullAC")
     if spec.fp8_linear:
