@@ -110,15 +110,21 @@ def test_report_renders_in_headless_chromium(tmp_path):
 
 
 def test_asset_pack_as_an_accelerator(tmp_path):
-    space = {"space": "rent", "model": {"transformer": {"name": "t", "layers": 4, "hidden": 256, "heads": 4,
-                                                        "seq": 128, "vocab": 1000}},
-             "training": {"tokens": "20M", "global_batch": 16}, "accelerators": ["h100", "a100-80gb"],
-             "devices": [1, 2], "pricing": {"prices": {"h100": {"on_demand": 3.0}}},
-             "ranges": {"tp": [1, 2], "pp": [1], "micro_batch": [1], "recompute": ["none"]}}
+    """A DLRM prices its kernels with a pack's calibrated models (its price from pricing.prices); a transformer is
+    priced on catalog entries, whose GEMM ceilings are fitted to published runs, and refuses a pack."""
+    space = {**DLRM, "accelerators": ["h100", "a100-80gb"], "devices": [2],
+             "pricing": {"prices": {"h100": {"on_demand": 3.0}}},
+             "model": {"dlrm": {**DLRM["model"]["dlrm"], "sharders": ["size_greedy"], "batch_sizes": [512]}}}
     code, out = _run(tmp_path, space)
     assert code == 0, out
     p = json.loads((tmp_path / "out" / "results.json").read_text())
     acc = {a["key"]: a for a in p["accelerators"]}
     assert acc["h100"]["price_source"] == "pricing.prices.h100.on_demand"
-    assert acc["h100"]["timing_source"] == "analytic"  # transformer plans: the pack's platform, analytic kernels
+    assert acc["h100"]["timing_source"] == "asset pack h100"
     assert all(r["usd_per_device_hour"] == 3.0 for r in p["records"] if r["accelerator"] == "h100")
+    transformer = {"space": "rent", "model": {"transformer": {"name": "t", "layers": 4, "hidden": 256, "heads": 4,
+                                                              "seq": 128, "vocab": 1000}},
+                   "training": {"tokens": "20M", "global_batch": 16}, "accelerators": ["h100", "a100-80gb"],
+                   "devices": [1, 2], "pricing": {"prices": {"h100": {"on_demand": 3.0}}}}
+    code, out = _run(tmp_path, transformer, "out2")
+    assert code == 2 and "accelerators[0]: h100 is an asset pack" in out
