@@ -34,6 +34,28 @@ def test_an_unaligned_n_or_k_runs_at_the_unaligned_ceiling_and_m_does_not_matter
     assert ratio == pytest.approx(plat.gemm_efficiency_max / GemmParams().unaligned_efficiency, rel=0.05)
 
 
+def test_a_weight_gradient_reducing_over_an_odd_token_count_stays_aligned():
+    """grad.t() @ x reduces over the tokens, along which neither operand is contiguous: an odd token count (an MoE
+    expert's mean share, 1025.02 tokens) keeps the aligned rate, and an MoE plan's step moves smoothly with it."""
+    from dataclasses import replace
+
+    from predictor.sources.synth.transformer_spec import MoESpec
+
+    cols = {"m": np.array([1536.0] * 2), "n": np.array([4096.0] * 2), "k": np.array([1025.02] * 2),
+            "batch": np.array([1.0] * 2), "dtype_bytes": np.array([2.0] * 2), "flops": np.array([np.nan] * 2),
+            "bytes": np.array([np.nan] * 2), "k_strided": np.array([1.0, np.nan])}
+    strided, contiguous = AnalyticGemm().predict(TaskView(cols, 2, "mm"), get_platform("h100-sxm"))
+    assert contiguous > 2 * strided
+    assert strided == pytest.approx(_seconds("h100-sxm", 1536, 4096, 1032, kind="mm"), rel=0.02)
+    spec = TransformerSpec(layers=4, hidden=1024, heads=8, seq=1024, vocab=32000, mlp="swiglu",
+                           moe=MoESpec(experts=16, top_k=2, ffn=512))
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8)
+    h100 = get_platform("h100-sxm")
+    t = [predict_plan(replace(spec, moe=replace(spec.moe, capacity_factor=c)), plan, h100)[0]["predicted_iteration_s"]
+         for c in (1.0, 1.001, 1.01)]
+    assert t[0] <= t[1] <= t[2] < 1.01 * t[0]
+
+
 def test_only_tensor_core_gemms_on_nvidia_gpus_pay_for_alignment():
     # fp32 without TF32 runs on the CUDA cores; with TF32 it needs 4-element alignment
     assert _seconds("h100-sxm", 4096, 4099, 4096, 4.0) == pytest.approx(_seconds("h100-sxm", 4096, 4100, 4096, 4.0),

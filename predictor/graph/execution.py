@@ -94,6 +94,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "m",  # GEMM rows of the output
     "n",  # GEMM columns of the output
     "k",  # GEMM reduction dimension
+    "k_strided",  # 1: no GEMM operand is contiguous along k (a weight gradient's tokens), so k sets no alignment
     "batch",  # batch count of a batched GEMM, samples of an embedding lookup, or the outer slices of a
     # concatenation (the product of the dims before the concatenated one: each input is copied as that
     # many contiguous chunks)

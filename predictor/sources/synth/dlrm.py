@@ -147,7 +147,7 @@ def _backward_layer(e: OpEmitter, ddp: _DDPState, name: str, i: int, o: int, b_l
     all-reduce when this layer completes its bucket."""
     dt = ddp.dtype_bytes
     e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu_bwd", b_local * o, dt, rw=3.0)])
-    kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt), column_sum(f"{name}.bias_grad", b_local, o, dt)]
+    kernels = [gemm(f"{name}.wgrad", o, i, b_local, dt, k_strided=True), column_sum(f"{name}.bias_grad", b_local, o, dt)]
     if not first:
         kernels.insert(0, gemm(f"{name}.dgrad", b_local, i, o, dt))
     ks = e.op(f"{name}.linear.backward", kernels)

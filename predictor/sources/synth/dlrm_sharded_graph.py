@@ -96,7 +96,7 @@ class _Rank:
             ks = linear_backward(e, name, b, i, o, dt, input_grad=li > 0)
         else:
             e.op(f"{name}.act.backward", [eltwise(f"{name}.relu_bwd", "relu_bwd", b * o, dt, rw=3.0)])
-            kernels = [gemm(f"{name}.wgrad", o, i, b, dt), column_sum(f"{name}.bias_grad", b, o, dt)]
+            kernels = [gemm(f"{name}.wgrad", o, i, b, dt, k_strided=True), column_sum(f"{name}.bias_grad", b, o, dt)]
             if li > 0:
                 kernels.insert(0, gemm(f"{name}.dgrad", b, i, o, dt))
             ks = e.op(f"{name}.linear.backward", kernels)

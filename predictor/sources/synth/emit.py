@@ -39,14 +39,18 @@ ExecMode = Literal["device", "host"]
 
 
 def gemm(name: str, m: float, n: float, k: float, dt: int, batch: float = 1.0, *, op: str = "gemm",
-         streams: int | None = None) -> Kernel:
+         streams: int | None = None, k_strided: bool = False) -> Kernel:
     """A GEMM kernel: (batch x) [m x k] @ [k x n], ``dt`` bytes per element.
 
     ``op``: the task kind, ``"gemm"`` or the ATen op an eager program runs (``"addmm"``, ``"mm"``,
     ``"bmm"``); the calibrated GEMM models keep one network per op. ``streams``: the batch runs as
-    separate GEMMs, that many at a time (None: one batched kernel).
+    separate GEMMs, that many at a time (None: one batched kernel). ``k_strided``: no operand is contiguous
+    along ``k`` (a weight gradient ``grad.t() @ x`` reduces over the tokens, both operands contiguous along
+    their features), so a ``k`` off a multiple of 16 bytes does not break tensor-core alignment.
     """
     params = {"m": m, "n": n, "k": k, "dtype_bytes": dt, "flops": 2.0 * m * n * k * batch}
+    if k_strided:
+        params["k_strided"] = 1.0
     if batch != 1.0:
         params["batch"] = batch
     if streams is not None:

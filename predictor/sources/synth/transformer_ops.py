@@ -125,7 +125,7 @@ class LayerOps:
     def _wgrad(self, name: str, out: float, inp: float, rows: float, *, batch: float = 1.0) -> Kernel:
         """Weight gradient of a linear layer ``inp -> out``: ``grad.t() @ x``."""
         return gemm(name, out, inp, rows, self._linear_dt(name), batch=batch, op=self._op("bmm" if batch != 1.0 else "mm"),
-                    streams=self._grouped_streams(batch))
+                    streams=self._grouped_streams(batch), k_strided=True)
 
     def _grouped_streams(self, experts: float) -> int | None:
         """How many of the local experts' GEMMs run at a time (None: one batched kernel). Grouped
