@@ -95,6 +95,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "n",  # GEMM columns of the output
     "k",  # GEMM reduction dimension
     "k_strided",  # 1: no GEMM operand is contiguous along k (a weight gradient's tokens), so k sets no alignment
+    "tiled",  # 1: a fused kernel priced as a GEMM that pads its own tiles (flash attention): no alignment cliff
     "batch",  # batch count of a batched GEMM, samples of an embedding lookup, or the outer slices of a
     # concatenation (the product of the dims before the concatenated one: each input is copied as that
     # many contiguous chunks)

@@ -133,7 +133,7 @@ class StepKernels(LayerOps):
             flops = 4.0 * b * spans * q * n * hl * self.d_core * (0.5 if self.spec.causal else 1.0)
             k = (f"{p}flash_attn_fwd", self._fused_kind(False), Category.COMPUTE,
                  {"m": q, "n": n, "k": self.d_rate, "batch": b * hl * spans, "dtype_bytes": dt, "flops": flops,
-                  "bytes": 4.0 * self.T * hl * self.d_core * dt})
+                  "bytes": 4.0 * self.T * hl * self.d_core * dt, "tiled": 1.0})
             self._with_kv_exchange(e, p, f"{p}core_attention", [k], backward=False)
             return
         bh = float(b * hl)
@@ -176,7 +176,7 @@ class StepKernels(LayerOps):
             flops = 2.5 * 4.0 * b * spans * q * n * hl * self.d_core * (0.5 if self.spec.causal else 1.0)
             k = (f"{p}flash_attn_bwd", self._fused_kind(True), Category.COMPUTE,
                  {"m": q, "n": n, "k": self.d_rate, "batch": b * hl * spans, "dtype_bytes": dt, "flops": flops,
-                  "bytes": 8.0 * self.T * hl * self.d_core * dt})
+                  "bytes": 8.0 * self.T * hl * self.d_core * dt, "tiled": 1.0})
             self._with_kv_exchange(e, p, f"{p}core_attention.backward", [k], backward=True)
             return
         if "core_attn" in self.plan.selective_modules:

@@ -73,8 +73,8 @@ class AnalyticGemm(KernelModel):
         ceiling = np.full(len(flops), platform.gemm_efficiency_max)
         if platform.kind == "gpu" and platform.vendor == "NVIDIA" and tasks.kind not in ("conv2d", "conv", *ATTENTION_KINDS):
             k_lead = np.where(tasks.get("k_strided", 0.0) == 1.0, 0.0, k)  # no operand contiguous along k
-            ceiling = np.where(self._unaligned(n, k_lead, dt), min(platform.gemm_efficiency_max,
-                                                                 self.params.unaligned_efficiency), ceiling)
+            off = self._unaligned(n, k_lead, dt) & (tasks.get("tiled", 0.0) != 1.0)
+            ceiling = np.where(off, min(platform.gemm_efficiency_max, self.params.unaligned_efficiency), ceiling)
         # a batch run as separate GEMMs, ``streams`` at a time, saturates on the FLOPs in flight together
         streams = tasks.get("streams", np.nan)
         apart = np.isfinite(streams) & (b > streams)
