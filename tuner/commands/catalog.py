@@ -33,7 +33,7 @@ def catalog(
         table.add_row(key, p.name, f"{p.flops_for('bf16') / 1e12:.0f}", f"{p.memory_bytes / 2**30:.0f}",
                       f"{p.memory_bandwidth / 1e12:.2f}", price)
     console.print(table)
-    packs = Table(title="Asset packs (calibrated kernel models: captured runs, sharding and accelerator spaces)")
+    packs = Table(title="Asset packs (calibrated kernel models: captured runs, sharding spaces)")
     for col in ("name", "device", "created", "folder"):
         packs.add_column(col)
     for name, folder in list_asset_packs().items():
