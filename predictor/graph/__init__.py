@@ -1,6 +1,6 @@
 """The execution graph: tasks on processors with typed dependencies.
 
-* :mod:`.execution` — :class:`ExecutionGraph` (columnar tasks and CSR edges) and its vocabulary
+* :mod:`.execution` — :class:`ExecutionGraph` (columnar tasks and edge lists) and its vocabulary
 * :mod:`.builder` — :class:`GraphBuilder`: appends tasks one by one and stamps block templates onto
   ranks (trace readers, synthesisers)
 * :mod:`.edit` — :class:`GraphEditor`: copy, insert and re-link slices of a graph (what-ifs)

@@ -8,7 +8,8 @@ through one pipeline stage (Alpa's profiling unit). The pieces:
 
 * :mod:`~predictor.sources.synth.transformer_spec` — the model, the plan, :func:`check_plan`;
 * :mod:`~predictor.sources.synth.transformer_kernels` — the kernels of a layer, the embedding and
-  the head, and the plan's process groups;
+  the head (:mod:`~predictor.sources.synth.transformer_emitter`: the plan's process groups and the
+  step emitter);
 * :mod:`~predictor.sources.synth.transformer_steps` — the templates of a forward/backward step,
   of a receive and of the end of the iteration (gradient reduce, optimizer);
 * this module — the pipeline: templates stamped in schedule order on every stage, wired by

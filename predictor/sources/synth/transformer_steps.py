@@ -1,7 +1,7 @@
 """Kernel templates of the steps of one transformer pipeline stage, built once per (spec, plan).
 
 A template is a small :class:`~predictor.graph.ExecutionGraph` of one representative rank, emitted
-with :class:`~predictor.sources.synth.transformer_kernels.StepEmitter` and stamped once per step
+with :class:`~predictor.sources.synth.transformer_emitter.StepEmitter` and stamped once per step
 by :func:`predictor.sources.synth.transformer.build_transformer_graph`:
 
 * a forward or backward **step** of one model chunk (embedding on the first virtual stage, the
