@@ -29,9 +29,9 @@ import pandas as pd
 
 from predictor.graph import Category, GraphBuilder, ProcKind
 from predictor.simulate import Breakdown, MeasuredTiming, Timeline, simulate, union_length
-from predictor.sources.traces._io import no_gc
 from predictor.sources.traces.build import ReplayGraph, build_graph
 from predictor.sources.traces.collectives import CollectivePricing, price_collectives
+from predictor.sources.traces.json_io import no_gc
 from predictor.sources.traces.load import TraceSet, load_traces
 
 if TYPE_CHECKING:

@@ -61,7 +61,6 @@ import numpy as np
 import pandas as pd
 
 from predictor.graph import PARAM_COLUMNS, Category, DepKind, ExecutionGraph, GraphBuilder, Overhead, ProcKind
-from predictor.sources.traces._io import no_gc
 from predictor.sources.traces.cpu_tasks import CpuTasks, cut_cpu_threads
 from predictor.sources.traces.dependencies import (
     RuntimeCalls,
@@ -72,6 +71,7 @@ from predictor.sources.traces.dependencies import (
     resource_waits,
 )
 from predictor.sources.traces.et import JsonLists
+from predictor.sources.traces.json_io import no_gc
 from predictor.sources.traces.kineto import EventCat
 from predictor.sources.traces.load import TraceSet
 from predictor.sources.traces.ops import classify_gpu_task, op_params

@@ -23,8 +23,8 @@ from typing import Union
 
 import numpy as np
 
-from predictor.sources.traces._io import json_bytes, no_gc, read_json_source
 from predictor.sources.traces.errors import TraceError
+from predictor.sources.traces.json_io import json_bytes, no_gc, read_json_source
 
 try:
     import msgspec as _msgspec

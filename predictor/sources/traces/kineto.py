@@ -21,8 +21,8 @@ from typing import Union
 import numpy as np
 import pandas as pd
 
-from predictor.sources.traces._io import read_json_source
 from predictor.sources.traces.errors import TraceError
+from predictor.sources.traces.json_io import read_json_source
 
 try:  # reads a Kineto trace's events into columns 1.8x faster than parsing and columnising the document
     import msgspec as _msgspec

@@ -25,9 +25,9 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from predictor.sources.traces._io import json_bytes, no_gc, parse_json
 from predictor.sources.traces.errors import TraceError
 from predictor.sources.traces.et import ExecutionTrace, et_from_bytes, et_from_json, is_et_json
+from predictor.sources.traces.json_io import json_bytes, no_gc, parse_json
 from predictor.sources.traces.kineto import (
     KinetoTrace,
     is_kineto_json,
