@@ -192,6 +192,17 @@ def test_megatron_fp8_format_is_transformer_engine_fp8():
         read_megatron_args([a if a != "hybrid" else "mxfp8" for a in args], devices=8)
 
 
+def test_megatron_moe_routing_note_unless_forced_balanced_or_capped():
+    """tuner prices balanced experts: a dropless run with a learned router says so (and how to price the skew);
+    --moe-router-force-load-balancing or a capacity factor is what tuner prices, without the note."""
+    moe = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+           "--vocab-size 8000 --global-batch-size 16 --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 ")
+    assert any(n.startswith("routing priced as balanced") for n in read_megatron_args(moe, devices=8).notes)
+    for extra in ("--moe-router-force-load-balancing", "--moe-expert-capacity-factor 1.25"):
+        lp = read_megatron_args(moe + extra, devices=8)
+        assert not any(n.startswith("routing priced") for n in lp.notes) and extra.split()[0] not in lp.ignored
+
+
 def test_megatron_flag_one_typo_from_a_read_one_is_refused():
     """Megatron's argparse (no abbreviations) refuses --pipeline-model-paralel-size; tuner would otherwise skip it and
     price one pipeline stage. Flags it does not read are listed; Megatron's own near-twins (--fp4-param-gather,

@@ -112,7 +112,8 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
              "--add-bias-linear", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel", "--moe-grouped-gemm"}
+             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel", "--moe-grouped-gemm",
+             "--moe-router-force-load-balancing"}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
@@ -363,6 +364,13 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
     return values, launcher, skipped
 
 
+#: a dropless MoE run whose router is not forced to balance: what tuner prices and how to price the skew
+ROUTING_NOTE = ("routing priced as balanced experts; a learned router sends the busiest expert-parallel rank more "
+                "tokens (the Megatron-core MoE team's Qwen3-235B-A22B runs without "
+                "--moe-router-force-load-balancing: 9-24 % slower); --moe-expert-capacity-factor F prices every "
+                "rank at F x the mean share")
+
+
 #: every Megatron flag the reader takes a value or a switch from (torchrun's, which it abbreviates, aside)
 _READ_FLAGS = (*_VALUE_KEYS, *_SWITCHES, "--recompute-modules")
 
@@ -446,6 +454,8 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         if shared < 0:
             raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
         k, every = _dense_layers(values.get("moe_layer_freq"), layers, notes)
+        if not values.get("--moe-router-force-load-balancing") and "capacity_factor" not in values:
+            notes.append(ROUTING_NOTE)
         moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
                       capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
                       shared_ffn=int(shared), dense_layers=k, every=every,
