@@ -387,11 +387,11 @@ def test_cpu_gemm_grid_has_aligned_bmm_shapes_and_optional_alignment_features():
 def test_large_gemm_shapes_keep_their_drawn_flops_inside_the_dim_bounds() -> None:
     """A dim clipped to the grid's top hands its excess to the others, so the top of the FLOP range is
     sampled (clipping alone left ~1 % of a quick grid above 1e9 FLOPs)."""
-    from predictor.timing.calibration.gemm import LARGE_RANGE, _large_shape
+    from predictor.timing.calibration.gemm import LARGE_RANGE, large_gemm_shape
 
     rng = np.random.default_rng(3)
     cap, top = 2.5e9, 2048
-    shapes = [_large_shape(rng, 4, top, cap, mult) for mult in (1, 16) for _ in range(400)]
+    shapes = [large_gemm_shape(rng, 4, top, cap, mult) for mult in (1, 16) for _ in range(400)]
     flops = np.array([2.0 * m * n * k for m, n, k in shapes])
     assert all(4 <= d <= top for s in shapes for d in s)
     assert flops.max() <= cap

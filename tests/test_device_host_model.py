@@ -131,11 +131,11 @@ def test_loop_pace_is_the_bottleneck_not_one_steps_latency():
 
 
 def test_calibration_step_graph_follows_the_calibrations_model():
-    from predictor.timing.calibration.overheads import _SmallDLRM
+    from predictor.timing.calibration.overheads import SmallDLRM
     from predictor.timing.calibration.step_graph import BATCH, DENSE
 
     g = calibration_step_graph()
-    model = _SmallDLRM()
+    model = SmallDLRM()
     dense = [p.numel() for n, p in model.named_parameters() if not n.startswith("emb.")]
     updates = [float(e) for n, e in zip(_names(g), g.params["elements"], strict=True)
                if n.startswith("sgd.") and n.endswith(".add_") and not n.startswith("sgd.emb")]
@@ -145,7 +145,7 @@ def test_calibration_step_graph_follows_the_calibrations_model():
     dense_g = calibration_step_graph(tables=0)
     upd = sum(float(e) for n, e in zip(_names(dense_g), dense_g.params["elements"], strict=True)
               if n.startswith("sgd.foreach_add_["))
-    assert upd == sum(p.numel() for p in _SmallDLRM(tables=0).parameters())
+    assert upd == sum(p.numel() for p in SmallDLRM(tables=0).parameters())
 
 
 def test_a_dense_only_calibration_step_separates_the_sparse_tables_cost():

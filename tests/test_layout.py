@@ -74,6 +74,18 @@ def test_module_rules(path: Path) -> None:
         if root in PACKAGES and module != me:
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             assert not private, f"{rel} imports private names {private} from {module}"
+            hidden = [p for p in module.split(".") if p.startswith("_") and not p.startswith("__")]
+            assert not hidden or module.rsplit(".", 1)[0] == me.rsplit(".", 1)[0], \
+                f"{rel} imports the private module {module} from another package"
+
+
+def test_tests_use_public_names() -> None:
+    """Tests import what the product makes public, as other modules do."""
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for module, names in _imports(path):
+            if module.split(".")[0] in PACKAGES:
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                assert not private, f"{path.name} imports private names {private} from {module}"
 
 
 @pytest.mark.parametrize("folder", ["experiments", "benchmarks"])

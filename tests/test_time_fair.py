@@ -71,11 +71,11 @@ def test_a_case_that_would_overrun_the_budget_is_left_out():
 
 
 def test_overrun_estimate_follows_the_kernels_pace():
-    from predictor.timing.calibration.base import _would_overrun, case_work
+    from predictor.timing.calibration.base import case_work, would_overrun
 
     assert case_work({"flops": 2e9}) == 2e9 and case_work({"bytes": 8.0}) == 8.0 and case_work({"m": 3}) == 0.0
     pace = [1.0, 1e9]  # 1 s per GFLOP so far
-    assert _would_overrun({"flops": 2e9}, pace, elapsed_s=9.0, budget_s=10.0)
-    assert not _would_overrun({"flops": 5e8}, pace, elapsed_s=9.0, budget_s=10.0)
-    assert not _would_overrun({"flops": 2e9}, None, elapsed_s=9.0, budget_s=10.0)  # no pace yet
-    assert not _would_overrun({"m": 4}, pace, elapsed_s=9.0, budget_s=10.0)  # no work measure
+    assert would_overrun({"flops": 2e9}, pace, elapsed_s=9.0, budget_s=10.0)
+    assert not would_overrun({"flops": 5e8}, pace, elapsed_s=9.0, budget_s=10.0)
+    assert not would_overrun({"flops": 2e9}, None, elapsed_s=9.0, budget_s=10.0)  # no pace yet
+    assert not would_overrun({"m": 4}, pace, elapsed_s=9.0, budget_s=10.0)  # no work measure

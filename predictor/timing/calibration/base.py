@@ -236,7 +236,7 @@ def run_cases(ctx: BenchContext, cases: list[Case], family: str, *, cold: bool |
                 continue
             row, build = cases[i]
             t_case = time.perf_counter()
-            if p == 0 and done >= 4 and _would_overrun(row, pace.get(kernels[i]), t_case - start, ctx.budget_s):
+            if p == 0 and done >= 4 and would_overrun(row, pace.get(kernels[i]), t_case - start, ctx.budget_s):
                 skipped += 1
                 continue
             m = time_case(ctx.timer, build, cold)
@@ -267,7 +267,7 @@ def case_work(row: dict) -> float:
     return 0.0
 
 
-def _would_overrun(row: dict, pace: list[float] | None, elapsed_s: float, budget_s: float) -> bool:
+def would_overrun(row: dict, pace: list[float] | None, elapsed_s: float, budget_s: float) -> bool:
     """Whether a case, at its kernel's pace so far (``pace`` = [wall seconds, work] of the kernel's
     timed cases, warm-ups and repeats included), would end after the family's budget. A single call
     can take seconds (bf16 GEMMs of ~1e9 FLOPs on a CPU without native bf16: ~2 GFLOP/s), and the

@@ -110,7 +110,7 @@ class GemmBenchmark(Benchmark):
             # their aligned half is aligned too
             lo, top = (1, max(2, hi // 4)) if op == "bmm" else (4, hi)
             if op != "bmm" and not ctx.is_cuda and rng.random() < LARGE_SHARE:
-                m, n, k = _large_shape(rng, lo, top, cap, mult)
+                m, n, k = large_gemm_shape(rng, lo, top, cap, mult)
             else:
                 m, n, k = (int(v) for v in log_uniform_int(rng, lo, top, 3, mult))
             b = int(log_uniform_int(rng, 1, 1024 if ctx.level != "tiny" else 16, 1)[0]) if op == "bmm" else 1
@@ -119,7 +119,7 @@ class GemmBenchmark(Benchmark):
         return out
 
 
-#: share of a CPU grid's addmm / mm shapes drawn from the top of the FLOP range (:func:`_large_shape`).
+#: share of a CPU grid's addmm / mm shapes drawn from the top of the FLOP range (:func:`large_gemm_shape`).
 #: Dims drawn log-uniform under a FLOP cap leave few shapes near the cap (5 of ~450 per kernel above
 #: 1e9 FLOPs in a ``--quick --scale 2`` grid), yet a training step's time is in its largest GEMMs:
 #: a pack fitted on such a grid predicted the e2e MLP's 1-2 GFLOP GEMMs at 113-120 GFLOP/s where they
@@ -129,7 +129,7 @@ LARGE_SHARE = 0.3
 LARGE_RANGE = 64.0
 
 
-def _large_shape(rng: np.random.Generator, lo: int, top: int, cap: float, mult: int) -> tuple[int, int, int]:
+def large_gemm_shape(rng: np.random.Generator, lo: int, top: int, cap: float, mult: int) -> tuple[int, int, int]:
     """(m, n, k) with ``2 m n k`` log-uniform in ``[cap / LARGE_RANGE, cap]``, the log of ``m n k`` split
     at random between the three dims, each within ``[lo, top]`` and rounded to ``mult``.
 

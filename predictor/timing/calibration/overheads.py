@@ -82,7 +82,7 @@ def whisker_mean(values: list[float] | np.ndarray) -> tuple[float, int]:
     return float(keep.mean()), int(keep.size)
 
 
-class _SmallDLRM(nn.Module):
+class SmallDLRM(nn.Module):
     def __init__(self, rows: int = 20000, dim: int = 32, tables: int = 4) -> None:
         super().__init__()
         self.emb = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum", sparse=True) for _ in range(tables))
@@ -183,14 +183,14 @@ def unprofiled_step_seconds(device: torch.device, calls: int = 300, rounds: int 
 
 
 class _DenseOnlyStep:
-    """The calibration model without its embedding tables (``_SmallDLRM(tables=0)``), timed unprofiled like the
+    """The calibration model without its embedding tables (``SmallDLRM(tables=0)``), timed unprofiled like the
     full step (a synchronisation after each): the second point of the device host model's closure
     (:mod:`predictor.timing.calibration.step_graph`: the step's framework cost apart from the sparse tables' host cost).
     Its SGD has no sparse gradient, so on a device it takes the foreach path."""
 
     def __init__(self, device: torch.device, batch: int, warmup: int, sync) -> None:
         torch.manual_seed(1)
-        self.model = _SmallDLRM(tables=0).to(device)
+        self.model = SmallDLRM(tables=0).to(device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(1)
         dense = torch.randn(batch, 13, generator=gen).to(device)
@@ -228,10 +228,10 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> N
 
 
 def _small_dlrm(device: torch.device, batch: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, tuple]:
-    """The overheads calibration's model (:class:`_SmallDLRM`, seeded), its SGD optimizer and one batch of
+    """The overheads calibration's model (:class:`SmallDLRM`, seeded), its SGD optimizer and one batch of
     ``batch`` samples on ``device``: (model, optimizer, (dense, indices, offsets, labels))."""
     torch.manual_seed(0)
-    model = _SmallDLRM().to(device)
+    model = SmallDLRM().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(0)
     dense = torch.randn(batch, 13, generator=gen).to(device)

@@ -1,6 +1,6 @@
 """The device host model's calibration: the overheads calibration's own step as a graph, and what it closes.
 
-:func:`predictor.timing.calibration.overheads.measure_overheads` trains a small DLRM-like model (``_SmallDLRM``:
+:func:`predictor.timing.calibration.overheads.measure_overheads` trains a small DLRM-like model (``SmallDLRM``:
 four sparse ``EmbeddingBag`` tables, two MLPs, concatenation, layer norm, dropout, BCE with logits, SGD)
 and times its step twice: unprofiled (``iteration_s_unprofiled``, a synchronisation after each step) and
 profiled (``iteration_s_profiled``), from which T1..T5 come. Two facts follow for a device's host model:
@@ -47,7 +47,7 @@ from predictor.timing.kernels.embedding import RF_COLUMNS
 __all__ = ["calibration_step_graph", "profiler_ratio", "device_overheads", "T_FIELDS"]
 
 T_FIELDS = ("t1_s", "t2_s", "t3_s", "t4_s", "t5_s")
-#: ``_SmallDLRM``'s defaults and ``measure_overheads``' batch (keep in step with overheads.py)
+#: ``SmallDLRM``'s defaults and ``measure_overheads``' batch (keep in step with overheads.py)
 ROWS, DIM, TABLES, POOLING, BATCH, DENSE = 20000, 32, 4, 4, 256, 13
 BOTTOM = ((DENSE, 64), (64, DIM))
 TOP_HIDDEN = 128  # the top MLP: concatenation width -> 128 -> 1
@@ -66,7 +66,7 @@ def _table_reuse(batch: int) -> np.ndarray:
 
 
 def calibration_step_graph(batch: int = BATCH, tables: int = TABLES) -> ExecutionGraph:
-    """One training step of ``_SmallDLRM`` on a device, as eager PyTorch runs it (see the module).
+    """One training step of ``SmallDLRM`` on a device, as eager PyTorch runs it (see the module).
 
     Forward: ``zero_grad``, four embedding-bag lookups, bottom MLP (13-64-32, ReLU), concatenation of five
     32-wide parts, layer norm, top MLP (160-128-1, ReLU, dropout), BCE with logits (log-sigmoid, three
@@ -75,7 +75,7 @@ def calibration_step_graph(batch: int = BATCH, tables: int = TABLES) -> Executio
     the dropout / ReLU / layer-norm nodes, ``CatBackward0`` (views, no kernel), per table the sparse
     backward and its ``AccumulateGrad`` (and its SPARSE_TABLE task). Optimizer: SGD with sparse gradients in
     the group runs its per-tensor loop (foreach does not take sparse tensors): one ``add_`` per parameter tensor.
-    ``tables=0``: the dense-only step the calibration also times (``_SmallDLRM(tables=0)``: a one-part
+    ``tables=0``: the dense-only step the calibration also times (``SmallDLRM(tables=0)``: a one-part
     concatenation, 32-wide layer norm, SGD's foreach path).
     """
     gb = GraphBuilder()
