@@ -105,6 +105,7 @@ PARAM_COLUMNS: tuple[str, ...] = (
     "pooling",  # mean pooling factor L (lookups per sample)
     "elements",  # elements touched by an element-wise op
     "msg_bytes",  # per-rank message size of a collective (max of sent/received)
+    "net_bytes",  # of them, the bytes a rank sends through the network (DeepEP's dispatch: once per node)
     "world",  # ranks taking part in a collective
     "nodes",  # nodes a collective's group spans (NaN: the group fills nodes in order)
     "nic_share",  # traffic classes sharing the node's NICs while a collective crosses them (NaN: alone, 1)

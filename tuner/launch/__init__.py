@@ -63,8 +63,13 @@ def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, 
     the model's ``mtp_layers`` too, which torchtitan does not train)."""
     tt = torchtitan_plan(plan, spec)
     changes = {k: [v, tt.to_dict()[k]] for k, v in plan.to_dict().items() if tt.to_dict()[k] != v}
-    if torchtitan_spec(spec) != spec:
+    tspec = torchtitan_spec(spec)
+    if tspec.mtp_layers != spec.mtp_layers:
         changes["mtp_layers"] = [spec.mtp_layers, 0]
+    if spec.moe is not None and spec.moe.dispatcher != "alltoall":
+        changes["moe.dispatcher"] = [spec.moe.dispatcher, "alltoall"]
+    if spec.moe is not None and spec.moe.router_groups:
+        changes["moe.router_group_topk"] = [spec.moe.router_group_topk, 0]
     return {
         "megatron_args": megatron_args(spec, plan),
         "megatron_command": megatron_command(spec, plan, devices_per_node),

@@ -41,13 +41,12 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from predictor.sources.synth.transformer import MLASpec, MoESpec, ParallelPlan, TransformerSpec
-from predictor.sources.synth.transformer_spec import RECOMPUTE_MODULES, moe_layout
+from predictor.sources.synth.transformer import MLASpec, ParallelPlan, TransformerSpec
+from predictor.sources.synth.transformer_spec import RECOMPUTE_MODULES
 from tuner.launch.common import (
     OFFLOAD_NOTE,
     LaunchError,
     LaunchPlan,
-    dispatcher_note,
     expert_tp_degree,
     header_int,
     header_line,
@@ -56,6 +55,7 @@ from tuner.launch.common import (
     read_launch_text,
     tokenizer_vocab,
 )
+from tuner.launch.megatron_moe import MOE_INT_FLAGS, MOE_STR_FLAGS, MOE_SWITCHES, moe_args, read_moe
 from tuner.launch.megatron_split import (
     LAYOUT_FLAG,
     PP_PARTITIONS,
@@ -64,7 +64,7 @@ from tuner.launch.megatron_split import (
     megatron_stage_layers,
     split_flags,
 )
-from tuner.launch.shell import literal_value, shell_words
+from tuner.launch.shell import shell_words
 
 __all__ = ["megatron_args", "megatron_command", "megatron_launch_text", "read_megatron_args", "read_megatron_file",
            "slurm_allocation", "GPT2_VOCAB"]
@@ -85,15 +85,13 @@ _INT_FLAGS = {
     "--num-virtual-stages-per-pipeline-rank": "virtual_stages",
     "--micro-batch-size": "micro_batch", "--global-batch-size": "global_batch",
     "--expert-model-parallel-size": "ep", "--expert-tensor-parallel-size": "expert_tp",
-    "--num-experts": "experts", "--moe-router-topk": "top_k",
-    "--moe-ffn-hidden-size": "moe_ffn", "--moe-shared-expert-intermediate-size": "shared_ffn",
     "--kv-channels": "kv_channels", "--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank",
     "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "rope_head_dim", "--v-head-dim": "v_head_dim",
     "--recompute-num-layers": "recompute_num_layers", "--context-parallel-size": "cp",
     "--max-position-embeddings": "max_positions", "--data-parallel-size": "dp", "--num-query-groups": "kv_heads",
     "--decoder-first-pipeline-num-layers": "first_stage_layers", "--decoder-last-pipeline-num-layers": "last_stage_layers",
     "--pad-vocab-size-to": "pad_vocab", "--zero-stage": "zero_stage", "--checkpoint-num-layers": "checkpoint_num_layers",
-    "--mtp-num-layers": "mtp_layers",
+    "--mtp-num-layers": "mtp_layers", **MOE_INT_FLAGS,
 }
 _FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor", "--hidden-dropout": "hidden_dropout",
                 "--attention-dropout": "attention_dropout"}
@@ -101,10 +99,10 @@ _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "rec
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
-              "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model", "--moe-layer-freq": "moe_layer_freq",
+              "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model",
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition",
               "--transformer-impl": "transformer_impl", "--cp-comm-type": "cp_comm_type",
-              "--moe-token-dispatcher-type": "moe_dispatcher", LAYOUT_FLAG: "pp_layout"}
+              LAYOUT_FLAG: "pp_layout", **MOE_STR_FLAGS}
 _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--tp-comm-overlap",
              "--overlap-param-gather", "--no-align-param-gather",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--bf16", "--fp16", "--fp8-param-gather",
@@ -112,8 +110,7 @@ _SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gr
              "--use-megatron-fsdp", "--use-torch-fsdp2", "--swiglu", "--group-query-attention",
              "--use-precision-aware-optimizer", "--multi-latent-attention", "--disable-bias-linear",
              "--add-bias-linear", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel", "--moe-grouped-gemm",
-             "--moe-router-force-load-balancing"}
+             "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel", *MOE_SWITCHES}
 _TORCHRUN_INT = {"--nnodes": "nnodes", "--nproc-per-node": "nproc", "--nproc_per_node": "nproc"}
 # flags tuner does not model: read as the nearest model or plan it does, with a note
 _APPROXIMATED = {
@@ -179,24 +176,7 @@ def megatron_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
         a.append("--untie-embeddings-and-output-weights")
     if spec.dtype != "fp32":
         a.append(f"--{spec.dtype}")
-    if spec.moe is not None:
-        a += ["--num-experts", str(spec.moe.experts), "--moe-router-topk", str(spec.moe.top_k),
-              "--moe-expert-capacity-factor", f"{spec.moe.capacity_factor:g}",
-              "--expert-model-parallel-size", str(plan.ep)]
-        if plan.etp != plan.tp:
-            a += ["--expert-tensor-parallel-size", str(plan.etp)]
-        if spec.moe.ffn:
-            a += ["--moe-ffn-hidden-size", str(spec.moe.ffn)]
-        if spec.moe.shared_ffn:
-            a += ["--moe-shared-expert-intermediate-size", str(spec.moe.shared_ffn)]
-        k, every = spec.moe.dense_layers, spec.moe.every
-        if every > 1:  # whole periods after the first k dense layers, then the dense remainder
-            periods, rest = divmod(spec.layers - k, every)
-            a += ["--moe-layer-freq", f"([0]*{k}+([0]*{every - 1}+[1])*{periods}+[0]*{rest})"]
-        elif k:
-            a += ["--moe-layer-freq", f"([0]*{k}+[1]*{spec.layers - k})"]
-        if spec.moe.grouped_gemm:
-            a.append("--moe-grouped-gemm")
+    a += moe_args(spec, plan)
     if spec.mtp_layers:
         a += ["--mtp-num-layers", str(spec.mtp_layers)]
     a += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
@@ -364,13 +344,6 @@ def _parse(tokens: Sequence[str], source: str) -> tuple[dict, dict, list[str]]:
     return values, launcher, skipped
 
 
-#: a dropless MoE run whose router is not forced to balance: what tuner prices and how to price the skew
-ROUTING_NOTE = ("routing priced as balanced experts; a learned router sends the busiest expert-parallel rank more "
-                "tokens (the Megatron-core MoE team's Qwen3-235B-A22B runs without "
-                "--moe-router-force-load-balancing: 9-24 % slower); --moe-expert-capacity-factor F prices every "
-                "rank at F x the mean share")
-
-
 #: every Megatron flag the reader takes a value or a switch from (torchrun's, which it abbreviates, aside)
 _READ_FLAGS = (*_VALUE_KEYS, *_SWITCHES, "--recompute-modules")
 
@@ -442,24 +415,7 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
     if values.get("cp_comm_type", "p2p") != "p2p":  # a2a, allgather, a2a+p2p
         notes.append(f"--cp-comm-type {values['cp_comm_type']}: context parallelism priced as the p2p ring of keys "
                      "and values (Megatron's default)")
-    dispatch = dispatcher_note("--moe-token-dispatcher-type", values.get("moe_dispatcher"))
-    if dispatch:
-        notes.append(dispatch)
-    moe = None
-    if values.get("experts"):
-        if not values.get("capacity_factor", 1.0) > 0:
-            raise LaunchError(f"{source}: --moe-expert-capacity-factor must be > 0")
-        expert_ffn = _positive(values, "moe_ffn", "--moe-ffn-hidden-size", source) if "moe_ffn" in values else None
-        shared = values.get("shared_ffn", 0)
-        if shared < 0:
-            raise LaunchError(f"{source}: --moe-shared-expert-intermediate-size must be >= 0 (got {shared})")
-        k, every = _dense_layers(values.get("moe_layer_freq"), layers, notes)
-        if not values.get("--moe-router-force-load-balancing") and "capacity_factor" not in values:
-            notes.append(ROUTING_NOTE)
-        moe = MoESpec(experts=int(values["experts"]), top_k=int(values.get("top_k", 2)),
-                      capacity_factor=float(values.get("capacity_factor", 1.0)), ffn=expert_ffn,
-                      shared_ffn=int(shared), dense_layers=k, every=every,
-                      grouped_gemm=bool(values.get("--moe-grouped-gemm")))
+    moe = read_moe(values, layers, source, notes)
     fp8 = values.get("fp8_format")
     if fp8 is not None and fp8 not in ("hybrid", "e4m3"):
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
@@ -523,22 +479,6 @@ def _mla(values: dict, source: str) -> MLASpec | None:
     sizes = {k: _positive(values, k, flag, source, d) for k, (flag, d) in MLA_DEFAULTS.items()}
     q = _positive(values, "q_lora_rank", "--q-lora-rank", source) if "q_lora_rank" in values else 0
     return MLASpec(q_lora_rank=q, **sizes)
-
-
-def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> tuple[int, int]:
-    """(first dense layers, MoE every n-th layer after them) of Megatron's ``--moe-layer-freq``: ``1`` (every
-    layer MoE) or a list pattern of first-k dense layers and then every n-th MoE, ``([0]*k+([0]*(n-1)+[1])*m)``;
-    any other pattern reads as every layer MoE, with a note."""
-    if freq is None or freq.strip() == "1":
-        return 0, 1
-    pattern = literal_value(freq)
-    if isinstance(pattern, list) and len(pattern) == layers and set(pattern) <= {0, 1}:
-        layout = moe_layout([v == 1 for v in pattern])
-        if layout is not None:
-            return layout
-    notes.append(f"--moe-layer-freq {freq} read as every layer an MoE layer (tuner models first-k dense layers and "
-                 "every n-th layer MoE after them)")
-    return 0, 1
 
 
 def _recompute(values: dict, source: str, notes: list[str]) -> str:

@@ -170,7 +170,11 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
 
 
 def torchtitan_spec(spec: TransformerSpec) -> TransformerSpec:
-    """``spec`` as torchtitan trains it: without multi-token prediction (its models have none)."""
+    """``spec`` as the written torchtitan job trains it: without multi-token prediction (its models have none),
+    its experts reached by torchtitan's all-to-all without node-limited routing (neither is written)."""
+    moe = spec.moe
+    if moe is not None and (moe.dispatcher != "alltoall" or moe.router_groups):
+        spec = replace(spec, moe=replace(moe, dispatcher="alltoall", router_groups=0, router_group_topk=0))
     return replace(spec, mtp_layers=0) if spec.mtp_layers else spec
 
 
@@ -306,6 +310,8 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines.append("# torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
     if spec.mtp_layers:
         lines.append("# torchtitan trains no multi-token prediction: the model's MTP layers are not written")
+    if spec.moe is not None and (spec.moe.dispatcher != "alltoall" or spec.moe.router_groups):
+        lines.append("# the plan's DeepEP dispatcher / node-limited routing are not written: torchtitan's all-to-all")
     if t.distributed_optimizer:
         lines.append("# FSDP shards parameters and gradients too; with PP or experts tuner models its "
                      "sharded optimizer states only")

@@ -113,6 +113,8 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
         notes.append("torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
     if spec.mtp_layers:
         notes.append("torchtitan trains no multi-token prediction: the model's MTP layers are not written")
+    if spec.moe is not None and (spec.moe.dispatcher != "alltoall" or spec.moe.router_groups):
+        notes.append("the plan's DeepEP dispatcher / node-limited routing are not written: torchtitan's all-to-all")
     if t.recompute == "full" and t.recompute_layers is not None:
         notes.append("torchtitan checkpoints every layer or none: the plan's partial recomputation is written as FullAC")
     if spec.fp8_linear:

@@ -99,6 +99,12 @@ class MoESection(StrictModel):
     grouped_gemm: bool = True
     #: after the dense first layers, every n-th layer MoE and the others dense (Llama 4 Maverick: 2)
     every: bounded_int(1, 10_000, "layers per MoE layer") = 1  # type: ignore[valid-type]
+    #: the tokens' way to other ranks' experts: Megatron's all-to-all, or DeepEP's normal kernels (one copy per
+    #: destination node over the network, forwarded over NVLink)
+    dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    #: node-limited routing: a token's experts in at most router_group_topk of router_groups groups (0: none)
+    router_groups: bounded_int(0, 4096, "expert groups") = 0  # type: ignore[valid-type]
+    router_group_topk: bounded_int(0, 4096, "expert groups a token uses") = 0  # type: ignore[valid-type]
 
 
 class MLASection(StrictModel):

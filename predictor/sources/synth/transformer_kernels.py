@@ -43,14 +43,42 @@ bytes, seconds.
 
 from __future__ import annotations
 
+import math
+
 from predictor.graph import Category, DepKind
 from predictor.sources.synth.emit import Kernel, concat, eltwise
 from predictor.sources.synth.transformer_emitter import StepEmitter, collective
 from predictor.sources.synth.transformer_matmuls import layer_matmuls
 from predictor.sources.synth.transformer_ops import LayerOps
+from predictor.sources.synth.transformer_spec import MoESpec
 from predictor.timing.kernels.attention import attention_kind
 
-__all__ = ["StepKernels"]
+__all__ = ["StepKernels", "deepep_bytes"]
+
+
+def deepep_bytes(moe: MoESpec, world: int, nodes: int) -> tuple[float, float]:
+    """(NVLink, network) copies of one token a rank's DeepEP normal-mode dispatch sends over an expert-parallel group
+    of ``world`` ranks on ``nodes`` nodes (a combine sends as many back): once to each destination node off its
+    own (RDMA), then to each destination GPU over NVLink but its own. Destinations are the expected distinct GPUs
+    and nodes of ``top_k`` of the experts drawn evenly (without replacement), the nodes capped by node-limited
+    routing (``router_group_topk`` of ``router_groups``, each chosen group taken to receive an expert)."""
+    experts, k = moe.experts, moe.top_k
+
+    def hit(held: float) -> float:  # probability a token's experts include one of ``held`` given experts
+        held = round(held)
+        return 1.0 if experts - held < k else 1.0 - math.comb(experts - held, k) / math.comb(experts, k)
+
+    gpus = world * hit(experts / world)
+    dest_nodes = nodes * hit(experts / nodes)
+    g, m = moe.router_groups, moe.router_group_topk
+    if g and m:
+        if g % nodes == 0:  # whole groups per node: the node takes none of the chosen m groups, or some
+            limited = nodes * (1.0 - math.comb(g - g // nodes, m) / math.comb(g, m))
+        else:
+            limited = min(float(nodes), m * nodes / g)
+        dest_nodes = min(dest_nodes, limited)
+    net = dest_nodes * (nodes - 1) / nodes if nodes > 1 else 0.0
+    return gpus * (1.0 - nodes / world), net
 
 
 class StepKernels(LayerOps):
@@ -262,9 +290,22 @@ class StepKernels(LayerOps):
                            f"{p}mlp_output_{'reduce_scatter' if self.sp else 'all_reduce'}")
 
     def _a2a(self, e: StepEmitter, name: str, elems: float) -> None:
-        """The expert-parallel all-to-all of ``elems`` token elements (none without expert parallelism)."""
-        if self.plan.ep > 1:
+        """The expert-parallel all-to-all of ``elems`` token elements (none without expert parallelism); with
+        DeepEP (``moe.dispatcher``) its dispatch or combine kernel, priced on the bytes it moves
+        (:func:`deepep_bytes`)."""
+        if self.plan.ep <= 1:
+            return
+        moe = self.spec.moe
+        assert moe is not None
+        if moe.dispatcher != "deepep":
             e.op(name, [collective(name, "all_to_all", elems * self.dt, self.lay.ep, self.dt)])
+            return
+        world, nodes = self.lay.ep
+        tokens = self.T / self.t * moe.capacity_factor  # the busiest rank's share, as the experts' GEMMs take it
+        nvl, net = (tokens * self.h * self.dt * x for x in deepep_bytes(moe, world, nodes))
+        k = collective(name, "ep_dispatch", nvl, self.lay.ep, self.dt)
+        k[3]["net_bytes"] = net
+        e.op(name, [k])
 
     def _token_counts(self, e: StepEmitter, p: str, after: list[int]) -> list[int]:
         """With expert parallelism, the tokens each rank sends each expert exchanged over the expert-parallel

@@ -63,6 +63,12 @@ class MoESpec:
     ``--moe-grouped-gemm``: Transformer Engine's grouped linear, one GEMM per expert on 4 streams; the eager
     program's ``torch._grouped_mm``, one kernel); False: one GEMM per expert, one after another
     (Megatron-LM's ``SequentialMLP``, its default without the flag; torchtitan's ``use_grouped_mm = False``).
+    ``dispatcher``: how tokens reach the experts of other ranks: ``"alltoall"`` (Megatron's all-to-all
+    dispatcher, NCCL: one copy per routed expert) or ``"deepep"`` (DeepEP's normal kernels, Megatron's
+    ``--moe-token-dispatcher-type flex --moe-enable-deepep``: one copy per destination node over the network,
+    forwarded over NVLink to each destination GPU). ``router_groups`` / ``router_group_topk``: node-limited
+    routing (DeepSeek-V3's 8 groups, top 4; ``--moe-router-num-groups`` / ``--moe-router-group-topk``): a token's
+    experts lie in at most ``router_group_topk`` of ``router_groups`` contiguous groups of experts (0: no limit).
     """
 
     experts: int
@@ -73,6 +79,9 @@ class MoESpec:
     dense_layers: int = 0
     grouped_gemm: bool = True
     every: int = 1
+    dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    router_groups: int = 0
+    router_group_topk: int = 0
 
 
 @dataclass(frozen=True)
@@ -371,9 +380,24 @@ class TransformerSpec:
             raise PlanError(f"moe.dense_layers must be 0 .. layers - 1 = {self.layers - 1} (got {self.moe.dense_layers})")
         if self.mtp_layers < 0:
             raise PlanError(f"mtp_layers must be >= 0 (got {self.mtp_layers})")
+        if self.moe is not None:
+            self.moe_routing_check()
         if self.moe is not None and not 1 <= self.moe.every <= self.layers - self.moe.dense_layers:
             raise PlanError(f"moe.every must be 1 .. {self.layers - self.moe.dense_layers} (the layers after the dense "
                             f"ones; got {self.moe.every})")
+
+    def moe_routing_check(self) -> None:
+        """PlanError unless the MoE dispatcher and the node-limited routing are ones tuner prices."""
+        moe = self.moe
+        assert moe is not None
+        if moe.dispatcher not in ("alltoall", "deepep"):
+            raise PlanError(f"moe.dispatcher must be alltoall or deepep (got {moe.dispatcher!r})")
+        g, k = moe.router_groups, moe.router_group_topk
+        if (g, k) == (0, 0):
+            return
+        if not (g >= 1 and moe.experts % g == 0 and 1 <= k <= g and k * (moe.experts // g) >= moe.top_k):
+            raise PlanError(f"moe.router_groups {g} must divide the {moe.experts} experts and router_group_topk {k} "
+                            f"be 1 .. {g}, its groups holding at least top_k = {moe.top_k} experts")
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer ``index`` (0-based, in model order) is an MoE layer: after the ``moe.dense_layers`` first

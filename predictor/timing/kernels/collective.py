@@ -42,7 +42,7 @@ import numpy as np
 from predictor.timing.kernels.base import KernelModel, TaskView
 from predictor.timing.platforms.schema import Platform
 
-COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "send_recv", "broadcast")
+COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "send_recv", "broadcast", "ep_dispatch")
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,19 @@ def nccl_seconds(kind: str, world: int, nodes: int, m: np.ndarray, platform: Pla
     return np.maximum(best, floor)
 
 
+def ep_dispatch_seconds(world: int, nodes: int, nvl_bytes: np.ndarray, net_bytes: np.ndarray, platform: Platform,
+                        nic_share: float = 1.0) -> np.ndarray:
+    """Seconds of one rank's DeepEP normal-mode dispatch or combine (``ep_dispatch``): ``net_bytes`` through its
+    share of the node's NICs and ``nvl_bytes`` over NVLink, side by side (DeepEP forwards one chunk over NVLink
+    while the next arrives over RDMA), after NCCL's Simple all-to-all latency."""
+    ln = group_links(world, nodes, platform, nic_share)
+    i = PROTOCOLS.index("Simple")
+    lat = (NCCL_BASE_US["ring"][i] + NCCL_HOP_US["ring", "net" if nodes > 1 else "nvlink"][i]) * 1e-6
+    net = np.asarray(net_bytes, dtype=np.float64) / ln.per_rank_nic if nodes > 1 else 0.0
+    return np.maximum(lat + np.maximum(net, np.asarray(nvl_bytes, dtype=np.float64) / ln.intra_bus),
+                      platform.kernel_floor_s)
+
+
 class PiecewiseCollective(KernelModel):
     """Collectives by eq. 2-4 where calibrated, else on the latency-bandwidth line of their links.
 
@@ -285,7 +298,10 @@ class PiecewiseCollective(KernelModel):
                 continue  # a collective over one rank moves nothing
             sel = (world == w) & (n_nodes == n) & (share == sh)
             fitted = self.params.get((kind, w))
-            if fitted is not None and n <= 1:
+            if kind == "ep_dispatch":
+                net = np.nan_to_num(tasks.get("net_bytes"), nan=0.0)
+                out[sel] = ep_dispatch_seconds(w, n, m[sel], net[sel], platform, sh)
+            elif fitted is not None and n <= 1:
                 out[sel] = fitted(m[sel])
             elif nccl:
                 out[sel] = nccl_seconds(kind, w, n, m[sel], platform, sh)
