@@ -128,7 +128,7 @@ def load_rows(path: Path = DATA, *, out_of_memory: bool = False) -> list[Row]:
             if isinstance(r[-1], dict):  # the row's model fields (ffn, kv_heads), plan fields (cp, ep, ...), memory
                 row_spec, r = dict(r[-1]), r[:-1]
                 row_plan = {k: row_spec.pop(k) for k in list(row_spec)
-                            if k in ("cp", "ep", "expert_tp", "recompute_modules", "optimizer_state",
+                            if k in ("cp", "ep", "expert_tp", "recompute", "recompute_modules", "optimizer_state",
                                      "pipeline_split", "fsdp_reshard_after_forward")}
                 row_extra = {k: row_spec.pop(k) for k in list(row_spec) if k == "memory_gib"}
             seq, vocab = row_spec.pop("seq", src_seq), row_spec.pop("vocab", src_vocab)
