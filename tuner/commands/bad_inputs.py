@@ -285,7 +285,9 @@ def _predict_cases() -> Iterator[BadInput]:
                          "--pipeline-model-parallel-layout 'Et|(tt|)*2tmL'"),
                         ("a pipeline layout beside another split",
                          "--pipeline-model-parallel-layout 'Et|(tt|)*2tL' --decoder-first-pipeline-num-layers 1"),
-                        ("flag misspelt", "--tensor-model-paralel-size 2")):
+                        ("flag misspelt", "--tensor-model-paralel-size 2"),
+                        ("expert groups that do not divide the experts",
+                         "--num-experts 4 --moe-router-num-groups 3 --moe-router-group-topk 1")):
         yield BadInput(f"predict: Megatron {name}", ("predict", "--megatron-args", "{dir}/args.txt", "--devices", "8"),
                        {"args.txt": megatron + flags})
     yield BadInput("predict: an asset pack for a transformer plan",
