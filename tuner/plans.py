@@ -26,6 +26,7 @@ from predictor.sources.synth.transformer import (
 from predictor.sources.synth.transformer_memory import memory_per_stage
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import evaluate_graph
+from tuner.launch import torchtitan_plan, torchtitan_spec
 
 __all__ = ["PLAN_FIELDS", "predict_plan", "plan_from_fields", "peak_flops", "coerce", "unsupported_precision"]
 
@@ -168,3 +169,14 @@ def _literal_values(typ: str) -> list[str]:
     if not typ.startswith("Literal["):
         return []
     return [x.strip().strip("'\"") for x in typ[len("Literal["):-1].split(",")]
+
+
+def torchtitan_iteration_s(spec: TransformerSpec, plan: ParallelPlan, platform: Platform, predicted_s: float | None, *,
+                           devices_per_node: int, devices: int, detail: str = "auto") -> float | None:
+    """Iteration seconds of ``plan`` as its written torchtitan job runs it (:func:`~tuner.launch.torchtitan_plan`,
+    :func:`~tuner.launch.torchtitan_spec`): ``predicted_s``, the plan's own prediction, where that is the same run."""
+    tt, tt_spec = torchtitan_plan(plan, spec), torchtitan_spec(spec)
+    if tt == plan and tt_spec == spec:
+        return predicted_s
+    res, _ = predict_plan(tt_spec, tt, platform, devices_per_node=devices_per_node, devices=devices, detail=detail)
+    return res["predicted_iteration_s"]

@@ -17,7 +17,7 @@ def catalog(
     from rich.table import Table
 
     from predictor.timing.platforms import CatalogError, load_catalog
-    from predictor.timing.platforms.packs import list_asset_packs, read_pack_json
+    from predictor.timing.platforms.packs import AssetPackError, list_asset_packs, read_pack_json
 
     if catalog_file is not None and not catalog_file.is_file():
         fail(f"--catalog {catalog_file}: no such file")
@@ -39,7 +39,7 @@ def catalog(
     for name, folder in list_asset_packs().items():
         try:
             m = read_pack_json(folder / "manifest.json", folder)
-        except Exception:  # noqa: BLE001 - a broken pack is listed as such, not fatal to the listing
+        except AssetPackError:  # a broken pack is listed as such, not fatal to the listing
             m = {}
         packs.add_row(name, str(m.get("cpu_model", "?")), str(m.get("created", "?"))[:10], str(folder))
     console.print(packs)

@@ -351,16 +351,13 @@ def _platform(key: str, catalog: Path | str | None):
 
 def _write_launch(folder: Path, spec, plan, platform, dpn: int, detail: str, result: dict) -> dict:
     """Write the plan's launch files into ``folder``, with the prediction of the plan as torchtitan runs it."""
-    from tuner.launch import torchtitan_plan, torchtitan_spec, write_launch_files
-    from tuner.plans import predict_plan
+    from tuner.launch import write_launch_files
+    from tuner.plans import torchtitan_iteration_s
 
     if folder.exists() and not folder.is_dir():
         fail(f"--launch {folder}: not a folder")
-    tt, tt_spec = torchtitan_plan(plan, spec), torchtitan_spec(spec)
-    tt_s = result.get("predicted_iteration_s")
-    if tt != plan or tt_spec != spec:
-        tt_s = predict_plan(tt_spec, tt, platform, devices_per_node=dpn, devices=plan.devices, detail=detail)[0][
-            "predicted_iteration_s"]
+    tt_s = torchtitan_iteration_s(spec, plan, platform, result.get("predicted_iteration_s"), devices_per_node=dpn,
+                                  devices=plan.devices, detail=detail)
     launch = write_launch_files(folder, spec, plan, platform=platform.key, devices_per_node=dpn,
                                 predicted_s=result.get("predicted_iteration_s"), torchtitan_predicted_s=tt_s)
     launch.update(folder=str(folder), torchtitan_predicted_iteration_s=tt_s)

@@ -65,11 +65,10 @@ def launch_payload(spec: TransformerSpec, plan: ParallelPlan, *, platform: str, 
     changes = {k: [v, tt.to_dict()[k]] for k, v in plan.to_dict().items() if tt.to_dict()[k] != v}
     tspec = torchtitan_spec(spec)
     if tspec.mtp_layers != spec.mtp_layers:
-        changes["mtp_layers"] = [spec.mtp_layers, 0]
-    if spec.moe is not None and spec.moe.dispatcher != "alltoall":
-        changes["moe.dispatcher"] = [spec.moe.dispatcher, "alltoall"]
-    if spec.moe is not None and spec.moe.router_groups:
-        changes["moe.router_group_topk"] = [spec.moe.router_group_topk, 0]
+        changes["mtp_layers"] = [spec.mtp_layers, tspec.mtp_layers]
+    for field in ("dispatcher", "router_group_topk"):
+        if spec.moe is not None and tspec.moe is not None and getattr(spec.moe, field) != getattr(tspec.moe, field):
+            changes[f"moe.{field}"] = [getattr(spec.moe, field), getattr(tspec.moe, field)]
     return {
         "megatron_args": megatron_args(spec, plan),
         "megatron_command": megatron_command(spec, plan, devices_per_node),

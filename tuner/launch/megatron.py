@@ -55,7 +55,14 @@ from tuner.launch.common import (
     read_launch_text,
     tokenizer_vocab,
 )
-from tuner.launch.megatron_moe import MOE_INT_FLAGS, MOE_STR_FLAGS, MOE_SWITCHES, moe_args, read_moe
+from tuner.launch.megatron_moe import (
+    MOE_FLOAT_FLAGS,
+    MOE_INT_FLAGS,
+    MOE_STR_FLAGS,
+    MOE_SWITCHES,
+    moe_args,
+    read_moe,
+)
 from tuner.launch.megatron_split import (
     LAYOUT_FLAG,
     PP_PARTITIONS,
@@ -93,8 +100,7 @@ _INT_FLAGS = {
     "--pad-vocab-size-to": "pad_vocab", "--zero-stage": "zero_stage", "--checkpoint-num-layers": "checkpoint_num_layers",
     "--mtp-num-layers": "mtp_layers", **MOE_INT_FLAGS,
 }
-_FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor", "--hidden-dropout": "hidden_dropout",
-                "--attention-dropout": "attention_dropout"}
+_FLOAT_FLAGS = {"--hidden-dropout": "hidden_dropout", "--attention-dropout": "attention_dropout", **MOE_FLOAT_FLAGS}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
               "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",

@@ -15,11 +15,12 @@ from predictor.sources.synth.transformer_spec import moe_layout
 from tuner.launch.common import LaunchError, dispatcher_note
 from tuner.launch.shell import literal_value
 
-__all__ = ["MOE_INT_FLAGS", "MOE_STR_FLAGS", "MOE_SWITCHES", "ROUTING_NOTE", "moe_args", "read_moe"]
+__all__ = ["MOE_FLOAT_FLAGS", "MOE_INT_FLAGS", "MOE_STR_FLAGS", "MOE_SWITCHES", "ROUTING_NOTE", "moe_args", "read_moe"]
 
 MOE_INT_FLAGS = {"--num-experts": "experts", "--moe-router-topk": "top_k", "--moe-ffn-hidden-size": "moe_ffn",
                  "--moe-shared-expert-intermediate-size": "shared_ffn", "--moe-router-num-groups": "router_groups",
                  "--moe-router-group-topk": "router_group_topk"}
+MOE_FLOAT_FLAGS = {"--moe-expert-capacity-factor": "capacity_factor"}
 MOE_STR_FLAGS = {"--moe-layer-freq": "moe_layer_freq", "--moe-token-dispatcher-type": "moe_dispatcher",
                  "--moe-flex-dispatcher-backend": "flex_backend"}
 MOE_SWITCHES = {"--moe-grouped-gemm", "--moe-router-force-load-balancing", "--moe-enable-deepep"}

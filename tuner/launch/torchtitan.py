@@ -41,7 +41,7 @@ from tuner.launch.common import (
     read_launch_text,
 )
 
-__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "model_part_fqns", "part_chunks", "torchtitan_stage_layers", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
+__all__ = ["ASYNC_TP_NOTE", "COMPILE_NOTE", "CPU_OFFLOAD_NOTE", "LOSS_COMPILE_NOTE", "compiled_parts", "TORCHTITAN_DTYPES", "TORCHTITAN_MODELS", "TORCHTITAN_RUNS", "flavor_spec", "launch_meta", "parallelism_fields", "llama_ffn", "pipeline_chunks", "model_part_fqns", "part_chunks", "torchtitan_stage_layers", "torchtitan_spec", "torchtitan_dropped", "reshard_after_forward", "hsdp_shard", "sharding_notes", "spec_from_header",
            "world_and_data_parallel", "toml_section", "torchtitan_model", "torchtitan_plan", "torchtitan_toml",
            "read_torchtitan_toml", "read_torchtitan_file"]
 
@@ -172,10 +172,19 @@ def torchtitan_plan(plan: ParallelPlan, spec: TransformerSpec | None = None) -> 
 def torchtitan_spec(spec: TransformerSpec) -> TransformerSpec:
     """``spec`` as the written torchtitan job trains it: without multi-token prediction (its models have none),
     its experts reached by torchtitan's all-to-all without node-limited routing (neither is written)."""
-    moe = spec.moe
-    if moe is not None and (moe.dispatcher != "alltoall" or moe.router_groups):
-        spec = replace(spec, moe=replace(moe, dispatcher="alltoall", router_groups=0, router_group_topk=0))
-    return replace(spec, mtp_layers=0) if spec.mtp_layers else spec
+    moe = spec.moe and replace(spec.moe, dispatcher="alltoall", router_groups=0, router_group_topk=0)
+    return replace(spec, moe=moe, mtp_layers=0)
+
+
+def torchtitan_dropped(spec: TransformerSpec) -> list[str]:
+    """What the written torchtitan job leaves out of ``spec`` (:func:`torchtitan_spec`), one line each."""
+    tt = torchtitan_spec(spec)
+    out = []
+    if tt.mtp_layers != spec.mtp_layers:
+        out.append("torchtitan trains no multi-token prediction: the model's MTP layers are not written")
+    if tt.moe != spec.moe:
+        out.append("the plan's DeepEP dispatcher / node-limited routing are not written: torchtitan's all-to-all")
+    return out
 
 
 def _layer_every(per_chunk: int, layers: int) -> int:
@@ -308,10 +317,7 @@ def torchtitan_toml(spec: TransformerSpec, plan: ParallelPlan, *, platform: str 
         lines.append("# torchtitan's tensor parallelism is sequence parallel: the plan above runs with it")
     if plan.optimizer_state != "fp32":
         lines.append("# torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
-    if spec.mtp_layers:
-        lines.append("# torchtitan trains no multi-token prediction: the model's MTP layers are not written")
-    if spec.moe is not None and (spec.moe.dispatcher != "alltoall" or spec.moe.router_groups):
-        lines.append("# the plan's DeepEP dispatcher / node-limited routing are not written: torchtitan's all-to-all")
+    lines += [f"# {n}" for n in torchtitan_dropped(spec)]
     if t.distributed_optimizer:
         lines.append("# FSDP shards parameters and gradients too; with PP or experts tuner models its "
                      "sharded optimizer states only")

@@ -55,6 +55,7 @@ from tuner.launch.torchtitan import (
     reshard_after_forward,
     sharding_notes,
     spec_from_header,
+    torchtitan_dropped,
     torchtitan_model,
     torchtitan_plan,
     torchtitan_spec,
@@ -111,10 +112,7 @@ def torchtitan_recipe(spec: TransformerSpec, plan: ParallelPlan, *, platform: st
         notes.append("torchtitan trains in bfloat16 or float32: the fp16 model is written as bfloat16")
     if plan.optimizer_state != "fp32":
         notes.append("torchtitan's AdamW keeps an fp32 state: the plan's 16-bit optimizer state is not written")
-    if spec.mtp_layers:
-        notes.append("torchtitan trains no multi-token prediction: the model's MTP layers are not written")
-    if spec.moe is not None and (spec.moe.dispatcher != "alltoall" or spec.moe.router_groups):
-        notes.append("the plan's DeepEP dispatcher / node-limited routing are not written: torchtitan's all-to-all")
+    notes += torchtitan_dropped(spec)
     if t.recompute == "full" and t.recompute_layers is not None:
         notes.append("torchtitan checkpoints every layer or none: the plan's partial recomputation is written as FullAC")
     if spec.fp8_linear:

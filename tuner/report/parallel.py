@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from predictor.sources.synth.transformer import ParallelPlan
-from tuner.launch import torchtitan_plan, torchtitan_spec, write_launch_files
-from tuner.plans import predict_plan
+from tuner.launch import write_launch_files
+from tuner.plans import predict_plan, torchtitan_iteration_s
 from tuner.report import atomic_write_text, json_default
 from tuner.search.core import SearchResult
 from tuner.search.parallel import ParallelContext, ParallelSearch
@@ -113,12 +113,8 @@ def _launch(ctx: ParallelContext, plan: ParallelPlan, predicted_s: float, out: P
     """The best plan's launch files (megatron_args.txt, torchtitan.toml, torchtitan_recipe.py) and the
     prediction of the plan as torchtitan runs it (it may differ: torchtitan always runs TP with sequence
     parallelism, reduces in fp32)."""
-    tt, tt_spec = torchtitan_plan(plan, ctx.spec), torchtitan_spec(ctx.spec)
-    tt_s = predicted_s
-    if tt != plan or tt_spec != ctx.spec:
-        res, _ = predict_plan(tt_spec, tt, ctx.platform, devices_per_node=ctx.devices_per_node, devices=ctx.devices,
-                              detail=ctx.space.search.detail)
-        tt_s = res["predicted_iteration_s"]
+    tt_s = torchtitan_iteration_s(ctx.spec, plan, ctx.platform, predicted_s, devices_per_node=ctx.devices_per_node,
+                                  devices=ctx.devices, detail=ctx.space.search.detail)
     launch = write_launch_files(out, ctx.spec, plan, platform=ctx.platform.key, devices_per_node=ctx.devices_per_node,
                                 predicted_s=predicted_s, torchtitan_predicted_s=tt_s)
     launch.update(predicted_iteration_s=predicted_s, torchtitan_predicted_iteration_s=tt_s)

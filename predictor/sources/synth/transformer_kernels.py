@@ -301,8 +301,8 @@ class StepKernels(LayerOps):
             e.op(name, [collective(name, "all_to_all", elems * self.dt, self.lay.ep, self.dt)])
             return
         world, nodes = self.lay.ep
-        tokens = self.T / self.t * moe.capacity_factor  # the busiest rank's share, as the experts' GEMMs take it
-        nvl, net = (tokens * self.h * self.dt * x for x in deepep_bytes(moe, world, nodes))
+        token_bytes = elems / moe.top_k * self.dt  # the rank's tokens (its busiest share: x capacity factor)
+        nvl, net = (token_bytes * x for x in deepep_bytes(moe, world, nodes))
         k = collective(name, "ep_dispatch", nvl, self.lay.ep, self.dt)
         k[3]["net_bytes"] = net
         e.op(name, [k])
