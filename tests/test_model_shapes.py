@@ -153,6 +153,13 @@ def test_first_layers_dense():
     i = args.index("--moe-layer-freq")
     interleaved = read_megatron_args(args[:i + 1] + ["([1]*1+[0]*1)*2"] + args[i + 2:], devices=4)
     assert interleaved.spec.moe.dense_layers == 0 and any("--moe-layer-freq" in n for n in interleaved.notes)
+    # Megatron's integer n (MoE at layers 0, n, 2n, ...) and that list: every n-th layer, the count in the note
+    assert (interleaved.spec.moe.dense_layers, interleaved.spec.moe.every) == (0, 2)
+    every2 = read_megatron_args(args[:i + 1] + ["2"] + args[i + 2:], devices=4)
+    assert (every2.spec.moe.dense_layers, every2.spec.moe.every) == (0, 2)
+    assert any("MoE at layers 0, 2, 4, ... (2 of 4) priced as layers 1, 3, ... (2)" in n for n in every2.notes)
+    odd = read_megatron_args(args[:i + 1] + ["[1,1,0,1]"] + args[i + 2:], devices=4)
+    assert odd.spec.moe.every == 1 and any("read as every layer an MoE layer" in n for n in odd.notes)
 
 
 def test_deepseek_v3_without_its_latent_attention():

@@ -79,18 +79,37 @@ def _dispatcher(values: dict, notes: list[str]) -> str:
 
 def _dense_layers(freq: str | None, layers: int, notes: list[str]) -> tuple[int, int]:
     """(first dense layers, MoE every n-th layer after them) of Megatron's ``--moe-layer-freq``: ``1`` (every
-    layer MoE) or a list pattern of first-k dense layers and then every n-th MoE, ``([0]*k+([0]*(n-1)+[1])*m)``;
-    any other pattern reads as every layer MoE, with a note."""
+    layer MoE) or a list pattern of first-k dense layers and then every n-th MoE, ``([0]*k+([0]*(n-1)+[1])*m)``.
+    An integer ``n`` (Megatron: MoE at layers 0, n, 2n, ...) or a list of that shape reads as every n-th layer
+    from layer n - 1, with a note (the count differs by one where ``n`` does not divide the layers); any other
+    pattern reads as every layer MoE, with a note."""
     if freq is None or freq.strip() == "1":
         return 0, 1
-    pattern = literal_value(freq)
+    value = literal_value(freq)
+    pattern = [int(i % value == 0) for i in range(layers)] if isinstance(value, int) and value > 1 else value
     if isinstance(pattern, list) and len(pattern) == layers and set(pattern) <= {0, 1}:
         layout = moe_layout([v == 1 for v in pattern])
         if layout is not None:
             return layout
+        every = _period_from_first(pattern)
+        if every is not None:
+            priced = layers // every
+            notes.append(f"--moe-layer-freq {freq}: MoE at layers 0, {every}, {2 * every}, ... ({sum(pattern)} of "
+                         f"{layers}) priced as layers {every - 1}, {2 * every - 1}, ... ({priced}): tuner models "
+                         "first-k dense layers, then every n-th layer MoE")
+            return 0, every
     notes.append(f"--moe-layer-freq {freq} read as every layer an MoE layer (tuner models first-k dense layers and "
                  "every n-th layer MoE after them)")
     return 0, 1
+
+
+def _period_from_first(pattern: list[int]) -> int | None:
+    """``n`` where ``pattern`` has MoE (1) exactly at layers 0, n, 2n, ... (n > 1, at least two of them); else None."""
+    moe = [i for i, v in enumerate(pattern) if v]
+    if len(moe) < 2 or moe[0] != 0:
+        return None
+    n = moe[1]
+    return n if n > 1 and moe == list(range(0, len(pattern), n)) else None
 
 
 def moe_args(spec: TransformerSpec, plan: ParallelPlan) -> list[str]:
