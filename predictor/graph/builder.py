@@ -21,7 +21,7 @@ index inside the block) so the caller can wire edges between stamps (add the off
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -265,6 +265,75 @@ class GraphBuilder(GraphVocabulary):
     def edges(self, srcs: Iterable[int], dst: int, kind: DepKind) -> None:
         for s in srcs:
             self.edge(s, dst, kind)
+
+    # -------------------------------------------------------------- repeating
+    def mark(self) -> tuple[int, int]:
+        """(tasks, edges) appended so far: a position :meth:`repeat` compares and copies spans between."""
+        return self._n, len(self._src)
+
+    def repeat(self, before: tuple[int, int], between: tuple[int, int], after: tuple[int, int], copies: int,
+               rename: Callable[[str, int], list[str]]) -> bool:
+        """Append ``copies`` more copies of span B (the single tasks and edges appended from mark ``between`` to
+        ``after``) if B repeats span A (from ``before`` to ``between``) one step on; returns whether it did.
+
+        ``rename(name, k)``: the names a task of A named ``name`` has in B and the copies after it, ``k``
+        (= ``copies + 1``) of them. B repeats A when it has A's tasks with A's columns and parameters, the
+        names ``rename`` gives A's first, and A's edges moved by A's length, each edge from before A either kept
+        (a task both spans wait for) or now from inside A (the previous span's task). Copy ``j`` (2 .. copies
+        + 1) takes the ``j``-th names and B's edges moved by ``(j - 1)`` lengths, the kept ones kept: exactly what
+        appending the copies one task and edge at a time would have built. Nothing is appended otherwise.
+        """
+        (a, ea), (b, eb), (c, ec) = before, between, after
+        n = b - a
+        if copies < 1 or n <= 0 or c - b != n or ec - eb != eb - ea or self._stamps or c != self._n:
+            return False
+        cols = self._cols
+        for k in _LOOSE_COLS:
+            if k == "name":
+                continue
+            col = cols[k]
+            if not np.array_equal(np.asarray(col[a:b], dtype=np.float64), np.asarray(col[b:c], dtype=np.float64),
+                                  equal_nan=True):
+                return False
+        names = list(self._names)
+        ids_a = cols["name"][a:b]
+        # a span repeats a few names (T1, cudaLaunchKernel...) many times: each distinct one renamed once
+        later = {i: rename(names[i], copies + 1) for i in dict.fromkeys(ids_a)}
+        ids = self._names
+        if any(ids.get(later[i][0]) != j for i, j in zip(ids_a, cols["name"][b:c], strict=True)):
+            return False
+        params: list[tuple[dict[int, float], list[tuple[int, float]]]] = []
+        for table in self._params.values():
+            span_a = [(i - a, v) for i, v in table.items() if a <= i < b]
+            if sorted(span_a) != sorted((i - b, v) for i, v in table.items() if b <= i < c):
+                return False
+            params.append((table, span_a))
+        src_a, dst_a, kind_a = self._src[ea:eb], self._dst[ea:eb], self._ekind[ea:eb]
+        src_b, dst_b, kind_b = self._src[eb:ec], self._dst[eb:ec], self._ekind[eb:ec]
+        if kind_a != kind_b or any(not a <= d < b or d + n != d2 for d, d2 in zip(dst_a, dst_b, strict=True)):
+            return False
+        moves = []  # per edge of B: whether its source moves with the copies
+        for s, s2 in zip(src_a, src_b, strict=True):
+            if a <= s < b and s2 == s + n or s < a and a <= s2 < b:
+                moves.append(True)
+            elif s < a and s2 == s:
+                moves.append(False)
+            else:
+                return False
+        for j in range(2, copies + 2):
+            shift = (j - 1) * n
+            # interned in first-use order, as appending task by task does
+            renamed = {i: ids.setdefault(later[i][j - 1], len(ids)) for i in later}
+            for k in _LOOSE_COLS:
+                cols[k].extend([renamed[i] for i in ids_a] if k == "name" else cols[k][b:c])
+            for table, span_a in params:
+                for i, v in span_a:
+                    table[b + shift + i] = v
+            self._src.extend(s + shift if m else s for s, m in zip(src_b, moves, strict=True))
+            self._dst.extend(d + shift for d in dst_b)
+            self._ekind.extend(kind_b)
+            self._n += n
+        return True
 
     # -------------------------------------------------------------- freezing
     def build(self, validate: bool = True) -> ExecutionGraph:

@@ -25,6 +25,8 @@ pipeline structure). Units: elements, bytes, seconds.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Hashable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -128,6 +130,120 @@ def weigh_bucket_share(blk: ExecutionGraph, buckets: list[int]) -> None:
     share[idx] = 1.0 + min(float(np.nansum(load[tp])) / d, 1.0) if d > 0 else 1.0
 
 
+_LAYER = re.compile(r"layer\[(\d+)\]\.")
+#: the longest run of layers :func:`emit_layers` looks for a repeating unit in (buckets filling over two layers
+#: repeat every two)
+MAX_UNIT_LAYERS = 4
+
+
+def emit_layers(e: StepEmitter, order: list[int], emit: Callable[[int], None], signature: Callable[[int], Hashable],
+                buckets: tuple[GradBuckets, ...] = ()) -> None:
+    """Emit layers ``order`` one after another with ``emit(i)`` (tasks named ``layer[i].``..., gradients added to
+    ``buckets``). In a run of layers with the same ``signature(i)``, once the last unit of ``u`` layers emitted
+    (1 .. :data:`MAX_UNIT_LAYERS`) repeats the one before it one unit on — tasks, edges, the emitter's and the
+    buckets' state alike (a bucket filled over two layers repeats every two; the head's gradients in the first
+    bucket make the first unit differ) — the run's remaining whole units are copies of it
+    (:meth:`~predictor.graph.GraphBuilder.repeat`): the graph emitting every layer builds, in a fraction of
+    the time (a chunk's layers were most of a search's graph building)."""
+    b, k = e.b, 0
+    while k < len(order):
+        end = k + 1
+        while end < len(order) and signature(order[end]) == signature(order[k]):
+            end += 1
+        marks, states, done, misses = [b.mark()], [_state(e, buckets)], k, 0
+        while done < end:
+            emit(order[done])
+            done += 1
+            marks.append(b.mark())
+            states.append(_state(e, buckets))
+            m = done - k
+            for u in range(1, min(MAX_UNIT_LAYERS, m // 2) + 1):
+                copies = (end - done) // u
+                if copies < 1 or misses >= MAX_UNIT_LAYERS:
+                    break
+                at = m - 2 * u  # the last two units emitted: layers order[k + at .. k + m)
+                first = order[k + at:k + at + u]
+                hit = _repeat_unit(e, buckets, marks[at:m + 1:u], states[at:m + 1:u], copies,
+                                   {i: order[k + at + t::u][:copies + 2] for t, i in enumerate(first)})
+                if hit:
+                    done += copies * u
+                    break
+                misses += hit is False
+        k = end
+
+
+def _repeat_unit(e: StepEmitter, buckets: tuple[GradBuckets, ...], marks: list[tuple[int, int]], states: list,
+                 copies: int, layers: dict[int, list[int]]) -> bool | None:
+    """Copy the second of two emitted units ``copies`` times where it repeats the first one unit on, and move
+    the emitter's and the buckets' state on to the last copy; ``marks`` / ``states``: before, between and after
+    the two units; ``layers``: each layer of the first unit -> the layers it stands for, unit by unit. Returns
+    whether it copied; None where the states alone rule it out (nothing compared)."""
+    (_, c0, _), (t1, c1, v1), (t2, c2, v2) = states
+    steps = [y - x for x, y in zip(c0, c1, strict=True)]
+    span = marks[1][0] - marks[0][0]
+    moved = _moved_tasks(t1, t2, marks[1][0], span)
+    if moved is None or v1 != v2 or steps != [y - x for x, y in zip(c1, c2, strict=True)]:
+        return None
+    if not e.b.repeat(*marks, copies, _renamer(layers, buckets, steps)):
+        return False
+    tasks = [x + copies * span if m else x for x, m in zip(t2, moved, strict=True)]
+    held = len(tasks) - len(buckets)
+    e.first, e.last, *e.after_next = tasks[:held]
+    for bk, ready, step in zip(buckets, tasks[held:], steps, strict=True):
+        new = bk.launched[len(bk.launched) - step:]
+        bk.launched += [t + j * span for j in range(1, copies + 1) for t in new]
+        bk.count += copies * step
+        bk.ready_after = ready
+    return True
+
+
+def _state(e: StepEmitter, buckets: tuple[GradBuckets, ...]) -> tuple[list, list[int], list[float]]:
+    """(tasks, counters, values) of the emitter and the buckets: the tasks later ops wait for, the buckets
+    launched, the gradients waiting in each."""
+    tasks = [e.first, e.last, *e.after_next, *(bk.ready_after for bk in buckets)]
+    return tasks, [bk.count for bk in buckets], [bk.params for bk in buckets]
+
+
+def _moved_tasks(t1: list, t2: list, b: int, span: int) -> list[bool] | None:
+    """Per task of state ``t2`` (after the span starting at ``b``): whether it is ``t1``'s one span on (it moves
+    with the copies) rather than the same task; None where it is neither."""
+    if len(t1) != len(t2):
+        return None
+    out = []
+    for x1, x2 in zip(t1, t2, strict=True):
+        if x1 == x2:
+            out.append(False)
+        elif x1 is not None and x2 is not None and x2 == x1 + span and x2 >= b:
+            out.append(True)
+        else:
+            return None
+    return out
+
+
+def _renamer(layers: dict[int, list[int]], buckets: tuple[GradBuckets, ...],
+             steps: list[int]) -> Callable[[str, int], list[str]]:
+    """``rename(name, k)`` of :meth:`~predictor.graph.GraphBuilder.repeat`: the name's next ``k`` units' — a
+    layer ``layer[i].`` of the first unit as the unit's ``j``-th (``layers[i][j]``), a bucket's launch
+    ``<tag>.bucket[c]`` as ``c + j x`` that bucket's launches a unit, any other name kept."""
+    tags = {bk.tag: step for bk, step in zip(buckets, steps, strict=True)}
+
+    def rename(name: str, k: int) -> list[str]:
+        tag, sep, rest = name.partition(".bucket[")
+        if sep and tag in tags:
+            c = int(rest[:-1])
+            return [f"{tag}.bucket[{c + j * tags[tag]}]" for j in range(1, k + 1)]
+        parts = _LAYER.split(name)  # text, layer index, text, layer index, ..., text
+        if len(parts) == 1:
+            return [name] * k
+        template = "layer[{}].".join(p.replace("{", "{{").replace("}", "}}") for p in parts[::2])
+        units = [layers.get(int(i), [int(i)] * (k + 1)) for i in parts[1::2]]
+        if len(units) == 1:
+            return [template.format(i) for i in units[0][1:k + 1]]
+        return [template.format(*(unit[j] for unit in units)) for j in range(1, k + 1)]
+
+    return rename
+
+
 class StepTemplates:
     """The step templates of one (spec, plan), each built once and cached.
 
@@ -192,13 +308,16 @@ class StepTemplates:
                 self._fsdp_copy_out(e, "fsdp.root", self._root_params(), layer=False)
             if first:
                 ops.embedding_fwd(e)
-            for i in range(n):
-                if fsdp:
+            if fsdp:
+                for i in range(n):
                     e.after_next += gathered
                     if i + 1 < n:
                         gathered = self._fsdp_gather(e, f"fsdp.layer[{i + 1}].all_gather", *self._fsdp_layer(pattern[i + 1]))
                     self._fsdp_copy_out(e, f"fsdp.layer[{i}]", self._fsdp_layer(pattern[i])[0])
-                ops.layer_fwd(e, f"layer[{i}].", pattern[i])
+                    ops.layer_fwd(e, f"layer[{i}].", pattern[i])
+            else:
+                emit_layers(e, list(range(n)), lambda i: ops.layer_fwd(e, f"layer[{i}].", pattern[i]),
+                            lambda i: pattern[i])
             if last:
                 ops.mtp_fwd(e)
                 ops.head_fwd(e)
@@ -223,14 +342,16 @@ class StepTemplates:
                         dense.add(e, head + mtp, e.last)
                         if mtp_experts:
                             expert.add(e, mtp_experts, e.last)
-                for i in reversed(range(n)):
-                    is_dense = pattern[i]
-                    ops.layer_bwd(e, f"layer[{i}].", i, is_dense)
-                    if final and is_dense:
+                def layer(i: int) -> None:
+                    ops.layer_bwd(e, f"layer[{i}].", i, pattern[i])
+                    if final and pattern[i]:
                         dense.add(e, ops.dense_layer_params, e.last)
                     elif final:
                         dense.add(e, ops.layer_params - ops.expert_params, e.last)
                         expert.add(e, ops.expert_params, e.last)
+
+                emit_layers(e, list(reversed(range(n))), layer, lambda i: (pattern[i], self.plan.recomputes_layer(i)),
+                            (dense, expert) if final else ())
                 if first:
                     ops.embedding_bwd(e)
                     if final:
