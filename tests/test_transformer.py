@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from predictor.simulate import simulate
@@ -448,6 +449,12 @@ def test_grouped_experts_run_four_gemms_at_a_time_under_transformer_engine():
         streams = df[fc1].get("streams")
         assert (streams == 4).all() if program == "megatron" else streams is None or streams.isna().all()
         times[program] = float(np.asarray(TIMING.durations(g))[fc1.to_numpy()].sum())
+        # the host launches each expert's GEMM (one kernel task stands for them): one launch call per GEMM
+        launches = int((df.name == "cudaLaunchKernel").sum())
+        device = df[df.category.isin(["compute", "memory", "communication"])]
+        apart = device["batch"].fillna(1.0)[device.get("streams", pd.Series(np.nan, index=device.index)).notna()]
+        assert launches == len(device) + int((apart - 1).sum())
+        assert (launches > len(device)) == (program == "megatron")
     assert times["megatron"] > times["eager"]
 
 

@@ -6,7 +6,9 @@ Two execution modes, chosen by the platform kind:
     the CPU thread pays T1 (gap since the previous op) and T2 (op start to first launch), then
     per kernel one runtime call T4 (T5 between launches) whose CPU_GPU edge releases the kernel
     on its stream, then T3; kernels run asynchronously on the compute or communication stream
-    (Lin et al. 2022 overhead types; Lin et al. 2024 Algorithm 1).
+    (Lin et al. 2022 overhead types; Lin et al. 2024 Algorithm 1). A kernel task standing for a
+    batch of GEMMs issued one by one (``streams``: Transformer Engine's grouped linear, one cuBLAS
+    call per expert) pays one launch per GEMM, the first releasing it.
 
 ``host`` (CPU platforms: PyTorch on CPU runs each op synchronously on the calling thread)
     the thread pays T1, then runs the op's kernels itself, one after another. Blocking
@@ -191,6 +193,9 @@ class OpEmitter:
             if j:
                 b.task(self.cpu, "T5", "overhead", Category.CPU, overhead=Overhead.T5)
             launch = b.task(self.cpu, "cudaLaunchKernel", "launch", Category.CPU, overhead=Overhead.T4)
+            for _ in range(int(params.get("batch", 1.0)) - 1 if "streams" in params else 0):  # one call per GEMM
+                b.task(self.cpu, "T5", "overhead", Category.CPU, overhead=Overhead.T5)
+                b.task(self.cpu, "cudaLaunchKernel", "launch", Category.CPU, overhead=Overhead.T4)
             k = self._kernel(stream, kname, kind, cat, params, group)
             b.edge(launch, k, DepKind.CPU_GPU)
             if j == 0:
