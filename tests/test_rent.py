@@ -72,6 +72,8 @@ def _space(**changes) -> dict:
     ({"budget_usd": -5}, "budget_usd"),
     ({"ranges": {"tp": [3], "pp": [1]}}, "no valid candidate"),
     ({"model": {"transformer": {**MODEL, "fp8_linear": True}}}, "accelerators[0]: a100-80gb has no FP8 peak"),
+    ({"model": {"transformer": {**MODEL, "dtype": "fp32"}}, "accelerators": ["a100-80gb", "gaudi2"]},
+     "accelerators[1]: gaudi2 has no fp32 peak in the catalog"),
 ])
 def test_bad_space_is_one_error_line_and_exit_2(tmp_path, change, expect):
     code, out = _run(tmp_path, _space(**change))

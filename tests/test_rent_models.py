@@ -77,6 +77,17 @@ def test_module_rent_uses_centimani_batch_choice(tmp_path, monkeypatch):
     assert (tmp_path / "out" / p["picks"]["cheapest"]["trace"]).exists()
 
 
+def test_dlrm_rent_refuses_a_chip_without_a_peak_for_its_dtype(tmp_path):
+    """An fp32 DLRM on Gaudi2 (bf16 peak only) would price its MLPs at 432 TFLOP/s: refused, bf16 runs."""
+    code, out = _run(tmp_path, {**DLRM, "accelerators": ["a100-80gb", "gaudi2"]})
+    assert code == 2 and "accelerators[1]: gaudi2 has no fp32 peak" in " ".join(out.split()), out
+    assert "model.dlrm.dense.dtype" in " ".join(out.split())
+    dense = {**DLRM["model"]["dlrm"]["dense"], "dtype": "bf16"}
+    bf16 = {**DLRM, "accelerators": ["gaudi2"], "model": {"dlrm": {**DLRM["model"]["dlrm"], "dense": dense}}}
+    code, out = _run(tmp_path, bf16, out="bf16")
+    assert code == 0, out
+
+
 @pytest.mark.parametrize("name", ["rent.yaml", "rent_dlrm.yaml"])
 def test_shipped_examples_resolve(name):
     search = RentSearch(load_space(REPO / "search_spaces" / name))

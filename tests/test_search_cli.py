@@ -16,7 +16,7 @@ from tuner.cli import app
 from tuner.search import default_storage
 from tuner.search.registry import load_space
 from tuner.search.schema import SpaceError
-from tuner.search.sharding import ShardingSpace, run_sharding_search
+from tuner.search.sharding import ShardingSpace, build_sharding_context, run_sharding_search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,6 +85,16 @@ def test_unknown_platform_lists_valid_names(tmp_path):
     code, out = _run_cli("search", str(_write(tmp_path, data)), "--out", str(tmp_path / "o"), "--workers", "0")
     assert code == 2
     assert "a100-90gb" in out and "a100-80gb" in out and "Traceback" not in out
+
+
+def test_platform_without_a_peak_for_the_model_dtype_is_refused(tmp_path):
+    """Gaudi2 lists a bf16 peak only: an fp32 DLRM would have its GEMMs priced at 432 TFLOP/s (22x an A100's fp32)."""
+    data = dict(SMALL, platform="gaudi2")
+    code, out = _run_cli("search", str(_write(tmp_path, data)), "--out", str(tmp_path / "o"), "--workers", "0")
+    assert code == 2 and "Traceback" not in out and not (tmp_path / "o" / "results.json").exists()
+    assert "gaudi2 has no fp32 peak in the catalog" in " ".join(out.split())
+    bf16 = load_space(_write(tmp_path, dict(SMALL, platform="gaudi2", model={**SMALL["model"], "dtype": "bf16"}), "b.yaml"))
+    assert build_sharding_context(bf16).platform.key == "gaudi2"
 
 
 def test_bad_storage_url(tmp_path):

@@ -47,13 +47,23 @@ def plan_from_fields(values: dict, base: ParallelPlan | None = None) -> Parallel
     return replace(base or ParallelPlan(), **values)
 
 
+def missing_peak(platform: Platform, dtype: str) -> str | None:
+    """Why ``platform`` cannot price GEMMs in ``dtype`` from the catalog (it lists no peak for it, so they would run
+    at another format's: Gaudi2's fp32 at its bf16 432 TFLOP/s, 22x the A100's fp32), or None."""
+    if platform.lists_peak(dtype):
+        return None
+    return (f"{platform.key} has no {dtype} peak in the catalog (its {dtype} GEMMs would be priced at "
+            f"{platform.flops_for(dtype) / 1e12:.0f} TFLOP/s, another format's peak); give the chip's {dtype} peak "
+            "in a catalog file")
+
+
 def unsupported_precision(spec: TransformerSpec, platform: Platform) -> str | None:
     """Why ``platform`` cannot run ``spec``'s precision (FP8 linears on a chip the catalog gives no fp8 peak, which
-    would be priced at its fp32 peak), or None."""
+    would be priced at its fp32 peak; a model dtype whose peak it does not list), or None."""
     if spec.fp8_linear and "fp8" not in platform.peak_flops:
         return (f"{platform.key} has no FP8 peak in the catalog, and fp8_linear runs on FP8 tensor cores (H100, H200, "
                 "B200, MI300X); give the chip's fp8 peak in a catalog file")
-    return None
+    return missing_peak(platform, spec.dtype)
 
 
 def predict_plan(

@@ -264,6 +264,8 @@ def _predict_cases() -> Iterator[BadInput]:
         yield BadInput(f"predict: {' '.join(flags)}", ("predict", "--workload", "{dir}/w.yaml", *flags), {"w.yaml": wl})
     yield BadInput("predict: FP8 linears on a chip without an FP8 peak", ("predict", "--workload", "{dir}/w.yaml"),
                    {"w.yaml": _dump(_set(SPACES["parallel"], "model.fp8_linear", True))})
+    yield BadInput("search: an fp32 DLRM on a chip listing only a bf16 peak", ("search", "{dir}/s.yaml", "--out", "{dir}/out"),
+                   {"s.yaml": _dump(_set(SPACES["sharding"], "platform", "gaudi2"))})
     split = _dump(_set(_set(SPACES["parallel"], "options.pipeline_split", "embedding_and_loss"), "model.layers", 3))
     yield BadInput("predict: a pipeline split that does not divide the layers",
                    ("predict", "--workload", "{dir}/w.yaml", "--set", "pp=2", "--set", "dp=1"), {"w.yaml": split})

@@ -22,7 +22,7 @@ from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, resolve_platform
 from predictor.timing.platforms import CatalogError, UnknownPlatformError
 from predictor.timing.platforms.schema import Platform
-from tuner.plans import unsupported_precision
+from tuner.plans import missing_peak, unsupported_precision
 from tuner.search.accelerators import (
     AcceleratorContext,
     AcceleratorSpace,
@@ -150,6 +150,9 @@ def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str, spec: Tra
             raise SpaceError(f"accelerators[{i}]: {key} is a dataflow system ({plat.kind}) that runs a compiled graph, "
                              f"not {program}; rent it with model: module")
         refused = unsupported_precision(spec, plat) if spec is not None else None
+        if kind == "dlrm" and space.model.dlrm is not None and offer.resolved.pack is None:
+            refused = missing_peak(plat, space.model.dlrm.dense.dtype)  # a pack times GEMMs by calibrated models
+            refused = refused and f"{refused}, set model.dlrm.dense.dtype to a format it lists"
         if refused:
             raise SpaceError(f"accelerators[{i}]: {refused}; or leave it out")
 

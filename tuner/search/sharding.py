@@ -26,6 +26,7 @@ from predictor.timing.kernels.assets import AssetPackError, ResolvedPlatform, re
 from predictor.timing.platforms import CatalogError, UnknownPlatformError
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import DLRMShardingJob
+from tuner.plans import missing_peak
 from tuner.search.core import (
     AUTO,
     Candidate,
@@ -250,6 +251,9 @@ def build_sharding_context(space: ShardingSpace) -> ShardingContext:
     except FileNotFoundError:
         raise SpaceError(f"catalog: no such file {space.catalog}") from None
     platform = resolved.platform
+    missing = missing_peak(platform, space.model.dtype) if resolved.pack is None else None
+    if missing:  # an asset pack times GEMMs by its calibrated models, not the peak
+        raise SpaceError(f"platform: {missing}; or set model.dtype to one it lists")
     tasks: list[EmbeddingTables] = []
     if space.tasks.explicit:
         tasks = _explicit_tables(space)

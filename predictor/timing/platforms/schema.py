@@ -200,6 +200,12 @@ class Platform(_Strict):
         """Total on-chip capacity, bytes."""
         return float(sum(m.capacity_bytes for m in self.memory if m.on_chip))
 
+    def lists_peak(self, dtype: str) -> bool:
+        """Whether the catalog gives a peak for ``dtype`` itself (fp16 and bf16 standing for each other): for
+        any other, :meth:`flops_for` falls back to another format's peak (a chip listing only bf16 would run
+        fp32 GEMMs at its bf16 rate)."""
+        return dtype in self.peak_flops or (dtype in ("bf16", "fp16") and bool({"bf16", "fp16"} & set(self.peak_flops)))
+
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; falls back to fp32, then the smallest listed peak."""
         if dtype in self.peak_flops:
