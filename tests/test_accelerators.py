@@ -186,6 +186,13 @@ def _run(tmp_path: Path, space: dict, *extra: str) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
+def test_fp32_on_a_chip_without_an_fp32_peak_is_refused(tmp_path):
+    """The SN30 lists a bf16 peak only: fp32 GEMMs would be priced at it (15x the A100's fp32)."""
+    code, out = _run(tmp_path, {**SPACE, "accelerators": ["a100-40gb", "sn30"]})
+    text = " ".join(out.split())
+    assert code == 2 and "accelerators[1]: sn30 has no fp32 peak" in text and "precision: bf16" in text, out
+
+
 def test_search_writes_table_json_and_self_contained_html(tmp_path):
     code, out = _run(tmp_path, SPACE)
     assert code == 0, out

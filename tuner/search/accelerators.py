@@ -45,6 +45,7 @@ from predictor.sources.synth.opgraph import ScalableOpGraph, TraceError
 from predictor.timing.platforms import CatalogError, UnknownPlatformError, get_platform
 from predictor.timing.platforms.schema import Platform
 from tuner.cost import CostResult, evaluate_graph
+from tuner.plans import missing_peak
 from tuner.search.core import Candidate, Evaluator, Outcome, SearchResult, SearchSpace
 from tuner.search.schema import SpaceError, StrictModel, at_most, bounded_int
 from tuner.search.study import fingerprint
@@ -182,6 +183,9 @@ def build_context(space: AcceleratorSpace) -> AcceleratorContext:
             raise SpaceError(f"accelerators[{i}]: {exc}") from None
         except (CatalogError, FileNotFoundError) as exc:
             raise SpaceError(f"catalog: {exc}") from None
+        missing = missing_peak(platforms[key], "fp32") if space.precision == "fp32" else None
+        if missing:
+            raise SpaceError(f"accelerators[{i}]: {missing}; or set precision: bf16")
     specs: dict[str, ModelSpec] = {}
     for i, m in enumerate(space.models):
         try:

@@ -136,8 +136,15 @@ def _tables(space: RentSpace, offers: dict[str, Offer]) -> EmbeddingTables:
 def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str, spec: TransformerSpec | None) -> None:
     """A transformer or DLRM plan is a GPU-style program (Megatron-LM, TorchRec): refuse a dataflow system
     (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes, and a chip without
-    an FP8 peak for a transformer with FP8 linears; and an asset pack for a transformer."""
+    an FP8 peak for a transformer with FP8 linears; and an asset pack for a transformer. Any model: a catalog
+    chip without a peak for its dtype (fp32 GEMMs priced at a bf16 peak otherwise)."""
     if kind == "module":
+        module = space.model.module
+        for i, key in enumerate(space.accelerators):
+            offer = next(o for o in offers.values() if o.key.split("@")[0] == key)
+            missing = missing_peak(offer.platform, "fp32") if module and module.precision == "fp32" else None
+            if missing and offer.resolved.pack is None:
+                raise SpaceError(f"accelerators[{i}]: {missing}; or set model.module.precision: bf16")
         return
     program = "Megatron-LM plans" if kind == "transformer" else "DLRM sharding plans"
     for i, key in enumerate(space.accelerators):
