@@ -73,6 +73,9 @@ SPECS = {
                            moe=MoESpec(experts=8, top_k=2, dense_layers=1)),
     "llama": TransformerSpec(name="llama", layers=24, hidden=2048, heads=16, kv_heads=4, seq=4096, vocab=128256,
                              mlp="swiglu", position="rope", attention="te", program="eager"),
+    # a 113 M-parameter layer per rank against DP 256's 256 M-parameter buckets: a bucket every two or three layers
+    "nemotron": TransformerSpec(name="nemotron", layers=32, hidden=6144, heads=48, kv_heads=8, seq=4096, vocab=256000,
+                                ffn=24576, bias=False, position="rope", attention="cudnn"),
 }
 
 
@@ -85,6 +88,8 @@ SPECS = {
     ("moe", dict(tp=1, pp=2, dp=4, ep=2, global_batch=16, recompute="selective", overlap_grad_reduce=True), "kernel"),
     ("llama", dict(tp=1, pp=1, dp=4, global_batch=16, fsdp=True), "kernel"),
     ("llama", dict(tp=2, pp=1, dp=4, global_batch=16, overlap_grad_reduce=True, distributed_optimizer=True), "stage"),
+    ("nemotron", dict(tp=4, pp=1, dp=256, global_batch=1024, sequence_parallel=True, distributed_optimizer=True,
+                      overlap_grad_reduce=True, grad_reduce_dtype="bf16"), "stage"),
 ])
 def test_transformer_graph_is_the_same_with_layers_repeated(monkeypatch, spec, plan, detail):
     """Every chunk's layers emitted one by one (repeat refused) and with repeated layers: the same graph."""

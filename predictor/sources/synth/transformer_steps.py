@@ -165,8 +165,10 @@ def emit_layers(e: StepEmitter, order: list[int], emit: Callable[[int], None], s
                 first = order[k + at:k + at + u]
                 hit = _repeat_unit(e, buckets, marks[at:m + 1:u], states[at:m + 1:u], copies,
                                    {i: order[k + at + t::u][:copies + 2] for t, i in enumerate(first)})
-                if hit:
-                    done += copies * u
+                if hit:  # the rest of the run, less than a unit, one layer at a time
+                    for i in order[done + copies * u:end]:
+                        emit(i)
+                    done = end
                     break
                 misses += hit is False
         k = end
