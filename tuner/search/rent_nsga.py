@@ -125,17 +125,19 @@ class NSGAProposer(Proposer):
             trial.set_constraint(name, v)
         s.study.tell(trial, list(values))
 
-    def _open(self, s: _Sampler, done: dict[str, list[Outcome]], pending: int) -> bool:
-        """Whether sampler ``s`` may ask again: its share not reached and asks left."""
-        have = sum(1 for outs in done.values() if all(outs[0].params.get(k) == v for k, v in s.fixed.items()))
-        return have + pending < s.target and s.asks < s.max_asks
+    @staticmethod
+    def _have(s: _Sampler, done: dict[str, list[Outcome]]) -> int:
+        """Evaluated candidates in sampler ``s``'s share."""
+        return sum(1 for outs in done.values() if all(outs[0].params.get(k) == v for k, v in s.fixed.items()))
 
     def propose(self, done: dict[str, list[Outcome]]) -> list[Candidate]:
         """Up to ``batch_size`` new candidates, the samplers asked in turn; empty once every share is done."""
         batch: list[Candidate] = []
+        # per sampler: evaluated (``done`` holds still while proposing) and asked, not yet evaluated
+        have = {id(s): self._have(s, done) for s in self.samplers}
         pending = {id(s): sum(1 for q, _ in self.asked.values() if q is s) for s in self.samplers}
         while len(batch) < self.batch_size:
-            open_ = [s for s in self.samplers if self._open(s, done, pending[id(s)])]
+            open_ = [s for s in self.samplers if have[id(s)] + pending[id(s)] < s.target and s.asks < s.max_asks]
             if not open_:
                 break
             s = open_[self.turn % len(open_)]
