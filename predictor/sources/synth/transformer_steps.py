@@ -144,7 +144,7 @@ def emit_layers(e: StepEmitter, order: list[int], emit: Callable[[int], None], s
     buckets' state alike (a bucket filled over two layers repeats every two; the head's gradients in the first
     bucket make the first unit differ) — the run's remaining whole units are copies of it
     (:meth:`~predictor.graph.GraphBuilder.repeat`): the graph emitting every layer builds, in a fraction of
-    the time (a chunk's layers were most of a search's graph building)."""
+    the time (a chunk's layers are most of the tasks a search's templates hold)."""
     b, k = e.b, 0
     while k < len(order):
         end = k + 1
