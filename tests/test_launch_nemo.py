@@ -143,3 +143,22 @@ def test_settings_tuner_prices_otherwise_are_named():
     assert any("cpu_offloading is not modelled" in n for n in lp.notes)
     assert any("moe_token_dispatcher_type allgather" in n for n in lp.notes)
     assert not any("offloading" in n or "dispatcher" in n for n in read_nemo_yaml(LLAMA_70B, "f").notes)
+
+
+def test_fine_grained_moe_keys_read_as_megatron_flags():
+    """NeMo passes Megatron-core's MoE settings by their TransformerConfig names: experts' and shared experts'
+    widths, the layer pattern, node-limited routing, DeepEP, forced balance (a 70B-shaped MoE of 64 experts)."""
+    moe = ("  num_moe_experts: 64\n  moe_router_topk: 6\n  moe_ffn_hidden_size: 1408\n"
+           "  moe_shared_expert_intermediate_size: 2816\n  moe_layer_freq: ([0]*1+[1]*79)\n  moe_grouped_gemm: true\n"
+           "  moe_token_dispatcher_type: flex\n  moe_router_num_groups: 8\n  moe_router_group_topk: 4\n"
+           "  moe_router_force_load_balancing: true\n  expert_model_parallel_size: 8\n")
+    lp = read_nemo_yaml(LLAMA_70B + moe, "moe.yaml")
+    m = lp.spec.moe
+    assert (m.experts, m.top_k, m.ffn, m.shared_ffn, m.dense_layers, m.every) == (64, 6, 1408, 2816, 1, 1)
+    assert (m.grouped_gemm, m.dispatcher, m.router_groups, m.router_group_topk) == (True, "deepep", 8, 4)
+    assert not any("routing priced as balanced" in n for n in lp.notes)
+    plain = read_nemo_yaml(LLAMA_70B + "  num_moe_experts: 8\n  moe_router_topk: 2\n", "m.yaml")
+    assert plain.spec.moe.ffn is None and plain.spec.moe.dispatcher == "alltoall"
+    assert any("routing priced as balanced" in n for n in plain.notes)
+    every2 = read_nemo_yaml(LLAMA_70B + "  num_moe_experts: 8\n  moe_layer_freq: 2\n", "m.yaml")
+    assert every2.spec.moe.every == 2 and any("moe-layer-freq 2" in n for n in every2.notes)

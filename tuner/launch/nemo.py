@@ -11,7 +11,10 @@ Megatron-LM's settings under ``model:`` and the cluster under ``trainer:``. Mapp
   gelu, noted), ``bias``,
   ``hidden_dropout``, ``position_embedding_type``, ``share_embeddings_and_output_weights``; experts
   ``num_moe_experts``, ``moe_router_topk``, ``moe_expert_capacity_factor``, ``moe_grouped_gemm``,
-  ``expert_model_parallel_size``;
+  ``moe_ffn_hidden_size``, ``moe_shared_expert_intermediate_size``, ``moe_layer_freq``,
+  ``moe_router_num_groups`` / ``moe_router_group_topk``, ``moe_token_dispatcher_type: flex`` /
+  ``moe_enable_deepep`` (DeepEP), ``moe_router_force_load_balancing`` — read as Megatron's flags of those
+  names (:mod:`tuner.launch.megatron_moe`) — and ``expert_model_parallel_size``;
   ``fp8`` (FP8 linears).
 * the plan: ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``,
   ``virtual_pipeline_model_parallel_size``, ``context_parallel_size``, ``micro_batch_size``,
@@ -40,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from predictor.sources.synth.transformer import MoESpec, ParallelPlan, PlanError, TransformerSpec
+from predictor.sources.synth.transformer import ParallelPlan, PlanError, TransformerSpec
 from tuner.launch.common import (
     OFFLOAD_NOTE,
     LaunchError,
@@ -53,6 +56,7 @@ from tuner.launch.common import (
     switch,
     tokenizer_vocab,
 )
+from tuner.launch.megatron_moe import read_moe
 
 __all__ = ["read_nemo_yaml", "read_nemo_file"]
 
@@ -168,12 +172,7 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
     dispatch = dispatcher_note("model.moe_token_dispatcher_type", model.get("moe_token_dispatcher_type"))
     if dispatch:
         notes.append(dispatch)
-    moe = None
-    if model.get("num_moe_experts"):
-        moe = MoESpec(experts=positive_int(model, "num_moe_experts", "model.", source),
-                      top_k=positive_int(model, "moe_router_topk", "model.", source, 2),
-                      capacity_factor=positive_number(model, "moe_expert_capacity_factor", "model.", source, 1.0),
-                      grouped_gemm=switch(model, "moe_grouped_gemm", "model.", source))
+    moe = read_moe(_moe_values(model, source), layers, source, notes) if model.get("num_moe_experts") else None
     groups = model.get("num_query_groups")
     try:
         spec = TransformerSpec(
@@ -224,6 +223,34 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
                         tp_comm_overlap=bool(model.get("ub_tp_comm_overlap", False)) and tp > 1)
     return LaunchPlan(spec, plan, world, None, trainer.get("devices") if isinstance(trainer.get("devices"), int) else None,
                       (), tuple(notes))
+
+
+#: NeMo's model keys of Megatron-core's MoE settings (its TransformerConfig's names) -> Megatron's flags as
+#: :func:`~tuner.launch.megatron_moe.read_moe` reads them
+NEMO_MOE_INTS = {"num_moe_experts": "experts", "moe_router_topk": "top_k", "moe_ffn_hidden_size": "moe_ffn",
+                 "moe_shared_expert_intermediate_size": "shared_ffn", "moe_router_num_groups": "router_groups",
+                 "moe_router_group_topk": "router_group_topk"}
+NEMO_MOE_SWITCHES = {"moe_grouped_gemm": "--moe-grouped-gemm", "moe_enable_deepep": "--moe-enable-deepep",
+                     "moe_router_force_load_balancing": "--moe-router-force-load-balancing"}
+
+
+def _moe_values(model: dict, source: str) -> dict:
+    """The MoE keys of NeMo's ``model`` section as Megatron's parsed flags: experts and their widths, routing
+    groups, the capacity factor, ``moe_layer_freq`` (an integer or a list), the dispatcher and the switches."""
+    values: dict = {}
+    for key, name in NEMO_MOE_INTS.items():
+        if model.get(key):  # none or 0 (no shared experts): Megatron's default
+            values[name] = positive_int(model, key, "model.", source)
+    if model.get("moe_expert_capacity_factor") is not None:
+        values["capacity_factor"] = positive_number(model, "moe_expert_capacity_factor", "model.", source, 1.0)
+    for key, name in (("moe_layer_freq", "moe_layer_freq"), ("moe_flex_dispatcher_backend", "flex_backend")):
+        if model.get(key) is not None:
+            values[name] = str(model[key])
+    if str(model.get("moe_token_dispatcher_type")) == "flex":  # the others are noted under their NeMo key
+        values["moe_dispatcher"] = "flex"
+    for key, flag in NEMO_MOE_SWITCHES.items():
+        values[flag] = switch(model, key, "model.", source)
+    return values
 
 
 def read_nemo_file(path: Path, *, devices: int | None = None) -> LaunchPlan:
