@@ -203,6 +203,17 @@ def test_megatron_moe_routing_note_unless_forced_balanced_or_capped():
         assert not any(n.startswith("routing priced") for n in lp.notes) and extra.split()[0] not in lp.ignored
 
 
+def test_megatron_block_scaled_fp8_recipe_is_read_with_a_note():
+    """--fp8-recipe mxfp8 / blockwise: priced as per-tensor scaling, said so; delayed and tensorwise are what tuner
+    prices (no note)."""
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1 "
+            "--global-batch-size 8 --vocab-size 1000 --bf16 --fp8-format hybrid ")
+    for recipe, noted in (("blockwise", True), ("mxfp8", True), ("tensorwise", False), ("delayed", False)):
+        lp = read_megatron_args(base + f"--fp8-recipe {recipe}", devices=8)
+        assert any(n.startswith(f"--fp8-recipe {recipe}: priced as per-tensor") for n in lp.notes) == noted
+        assert "--fp8-recipe" not in lp.ignored and lp.spec.fp8_linear
+
+
 def test_megatron_flag_one_typo_from_a_read_one_is_refused():
     """Megatron's argparse (no abbreviations) refuses --pipeline-model-paralel-size; tuner would otherwise skip it and
     price one pipeline stage. Flags it does not read are listed; Megatron's own near-twins (--fp4-param-gather,

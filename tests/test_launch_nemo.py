@@ -162,3 +162,9 @@ def test_fine_grained_moe_keys_read_as_megatron_flags():
     assert any("routing priced as balanced" in n for n in plain.notes)
     every2 = read_nemo_yaml(LLAMA_70B + "  num_moe_experts: 8\n  moe_layer_freq: 2\n", "m.yaml")
     assert every2.spec.moe.every == 2 and any("moe-layer-freq 2" in n for n in every2.notes)
+
+
+def test_block_scaled_fp8_recipes_are_noted():
+    lp = read_nemo_yaml(LLAMA_70B + "  fp8: true\n  fp8_recipe: mxfp8\n", "f")
+    assert lp.spec.fp8_linear and any("fp8_recipe mxfp8: priced as per-tensor scaling" in n for n in lp.notes)
+    assert not any("fp8_recipe" in n for n in read_nemo_yaml(LLAMA_70B + "  fp8: true\n", "f").notes)

@@ -103,7 +103,7 @@ _INT_FLAGS = {
 _FLOAT_FLAGS = {"--hidden-dropout": "hidden_dropout", "--attention-dropout": "attention_dropout", **MOE_FLOAT_FLAGS}
 _STR_FLAGS = {"--recompute-granularity": "recompute", "--recompute-method": "recompute_method",
               "--attention-backend": "attention_backend", "--data-parallel-sharding-strategy": "dp_sharding",
-              "--fp8-format": "fp8_format", "--main-params-dtype": "main_params_dtype",
+              "--fp8-format": "fp8_format", "--fp8-recipe": "fp8_recipe", "--main-params-dtype": "main_params_dtype",
               "--exp-avg-dtype": "exp_avg_dtype", "--exp-avg-sq-dtype": "exp_avg_sq_dtype",
               "--tokenizer-type": "tokenizer", "--tokenizer-model": "tokenizer_model",
               "--position-embedding-type": "position", "--pp-partition-method": "pp_partition",
@@ -427,6 +427,10 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
     if values.get("--fp8-param-gather") and fp8 is None:
         raise LaunchError(f"{source}: --fp8-param-gather needs --fp8-format (fp8 weights are FP8 linears' own)")
+    recipe = values.get("fp8_recipe", "delayed")
+    if fp8 is not None and recipe not in ("delayed", "tensorwise"):  # mxfp8, blockwise, ...
+        notes.append(f"--fp8-recipe {recipe}: priced as per-tensor scaling (one cast and transpose per GEMM input at "
+                     "the FP8 peak); block scales' quantization and blockwise GEMMs are not modelled")
     kv_channels = _positive(values, "kv_channels", "--kv-channels", source) if "kv_channels" in values else None
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads
