@@ -147,6 +147,9 @@ def test_torchtitan_reads_and_writes_fsdp_float8_all_gather():
         assert lp.spec.fp8_linear and lp.spec.fp8_params
         assert "enable_fsdp_float8_all_gather = true" in torchtitan_toml(lp.spec, lp.plan)
     assert not read_torchtitan_toml(job, "j.toml", devices=8).spec.fp8_params
+    rowwise = read_torchtitan_toml(job + '[quantize.linear.float8]\nrecipe_name = "rowwise"\n', "j.toml", devices=8)
+    assert any(n.startswith("float8 recipe_name rowwise: priced as tensor-wise") for n in rowwise.notes)
+    assert not any("recipe_name" in n for n in read_torchtitan_toml(job, "j.toml", devices=8).notes)
 
 
 def test_fp8_linears_need_a_chip_with_an_fp8_peak():

@@ -562,6 +562,10 @@ def read_torchtitan_toml(text: str, source: str = "toml", *, devices: int | None
         float8 = doc.get("float8") or ((doc.get("quantize") or {}).get("linear") or {}).get("float8") or {}
         if isinstance(float8, dict) and float8.get("enable_fsdp_float8_all_gather") is True:
             spec = replace(spec, fp8_params=True)
+        recipe = float8.get("recipe_name") if isinstance(float8, dict) else None
+        if recipe not in (None, "tensorwise"):  # rowwise, rowwise_with_gw_hp
+            notes.append(f"float8 recipe_name {recipe}: priced as tensor-wise scaling (one cast per GEMM input at the "
+                         "fp8 peak); row-wise scales' kernels are not modelled")
     tp = _int(par, "tensor_parallel_degree", "parallelism", source, 1)
     pp = _int(par, "pipeline_parallel_degree", "parallelism", source, 1)
     cp = _int(par, "context_parallel_degree", "parallelism", source, 1)
