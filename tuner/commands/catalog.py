@@ -26,11 +26,12 @@ def catalog(
     except CatalogError as exc:
         fail(str(exc))
     table = Table(title="Accelerator catalog" + (f" (with {catalog_file})" if catalog_file else ""))
-    for col in ("key", "name", "bf16 TFLOP/s", "memory GiB", "HBM TB/s", "USD/h"):
+    for col in ("key", "name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory GiB", "HBM TB/s", "USD/h"):
         table.add_column(col)
     for key, p in entries.items():
         price = "—" if p.price_per_device_hour_usd is None else f"{p.price_per_device_hour_usd:.2f}"
-        table.add_row(key, p.name, f"{p.flops_for('bf16') / 1e12:.0f}", f"{p.memory_bytes / 2**30:.0f}",
+        fp32 = f"{p.flops_for('fp32') / 1e12:.0f}" if p.lists_peak("fp32") else "—"  # fp32 models refused there
+        table.add_row(key, p.name, f"{p.flops_for('bf16') / 1e12:.0f}", fp32, f"{p.memory_bytes / 2**30:.0f}",
                       f"{p.memory_bandwidth / 1e12:.2f}", price)
     console.print(table)
     packs = Table(title="Asset packs (calibrated kernel models: captured runs, sharding spaces)")
