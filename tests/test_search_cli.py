@@ -91,10 +91,12 @@ def test_platform_without_a_peak_for_the_model_dtype_is_refused(tmp_path):
     """Gaudi2 lists a bf16 peak only: an fp32 DLRM would have its GEMMs priced at 432 TFLOP/s (22x an A100's fp32)."""
     data = dict(SMALL, platform="gaudi2")
     code, out = _run_cli("search", str(_write(tmp_path, data)), "--out", str(tmp_path / "o"), "--workers", "0")
-    assert code == 2 and "Traceback" not in out and not (tmp_path / "o" / "results.json").exists()
+    assert code == 2 and "Traceback" not in out and not (tmp_path / "o").exists()  # OUT untouched
     assert "gaudi2 has no fp32 peak in the catalog" in " ".join(out.split())
-    bf16 = load_space(_write(tmp_path, dict(SMALL, platform="gaudi2", model={**SMALL["model"], "dtype": "bf16"}), "b.yaml"))
-    assert build_sharding_context(bf16).platform.key == "gaudi2"
+    fixed = _write(tmp_path, dict(SMALL, platform="gaudi2", model={**SMALL["model"], "dtype": "bf16"}), "b.yaml")
+    assert build_sharding_context(load_space(fixed)).platform.key == "gaudi2"
+    code, out = _run_cli("search", str(fixed), "--out", str(tmp_path / "o"), "--workers", "0")
+    assert code == 0, out  # the corrected file runs in the same OUT, no --overwrite needed
 
 
 def test_bad_storage_url(tmp_path):

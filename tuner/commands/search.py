@@ -91,6 +91,7 @@ def search(
         fail(f"--out {out}: exists and is not a folder")
     if storage is not None and not storage.strip():
         fail("--storage is empty (omit it for sqlite:///OUT/study.db)")
+    plugin = _search_space(space, spec)  # an input the plug-in refuses leaves OUT untouched
     space_id = fingerprint(spec.model_dump(mode="json"))
     storage_id = "default" if storage is None else display_storage(storage)
     again = _resume_command(space, out, storage, address)
@@ -113,7 +114,7 @@ def search(
                 if n_workers != 0 or address or os.environ.get("RAY_ADDRESS"):  # Ray's C++ log lines go to a file
                     divert_native_stderr(out / "ray.log")
 
-            summary = _run(space, spec, out, storage, n_workers, address, go_on, quiet, all_traces, on_open)
+            summary = _run(space, spec, out, storage, n_workers, address, go_on, quiet, all_traces, on_open, plugin)
             _drop_empty_ray_log(out / "ray.log")
     except OutputError as exc:
         fail(str(exc))
@@ -150,8 +151,24 @@ def _drop_empty_ray_log(log: Path) -> None:
         pass
 
 
+def _search_space(space: Path, spec):
+    """The space's search plug-in (its tasks, candidates, resolved platforms); one ``error:`` line for an input
+    it refuses (a platform, a catalog or model file, a precision a chip has no peak for)."""
+    from tuner.search.registry import space_plugin
+    from tuner.search.schema import SpaceError
+
+    try:
+        return space_plugin(spec.space)(spec)
+    except (SpaceError, ValueError) as exc:
+        fail(f"{space}: {exc}")
+    except OSError as exc:  # an input file named by the space is missing
+        fail(f"{space}: {exc.filename or ''}: {exc.strerror or exc}")
+    except SystemExit as exc:  # a user's model module called sys.exit while it was imported
+        fail(f"{space}: a model module called sys.exit({exc.code!r}) during the search")
+
+
 def _run(space: Path, spec, out: Path, storage: str | None, workers: int, address: str | None, resume: bool,
-         quiet: bool, all_traces: bool = False, on_open: Callable[[], None] | None = None) -> str:
+         quiet: bool, all_traces: bool = False, on_open: Callable[[], None] | None = None, plugin=None) -> str:
     """Run the search with a progress bar on stderr; returns the summary line."""
     from tuner.search.registry import SearchRequest, run_request
     from tuner.search.study import default_storage
@@ -183,5 +200,6 @@ def _run(space: Path, spec, out: Path, storage: str | None, workers: int, addres
             progress=progress,
             all_traces=all_traces,
             on_open=on_open,
+            search=plugin,
         )
         return run_request(request)

@@ -118,11 +118,12 @@ class SearchRequest:
     progress: Progress | None = None
     all_traces: bool = False  # charts and traces of every candidate's best option, not only the best plans
     on_open: Callable[[], None] | None = None  # run once the study is open (after a live-study refusal could come)
+    search: SearchSpace | None = None  # the space's plug-in, built (and its input checked) before OUT is claimed
 
 
 def run_request(req: SearchRequest) -> str:
     """Search the space of ``req``, write its outputs, print its table; returns the one-line summary."""
-    space = space_plugin(req.spec.space)(req.spec)  # type: ignore[attr-defined]
+    space = req.search or space_plugin(req.spec.space)(req.spec)  # type: ignore[attr-defined]
     result = run_search(space, storage=req.storage, workers=req.workers, address=req.address, resume=req.resume,
                         progress=req.progress, on_open=req.on_open)
     space.all_traces = req.all_traces
