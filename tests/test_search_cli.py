@@ -103,6 +103,9 @@ def test_bad_storage_url(tmp_path):
     code, out = _run_cli("search", str(_write(tmp_path, SMALL)), "--out", str(tmp_path / "o"), "--workers", "0",
                          "--storage", "nosuchdb://x")
     assert code == 2 and "storage 'nosuchdb://x'" in out and "Traceback" not in out
+    # nothing was written but the folder's marker: the corrected command runs there without --overwrite
+    code, out = _run_cli("search", str(_write(tmp_path, SMALL)), "--out", str(tmp_path / "o"), "--workers", "0")
+    assert code == 0, out
 
 
 def test_table_larger_than_device_memory_is_infeasible_not_a_crash(tmp_path):

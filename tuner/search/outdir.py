@@ -80,8 +80,8 @@ def decide_resume(out: Path, space_id: str, storage: str, resume: bool | None, o
     prior = _marker(out)
     if overwrite:
         return bool(resume)
-    if prior is None and not _has_results(out):
-        return resume is not False  # a fresh folder: a study of the same space in the storage is reused
+    if not _has_results(out):  # a fresh folder, or a search's marker with nothing written (its storage refused
+        return resume is not False  # it): a study of the same space in the storage is reused
     same = prior is not None and prior.get("space") == space_id and prior.get("storage") == storage
     if not same:
         what = f"the outputs of another search ({prior.get('space_file', '?')})" if prior else "outputs of a search"
