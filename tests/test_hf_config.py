@@ -34,7 +34,7 @@ CONFIGS = {
                               num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                               qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432, moe_intermediate_size=2048,
                               n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
-                              vocab_size=129280, max_position_embeddings=163840)),
+                              n_group=8, topk_group=4, vocab_size=129280, max_position_embeddings=163840)),
     "gemma-7b": (8.54, dict(model_type="gemma", hidden_size=3072, num_hidden_layers=28, num_attention_heads=16,
                             num_key_value_heads=16, head_dim=256, intermediate_size=24576, vocab_size=256000,
                             max_position_embeddings=8192)),
@@ -69,6 +69,9 @@ def test_each_family_reads_what_it_runs():
     assert sparse.moe.every == 2 and sparse.moe_layer_count == 24 and not sparse.is_moe_layer(0)
     ds, notes = spec_from_hf_config(CONFIGS["DeepSeek-V3"][1], "d")
     assert (ds.mla.kv_lora_rank, ds.moe.dense_layers, ds.moe.shared_ffn, ds.program) == (512, 3, 2048, "megatron")
+    assert (ds.moe.router_groups, ds.moe.router_group_topk) == (8, 4)  # node-limited routing: 4 of 8 groups
+    ungrouped, _ = spec_from_hf_config({**CONFIGS["DeepSeek-V3"][1], "n_group": 1, "topk_group": 1}, "d")
+    assert ungrouped.moe.router_groups == 0
     gpt2, _ = spec_from_hf_config(CONFIGS["gpt2"][1], "g")
     assert (gpt2.mlp, gpt2.position, gpt2.bias, gpt2.tie_embeddings, gpt2.dropout) == ("gelu", "learned", True, True, 0.1)
     llama, notes = spec_from_hf_config(CONFIGS["Mistral-7B-v0.1"][1], "l")

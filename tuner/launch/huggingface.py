@@ -4,7 +4,8 @@ The fields are those ``transformers`` writes for each ``model_type`` (its ``Pret
 ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
 ``intermediate_size``, ``vocab_size``, ``tie_word_embeddings`` (GPT-2's ``n_layer``, ``n_embd``, ``n_head``,
 ``n_inner``), the experts of Mixtral / Qwen MoE / DeepSeek (``num_local_experts`` or ``num_experts`` or
-``n_routed_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``, shared experts, the first dense layers)
+``n_routed_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``, shared experts, the first dense layers,
+DeepSeek's node-limited routing ``n_group`` / ``topk_group``)
 and DeepSeek's multi-latent attention (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
 ``qk_rope_head_dim``, ``v_head_dim``). What each family runs beside the shape — a gated MLP, rotary or learned
 positions, biases, dropout — is :data:`FAMILIES`'. The model trains as plain PyTorch modules (``program:
@@ -80,7 +81,12 @@ def _moe(doc: dict, kind: str, layers: int, source: str, notes: list[str]) -> Mo
     if dense + every > layers:
         raise LaunchError(f"{source}: first_k_dense_replace {dense} and decoder_sparse_step {every} leave no layer "
                           "with experts")
-    return MoESpec(experts=experts, top_k=top_k, ffn=ffn, shared_ffn=shared, dense_layers=dense, every=every)
+    # DeepSeek's node-limited routing: top-k experts from the topk_group best of n_group groups (one group: none)
+    groups, group_topk = _count(doc, "n_group", source), _count(doc, "topk_group", source)
+    if groups <= 1 or not 1 <= group_topk <= groups or experts % groups:
+        groups = group_topk = 0
+    return MoESpec(experts=experts, top_k=top_k, ffn=ffn, shared_ffn=shared, dense_layers=dense, every=every,
+                   router_groups=groups, router_group_topk=group_topk)
 
 
 def spec_from_hf_config(doc: dict, source: str, seq: int | None = None) -> tuple[TransformerSpec, list[str]]:
