@@ -235,7 +235,8 @@ NEMO_MOE_INTS = {"num_moe_experts": "experts", "moe_router_topk": "top_k", "moe_
                  "moe_shared_expert_intermediate_size": "shared_ffn", "moe_router_num_groups": "router_groups",
                  "moe_router_group_topk": "router_group_topk"}
 NEMO_MOE_SWITCHES = {"moe_grouped_gemm": "--moe-grouped-gemm", "moe_enable_deepep": "--moe-enable-deepep",
-                     "moe_router_force_load_balancing": "--moe-router-force-load-balancing"}
+                     "moe_router_force_load_balancing": "--moe-router-force-load-balancing",
+                     "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm"}
 
 
 def _moe_values(model: dict, source: str) -> dict:
