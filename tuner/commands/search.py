@@ -162,7 +162,7 @@ def _search_space(space: Path, spec):
     except (SpaceError, ValueError) as exc:
         fail(f"{space}: {exc}")
     except OSError as exc:  # an input file named by the space is missing
-        fail(f"{space}: {exc.filename or ''}: {exc.strerror or exc}")
+        fail(f"{space}: " + (f"{exc.filename}: " if exc.filename else "") + f"{exc.strerror or exc}")
     except SystemExit as exc:  # a user's model module called sys.exit while it was imported
         fail(f"{space}: a model module called sys.exit({exc.code!r}) during the search")
 

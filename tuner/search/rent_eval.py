@@ -135,31 +135,30 @@ def _tables(space: RentSpace, offers: dict[str, Offer]) -> EmbeddingTables:
 
 def _runs_plans(space: RentSpace, offers: dict[str, Offer], kind: str, spec: TransformerSpec | None) -> None:
     """A transformer or DLRM plan is a GPU-style program (Megatron-LM, TorchRec): refuse a dataflow system
-    (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes, and a chip without
-    an FP8 peak for a transformer with FP8 linears; and an asset pack for a transformer. Any model: a catalog
-    chip without a peak for its dtype (fp32 GEMMs priced at a bf16 peak otherwise)."""
-    if kind == "module":
-        module = space.model.module
-        for i, key in enumerate(space.accelerators):
-            offer = next(o for o in offers.values() if o.key.split("@")[0] == key)
-            missing = missing_peak(offer.platform, "fp32") if module and module.precision == "fp32" else None
-            if missing and offer.resolved.pack is None:
-                raise SpaceError(f"accelerators[{i}]: {missing}; or set model.module.precision: bf16")
-        return
-    program = "Megatron-LM plans" if kind == "transformer" else "DLRM sharding plans"
+    (SN30, Bow IPU, CS-2), which runs a compiled graph that only ``model: module`` describes, and an asset pack
+    for a transformer. Any model: a catalog chip without a peak for its GEMMs' dtype (fp32 GEMMs priced at a
+    bf16 peak otherwise) or, for a transformer with FP8 linears, without an FP8 peak."""
+    program = {"transformer": "Megatron-LM plans", "dlrm": "DLRM sharding plans"}.get(kind)
+    # the GEMMs' dtype of a DLRM or module and the field that sets it (a transformer: unsupported_precision)
+    dtype, field = None, ""
+    if kind == "dlrm" and space.model.dlrm is not None:
+        dtype, field = space.model.dlrm.dense.dtype, "model.dlrm.dense.dtype to a format it lists"
+    elif kind == "module" and space.model.module is not None and space.model.module.precision == "fp32":
+        dtype, field = "fp32", "model.module.precision: bf16"
     for i, key in enumerate(space.accelerators):
         offer = next(o for o in offers.values() if o.key.split("@")[0] == key)
         plat = offer.platform
         if kind == "transformer" and offer.resolved.pack is not None:
             raise SpaceError(f"accelerators[{i}]: {key} is an asset pack: a transformer is priced on catalog entries, "
                              "whose GEMM ceilings are fitted to published runs (--catalog FILE adds a device)")
-        if plat.kind in DATAFLOW_KINDS:
+        if program is not None and plat.kind in DATAFLOW_KINDS:
             raise SpaceError(f"accelerators[{i}]: {key} is a dataflow system ({plat.kind}) that runs a compiled graph, "
                              f"not {program}; rent it with model: module")
-        refused = unsupported_precision(spec, plat) if spec is not None else None
-        if kind == "dlrm" and space.model.dlrm is not None and offer.resolved.pack is None:
-            refused = missing_peak(plat, space.model.dlrm.dense.dtype)  # a pack times GEMMs by calibrated models
-            refused = refused and f"{refused}, set model.dlrm.dense.dtype to a format it lists"
+        if spec is not None:
+            refused = unsupported_precision(spec, plat)
+        else:  # a pack times GEMMs by its calibrated models, not the peak
+            refused = missing_peak(plat, dtype) if dtype and offer.resolved.pack is None else None
+            refused = refused and f"{refused}, set {field}"
         if refused:
             raise SpaceError(f"accelerators[{i}]: {refused}; or leave it out")
 
