@@ -15,7 +15,7 @@ from predictor.sources.synth.transformer import ParallelPlan, TransformerSpec
 
 __all__ = ["LaunchError", "LaunchPlan", "HEADER_PREFIX", "header_line", "read_header", "header_int", "header_str",
            "read_launch_text", "positive_int", "positive_number", "switch", "fraction", "expert_tp_degree", "TOKENIZER_FRAGMENTS", "tokenizer_vocab",
-           "OFFLOAD_NOTE", "dispatcher_note"]
+           "OFFLOAD_NOTE", "dispatcher_note", "fp8_recipe_note"]
 
 #: the comment prefix of tuner's metadata line in a launch file
 HEADER_PREFIX = "# tuner:"
@@ -171,6 +171,15 @@ def tokenizer_vocab(names: str) -> int | None:
 
 #: what the launch readers say of CPU offloading (Megatron-LM's --cpu-offloading, NeMo's model.cpu_offloading)
 OFFLOAD_NOTE = "is not modelled: the offloaded layers' activations and weights are priced as kept on the GPU"
+
+
+def fp8_recipe_note(option: str, value: object) -> str | None:
+    """The note on an FP8 recipe tuner prices as per-tensor scaling (``option`` named ``value``: mxfp8, blockwise...;
+    Megatron's delayed and tensorwise are what it prices), or None."""
+    if value is None or str(value) in ("delayed", "tensorwise"):
+        return None
+    return (f"{option} {value}: priced as per-tensor scaling (one cast and transpose per GEMM input at the FP8 peak); "
+            "block scales' quantization and blockwise GEMMs are not modelled")
 
 
 def dispatcher_note(option: str, value: object) -> str | None:

@@ -48,6 +48,7 @@ from tuner.launch.common import (
     LaunchError,
     LaunchPlan,
     expert_tp_degree,
+    fp8_recipe_note,
     header_int,
     header_line,
     header_str,
@@ -427,10 +428,9 @@ def _spec(values: dict, source: str, name: str, notes: list[str]) -> Transformer
         raise LaunchError(f"{source}: --fp8-format must be hybrid or e4m3 (got {fp8!r})")
     if values.get("--fp8-param-gather") and fp8 is None:
         raise LaunchError(f"{source}: --fp8-param-gather needs --fp8-format (fp8 weights are FP8 linears' own)")
-    recipe = values.get("fp8_recipe", "delayed")
-    if fp8 is not None and recipe not in ("delayed", "tensorwise"):  # mxfp8, blockwise, ...
-        notes.append(f"--fp8-recipe {recipe}: priced as per-tensor scaling (one cast and transpose per GEMM input at "
-                     "the FP8 peak); block scales' quantization and blockwise GEMMs are not modelled")
+    recipe = fp8_recipe_note("--fp8-recipe", values.get("fp8_recipe")) if fp8 is not None else None
+    if recipe:
+        notes.append(recipe)
     kv_channels = _positive(values, "kv_channels", "--kv-channels", source) if "kv_channels" in values else None
     if kv_channels is not None and heads * kv_channels == hidden:
         kv_channels = None  # Megatron's default, hidden / heads

@@ -49,6 +49,7 @@ from tuner.launch.common import (
     LaunchError,
     LaunchPlan,
     dispatcher_note,
+    fp8_recipe_note,
     fraction,
     positive_int,
     positive_number,
@@ -169,10 +170,9 @@ def read_nemo_yaml(text: str, source: str = "yaml", *, devices: int | None = Non
         notes.append(f"model.normalization {norm} priced as LayerNorm")
     if model.get("cpu_offloading"):
         notes.append(f"model.cpu_offloading {OFFLOAD_NOTE}")
-    recipe = str(model.get("fp8_recipe") or "delayed")
-    if model.get("fp8") and recipe not in ("delayed", "tensorwise"):  # mxfp8, blockwise, ...
-        notes.append(f"model.fp8_recipe {recipe}: priced as per-tensor scaling (one cast and transpose per GEMM input "
-                     "at the FP8 peak); block scales' quantization and blockwise GEMMs are not modelled")
+    recipe = fp8_recipe_note("model.fp8_recipe", model.get("fp8_recipe")) if model.get("fp8") else None
+    if recipe:
+        notes.append(recipe)
     dispatch = dispatcher_note("model.moe_token_dispatcher_type", model.get("moe_token_dispatcher_type"))
     if dispatch:
         notes.append(dispatch)
